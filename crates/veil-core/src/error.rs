@@ -1,0 +1,87 @@
+//! One error type for every Veil crate: protocol code returns `Result<T>` and never panics on
+//! anything a peer or a file can send.
+
+use std::fmt;
+
+/// Errors raised by Veil. Variants say *who* is at fault: the caller (`InvalidArgument`), the peer
+/// or a file (`Malformed`), the transport (`Io`, `Disconnected`), or a security refusal.
+#[derive(Debug)]
+pub enum Error {
+    /// A caller passed something the function does not accept (wrong shape, bad parameter).
+    InvalidArgument(String),
+    /// Bytes received from a peer or read from a file do not decode.
+    Malformed(String),
+    /// A message exceeds its size limit.
+    TooLarge {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
+    /// The peer closed the connection.
+    Disconnected,
+    /// The transport failed.
+    Io(std::io::Error),
+    /// A parameter set or request violates the security requirements.
+    Insecure(String),
+    /// A path that is not implemented: never a fake answer.
+    Unsupported(String),
+    /// Anything else, with context.
+    Other(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
+            Error::Malformed(m) => write!(f, "malformed message: {m}"),
+            Error::TooLarge { what, len, max } => {
+                write!(f, "{what} too large: {len} bytes (limit {max})")
+            }
+            Error::Disconnected => write!(f, "peer disconnected"),
+            Error::Io(e) => write!(f, "i/o error: {e}"),
+            Error::Insecure(m) => write!(f, "refused as insecure: {m}"),
+            Error::Unsupported(m) => write!(f, "not supported: {m}"),
+            Error::Other(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => Error::Disconnected,
+            _ => Error::Io(e),
+        }
+    }
+}
+
+/// `bail!(Kind, "fmt", args)` returns `Err(Error::Kind(format!(..)))`.
+#[macro_export]
+macro_rules! bail {
+    ($kind:ident, $($arg:tt)*) => {
+        return Err($crate::Error::$kind(format!($($arg)*)))
+    };
+}
+
+/// `ensure!(cond, Kind, "fmt", args)`: a checked precondition that returns an error instead of
+/// panicking. Used for every security and input check (never `debug_assert!`).
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $kind:ident, $($arg:tt)*) => {
+        if !$cond {
+            $crate::bail!($kind, $($arg)*);
+        }
+    };
+}

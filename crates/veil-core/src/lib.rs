@@ -1,0 +1,36 @@
+//! Veil core: the arithmetic every other crate shares.
+//!
+//! * [`Ring`] — the ring Z_{2^ℓ} (ℓ in 32..=64) that carries every secret share;
+//! * [`FixedPoint`] — real numbers as ring elements with `f` fractional bits;
+//! * [`RingTensor`] — row-major tensors of ring elements, with additive sharing;
+//! * [`Prg`] — AES-128-CTR pseudo-random generator, seeded from the OS or from a shared seed;
+//! * [`wire`] — canonical little-endian encoding with strict, bounded decoding;
+//! * [`Error`] — the error type all Veil crates convert into.
+
+pub mod error;
+pub mod fixed;
+pub mod prg;
+pub mod ring;
+pub mod share;
+pub mod tensor;
+pub mod wire;
+
+pub use error::{Error, Result};
+pub use fixed::{FixedPoint, FracBits};
+pub use prg::{Block, Prg, Seed};
+pub use ring::{Ring, RingBits};
+pub use share::{reconstruct, share};
+pub use tensor::RingTensor;
+
+/// Project-wide defaults. Training, the simulator and the protocols all read these, so the
+/// fixed-point format used in fine-tuning is the one inference runs at.
+pub mod defaults {
+    /// ℓ = 41 as in the paper: 2f = 26 bits of scale after a product leaves 15 bits of integer
+    /// head-room (|x| < 2^14 before truncation), ample for bound-controlled hidden states (B ≤ 32),
+    /// while keeping t = 2^41 small enough for cheap BFV parameters and short comparisons.
+    pub const RING_BITS: u32 = 41;
+    /// f = 13 fractional bits as in the paper: resolution 1.2e-4.
+    pub const FRAC_BITS: u32 = 13;
+    /// ε added to the denominator of the ReLU-normalise softmax substitute.
+    pub const RELU_NORMALISE_EPS: f64 = 1e-3;
+}

@@ -1,0 +1,243 @@
+//! Row-major tensors of ring elements. Shapes are checked on every binary operation and reported
+//! as errors, because shapes often come from a peer or a model file.
+
+use crate::{ensure, FixedPoint, Prg, Result, Ring};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingTensor {
+    ring: Ring,
+    shape: Vec<usize>,
+    data: Vec<u64>,
+}
+
+fn numel(shape: &[usize]) -> Result<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| {
+        acc.checked_mul(d)
+            .ok_or_else(|| crate::Error::InvalidArgument(format!("shape {shape:?} overflows")))
+    })
+}
+
+impl RingTensor {
+    pub fn zeros(ring: Ring, shape: &[usize]) -> Result<Self> {
+        Ok(RingTensor {
+            ring,
+            shape: shape.to_vec(),
+            data: vec![0; numel(shape)?],
+        })
+    }
+
+    /// Wraps raw values; every value must already be reduced mod 2^ℓ.
+    pub fn from_vec(ring: Ring, shape: &[usize], data: Vec<u64>) -> Result<Self> {
+        let n = numel(shape)?;
+        ensure!(
+            data.len() == n,
+            InvalidArgument,
+            "{} values for shape {shape:?} ({n} needed)",
+            data.len()
+        );
+        ensure!(
+            data.iter().all(|&x| ring.contains(x)),
+            Malformed,
+            "value outside Z_2^{}",
+            ring.bits()
+        );
+        Ok(RingTensor {
+            ring,
+            shape: shape.to_vec(),
+            data,
+        })
+    }
+
+    pub fn random(ring: Ring, shape: &[usize], prg: &mut Prg) -> Result<Self> {
+        let mut t = Self::zeros(ring, shape)?;
+        prg.fill_ring(ring, &mut t.data);
+        Ok(t)
+    }
+
+    pub fn encode(fp: FixedPoint, shape: &[usize], values: &[f64]) -> Result<Self> {
+        Self::from_vec(
+            fp.ring,
+            shape,
+            values.iter().map(|&v| fp.encode(v)).collect(),
+        )
+    }
+
+    pub fn decode(&self, fp: FixedPoint) -> Vec<f64> {
+        self.data.iter().map(|&v| fp.decode(v)).collect()
+    }
+
+    pub fn ring(&self) -> Ring {
+        self.ring
+    }
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+    pub fn data(&self) -> &[u64] {
+        &self.data
+    }
+    pub fn into_data(self) -> Vec<u64> {
+        self.data
+    }
+
+    /// Mutable access; callers must keep values reduced (use the ring's operations).
+    pub fn data_mut(&mut self) -> &mut [u64] {
+        &mut self.data
+    }
+
+    pub fn reshape(mut self, shape: &[usize]) -> Result<Self> {
+        ensure!(
+            numel(shape)? == self.data.len(),
+            InvalidArgument,
+            "cannot reshape {:?} to {shape:?}",
+            self.shape
+        );
+        self.shape = shape.to_vec();
+        Ok(self)
+    }
+
+    fn check_same(&self, other: &Self) -> Result<()> {
+        ensure!(self.ring == other.ring, InvalidArgument, "ring mismatch");
+        ensure!(
+            self.shape == other.shape,
+            InvalidArgument,
+            "shape mismatch {:?} vs {:?}",
+            self.shape,
+            other.shape
+        );
+        Ok(())
+    }
+
+    pub fn add(&self, other: &Self) -> Result<Self> {
+        let mut out = self.clone();
+        out.add_in_place(other)?;
+        Ok(out)
+    }
+
+    pub fn sub(&self, other: &Self) -> Result<Self> {
+        let mut out = self.clone();
+        out.sub_in_place(other)?;
+        Ok(out)
+    }
+
+    pub fn add_in_place(&mut self, other: &Self) -> Result<()> {
+        self.check_same(other)?;
+        let r = self.ring;
+        self.data
+            .iter_mut()
+            .zip(&other.data)
+            .for_each(|(a, &b)| *a = r.add(*a, b));
+        Ok(())
+    }
+
+    pub fn sub_in_place(&mut self, other: &Self) -> Result<()> {
+        self.check_same(other)?;
+        let r = self.ring;
+        self.data
+            .iter_mut()
+            .zip(&other.data)
+            .for_each(|(a, &b)| *a = r.sub(*a, b));
+        Ok(())
+    }
+
+    pub fn neg(&self) -> Self {
+        let r = self.ring;
+        RingTensor {
+            ring: r,
+            shape: self.shape.clone(),
+            data: self.data.iter().map(|&a| r.neg(a)).collect(),
+        }
+    }
+
+    /// Multiplies every element by a public scalar.
+    pub fn scale(&self, k: u64) -> Self {
+        let r = self.ring;
+        RingTensor {
+            ring: r,
+            shape: self.shape.clone(),
+            data: self.data.iter().map(|&a| r.mul(a, k)).collect(),
+        }
+    }
+
+    /// Element (i, j) of a 2-D tensor.
+    pub fn at2(&self, i: usize, j: usize) -> u64 {
+        self.data[i * self.shape[1] + j]
+    }
+
+    /// Plaintext matrix product of 2-D tensors mod 2^ℓ: the exact oracle for the HE protocols.
+    pub fn matmul(&self, other: &Self) -> Result<Self> {
+        ensure!(self.ring == other.ring, InvalidArgument, "ring mismatch");
+        ensure!(
+            self.shape.len() == 2 && other.shape.len() == 2 && self.shape[1] == other.shape[0],
+            InvalidArgument,
+            "cannot multiply {:?} by {:?}",
+            self.shape,
+            other.shape
+        );
+        let (m, k, n) = (self.shape[0], self.shape[1], other.shape[1]);
+        let r = self.ring;
+        let mut out = vec![0u64; m * n];
+        for i in 0..m {
+            for t in 0..k {
+                let a = self.data[i * k + t];
+                if a == 0 {
+                    continue;
+                }
+                let row = &other.data[t * n..(t + 1) * n];
+                for (o, &b) in out[i * n..(i + 1) * n].iter_mut().zip(row) {
+                    *o = o.wrapping_add(a.wrapping_mul(b));
+                }
+            }
+        }
+        out.iter_mut().for_each(|v| *v = r.reduce(*v));
+        RingTensor::from_vec(r, &[m, n], out)
+    }
+
+    /// Transpose of a 2-D tensor.
+    pub fn transpose(&self) -> Result<Self> {
+        ensure!(
+            self.shape.len() == 2,
+            InvalidArgument,
+            "transpose needs 2-D, got {:?}",
+            self.shape
+        );
+        let (m, n) = (self.shape[0], self.shape[1]);
+        let mut out = vec![0u64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                out[j * m + i] = self.data[i * n + j];
+            }
+        }
+        RingTensor::from_vec(self.ring, &[n, m], out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_small_known_answer() {
+        let r = Ring::new(32).unwrap();
+        let a = RingTensor::from_vec(r, &[2, 2], vec![1, 2, 3, 4]).unwrap();
+        let b = RingTensor::from_vec(r, &[2, 1], vec![5, r.from_signed(-1)]).unwrap();
+        let c = a.matmul(&b).unwrap();
+        assert_eq!(c.data(), &[3, 11]);
+    }
+
+    #[test]
+    fn shape_errors_are_errors() {
+        let r = Ring::new(32).unwrap();
+        let a = RingTensor::zeros(r, &[2, 3]).unwrap();
+        assert!(a.matmul(&a).is_err());
+        assert!(a.add(&RingTensor::zeros(r, &[3, 2]).unwrap()).is_err());
+        assert!(RingTensor::from_vec(r, &[2], vec![1]).is_err());
+        assert!(RingTensor::from_vec(r, &[1], vec![1 << 40]).is_err());
+        assert!(RingTensor::zeros(r, &[usize::MAX, 2]).is_err());
+    }
+}

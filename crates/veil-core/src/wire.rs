@@ -1,0 +1,217 @@
+//! Canonical little-endian wire encoding.
+//!
+//! [`Writer`] appends fixed-width integers and length-prefixed sequences; [`Reader`] decodes them
+//! with every check a hostile peer needs: bounded lengths, values inside their range, and no
+//! trailing bytes ([`Reader::finish`]). Every protocol message in Veil is built on these two.
+
+use crate::{ensure, Error, Result, Ring};
+
+#[derive(Default)]
+pub struct Writer {
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn with_capacity(n: usize) -> Self {
+        Writer {
+            buf: Vec::with_capacity(n),
+        }
+    }
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.buf.push(v);
+        self
+    }
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.buf.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(v);
+        self
+    }
+    /// Integers of `width` bytes each (low bytes of each value), no length prefix.
+    pub fn packed(&mut self, values: &[u64], width: usize) -> &mut Self {
+        for v in values {
+            self.buf.extend_from_slice(&v.to_le_bytes()[..width]);
+        }
+        self
+    }
+    /// Ring elements packed at ⌈ℓ/8⌉ bytes each.
+    pub fn ring_elems(&mut self, ring: Ring, values: &[u64]) -> &mut Self {
+        self.packed(values, ring.byte_len())
+    }
+    pub fn finish(self) -> Vec<u8> {
+        self.buf
+    }
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    /// `what` names the message in errors.
+    pub fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Reader { buf, pos: 0, what }
+    }
+
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| {
+                Error::Malformed(format!(
+                    "{}: truncated (need {n} bytes at offset {}, have {})",
+                    self.what,
+                    self.pos,
+                    self.buf.len() - self.pos
+                ))
+            })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    pub fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    pub fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
+    /// A `u32` length that must not exceed `max`.
+    pub fn len_at_most(&mut self, max: usize, field: &str) -> Result<usize> {
+        let n = self.u32()? as usize;
+        ensure!(
+            n <= max,
+            Malformed,
+            "{}: {field} = {n} exceeds limit {max}",
+            self.what
+        );
+        Ok(n)
+    }
+    /// `count` integers of `width` bytes, each checked to be `< bound` (exclusive).
+    pub fn packed_below(&mut self, count: usize, width: usize, bound: u64) -> Result<Vec<u64>> {
+        let raw = self.take(
+            count
+                .checked_mul(width)
+                .ok_or_else(|| Error::Malformed(format!("{}: length overflow", self.what)))?,
+        )?;
+        let mut out = Vec::with_capacity(count);
+        for chunk in raw.chunks_exact(width) {
+            let mut b = [0u8; 8];
+            b[..width].copy_from_slice(chunk);
+            let v = u64::from_le_bytes(b);
+            ensure!(
+                v < bound,
+                Malformed,
+                "{}: value {v} out of range (< {bound})",
+                self.what
+            );
+            out.push(v);
+        }
+        Ok(out)
+    }
+    /// `count` ring elements packed at ⌈ℓ/8⌉ bytes, each checked to lie in Z_{2^ℓ}.
+    pub fn ring_elems(&mut self, ring: Ring, count: usize) -> Result<Vec<u64>> {
+        let raw = self.take(
+            count
+                .checked_mul(ring.byte_len())
+                .ok_or_else(|| Error::Malformed(format!("{}: length overflow", self.what)))?,
+        )?;
+        let w = ring.byte_len();
+        let mut out = Vec::with_capacity(count);
+        for chunk in raw.chunks_exact(w) {
+            let mut b = [0u8; 8];
+            b[..w].copy_from_slice(chunk);
+            let v = u64::from_le_bytes(b);
+            ensure!(
+                ring.contains(v),
+                Malformed,
+                "{}: element outside Z_2^{}",
+                self.what,
+                ring.bits()
+            );
+            out.push(v);
+        }
+        Ok(out)
+    }
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+    /// Rejects trailing bytes.
+    pub fn finish(self) -> Result<()> {
+        ensure!(
+            self.pos == self.buf.len(),
+            Malformed,
+            "{}: {} trailing bytes",
+            self.what,
+            self.buf.len() - self.pos
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_strictness() {
+        let ring = Ring::new(41).unwrap();
+        let mut w = Writer::new();
+        w.u32(3).ring_elems(ring, &[1, ring.mask(), 0]).u8(9);
+        let bytes = w.finish();
+        let mut r = Reader::new(&bytes, "test");
+        let n = r.len_at_most(3, "count").unwrap();
+        assert_eq!(r.ring_elems(ring, n).unwrap(), vec![1, ring.mask(), 0]);
+        assert_eq!(r.u8().unwrap(), 9);
+        r.finish().unwrap();
+
+        // Trailing byte.
+        let mut extra = bytes.clone();
+        extra.push(0);
+        let mut r = Reader::new(&extra, "test");
+        let n = r.len_at_most(3, "count").unwrap();
+        r.ring_elems(ring, n).unwrap();
+        r.u8().unwrap();
+        assert!(matches!(r.finish(), Err(Error::Malformed(_))));
+
+        // Truncated.
+        let mut r = Reader::new(&bytes[..5], "test");
+        let n = r.len_at_most(3, "count").unwrap();
+        assert!(r.ring_elems(ring, n).is_err());
+
+        // Over the limit.
+        assert!(Reader::new(&bytes, "test").len_at_most(2, "count").is_err());
+
+        // Out-of-range element: 6 bytes with a bit above 2^41 set.
+        let bad = [0xff; 6];
+        assert!(Reader::new(&bad, "test").ring_elems(ring, 1).is_err());
+        assert!(Reader::new(&bad, "test").packed_below(1, 6, 10).is_err());
+    }
+}

@@ -1,0 +1,1 @@
+//! Transformer model library: loading, operator variants, f32 forward, fixed-point simulator.

@@ -1,0 +1,92 @@
+//! The [`Channel`] trait and length-prefixed messages on top of it.
+
+use veil_core::{ensure, Result};
+
+use crate::Meter;
+
+/// Hard upper bound on one framed message (1 GiB); callers pass tighter per-message limits.
+pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
+
+/// A reliable, ordered, metered byte stream to the other party.
+pub trait Channel: Send {
+    /// Queues bytes for sending (they may stay buffered until [`Channel::flush`] or a receive).
+    fn send(&mut self, data: &[u8]) -> Result<()>;
+    /// Fills `buf` exactly, flushing pending output first. A closed peer is `Error::Disconnected`.
+    fn recv(&mut self, buf: &mut [u8]) -> Result<()>;
+    /// Pushes buffered output to the peer.
+    fn flush(&mut self) -> Result<()>;
+    /// The meter recording this channel's traffic.
+    fn meter(&self) -> &Meter;
+
+    /// Sends a message with a 4-byte little-endian length prefix.
+    fn send_msg(&mut self, data: &[u8]) -> Result<()> {
+        ensure!(
+            data.len() <= MAX_MESSAGE_BYTES,
+            InvalidArgument,
+            "message of {} bytes exceeds the frame limit",
+            data.len()
+        );
+        self.send(&(data.len() as u32).to_le_bytes())?;
+        self.send(data)
+    }
+
+    /// Receives a length-prefixed message of at most `max` bytes. The length is checked before
+    /// anything is allocated, so a hostile prefix cannot exhaust memory.
+    fn recv_msg(&mut self, max: usize) -> Result<Vec<u8>> {
+        let mut len = [0u8; 4];
+        self.recv(&mut len)?;
+        let len = u32::from_le_bytes(len) as usize;
+        if len > max.min(MAX_MESSAGE_BYTES) {
+            return Err(veil_core::Error::TooLarge {
+                what: "message",
+                len,
+                max,
+            });
+        }
+        let mut buf = vec![0u8; len];
+        self.recv(&mut buf)?;
+        Ok(buf)
+    }
+
+    /// Receives a message that must be exactly `len` bytes long.
+    fn recv_msg_exact(&mut self, len: usize) -> Result<Vec<u8>> {
+        let m = self.recv_msg(len)?;
+        ensure!(
+            m.len() == len,
+            Malformed,
+            "expected a {len}-byte message, got {}",
+            m.len()
+        );
+        Ok(m)
+    }
+}
+
+impl<C: Channel + ?Sized> Channel for &mut C {
+    fn send(&mut self, data: &[u8]) -> Result<()> {
+        (**self).send(data)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Result<()> {
+        (**self).recv(buf)
+    }
+    fn flush(&mut self) -> Result<()> {
+        (**self).flush()
+    }
+    fn meter(&self) -> &Meter {
+        (**self).meter()
+    }
+}
+
+impl<C: Channel + ?Sized> Channel for Box<C> {
+    fn send(&mut self, data: &[u8]) -> Result<()> {
+        (**self).send(data)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Result<()> {
+        (**self).recv(buf)
+    }
+    fn flush(&mut self) -> Result<()> {
+        (**self).flush()
+    }
+    fn meter(&self) -> &Meter {
+        (**self).meter()
+    }
+}

@@ -1,0 +1,70 @@
+//! Runs both parties of a protocol in two threads of this process: the standard harness for tests
+//! and benchmarks.
+
+use std::net::TcpListener;
+use std::thread;
+
+use veil_core::{Error, Result};
+
+use crate::{mem_pair, Channel, MemChannel, TcpChannel};
+
+fn join<T>(h: thread::ScopedJoinHandle<'_, Result<T>>, who: &str) -> Result<T> {
+    h.join()
+        .map_err(|_| Error::Other(format!("{who} thread panicked")))?
+}
+
+/// Runs `client` and `server` over an in-memory duplex and returns both results.
+pub fn run_two_party<A, B, FA, FB>(client: FA, server: FB) -> Result<(A, B)>
+where
+    A: Send,
+    B: Send,
+    FA: FnOnce(&mut MemChannel) -> Result<A> + Send,
+    FB: FnOnce(&mut MemChannel) -> Result<B> + Send,
+{
+    let (mut c, mut s) = mem_pair();
+    thread::scope(|sc| {
+        let hc = sc.spawn(move || {
+            let r = client(&mut c);
+            c.flush()?;
+            r
+        });
+        let hs = sc.spawn(move || {
+            let r = server(&mut s);
+            s.flush()?;
+            r
+        });
+        let rc = join(hc, "client");
+        let rs = join(hs, "server");
+        Ok((rc?, rs?))
+    })
+}
+
+/// Same as [`run_two_party`] over a real TCP connection on 127.0.0.1.
+pub fn run_two_party_tcp<A, B, FA, FB>(client: FA, server: FB) -> Result<(A, B)>
+where
+    A: Send,
+    B: Send,
+    FA: FnOnce(&mut TcpChannel) -> Result<A> + Send,
+    FB: FnOnce(&mut TcpChannel) -> Result<B> + Send,
+{
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    thread::scope(|sc| {
+        let hs = sc.spawn(move || {
+            let (stream, _) = listener.accept()?;
+            let mut ch = TcpChannel::from_stream(stream)?;
+            let r = server(&mut ch);
+            ch.flush()?;
+            r
+        });
+        let hc = sc.spawn(move || {
+            let mut ch = TcpChannel::connect(addr)?;
+            let r = client(&mut ch);
+            ch.flush()?;
+            r
+        });
+        let rc = join(hc, "client");
+        let rs = join(hs, "server");
+        Ok((rc?, rs?))
+    })
+}

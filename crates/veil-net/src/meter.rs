@@ -1,0 +1,228 @@
+//! Traffic and time accounting per operator label.
+//!
+//! Each party meters its own channel. Bytes and time go to the innermost active label (entered
+//! with [`Meter::enter`]); time is *exclusive*, so nested labels never double count. A "round" is a
+//! flight: a maximal run of messages in one direction. Counting both the flights this party sends
+//! and the flights it receives gives the protocol's total number of direction changes, the figure
+//! that multiplies the network round-trip time.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// Which party owns a meter; turns "sent/received" into "client→server/server→client".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Client,
+    Server,
+}
+
+/// Totals for one label.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LabelStats {
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Flights this party started (sends after receiving, or the first send).
+    pub flights_sent: u64,
+    /// Flights this party received.
+    pub flights_received: u64,
+    /// Exclusive wall time in seconds.
+    pub seconds: f64,
+}
+
+impl LabelStats {
+    pub fn rounds(&self) -> u64 {
+        self.flights_sent + self.flights_received
+    }
+
+    pub fn add(&mut self, o: &LabelStats) {
+        self.bytes_sent += o.bytes_sent;
+        self.bytes_received += o.bytes_received;
+        self.flights_sent += o.flights_sent;
+        self.flights_received += o.flights_received;
+        self.seconds += o.seconds;
+    }
+
+    /// Bytes client→server from the point of view of `role`'s meter.
+    pub fn client_to_server(&self, role: Role) -> u64 {
+        match role {
+            Role::Client => self.bytes_sent,
+            Role::Server => self.bytes_received,
+        }
+    }
+
+    pub fn server_to_client(&self, role: Role) -> u64 {
+        match role {
+            Role::Client => self.bytes_received,
+            Role::Server => self.bytes_sent,
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    None,
+    Send,
+    Recv,
+}
+
+struct State {
+    stack: Vec<String>,
+    since: Instant,
+    last: Dir,
+    stats: BTreeMap<String, LabelStats>,
+}
+
+impl State {
+    fn top(&self) -> &str {
+        self.stack
+            .last()
+            .map(String::as_str)
+            .unwrap_or(Meter::UNLABELLED)
+    }
+
+    /// Charges the time since the last switch to the current label.
+    fn charge_time(&mut self) {
+        let now = Instant::now();
+        let dt = now.duration_since(self.since).as_secs_f64();
+        self.since = now;
+        if !self.stack.is_empty() {
+            let top = self.top().to_string();
+            self.stats.entry(top).or_default().seconds += dt;
+        }
+    }
+}
+
+/// Shared, cloneable meter.
+#[derive(Clone)]
+pub struct Meter {
+    inner: Arc<Mutex<State>>,
+}
+
+impl Default for Meter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Meter {
+    pub const UNLABELLED: &'static str = "unlabelled";
+
+    pub fn new() -> Self {
+        Meter {
+            inner: Arc::new(Mutex::new(State {
+                stack: Vec::new(),
+                since: Instant::now(),
+                last: Dir::None,
+                stats: BTreeMap::new(),
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A poisoned meter only means another thread panicked mid-update; counts stay usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Attributes traffic and time to `label` until the guard drops.
+    pub fn enter(&self, label: &str) -> LabelGuard {
+        let mut s = self.lock();
+        s.charge_time();
+        s.stack.push(label.to_string());
+        s.stats.entry(label.to_string()).or_default();
+        LabelGuard {
+            meter: self.clone(),
+        }
+    }
+
+    pub(crate) fn on_send(&self, n: usize) {
+        let mut s = self.lock();
+        let fresh = s.last != Dir::Send;
+        s.last = Dir::Send;
+        let top = s.top().to_string();
+        let e = s.stats.entry(top).or_default();
+        e.bytes_sent += n as u64;
+        e.flights_sent += fresh as u64;
+    }
+
+    pub(crate) fn on_recv(&self, n: usize) {
+        let mut s = self.lock();
+        let fresh = s.last != Dir::Recv;
+        s.last = Dir::Recv;
+        let top = s.top().to_string();
+        let e = s.stats.entry(top).or_default();
+        e.bytes_received += n as u64;
+        e.flights_received += fresh as u64;
+    }
+
+    /// Per-label totals so far.
+    pub fn snapshot(&self) -> BTreeMap<String, LabelStats> {
+        let mut s = self.lock();
+        s.charge_time();
+        s.stats.clone()
+    }
+
+    /// Sum over all labels.
+    pub fn total(&self) -> LabelStats {
+        let mut t = LabelStats::default();
+        for v in self.snapshot().values() {
+            t.add(v);
+        }
+        t
+    }
+
+    /// Clears all totals (e.g. after set-up, before the online phase).
+    pub fn reset(&self) {
+        let mut s = self.lock();
+        s.stats.clear();
+        s.since = Instant::now();
+        s.last = Dir::None;
+        for l in s.stack.clone() {
+            s.stats.entry(l).or_default();
+        }
+    }
+}
+
+/// Ends a label scope on drop.
+pub struct LabelGuard {
+    meter: Meter,
+}
+
+impl Drop for LabelGuard {
+    fn drop(&mut self) {
+        let mut s = self.meter.lock();
+        s.charge_time();
+        s.stack.pop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_and_flights_go_to_innermost_label() {
+        let m = Meter::new();
+        {
+            let _a = m.enter("A");
+            m.on_send(10);
+            m.on_send(5);
+            {
+                let _b = m.enter("B");
+                m.on_recv(7);
+                m.on_send(1);
+            }
+            m.on_recv(3);
+        }
+        let s = m.snapshot();
+        assert_eq!(s["A"].bytes_sent, 15);
+        assert_eq!(s["A"].bytes_received, 3);
+        assert_eq!(s["A"].rounds(), 2);
+        assert_eq!(s["B"].bytes_sent, 1);
+        assert_eq!(s["B"].bytes_received, 7);
+        assert_eq!(s["B"].rounds(), 2);
+        assert_eq!(m.total().bytes_sent, 16);
+        assert_eq!(m.total().client_to_server(Role::Client), 16);
+        assert_eq!(m.total().server_to_client(Role::Client), 10);
+    }
+}

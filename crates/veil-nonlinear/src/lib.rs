@@ -1,0 +1,1 @@
+//! Non-linear protocols on additive shares, built on OT.

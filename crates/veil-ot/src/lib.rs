@@ -1,0 +1,1 @@
+//! Oblivious transfer: base OT, IKNP, silent COT and the derived flavours protocols consume.

@@ -1,0 +1,1 @@
+//! Fine-tuning with the bound loss, and the layer-by-layer substitution workflow (Algorithm 5).
