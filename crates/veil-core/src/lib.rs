@@ -7,6 +7,7 @@
 //! * [`wire`] — canonical little-endian encoding with strict, bounded decoding;
 //! * [`Error`] — the error type all Veil crates convert into.
 
+pub mod approx;
 pub mod error;
 pub mod fixed;
 pub mod prg;

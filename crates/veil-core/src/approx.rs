@@ -1,0 +1,771 @@
+//! The one definition of Veil's fixed-point non-linear arithmetic.
+//!
+//! The two-party protocols (crate `veil-nonlinear`) and the single-process fixed-point simulator
+//! (crate `veil-model`) must compute *the same integers*. This module is that definition: pure
+//! functions on ring elements (`u64` values reduced mod 2^ℓ, read as two's-complement fixed point
+//! with f fractional bits). Every step is one the protocols can do on shares: local additions and
+//! multiplications by public constants, a secret product followed by a truncation, a comparison
+//! (DReLU) followed by a selection, or a selection of public constants by a one-hot vector of
+//! comparison bits. The protocols reproduce these functions exactly when they use the faithful
+//! truncation, and within a stated few ulps when they use a cheaper truncation.
+//!
+//! # API
+//! ```
+//! use veil_core::{approx::Approx, FixedPoint};
+//! let fp = FixedPoint::default_format();          // ℓ = 41, f = 13
+//! let ax = Approx::new(fp).unwrap();              // checks the format has the head-room needed
+//! let y = ax.gelu(fp.encode(0.5));
+//! assert!((fp.decode(y) - 0.3457).abs() < 1e-3);
+//! ```
+//! Element-wise: [`Approx::trunc`], [`Approx::mul_trunc`], [`Approx::relu`], [`Approx::exp_neg`],
+//! [`Approx::recip`], [`Approx::rsqrt`], [`Approx::tanh`], [`Approx::gelu`].
+//! Row-wise (one row of a row-major matrix): [`Approx::softmax_row`],
+//! [`Approx::relu_normalise_row`], [`Approx::layer_norm_row`], [`Approx::centre_affine_row`],
+//! [`Approx::mean_of_sum`]. The f64 definitions they approximate are in [`reference`].
+//!
+//! # Semantics shared by all functions
+//! * **Truncation** by s bits is the arithmetic shift of the signed value: ⌊x / 2^s⌋ (floor, not
+//!   round). `mul_trunc(a, b) = ⌊(a·b mod 2^ℓ) / 2^f⌋`.
+//! * Errors below are measured by the tests at the bottom of this file, sweeping each domain at
+//!   the default format (ℓ, f) = (41, 13); 1 ulp = 2^-13 ≈ 1.22e-4.
+//! * Outside a stated domain the functions still return the same integers as the protocols (the
+//!   formulas are identical), but those integers carry no accuracy promise.
+
+use crate::{ensure, FixedPoint, Result};
+
+/// exp(x) for x below −EXP_CLAMP is computed as exp(−EXP_CLAMP) ≈ 1.1e-7, which encodes as 0.
+pub const EXP_CLAMP: i64 = 16;
+/// exp works at f + EXP_SQUARINGS fractional bits and squares that many times.
+pub const EXP_SQUARINGS: u32 = 6;
+/// Reciprocal and rsqrt iterate at f + RECIP_EXTRA_BITS fractional bits.
+pub const RECIP_EXTRA_BITS: u32 = 2;
+/// Newton iterations for 1/m and 1/√m on m ∈ [1/2, 1): the initial guess has relative error
+/// ≤ 8.6% (recip) and ≤ 2.3% (rsqrt); three quadratic steps bring it below 2^-20.
+pub const NEWTON_ITERS: usize = 3;
+/// Extra bits of the 1/n constant in [`Approx::mean_of_sum`].
+pub const MEAN_EXTRA_BITS: u32 = 3;
+/// GELU constants of the tanh form: 0.5·x·(1 + tanh(√(2/π)(x + 0.044715·x³))).
+pub const GELU_CUBIC: f64 = 0.044715;
+
+/// The fixed-point format plus the derived parameters every function needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Approx {
+    pub fp: FixedPoint,
+    /// Fractional bits inside exp: f + EXP_SQUARINGS.
+    exp_frac: u32,
+    /// Fractional bits inside the Newton iterations: f + RECIP_EXTRA_BITS.
+    newton_frac: u32,
+    /// Reciprocal and rsqrt accept raw inputs in [1, 2^norm_bits).
+    norm_bits: u32,
+}
+
+impl Approx {
+    /// Validates that the format leaves the head-room the algorithms need (ℓ ≥ 2f + 14; at f = 13
+    /// that is the paper's ℓ = 41).
+    pub fn new(fp: FixedPoint) -> Result<Self> {
+        let l = fp.ring.bits();
+        let f = fp.frac_bits();
+        let exp_frac = f + EXP_SQUARINGS;
+        let newton_frac = f + RECIP_EXTRA_BITS;
+        ensure!(
+            2 * exp_frac + 2 <= l,
+            Unsupported,
+            "approx needs l >= 2f + {} (exp squares values of f+{} fractional bits); got l={l}, f={f}",
+            2 * EXP_SQUARINGS + 2,
+            EXP_SQUARINGS
+        );
+        ensure!(
+            l >= 3 * f,
+            Unsupported,
+            "approx needs l >= 3f for the wide reciprocal; got l={l}, f={f}"
+        );
+        // Products y·g in recip must stay below 2^(l-2): y < 2^(newton_frac+1), g < 2^norm_bits.
+        let norm_bits = l - 2 - newton_frac;
+        Ok(Approx {
+            fp,
+            exp_frac,
+            newton_frac,
+            norm_bits,
+        })
+    }
+
+    fn s(&self, x: u64) -> i64 {
+        self.fp.ring.to_signed(x)
+    }
+    fn u(&self, x: i64) -> u64 {
+        self.fp.ring.from_signed(x)
+    }
+    fn one(&self) -> i64 {
+        1i64 << self.fp.frac_bits()
+    }
+
+    /// Fractional bits of the Newton iterations (protocols need it to reproduce them).
+    pub fn newton_frac(&self) -> u32 {
+        self.newton_frac
+    }
+    /// Fractional bits inside exp.
+    pub fn exp_frac(&self) -> u32 {
+        self.exp_frac
+    }
+    /// Reciprocal and rsqrt are accurate for raw inputs in [1, 2^norm_bits) (at (41,13): values in
+    /// [2^-13, 2048)). They normalise by comparing against 2^1 … 2^(norm_bits−1).
+    pub fn norm_bits(&self) -> u32 {
+        self.norm_bits
+    }
+
+    /// ⌊x / 2^s⌋ on the signed view.
+    pub fn trunc(&self, x: u64, s: u32) -> u64 {
+        self.u(self.s(x) >> s)
+    }
+
+    /// ⌊(x + 2^(s−1)) / 2^s⌋: rounding to nearest, a truncation after a public constant is added
+    /// (free on shares).
+    pub fn round(&self, x: u64, s: u32) -> u64 {
+        self.trunc(self.fp.ring.add(x, 1u64 << (s - 1)), s)
+    }
+
+    /// ⌊(a·b + 2^(s−1)) / 2^s⌋: product rounded to nearest.
+    pub fn mul_round_by(&self, a: u64, b: u64, s: u32) -> u64 {
+        self.round(self.fp.ring.mul(a, b), s)
+    }
+
+    /// ⌊(a·b mod 2^ℓ) / 2^s⌋: the product of two fixed-point values followed by a truncation.
+    pub fn mul_trunc_by(&self, a: u64, b: u64, s: u32) -> u64 {
+        self.trunc(self.fp.ring.mul(a, b), s)
+    }
+
+    /// Fixed-point product: ⌊(a·b mod 2^ℓ) / 2^f⌋. Exact up to the floor (error < 1 ulp) while
+    /// |a·b| < 2^(ℓ−1−2f) in real terms (|a·b| < 16384 at (41,13)).
+    pub fn mul_trunc(&self, a: u64, b: u64) -> u64 {
+        self.mul_trunc_by(a, b, self.fp.frac_bits())
+    }
+
+    /// max(x, 0). Exact.
+    pub fn relu(&self, x: u64) -> u64 {
+        if self.fp.ring.msb(x) {
+            0
+        } else {
+            x
+        }
+    }
+
+    /// exp(x) for x ≤ 0.
+    ///
+    /// Method: clamp x to ≥ −16 (protocol: −16 + ReLU(x + 16)); read the raw integer at
+    /// F = f + 6 fractional bits, which is t = x/64 ∈ [−1/4, 0] at no cost; p = 1 + t + t²/2
+    /// (degree-2 Taylor); square p six times (each a multiply, add 2^(F−1), truncate by F: rounded);
+    /// round away the 6 extra bits. Domain: x ≤ 0 (any such value; below −16 the result is 0).
+    /// Max error vs f64 over the whole domain (measured): 1.02 ulp (1.24e-4); exp(0) = 1 exactly.
+    pub fn exp_neg(&self, x: u64) -> u64 {
+        let fe = self.exp_frac;
+        let lo = -EXP_CLAMP * self.one();
+        let t = self.s(x).max(lo);
+        let t = self.u(t);
+        let one = self.u(1i64 << fe);
+        let ring = self.fp.ring;
+        let mut p = ring.add(ring.add(one, t), self.mul_round_by(t, t, fe + 1));
+        for _ in 0..EXP_SQUARINGS {
+            p = self.mul_round_by(p, p, fe);
+        }
+        self.round(p, EXP_SQUARINGS)
+    }
+
+    /// Bit length e of a raw positive value, clamped to [1, norm_bits]: the class the protocol's
+    /// comparisons s ≥ 2^k (k = 1 … norm_bits−1) select. Non-positive inputs give e = 1.
+    pub fn norm_class(&self, s: u64) -> u32 {
+        let v = self.s(s);
+        let e = if v <= 0 { 1 } else { 64 - v.leading_zeros() };
+        e.clamp(1, self.norm_bits)
+    }
+
+    /// The public constant 2^(norm_bits − e) the protocol selects with the one-hot class vector:
+    /// s·g puts s at a fixed scale, and g rescales the result of the iteration.
+    pub fn norm_scale(&self, e: u32) -> u64 {
+        1u64 << (self.norm_bits - e)
+    }
+
+    /// m = s / 2^e ∈ [1/2, 1) at `newton_frac` bits: ⌊s·2^(K−e) / 2^(K−F)⌋ (K = norm_bits).
+    fn normalise(&self, s: u64, e: u32) -> u64 {
+        self.mul_trunc_by(s, self.norm_scale(e), self.norm_bits - self.newton_frac)
+    }
+
+    /// Newton for 1/m, m ∈ [1/2, 1] at F = newton_frac bits: y0 = 2.9142 − 2m, then
+    /// y ← ⌊y·(2 − ⌊m·y⌋_F)⌋_F three times. Returns y ≈ 2^F/m.
+    pub fn newton_recip(&self, m: u64) -> u64 {
+        let ring = self.fp.ring;
+        let fr = self.newton_frac;
+        let c0 = self.u((2.914_213_562_373_095 * (1u64 << fr) as f64).round() as i64);
+        let two = self.u(2i64 << fr);
+        let mut y = ring.sub(c0, ring.add(m, m));
+        for _ in 0..NEWTON_ITERS {
+            let my = self.mul_trunc_by(m, y, fr);
+            y = self.mul_trunc_by(y, ring.sub(two, my), fr);
+        }
+        y
+    }
+
+    /// Newton for 1/√m, m ∈ [1/2, 1) at F bits: y0 = 1.7877 − 0.81·m, then
+    /// y ← ⌊y·(3 − ⌊m·⌊y²⌋_F⌋_F)⌋_(F+1) three times. Returns y ≈ 2^F/√m.
+    pub fn newton_rsqrt(&self, m: u64) -> u64 {
+        let ring = self.fp.ring;
+        let fr = self.newton_frac;
+        let sc = (1u64 << fr) as f64;
+        let a = self.u((RSQRT_GUESS.0 * sc).round() as i64);
+        let b = self.u((RSQRT_GUESS.1 * sc).round() as i64);
+        let three = self.u(3i64 << fr);
+        let mut y = ring.sub(a, self.mul_trunc_by(b, m, fr));
+        for _ in 0..NEWTON_ITERS {
+            let y2 = self.mul_trunc_by(y, y, fr);
+            let my2 = self.mul_trunc_by(m, y2, fr);
+            y = self.mul_trunc_by(y, ring.sub(three, my2), fr + 1);
+        }
+        y
+    }
+
+    /// 1/s on the raw domain [1, 2^norm_bits) (values [2^-13, 2048) at (41,13)), output at f bits.
+    ///
+    /// Method: class e = bit length of s (norm_bits − 1 comparisons with public powers of two),
+    /// g = 2^(K−e) selected by the one-hot class; m = s·g truncated to F bits ∈ [1/2, 1);
+    /// y = Newton(1/m); result ⌊y·g / 2^(F+K−f−out)⌋ at `out` fractional bits. Max error vs f64:
+    /// 1 ulp + 2^-12 relative (for s near 2^-13 the input itself is that coarse).
+    pub fn recip(&self, s: u64) -> u64 {
+        self.recip_at(s, self.fp.frac_bits())
+    }
+
+    /// [`Approx::recip`] with the output at `out_frac` fractional bits (≤ F + K − f).
+    pub fn recip_at(&self, s: u64, out_frac: u32) -> u64 {
+        self.recip_in_class(s, self.norm_class(s), out_frac)
+    }
+
+    /// Output precision of the row reciprocal in Softmax and ReLU-normalise: 2f − 2 bits, so the
+    /// final products e_i·(1/s) lose nothing to the quantisation of 1/s and still fit the ring.
+    pub fn wide_recip_frac(&self) -> u32 {
+        2 * self.fp.frac_bits() - 2
+    }
+
+    /// Truncation applied to y·g in the reciprocal with output at `out_frac` bits.
+    pub fn recip_out_shift(&self, out_frac: u32) -> u32 {
+        let shift = self.newton_frac + self.norm_bits - self.fp.frac_bits();
+        assert!(
+            out_frac <= shift,
+            "recip output precision {out_frac} too high"
+        );
+        shift - out_frac
+    }
+
+    /// [`Approx::recip_at`] with the class given (the protocol computes e from comparisons).
+    pub fn recip_in_class(&self, s: u64, e: u32, out_frac: u32) -> u64 {
+        let m = self.normalise(s, e);
+        let y = self.newton_recip(m);
+        self.mul_trunc_by(y, self.norm_scale(e), self.recip_out_shift(out_frac))
+    }
+
+    /// Output precision of rsqrt inside LayerNorm: f + 6 bits (the normalised values d·r reach
+    /// √n ≈ 28 for n = 768, so the product still fits).
+    pub fn wide_rsqrt_frac(&self) -> u32 {
+        self.fp.frac_bits() + 6
+    }
+
+    /// Truncation after the rsqrt output scaling, c = ⌊ℓ − 2 − f/2 − out⌋: as large as the ring
+    /// allows, so the selected constants keep ≥ 11 significant bits.
+    pub fn rsqrt_out_shift(&self, out_frac: u32) -> u32 {
+        let l = self.fp.ring.bits() as f64;
+        let c = (l - 2.0 - self.fp.frac_bits() as f64 / 2.0 - out_frac as f64).floor();
+        assert!(c >= 0.0, "rsqrt output precision {out_frac} too high");
+        c as u32
+    }
+
+    /// Public output constant of rsqrt for class e: G_e = round(2^(c + out + f/2 − F − e/2)).
+    pub fn rsqrt_out_scale(&self, e: u32, out_frac: u32) -> u64 {
+        let f = self.fp.frac_bits() as f64;
+        let c = self.rsqrt_out_shift(out_frac) as f64;
+        let ex = c + out_frac as f64 + f / 2.0 - self.newton_frac as f64 - e as f64 / 2.0;
+        (2f64).powf(ex).round() as u64
+    }
+
+    /// 1/√s on the raw domain [1, 2^norm_bits), output at f bits.
+    ///
+    /// Method: the same normalisation as [`Approx::recip`] (m = s/2^e ∈ [1/2, 1)), y = Newton(1/√m),
+    /// result ⌊y·G_e / 2^c⌋ with the public G_e of [`Approx::rsqrt_out_scale`] selected by the
+    /// one-hot class. Max error vs f64: 1 ulp + 2^-11 relative.
+    pub fn rsqrt(&self, s: u64) -> u64 {
+        self.rsqrt_at(s, self.fp.frac_bits())
+    }
+
+    /// [`Approx::rsqrt`] with the output at `out_frac` fractional bits.
+    pub fn rsqrt_at(&self, s: u64, out_frac: u32) -> u64 {
+        self.rsqrt_in_class(s, self.norm_class(s), out_frac)
+    }
+
+    /// [`Approx::rsqrt_at`] with the class given.
+    pub fn rsqrt_in_class(&self, s: u64, e: u32, out_frac: u32) -> u64 {
+        let m = self.normalise(s, e);
+        let y = self.newton_rsqrt(m);
+        self.mul_trunc_by(
+            y,
+            self.rsqrt_out_scale(e, out_frac),
+            self.rsqrt_out_shift(out_frac),
+        )
+    }
+
+    /// tanh(x) for any x.
+    ///
+    /// Method: a = |x| (protocol: sign by DReLU, then a selection); z = exp_neg(−2a) ∈ (0, 1];
+    /// tanh(a) = (1 − z)/(1 + z) with the quotient by Newton on m = (1+z)/2 ∈ (1/2, 1] (no
+    /// normalisation: the range is known); th = ⌊(1 − z)·y / 2^(F+1)⌋; the sign is re-applied.
+    /// Max error vs f64 over all x (measured): 2.7 ulp (3.3e-4). Odd: tanh(−x) = −tanh(x) exactly.
+    pub fn tanh(&self, x: u64) -> u64 {
+        let ring = self.fp.ring;
+        let f = self.fp.frac_bits();
+        let neg = ring.msb(x);
+        let a = if neg { ring.neg(x) } else { x };
+        let z = self.exp_neg(ring.neg(ring.add(a, a)));
+        let one = self.u(self.one());
+        let m = ring.mul(ring.add(one, z), 1u64 << (self.newton_frac - f - 1));
+        let y = self.newton_recip(m);
+        let th = self.mul_trunc_by(ring.sub(one, z), y, self.newton_frac + 1);
+        if neg {
+            ring.neg(th)
+        } else {
+            th
+        }
+    }
+
+    /// GELU, tanh form, exactly as the paper's Algorithm 2:
+    /// x2 = ⌊x·x⌋_f; x3 = ⌊x·x2⌋_f; a = ⌊x3·⌊0.044715·2^f⌉⌋_f; b = ⌊(x + a)·⌊√(2/π)·2^f⌉⌋_f;
+    /// y = ⌊x·(2^f + tanh(b))⌋_(f+1).
+    /// Domain: |x| ≤ 25 (x³ must fit the ring: |x|³ < 2^(ℓ−1−2f)). Max error vs f64 (measured):
+    /// 5.0e-4 at x ≈ 2.46 (the rounded constants 366/8192 and 6536/8192 dominate).
+    pub fn gelu(&self, x: u64) -> u64 {
+        let ring = self.fp.ring;
+        let fp = self.fp;
+        let c_cubic = fp.encode(GELU_CUBIC);
+        let c_sqrt = fp.encode((2.0 / std::f64::consts::PI).sqrt());
+        let x2 = self.mul_trunc(x, x);
+        let x3 = self.mul_trunc(x, x2);
+        let a = self.mul_trunc(x3, c_cubic);
+        let b = self.mul_trunc(ring.add(x, a), c_sqrt);
+        let th = self.tanh(b);
+        self.mul_trunc_by(x, ring.add(th, self.u(self.one())), fp.frac_bits() + 1)
+    }
+
+    /// Mean of n values from the raw sum S: ⌊⌊S / 2^p⌋ · c / 2^(f+3)⌋ with p = ⌊log2 n⌋ and
+    /// c = round(2^(p+f+3)/n). (Algorithm 4 multiplies by ⌊2^f/n⌉ directly; at n = 768 that
+    /// constant is 11 instead of 10.67, a 3% error. Pre-dividing by 2^p and 3 extra bits keep c
+    /// precise to 2^-16 while the product still fits.) Error ≤ 2 ulp + |mean|·2^-15 (relative); needs
+    /// |mean| < 2^(ℓ−3−2f−3) (2048 at (41,13)).
+    pub fn mean_of_sum(&self, sum: u64, n: usize) -> u64 {
+        let (p, c) = self.mean_params(n);
+        self.mul_trunc_by(self.trunc(sum, p), c, self.fp.frac_bits() + MEAN_EXTRA_BITS)
+    }
+
+    /// (p, c) of [`Approx::mean_of_sum`].
+    pub fn mean_params(&self, n: usize) -> (u32, u64) {
+        assert!(n > 0, "mean of an empty row");
+        let p = usize::BITS - 1 - n.leading_zeros();
+        let c = (2f64.powi((p + self.fp.frac_bits() + MEAN_EXTRA_BITS) as i32) / n as f64).round();
+        (p, c as u64)
+    }
+
+    /// Softmax of one row with max subtraction and a padding mask (Algorithm 3). `valid[i]` false
+    /// means a padded position: excluded from the max and the sum, output 0. The mask is public.
+    /// Steps: m = max over valid; e_i = exp_neg(x_i − m); s = Σ e_i; r = recip_at(s, 2f−2);
+    /// y_i = ⌊e_i·r⌋_(2f−2). Domain: valid entries within 2^(ℓ−2)/2^f of each other (no wrap in
+    /// x_i − m), at most 2^(norm_bits−f) = 2048 valid entries. Max error vs f64: 4e-4 absolute per
+    /// output. A row with no valid entry outputs all zeros.
+    pub fn softmax_row(&self, row: &[u64], valid: &[bool]) -> Vec<u64> {
+        assert_eq!(row.len(), valid.len(), "mask length");
+        let ring = self.fp.ring;
+        let Some(max) = row
+            .iter()
+            .zip(valid)
+            .filter(|(_, &v)| v)
+            .map(|(&x, _)| self.s(x))
+            .max()
+        else {
+            return vec![0; row.len()];
+        };
+        let e: Vec<u64> = row
+            .iter()
+            .zip(valid)
+            .map(|(&x, &v)| {
+                if v {
+                    self.exp_neg(ring.sub(x, self.u(max)))
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let s = e.iter().fold(0u64, |acc, &v| ring.add(acc, v));
+        let w = self.wide_recip_frac();
+        let r = self.recip_at(s, w);
+        e.iter().map(|&v| self.mul_trunc_by(v, r, w)).collect()
+    }
+
+    /// ReLU-normalise (the friendly Softmax substitute): r_i = ReLU(x_i) on valid positions (0 on
+    /// padded ones), s = Σ r_i + ⌊ε·2^f⌉ (ε = defaults::RELU_NORMALISE_EPS, at least 1 ulp),
+    /// y_i = ⌊r_i·recip_at(s, 2f−2)⌋_(2f−2). Domain: s < 2048 at (41,13). Max error vs f64: 3e-4 absolute.
+    pub fn relu_normalise_row(&self, row: &[u64], valid: &[bool]) -> Vec<u64> {
+        assert_eq!(row.len(), valid.len(), "mask length");
+        let ring = self.fp.ring;
+        let r: Vec<u64> = row
+            .iter()
+            .zip(valid)
+            .map(|(&x, &v)| if v { self.relu(x) } else { 0 })
+            .collect();
+        let s = r
+            .iter()
+            .fold(self.relu_normalise_eps(), |acc, &v| ring.add(acc, v));
+        let w = self.wide_recip_frac();
+        let inv = self.recip_at(s, w);
+        r.iter().map(|&v| self.mul_trunc_by(v, inv, w)).collect()
+    }
+
+    /// ε of ReLU-normalise as a raw value (never below 1 ulp, so the reciprocal stays defined).
+    pub fn relu_normalise_eps(&self) -> u64 {
+        self.eps_raw(crate::defaults::RELU_NORMALISE_EPS)
+    }
+
+    /// ⌊ε·2^f⌉, at least 1: the raw ε added before a reciprocal or rsqrt.
+    pub fn eps_raw(&self, eps: f64) -> u64 {
+        self.fp.encode(eps).max(1)
+    }
+
+    /// LayerNorm of one row (Algorithm 4): μ = mean_of_sum(Σx); d = x − μ;
+    /// v = mean_of_sum(Σ⌊d·d⌋_f) + eps_raw(ε); r = rsqrt_at(v, f+6); n = ⌊d·r⌋_(f+6);
+    /// y = ⌊n·γ⌋_f + β.
+    /// γ, β are raw fixed-point values at f bits. Domain: variance + ε in [2^-13, 2048), |d| < 90.
+    /// Max error vs f64: 2e-3·(1 + |γ|) absolute for rows with variance ≥ 0.05.
+    pub fn layer_norm_row(&self, row: &[u64], gamma: &[u64], beta: &[u64], eps: f64) -> Vec<u64> {
+        assert!(
+            row.len() == gamma.len() && row.len() == beta.len(),
+            "γ/β length"
+        );
+        let ring = self.fp.ring;
+        let n = row.len();
+        let d = self.centre(row);
+        let sq = d
+            .iter()
+            .fold(0u64, |acc, &v| ring.add(acc, self.mul_trunc(v, v)));
+        let var = ring.add(self.mean_of_sum(sq, n), self.eps_raw(eps));
+        let w = self.wide_rsqrt_frac();
+        let r = self.rsqrt_at(var, w);
+        d.iter()
+            .zip(gamma.iter().zip(beta))
+            .map(|(&v, (&g, &b))| ring.add(self.mul_trunc(self.mul_trunc_by(v, r, w), g), b))
+            .collect()
+    }
+
+    /// x − mean(x) with the mean of [`Approx::mean_of_sum`].
+    pub fn centre(&self, row: &[u64]) -> Vec<u64> {
+        let ring = self.fp.ring;
+        let sum = row.iter().fold(0u64, |acc, &v| ring.add(acc, v));
+        let mu = self.mean_of_sum(sum, row.len());
+        row.iter().map(|&v| ring.sub(v, mu)).collect()
+    }
+
+    /// The friendly LayerNorm substitute: y = ⌊(x − μ)·γ⌋_f + β. Max error vs f64: 2 ulp·(1+|γ|).
+    pub fn centre_affine_row(&self, row: &[u64], gamma: &[u64], beta: &[u64]) -> Vec<u64> {
+        assert!(
+            row.len() == gamma.len() && row.len() == beta.len(),
+            "γ/β length"
+        );
+        let ring = self.fp.ring;
+        self.centre(row)
+            .iter()
+            .zip(gamma.iter().zip(beta))
+            .map(|(&v, (&g, &b))| ring.add(self.mul_trunc(v, g), b))
+            .collect()
+    }
+}
+
+/// Linear initial guess a − b·m for 1/√m on [1/2, 1) (equal-ripple, relative error ≤ 2.3%).
+const RSQRT_GUESS: (f64, f64) = (1.7877, 0.81);
+
+/// The real-valued functions the fixed-point algorithms approximate (test oracles for the
+/// protocols and the simulator).
+pub mod reference {
+    pub fn relu(x: f64) -> f64 {
+        x.max(0.0)
+    }
+
+    /// GELU, tanh form.
+    pub fn gelu(x: f64) -> f64 {
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        0.5 * x * (1.0 + (k * (x + super::GELU_CUBIC * x * x * x)).tanh())
+    }
+
+    /// Softmax over the valid entries; padded entries are 0.
+    pub fn softmax(row: &[f64], valid: &[bool]) -> Vec<f64> {
+        let m = row
+            .iter()
+            .zip(valid)
+            .filter(|(_, &v)| v)
+            .map(|(&x, _)| x)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = row
+            .iter()
+            .zip(valid)
+            .map(|(&x, &v)| if v { (x - m).exp() } else { 0.0 })
+            .collect();
+        let s: f64 = e.iter().sum();
+        e.iter()
+            .map(|&v| if s > 0.0 { v / s } else { 0.0 })
+            .collect()
+    }
+
+    /// ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over the valid entries.
+    pub fn relu_normalise(row: &[f64], valid: &[bool], eps: f64) -> Vec<f64> {
+        let r: Vec<f64> = row
+            .iter()
+            .zip(valid)
+            .map(|(&x, &v)| if v { x.max(0.0) } else { 0.0 })
+            .collect();
+        let s: f64 = r.iter().sum::<f64>() + eps;
+        r.iter().map(|&v| v / s).collect()
+    }
+
+    pub fn layer_norm(row: &[f64], gamma: &[f64], beta: &[f64], eps: f64) -> Vec<f64> {
+        let n = row.len() as f64;
+        let mu = row.iter().sum::<f64>() / n;
+        let var = row.iter().map(|&x| (x - mu) * (x - mu)).sum::<f64>() / n;
+        let r = 1.0 / (var + eps).sqrt();
+        row.iter()
+            .zip(gamma.iter().zip(beta))
+            .map(|(&x, (&g, &b))| (x - mu) * r * g + b)
+            .collect()
+    }
+
+    pub fn centre_affine(row: &[f64], gamma: &[f64], beta: &[f64]) -> Vec<f64> {
+        let mu = row.iter().sum::<f64>() / row.len() as f64;
+        row.iter()
+            .zip(gamma.iter().zip(beta))
+            .map(|(&x, (&g, &b))| (x - mu) * g + b)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Prg;
+
+    fn ax() -> Approx {
+        Approx::new(FixedPoint::default_format()).unwrap()
+    }
+    const ULP: f64 = 1.0 / 8192.0;
+
+    /// Max |approx − f64| over the raw inputs `xs`.
+    fn max_err(
+        ax: &Approx,
+        xs: impl Iterator<Item = i64>,
+        f: impl Fn(u64) -> u64,
+        g: impl Fn(f64) -> f64,
+    ) -> (f64, f64) {
+        let fp = ax.fp;
+        let mut worst = (0.0, 0.0);
+        for x in xs {
+            let xv = fp.ring.from_signed(x);
+            let err = (fp.decode(f(xv)) - g(fp.decode(xv))).abs();
+            if err > worst.0 {
+                worst = (err, fp.decode(xv));
+            }
+        }
+        worst
+    }
+
+    #[test]
+    fn rejects_formats_without_headroom() {
+        assert!(Approx::new(FixedPoint::new(41, 14).unwrap()).is_err());
+        assert!(Approx::new(FixedPoint::new(64, 20).unwrap()).is_ok());
+    }
+
+    #[test]
+    fn truncation_is_floor_and_relu_exact() {
+        let a = ax();
+        let r = a.fp.ring;
+        assert_eq!(r.to_signed(a.trunc(r.from_signed(-1), 13)), -1);
+        assert_eq!(r.to_signed(a.trunc(r.from_signed(8191), 13)), 0);
+        assert_eq!(a.relu(r.from_signed(-1)), 0);
+        assert_eq!(a.relu(5), 5);
+        assert_eq!(a.relu(1 << 40), 0);
+        let x = a.fp.encode(1.5);
+        assert_eq!(a.fp.decode(a.mul_trunc(x, a.fp.encode(-2.0))), -3.0);
+    }
+
+    #[test]
+    fn exp_sweep_whole_domain() {
+        let a = ax();
+        let (err, at) = max_err(&a, -(20 << 13)..=0, |x| a.exp_neg(x), f64::exp);
+        assert!(err <= 1.1 * ULP, "exp error {err} at {at}");
+        assert_eq!(a.exp_neg(0), 1 << 13);
+        assert_eq!(a.exp_neg(a.fp.ring.from_signed(-(1 << 30))), 0);
+    }
+
+    /// Raw inputs covering [1, 2^K): every value below 2^14, then a stride, plus 2^k ± 1.
+    fn positive_sweep(k: u32) -> impl Iterator<Item = i64> {
+        (1..1i64 << 14)
+            .chain(((1i64 << 14)..(1i64 << k)).step_by(97))
+            .chain((1..k).flat_map(|j| [(1i64 << j) - 1, 1i64 << j, (1i64 << j) + 1]))
+            .chain(std::iter::once((1i64 << k) - 1))
+    }
+
+    #[test]
+    fn recip_sweep_whole_domain() {
+        let a = ax();
+        let fp = a.fp;
+        assert_eq!(a.norm_bits(), 24);
+        for x in positive_sweep(a.norm_bits()) {
+            let xv = fp.ring.from_signed(x);
+            let exact = 1.0 / fp.decode(xv);
+            let err = (fp.decode(a.recip(xv)) - exact).abs();
+            assert!(
+                err <= ULP + exact / 4096.0,
+                "recip({}) error {err}",
+                fp.decode(xv)
+            );
+        }
+    }
+
+    #[test]
+    fn rsqrt_sweep_whole_domain() {
+        let a = ax();
+        let fp = a.fp;
+        for x in positive_sweep(a.norm_bits()) {
+            let xv = fp.ring.from_signed(x);
+            let exact = 1.0 / fp.decode(xv).sqrt();
+            let err = (fp.decode(a.rsqrt(xv)) - exact).abs();
+            assert!(
+                err <= ULP + exact / 2048.0,
+                "rsqrt({}) error {err}",
+                fp.decode(xv)
+            );
+        }
+    }
+
+    #[test]
+    fn tanh_sweep_and_oddness() {
+        let a = ax();
+        let (err, at) = max_err(&a, -(12 << 13)..=(12 << 13), |x| a.tanh(x), f64::tanh);
+        assert!(err <= 3.0 * ULP, "tanh error {err} at {at}");
+        let r = a.fp.ring;
+        for x in [1i64, 77, 8192, 40000, 1 << 30] {
+            assert_eq!(a.tanh(r.from_signed(-x)), r.neg(a.tanh(r.from_signed(x))));
+        }
+        assert_eq!(a.tanh(0), 0);
+    }
+
+    #[test]
+    fn gelu_sweep_whole_domain() {
+        let a = ax();
+        let (err, at) = max_err(
+            &a,
+            (-(25 << 13)..=(25 << 13)).step_by(3),
+            |x| a.gelu(x),
+            reference::gelu,
+        );
+        assert!(err <= 5.5e-4, "gelu error {err} at {at}");
+    }
+
+    fn random_rows(prg: &mut Prg, rows: usize, cols: usize, scale: f64) -> Vec<Vec<f64>> {
+        (0..rows)
+            .map(|_| {
+                (0..cols)
+                    .map(|_| (prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * scale)
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn softmax_rows_match_f64_with_mask() {
+        let a = ax();
+        let fp = a.fp;
+        let mut prg = Prg::from_os_entropy();
+        for (cols, scale, pad) in [(128, 8.0, 37), (128, 30.0, 0), (7, 2.0, 3), (1, 1.0, 0)] {
+            let valid: Vec<bool> = (0..cols).map(|i| i < cols - pad).collect();
+            for row in random_rows(&mut prg, 8, cols, scale) {
+                let raw: Vec<u64> = row.iter().map(|&x| fp.encode(x)).collect();
+                let got = a.softmax_row(&raw, &valid);
+                let q: Vec<f64> = raw.iter().map(|&x| fp.decode(x)).collect();
+                let want = reference::softmax(&q, &valid);
+                for i in 0..cols {
+                    let err = (fp.decode(got[i]) - want[i]).abs();
+                    assert!(err <= 4e-4, "softmax error {err}");
+                    if !valid[i] {
+                        assert_eq!(got[i], 0);
+                    }
+                }
+            }
+        }
+        assert_eq!(a.softmax_row(&[5, 6], &[false, false]), vec![0, 0]);
+    }
+
+    #[test]
+    fn relu_normalise_rows_match_f64() {
+        let a = ax();
+        let fp = a.fp;
+        let mut prg = Prg::from_os_entropy();
+        let eps = crate::defaults::RELU_NORMALISE_EPS;
+        for (cols, scale, pad) in [(128, 8.0, 20), (128, 0.01, 0), (5, 3.0, 1)] {
+            let valid: Vec<bool> = (0..cols).map(|i| i < cols - pad).collect();
+            for row in random_rows(&mut prg, 8, cols, scale) {
+                let raw: Vec<u64> = row.iter().map(|&x| fp.encode(x)).collect();
+                let got = a.relu_normalise_row(&raw, &valid);
+                let q: Vec<f64> = raw.iter().map(|&x| fp.decode(x)).collect();
+                let want = reference::relu_normalise(&q, &valid, eps);
+                for i in 0..cols {
+                    let err = (fp.decode(got[i]) - want[i]).abs();
+                    assert!(err <= 3e-4, "relu-normalise error {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_rows_match_f64() {
+        let a = ax();
+        let fp = a.fp;
+        let mut prg = Prg::from_os_entropy();
+        for (cols, scale) in [(768, 4.0), (768, 0.5), (64, 20.0)] {
+            let gamma: Vec<f64> = random_rows(&mut prg, 1, cols, 2.0).remove(0);
+            let beta: Vec<f64> = random_rows(&mut prg, 1, cols, 1.0).remove(0);
+            let (g, b): (Vec<u64>, Vec<u64>) = (
+                gamma.iter().map(|&x| fp.encode(x)).collect(),
+                beta.iter().map(|&x| fp.encode(x)).collect(),
+            );
+            let (gq, bq): (Vec<f64>, Vec<f64>) = (
+                g.iter().map(|&x| fp.decode(x)).collect(),
+                b.iter().map(|&x| fp.decode(x)).collect(),
+            );
+            for row in random_rows(&mut prg, 4, cols, scale) {
+                let raw: Vec<u64> = row.iter().map(|&x| fp.encode(x)).collect();
+                let q: Vec<f64> = raw.iter().map(|&x| fp.decode(x)).collect();
+                let got = a.layer_norm_row(&raw, &g, &b, 1e-5);
+                let want = reference::layer_norm(&q, &gq, &bq, 1e-5);
+                let got_c = a.centre_affine_row(&raw, &g, &b);
+                let want_c = reference::centre_affine(&q, &gq, &bq);
+                for i in 0..cols {
+                    let err = (fp.decode(got[i]) - want[i]).abs();
+                    assert!(err <= 2e-3 * (1.0 + gq[i].abs()), "layernorm error {err}");
+                    let err = (fp.decode(got_c[i]) - want_c[i]).abs();
+                    assert!(err <= 2.0 * ULP * (1.0 + gq[i].abs()), "centre error {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn mean_is_within_two_ulp() {
+        let a = ax();
+        let r = a.fp.ring;
+        for n in [1usize, 7, 128, 768, 3072] {
+            for s in [-5_000_000i64, -1, 0, 1, 12345, 16_000_000] {
+                let got = r.to_signed(a.mean_of_sum(r.from_signed(s), n)) as f64;
+                let exact = s as f64 / n as f64;
+                let bound = 2.0 + exact.abs() / 32768.0;
+                assert!((got - exact).abs() <= bound, "mean {s}/{n} -> {got}");
+            }
+        }
+    }
+}
