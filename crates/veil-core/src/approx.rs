@@ -372,7 +372,7 @@ impl Approx {
     /// means a padded position: excluded from the max and the sum, output 0. The mask is public.
     /// Steps: m = max over valid; e_i = exp_neg(x_i − m); s = Σ e_i; r = recip_at(s, 2f−2);
     /// y_i = ⌊e_i·r⌋_(2f−2). Domain: valid entries within 2^(ℓ−2)/2^f of each other (no wrap in
-    /// x_i − m), at most 2^(norm_bits−f) = 2048 valid entries. Max error vs f64: 4e-4 absolute per
+    /// x_i − m), at most 2^(norm_bits−f) = 2048 valid entries. Max error vs f64: 8e-4 absolute per
     /// output. A row with no valid entry outputs all zeros.
     pub fn softmax_row(&self, row: &[u64], valid: &[bool]) -> Vec<u64> {
         assert_eq!(row.len(), valid.len(), "mask length");
@@ -404,7 +404,8 @@ impl Approx {
     }
 
     /// ReLU-normalise (the friendly Softmax substitute): r_i = ReLU(x_i) on valid positions (0 on
-    /// padded ones), s = Σ r_i + ⌊ε·2^f⌉ (ε = defaults::RELU_NORMALISE_EPS, at least 1 ulp),
+    /// padded ones), s = Σ r_i + ⌊ε·2^f⌉ (ε = defaults::RELU_NORMALISE_EPS, at least 1 ulp; the
+    /// error bound is against the f64 definition with this quantised ε, 9.77e-4 at f = 13),
     /// y_i = ⌊r_i·recip_at(s, 2f−2)⌋_(2f−2). Domain: s < 2048 at (41,13). Max error vs f64: 3e-4 absolute.
     pub fn relu_normalise_row(&self, row: &[u64], valid: &[bool]) -> Vec<u64> {
         assert_eq!(row.len(), valid.len(), "mask length");
@@ -692,7 +693,7 @@ mod tests {
                 let want = reference::softmax(&q, &valid);
                 for i in 0..cols {
                     let err = (fp.decode(got[i]) - want[i]).abs();
-                    assert!(err <= 4e-4, "softmax error {err}");
+                    assert!(err <= 8e-4, "softmax error {err}");
                     if !valid[i] {
                         assert_eq!(got[i], 0);
                     }
@@ -707,7 +708,8 @@ mod tests {
         let a = ax();
         let fp = a.fp;
         let mut prg = Prg::from_os_entropy();
-        let eps = crate::defaults::RELU_NORMALISE_EPS;
+        // The f64 definition with ε as the simulator encodes it (8 ulp = 9.77e-4).
+        let eps = fp.decode(a.relu_normalise_eps());
         for (cols, scale, pad) in [(128, 8.0, 20), (128, 0.01, 0), (5, 3.0, 1)] {
             let valid: Vec<bool> = (0..cols).map(|i| i < cols - pad).collect();
             for row in random_rows(&mut prg, 8, cols, scale) {
