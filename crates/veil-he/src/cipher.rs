@@ -1,0 +1,154 @@
+//! Encoding, seeded secret-key encryption (client) and plaintext × ciphertext
+//! multiply-accumulate in the NTT domain (server).
+
+use veil_core::{ensure, Prg, Result, Seed};
+
+use crate::keys::{expand_uniform_ntt, SecretKey};
+use crate::math::{add_mod, mul_mod, sample_cbd, signed_mod};
+use crate::params::Params;
+use crate::poly::RnsPoly;
+
+/// round(Q·m/t) mod q_i for a plaintext polynomial m with coefficients in [0, t).
+///
+/// Scaling by the exact rational Q/t (rather than ⌊Q/t⌋) is what makes products with plaintexts
+/// cheap in noise: w·round(Q·m/t) = (Q/t)·(w·m) + w·ε with |ε| ≤ 1/2, and the multiple of Q
+/// hidden in (Q/t)·t·k vanishes, so no noise term proportional to t appears (SEAL's
+/// "scaling variant" of plaintext multiplication).
+pub(crate) fn scaled_message(p: &Params, m: &[u64]) -> RnsPoly {
+    let inner = p.inner();
+    let t_bits = p.ring().bits();
+    let half_t = 1u128 << (t_bits - 1);
+    let n = p.degree();
+    let mut out = RnsPoly::zero(p);
+    for (j, &mj) in m.iter().enumerate() {
+        let frac = ((inner.q_mod_t as u128 * mj as u128 + half_t) >> t_bits) as u64;
+        for (i, &q) in p.moduli().iter().enumerate() {
+            out.data[i * n + j] = add_mod(mul_mod(inner.delta[i], mj % q, q), frac % q, q);
+        }
+    }
+    out
+}
+
+fn check_message(p: &Params, m: &[u64]) -> Result<()> {
+    ensure!(
+        m.len() <= p.degree(),
+        InvalidArgument,
+        "plaintext of {} coefficients exceeds N = {}",
+        m.len(),
+        p.degree()
+    );
+    ensure!(
+        m.iter().all(|&x| p.ring().contains(x)),
+        InvalidArgument,
+        "plaintext coefficient outside Z_2^{}",
+        p.ring().bits()
+    );
+    Ok(())
+}
+
+/// A fresh client ciphertext: c1 = a is given by its seed, c0 = -a·s + e + round(Q·m/t) is kept in
+/// the NTT domain so the server needs no transform.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeededCiphertext {
+    pub(crate) seed: [u8; 16],
+    pub(crate) c0_ntt: Vec<u64>,
+}
+
+impl SecretKey {
+    /// Encrypts the plaintext polynomial with coefficients `m` (in Z_{2^ℓ}, length ≤ N).
+    pub fn encrypt(&self, m: &[u64], prg: &mut Prg) -> Result<SeededCiphertext> {
+        let p = &self.params;
+        check_message(p, m)?;
+        let seed = prg.block();
+        let a = expand_uniform_ntt(p, &Seed(seed));
+        let mut c0 = RnsPoly::from_signed(p, &sample_cbd(prg, p.degree()));
+        c0.add_assign(p, &scaled_message(p, m));
+        c0.ntt(p);
+        c0.mul_acc(p, &a.data, &self.neg_s_ntt);
+        Ok(SeededCiphertext {
+            seed,
+            c0_ntt: c0.data,
+        })
+    }
+}
+
+/// A client ciphertext expanded on the server: both halves in the NTT domain.
+pub struct EvalCiphertext {
+    pub(crate) c0: RnsPoly,
+    pub(crate) c1: RnsPoly,
+}
+
+impl EvalCiphertext {
+    pub fn expand(p: &Params, ct: &SeededCiphertext) -> Self {
+        EvalCiphertext {
+            c0: RnsPoly {
+                data: ct.c0_ntt.clone(),
+            },
+            c1: expand_uniform_ntt(p, &Seed(ct.seed)),
+        }
+    }
+
+    /// Adds the plaintext `m` (coefficients in Z_{2^ℓ}): the server folds its own share of the
+    /// input into the client's ciphertext so one product covers both shares.
+    pub fn add_plain(&mut self, p: &Params, m: &[u64]) -> Result<()> {
+        check_message(p, m)?;
+        let mut s = scaled_message(p, m);
+        s.ntt(p);
+        self.c0.add_assign(p, &s);
+        Ok(())
+    }
+}
+
+/// A plaintext polynomial with small signed coefficients (centred lift of Z_{2^ℓ} values),
+/// transformed for multiplication.
+pub struct NttPlaintext {
+    pub(crate) data: RnsPoly,
+}
+
+impl NttPlaintext {
+    /// `coeffs` are centred integers of magnitude < 2^62; length ≤ N.
+    pub fn new(p: &Params, coeffs: &[i64]) -> Result<Self> {
+        ensure!(
+            coeffs.len() <= p.degree(),
+            InvalidArgument,
+            "plaintext of {} coefficients exceeds N = {}",
+            coeffs.len(),
+            p.degree()
+        );
+        let mut data = RnsPoly::from_signed(p, coeffs);
+        data.ntt(p);
+        Ok(NttPlaintext { data })
+    }
+
+    /// Re-uses this buffer for new coefficients (saves an allocation per product).
+    pub fn set(&mut self, p: &Params, coeffs: &[i64]) {
+        let n = p.degree();
+        for (limb, &q) in self.data.limbs_mut(n).zip(p.moduli()) {
+            limb.fill(0);
+            for (o, &c) in limb.iter_mut().zip(coeffs) {
+                *o = signed_mod(c, q);
+            }
+        }
+        self.data.ntt(p);
+    }
+}
+
+/// Σ plaintext_i × ciphertext_i, accumulated in the NTT domain.
+pub struct Accumulator {
+    pub(crate) c0: RnsPoly,
+    pub(crate) c1: RnsPoly,
+}
+
+impl Accumulator {
+    pub fn new(p: &Params) -> Self {
+        Accumulator {
+            c0: RnsPoly::zero(p),
+            c1: RnsPoly::zero(p),
+        }
+    }
+
+    pub fn mul_acc(&mut self, p: &Params, ct: &EvalCiphertext, w: &NttPlaintext) {
+        self.c0.mul_acc(p, &ct.c0.data, &w.data.data);
+        self.c1.mul_acc(p, &ct.c1.data, &w.data.data);
+    }
+}

@@ -1,0 +1,95 @@
+//! Secret and public keys. The client owns the [`SecretKey`] (zeroized on drop) and sends the
+//! [`PublicKey`] once per session; the server uses it only to re-randomise its responses.
+
+use veil_core::{Prg, Seed};
+use zeroize::Zeroize;
+
+use crate::math::{fill_uniform_mod, sample_cbd, sample_ternary, signed_mod};
+use crate::params::Params;
+use crate::poly::RnsPoly;
+
+/// Uniform polynomial in the NTT domain expanded from a 16-byte seed (uniform NTT slots are a
+/// uniform polynomial, so no transform is needed on either side).
+pub(crate) fn expand_uniform_ntt(p: &Params, seed: &Seed) -> RnsPoly {
+    let mut prg = Prg::from_seed(seed);
+    let mut out = RnsPoly::zero(p);
+    let n = p.degree();
+    for (limb, &q) in out.limbs_mut(n).zip(p.moduli()) {
+        fill_uniform_mod(&mut prg, q, limb);
+    }
+    out
+}
+
+/// The client's ternary secret s, kept in the forms decryption and encryption need.
+pub struct SecretKey {
+    pub(crate) params: Params,
+    /// -s in the NTT domain of every RNS limb.
+    pub(crate) neg_s_ntt: Vec<u64>,
+    /// s in the NTT domain of the final modulus.
+    pub(crate) s_final_ntt: Vec<u64>,
+}
+
+impl Drop for SecretKey {
+    fn drop(&mut self) {
+        self.neg_s_ntt.zeroize();
+        self.s_final_ntt.zeroize();
+    }
+}
+
+impl SecretKey {
+    /// Samples a fresh uniform ternary secret.
+    pub fn generate(params: &Params, prg: &mut Prg) -> Self {
+        let mut s = sample_ternary(prg, params.degree());
+        let mut neg = RnsPoly::from_signed(params, &s);
+        for (limb, &q) in neg.limbs_mut(params.degree()).zip(params.moduli()) {
+            for x in limb.iter_mut() {
+                *x = if *x == 0 { 0 } else { q - *x };
+            }
+        }
+        neg.ntt(params);
+        let pf = params.final_modulus();
+        let mut s_final: Vec<u64> = s.iter().map(|&c| signed_mod(c, pf)).collect();
+        params.inner().final_plan.fwd(&mut s_final);
+        s.zeroize();
+        SecretKey {
+            params: params.clone(),
+            neg_s_ntt: neg.data,
+            s_final_ntt: s_final,
+        }
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// pk = (-a·s + e, a) with a expanded from a fresh seed.
+    pub fn public_key(&self, prg: &mut Prg) -> PublicKey {
+        let p = &self.params;
+        let seed = Seed(prg.block());
+        let a = expand_uniform_ntt(p, &seed);
+        let mut pk0 = RnsPoly::from_signed(p, &sample_cbd(prg, p.degree()));
+        pk0.ntt(p);
+        pk0.mul_acc(p, &a.data, &self.neg_s_ntt);
+        PublicKey {
+            params: p.clone(),
+            seed,
+            pk0_ntt: pk0.data,
+            pk1_ntt: a.data,
+        }
+    }
+}
+
+/// The client's public key, both halves in the NTT domain; on the wire only pk0 and a's seed.
+#[derive(Clone)]
+pub struct PublicKey {
+    pub(crate) params: Params,
+    pub(crate) seed: Seed,
+    pub(crate) pk0_ntt: Vec<u64>,
+    pub(crate) pk1_ntt: Vec<u64>,
+}
+
+impl PublicKey {
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+}

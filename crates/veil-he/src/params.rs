@@ -1,0 +1,408 @@
+//! BFV parameter sets: ring degree, RNS moduli, the final (decryption) modulus and the noise
+//! budget derived from them.
+//!
+//! Every set is checked against the HE-standard table of maximal log2 Q for 128-bit security with
+//! a uniform ternary secret and error σ ≈ 3.2 (N=4096: 109 bits, N=8192: 218 bits); anything
+//! larger is refused with [`Error::Insecure`]. The moduli are the largest NTT-friendly primes
+//! below a bit size, derived deterministically, so both parties agree on them from the set alone.
+
+use std::sync::Arc;
+
+use tfhe_ntt::prime64::Plan;
+use veil_core::{ensure, Error, Result, Ring};
+
+use crate::math::{inv_mod, ntt_primes};
+
+/// Maximal total log2 Q for 128-bit security (HomomorphicEncryption.org standard, ternary secret).
+const HE_STANDARD_MAX_LOG_Q: [(usize, u32); 6] = [
+    (1024, 27),
+    (2048, 54),
+    (4096, 109),
+    (8192, 218),
+    (16384, 438),
+    (32768, 881),
+];
+
+/// Statistical security parameter for noise flooding.
+pub const STAT_SECURITY_BITS: f64 = 40.0;
+
+/// The named parameter sets Veil uses. Both parties pick one per layer from public architecture
+/// data, so the choice never depends on a secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ParamSet {
+    /// N = 4096, Q = three 36-bit primes (≈108 bits), final modulus ≈ 2^56. For products with
+    /// small plaintext weights (fixed-point model weights): flooding hides up to ≈2^22 of
+    /// weight-dependent noise with 40 bits of margin.
+    N4096,
+    /// N = 8192, Q = three 50-bit primes (≈150 bits), final modulus ≈ 2^57. For products whose
+    /// plaintext operand is a uniform ℓ-bit share (cross terms of shared × shared products).
+    N8192,
+}
+
+impl ParamSet {
+    pub fn id(self) -> u8 {
+        match self {
+            ParamSet::N4096 => 1,
+            ParamSet::N8192 => 2,
+        }
+    }
+
+    pub fn from_id(id: u8) -> Result<Self> {
+        match id {
+            1 => Ok(ParamSet::N4096),
+            2 => Ok(ParamSet::N8192),
+            _ => Err(Error::Malformed(format!(
+                "unknown BFV parameter set id {id}"
+            ))),
+        }
+    }
+
+    /// (N, bits per RNS prime, number of RNS primes, bits of the final modulus).
+    fn shape(self) -> (usize, u32, usize, u32) {
+        match self {
+            ParamSet::N4096 => (4096, 36, 3, 56),
+            ParamSet::N8192 => (8192, 50, 3, 57),
+        }
+    }
+}
+
+/// Shared, immutable parameters with all precomputed tables. Cheap to clone.
+#[derive(Clone)]
+pub struct Params {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub set: Option<ParamSet>,
+    pub n: usize,
+    pub ring: Ring,
+    pub moduli: Vec<u64>,
+    pub plans: Vec<Plan>,
+    pub log2_q: f64,
+    /// ⌊Q/t⌋ mod q_i.
+    pub delta: Vec<u64>,
+    /// Q mod t.
+    pub q_mod_t: u64,
+    /// Limbs kept after the RNS rescaling chain (their product is below 2^126).
+    pub crt_limbs: usize,
+    /// `rescale_inv[j][i]` = q_j^{-1} mod q_i for every dropped limb j and kept i < j.
+    pub rescale_inv: Vec<Vec<u64>>,
+    pub crt_modulus: u128,
+    /// Q'/q_i for each kept limb.
+    pub crt_basis: Vec<u128>,
+    /// (Q'/q_i)^{-1} mod q_i.
+    pub crt_hat_inv: Vec<u64>,
+    pub final_modulus: u64,
+    pub final_plan: Plan,
+    pub budget: NoiseBudget,
+}
+
+/// The noise budget of a parameter set (all quantities are absolute values of per-coefficient
+/// noise; see the crate docs for the derivation).
+#[derive(Clone, Copy, Debug)]
+pub struct NoiseBudget {
+    /// h = ⌊log2(p / 2t)⌋: decryption at the final modulus p is exact while the noise is below 2^h.
+    pub headroom_bits: u32,
+    /// Worst-case rounding noise of the modulus switch, (1 + ‖s‖₁)/2 + 1 ≤ (N + 1)/2 + 1.
+    pub switch_rounding: u64,
+    /// Low bits of c0 dropped before sending (error ≤ 2^(d-1) = 2^(h-2)).
+    pub c0_drop_bits: u32,
+    /// Flooding noise is uniform in [-2^b, 2^b): after switching it is ≤ 2^(h-2).
+    pub flood_bits: u32,
+    /// Bits per sent c0 coefficient (after dropping) and per c1 coefficient.
+    pub c0_width: u32,
+    pub c1_width: u32,
+    /// log2(Q / p), how much switching shrinks the noise.
+    pub log2_q_over_p: f64,
+}
+
+impl NoiseBudget {
+    /// Flooding margin, in bits, over a bound on the noise the flood must hide (statistical
+    /// distance per coefficient ≤ hidden / 2^(b+1)).
+    pub fn flood_margin_bits(&self, hidden: f64) -> f64 {
+        self.flood_bits as f64 + 1.0 - hidden.max(1.0).log2()
+    }
+
+    /// Checks both the security condition (flood margin ≥ 40 bits over `hidden_tail`, a bound
+    /// that holds except with probability 2^-40 per coefficient) and exact decryption (the
+    /// worst case `hidden_worst` plus flood, switched down, plus rounding and the dropped c0
+    /// bits stays below 2^h).
+    pub fn check(&self, hidden_tail: f64, hidden_worst: f64) -> Result<()> {
+        let margin = self.flood_margin_bits(hidden_tail);
+        ensure!(
+            margin >= STAT_SECURITY_BITS,
+            Insecure,
+            "flooding margin {margin:.1} bits < {STAT_SECURITY_BITS} (hidden noise ≈ 2^{:.1}, \
+             flood 2^{}): use a parameter set with a larger Q or smaller plaintext values",
+            hidden_tail.max(1.0).log2(),
+            self.flood_bits
+        );
+        let h = self.headroom_bits as f64;
+        let switched =
+            (2f64.powi(self.flood_bits as i32) + hidden_worst) * 2f64.powf(-self.log2_q_over_p);
+        let total = self.switch_rounding as f64 + 2f64.powf(h - 2.0) + switched + 1.0;
+        ensure!(
+            total < 2f64.powf(h),
+            InvalidArgument,
+            "noise budget exceeded: 2^{:.2} ≥ 2^{h} (worst-case plaintext noise 2^{:.1})",
+            total.log2(),
+            hidden_worst.max(1.0).log2()
+        );
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Params {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Params")
+            .field("set", &self.inner.set)
+            .field("n", &self.inner.n)
+            .field("moduli", &self.inner.moduli)
+            .field("final_modulus", &self.inner.final_modulus)
+            .field("budget", &self.inner.budget)
+            .finish()
+    }
+}
+
+impl Params {
+    /// The named set for plaintext ring Z_{2^ℓ}.
+    pub fn new(set: ParamSet, ring: Ring) -> Result<Self> {
+        let (n, bits, limbs, final_bits) = set.shape();
+        let mut p = Self::custom(n, bits, limbs, final_bits, ring)?;
+        Arc::get_mut(&mut p.inner).expect("fresh").set = Some(set);
+        Ok(p)
+    }
+
+    /// Any power-of-two N with `limbs` primes of `limb_bits` bits each and a final modulus of
+    /// `final_bits` bits. Refused as [`Error::Insecure`] above the HE-standard bound.
+    pub fn custom(
+        n: usize,
+        limb_bits: u32,
+        limbs: usize,
+        final_bits: u32,
+        ring: Ring,
+    ) -> Result<Self> {
+        let max_log_q = HE_STANDARD_MAX_LOG_Q
+            .iter()
+            .find(|&&(d, _)| d == n)
+            .map(|&(_, b)| b)
+            .ok_or_else(|| {
+                Error::Insecure(format!("N = {n} is not in the HE-standard security table"))
+            })?;
+        ensure!(
+            (20..=50).contains(&limb_bits) && (1..=8).contains(&limbs),
+            InvalidArgument,
+            "RNS primes must have 20..=50 bits (got {limb_bits}) and there must be 1..=8 (got {limbs})"
+        );
+        ensure!(
+            (40..=62).contains(&final_bits),
+            InvalidArgument,
+            "final modulus must have 40..=62 bits, got {final_bits}"
+        );
+        let moduli = ntt_primes(limb_bits, n, limbs, &[]);
+        let log2_q: f64 = moduli.iter().map(|&q| (q as f64).log2()).sum();
+        ensure!(
+            log2_q <= max_log_q as f64,
+            Insecure,
+            "log2 Q = {log2_q:.1} exceeds the 128-bit bound {max_log_q} for N = {n}"
+        );
+        let final_modulus = ntt_primes(final_bits, n, 1, &moduli)[0];
+        let plans = moduli
+            .iter()
+            .map(|&q| Plan::try_new(n, q).expect("NTT-friendly prime"))
+            .collect::<Vec<_>>();
+        let final_plan = Plan::try_new(n, final_modulus).expect("NTT-friendly prime");
+
+        let t_bits = ring.bits();
+        let t_mask = ring.mask();
+        let q_mod_t = moduli.iter().fold(1u64, |acc, &q| acc.wrapping_mul(q)) & t_mask;
+        // Q = ⌊Q/t⌋·t + (Q mod t) ≡ 0 (mod q_i)  ⇒  ⌊Q/t⌋ ≡ -(Q mod t)·t^{-1} (mod q_i).
+        let delta = moduli
+            .iter()
+            .map(|&q| {
+                let t_mod_q = ((1u128 << t_bits) % q as u128) as u64;
+                let r = (q_mod_t as u128 % q as u128) as u64;
+                crate::math::mul_mod(q - r % q, inv_mod(t_mod_q, q), q) % q
+            })
+            .collect();
+
+        // Drop limbs (largest index first) until the product fits comfortably in a u128.
+        let mut crt_limbs = limbs;
+        while moduli[..crt_limbs]
+            .iter()
+            .map(|&q| (q as f64).log2())
+            .sum::<f64>()
+            > 126.0
+        {
+            crt_limbs -= 1;
+        }
+        let rescale_inv = (0..limbs)
+            .map(|j| {
+                (0..j)
+                    .map(|i| inv_mod(moduli[j] % moduli[i], moduli[i]))
+                    .collect()
+            })
+            .collect();
+        let crt_modulus: u128 = moduli[..crt_limbs].iter().map(|&q| q as u128).product();
+        let crt_basis: Vec<u128> = moduli[..crt_limbs]
+            .iter()
+            .map(|&q| crt_modulus / q as u128)
+            .collect();
+        let crt_hat_inv = moduli[..crt_limbs]
+            .iter()
+            .zip(&crt_basis)
+            .map(|(&q, &b)| inv_mod((b % q as u128) as u64, q))
+            .collect();
+
+        let log2_p = (final_modulus as f64).log2();
+        let headroom = (log2_p - t_bits as f64 - 1.0).floor();
+        ensure!(
+            headroom >= 4.0,
+            InvalidArgument,
+            "final modulus too small for t = 2^{t_bits}"
+        );
+        let h = headroom as u32;
+        let switch_rounding = (n as u64 + 1) / 2 + 1;
+        ensure!(
+            (switch_rounding as f64) < 2f64.powi(h as i32 - 1) * 0.9,
+            InvalidArgument,
+            "final modulus 2^{final_bits} leaves no room for the switching noise of N = {n}"
+        );
+        let log2_q_over_p = log2_q - log2_p;
+        let flood_bits = (h as f64 - 2.0 + (log2_q_over_p - 1e-9).floor()) as u32;
+        ensure!(
+            flood_bits < 126,
+            InvalidArgument,
+            "flooding width 2^{flood_bits} does not fit the sampler"
+        );
+        let c0_drop_bits = h - 1;
+        let bits_of = |v: u64| 64 - v.leading_zeros();
+        let budget = NoiseBudget {
+            headroom_bits: h,
+            switch_rounding,
+            c0_drop_bits,
+            flood_bits,
+            c0_width: bits_of((final_modulus - 1 + (1 << (c0_drop_bits - 1))) >> c0_drop_bits),
+            c1_width: bits_of(final_modulus - 1),
+            log2_q_over_p,
+        };
+        Ok(Params {
+            inner: Arc::new(Inner {
+                set: None,
+                n,
+                ring,
+                moduli,
+                plans,
+                log2_q,
+                delta,
+                q_mod_t,
+                crt_limbs,
+                rescale_inv,
+                crt_modulus,
+                crt_basis,
+                crt_hat_inv,
+                final_modulus,
+                final_plan,
+                budget,
+            }),
+        })
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+    pub fn set(&self) -> Option<ParamSet> {
+        self.inner.set
+    }
+    pub fn degree(&self) -> usize {
+        self.inner.n
+    }
+    pub fn ring(&self) -> Ring {
+        self.inner.ring
+    }
+    pub fn moduli(&self) -> &[u64] {
+        &self.inner.moduli
+    }
+    pub fn limbs(&self) -> usize {
+        self.inner.moduli.len()
+    }
+    pub fn log2_q(&self) -> f64 {
+        self.inner.log2_q
+    }
+    pub fn final_modulus(&self) -> u64 {
+        self.inner.final_modulus
+    }
+    pub fn budget(&self) -> &NoiseBudget {
+        &self.inner.budget
+    }
+    /// Bits on the wire of one client ciphertext (its c0 in all limbs; c1 is a 16-byte seed).
+    pub fn ciphertext_bits(&self) -> u64 {
+        let limb_bits: u64 = self
+            .moduli()
+            .iter()
+            .map(|&q| 64 - q.leading_zeros() as u64)
+            .sum();
+        limb_bits * self.degree() as u64 + 128
+    }
+    /// Bits on the wire of one response carrying `needed` c0 coefficients.
+    pub fn response_bits(&self, needed: usize) -> u64 {
+        let b = self.budget();
+        b.c1_width as u64 * self.degree() as u64 + b.c0_width as u64 * needed as u64
+    }
+
+    /// Identity of the set on the wire: N, moduli and final modulus must all match.
+    pub(crate) fn same_as(&self, other: &Params) -> bool {
+        self.inner.n == other.inner.n
+            && self.inner.moduli == other.inner.moduli
+            && self.inner.final_modulus == other.inner.final_modulus
+            && self.inner.ring == other.inner.ring
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring() -> Ring {
+        Ring::new(41).unwrap()
+    }
+
+    #[test]
+    fn named_sets_are_secure_and_consistent() {
+        for set in [ParamSet::N4096, ParamSet::N8192] {
+            let p = Params::new(set, ring()).unwrap();
+            let max = if p.degree() == 4096 { 109.0 } else { 218.0 };
+            assert!(p.log2_q() <= max, "{p:?}");
+            let b = p.budget();
+            // Exact decryption with no plaintext noise at all.
+            b.check(1.0, 1.0).unwrap();
+            assert!(b.flood_margin_bits(2f64.powi(20)) >= 40.0);
+            assert_eq!(ParamSet::from_id(set.id()).unwrap(), set);
+        }
+        let p = Params::new(ParamSet::N4096, ring()).unwrap();
+        assert_eq!(p.budget().flood_bits, 62);
+        // The 40-bit margin edge: 2^23 of hidden noise under a 2^62 flood is the limit.
+        p.budget().check(2f64.powi(23), 2f64.powi(23)).unwrap();
+        assert!(matches!(
+            p.budget().check(2f64.powf(23.01), 1.0),
+            Err(Error::Insecure(_))
+        ));
+    }
+
+    #[test]
+    fn oversized_or_unknown_sets_are_insecure() {
+        assert!(matches!(
+            Params::custom(4096, 40, 3, 56, ring()),
+            Err(Error::Insecure(_))
+        ));
+        assert!(matches!(
+            Params::custom(8192, 50, 5, 57, ring()),
+            Err(Error::Insecure(_))
+        ));
+        assert!(matches!(
+            Params::custom(3000, 36, 3, 56, ring()),
+            Err(Error::Insecure(_))
+        ));
+        assert!(ParamSet::from_id(9).is_err());
+    }
+}

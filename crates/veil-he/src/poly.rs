@@ -1,0 +1,117 @@
+//! Polynomials in R_Q = Z_Q[X]/(X^N + 1) in RNS form (one residue vector per prime, limb-major),
+//! transformed with tfhe-ntt. "NTT domain" means tfhe-ntt's unnormalised forward transform, in
+//! which ring multiplication is a pointwise product.
+
+use crate::math::signed_mod;
+use crate::params::Params;
+
+/// Residues of a polynomial modulo each RNS prime: `data[i * N + j]` is coefficient (or NTT
+/// slot) j modulo prime i.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RnsPoly {
+    pub data: Vec<u64>,
+}
+
+impl RnsPoly {
+    pub fn zero(p: &Params) -> Self {
+        RnsPoly {
+            data: vec![0; p.limbs() * p.degree()],
+        }
+    }
+
+    /// Small signed coefficients (length ≤ N, the rest zero) reduced into every limb.
+    pub fn from_signed(p: &Params, coeffs: &[i64]) -> Self {
+        let n = p.degree();
+        let mut out = Self::zero(p);
+        for (limb, &q) in out.data.chunks_exact_mut(n).zip(p.moduli()) {
+            for (o, &c) in limb.iter_mut().zip(coeffs) {
+                *o = signed_mod(c, q);
+            }
+        }
+        out
+    }
+
+    pub fn limbs_mut(&mut self, n: usize) -> std::slice::ChunksExactMut<'_, u64> {
+        self.data.chunks_exact_mut(n)
+    }
+
+    pub fn ntt(&mut self, p: &Params) {
+        let n = p.degree();
+        for (limb, plan) in self.data.chunks_exact_mut(n).zip(&p.inner().plans) {
+            plan.fwd(limb);
+        }
+    }
+
+    pub fn intt(&mut self, p: &Params) {
+        let n = p.degree();
+        for (limb, plan) in self.data.chunks_exact_mut(n).zip(&p.inner().plans) {
+            plan.inv(limb);
+            plan.normalize(limb);
+        }
+    }
+
+    /// `self += a ⊙ b` in the NTT domain.
+    pub fn mul_acc(&mut self, p: &Params, a: &[u64], b: &[u64]) {
+        let n = p.degree();
+        for (i, plan) in p.inner().plans.iter().enumerate() {
+            let r = i * n..(i + 1) * n;
+            plan.mul_accumulate(&mut self.data[r.clone()], &a[r.clone()], &b[r]);
+        }
+    }
+
+    pub fn add_assign(&mut self, p: &Params, other: &RnsPoly) {
+        let n = p.degree();
+        for (i, &q) in p.moduli().iter().enumerate() {
+            for (x, &y) in self.data[i * n..(i + 1) * n]
+                .iter_mut()
+                .zip(&other.data[i * n..(i + 1) * n])
+            {
+                *x = crate::math::add_mod(*x, y, q);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::ParamSet;
+    use veil_core::Ring;
+
+    /// Schoolbook negacyclic product over the integers, the oracle for the NTT path.
+    fn negacyclic(a: &[i64], b: &[i64]) -> Vec<i128> {
+        let n = a.len();
+        let mut out = vec![0i128; n];
+        for i in 0..n {
+            for j in 0..n {
+                let v = a[i] as i128 * b[j] as i128;
+                if i + j < n {
+                    out[i + j] += v;
+                } else {
+                    out[i + j - n] -= v;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn ntt_product_is_negacyclic_convolution() {
+        let p = Params::new(ParamSet::N4096, Ring::new(41).unwrap()).unwrap();
+        let n = p.degree();
+        let a: Vec<i64> = (0..n as i64).map(|i| (i * 7919) % 201 - 100).collect();
+        let b: Vec<i64> = (0..n as i64).map(|i| (i * 104729) % 61 - 30).collect();
+        let want = negacyclic(&a, &b);
+        let (mut pa, mut pb) = (RnsPoly::from_signed(&p, &a), RnsPoly::from_signed(&p, &b));
+        pa.ntt(&p);
+        pb.ntt(&p);
+        let mut acc = RnsPoly::zero(&p);
+        acc.mul_acc(&p, &pa.data, &pb.data);
+        acc.intt(&p);
+        for (i, &q) in p.moduli().iter().enumerate() {
+            for j in 0..n {
+                assert_eq!(acc.data[i * n + j] as i128, want[j].rem_euclid(q as i128));
+            }
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! End-to-end checks of the engine against exact integer arithmetic.
+
+use veil_core::{Prg, Ring, Seed};
+
+use crate::response::decrypt_accumulator_for_test;
+use crate::*;
+
+fn prg(tag: u8) -> Prg {
+    Prg::from_seed(&Seed([tag; 16]))
+}
+
+/// Σ_c w_c·m_c in Z_t[X]/(X^N+1), computed over the integers: the oracle.
+pub(crate) fn negacyclic_mod_t(ring: Ring, pairs: &[(Vec<i64>, Vec<u64>)], n: usize) -> Vec<u64> {
+    let mut out = vec![0u64; n];
+    for (w, m) in pairs {
+        for (i, &wi) in w.iter().enumerate() {
+            if wi == 0 {
+                continue;
+            }
+            for (j, &mj) in m.iter().enumerate() {
+                let v = (wi as u64).wrapping_mul(mj);
+                if i + j < n {
+                    out[i + j] = out[i + j].wrapping_add(v);
+                } else {
+                    out[i + j - n] = out[i + j - n].wrapping_sub(v);
+                }
+            }
+        }
+    }
+    out.iter().map(|&v| ring.reduce(v)).collect()
+}
+
+fn setup(set: ParamSet) -> (Params, SecretKey, PublicKey) {
+    let ring = Ring::new(41).unwrap();
+    let p = Params::new(set, ring).unwrap();
+    let mut g = prg(1);
+    let sk = SecretKey::generate(&p, &mut g);
+    let pk = sk.public_key(&mut g);
+    (p, sk, pk)
+}
+
+#[test]
+fn encrypt_decrypt_round_trip_through_response() {
+    let (p, sk, pk) = setup(ParamSet::N4096);
+    let ring = p.ring();
+    let mut g = prg(2);
+    let mut m = vec![0u64; p.degree()];
+    g.fill_ring(ring, &mut m);
+    m[0] = ring.mask();
+    m[1] = 0;
+    let ct = sk.encrypt(&m, &mut g).unwrap();
+    let mut acc = Accumulator::new(&p);
+    acc.mul_acc(
+        &p,
+        &EvalCiphertext::expand(&p, &ct),
+        &NttPlaintext::new(&p, &[1]).unwrap(),
+    );
+    assert_eq!(decrypt_accumulator_for_test(&sk, &acc), m);
+    let positions: Vec<usize> = (0..p.degree()).collect();
+    let mask: Vec<u64> = (0..p.degree() as u64)
+        .map(|i| ring.reduce(i * 977))
+        .collect();
+    let r = acc.into_response(&pk, &positions, &mask, &mut g).unwrap();
+    let got = sk.decrypt_response(&r, &positions).unwrap();
+    let want: Vec<u64> = m.iter().zip(&mask).map(|(&a, &b)| ring.add(a, b)).collect();
+    assert_eq!(got, want);
+}
+
+fn check_products(set: ParamSet, weight_bits: u32, count: usize, tag: u8) {
+    let (p, sk, pk) = setup(set);
+    let ring = p.ring();
+    let n = p.degree();
+    let mut g = prg(tag);
+    let mut acc = Accumulator::new(&p);
+    let mut pairs = Vec::new();
+    for _ in 0..count {
+        let mut m = vec![0u64; n];
+        g.fill_ring(ring, &mut m);
+        let w: Vec<i64> = (0..n)
+            .map(|_| g.below(1 << (weight_bits + 1)) as i64 - (1 << weight_bits))
+            .collect();
+        let ct = sk.encrypt(&m, &mut g).unwrap();
+        let mut ev = EvalCiphertext::expand(&p, &ct);
+        // Fold a plaintext "server share" in, as the FC protocol does.
+        let mut share = vec![0u64; n];
+        g.fill_ring(ring, &mut share);
+        ev.add_plain(&p, &share).unwrap();
+        let sum: Vec<u64> = m
+            .iter()
+            .zip(&share)
+            .map(|(&a, &b)| ring.add(a, b))
+            .collect();
+        acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w).unwrap());
+        pairs.push((w, sum));
+    }
+    let want = negacyclic_mod_t(ring, &pairs, n);
+    assert_eq!(decrypt_accumulator_for_test(&sk, &acc), want);
+    let positions: Vec<usize> = (0..n).step_by(3).collect();
+    let mask = vec![5u64; positions.len()];
+    let r = acc.into_response(&pk, &positions, &mask, &mut g).unwrap();
+    let got = sk.decrypt_response(&r, &positions).unwrap();
+    for (k, &j) in positions.iter().enumerate() {
+        assert_eq!(got[k], ring.add(want[j], 5), "coefficient {j}");
+    }
+}
+
+#[test]
+fn small_weight_products_are_exact() {
+    check_products(ParamSet::N4096, 8, 3, 3);
+}
+
+#[test]
+fn share_sized_products_are_exact_at_n8192() {
+    check_products(ParamSet::N8192, 40, 2, 4);
+}
+
+#[test]
+fn responses_reject_bad_layouts() {
+    let (p, sk, pk) = setup(ParamSet::N4096);
+    let acc = Accumulator::new(&p);
+    let mut g = prg(5);
+    assert!(Accumulator::new(&p)
+        .into_response(&pk, &[p.degree()], &[0], &mut g)
+        .is_err());
+    let r = acc.into_response(&pk, &[0, 1], &[0, 0], &mut g).unwrap();
+    assert!(sk.decrypt_response(&r, &[0]).is_err());
+    assert!(sk.encrypt(&[1 << 41], &mut g).is_err());
+    assert!(sk.encrypt(&vec![0; p.degree() + 1], &mut g).is_err());
+}
