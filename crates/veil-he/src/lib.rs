@@ -17,3 +17,4 @@ pub use response::Response;
 
 #[cfg(test)]
 mod tests;
+pub mod wire;

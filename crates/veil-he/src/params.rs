@@ -335,6 +335,21 @@ impl Params {
     pub fn budget(&self) -> &NoiseBudget {
         &self.inner.budget
     }
+    /// Bounds on the noise a server response must hide, for Σ_c w_c × ct_c with
+    /// `l1` = Σ_c ‖w_c‖₁ and `l2sq` = Σ_c ‖w_c‖₂² (w_c the centred plaintext coefficients):
+    /// returns (tail bound, worst case). The client knows its encryption noise e and the
+    /// encoding rounding ε (|ε| ≤ 1 with the server's folded-in share), so w·(e + ε) is the
+    /// weight-dependent part; the re-randomisation adds e_pk·u + e1 + e2·s ≤ 2·η·N + η.
+    /// The tail bound uses Hoeffding on e ~ CBD(η) (sub-Gaussian, σ² = η/2): it holds except
+    /// with probability 2^-41 per coefficient (√(2·ln 2^42) ≈ 7.63).
+    pub fn product_noise_bounds(&self, l1: f64, l2sq: f64) -> (f64, f64) {
+        let eta = crate::math::CBD_ETA as f64;
+        let rerandomise = 2.0 * eta * self.degree() as f64 + eta + 1.0;
+        let tail = l1 + 7.63 * (eta / 2.0 * l2sq).sqrt() + rerandomise;
+        let worst = l1 * (eta + 1.0) + rerandomise;
+        (tail, worst)
+    }
+
     /// Bits on the wire of one client ciphertext (its c0 in all limbs; c1 is a 16-byte seed).
     pub fn ciphertext_bits(&self) -> u64 {
         let limb_bits: u64 = self
@@ -348,14 +363,6 @@ impl Params {
     pub fn response_bits(&self, needed: usize) -> u64 {
         let b = self.budget();
         b.c1_width as u64 * self.degree() as u64 + b.c0_width as u64 * needed as u64
-    }
-
-    /// Identity of the set on the wire: N, moduli and final modulus must all match.
-    pub(crate) fn same_as(&self, other: &Params) -> bool {
-        self.inner.n == other.inner.n
-            && self.inner.moduli == other.inner.moduli
-            && self.inner.final_modulus == other.inner.final_modulus
-            && self.inner.ring == other.inner.ring
     }
 }
 

@@ -1,0 +1,319 @@
+//! Compact canonical wire formats for every BFV message, with strict validation on receipt.
+//!
+//! Each message starts with a header naming the parameters (N, the RNS primes, the final
+//! modulus, ℓ) which must equal the receiver's; residues are bit-packed at the width of their
+//! modulus (LSB first, each vector padded with zero bits to a byte boundary). Decoders check the
+//! message kind, the header, counts, every value against its modulus, zero padding and trailing
+//! bytes, and return [`Error::Malformed`] on any mismatch.
+//!
+//! | message | body after the header |
+//! |---|---|
+//! | public key | 16-byte seed of pk1, pk0 (NTT domain) in every limb |
+//! | ciphertexts | u32 count, then per ciphertext: 16-byte seed of c1, c0 (NTT domain) in every limb |
+//! | responses | u32 count, then per response: c1 (N values mod p), the needed c0 values (dropped bits) |
+
+use veil_core::wire::{Reader, Writer};
+use veil_core::{ensure, Error, Result, Seed};
+
+use crate::keys::{expand_uniform_ntt, PublicKey};
+use crate::params::Params;
+use crate::{Response, SeededCiphertext};
+
+const KIND_PUBLIC_KEY: u8 = 0x50;
+const KIND_CIPHERTEXTS: u8 = 0x43;
+const KIND_RESPONSES: u8 = 0x52;
+
+fn bits_of(modulus: u64) -> u32 {
+    64 - (modulus - 1).leading_zeros()
+}
+
+fn pack(w: &mut Writer, values: &[u64], width: u32) {
+    let mut bytes = Vec::with_capacity((values.len() * width as usize).div_ceil(8));
+    let (mut acc, mut fill) = (0u128, 0u32);
+    for &v in values {
+        acc |= (v as u128) << fill;
+        fill += width;
+        while fill >= 8 {
+            bytes.push(acc as u8);
+            acc >>= 8;
+            fill -= 8;
+        }
+    }
+    if fill > 0 {
+        bytes.push(acc as u8);
+    }
+    w.bytes(&bytes);
+}
+
+fn unpack(
+    r: &mut Reader<'_>,
+    count: usize,
+    width: u32,
+    bound: u64,
+    what: &str,
+) -> Result<Vec<u64>> {
+    let len = count
+        .checked_mul(width as usize)
+        .map(|b| b.div_ceil(8))
+        .ok_or_else(|| Error::Malformed(format!("{what}: length overflow")))?;
+    let raw = r.take(len)?;
+    let mask = (1u128 << width) - 1;
+    let mut out = Vec::with_capacity(count);
+    let (mut acc, mut fill, mut pos) = (0u128, 0u32, 0usize);
+    for _ in 0..count {
+        while fill < width {
+            acc |= (raw[pos] as u128) << fill;
+            pos += 1;
+            fill += 8;
+        }
+        let v = (acc & mask) as u64;
+        acc >>= width;
+        fill -= width;
+        ensure!(v < bound, Malformed, "{what}: value {v} not below {bound}");
+        out.push(v);
+    }
+    ensure!(acc == 0, Malformed, "{what}: non-zero padding bits");
+    Ok(out)
+}
+
+fn header(w: &mut Writer, kind: u8, p: &Params) {
+    w.u8(kind).u32(p.degree() as u32).u8(p.ring().bits() as u8);
+    w.u8(p.limbs() as u8);
+    for &q in p.moduli() {
+        w.u64(q);
+    }
+    w.u64(p.final_modulus());
+}
+
+fn check_header(r: &mut Reader<'_>, kind: u8, p: &Params, what: &str) -> Result<()> {
+    let k = r.u8()?;
+    ensure!(k == kind, Malformed, "{what}: wrong message kind {k:#x}");
+    let n = r.u32()? as usize;
+    let bits = r.u8()? as u32;
+    let limbs = r.u8()? as usize;
+    ensure!(
+        n == p.degree() && bits == p.ring().bits() && limbs == p.limbs(),
+        Malformed,
+        "{what}: parameters (N={n}, ℓ={bits}, {limbs} limbs) differ from ours"
+    );
+    for &q in p.moduli() {
+        ensure!(r.u64()? == q, Malformed, "{what}: RNS modulus mismatch");
+    }
+    ensure!(
+        r.u64()? == p.final_modulus(),
+        Malformed,
+        "{what}: final modulus mismatch"
+    );
+    Ok(())
+}
+
+fn pack_limbs(w: &mut Writer, p: &Params, data: &[u64]) {
+    for (limb, &q) in data.chunks_exact(p.degree()).zip(p.moduli()) {
+        pack(w, limb, bits_of(q));
+    }
+}
+
+fn unpack_limbs(r: &mut Reader<'_>, p: &Params, what: &str) -> Result<Vec<u64>> {
+    let mut out = Vec::with_capacity(p.limbs() * p.degree());
+    for &q in p.moduli() {
+        out.extend(unpack(r, p.degree(), bits_of(q), q, what)?);
+    }
+    Ok(out)
+}
+
+pub fn encode_public_key(pk: &PublicKey) -> Vec<u8> {
+    let p = pk.params();
+    let mut w = Writer::new();
+    header(&mut w, KIND_PUBLIC_KEY, p);
+    w.bytes(&pk.seed.0);
+    pack_limbs(&mut w, p, &pk.pk0_ntt);
+    w.finish()
+}
+
+pub fn decode_public_key(p: &Params, bytes: &[u8]) -> Result<PublicKey> {
+    let what = "BFV public key";
+    let mut r = Reader::new(bytes, what);
+    check_header(&mut r, KIND_PUBLIC_KEY, p, what)?;
+    let seed = Seed(r.array::<16>()?);
+    let pk0_ntt = unpack_limbs(&mut r, p, what)?;
+    r.finish()?;
+    let pk1_ntt = expand_uniform_ntt(p, &seed).data;
+    Ok(PublicKey {
+        params: p.clone(),
+        seed,
+        pk0_ntt,
+        pk1_ntt,
+    })
+}
+
+/// Upper bound on an encoded batch of `count` ciphertexts (for `recv_msg` limits).
+pub fn ciphertexts_len(p: &Params, count: usize) -> usize {
+    64 + p.limbs() * 8 + count * (p.ciphertext_bits() as usize / 8 + p.limbs() + 1)
+}
+
+pub fn encode_ciphertexts(p: &Params, cts: &[SeededCiphertext]) -> Vec<u8> {
+    let mut w = Writer::with_capacity(ciphertexts_len(p, cts.len()));
+    header(&mut w, KIND_CIPHERTEXTS, p);
+    w.u32(cts.len() as u32);
+    for ct in cts {
+        w.bytes(&ct.seed);
+        pack_limbs(&mut w, p, &ct.c0_ntt);
+    }
+    w.finish()
+}
+
+/// Decodes exactly `expected` ciphertexts.
+pub fn decode_ciphertexts(
+    p: &Params,
+    bytes: &[u8],
+    expected: usize,
+) -> Result<Vec<SeededCiphertext>> {
+    let what = "BFV ciphertexts";
+    let mut r = Reader::new(bytes, what);
+    check_header(&mut r, KIND_CIPHERTEXTS, p, what)?;
+    let count = r.u32()? as usize;
+    ensure!(
+        count == expected,
+        Malformed,
+        "{what}: {count} ciphertexts, expected {expected}"
+    );
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let seed = r.array::<16>()?;
+        let c0_ntt = unpack_limbs(&mut r, p, what)?;
+        out.push(SeededCiphertext { seed, c0_ntt });
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+/// Upper bound on an encoded batch of responses with these needed-coefficient counts.
+pub fn responses_len(p: &Params, needed: &[usize]) -> usize {
+    64 + p.limbs() * 8
+        + needed
+            .iter()
+            .map(|&k| p.response_bits(k) as usize / 8 + 2)
+            .sum::<usize>()
+}
+
+pub fn encode_responses(p: &Params, rs: &[Response]) -> Vec<u8> {
+    let b = p.budget();
+    let needed: Vec<usize> = rs.iter().map(Response::needed).collect();
+    let mut w = Writer::with_capacity(responses_len(p, &needed));
+    header(&mut w, KIND_RESPONSES, p);
+    w.u32(rs.len() as u32);
+    for r in rs {
+        pack(&mut w, &r.c1, b.c1_width);
+        pack(&mut w, &r.c0, b.c0_width);
+    }
+    w.finish()
+}
+
+/// Decodes one response per entry of `needed` (the number of c0 coefficients each carries).
+pub fn decode_responses(p: &Params, bytes: &[u8], needed: &[usize]) -> Result<Vec<Response>> {
+    let what = "BFV responses";
+    let b = p.budget();
+    let mut r = Reader::new(bytes, what);
+    check_header(&mut r, KIND_RESPONSES, p, what)?;
+    let count = r.u32()? as usize;
+    ensure!(
+        count == needed.len(),
+        Malformed,
+        "{what}: {count} responses, expected {}",
+        needed.len()
+    );
+    let c0_bound = 1u64 << b.c0_width;
+    let mut out = Vec::with_capacity(count);
+    for &k in needed {
+        let c1 = unpack(&mut r, p.degree(), b.c1_width, p.final_modulus(), what)?;
+        let c0 = unpack(&mut r, k, b.c0_width, c0_bound, what)?;
+        out.push(Response { c1, c0 });
+    }
+    r.finish()?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Accumulator, ParamSet, SecretKey};
+    use veil_core::{Prg, Ring};
+
+    fn setup() -> (Params, SecretKey, PublicKey, Prg) {
+        let p = Params::new(ParamSet::N4096, Ring::new(41).unwrap()).unwrap();
+        let mut g = Prg::from_seed(&Seed([9; 16]));
+        let sk = SecretKey::generate(&p, &mut g);
+        let pk = sk.public_key(&mut g);
+        (p, sk, pk, g)
+    }
+
+    /// Every strict prefix and every extension by one byte must be rejected, without panicking.
+    fn assert_strict<T>(bytes: &[u8], decode: impl Fn(&[u8]) -> Result<T>) {
+        assert!(decode(bytes).is_ok());
+        for cut in [0, 1, 5, bytes.len() / 2, bytes.len() - 1] {
+            assert!(decode(&bytes[..cut]).is_err(), "prefix {cut} accepted");
+        }
+        let mut longer = bytes.to_vec();
+        longer.push(0);
+        assert!(decode(&longer).is_err());
+        let mut wrong_kind = bytes.to_vec();
+        wrong_kind[0] ^= 1;
+        assert!(decode(&wrong_kind).is_err());
+        let mut wrong_modulus = bytes.to_vec();
+        wrong_modulus[8] ^= 1;
+        assert!(decode(&wrong_modulus).is_err());
+    }
+
+    #[test]
+    fn public_key_round_trip_and_strictness() {
+        let (p, _sk, pk, _) = setup();
+        let bytes = encode_public_key(&pk);
+        let back = decode_public_key(&p, &bytes).unwrap();
+        assert_eq!(back.pk0_ntt, pk.pk0_ntt);
+        assert_eq!(back.pk1_ntt, pk.pk1_ntt);
+        assert_strict(&bytes, |b| decode_public_key(&p, b));
+        let other = Params::new(ParamSet::N8192, p.ring()).unwrap();
+        assert!(decode_public_key(&other, &bytes).is_err());
+    }
+
+    #[test]
+    fn ciphertexts_round_trip_and_strictness() {
+        let (p, sk, _pk, mut g) = setup();
+        let cts: Vec<_> = (0..2)
+            .map(|i| sk.encrypt(&[i, 1, 2], &mut g).unwrap())
+            .collect();
+        let bytes = encode_ciphertexts(&p, &cts);
+        assert!(bytes.len() <= ciphertexts_len(&p, 2));
+        assert_eq!(decode_ciphertexts(&p, &bytes, 2).unwrap(), cts);
+        assert!(decode_ciphertexts(&p, &bytes, 3).is_err());
+        assert_strict(&bytes, |b| decode_ciphertexts(&p, b, 2));
+        // A residue at or above its modulus is rejected: set the first 36-bit value to all ones.
+        let body = bytes.len() - 2 * (p.ciphertext_bits() as usize / 8);
+        let mut bad = bytes.clone();
+        for b in &mut bad[body + 16..body + 16 + 4] {
+            *b = 0xff;
+        }
+        bad[body + 20] |= 0x0f;
+        assert!(decode_ciphertexts(&p, &bad, 2).is_err());
+    }
+
+    #[test]
+    fn responses_round_trip_and_strictness() {
+        let (p, sk, pk, mut g) = setup();
+        let pos = [0usize, 7, 100];
+        let rs: Vec<_> = (0..2)
+            .map(|_| {
+                Accumulator::new(&p)
+                    .into_response(&pk, &pos, &[1, 2, 3], &mut g)
+                    .unwrap()
+            })
+            .collect();
+        let bytes = encode_responses(&p, &rs);
+        assert!(bytes.len() <= responses_len(&p, &[3, 3]));
+        let back = decode_responses(&p, &bytes, &[3, 3]).unwrap();
+        assert_eq!(back, rs);
+        assert_eq!(sk.decrypt_response(&back[1], &pos).unwrap(), vec![1, 2, 3]);
+        assert!(decode_responses(&p, &bytes, &[3, 2]).is_err());
+        assert_strict(&bytes, |b| decode_responses(&p, b, &[3, 3]));
+    }
+}
