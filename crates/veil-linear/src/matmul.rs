@@ -1,0 +1,327 @@
+//! Π_MatMul (the paper's Algorithm 1) on a batch of products: the client holds A (n×k) and
+//! encrypts it; the server holds B (k×m) in the clear, optionally its own additive share of A,
+//! and a value to add to the product. Afterwards the client holds A·B + add − R and the server
+//! holds R, a fresh uniform matrix: an additive sharing of A·B + add mod 2^ℓ.
+//!
+//! Flow (one round trip for the whole batch): client → server: the seeded ciphertexts of every
+//! A block; server → client: one hardened response per output block
+//! ([`veil_he::response`]: pk re-randomisation, noise flooding, modulus switching, only the
+//! needed c0 coefficients).
+//!
+//! **Security (semi-honest).** The server sees only BFV ciphertexts under the client's key
+//! (IND-CPA under RLWE, 128-bit parameters). The client sees responses that are simulatable from
+//! its output alone: c1 is Σ wᵢaᵢ + pk1·u + e2, pseudo-random by RLWE in u; the decrypted noise is
+//! flooded with 2^b ≥ 2^40 × the weight-dependent noise (checked per prepared matrix, otherwise
+//! [`veil_core::Error::Insecure`]); and the decoded values are masked by R.
+//! **Error:** none: results are exact mod 2^ℓ (the noise budget is checked for the worst case).
+
+use std::thread;
+
+use veil_core::{ensure, Error, Prg, Result, RingTensor};
+use veil_he::{wire, Accumulator, EvalCiphertext, NttPlaintext, Params, PublicKey, SecretKey};
+use veil_net::Channel;
+
+use crate::layout::Layout;
+
+/// B (k×m) packed for one layout, with the noise check done. Weight polynomials are stored by
+/// their low-degree coefficients (k_w·m_w per block) and transformed at use time: the
+/// transformed form would be N/(k_w·m_w) times larger (gigabytes for BERT-Base).
+pub struct PreparedMatrix {
+    params: Params,
+    layout: Layout,
+    /// Block (bk, bm) at index bm·k_blocks + bk.
+    blocks: Vec<Vec<i64>>,
+}
+
+impl PreparedMatrix {
+    /// Packs `b` for products with an n-row encrypted left operand.
+    pub fn new(params: &Params, n: usize, b: &RingTensor) -> Result<Self> {
+        ensure!(
+            b.shape().len() == 2 && b.ring() == params.ring(),
+            InvalidArgument,
+            "plaintext matrix must be 2-D over the parameters' ring"
+        );
+        let layout = Layout::new(params, n, b.shape()[0], b.shape()[1])?;
+        let mut blocks = Vec::with_capacity(layout.k_blocks() * layout.col_blocks());
+        let (mut worst_tail, mut worst_worst) = (0f64, 0f64);
+        for bm in 0..layout.col_blocks() {
+            let (mut l1, mut l2) = (0f64, 0f64);
+            for bk in 0..layout.k_blocks() {
+                let c = layout.rhs_coeffs(b, bk, bm);
+                l1 += c.iter().map(|&x| (x as f64).abs()).sum::<f64>();
+                l2 += c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
+                blocks.push(c);
+            }
+            let (tail, worst) = params.product_noise_bounds(l1, l2);
+            worst_tail = worst_tail.max(tail);
+            worst_worst = worst_worst.max(worst);
+        }
+        params.budget().check(worst_tail, worst_worst)?;
+        Ok(PreparedMatrix {
+            params: params.clone(),
+            layout,
+            blocks,
+        })
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+}
+
+/// The server's part of one product in a batch.
+pub struct ServerJob<'a> {
+    pub matrix: &'a PreparedMatrix,
+    /// The server's additive share of A (n×k), folded into the client's ciphertexts.
+    pub lhs_share: Option<&'a RingTensor>,
+    /// Added to the product before sharing (n×m), e.g. a bias at scale 2f.
+    pub add: Option<&'a RingTensor>,
+}
+
+fn workers() -> usize {
+    thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8)
+}
+
+/// Maps `f` over `0..count` on the available cores; `f` gets its own PRG per worker.
+fn parallel_map<T: Send>(
+    count: usize,
+    f: impl Fn(usize, &mut Prg) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    let w = workers().min(count.max(1));
+    let chunk = count.div_ceil(w.max(1)).max(1);
+    let f = &f;
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..count)
+            .step_by(chunk)
+            .map(|start| {
+                s.spawn(move || {
+                    let mut prg = Prg::from_os_entropy();
+                    (start..(start + chunk).min(count))
+                        .map(|i| f(i, &mut prg))
+                        .collect::<Result<Vec<T>>>()
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(count);
+        for h in handles {
+            out.extend(
+                h.join()
+                    .map_err(|_| Error::Other("matmul worker panicked".into()))??,
+            );
+        }
+        Ok(out)
+    })
+}
+
+fn check_lhs(layout: &Layout, a: &RingTensor, who: &str) -> Result<()> {
+    ensure!(
+        a.shape() == [layout.n, layout.k],
+        InvalidArgument,
+        "{who} has shape {:?}, expected [{}, {}]",
+        a.shape(),
+        layout.n,
+        layout.k
+    );
+    Ok(())
+}
+
+/// Client: encrypts every A and sends them in one message.
+pub fn client_send<C: Channel + ?Sized>(
+    ch: &mut C,
+    sk: &SecretKey,
+    layouts: &[Layout],
+    lhs: &[&RingTensor],
+) -> Result<()> {
+    ensure!(
+        layouts.len() == lhs.len(),
+        InvalidArgument,
+        "one left operand per layout"
+    );
+    let mut tasks = Vec::new();
+    for (j, (lay, a)) in layouts.iter().zip(lhs).enumerate() {
+        check_lhs(lay, a, "left operand")?;
+        ensure!(
+            a.ring() == sk.params().ring(),
+            InvalidArgument,
+            "ring mismatch"
+        );
+        for bi in 0..lay.row_blocks() {
+            for bk in 0..lay.k_blocks() {
+                tasks.push((j, bi, bk));
+            }
+        }
+    }
+    let cts = parallel_map(tasks.len(), |t, prg| {
+        let (j, bi, bk) = tasks[t];
+        sk.encrypt(&layouts[j].lhs_poly(lhs[j], bi, bk), prg)
+    })?;
+    ch.send_msg(&wire::encode_ciphertexts(sk.params(), &cts))?;
+    ch.flush()
+}
+
+/// Client: receives the responses and decodes one n×m share per product.
+pub fn client_receive<C: Channel + ?Sized>(
+    ch: &mut C,
+    sk: &SecretKey,
+    layouts: &[Layout],
+) -> Result<Vec<RingTensor>> {
+    let p = sk.params();
+    let mut tasks = Vec::new();
+    let mut needed = Vec::new();
+    for (j, lay) in layouts.iter().enumerate() {
+        for bi in 0..lay.row_blocks() {
+            for bm in 0..lay.col_blocks() {
+                let outs = lay.outputs(bi, bm);
+                needed.push(outs.len());
+                tasks.push((j, outs));
+            }
+        }
+    }
+    let msg = ch.recv_msg(wire::responses_len(p, &needed))?;
+    let responses = wire::decode_responses(p, &msg, &needed)?;
+    let decoded = parallel_map(tasks.len(), |t, _| {
+        let positions: Vec<usize> = tasks[t].1.iter().map(|o| o.0).collect();
+        sk.decrypt_response(&responses[t], &positions)
+    })?;
+    let mut out: Vec<RingTensor> = layouts
+        .iter()
+        .map(|l| RingTensor::zeros(p.ring(), &[l.n, l.m]))
+        .collect::<Result<_>>()?;
+    for ((j, outs), vals) in tasks.iter().zip(decoded) {
+        let m = layouts[*j].m;
+        let data = out[*j].data_mut();
+        for (&(_, r, c), v) in outs.iter().zip(vals) {
+            data[r * m + c] = v;
+        }
+    }
+    Ok(out)
+}
+
+/// Server: receives the ciphertexts of a batch, computes and returns the hardened products,
+/// and outputs its shares R (one n×m matrix per job).
+pub fn server_respond<C: Channel + ?Sized>(
+    ch: &mut C,
+    pk: &PublicKey,
+    jobs: &[ServerJob<'_>],
+) -> Result<Vec<RingTensor>> {
+    let p = pk.params();
+    let ring = p.ring();
+    let mut expected = 0;
+    for job in jobs {
+        let lay = job.matrix.layout;
+        ensure!(
+            job.matrix.params.moduli() == p.moduli() && job.matrix.params.degree() == p.degree(),
+            InvalidArgument,
+            "prepared matrix and public key use different parameters"
+        );
+        if let Some(s) = job.lhs_share {
+            check_lhs(&lay, s, "server share of the left operand")?;
+        }
+        if let Some(a) = job.add {
+            ensure!(
+                a.shape() == [lay.n, lay.m],
+                InvalidArgument,
+                "added matrix has shape {:?}, expected [{}, {}]",
+                a.shape(),
+                lay.n,
+                lay.m
+            );
+        }
+        expected += lay.input_count();
+    }
+    let msg = ch.recv_msg(wire::ciphertexts_len(p, expected))?;
+    let cts = wire::decode_ciphertexts(p, &msg, expected)?;
+
+    // Expand seeds and fold in the server's share of A.
+    let mut in_tasks = Vec::new();
+    for (j, job) in jobs.iter().enumerate() {
+        for bi in 0..job.matrix.layout.row_blocks() {
+            for bk in 0..job.matrix.layout.k_blocks() {
+                in_tasks.push((j, bi, bk));
+            }
+        }
+    }
+    let evals = parallel_map(in_tasks.len(), |t, _| {
+        let (j, bi, bk) = in_tasks[t];
+        let mut ev = EvalCiphertext::expand(p, &cts[t]);
+        if let Some(share) = jobs[j].lhs_share {
+            ev.add_plain(p, &jobs[j].matrix.layout.lhs_poly(share, bi, bk))?;
+        }
+        Ok(ev)
+    })?;
+
+    // One task per (job, column block): transform each weight block once, use it for every
+    // row block.
+    let mut out_tasks = Vec::new();
+    let mut in_offset = Vec::new();
+    let mut off = 0;
+    for (j, job) in jobs.iter().enumerate() {
+        in_offset.push(off);
+        off += job.matrix.layout.input_count();
+        for bm in 0..job.matrix.layout.col_blocks() {
+            out_tasks.push((j, bm));
+        }
+    }
+    let results = parallel_map(out_tasks.len(), |t, prg| {
+        let (j, bm) = out_tasks[t];
+        let job = &jobs[j];
+        let lay = job.matrix.layout;
+        let mut accs: Vec<Accumulator> =
+            (0..lay.row_blocks()).map(|_| Accumulator::new(p)).collect();
+        let mut w = NttPlaintext::new(p, &[])?;
+        for bk in 0..lay.k_blocks() {
+            w.set(p, &job.matrix.blocks[bm * lay.k_blocks() + bk]);
+            for (bi, acc) in accs.iter_mut().enumerate() {
+                acc.mul_acc(p, &evals[in_offset[j] + bi * lay.k_blocks() + bk], &w);
+            }
+        }
+        accs.into_iter()
+            .enumerate()
+            .map(|(bi, acc)| {
+                let outs = lay.outputs(bi, bm);
+                let positions: Vec<usize> = outs.iter().map(|o| o.0).collect();
+                let mut share = Vec::with_capacity(outs.len());
+                let mut add = Vec::with_capacity(outs.len());
+                for &(_, r, c) in &outs {
+                    let rv = prg.ring_elem(ring);
+                    let extra = job.add.map_or(0, |a| a.at2(r, c));
+                    share.push(rv);
+                    add.push(ring.sub(extra, rv));
+                }
+                Ok((acc.into_response(pk, &positions, &add, prg)?, share))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+
+    // Responses in (job, row block, column block) order, as the client expects.
+    let mut shares: Vec<RingTensor> = jobs
+        .iter()
+        .map(|job| RingTensor::zeros(ring, &[job.matrix.layout.n, job.matrix.layout.m]))
+        .collect::<Result<_>>()?;
+    let mut by_block = vec![Vec::new(); jobs.len()];
+    for ((j, bm), per_row) in out_tasks.iter().zip(results) {
+        for (bi, item) in per_row.into_iter().enumerate() {
+            by_block[*j].push((bi, *bm, item));
+        }
+    }
+    let mut responses = Vec::new();
+    for (j, mut items) in by_block.into_iter().enumerate() {
+        items.sort_by_key(|(bi, bm, _)| (*bi, *bm));
+        let lay = jobs[j].matrix.layout;
+        let data = shares[j].data_mut();
+        for (bi, bm, (resp, share)) in items {
+            for (&(_, r, c), v) in lay.outputs(bi, bm).iter().zip(share) {
+                data[r * lay.m + c] = v;
+            }
+            responses.push(resp);
+        }
+    }
+    ch.send_msg(&wire::encode_responses(p, &responses))?;
+    ch.flush()?;
+    Ok(shares)
+}

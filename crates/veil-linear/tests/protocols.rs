@@ -1,0 +1,200 @@
+//! Both parties in two threads; every result is compared exactly with RingTensor::matmul.
+
+use proptest::prelude::*;
+use veil_core::{reconstruct, share, Error, Prg, Ring, RingTensor, Seed};
+use veil_he::ParamSet;
+use veil_linear::*;
+use veil_net::{run_two_party, run_two_party_tcp, Channel};
+
+fn ring() -> Ring {
+    Ring::new(41).unwrap()
+}
+
+fn small_matrix(shape: &[usize], bits: u32, g: &mut Prg) -> RingTensor {
+    let r = ring();
+    let n: usize = shape.iter().product();
+    let data = (0..n)
+        .map(|_| r.from_signed(g.below(1 << (bits + 1)) as i64 - (1 << bits)))
+        .collect();
+    RingTensor::from_vec(r, shape, data).unwrap()
+}
+
+struct FcCase {
+    layer: FcLayer,
+    x: RingTensor,
+    w: RingTensor,
+    b: RingTensor,
+}
+
+fn fc_case(seq: usize, inp: usize, out: usize, tag: u8) -> FcCase {
+    let mut g = Prg::from_seed(&Seed([tag; 16]));
+    FcCase {
+        layer: FcLayer {
+            seq,
+            in_features: inp,
+            out_features: out,
+            set: ParamSet::N4096,
+        },
+        x: RingTensor::random(ring(), &[seq, inp], &mut g).unwrap(),
+        w: small_matrix(&[out, inp], 12, &mut g),
+        b: RingTensor::random(ring(), &[out], &mut g).unwrap(),
+    }
+}
+
+fn expected(c: &FcCase) -> RingTensor {
+    let mut y = c.x.matmul(&c.w.transpose().unwrap()).unwrap();
+    let out = c.layer.out_features;
+    for (i, v) in y.data_mut().iter_mut().enumerate() {
+        *v = ring().add(*v, c.b.data()[i % out]);
+    }
+    y
+}
+
+fn run_fc(c: &FcCase, tcp: bool) -> RingTensor {
+    let mut g = Prg::from_seed(&Seed([99; 16]));
+    let (x0, x1) = share(&c.x, &mut g).unwrap();
+    let fc = PreparedFc::new(c.layer, &c.w, Some(&c.b)).unwrap();
+    let client = |ch: &mut dyn Channel| -> veil_core::Result<RingTensor> {
+        let s = ClientSession::setup(ch, ring())?;
+        fc_client(ch, &s, &c.layer, &x0)
+    };
+    let server = |ch: &mut dyn Channel| -> veil_core::Result<RingTensor> {
+        let s = ServerSession::setup(ch, ring())?;
+        fc_server(ch, &s, &fc, &x1)
+    };
+    let (y0, y1) = if tcp {
+        run_two_party_tcp(|ch| client(ch), |ch| server(ch)).unwrap()
+    } else {
+        run_two_party(|ch| client(ch), |ch| server(ch)).unwrap()
+    };
+    reconstruct(&y0, &y1).unwrap()
+}
+
+#[test]
+fn fc_edge_shapes_are_exact() {
+    for (i, &(seq, inp, out)) in [
+        (1, 1, 1),
+        (3, 5, 7),
+        (1, 300, 2),
+        (128, 40, 70),
+        (17, 129, 33),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let c = fc_case(seq, inp, out, i as u8);
+        assert_eq!(run_fc(&c, false), expected(&c), "{seq}x{inp}x{out}");
+    }
+}
+
+#[test]
+fn fc_over_tcp_is_exact() {
+    let c = fc_case(128, 64, 96, 40);
+    assert_eq!(run_fc(&c, true), expected(&c));
+}
+
+#[test]
+fn fc_refuses_weights_too_large_to_flood() {
+    let mut g = Prg::from_seed(&Seed([5; 16]));
+    let layer = FcLayer {
+        seq: 128,
+        in_features: 512,
+        out_features: 64,
+        set: ParamSet::N4096,
+    };
+    let w = RingTensor::random(ring(), &[64, 512], &mut g).unwrap();
+    assert!(matches!(
+        PreparedFc::new(layer, &w, None),
+        Err(Error::Insecure(_))
+    ));
+}
+
+#[test]
+fn shared_products_per_head_are_exact() {
+    let mut g = Prg::from_seed(&Seed([6; 16]));
+    let heads = 3;
+    let a: Vec<_> = (0..heads)
+        .map(|_| RingTensor::random(ring(), &[16, 8], &mut g).unwrap())
+        .collect();
+    let b: Vec<_> = (0..heads)
+        .map(|_| RingTensor::random(ring(), &[8, 11], &mut g).unwrap())
+        .collect();
+    let split = |v: &[RingTensor], g: &mut Prg| -> (Vec<_>, Vec<_>) {
+        v.iter().map(|t| share(t, g).unwrap()).unzip()
+    };
+    let (a0, a1) = split(&a, &mut g);
+    let (b0, b1) = split(&b, &mut g);
+    let (c0, c1) = run_two_party(
+        |ch| {
+            let s = ClientSession::setup(ch, ring())?;
+            shared_matmul_client(ch, &s, &a0, &b0)
+        },
+        |ch| {
+            let s = ServerSession::setup(ch, ring())?;
+            shared_matmul_server(ch, &s, &a1, &b1)
+        },
+    )
+    .unwrap();
+    for h in 0..heads {
+        assert_eq!(
+            reconstruct(&c0[h], &c1[h]).unwrap(),
+            a[h].matmul(&b[h]).unwrap()
+        );
+    }
+}
+
+/// A peer that sends garbage or hangs up yields an error on the other side, never a panic.
+#[test]
+fn malformed_and_truncated_messages_are_errors() {
+    let c = fc_case(4, 6, 5, 7);
+    let fc = PreparedFc::new(c.layer, &c.w, None).unwrap();
+    let (x0, x1) = share(&c.x, &mut Prg::from_seed(&Seed([1; 16]))).unwrap();
+    // Server gets a truncated ciphertext message.
+    let (_, r) = run_two_party(
+        |ch| {
+            let _s = ClientSession::setup(ch, ring())?;
+            ch.send_msg(&[0x43, 1, 2, 3])?;
+            Ok(())
+        },
+        |ch| {
+            let s = ServerSession::setup(ch, ring())?;
+            Ok(fc_server(ch, &s, &fc, &x1).is_err())
+        },
+    )
+    .unwrap();
+    assert!(r);
+    // Client gets a response with one byte missing, then the server hangs up.
+    let (r, _) = run_two_party(
+        |ch| {
+            let s = ClientSession::setup(ch, ring())?;
+            Ok(fc_client(ch, &s, &c.layer, &x0).is_err())
+        },
+        |ch| {
+            let _s = ServerSession::setup(ch, ring())?;
+            let m = ch.recv_msg(1 << 24)?;
+            ch.send_msg(&m[..m.len() - 1])?;
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert!(r);
+    // A bad public key during set-up.
+    let (_, r) = run_two_party(
+        |ch| {
+            ch.send_msg(&[0x50; 40])?;
+            Ok(())
+        },
+        |ch| Ok(ServerSession::setup(ch, ring()).is_err()),
+    )
+    .unwrap();
+    assert!(r);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, .. ProptestConfig::default() })]
+    #[test]
+    fn fc_matches_plaintext_on_random_shapes(seq in 1usize..40, inp in 1usize..80, out in 1usize..40, tag in 0u8..255) {
+        let c = fc_case(seq, inp, out, tag);
+        prop_assert_eq!(run_fc(&c, false), expected(&c));
+    }
+}
