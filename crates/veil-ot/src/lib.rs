@@ -1,1 +1,24 @@
-//! Oblivious transfer: base OT, IKNP, silent COT and the derived flavours protocols consume.
+//! Oblivious transfer for Veil: base OT, IKNP and Ferret-style silent correlated OT, and the
+//! derived flavours the non-linear protocols consume through [`OtSession`].
+//!
+//! Layers, bottom up:
+//! * [`aes_prims`] — fixed-key AES hash (TCCR), AES-CTR column PRG, GGM PRG;
+//! * [`base_ot`] — Chou–Orlandi OT on Ristretto, for the 128 IKNP seeds;
+//! * [`iknp`] + [`transpose`] — IKNP extension producing Δ-correlated OT;
+//! * [`session`] — COT pools per direction, refilled on demand, and the flavours on top:
+//!   [`chosen`] (1-of-2), [`one_of_n`] (1-of-2^k), [`arith`] (additive COT in Z_{2^k}).
+//!
+//! Security model everywhere: semi-honest parties, 128-bit computational security.
+
+pub mod aes_prims;
+pub mod arith;
+pub mod base_ot;
+pub mod chosen;
+mod derand;
+pub mod iknp;
+pub mod one_of_n;
+pub mod pack;
+pub mod session;
+pub mod transpose;
+
+pub use session::{Backend, OtSession};

@@ -1,0 +1,281 @@
+//! [`OtSession`]: one party's end of a bidirectional OT session.
+//!
+//! Each party holds a COT *sender* pool (for OTs it sends; it knows Δ) and a COT *receiver*
+//! pool (for OTs it receives), each fed by its own engine. Every derived flavour consumes random
+//! COTs from the front of a pool; both parties consume and refill in lock-step, because refills
+//! are a deterministic function of the request size and of the pool level, which are the same on
+//! both sides. A refill adds the engine's flights (IKNP: one flight receiver → sender; silent
+//! COT: see [`crate::ferret`]) before the call's own flights.
+//!
+//! Every consumed COT has a per-direction index that both parties know; flavours derive their
+//! hash tweaks from it, so no tweak is ever reused within a session.
+
+use veil_core::{ensure, Prg, Result};
+use veil_net::{Channel, Role};
+use zeroize::Zeroize;
+
+use crate::iknp::{IknpReceiver, IknpSender};
+
+/// Which extension produces the COTs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// IKNP: 128 bits of traffic per COT, no set-up beyond 128 base OTs.
+    Iknp,
+}
+
+/// IKNP refills by at least this many COTs, so small calls do not each pay a flight.
+const IKNP_MIN_REFILL: usize = 1 << 16;
+
+/// Upper bound on COTs requested in one call (bounds allocations from caller mistakes).
+pub const MAX_COTS_PER_CALL: usize = 1 << 28;
+
+enum SendEngine {
+    Iknp(IknpSender),
+}
+
+enum RecvEngine {
+    Iknp(IknpReceiver),
+}
+
+/// COTs this party sends: `q_i`, with the receiver holding `q_i ⊕ r_i·Δ`.
+struct SenderPool {
+    engine: SendEngine,
+    delta: u128,
+    q: Vec<u128>,
+    pos: usize,
+    consumed: u64,
+}
+
+/// COTs this party receives: choice bits `r_i` and `t_i = q_i ⊕ r_i·Δ`.
+struct ReceiverPool {
+    engine: RecvEngine,
+    t: Vec<u128>,
+    bits: Vec<u8>,
+    pos: usize,
+    consumed: u64,
+    prg: Prg,
+}
+
+/// A run of random COTs handed to a flavour (sender side).
+pub(crate) struct SenderBatch<'a> {
+    pub delta: u128,
+    pub q: &'a [u128],
+    /// Session-wide index of `q[0]` in this direction (hash tweak base).
+    pub index: u64,
+}
+
+/// A run of random COTs handed to a flavour (receiver side).
+pub(crate) struct ReceiverBatch<'a> {
+    pub t: &'a [u128],
+    pub bits: &'a [u8],
+    pub index: u64,
+}
+
+fn refill_size(available: usize, need: usize) -> usize {
+    (need - available).max(IKNP_MIN_REFILL)
+}
+
+impl SenderPool {
+    fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
+        let engine = match backend {
+            Backend::Iknp => SendEngine::Iknp(IknpSender::setup(ch)?),
+        };
+        let delta = match &engine {
+            SendEngine::Iknp(e) => e.delta(),
+        };
+        Ok(SenderPool {
+            engine,
+            delta,
+            q: Vec::new(),
+            pos: 0,
+            consumed: 0,
+        })
+    }
+
+    fn available(&self) -> usize {
+        self.q.len() - self.pos
+    }
+
+    fn ensure<C: Channel>(&mut self, ch: &mut C, need: usize) -> Result<()> {
+        if self.available() >= need {
+            return Ok(());
+        }
+        self.q.drain(..self.pos);
+        self.pos = 0;
+        match &mut self.engine {
+            SendEngine::Iknp(e) => {
+                let more = e.extend(ch, refill_size(self.q.len(), need))?;
+                self.q.extend_from_slice(&more);
+            }
+        }
+        Ok(())
+    }
+
+    fn take<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<SenderBatch<'_>> {
+        ensure!(
+            n <= MAX_COTS_PER_CALL,
+            InvalidArgument,
+            "{n} OTs in one call exceed {MAX_COTS_PER_CALL}"
+        );
+        self.ensure(ch, n)?;
+        let start = self.pos;
+        self.pos += n;
+        let index = self.consumed;
+        self.consumed += n as u64;
+        Ok(SenderBatch {
+            delta: self.delta,
+            q: &self.q[start..start + n],
+            index,
+        })
+    }
+}
+
+impl ReceiverPool {
+    fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
+        let engine = match backend {
+            Backend::Iknp => RecvEngine::Iknp(IknpReceiver::setup(ch)?),
+        };
+        Ok(ReceiverPool {
+            engine,
+            t: Vec::new(),
+            bits: Vec::new(),
+            pos: 0,
+            consumed: 0,
+            prg: Prg::from_os_entropy(),
+        })
+    }
+
+    fn available(&self) -> usize {
+        self.t.len() - self.pos
+    }
+
+    fn ensure<C: Channel>(&mut self, ch: &mut C, need: usize) -> Result<()> {
+        if self.available() >= need {
+            return Ok(());
+        }
+        self.t.drain(..self.pos);
+        self.bits.drain(..self.pos);
+        self.pos = 0;
+        match &mut self.engine {
+            RecvEngine::Iknp(e) => {
+                let m = refill_size(self.t.len(), need);
+                let choices: Vec<u8> = (0..m).map(|_| self.prg.bit() as u8).collect();
+                let more = e.extend(ch, &choices)?;
+                self.t.extend_from_slice(&more);
+                self.bits.extend_from_slice(&choices);
+            }
+        }
+        Ok(())
+    }
+
+    fn take<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<ReceiverBatch<'_>> {
+        ensure!(
+            n <= MAX_COTS_PER_CALL,
+            InvalidArgument,
+            "{n} OTs in one call exceed {MAX_COTS_PER_CALL}"
+        );
+        self.ensure(ch, n)?;
+        let start = self.pos;
+        self.pos += n;
+        let index = self.consumed;
+        self.consumed += n as u64;
+        Ok(ReceiverBatch {
+            t: &self.t[start..start + n],
+            bits: &self.bits[start..start + n],
+            index,
+        })
+    }
+}
+
+impl Drop for SenderPool {
+    fn drop(&mut self) {
+        self.delta.zeroize();
+        self.q.zeroize();
+    }
+}
+
+impl Drop for ReceiverPool {
+    fn drop(&mut self) {
+        self.t.zeroize();
+        self.bits.zeroize();
+    }
+}
+
+/// One party's end of an OT session with the peer (see the module doc).
+pub struct OtSession {
+    role: Role,
+    sender: SenderPool,
+    receiver: ReceiverPool,
+}
+
+impl OtSession {
+    /// Sets up both directions with the default backend. Both parties call this at the same time.
+    pub fn setup<C: Channel>(ch: &mut C, role: Role) -> Result<OtSession> {
+        Self::setup_with(ch, role, Backend::Iknp)
+    }
+
+    /// Sets up both directions with an explicit backend (both parties must pick the same).
+    /// The server's sending direction is set up first.
+    pub fn setup_with<C: Channel>(ch: &mut C, role: Role, backend: Backend) -> Result<OtSession> {
+        let (sender, receiver) = match role {
+            Role::Server => {
+                let s = SenderPool::setup(ch, backend)?;
+                (s, ReceiverPool::setup(ch, backend)?)
+            }
+            Role::Client => {
+                let r = ReceiverPool::setup(ch, backend)?;
+                (SenderPool::setup(ch, backend)?, r)
+            }
+        };
+        Ok(OtSession {
+            role,
+            sender,
+            receiver,
+        })
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Pre-generates at least `n` COTs in each direction (offline phase), so later calls only
+    /// consume. Flights: those of the refills, server's sending direction first.
+    pub fn precompute<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<()> {
+        ensure!(
+            n <= MAX_COTS_PER_CALL,
+            InvalidArgument,
+            "precompute({n}) exceeds {MAX_COTS_PER_CALL}"
+        );
+        match self.role {
+            Role::Server => {
+                self.sender.ensure(ch, n)?;
+                self.receiver.ensure(ch, n)
+            }
+            Role::Client => {
+                self.receiver.ensure(ch, n)?;
+                self.sender.ensure(ch, n)
+            }
+        }
+    }
+
+    /// COTs ready in (sending, receiving) direction.
+    pub fn available(&self) -> (usize, usize) {
+        (self.sender.available(), self.receiver.available())
+    }
+
+    pub(crate) fn take_send<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        n: usize,
+    ) -> Result<SenderBatch<'_>> {
+        self.sender.take(ch, n)
+    }
+
+    pub(crate) fn take_recv<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        n: usize,
+    ) -> Result<ReceiverBatch<'_>> {
+        self.receiver.take(ch, n)
+    }
+}

@@ -1,0 +1,356 @@
+//! Every OtSession flavour against its ideal functionality, both parties in threads, both
+//! directions, plus TCP loopback and misbehaving peers.
+
+use veil_core::{Error, Prg, Result};
+use veil_net::{run_two_party, run_two_party_tcp, Channel, MemChannel, Role};
+use veil_ot::{Backend, OtSession};
+
+fn mask(bits: u32) -> u64 {
+    if bits == 64 {
+        u64::MAX
+    } else {
+        (1 << bits) - 1
+    }
+}
+
+/// Runs `f_client` / `f_server` after a session set-up on both ends.
+fn with_sessions<A: Send, B: Send>(
+    backend: Backend,
+    f_client: impl FnOnce(&mut OtSession, &mut MemChannel) -> Result<A> + Send,
+    f_server: impl FnOnce(&mut OtSession, &mut MemChannel) -> Result<B> + Send,
+) -> Result<(A, B)> {
+    run_two_party(
+        move |c| {
+            let mut s = OtSession::setup_with(c, Role::Client, backend)?;
+            f_client(&mut s, c)
+        },
+        move |c| {
+            let mut s = OtSession::setup_with(c, Role::Server, backend)?;
+            f_server(&mut s, c)
+        },
+    )
+}
+
+fn random_bools(n: usize) -> Vec<bool> {
+    let mut p = Prg::from_os_entropy();
+    (0..n).map(|_| p.bit()).collect()
+}
+
+fn random_values(n: usize, bits: u32) -> Vec<u64> {
+    let mut p = Prg::from_os_entropy();
+    (0..n).map(|_| p.u64() & mask(bits)).collect()
+}
+
+/// |ones − n/2| within 6 standard deviations (false alarm ~1e-9).
+fn assert_balanced(bits: impl Iterator<Item = bool>, what: &str) {
+    let (mut ones, mut n) = (0i64, 0i64);
+    for b in bits {
+        ones += b as i64;
+        n += 1;
+    }
+    let sd = ((n as f64) / 4.0).sqrt();
+    assert!(
+        ((ones - n / 2) as f64).abs() < 6.0 * sd,
+        "{what}: {ones} ones of {n}"
+    );
+}
+
+fn check_chosen(backend: Backend, n: usize, bits: u32) {
+    let msgs: Vec<[u64; 2]> = random_values(2 * n, bits)
+        .chunks(2)
+        .map(|c| [c[0], c[1]])
+        .collect();
+    let choices = random_bools(n);
+    let (m_a, c_a, m_b, c_b) = (msgs.clone(), choices.clone(), msgs.clone(), choices.clone());
+    let (got_client, got_server) = with_sessions(
+        backend,
+        move |s, c| {
+            let a = s.recv_chosen(c, &c_a, bits)?;
+            s.send_chosen(c, &m_b, bits)?;
+            Ok(a)
+        },
+        move |s, c| {
+            s.send_chosen(c, &m_a, bits)?;
+            s.recv_chosen(c, &c_b, bits)
+        },
+    )
+    .unwrap();
+    for i in 0..n {
+        let want = msgs[i][choices[i] as usize];
+        assert_eq!(got_client[i], want, "client-received OT {i}");
+        assert_eq!(got_server[i], want, "server-received OT {i}");
+    }
+}
+
+fn check_1_of_n(backend: Backend, log_n: u32, count: usize, bits: u32) {
+    let n = 1usize << log_n;
+    let table = random_values(count * n, bits);
+    let mut p = Prg::from_os_entropy();
+    let choices: Vec<u8> = (0..count).map(|_| p.below(n as u64) as u8).collect();
+    let (t, c) = (table.clone(), choices.clone());
+    let (got, ()) = with_sessions(
+        backend,
+        move |s, ch| s.recv_1_of_n(ch, log_n, &c, bits),
+        move |s, ch| s.send_1_of_n(ch, log_n, &t, bits),
+    )
+    .unwrap();
+    for i in 0..count {
+        assert_eq!(
+            got[i],
+            table[i * n + choices[i] as usize],
+            "log_n {log_n} OT {i}"
+        );
+    }
+}
+
+fn check_arith(backend: Backend, n: usize, bits: u32) {
+    let deltas = random_values(n, bits);
+    let choices = random_bools(n);
+    let (d, c) = (deltas.clone(), choices.clone());
+    let (y, x) = with_sessions(
+        backend,
+        move |s, ch| s.recv_arith_cot(ch, &c, bits),
+        move |s, ch| s.send_arith_cot(ch, &d, bits),
+    )
+    .unwrap();
+    for i in 0..n {
+        let want = if choices[i] {
+            x[i].wrapping_add(deltas[i]) & mask(bits)
+        } else {
+            x[i]
+        };
+        assert_eq!(y[i], want, "arith COT {i}");
+        assert_eq!(x[i] & !mask(bits), 0);
+    }
+    // x must be uniform: its low and top bits are balanced.
+    assert_balanced(x.iter().map(|v| v & 1 == 1), "x low bit");
+    assert_balanced(x.iter().map(|v| (v >> (bits - 1)) & 1 == 1), "x top bit");
+}
+
+#[test]
+fn iknp_chosen_ot_matches_ideal_functionality_both_directions() {
+    check_chosen(Backend::Iknp, 100_000, 1);
+    check_chosen(Backend::Iknp, 20_000, 41);
+    check_chosen(Backend::Iknp, 20_000, 64);
+    check_chosen(Backend::Iknp, 0, 8);
+    check_chosen(Backend::Iknp, 3, 7);
+}
+
+#[test]
+fn iknp_1_of_n_matches_ideal_functionality_for_every_n() {
+    check_1_of_n(Backend::Iknp, 4, 20_000, 2);
+    for log_n in 1..=8 {
+        check_1_of_n(
+            Backend::Iknp,
+            log_n,
+            300,
+            if log_n % 2 == 0 { 64 } else { 5 },
+        );
+    }
+}
+
+#[test]
+fn iknp_arith_cot_matches_ideal_functionality() {
+    check_arith(Backend::Iknp, 100_000, 41);
+    check_arith(Backend::Iknp, 10_000, 64);
+    check_arith(Backend::Iknp, 10_000, 1);
+}
+
+/// Records what the wrapped channel receives, to look at ciphertexts on the wire.
+struct Recording<'a> {
+    inner: &'a mut MemChannel,
+    received: Vec<u8>,
+}
+
+impl Channel for Recording<'_> {
+    fn send(&mut self, data: &[u8]) -> Result<()> {
+        self.inner.send(data)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Result<()> {
+        self.inner.recv(buf)?;
+        self.received.extend_from_slice(buf);
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<()> {
+        self.inner.flush()
+    }
+    fn meter(&self) -> &veil_net::Meter {
+        self.inner.meter()
+    }
+}
+
+#[test]
+fn ciphertexts_of_constant_messages_look_random() {
+    // All messages are zero, so the wire carries the bare pads: the one the receiver can remove
+    // and the one it must not learn. Both must be unbiased, not constant.
+    let n = 40_000;
+    let (wire, ()) = with_sessions(
+        Backend::Iknp,
+        move |s, ch| {
+            s.precompute(ch, n)?;
+            let mut rec = Recording {
+                inner: ch,
+                received: Vec::new(),
+            };
+            let got = s.recv_chosen(&mut rec, &vec![false; n], 8)?;
+            assert!(got.iter().all(|&m| m == 0));
+            Ok(rec.received)
+        },
+        move |s, ch| {
+            s.precompute(ch, n)?;
+            s.send_chosen(ch, &vec![[0, 0]; n], 8)
+        },
+    )
+    .unwrap();
+    let body = &wire[4..]; // skip the length prefix; then pairs of bytes (y0, y1)
+    assert_eq!(body.len(), 2 * n);
+    assert_balanced(body.chunks(2).map(|p| p[1] & 1 == 1), "unchosen pad bit 0");
+    assert_balanced(body.chunks(2).map(|p| p[1] >> 7 == 1), "unchosen pad bit 7");
+    assert_balanced(body.chunks(2).map(|p| p[0] & 1 == 1), "chosen pad bit 0");
+}
+
+#[test]
+fn precompute_then_consume_over_tcp() {
+    let n = 50_000;
+    let deltas = random_values(n, 41);
+    let choices = random_bools(n);
+    let (d, c) = (deltas.clone(), choices.clone());
+    let (y, x) = run_two_party_tcp(
+        move |ch| {
+            let mut s = OtSession::setup(ch, Role::Client)?;
+            s.precompute(ch, n)?;
+            assert!(s.available().1 >= n);
+            s.recv_arith_cot(ch, &c, 41)
+        },
+        move |ch| {
+            let mut s = OtSession::setup(ch, Role::Server)?;
+            s.precompute(ch, n)?;
+            s.send_arith_cot(ch, &d, 41)
+        },
+    )
+    .unwrap();
+    for i in 0..n {
+        let want = if choices[i] {
+            x[i].wrapping_add(deltas[i]) & mask(41)
+        } else {
+            x[i]
+        };
+        assert_eq!(y[i], want);
+    }
+}
+
+#[test]
+fn invalid_arguments_are_errors() {
+    let r = with_sessions(
+        Backend::Iknp,
+        |s, ch| {
+            assert!(matches!(
+                s.recv_chosen(ch, &[true], 0),
+                Err(Error::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                s.recv_1_of_n(ch, 2, &[4], 8),
+                Err(Error::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                s.recv_1_of_n(ch, 9, &[0], 8),
+                Err(Error::InvalidArgument(_))
+            ));
+            Ok(())
+        },
+        |s, ch| {
+            assert!(matches!(
+                s.send_chosen(ch, &[[4, 0]], 2),
+                Err(Error::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                s.send_1_of_n(ch, 2, &[0, 1, 2], 8),
+                Err(Error::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                s.send_arith_cot(ch, &[1 << 41], 41),
+                Err(Error::InvalidArgument(_))
+            ));
+            Ok(())
+        },
+    );
+    r.unwrap();
+}
+
+/// After set-up, the peer replies to a chosen OT with `reply` (or hangs up if `None`).
+fn receiver_against_bad_sender(reply: Option<Vec<u8>>) -> Result<Vec<u64>> {
+    let (r, ()) = with_sessions(
+        Backend::Iknp,
+        |s, ch| {
+            s.precompute(ch, 3)?;
+            s.recv_chosen(ch, &[true, false, true], 16)
+        },
+        move |s, ch| {
+            s.precompute(ch, 3)?;
+            let _corrections = ch.recv_msg(1 << 10)?;
+            if let Some(bytes) = reply {
+                ch.send_msg(&bytes)?;
+            }
+            Ok(())
+        },
+    )?;
+    Ok(r)
+}
+
+#[test]
+fn bad_sender_messages_are_errors_not_panics() {
+    // Correct length is 3 OTs × 2 × 16 bits = 12 bytes.
+    assert!(matches!(
+        receiver_against_bad_sender(Some(vec![0; 11])),
+        Err(Error::Malformed(_))
+    ));
+    assert!(matches!(
+        receiver_against_bad_sender(Some(vec![0; 13])),
+        Err(Error::TooLarge { .. })
+    ));
+    assert!(matches!(
+        receiver_against_bad_sender(None),
+        Err(Error::Disconnected)
+    ));
+    // Garbage of the right length decodes to garbage messages: no error is possible, no panic.
+    assert!(receiver_against_bad_sender(Some(vec![0xa5; 12])).is_ok());
+}
+
+#[test]
+fn bad_receiver_messages_are_errors_not_panics() {
+    // 5 OTs need 5 correction bits: 1 byte with zero padding bits 5..7.
+    for reply in [Some(vec![0xffu8; 2]), Some(vec![0xf0]), Some(vec![]), None] {
+        let hung_up = reply.is_none();
+        let r = with_sessions(
+            Backend::Iknp,
+            move |s, ch| {
+                s.precompute(ch, 5)?;
+                if let Some(bytes) = reply {
+                    ch.send_msg(&bytes)?;
+                }
+                Ok(())
+            },
+            |s, ch| {
+                s.precompute(ch, 5)?;
+                s.send_1_of_n(ch, 1, &[0; 10], 8)
+            },
+        );
+        match r {
+            Err(Error::Disconnected) => assert!(hung_up),
+            Err(Error::Malformed(_)) | Err(Error::TooLarge { .. }) => assert!(!hung_up),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn garbage_during_setup_is_an_error() {
+    let r = run_two_party(
+        |ch| OtSession::setup(ch, Role::Client).map(|_| ()),
+        |ch| {
+            ch.send_msg(&[7u8; 32])?;
+            ch.recv_msg(1 << 20).map(|_| ())
+        },
+    );
+    assert!(r.is_err());
+}
