@@ -4,7 +4,7 @@
 use veil_core::{ensure, Prg, Result, Seed};
 
 use crate::keys::{expand_uniform_ntt, SecretKey};
-use crate::math::{add_mod, mul_mod, sample_cbd, signed_mod};
+use crate::math::{add_mod, sample_cbd, signed_mod};
 use crate::params::Params;
 use crate::poly::RnsPoly;
 
@@ -15,18 +15,27 @@ use crate::poly::RnsPoly;
 /// hidden in (Q/t)·t·k vanishes, so no noise term proportional to t appears (SEAL's
 /// "scaling variant" of plaintext multiplication).
 pub(crate) fn scaled_message(p: &Params, m: &[u64]) -> RnsPoly {
-    let inner = p.inner();
-    let t_bits = p.ring().bits();
-    let half_t = 1u128 << (t_bits - 1);
-    let n = p.degree();
     let mut out = RnsPoly::zero(p);
+    let n = p.degree();
     for (j, &mj) in m.iter().enumerate() {
-        let frac = ((inner.q_mod_t as u128 * mj as u128 + half_t) >> t_bits) as u64;
-        for (i, &q) in p.moduli().iter().enumerate() {
-            out.data[i * n + j] = add_mod(mul_mod(inner.delta[i], mj % q, q), frac % q, q);
+        if mj != 0 {
+            for (i, v) in scaled_coefficient(p, mj).into_iter().enumerate() {
+                out.data[i * n + j] = v;
+            }
         }
     }
     out
+}
+
+/// round(Q·m/t) mod q_i for one m in [0, t), for every limb i (at most 8 limbs).
+pub(crate) fn scaled_coefficient(p: &Params, m: u64) -> impl Iterator<Item = u64> + '_ {
+    let inner = p.inner();
+    let t_bits = p.ring().bits();
+    let frac = ((inner.q_mod_t as u128 * m as u128 + (1u128 << (t_bits - 1))) >> t_bits) as u64;
+    p.moduli()
+        .iter()
+        .zip(&inner.delta)
+        .map(move |(&q, d)| add_mod(d.mul(m % q, q), frac % q, q))
 }
 
 fn check_message(p: &Params, m: &[u64]) -> Result<()> {

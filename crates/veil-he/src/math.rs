@@ -39,6 +39,35 @@ pub(crate) fn pow_mod(mut b: u64, mut e: u64, q: u64) -> u64 {
     r
 }
 
+/// Multiplication by a constant w modulo q < 2^63 with Shoup's precomputed quotient
+/// w' = ⌊w·2^64/q⌋: two multiplications and no division.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ShoupConst {
+    w: u64,
+    w_shoup: u64,
+}
+
+impl ShoupConst {
+    pub fn new(w: u64, q: u64) -> Self {
+        ShoupConst {
+            w,
+            w_shoup: (((w as u128) << 64) / q as u128) as u64,
+        }
+    }
+
+    /// x·w mod q for any x < q.
+    #[inline]
+    pub fn mul(self, x: u64, q: u64) -> u64 {
+        let quot = ((x as u128 * self.w_shoup as u128) >> 64) as u64;
+        let r = x.wrapping_mul(self.w).wrapping_sub(quot.wrapping_mul(q));
+        if r >= q {
+            r - q
+        } else {
+            r
+        }
+    }
+}
+
 /// Inverse modulo a prime `q` (Fermat).
 pub(crate) fn inv_mod(a: u64, q: u64) -> u64 {
     pow_mod(a, q - 2, q)
@@ -47,8 +76,13 @@ pub(crate) fn inv_mod(a: u64, q: u64) -> u64 {
 /// Residue of a signed integer modulo `q`.
 #[inline]
 pub(crate) fn signed_mod(x: i64, q: u64) -> u64 {
-    let r = (x as i128).rem_euclid(q as i128);
-    r as u64
+    let a = x.unsigned_abs();
+    let r = if a < q { a } else { a % q };
+    if x < 0 && r != 0 {
+        q - r
+    } else {
+        r
+    }
 }
 
 /// Deterministic Miller–Rabin for 64-bit integers (these bases are exact below 2^64).
@@ -98,9 +132,20 @@ pub(crate) fn ntt_primes(bits: u32, n: usize, count: usize, exclude: &[u64]) -> 
     out
 }
 
-/// Uniform ternary coefficients in {-1, 0, 1}.
+/// Uniform ternary coefficients in {-1, 0, 1} (bytes below 255 reduced mod 3, 255 rejected).
 pub(crate) fn sample_ternary(prg: &mut Prg, n: usize) -> Vec<i64> {
-    (0..n).map(|_| prg.below(3) as i64 - 1).collect()
+    let mut out = Vec::with_capacity(n);
+    let mut buf = [0u8; 512];
+    while out.len() < n {
+        prg.fill(&mut buf);
+        for &b in buf.iter().filter(|&&b| b < 255) {
+            if out.len() == n {
+                break;
+            }
+            out.push((b % 3) as i64 - 1);
+        }
+    }
+    out
 }
 
 /// Centred binomial distribution with η = 21 (σ² = 10.5, σ ≈ 3.24 ≥ the HE standard's 3.2):
@@ -155,6 +200,25 @@ mod tests {
             assert_eq!(mul_mod(inv_mod(12345, p), 12345, p), 1);
         }
         assert!(ps[0] > ps[1] && ps[1] > ps[2]);
+    }
+
+    #[test]
+    fn signed_mod_matches_rem_euclid() {
+        for &q in &[97u64, (1 << 36) - 5, (1 << 62) + 1] {
+            for &x in &[0i64, 1, -1, 96, -97, 98, i64::MIN, i64::MAX, -(1 << 40) - 3] {
+                assert_eq!(signed_mod(x, q) as i128, (x as i128).rem_euclid(q as i128));
+            }
+        }
+    }
+
+    #[test]
+    fn shoup_matches_u128() {
+        let q = ntt_primes(50, 8192, 1, &[])[0];
+        let mut prg = Prg::from_seed(&veil_core::Seed([3; 16]));
+        for _ in 0..1000 {
+            let (w, x) = (prg.below(q), prg.below(q));
+            assert_eq!(ShoupConst::new(w, q).mul(x, q), mul_mod(x, w, q));
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tfhe_ntt::prime64::Plan;
 use veil_core::{ensure, Error, Result, Ring};
 
-use crate::math::{inv_mod, ntt_primes};
+use crate::math::{inv_mod, ntt_primes, ShoupConst};
 
 /// Maximal total log2 Q for 128-bit security (HomomorphicEncryption.org standard, ternary secret).
 const HE_STANDARD_MAX_LOG_Q: [(usize, u32); 6] = [
@@ -80,18 +80,18 @@ pub(crate) struct Inner {
     pub plans: Vec<Plan>,
     pub log2_q: f64,
     /// ⌊Q/t⌋ mod q_i.
-    pub delta: Vec<u64>,
+    pub delta: Vec<ShoupConst>,
     /// Q mod t.
     pub q_mod_t: u64,
     /// Limbs kept after the RNS rescaling chain (their product is below 2^126).
     pub crt_limbs: usize,
     /// `rescale_inv[j][i]` = q_j^{-1} mod q_i for every dropped limb j and kept i < j.
-    pub rescale_inv: Vec<Vec<u64>>,
+    pub rescale_inv: Vec<Vec<ShoupConst>>,
     pub crt_modulus: u128,
     /// Q'/q_i for each kept limb.
     pub crt_basis: Vec<u128>,
     /// (Q'/q_i)^{-1} mod q_i.
-    pub crt_hat_inv: Vec<u64>,
+    pub crt_hat_inv: Vec<ShoupConst>,
     pub final_modulus: u64,
     pub final_plan: Plan,
     pub budget: NoiseBudget,
@@ -222,7 +222,8 @@ impl Params {
             .map(|&q| {
                 let t_mod_q = ((1u128 << t_bits) % q as u128) as u64;
                 let r = (q_mod_t as u128 % q as u128) as u64;
-                crate::math::mul_mod(q - r % q, inv_mod(t_mod_q, q), q) % q
+                let d = crate::math::mul_mod(q - r % q, inv_mod(t_mod_q, q), q) % q;
+                ShoupConst::new(d, q)
             })
             .collect();
 
@@ -239,7 +240,7 @@ impl Params {
         let rescale_inv = (0..limbs)
             .map(|j| {
                 (0..j)
-                    .map(|i| inv_mod(moduli[j] % moduli[i], moduli[i]))
+                    .map(|i| ShoupConst::new(inv_mod(moduli[j] % moduli[i], moduli[i]), moduli[i]))
                     .collect()
             })
             .collect();
@@ -251,7 +252,7 @@ impl Params {
         let crt_hat_inv = moduli[..crt_limbs]
             .iter()
             .zip(&crt_basis)
-            .map(|(&q, &b)| inv_mod((b % q as u128) as u64, q))
+            .map(|(&q, &b)| ShoupConst::new(inv_mod((b % q as u128) as u64, q), q))
             .collect();
 
         let log2_p = (final_modulus as f64).log2();

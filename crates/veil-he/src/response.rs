@@ -12,9 +12,9 @@
 
 use veil_core::{ensure, Prg, Result};
 
-use crate::cipher::{scaled_message, Accumulator};
+use crate::cipher::{scaled_coefficient, Accumulator};
 use crate::keys::{PublicKey, SecretKey};
-use crate::math::{add_mod, mul_mod, sample_cbd, sample_ternary, sub_mod};
+use crate::math::{add_mod, sample_cbd, sample_ternary, sub_mod};
 use crate::params::{Inner, Params};
 use crate::poly::RnsPoly;
 
@@ -47,14 +47,14 @@ fn switch_coefficient(inner: &Inner, x: &mut [u64]) -> u64 {
             } else {
                 sub_mod(x[i], r % q[i], q[i])
             };
-            x[i] = mul_mod(rc, inner.rescale_inv[j][i], q[i]);
+            x[i] = inner.rescale_inv[j][i].mul(rc, q[i]);
         }
     }
     // Exact CRT into [0, Q').
     let big_q = inner.crt_modulus;
     let mut acc: u128 = 0;
     for i in 0..inner.crt_limbs {
-        acc += mul_mod(x[i], inner.crt_hat_inv[i], q[i]) as u128 * inner.crt_basis[i];
+        acc += inner.crt_hat_inv[i].mul(x[i], q[i]) as u128 * inner.crt_basis[i];
         if acc >= big_q {
             acc -= big_q;
         }
@@ -73,7 +73,12 @@ fn switch_coefficient(inner: &Inner, x: &mut [u64]) -> u64 {
         k -= 1;
         rem += big_q as i128;
     }
-    (k % p as u128) as u64
+    let k = k as u64;
+    if k >= p {
+        k - p
+    } else {
+        k
+    }
 }
 
 /// Uniform in [-2^bits, 2^bits).
@@ -119,11 +124,6 @@ impl Accumulator {
             .add_assign(p, &RnsPoly::from_signed(p, &sample_cbd(prg, n)));
 
         // 2. Mask and flood only the coefficients that will be sent.
-        let mut scaled_add = vec![0u64; n];
-        for (&j, &v) in positions.iter().zip(add) {
-            scaled_add[j] = v;
-        }
-        let scaled = scaled_message(p, &scaled_add);
         let e1 = sample_cbd(prg, positions.len());
         let limbs = p.limbs();
         let mut x = vec![0u64; limbs];
@@ -132,10 +132,14 @@ impl Accumulator {
         let pf = inner.final_modulus;
         for (k, &j) in positions.iter().enumerate() {
             let noise = sample_flood(prg, inner.budget.flood_bits) + e1[k] as i128;
-            for (i, &q) in p.moduli().iter().enumerate() {
+            for (i, (&q, s)) in p
+                .moduli()
+                .iter()
+                .zip(scaled_coefficient(p, add[k]))
+                .enumerate()
+            {
                 let e = noise.rem_euclid(q as i128) as u64;
-                let v = add_mod(self.c0.data[i * n + j], scaled.data[i * n + j], q);
-                x[i] = add_mod(v, e, q);
+                x[i] = add_mod(add_mod(self.c0.data[i * n + j], s, q), e, q);
             }
             // 3–4. Switch, then drop the low d bits (rounded).
             let v = switch_coefficient(inner, &mut x);

@@ -12,3 +12,4 @@ pub mod fc;
 
 pub use cross::{shared_matmul_client, shared_matmul_server};
 pub use fc::{fc_client, fc_server, FcLayer, PreparedFc};
+pub mod bench;

@@ -81,6 +81,9 @@ pub struct ServerJob<'a> {
     pub add: Option<&'a RingTensor>,
 }
 
+/// Column blocks processed together by one server task.
+const COLUMN_GROUP: usize = 8;
+
 fn workers() -> usize {
     thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -255,34 +258,41 @@ pub fn server_respond<C: Channel + ?Sized>(
         Ok(ev)
     })?;
 
-    // One task per (job, column block): transform each weight block once, use it for every
-    // row block.
+    // One task per (job, group of column blocks): each weight block is transformed once and
+    // used for every row block; grouping column blocks lets one pass over the input
+    // ciphertexts feed several accumulators (the inputs are far larger than the cache).
     let mut out_tasks = Vec::new();
     let mut in_offset = Vec::new();
     let mut off = 0;
     for (j, job) in jobs.iter().enumerate() {
         in_offset.push(off);
         off += job.matrix.layout.input_count();
-        for bm in 0..job.matrix.layout.col_blocks() {
-            out_tasks.push((j, bm));
+        let cb = job.matrix.layout.col_blocks();
+        for start in (0..cb).step_by(COLUMN_GROUP) {
+            out_tasks.push((j, start..(start + COLUMN_GROUP).min(cb)));
         }
     }
     let results = parallel_map(out_tasks.len(), |t, prg| {
-        let (j, bm) = out_tasks[t];
+        let (j, ref cols) = out_tasks[t];
         let job = &jobs[j];
         let lay = job.matrix.layout;
-        let mut accs: Vec<Accumulator> =
-            (0..lay.row_blocks()).map(|_| Accumulator::new(p)).collect();
+        let kb = lay.k_blocks();
+        let mut accs: Vec<Vec<Accumulator>> = cols
+            .clone()
+            .map(|_| (0..lay.row_blocks()).map(|_| Accumulator::new(p)).collect())
+            .collect();
         let mut w = NttPlaintext::new(p, &[])?;
-        for bk in 0..lay.k_blocks() {
-            w.set(p, &job.matrix.blocks[bm * lay.k_blocks() + bk]);
-            for (bi, acc) in accs.iter_mut().enumerate() {
-                acc.mul_acc(p, &evals[in_offset[j] + bi * lay.k_blocks() + bk], &w);
+        for bk in 0..kb {
+            for (bm, col_accs) in cols.clone().zip(accs.iter_mut()) {
+                w.set(p, &job.matrix.blocks[bm * kb + bk]);
+                for (bi, acc) in col_accs.iter_mut().enumerate() {
+                    acc.mul_acc(p, &evals[in_offset[j] + bi * kb + bk], &w);
+                }
             }
         }
-        accs.into_iter()
-            .enumerate()
-            .map(|(bi, acc)| {
+        let mut done = Vec::new();
+        for (bm, col_accs) in cols.clone().zip(accs) {
+            for (bi, acc) in col_accs.into_iter().enumerate() {
                 let outs = lay.outputs(bi, bm);
                 let positions: Vec<usize> = outs.iter().map(|o| o.0).collect();
                 let mut share = Vec::with_capacity(outs.len());
@@ -293,9 +303,10 @@ pub fn server_respond<C: Channel + ?Sized>(
                     share.push(rv);
                     add.push(ring.sub(extra, rv));
                 }
-                Ok((acc.into_response(pk, &positions, &add, prg)?, share))
-            })
-            .collect::<Result<Vec<_>>>()
+                done.push((bi, bm, acc.into_response(pk, &positions, &add, prg)?, share));
+            }
+        }
+        Ok((j, done))
     })?;
 
     // Responses in (job, row block, column block) order, as the client expects.
@@ -304,9 +315,9 @@ pub fn server_respond<C: Channel + ?Sized>(
         .map(|job| RingTensor::zeros(ring, &[job.matrix.layout.n, job.matrix.layout.m]))
         .collect::<Result<_>>()?;
     let mut by_block = vec![Vec::new(); jobs.len()];
-    for ((j, bm), per_row) in out_tasks.iter().zip(results) {
-        for (bi, item) in per_row.into_iter().enumerate() {
-            by_block[*j].push((bi, *bm, item));
+    for (j, done) in results {
+        for (bi, bm, resp, share) in done {
+            by_block[j].push((bi, bm, (resp, share)));
         }
     }
     let mut responses = Vec::new();

@@ -1,0 +1,246 @@
+//! The issue's benchmark: BERT-Tiny and BERT-Base linear layers, both parties in this process
+//! over TCP loopback. Each entry reports the online cost (`time_s` = client wall time from
+//! sending its ciphertexts to holding its share; bytes each way; rounds = flights) and, apart,
+//! the one-off costs: key set-up (`setup_s`, `setup_bytes`) and weight preparation (`prepare_s`).
+//! Every result is also checked exactly against the plaintext product (`exact`).
+
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use veil_core::{reconstruct, share, Error, Prg, Result, Ring, RingTensor};
+use veil_he::ParamSet;
+use veil_net::{run_two_party_tcp, Channel, Role};
+
+use crate::{
+    fc_client, fc_server, shared_matmul_client, shared_matmul_server, ClientSession, FcLayer,
+    PreparedFc, ServerSession,
+};
+
+const LABEL: &str = "MatMul";
+const SETUP: &str = "HE setup";
+
+/// Fixed-point weights like a trained BERT's: ≈ N(0, 0.05²) at f = 13 (sum of uniforms).
+fn model_weights(ring: Ring, shape: &[usize], prg: &mut Prg) -> Result<RingTensor> {
+    let n: usize = shape.iter().product();
+    let scale = 0.05 * 8192.0;
+    let data = (0..n)
+        .map(|_| {
+            let u: f64 = (0..4)
+                .map(|_| prg.below(1 << 20) as f64 / (1 << 20) as f64)
+                .sum();
+            ring.from_signed(((u - 2.0) * (3.0f64).sqrt() * scale).round() as i64)
+        })
+        .collect();
+    RingTensor::from_vec(ring, shape, data)
+}
+
+struct Measured {
+    time_s: f64,
+    c2s: u64,
+    s2c: u64,
+    rounds: u64,
+    setup_s: f64,
+    setup_bytes: u64,
+}
+
+fn measure<C: Channel + ?Sized>(ch: &C, online_s: f64) -> Measured {
+    let snap = ch.meter().snapshot();
+    let on = snap.get(LABEL).cloned().unwrap_or_default();
+    let su = snap.get(SETUP).cloned().unwrap_or_default();
+    Measured {
+        time_s: online_s,
+        c2s: on.client_to_server(Role::Client),
+        s2c: on.server_to_client(Role::Client),
+        rounds: on.rounds(),
+        setup_s: su.seconds,
+        setup_bytes: su.bytes_sent + su.bytes_received,
+    }
+}
+
+fn entry(shape: &str, m: &Measured, extra: Value) -> Value {
+    let mut v = json!({
+        "shape": shape,
+        "time_s": m.time_s,
+        "bytes_client_to_server": m.c2s,
+        "bytes_server_to_client": m.s2c,
+        "rounds": m.rounds,
+        "setup_s": m.setup_s,
+        "setup_bytes": m.setup_bytes,
+    });
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    v
+}
+
+/// FC with X shared between the parties, W and b the server's.
+pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
+    let ring = Ring::new(veil_core::defaults::RING_BITS)?;
+    let mut g = Prg::from_os_entropy();
+    let x = RingTensor::random(ring, &[seq, inp], &mut g)?;
+    let w = model_weights(ring, &[out, inp], &mut g)?;
+    let b = RingTensor::random(ring, &[out], &mut g)?;
+    let (x0, x1) = share(&x, &mut g)?;
+    let prep = Instant::now();
+    let mut layer = FcLayer {
+        seq,
+        in_features: inp,
+        out_features: out,
+        set: ParamSet::N4096,
+    };
+    let fc = match PreparedFc::new(layer, &w, Some(&b)) {
+        Err(Error::Insecure(_)) => {
+            layer.set = ParamSet::N8192;
+            PreparedFc::new(layer, &w, Some(&b))?
+        }
+        r => r?,
+    };
+    let prepare_s = prep.elapsed().as_secs_f64();
+    let (client, y1) = run_two_party_tcp(
+        |ch| {
+            let s = {
+                let _g = ch.meter().enter(SETUP);
+                ClientSession::setup(ch, ring)?
+            };
+            let _g = ch.meter().enter(LABEL);
+            let t = Instant::now();
+            let y0 = fc_client(ch, &s, &layer, &x0)?;
+            let dt = t.elapsed().as_secs_f64();
+            drop(_g);
+            Ok((y0, measure(ch, dt)))
+        },
+        |ch| {
+            let s = {
+                let _g = ch.meter().enter(SETUP);
+                ServerSession::setup(ch, ring)?
+            };
+            let _g = ch.meter().enter(LABEL);
+            fc_server(ch, &s, &fc, &x1)
+        },
+    )?;
+    let (y0, m) = client;
+    let mut want = x.matmul(&w.transpose()?)?;
+    for (i, v) in want.data_mut().iter_mut().enumerate() {
+        *v = ring.add(*v, b.data()[i % out]);
+    }
+    let exact = reconstruct(&y0, &y1)? == want;
+    Ok(entry(
+        &format!("FC {seq}x{inp}·{inp}x{out}"),
+        &m,
+        json!({"prepare_s": prepare_s, "param_set": format!("{:?}", layer.set), "exact": exact}),
+    ))
+}
+
+/// `heads` products (n×k)·(k×m) with both operands shared.
+pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> Result<Value> {
+    let ring = Ring::new(veil_core::defaults::RING_BITS)?;
+    let mut g = Prg::from_os_entropy();
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    for _ in 0..heads {
+        a.push(RingTensor::random(ring, &[n, k], &mut g)?);
+        b.push(RingTensor::random(ring, &[k, m], &mut g)?);
+    }
+    let (a0, a1): (Vec<_>, Vec<_>) = a
+        .iter()
+        .map(|t| share(t, &mut g))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    let (b0, b1): (Vec<_>, Vec<_>) = b
+        .iter()
+        .map(|t| share(t, &mut g))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    let (client, c1) = run_two_party_tcp(
+        |ch| {
+            let s = {
+                let _g = ch.meter().enter(SETUP);
+                ClientSession::setup(ch, ring)?
+            };
+            let _g = ch.meter().enter(LABEL);
+            let t = Instant::now();
+            let c0 = shared_matmul_client(ch, &s, &a0, &b0)?;
+            let dt = t.elapsed().as_secs_f64();
+            drop(_g);
+            Ok((c0, measure(ch, dt)))
+        },
+        |ch| {
+            let s = {
+                let _g = ch.meter().enter(SETUP);
+                ServerSession::setup(ch, ring)?
+            };
+            let _g = ch.meter().enter(LABEL);
+            shared_matmul_server(ch, &s, &a1, &b1)
+        },
+    )?;
+    let (c0, m_) = client;
+    let mut exact = true;
+    for h in 0..heads {
+        exact &= reconstruct(&c0[h], &c1[h])? == a[h].matmul(&b[h])?;
+    }
+    Ok(entry(
+        &format!("{name} {heads}x({n}x{k}·{k}x{m}) shared"),
+        &m_,
+        json!({"param_set": "N8192", "exact": exact}),
+    ))
+}
+
+/// Runs every shape of the issue and a per-layer BERT-Base total; one JSON object each.
+pub fn run() -> Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for (s, i, o) in [
+        (128, 128, 384),
+        (128, 128, 128),
+        (128, 128, 512),
+        (128, 512, 128),
+    ] {
+        out.push(bench_fc(s, i, o)?);
+    }
+    let mut layer = Vec::new();
+    for (s, i, o) in [(128, 768, 768), (128, 768, 3072), (128, 3072, 768)] {
+        let v = bench_fc(s, i, o)?;
+        layer.push(v.clone());
+        out.push(v);
+    }
+    let qk = bench_shared(12, 128, 64, 128, "Q·Kᵀ")?;
+    layer.push(qk.clone());
+    out.push(qk);
+    // The rest of one BERT-Base encoder layer: fused Q/K/V projection and A·V.
+    let qkv = bench_fc(128, 768, 2304)?;
+    layer.push(qkv.clone());
+    out.push(qkv);
+    let av = bench_shared(12, 128, 128, 64, "A·V")?;
+    layer.push(av.clone());
+    out.push(av);
+    // Encoder layer = QKV(fused) + O (768²) + FFN1 + FFN2 + Q·Kᵀ + A·V.
+    let pick = |name: &str| {
+        layer
+            .iter()
+            .find(|v| v["shape"].as_str().is_some_and(|s| s.starts_with(name)))
+    };
+    let parts = [
+        pick("FC 128x768·768x2304"),
+        pick("FC 128x768·768x768"),
+        pick("FC 128x768·768x3072"),
+        pick("FC 128x3072·3072x768"),
+        pick("Q·Kᵀ"),
+        pick("A·V"),
+    ];
+    let sum = |k: &str| {
+        parts
+            .iter()
+            .flatten()
+            .map(|v| v[k].as_f64().unwrap_or(0.0))
+            .sum::<f64>()
+    };
+    out.push(json!({
+        "shape": "BERT-Base encoder layer, all linear layers (QKV fused, O, FFN1, FFN2, Q·Kᵀ, A·V)",
+        "time_s": sum("time_s"),
+        "bytes_client_to_server": sum("bytes_client_to_server") as u64,
+        "bytes_server_to_client": sum("bytes_server_to_client") as u64,
+        "rounds": sum("rounds") as u64,
+    }));
+    Ok(out)
+}
