@@ -15,6 +15,7 @@ pub mod arith;
 pub mod base_ot;
 pub mod chosen;
 mod derand;
+pub mod ferret;
 pub mod iknp;
 pub mod one_of_n;
 pub mod pack;

@@ -14,13 +14,18 @@ use veil_core::{ensure, Prg, Result};
 use veil_net::{Channel, Role};
 use zeroize::Zeroize;
 
+use crate::ferret::{FerretReceiver, FerretSender};
 use crate::iknp::{IknpReceiver, IknpSender};
 
 /// Which extension produces the COTs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// IKNP: 128 bits of traffic per COT, no set-up beyond 128 base OTs.
+    /// IKNP: 128 bits of traffic per COT, no set-up beyond 128 base OTs; refills by the
+    /// amount needed (at least 2^16), one flight each.
     Iknp,
+    /// Ferret silent COT (bootstrapped from IKNP): under 0.5 bit per COT; refills by one main
+    /// iteration (9,563,650 COTs, two flights). Set-up costs one bootstrap iteration.
+    Silent,
 }
 
 /// IKNP refills by at least this many COTs, so small calls do not each pay a flight.
@@ -31,10 +36,12 @@ pub const MAX_COTS_PER_CALL: usize = 1 << 28;
 
 enum SendEngine {
     Iknp(IknpSender),
+    Silent(FerretSender),
 }
 
 enum RecvEngine {
     Iknp(IknpReceiver),
+    Silent(FerretReceiver),
 }
 
 /// COTs this party sends: `q_i`, with the receiver holding `q_i ⊕ r_i·Δ`.
@@ -77,17 +84,20 @@ fn refill_size(available: usize, need: usize) -> usize {
 
 impl SenderPool {
     fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
-        let engine = match backend {
-            Backend::Iknp => SendEngine::Iknp(IknpSender::setup(ch)?),
-        };
-        let delta = match &engine {
-            SendEngine::Iknp(e) => e.delta(),
+        let mut iknp = IknpSender::setup(ch)?;
+        let delta = iknp.delta();
+        let (engine, q, pos) = match backend {
+            Backend::Iknp => (SendEngine::Iknp(iknp), Vec::new(), 0),
+            Backend::Silent => {
+                let (ferret, q, start) = FerretSender::setup(ch, &mut iknp)?;
+                (SendEngine::Silent(ferret), q, start)
+            }
         };
         Ok(SenderPool {
             engine,
             delta,
-            q: Vec::new(),
-            pos: 0,
+            q,
+            pos,
             consumed: 0,
         })
     }
@@ -106,6 +116,17 @@ impl SenderPool {
             SendEngine::Iknp(e) => {
                 let more = e.extend(ch, refill_size(self.q.len(), need))?;
                 self.q.extend_from_slice(&more);
+            }
+            SendEngine::Silent(e) => {
+                while self.q.len() - self.pos < need {
+                    let (more, start) = e.extend(ch)?;
+                    if self.q.len() == self.pos {
+                        self.q.zeroize();
+                        (self.q, self.pos) = (more, start);
+                    } else {
+                        self.q.extend_from_slice(&more[start..]);
+                    }
+                }
             }
         }
         Ok(())
@@ -132,14 +153,19 @@ impl SenderPool {
 
 impl ReceiverPool {
     fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
-        let engine = match backend {
-            Backend::Iknp => RecvEngine::Iknp(IknpReceiver::setup(ch)?),
+        let mut iknp = IknpReceiver::setup(ch)?;
+        let (engine, t, bits, pos) = match backend {
+            Backend::Iknp => (RecvEngine::Iknp(iknp), Vec::new(), Vec::new(), 0),
+            Backend::Silent => {
+                let (ferret, t, bits, start) = FerretReceiver::setup(ch, &mut iknp)?;
+                (RecvEngine::Silent(ferret), t, bits, start)
+            }
         };
         Ok(ReceiverPool {
             engine,
-            t: Vec::new(),
-            bits: Vec::new(),
-            pos: 0,
+            t,
+            bits,
+            pos,
             consumed: 0,
             prg: Prg::from_os_entropy(),
         })
@@ -163,6 +189,19 @@ impl ReceiverPool {
                 let more = e.extend(ch, &choices)?;
                 self.t.extend_from_slice(&more);
                 self.bits.extend_from_slice(&choices);
+            }
+            RecvEngine::Silent(e) => {
+                while self.t.len() - self.pos < need {
+                    let (more, more_bits, start) = e.extend(ch)?;
+                    if self.t.len() == self.pos {
+                        self.t.zeroize();
+                        self.bits.zeroize();
+                        (self.t, self.bits, self.pos) = (more, more_bits, start);
+                    } else {
+                        self.t.extend_from_slice(&more[start..]);
+                        self.bits.extend_from_slice(&more_bits[start..]);
+                    }
+                }
             }
         }
         Ok(())
@@ -209,9 +248,11 @@ pub struct OtSession {
 }
 
 impl OtSession {
-    /// Sets up both directions with the default backend. Both parties call this at the same time.
+    /// Sets up both directions with the default backend, silent COT. Both parties call this at
+    /// the same time. Flights: 2 base-OT flights, 1 IKNP flight and 3 bootstrap flights per
+    /// direction.
     pub fn setup<C: Channel>(ch: &mut C, role: Role) -> Result<OtSession> {
-        Self::setup_with(ch, role, Backend::Iknp)
+        Self::setup_with(ch, role, Backend::Silent)
     }
 
     /// Sets up both directions with an explicit backend (both parties must pick the same).

@@ -354,3 +354,64 @@ fn garbage_during_setup_is_an_error() {
     );
     assert!(r.is_err());
 }
+
+#[test]
+fn silent_session_serves_every_flavour_across_a_refill() {
+    // The bootstrap leaves ~45k COTs per direction; 60k chosen OTs force one main iteration in
+    // each direction, and the later calls consume its output.
+    let n = 60_000;
+    let msgs: Vec<[u64; 2]> = random_values(2 * n, 41)
+        .chunks(2)
+        .map(|c| [c[0], c[1]])
+        .collect();
+    let choices = random_bools(n);
+    let table = random_values(1000 * 16, 4);
+    let mut p = Prg::from_os_entropy();
+    let n_choices: Vec<u8> = (0..1000).map(|_| p.below(16) as u8).collect();
+    let deltas = random_values(5000, 64);
+    let a_choices = random_bools(5000);
+    let (m_s, c_c, t_s, nc_c, d_c, ac_s) = (
+        msgs.clone(),
+        choices.clone(),
+        table.clone(),
+        n_choices.clone(),
+        deltas.clone(),
+        a_choices.clone(),
+    );
+    let m_c = msgs.clone();
+    let c_s = choices.clone();
+    let ((got_chosen, got_n, x), (got_back, y)) = with_sessions(
+        Backend::Silent,
+        move |s, ch| {
+            let a = s.recv_chosen(ch, &c_c, 41)?;
+            s.send_chosen(ch, &m_c, 41)?;
+            let b = s.recv_1_of_n(ch, 4, &nc_c, 4)?;
+            let x = s.send_arith_cot(ch, &d_c, 64)?;
+            Ok((a, b, x))
+        },
+        move |s, ch| {
+            s.send_chosen(ch, &m_s, 41)?;
+            let back = s.recv_chosen(ch, &c_s, 41)?;
+            s.send_1_of_n(ch, 4, &t_s, 4)?;
+            let y = s.recv_arith_cot(ch, &ac_s, 64)?;
+            Ok((back, y))
+        },
+    )
+    .unwrap();
+    for i in 0..n {
+        assert_eq!(got_chosen[i], msgs[i][choices[i] as usize]);
+        assert_eq!(got_back[i], msgs[i][choices[i] as usize]);
+    }
+    for i in 0..1000 {
+        assert_eq!(got_n[i], table[i * 16 + n_choices[i] as usize]);
+    }
+    for i in 0..5000 {
+        let want = if a_choices[i] {
+            x[i].wrapping_add(deltas[i])
+        } else {
+            x[i]
+        };
+        assert_eq!(y[i], want);
+    }
+    assert_balanced(x.iter().map(|v| v >> 63 == 1), "silent arith x");
+}
