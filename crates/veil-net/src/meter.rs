@@ -1,7 +1,9 @@
 //! Traffic and time accounting per operator label.
 //!
 //! Each party meters its own channel. Bytes and time go to the innermost active label (entered
-//! with [`Meter::enter`]); time is *exclusive*, so nested labels never double count. A "round" is a
+//! with [`Meter::enter`]); time is *exclusive*, so nested labels never double count. The same
+//! traffic is also totalled per *class*, the outermost active label ([`Meter::by_class`]), which is
+//! what a cost report per operator ("Softmax" including its nested "Exp" and "Recip") needs. A "round" is a
 //! flight: a maximal run of messages in one direction. Counting both the flights this party sends
 //! and the flights it receives gives the protocol's total number of direction changes, the figure
 //! that multiplies the network round-trip time.
@@ -71,9 +73,26 @@ struct State {
     since: Instant,
     last: Dir,
     stats: BTreeMap<String, LabelStats>,
+    classes: BTreeMap<String, LabelStats>,
 }
 
 impl State {
+    fn class(&self) -> &str {
+        self.stack
+            .first()
+            .map(String::as_str)
+            .unwrap_or(Meter::UNLABELLED)
+    }
+
+    /// The innermost and outermost entries, created on first use.
+    fn entries(&mut self) -> (&mut LabelStats, &mut LabelStats) {
+        let (top, class) = (self.top().to_string(), self.class().to_string());
+        (
+            self.stats.entry(top).or_default(),
+            self.classes.entry(class).or_default(),
+        )
+    }
+
     fn top(&self) -> &str {
         self.stack
             .last()
@@ -87,8 +106,9 @@ impl State {
         let dt = now.duration_since(self.since).as_secs_f64();
         self.since = now;
         if !self.stack.is_empty() {
-            let top = self.top().to_string();
-            self.stats.entry(top).or_default().seconds += dt;
+            let (e, c) = self.entries();
+            e.seconds += dt;
+            c.seconds += dt;
         }
     }
 }
@@ -115,6 +135,7 @@ impl Meter {
                 since: Instant::now(),
                 last: Dir::None,
                 stats: BTreeMap::new(),
+                classes: BTreeMap::new(),
             })),
         }
     }
@@ -139,20 +160,20 @@ impl Meter {
         let mut s = self.lock();
         let fresh = s.last != Dir::Send;
         s.last = Dir::Send;
-        let top = s.top().to_string();
-        let e = s.stats.entry(top).or_default();
-        e.bytes_sent += n as u64;
-        e.flights_sent += fresh as u64;
+        for e in <[_; 2]>::from(s.entries()) {
+            e.bytes_sent += n as u64;
+            e.flights_sent += fresh as u64;
+        }
     }
 
     pub(crate) fn on_recv(&self, n: usize) {
         let mut s = self.lock();
         let fresh = s.last != Dir::Recv;
         s.last = Dir::Recv;
-        let top = s.top().to_string();
-        let e = s.stats.entry(top).or_default();
-        e.bytes_received += n as u64;
-        e.flights_received += fresh as u64;
+        for e in <[_; 2]>::from(s.entries()) {
+            e.bytes_received += n as u64;
+            e.flights_received += fresh as u64;
+        }
     }
 
     /// Per-label totals so far.
@@ -160,6 +181,13 @@ impl Meter {
         let mut s = self.lock();
         s.charge_time();
         s.stats.clone()
+    }
+
+    /// Totals per class: the outermost label active when the traffic or time occurred.
+    pub fn by_class(&self) -> BTreeMap<String, LabelStats> {
+        let mut s = self.lock();
+        s.charge_time();
+        s.classes.clone()
     }
 
     /// Sum over all labels.
@@ -175,6 +203,7 @@ impl Meter {
     pub fn reset(&self) {
         let mut s = self.lock();
         s.stats.clear();
+        s.classes.clear();
         s.since = Instant::now();
         s.last = Dir::None;
         for l in s.stack.clone() {
@@ -224,5 +253,10 @@ mod tests {
         assert_eq!(m.total().bytes_sent, 16);
         assert_eq!(m.total().client_to_server(Role::Client), 16);
         assert_eq!(m.total().server_to_client(Role::Client), 10);
+        let c = m.by_class();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c["A"].bytes_sent, 16);
+        assert_eq!(c["A"].bytes_received, 10);
+        assert_eq!(c["A"].rounds(), 4);
     }
 }
