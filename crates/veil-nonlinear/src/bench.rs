@@ -1,0 +1,314 @@
+//! Benchmark of the non-linear layers of one BERT-Base encoder layer: both parties in threads of
+//! this process over TCP loopback, each with its own OT session (set-up excluded). One JSON object
+//! per operator with `op`, `elements`, `time_s`, `bytes_total` (both directions), the split
+//! `bytes_client_to_server` / `bytes_server_to_client`, `bits_per_element`, `rounds` (flights
+//! in both directions) and `max_abs_error` against the f64 definition.
+//!
+//! The totals include generating the correlated OTs the protocols consume (IKNP today: 128 bits
+//! per COT). To separate the protocols' own cost from the OT engine's, each operator is also run
+//! on a slice of its input after pre-generating enough COTs: `online_bits_per_element` is the
+//! traffic of that run and `cots_per_element` the COTs it consumed (both directions), so the cost
+//! under any COT engine is online + cots × (engine bits per COT).
+
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use veil_core::{
+    approx::{reference, Approx},
+    share, FixedPoint, Prg, Result, RingTensor,
+};
+use veil_net::{run_two_party_tcp, Channel, LabelStats, Role, TcpChannel};
+use veil_ot::OtSession;
+
+use crate::composite::{self, AffineParams};
+use crate::{Ctx, TruncMode};
+
+/// Problem sizes: `Full` is one BERT-Base layer; `Quick` divides the row counts by 16.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale {
+    Full,
+    Quick,
+}
+
+type Op<'a> = dyn Fn(&mut Ctx<TcpChannel>, &RingTensor) -> Result<RingTensor> + Sync + 'a;
+
+struct Measured {
+    out: RingTensor,
+    seconds: f64,
+    stats: LabelStats,
+    /// COTs consumed (sending + receiving) and whether a pool refill was provably avoided.
+    cots: usize,
+    no_refill: bool,
+}
+
+/// A refill leaves fewer than this many COTs in the pool (veil-ot's minimum refill), so a pool
+/// still at or above it after the run was never refilled during it.
+const REFILL_FLOOR: usize = 1 << 16;
+
+/// Runs `op` on shares of `x`; with `precompute = Some(n)` the COT pools are filled with n per
+/// direction first (outside the measurement).
+fn run_op(x: &RingTensor, op: &Op, precompute: Option<usize>) -> Result<(Measured, Measured)> {
+    let ax = Approx::new(FixedPoint::default_format())?;
+    let (x0, x1) = share(x, &mut Prg::from_os_entropy())?;
+    let party = |ch: &mut TcpChannel, role: Role, xs: &RingTensor| -> Result<Measured> {
+        let mut ot = OtSession::setup(ch, role)?;
+        if let Some(n) = precompute {
+            ot.precompute(ch, n)?;
+        }
+        let before = ot.available();
+        ch.meter().reset();
+        let t = Instant::now();
+        let out = {
+            let mut cx = Ctx::new(&mut ot, ch, role, ax);
+            op(&mut cx, xs)?
+        };
+        ch.flush()?;
+        let seconds = t.elapsed().as_secs_f64();
+        let after = ot.available();
+        Ok(Measured {
+            out,
+            seconds,
+            stats: ch.meter().total(),
+            cots: before.0.saturating_sub(after.0) + before.1.saturating_sub(after.1),
+            no_refill: after.0 >= REFILL_FLOOR && after.1 >= REFILL_FLOOR,
+        })
+    };
+    run_two_party_tcp(
+        |ch| party(ch, Role::Client, &x0),
+        |ch| party(ch, Role::Server, &x1),
+    )
+}
+
+/// Online traffic and COT consumption per element on `slice`, growing the pre-generated pool
+/// until the run provably consumed only pre-generated COTs.
+fn online_cost(slice: &RingTensor, op: &Op) -> Result<(f64, f64)> {
+    let mut n = 1usize << 20;
+    loop {
+        let (c, _) = run_op(slice, op, Some(n))?;
+        if c.no_refill {
+            let bytes = c.stats.bytes_sent + c.stats.bytes_received;
+            let m = slice.len() as f64;
+            return Ok((bytes as f64 * 8.0 / m, c.cots as f64 / m));
+        }
+        n *= 4;
+    }
+}
+
+/// Runs `op` on shares of `x` over TCP loopback and reports it against `reference` (applied to
+/// the decoded input, flat).
+fn measure(
+    name: &str,
+    x: &RingTensor,
+    slice: &RingTensor,
+    op: &Op,
+    reference: &dyn Fn(&[f64]) -> Vec<f64>,
+) -> Result<Value> {
+    let fp = FixedPoint::default_format();
+    let (c, s) = run_op(x, op, None)?;
+    let y = c.out.add(&s.out)?.decode(fp);
+    let want = reference(&x.decode(fp));
+    let err = y
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    let bytes = c.stats.bytes_sent + c.stats.bytes_received;
+    let n = x.len();
+    let (online, cots) = online_cost(slice, op)?;
+    Ok(json!({
+        "op": name,
+        "elements": n,
+        "time_s": c.seconds.max(s.seconds),
+        "bytes_total": bytes,
+        "bytes_client_to_server": c.stats.client_to_server(Role::Client),
+        "bytes_server_to_client": c.stats.server_to_client(Role::Client),
+        "bits_per_element": bytes as f64 * 8.0 / n as f64,
+        "rounds": c.stats.rounds(),
+        "max_abs_error": err,
+        "online_bits_per_element": online,
+        "cots_per_element": cots,
+    }))
+}
+
+/// The first `rows` rows of a 2-D tensor (or the first `rows` elements of a 1-D one).
+fn head(x: &RingTensor, rows: usize) -> Result<RingTensor> {
+    let cols = if x.shape().len() == 2 {
+        x.shape()[1]
+    } else {
+        1
+    };
+    let mut shape = x.shape().to_vec();
+    shape[0] = rows;
+    RingTensor::from_vec(x.ring(), &shape, x.data()[..rows * cols].to_vec())
+}
+
+fn random(shape: &[usize], scale: f64) -> Result<RingTensor> {
+    let mut prg = Prg::from_os_entropy();
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n)
+        .map(|_| (prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * scale)
+        .collect();
+    RingTensor::encode(FixedPoint::default_format(), shape, &v)
+}
+
+/// `op` with the 1-bit-error truncation inside (the cheaper, not bit-exact variant).
+fn cheap<'a>(
+    op: &'a Op<'a>,
+) -> impl Fn(&mut Ctx<TcpChannel>, &RingTensor) -> Result<RingTensor> + Sync + 'a {
+    move |cx, x| {
+        cx.trunc_mode = TruncMode::OneBitError;
+        op(cx, x)
+    }
+}
+
+fn rowwise(cols: usize, f: impl Fn(&[f64]) -> Vec<f64>) -> impl Fn(&[f64]) -> Vec<f64> {
+    move |x: &[f64]| x.chunks(cols).flat_map(&f).collect()
+}
+
+/// Runs every operator of the benchmark and returns one JSON object each.
+pub fn run(scale: Scale) -> Result<Vec<Value>> {
+    let div = if scale == Scale::Full { 1 } else { 16 };
+    let fp = FixedPoint::default_format();
+    let one = 1u64 << fp.frac_bits();
+    let mut out = Vec::new();
+    let drelu_op = |bound: Option<u32>| {
+        move |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
+            let b = crate::compare::drelu(cx.ot, cx.ch, cx.role, x, bound)?;
+            let v = cx.b2a(&b)?;
+            // Scale the bit to fixed-point 1.0 so the error is measured in real units.
+            Ok(RingTensor::from_vec(x.ring(), x.shape(), v)?.scale(one))
+        }
+    };
+    let step = |x: &[f64]| {
+        x.iter()
+            .map(|&v| (v >= 0.0) as u8 as f64)
+            .collect::<Vec<_>>()
+    };
+    let relus = |x: &[f64]| x.iter().map(|&v| reference::relu(v)).collect::<Vec<_>>();
+
+    let d = random(&[(1 << 20) / div], 1000.0)?;
+    let d_small = random(&[(1 << 20) / div], 100.0)?;
+    out.push(measure(
+        "DReLU",
+        &d,
+        &head(&d, 4096)?,
+        &drelu_op(None),
+        &step,
+    )?);
+    out.push(measure(
+        "DReLU (|x| < 2^20)",
+        &d_small,
+        &head(&d_small, 4096)?,
+        &drelu_op(Some(20)),
+        &step,
+    )?);
+    let relu_full = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::relu(cx, x, None);
+    let relu_20 = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::relu(cx, x, Some(20));
+    out.push(measure(
+        "ReLU (2^20)",
+        &d,
+        &head(&d, 4096)?,
+        &relu_full,
+        &relus,
+    )?);
+
+    let h = random(&[128 / div, 3072], 6.0)?;
+    let h_slice = RingTensor::from_vec(h.ring(), &[1, 256], h.data()[..256].to_vec())?;
+    out.push(measure("ReLU", &h, &h_slice, &relu_full, &relus)?);
+    out.push(measure(
+        "ReLU (|x| < 2^20)",
+        &h,
+        &h_slice,
+        &relu_20,
+        &relus,
+    )?);
+    let gelu = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::gelu(cx, x);
+    let gelus = |x: &[f64]| x.iter().map(|&v| reference::gelu(v)).collect::<Vec<_>>();
+    out.push(measure("GELU", &h, &h_slice, &gelu, &gelus)?);
+    out.push(measure(
+        "GELU (1-bit trunc)",
+        &h,
+        &h_slice,
+        &cheap(&gelu),
+        &gelus,
+    )?);
+
+    let cols = 128;
+    let att = random(&[12 * 128 / div, cols], 8.0)?;
+    let valid = vec![true; cols];
+    let eps = fp.decode(Approx::new(fp)?.relu_normalise_eps());
+    let sm = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::softmax(cx, x, &valid);
+    let sm_ref = rowwise(cols, |r| reference::softmax(r, &valid));
+    out.push(measure("Softmax", &att, &head(&att, 2)?, &sm, &sm_ref)?);
+    out.push(measure(
+        "Softmax (1-bit trunc)",
+        &att,
+        &head(&att, 2)?,
+        &cheap(&sm),
+        &sm_ref,
+    )?);
+    let rn =
+        |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::relu_normalise(cx, x, &valid, None);
+    let rn20 = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
+        composite::relu_normalise(cx, x, &valid, Some(20))
+    };
+    let rn_ref = rowwise(cols, |r| reference::relu_normalise(r, &valid, eps));
+    out.push(measure(
+        "ReLU-normalise",
+        &att,
+        &head(&att, 2)?,
+        &rn,
+        &rn_ref,
+    )?);
+    out.push(measure(
+        "ReLU-normalise (|x| < 2^20, 1-bit trunc)",
+        &att,
+        &head(&att, 2)?,
+        &cheap(&rn20),
+        &rn_ref,
+    )?);
+
+    let e = 768;
+    let hid = random(&[128 / div, e], 4.0)?;
+    let gamma = random(&[e], 2.0)?;
+    let beta = random(&[e], 1.0)?;
+    let (gq, bq) = (gamma.decode(fp), beta.decode(fp));
+    let params = AffineParams {
+        gamma: gamma.data(),
+        beta: beta.data(),
+    };
+    let ln_eps = 1e-12;
+    let ln = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
+        let p = (cx.role == Role::Server).then_some(&params);
+        composite::layer_norm(cx, x, p, ln_eps)
+    };
+    let ln_ref = rowwise(e, |r| reference::layer_norm(r, &gq, &bq, ln_eps));
+    out.push(measure("LayerNorm", &hid, &head(&hid, 1)?, &ln, &ln_ref)?);
+    out.push(measure(
+        "LayerNorm (1-bit trunc)",
+        &hid,
+        &head(&hid, 1)?,
+        &cheap(&ln),
+        &ln_ref,
+    )?);
+    let ca = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
+        let p = (cx.role == Role::Server).then_some(&params);
+        composite::centre_affine(cx, x, p)
+    };
+    let ca_ref = rowwise(e, |r| reference::centre_affine(r, &gq, &bq));
+    out.push(measure(
+        "Centre-affine",
+        &hid,
+        &head(&hid, 1)?,
+        &ca,
+        &ca_ref,
+    )?);
+    out.push(measure(
+        "Centre-affine (1-bit trunc)",
+        &hid,
+        &head(&hid, 1)?,
+        &cheap(&ca),
+        &ca_ref,
+    )?);
+    Ok(out)
+}

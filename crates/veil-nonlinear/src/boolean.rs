@@ -1,0 +1,119 @@
+//! Gates on XOR-shared bits and the bridges to arithmetic shares.
+//!
+//! A shared bit b is held as b0 (client) ⊕ b1 (server). Every gate below costs one OT per
+//! element in each direction (two calls, four flights) and no pre-generated triples: the cross
+//! terms are computed directly by OT, which is what a bit triple would cost anyway.
+//!
+//! Security: semi-honest; each party only ever sees OT outputs masked by the peer's fresh
+//! randomness (uniform XOR masks or the uniform x of an arithmetic COT).
+
+use veil_core::{ensure, Prg, Result, Ring};
+use veil_net::{Channel, Role};
+use veil_ot::OtSession;
+
+use crate::exchange::{arith_cot_both, chosen_both, low_mask};
+
+/// XOR shares of `a_i ? d_i : 0` for shared bits a and shared `width`-bit words d
+/// (a ∧ every bit of d). One chosen OT of `width` bits per element in each direction.
+pub fn and_select<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    a: &[bool],
+    d: &[u64],
+    width: u32,
+) -> Result<Vec<u64>> {
+    ensure!(
+        a.len() == d.len(),
+        InvalidArgument,
+        "and_select: {} bits vs {} words",
+        a.len(),
+        d.len()
+    );
+    let m = low_mask(width);
+    let mut prg = Prg::from_os_entropy();
+    let masks: Vec<u64> = (0..a.len()).map(|_| prg.u64() & m).collect();
+    // The peer's choice bit selects between r and r ⊕ d_mine: it learns r ⊕ a_peer·d_mine.
+    let msgs: Vec<[u64; 2]> = masks
+        .iter()
+        .zip(d)
+        .map(|(&r, &di)| [r, r ^ (di & m)])
+        .collect();
+    let got = chosen_both(ot, ch, role, &msgs, a, width)?;
+    Ok((0..a.len())
+        .map(|i| (if a[i] { d[i] & m } else { 0 }) ^ masks[i] ^ got[i])
+        .collect())
+}
+
+/// XOR shares of a ∧ b.
+pub fn and<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    a: &[bool],
+    b: &[bool],
+) -> Result<Vec<bool>> {
+    let d: Vec<u64> = b.iter().map(|&x| x as u64).collect();
+    Ok(and_select(ot, ch, role, a, &d, 1)?
+        .into_iter()
+        .map(|v| v == 1)
+        .collect())
+}
+
+/// Arithmetic shares mod 2^ℓ of XOR-shared bits: b0 ⊕ b1 = b0 + b1 − 2·b0·b1, the product by
+/// one ℓ-bit arithmetic COT from client to server. Two flights.
+pub fn bool_to_arith<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    ring: Ring,
+    b: &[bool],
+) -> Result<Vec<u64>> {
+    let l = ring.bits();
+    match role {
+        Role::Client => {
+            let deltas: Vec<u64> = b
+                .iter()
+                .map(|&bi| if bi { ring.neg(1) } else { 1 })
+                .collect();
+            let x = ot.send_arith_cot(ch, &deltas, l)?;
+            Ok(b.iter()
+                .zip(x)
+                .map(|(&bi, xi)| ring.sub(bi as u64, xi))
+                .collect())
+        }
+        Role::Server => ot.recv_arith_cot(ch, b, l),
+    }
+}
+
+/// Arithmetic shares of b·v for an XOR-shared bit b and an arithmetic-shared v:
+/// (b0 ⊕ b1)·v_mine = b_mine·v_mine + b_peer·(1 − 2·b_mine)·v_mine, the second term by one ℓ-bit
+/// arithmetic COT per direction. Four flights.
+pub fn mux<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    ring: Ring,
+    b: &[bool],
+    v: &[u64],
+) -> Result<Vec<u64>> {
+    ensure!(
+        b.len() == v.len(),
+        InvalidArgument,
+        "mux: {} bits vs {} values",
+        b.len(),
+        v.len()
+    );
+    let deltas: Vec<u64> = b
+        .iter()
+        .zip(v)
+        .map(|(&bi, &vi)| if bi { ring.neg(vi) } else { vi })
+        .collect();
+    let (x, y) = arith_cot_both(ot, ch, role, &deltas, b, ring.bits())?;
+    Ok((0..b.len())
+        .map(|i| {
+            let own = if b[i] { v[i] } else { 0 };
+            ring.add(ring.sub(own, x[i]), y[i])
+        })
+        .collect())
+}

@@ -1,0 +1,316 @@
+//! The transformer's non-linear layers on shares, row-wise over the last dimension, exactly as the
+//! paper's Algorithms 2–4 and their privacy-computing-friendly substitutes. Each function runs
+//! the row algorithm of `veil_core::approx` of the same name; with faithful truncation (the
+//! default) the shares open to exactly those integers. Errors against f64 (measured in the
+//! approx tests and re-checked here on BERT-shaped rows):
+//! * GELU (Alg. 2): ≤ 5.0e-4 for |x| ≤ 20;
+//! * Softmax (Alg. 3, max subtraction, public padding mask): ≤ 8e-4 per output (the rounding
+//!   errors of the row's exp values add up in the sum);
+//! * ReLU-normalise: ReLU(x_i) / (Σ_j ReLU(x_j) + ε): ≤ 3e-4;
+//! * LayerNorm (Alg. 4, γ and β private to the server): ≤ 2e-3·(1 + |γ|);
+//! * centre + affine (x − mean)·γ + β: ≤ 2 ulp·(1 + |γ|).
+//!
+//! Rows are processed together: every round trip carries all rows of the tensor.
+//!
+//! The padding mask is public (both parties know the sequence length, as in BERT serving).
+//! Security: semi-honest; compositions of the primitives' protocols.
+
+use veil_core::{ensure, Result, RingTensor};
+use veil_net::Channel;
+
+use crate::ctx::Ctx;
+use crate::functions::{exp_neg, recip_at, rsqrt_at, tanh};
+
+/// Row length (last dimension) of a tensor.
+fn row_len(x: &RingTensor) -> Result<usize> {
+    let n = *x.shape().last().unwrap_or(&0);
+    ensure!(
+        n > 0,
+        InvalidArgument,
+        "tensor {:?} has empty rows",
+        x.shape()
+    );
+    Ok(n)
+}
+
+fn check_ring<C: Channel>(cx: &Ctx<C>, x: &RingTensor) -> Result<()> {
+    ensure!(
+        x.ring() == cx.ring(),
+        InvalidArgument,
+        "tensor ring differs from the format's"
+    );
+    Ok(())
+}
+
+/// GELU, tanh form (approx::gelu, Algorithm 2). Label "GELU".
+pub fn gelu<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor) -> Result<RingTensor> {
+    check_ring(cx, x)?;
+    let _g = cx.ch.meter().enter("GELU");
+    let ring = cx.ring();
+    let fp = cx.ax.fp;
+    let f = fp.frac_bits();
+    let xs = x.data();
+    let x2 = cx.square(xs)?;
+    let x2 = cx.trunc(&x2, f)?;
+    let x3 = cx.mul_trunc(xs, &x2, f)?;
+    let a = cx.scale_trunc(&x3, fp.encode(veil_core::approx::GELU_CUBIC), f)?;
+    let xa: Vec<u64> = xs.iter().zip(&a).map(|(&u, &v)| ring.add(u, v)).collect();
+    let b = cx.scale_trunc(&xa, fp.encode((2.0 / std::f64::consts::PI).sqrt()), f)?;
+    let mut th = tanh(cx, &b)?;
+    cx.add_public(&mut th, 1u64 << f);
+    let y = cx.mul_trunc(xs, &th, f + 1)?;
+    RingTensor::from_vec(ring, x.shape(), y)
+}
+
+/// ReLU (the GELU substitute). Label "ReLU".
+pub fn relu<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor, bound: Option<u32>) -> Result<RingTensor> {
+    check_ring(cx, x)?;
+    let y = cx.relu(x.data(), bound)?;
+    RingTensor::from_vec(x.ring(), x.shape(), y)
+}
+
+/// Indices of the valid columns, checked against the row length.
+fn valid_columns(valid: &[bool], cols: usize) -> Result<Vec<usize>> {
+    ensure!(
+        valid.len() == cols,
+        InvalidArgument,
+        "mask of {} for rows of {cols}",
+        valid.len()
+    );
+    Ok((0..cols).filter(|&j| valid[j]).collect())
+}
+
+/// Row-wise max over the valid columns by a tree of comparisons (⌈log2 n⌉ rounds of
+/// DReLU + mux, all rows at once). Exact. `bound`: promise |x_i − x_j| < 2^k. Label "Max".
+pub fn max_rows<C: Channel>(
+    cx: &mut Ctx<C>,
+    x: &[u64],
+    cols: usize,
+    idx: &[usize],
+    bound: Option<u32>,
+) -> Result<Vec<u64>> {
+    let _g = cx.ch.meter().enter("Max");
+    let rows = x.len() / cols;
+    let mut cur: Vec<Vec<u64>> = (0..rows)
+        .map(|r| idx.iter().map(|&j| x[r * cols + j]).collect())
+        .collect();
+    while cur.first().is_some_and(|v| v.len() > 1) {
+        let half = cur[0].len() / 2;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for row in &cur {
+            for t in 0..half {
+                a.push(row[2 * t]);
+                b.push(row[2 * t + 1]);
+            }
+        }
+        let m = cx.max2(&a, &b, bound)?;
+        cur = cur
+            .iter()
+            .enumerate()
+            .map(|(r, row)| {
+                let mut next = m[r * half..(r + 1) * half].to_vec();
+                if row.len() % 2 == 1 {
+                    next.push(row[row.len() - 1]);
+                }
+                next
+            })
+            .collect();
+    }
+    Ok(cur
+        .into_iter()
+        .map(|v| v.first().copied().unwrap_or(0))
+        .collect())
+}
+
+/// Softmax over the last dimension with max subtraction; `valid` is the public padding mask of
+/// the columns (false: excluded, output 0). Algorithm 3 / approx::softmax_row. Label "Softmax".
+pub fn softmax<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
+    check_ring(cx, x)?;
+    let _g = cx.ch.meter().enter("Softmax");
+    let ring = cx.ring();
+    let cols = row_len(x)?;
+    let idx = valid_columns(valid, cols)?;
+    let rows = x.len() / cols;
+    let mut out = vec![0u64; x.len()];
+    if idx.is_empty() {
+        return RingTensor::from_vec(ring, x.shape(), out);
+    }
+    let xs = x.data();
+    let mx = max_rows(cx, xs, cols, &idx, None)?;
+    let d: Vec<u64> = (0..rows)
+        .flat_map(|r| idx.iter().map(move |&j| (r, j)))
+        .map(|(r, j)| ring.sub(xs[r * cols + j], mx[r]))
+        .collect();
+    let e = exp_neg(cx, &d, None)?;
+    let k = idx.len();
+    let sums: Vec<u64> = e
+        .chunks(k)
+        .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
+        .collect();
+    let w = cx.ax.wide_recip_frac();
+    let inv = recip_at(cx, &sums, w)?;
+    let inv_b: Vec<u64> = (0..rows)
+        .flat_map(|r| std::iter::repeat_n(inv[r], k))
+        .collect();
+    let y = cx.mul_trunc(&e, &inv_b, w)?;
+    for (t, (r, j)) in (0..rows)
+        .flat_map(|r| idx.iter().map(move |&j| (r, j)))
+        .enumerate()
+    {
+        out[r * cols + j] = y[t];
+    }
+    RingTensor::from_vec(ring, x.shape(), out)
+}
+
+/// ReLU-normalise, the Softmax substitute: ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over valid columns,
+/// one reciprocal per row then one product per element (approx::relu_normalise_row).
+/// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU-normalise".
+pub fn relu_normalise<C: Channel>(
+    cx: &mut Ctx<C>,
+    x: &RingTensor,
+    valid: &[bool],
+    bound: Option<u32>,
+) -> Result<RingTensor> {
+    check_ring(cx, x)?;
+    let _g = cx.ch.meter().enter("ReLU-normalise");
+    let ring = cx.ring();
+    let cols = row_len(x)?;
+    let idx = valid_columns(valid, cols)?;
+    let rows = x.len() / cols;
+    let k = idx.len();
+    let xs = x.data();
+    let sel: Vec<u64> = (0..rows)
+        .flat_map(|r| idx.iter().map(move |&j| xs[r * cols + j]))
+        .collect();
+    let r = cx.relu(&sel, bound)?;
+    let mut sums: Vec<u64> = (0..rows)
+        .map(|i| r[i * k..(i + 1) * k].iter().fold(0, |a, &v| ring.add(a, v)))
+        .collect();
+    cx.add_public(&mut sums, cx.ax.relu_normalise_eps());
+    let w = cx.ax.wide_recip_frac();
+    let inv = recip_at(cx, &sums, w)?;
+    let inv_b: Vec<u64> = (0..rows)
+        .flat_map(|i| std::iter::repeat_n(inv[i], k))
+        .collect();
+    let y = cx.mul_trunc(&r, &inv_b, w)?;
+    let mut out = vec![0u64; x.len()];
+    for (t, (i, j)) in (0..rows)
+        .flat_map(|i| idx.iter().map(move |&j| (i, j)))
+        .enumerate()
+    {
+        out[i * cols + j] = y[t];
+    }
+    RingTensor::from_vec(ring, x.shape(), out)
+}
+
+/// The server's LayerNorm weights γ, β (raw fixed point at f bits, one per column).
+pub struct AffineParams<'a> {
+    pub gamma: &'a [u64],
+    pub beta: &'a [u64],
+}
+
+/// x − mean(x) per row (approx::centre): local sums, then two cheap truncations per row.
+fn centre<C: Channel>(cx: &mut Ctx<C>, xs: &[u64], cols: usize) -> Result<Vec<u64>> {
+    let ring = cx.ring();
+    let sums: Vec<u64> = xs
+        .chunks(cols)
+        .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
+        .collect();
+    let mu = mean_of_sums(cx, &sums, cols)?;
+    Ok(xs
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| ring.sub(v, mu[i / cols]))
+        .collect())
+}
+
+/// approx::mean_of_sum on shares.
+fn mean_of_sums<C: Channel>(cx: &mut Ctx<C>, sums: &[u64], n: usize) -> Result<Vec<u64>> {
+    let (p, c) = cx.ax.mean_params(n);
+    let t = if p > 0 {
+        cx.trunc(sums, p)?
+    } else {
+        sums.to_vec()
+    };
+    cx.scale_trunc(
+        &t,
+        c,
+        cx.ax.fp.frac_bits() + veil_core::approx::MEAN_EXTRA_BITS,
+    )
+}
+
+/// ⌊v·γ⌋_f + β with the server's γ, β (shape-checked on the server).
+fn affine<C: Channel>(
+    cx: &mut Ctx<C>,
+    v: &[u64],
+    cols: usize,
+    params: Option<&AffineParams>,
+) -> Result<Vec<u64>> {
+    let ring = cx.ring();
+    if let Some(p) = params {
+        ensure!(
+            p.gamma.len() == cols && p.beta.len() == cols,
+            InvalidArgument,
+            "γ/β of length {}/{} for rows of {cols}",
+            p.gamma.len(),
+            p.beta.len()
+        );
+        ensure!(
+            p.beta.iter().all(|&b| ring.contains(b)),
+            InvalidArgument,
+            "β outside the ring"
+        );
+    }
+    let g = cx.mul_server(v, cols, params.map(|p| p.gamma))?;
+    let mut y = cx.trunc(&g, cx.ax.fp.frac_bits())?;
+    if let Some(p) = params {
+        for (i, yi) in y.iter_mut().enumerate() {
+            *yi = ring.add(*yi, p.beta[i % cols]);
+        }
+    }
+    Ok(y)
+}
+
+/// LayerNorm over the last dimension (Algorithm 4 / approx::layer_norm_row). The server passes
+/// `Some(params)`, the client `None`. Label "LayerNorm".
+pub fn layer_norm<C: Channel>(
+    cx: &mut Ctx<C>,
+    x: &RingTensor,
+    params: Option<&AffineParams>,
+    eps: f64,
+) -> Result<RingTensor> {
+    check_ring(cx, x)?;
+    let _g = cx.ch.meter().enter("LayerNorm");
+    let ring = cx.ring();
+    let f = cx.ax.fp.frac_bits();
+    let cols = row_len(x)?;
+    let d = centre(cx, x.data(), cols)?;
+    let sq = cx.square(&d)?;
+    let sq = cx.trunc(&sq, f)?;
+    let sums: Vec<u64> = sq
+        .chunks(cols)
+        .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
+        .collect();
+    let mut var = mean_of_sums(cx, &sums, cols)?;
+    cx.add_public(&mut var, cx.ax.eps_raw(eps));
+    let w = cx.ax.wide_rsqrt_frac();
+    let r = rsqrt_at(cx, &var, w)?;
+    let r_b: Vec<u64> = (0..d.len()).map(|i| r[i / cols]).collect();
+    let nrm = cx.mul_trunc(&d, &r_b, w)?;
+    let y = affine(cx, &nrm, cols, params)?;
+    RingTensor::from_vec(ring, x.shape(), y)
+}
+
+/// The LayerNorm substitute (x − mean)·γ + β (approx::centre_affine_row). Label "Centre-affine".
+pub fn centre_affine<C: Channel>(
+    cx: &mut Ctx<C>,
+    x: &RingTensor,
+    params: Option<&AffineParams>,
+) -> Result<RingTensor> {
+    check_ring(cx, x)?;
+    let _g = cx.ch.meter().enter("Centre-affine");
+    let cols = row_len(x)?;
+    let d = centre(cx, x.data(), cols)?;
+    let y = affine(cx, &d, cols, params)?;
+    RingTensor::from_vec(x.ring(), x.shape(), y)
+}

@@ -1,0 +1,129 @@
+//! [`Ctx`]: one party's handle on a running two-party computation (OT session, channel, role and
+//! the fixed-point format), with the primitive operations on raw share slices that the function
+//! and layer protocols are written in. Every operation mirrors one step of `veil_core::approx`.
+
+use veil_core::{approx::Approx, Result, Ring, RingTensor};
+use veil_net::{Channel, Role};
+use veil_ot::OtSession;
+
+use crate::boolean::{bool_to_arith, mux};
+use crate::compare::drelu_values;
+use crate::mul::{mul_server_row, mul_values, square_values};
+use crate::trunc::{truncate_values, TruncMode};
+
+pub struct Ctx<'a, C: Channel> {
+    pub ot: &'a mut OtSession,
+    pub ch: &'a mut C,
+    pub role: Role,
+    pub ax: Approx,
+    /// Truncation used inside the function protocols: `Faithful` reproduces `approx` exactly.
+    pub trunc_mode: TruncMode,
+}
+
+impl<'a, C: Channel> Ctx<'a, C> {
+    /// A context computing exactly the `approx` semantics (faithful truncation).
+    pub fn new(ot: &'a mut OtSession, ch: &'a mut C, role: Role, ax: Approx) -> Self {
+        Ctx {
+            ot,
+            ch,
+            role,
+            ax,
+            trunc_mode: TruncMode::Faithful,
+        }
+    }
+
+    pub fn ring(&self) -> Ring {
+        self.ax.fp.ring
+    }
+
+    pub fn is_server(&self) -> bool {
+        self.role == Role::Server
+    }
+
+    /// Adds a public constant to the shared values (the server adds it to its share).
+    pub fn add_public(&self, v: &mut [u64], c: u64) {
+        if self.is_server() {
+            let r = self.ring();
+            v.iter_mut().for_each(|x| *x = r.add(*x, c));
+        }
+    }
+
+    /// The shares of a public constant.
+    pub fn public(&self, n: usize, c: u64) -> Vec<u64> {
+        vec![if self.is_server() { c } else { 0 }; n]
+    }
+
+    pub fn mul(&mut self, a: &[u64], b: &[u64]) -> Result<Vec<u64>> {
+        mul_values(self.ot, self.ch, self.role, self.ring(), a, b)
+    }
+
+    pub fn square(&mut self, a: &[u64]) -> Result<Vec<u64>> {
+        square_values(self.ot, self.ch, self.role, self.ring(), a)
+    }
+
+    /// ⌊a / 2^s⌋ with the context's truncation mode.
+    pub fn trunc(&mut self, a: &[u64], s: u32) -> Result<Vec<u64>> {
+        let _g = self.ch.meter().enter("Truncation");
+        truncate_values(
+            self.ot,
+            self.ch,
+            self.role,
+            self.ring(),
+            a,
+            s,
+            self.trunc_mode,
+        )
+    }
+
+    /// ⌊(a + 2^(s−1)) / 2^s⌋ (approx::round).
+    pub fn round(&mut self, a: &[u64], s: u32) -> Result<Vec<u64>> {
+        let mut v = a.to_vec();
+        self.add_public(&mut v, 1u64 << (s - 1));
+        self.trunc(&v, s)
+    }
+
+    pub fn mul_trunc(&mut self, a: &[u64], b: &[u64], s: u32) -> Result<Vec<u64>> {
+        let p = self.mul(a, b)?;
+        self.trunc(&p, s)
+    }
+
+    /// Product by a public constant, then truncation by s.
+    pub fn scale_trunc(&mut self, a: &[u64], c: u64, s: u32) -> Result<Vec<u64>> {
+        let r = self.ring();
+        let p: Vec<u64> = a.iter().map(|&x| r.mul(x, c)).collect();
+        self.trunc(&p, s)
+    }
+
+    /// a·γ for a server-private γ broadcast over rows of length γ.len() (server: Some).
+    pub fn mul_server(&mut self, a: &[u64], row: usize, gamma: Option<&[u64]>) -> Result<Vec<u64>> {
+        let t = RingTensor::from_vec(self.ring(), &[a.len() / row.max(1), row], a.to_vec())?;
+        Ok(mul_server_row(self.ot, self.ch, self.role, &t, gamma)?.into_data())
+    }
+
+    pub fn drelu(&mut self, a: &[u64], bound: Option<u32>) -> Result<Vec<bool>> {
+        let _g = self.ch.meter().enter("DReLU");
+        drelu_values(self.ot, self.ch, self.role, self.ring(), a, bound)
+    }
+
+    pub fn mux(&mut self, b: &[bool], v: &[u64]) -> Result<Vec<u64>> {
+        mux(self.ot, self.ch, self.role, self.ring(), b, v)
+    }
+
+    pub fn relu(&mut self, a: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
+        let _g = self.ch.meter().enter("ReLU");
+        let b = self.drelu(a, bound)?;
+        self.mux(&b, a)
+    }
+
+    pub fn b2a(&mut self, b: &[bool]) -> Result<Vec<u64>> {
+        bool_to_arith(self.ot, self.ch, self.role, self.ring(), b)
+    }
+
+    /// Element-wise max(a, b) = b + ReLU(a − b): exact while |a − b| < 2^(ℓ−1).
+    pub fn max2(&mut self, a: &[u64], b: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
+        let r = self.ring();
+        let d: Vec<u64> = a.iter().zip(b).map(|(&x, &y)| r.sub(x, y)).collect();
+        let m = self.relu(&d, bound)?;
+        Ok(m.iter().zip(b).map(|(&x, &y)| r.add(x, y)).collect())
+    }
+}

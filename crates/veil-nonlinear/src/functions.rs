@@ -1,0 +1,186 @@
+//! Element-wise functions on shares: exp (x ≤ 0), reciprocal, reciprocal square root, tanh.
+//!
+//! Each runs, step for step, the algorithm of the same name in `veil_core::approx` (see there for
+//! the method, the domain and the error against f64, measured over the whole domain):
+//! * exp_neg: |error| ≤ 1.02 ulp on x ≤ 0 (clamped below −16);
+//! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24) (values [2^-13, 2048));
+//! * rsqrt:   ≤ 1 ulp + 2^-11 relative on the same domain;
+//! * tanh:    ≤ 2.7 ulp on all x.
+//!
+//! With [`TruncMode::Faithful`](crate::TruncMode) (the default of [`Ctx::new`]) the shares open to
+//! exactly the integers `approx` computes; the tests check equality.
+//!
+//! Reciprocal and rsqrt need the bit length e of their input: ℓ-bit DReLUs of s − 2^k for
+//! k = 1 … K−1, converted to arithmetic shares; the one-hot class h_e = c_(e−1) − c_e then selects
+//! public constants by a local linear combination. These comparisons are per row in the layers
+//! (one reciprocal per Softmax row), so they cost little per element.
+//!
+//! Security: semi-honest; compositions of the primitives' protocols.
+
+use veil_core::Result;
+use veil_net::Channel;
+
+use crate::ctx::Ctx;
+
+/// exp(x) for x ≤ 0 (approx::exp_neg). `bound`: a promise |x + 16| < 2^k for a cheaper clamp.
+pub fn exp_neg<C: Channel>(cx: &mut Ctx<C>, x: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
+    let _g = cx.ch.meter().enter("Exp");
+    let ring = cx.ring();
+    let fe = cx.ax.exp_frac();
+    let lo = (veil_core::approx::EXP_CLAMP as u64) << cx.ax.fp.frac_bits();
+    // t = max(x, −16) = ReLU(x + 16) − 16, read at f + 6 bits (= x / 64).
+    let mut v = x.to_vec();
+    cx.add_public(&mut v, lo);
+    let mut t = cx.relu(&v, bound)?;
+    cx.add_public(&mut t, ring.neg(lo));
+    // p = 1 + t + t²/2, then six rounded squarings.
+    let t2 = cx.square(&t)?;
+    let t2 = cx.round(&t2, fe + 1)?;
+    let mut p: Vec<u64> = t.iter().zip(&t2).map(|(&a, &b)| ring.add(a, b)).collect();
+    cx.add_public(&mut p, 1u64 << fe);
+    for _ in 0..veil_core::approx::EXP_SQUARINGS {
+        let sq = cx.square(&p)?;
+        p = cx.round(&sq, fe)?;
+    }
+    cx.round(&p, veil_core::approx::EXP_SQUARINGS)
+}
+
+/// Newton for 1/m on m ∈ [1/2, 1] at F = newton_frac bits (approx::newton_recip).
+fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
+    let ring = cx.ring();
+    let fr = cx.ax.newton_frac();
+    let c0 = (2.914_213_562_373_095 * (1u64 << fr) as f64).round() as u64;
+    let mut y: Vec<u64> = m.iter().map(|&v| ring.neg(ring.add(v, v))).collect();
+    cx.add_public(&mut y, c0);
+    for _ in 0..veil_core::approx::NEWTON_ITERS {
+        let my = cx.mul_trunc(m, &y, fr)?;
+        let mut u: Vec<u64> = my.iter().map(|&v| ring.neg(v)).collect();
+        cx.add_public(&mut u, 2u64 << fr);
+        y = cx.mul_trunc(&y, &u, fr)?;
+    }
+    Ok(y)
+}
+
+/// Newton for 1/√m on m ∈ [1/2, 1) (approx::newton_rsqrt).
+fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
+    let ring = cx.ring();
+    let fr = cx.ax.newton_frac();
+    let sc = (1u64 << fr) as f64;
+    let (a, b) = veil_core::approx::RSQRT_GUESS;
+    let bm = cx.scale_trunc(m, (b * sc).round() as u64, fr)?;
+    let mut y: Vec<u64> = bm.iter().map(|&v| ring.neg(v)).collect();
+    cx.add_public(&mut y, (a * sc).round() as u64);
+    for _ in 0..veil_core::approx::NEWTON_ITERS {
+        let y2 = cx.square(&y)?;
+        let y2 = cx.trunc(&y2, fr)?;
+        let my2 = cx.mul_trunc(m, &y2, fr)?;
+        let mut u: Vec<u64> = my2.iter().map(|&v| ring.neg(v)).collect();
+        cx.add_public(&mut u, 3u64 << fr);
+        y = cx.mul_trunc(&y, &u, fr + 1)?;
+    }
+    Ok(y)
+}
+
+/// Arithmetic shares of the one-hot class h_e (e = 1 … K, element-major: h[i·K + e − 1]).
+fn norm_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64]) -> Result<Vec<u64>> {
+    let ring = cx.ring();
+    let k = cx.ax.norm_bits() as usize;
+    let mut diffs = Vec::with_capacity(s.len() * (k - 1));
+    for &v in s {
+        for j in 1..k {
+            diffs.push(if cx.is_server() {
+                ring.sub(v, 1u64 << j)
+            } else {
+                v
+            });
+        }
+    }
+    let bits = cx.drelu(&diffs, None)?;
+    let c = cx.b2a(&bits)?;
+    let one = if cx.is_server() { 1 } else { 0 };
+    let mut h = Vec::with_capacity(s.len() * k);
+    for i in 0..s.len() {
+        let ci = |j: usize| -> u64 {
+            if j == 0 {
+                one
+            } else if j == k {
+                0
+            } else {
+                c[i * (k - 1) + j - 1]
+            }
+        };
+        for e in 1..=k {
+            h.push(ring.sub(ci(e - 1), ci(e)));
+        }
+    }
+    Ok(h)
+}
+
+/// Σ_e h_e·const(e): selects a public constant per element by its one-hot class.
+fn select(cx: &Ctx<impl Channel>, h: &[u64], konst: impl Fn(u32) -> u64) -> Vec<u64> {
+    let ring = cx.ring();
+    let k = cx.ax.norm_bits() as usize;
+    h.chunks(k)
+        .map(|hs| {
+            hs.iter().enumerate().fold(0u64, |acc, (j, &hv)| {
+                ring.add(acc, ring.mul(hv, konst(j as u32 + 1)))
+            })
+        })
+        .collect()
+}
+
+/// 1/s with the output at `out_frac` fractional bits (approx::recip_at).
+pub fn recip_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
+    let _g = cx.ch.meter().enter("Recip");
+    let ax = cx.ax;
+    let h = norm_onehot(cx, s)?;
+    let g = select(cx, &h, |e| ax.norm_scale(e));
+    let m = cx.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
+    let y = newton_recip(cx, &m)?;
+    cx.mul_trunc(&y, &g, ax.recip_out_shift(out_frac))
+}
+
+/// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at).
+pub fn rsqrt_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
+    let _g = cx.ch.meter().enter("Rsqrt");
+    let ax = cx.ax;
+    let h = norm_onehot(cx, s)?;
+    let g = select(cx, &h, |e| ax.norm_scale(e));
+    let big_g = select(cx, &h, |e| ax.rsqrt_out_scale(e, out_frac));
+    let m = cx.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
+    let y = newton_rsqrt(cx, &m)?;
+    cx.mul_trunc(&y, &big_g, ax.rsqrt_out_shift(out_frac))
+}
+
+/// tanh(x) (approx::tanh): sign by DReLU, exp(−2|x|), Newton quotient, sign re-applied.
+pub fn tanh<C: Channel>(cx: &mut Ctx<C>, x: &[u64]) -> Result<Vec<u64>> {
+    let _g = cx.ch.meter().enter("Tanh");
+    let ring = cx.ring();
+    let f = cx.ax.fp.frac_bits();
+    let fr = cx.ax.newton_frac();
+    let pos = cx.drelu(x, None)?;
+    let px = cx.mux(&pos, x)?;
+    // −2|x| = −2(2·px − x) = 2x − 4·px.
+    let neg2a: Vec<u64> = x
+        .iter()
+        .zip(&px)
+        .map(|(&v, &p)| ring.sub(ring.add(v, v), ring.mul(p, 4)))
+        .collect();
+    let z = exp_neg(cx, &neg2a, None)?;
+    let mut den = z.clone();
+    cx.add_public(&mut den, 1u64 << f);
+    let m: Vec<u64> = den
+        .iter()
+        .map(|&v| ring.mul(v, 1u64 << (fr - f - 1)))
+        .collect();
+    let y = newton_recip(cx, &m)?;
+    let mut num: Vec<u64> = z.iter().map(|&v| ring.neg(v)).collect();
+    cx.add_public(&mut num, 1u64 << f);
+    let th = cx.mul_trunc(&num, &y, fr + 1)?;
+    let pth = cx.mux(&pos, &th)?;
+    Ok(pth
+        .iter()
+        .zip(&th)
+        .map(|(&p, &t)| ring.sub(ring.add(p, p), t))
+        .collect())
+}

@@ -1,0 +1,110 @@
+//! Truncation of shared fixed-point values: ⌊x / 2^s⌋ on the signed view (arithmetic shift), the
+//! step after every product. Both variants need head-room: |x| < 2^(ℓ−2).
+//!
+//! Method (SCI/Cheetah with a known MSB): the server adds 2^(ℓ−2) so x' = x + 2^(ℓ−2) is in
+//! [0, 2^(ℓ−1)) and its sign bit is known to be 0. Writing each share as u_i·2^s + l_i,
+//! x' >> s = u0 + u1 + c − 2^(ℓ−s)·w, with the wrap w = [x0 + x1 ≥ 2^ℓ] and the low carry
+//! c = [l0 + l1 ≥ 2^s]. A known zero MSB makes w = msb(x0) ∨ msb(x1) = 1 − (1−msb0)(1−msb1): one
+//! arithmetic COT in Z_{2^s} (only w·2^(ℓ−s) matters).
+//! * [`TruncMode::Faithful`]: c by a millionaire's comparison on s bits and a B2A conversion:
+//!   exactly ⌊x / 2^s⌋, the semantics of `veil_core::approx`.
+//! * [`TruncMode::OneBitError`]: c dropped; the result is ⌊x / 2^s⌋ or ⌊x / 2^s⌋ − 1 (error
+//!   ≤ 1 ulp, one-sided), at the cost of one s-bit COT per element.
+//!
+//! Security: semi-honest; the COT and the comparison reveal nothing beyond their outputs.
+
+use veil_core::{ensure, Result, Ring, RingTensor};
+use veil_net::{Channel, Role};
+use veil_ot::OtSession;
+
+use crate::boolean::bool_to_arith;
+use crate::exchange::low_mask;
+use crate::millionaire::greater_than;
+
+/// Which truncation to run; the layers above choose per use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TruncMode {
+    /// Exactly ⌊x / 2^s⌋.
+    Faithful,
+    /// ⌊x / 2^s⌋ − c with c ∈ {0, 1}: one-sided 1-ulp error, ~10× cheaper.
+    OneBitError,
+}
+
+/// Truncates this party's shares `x` by `s` bits (1 ≤ s ≤ ℓ − 2), assuming |x| < 2^(ℓ−2).
+pub fn truncate_values<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    ring: Ring,
+    x: &[u64],
+    s: u32,
+    mode: TruncMode,
+) -> Result<Vec<u64>> {
+    let l = ring.bits();
+    ensure!(
+        (1..=l - 2).contains(&s),
+        InvalidArgument,
+        "truncation by {s} bits in a {l}-bit ring"
+    );
+    let bias = 1u64 << (l - 2);
+    let xs: Vec<u64> = match role {
+        Role::Client => x.to_vec(),
+        Role::Server => x.iter().map(|&v| ring.add(v, bias)).collect(),
+    };
+    // w = 1 − (1 − msb0)(1 − msb1); the product by one COT in Z_{2^s}, client sending.
+    let not_msb: Vec<bool> = xs.iter().map(|&v| !ring.msb(v)).collect();
+    let prod_share: Vec<u64> = match role {
+        Role::Client => {
+            let d: Vec<u64> = not_msb.iter().map(|&b| b as u64).collect();
+            let r = ot.send_arith_cot(ch, &d, s)?;
+            r.into_iter()
+                .map(|v| v.wrapping_neg() & low_mask(s))
+                .collect()
+        }
+        Role::Server => ot.recv_arith_cot(ch, &not_msb, s)?,
+    };
+    let carry: Vec<u64> = match mode {
+        TruncMode::OneBitError => vec![0; x.len()],
+        TruncMode::Faithful => {
+            let low: Vec<u64> = xs
+                .iter()
+                .map(|&v| match role {
+                    Role::Client => v & low_mask(s),
+                    Role::Server => low_mask(s) - (v & low_mask(s)),
+                })
+                .collect();
+            let c = greater_than(ot, ch, role, &low, s)?;
+            bool_to_arith(ot, ch, role, ring, &c)?
+        }
+    };
+    let top = 1u64 << (l - s);
+    Ok((0..x.len())
+        .map(|i| {
+            let u = xs[i] >> s;
+            // −2^(ℓ−s)·w share: w_client = 1 − p0, w_server = −p1.
+            let w_share = match role {
+                Role::Client => ring.sub(1, prod_share[i]),
+                Role::Server => ring.neg(prod_share[i]),
+            };
+            let mut r = ring.sub(ring.add(u, carry[i]), ring.mul(top, w_share));
+            if role == Role::Client {
+                r = ring.sub(r, 1u64 << (l - 2 - s));
+            }
+            r
+        })
+        .collect())
+}
+
+/// Truncation of a shared tensor. Label "Truncation".
+pub fn truncate<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    x: &RingTensor,
+    s: u32,
+    mode: TruncMode,
+) -> Result<RingTensor> {
+    let _g = ch.meter().enter("Truncation");
+    let y = truncate_values(ot, ch, role, x.ring(), x.data(), s, mode)?;
+    RingTensor::from_vec(x.ring(), x.shape(), y)
+}

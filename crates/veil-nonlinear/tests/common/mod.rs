@@ -1,0 +1,86 @@
+//! Test harness: both parties in threads, each with its own OT session.
+#![allow(dead_code)]
+
+use veil_core::{share, FixedPoint, Prg, Result, Ring, RingTensor};
+use veil_net::{run_two_party, run_two_party_tcp, MemChannel, Role, TcpChannel};
+use veil_ot::OtSession;
+
+pub fn fp() -> FixedPoint {
+    FixedPoint::default_format()
+}
+
+/// Runs `f` as client and server over the in-memory duplex.
+pub fn run_mem<T, F>(f: F) -> (T, T)
+where
+    T: Send,
+    F: Fn(&mut OtSession, &mut MemChannel, Role) -> Result<T> + Sync,
+{
+    run_two_party(
+        |c| {
+            let mut ot = OtSession::setup(c, Role::Client)?;
+            f(&mut ot, c, Role::Client)
+        },
+        |s| {
+            let mut ot = OtSession::setup(s, Role::Server)?;
+            f(&mut ot, s, Role::Server)
+        },
+    )
+    .expect("protocol run")
+}
+
+/// Same over TCP loopback.
+pub fn run_tcp<T, F>(f: F) -> (T, T)
+where
+    T: Send,
+    F: Fn(&mut OtSession, &mut TcpChannel, Role) -> Result<T> + Sync,
+{
+    run_two_party_tcp(
+        |c| {
+            let mut ot = OtSession::setup(c, Role::Client)?;
+            f(&mut ot, c, Role::Client)
+        },
+        |s| {
+            let mut ot = OtSession::setup(s, Role::Server)?;
+            f(&mut ot, s, Role::Server)
+        },
+    )
+    .expect("protocol run")
+}
+
+/// Shares plaintext ring values; returns (client share, server share).
+pub fn share_values(ring: Ring, values: &[u64]) -> (RingTensor, RingTensor) {
+    let x = RingTensor::from_vec(ring, &[values.len()], values.to_vec()).unwrap();
+    share(&x, &mut Prg::from_os_entropy()).unwrap()
+}
+
+pub fn pick(role: Role, pair: &(RingTensor, RingTensor)) -> &RingTensor {
+    match role {
+        Role::Client => &pair.0,
+        Role::Server => &pair.1,
+    }
+}
+
+pub fn open(pair: (RingTensor, RingTensor)) -> Vec<u64> {
+    pair.0.add(&pair.1).unwrap().into_data()
+}
+
+pub fn open_bits(pair: (Vec<bool>, Vec<bool>)) -> Vec<bool> {
+    pair.0.iter().zip(&pair.1).map(|(a, b)| a ^ b).collect()
+}
+
+/// Random signed values with |x| < 2^bits, plus the edge values of that range.
+pub fn values_below(ring: Ring, bits: u32, n: usize) -> Vec<u64> {
+    let mut prg = Prg::from_os_entropy();
+    let lim = 1i64 << bits;
+    let mut v: Vec<u64> = [0, 1, -1, lim - 1, -(lim - 1), 2, -2]
+        .iter()
+        .filter(|&&x| x.abs() < lim)
+        .map(|&x| ring.from_signed(x))
+        .collect();
+    while v.len() < n {
+        let r = (prg.u64() >> 1) as i64 % lim;
+        let r = if prg.bit() { -r } else { r };
+        v.push(ring.from_signed(r));
+    }
+    v
+}

@@ -1,0 +1,102 @@
+//! exp, recip, rsqrt, tanh on shares open to exactly the integers of `veil_core::approx` (which
+//! the approx tests check against f64 over the whole domain); also spot-checked against f64 here.
+
+mod common;
+
+use common::*;
+use veil_core::{approx::Approx, Prg, Ring};
+use veil_nonlinear::{functions, Ctx};
+
+fn ax() -> Approx {
+    Approx::new(fp()).unwrap()
+}
+
+/// Random raw values in [lo, hi] plus the given edges.
+fn sample(ring: Ring, lo: i64, hi: i64, n: usize, edges: &[i64]) -> Vec<u64> {
+    let mut prg = Prg::from_os_entropy();
+    let span = (hi - lo + 1) as u64;
+    edges
+        .iter()
+        .copied()
+        .chain((0..n).map(|_| lo + (prg.u64() % span) as i64))
+        .map(|v| ring.from_signed(v))
+        .collect()
+}
+
+#[test]
+fn exp_matches_approx_exactly() {
+    let a = ax();
+    let ring = a.fp.ring;
+    let one = 1i64 << 13;
+    let vals = sample(
+        ring,
+        -20 * one,
+        0,
+        60,
+        &[0, -1, -16 * one, -16 * one - 1, -(1 << 39)],
+    );
+    let x = share_values(ring, &vals);
+    let got = open(run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let y = functions::exp_neg(&mut cx, pick(role, &x).data(), None)?;
+        veil_core::RingTensor::from_vec(ring, &[y.len()], y)
+    }));
+    for (i, &v) in vals.iter().enumerate() {
+        assert_eq!(got[i], a.exp_neg(v), "exp({})", a.fp.decode(v));
+        assert!((a.fp.decode(got[i]) - a.fp.decode(v).exp()).abs() < 1.3e-4);
+    }
+}
+
+#[test]
+fn recip_and_rsqrt_match_approx_exactly() {
+    let a = ax();
+    let ring = a.fp.ring;
+    let k = a.norm_bits() as i64;
+    let mut edges = vec![1i64, 2, 3, (1 << k) - 1, 8192];
+    for j in [5i64, 13, 20] {
+        edges.extend([(1 << j) - 1, 1 << j, (1 << j) + 1]);
+    }
+    let vals = sample(ring, 1, (1 << k) - 1, 30, &edges);
+    let x = share_values(ring, &vals);
+    let w = a.wide_recip_frac();
+    let out = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let s = pick(role, &x).data();
+        let r = functions::recip_at(&mut cx, s, a.fp.frac_bits())?;
+        let rw = functions::recip_at(&mut cx, s, w)?;
+        let q = functions::rsqrt_at(&mut cx, s, a.fp.frac_bits())?;
+        let t = |v: Vec<u64>| veil_core::RingTensor::from_vec(ring, &[v.len()], v);
+        Ok((t(r)?, t(rw)?, t(q)?))
+    });
+    let r = open((out.0 .0, out.1 .0));
+    let rw = open((out.0 .1, out.1 .1));
+    let q = open((out.0 .2, out.1 .2));
+    for (i, &v) in vals.iter().enumerate() {
+        assert_eq!(r[i], a.recip(v), "recip({})", a.fp.decode(v));
+        assert_eq!(rw[i], a.recip_at(v, w), "wide recip({})", a.fp.decode(v));
+        assert_eq!(q[i], a.rsqrt(v), "rsqrt({})", a.fp.decode(v));
+    }
+}
+
+#[test]
+fn tanh_matches_approx_exactly() {
+    let a = ax();
+    let ring = a.fp.ring;
+    let one = 1i64 << 13;
+    let vals = sample(
+        ring,
+        -12 * one,
+        12 * one,
+        40,
+        &[0, 1, -1, 20 * one, -20 * one],
+    );
+    let x = share_values(ring, &vals);
+    let got = open(run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let y = functions::tanh(&mut cx, pick(role, &x).data())?;
+        veil_core::RingTensor::from_vec(ring, &[y.len()], y)
+    }));
+    for (i, &v) in vals.iter().enumerate() {
+        assert_eq!(got[i], a.tanh(v), "tanh({})", a.fp.decode(v));
+    }
+}

@@ -1,0 +1,146 @@
+//! GELU, Softmax, LayerNorm and the friendly substitutes on BERT-shaped rows (fewer rows than the
+//! benchmark): equal to the `veil_core::approx` simulator row by row, and within the stated
+//! error of the f64 definitions.
+
+mod common;
+
+use common::*;
+use veil_core::{
+    approx::{reference, Approx},
+    share, Prg, RingTensor,
+};
+use veil_net::Role;
+use veil_nonlinear::{composite, composite::AffineParams, Ctx};
+
+fn ax() -> Approx {
+    Approx::new(fp()).unwrap()
+}
+
+/// Uniform values in [−scale, scale], encoded.
+fn random_tensor(shape: &[usize], scale: f64) -> RingTensor {
+    let mut prg = Prg::from_os_entropy();
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n)
+        .map(|_| (prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * scale)
+        .collect();
+    RingTensor::encode(fp(), shape, &v).unwrap()
+}
+
+fn split(x: &RingTensor) -> (RingTensor, RingTensor) {
+    share(x, &mut Prg::from_os_entropy()).unwrap()
+}
+
+#[test]
+fn gelu_and_relu_on_bert_intermediate_rows() {
+    let a = ax();
+    let x = random_tensor(&[2, 3072], 6.0);
+    let mut xd = x.data().to_vec();
+    xd[0] = a.fp.encode(20.0);
+    xd[1] = a.fp.encode(-20.0);
+    xd[2] = 0;
+    let x = RingTensor::from_vec(a.fp.ring, x.shape(), xd).unwrap();
+    let sh = split(&x);
+    let out = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let g = composite::gelu(&mut cx, pick(role, &sh))?;
+        let r = composite::relu(&mut cx, pick(role, &sh), Some(20))?;
+        Ok((g, r))
+    });
+    let g = open((out.0 .0, out.1 .0));
+    let r = open((out.0 .1, out.1 .1));
+    for (i, &v) in x.data().iter().enumerate() {
+        assert_eq!(g[i], a.gelu(v));
+        assert_eq!(r[i], a.relu(v));
+        let err = (a.fp.decode(g[i]) - reference::gelu(a.fp.decode(v))).abs();
+        assert!(err <= 5.5e-4, "GELU error {err}");
+    }
+}
+
+#[test]
+fn softmax_and_relu_normalise_on_attention_rows_with_padding() {
+    let a = ax();
+    let cols = 128;
+    let x = random_tensor(&[3, cols], 8.0);
+    let valid: Vec<bool> = (0..cols).map(|j| j < 100).collect();
+    let sh = split(&x);
+    let out = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let s = composite::softmax(&mut cx, pick(role, &sh), &valid)?;
+        let r = composite::relu_normalise(&mut cx, pick(role, &sh), &valid, Some(20))?;
+        Ok((s, r))
+    });
+    let s = open((out.0 .0, out.1 .0));
+    let r = open((out.0 .1, out.1 .1));
+    let eps = a.fp.decode(a.relu_normalise_eps());
+    for (row, raw) in x.data().chunks(cols).enumerate() {
+        let sim_s = a.softmax_row(raw, &valid);
+        let sim_r = a.relu_normalise_row(raw, &valid);
+        assert_eq!(&s[row * cols..(row + 1) * cols], &sim_s[..]);
+        assert_eq!(&r[row * cols..(row + 1) * cols], &sim_r[..]);
+        let q: Vec<f64> = raw.iter().map(|&v| a.fp.decode(v)).collect();
+        let ws = reference::softmax(&q, &valid);
+        let wr = reference::relu_normalise(&q, &valid, eps);
+        for j in 0..cols {
+            assert!((a.fp.decode(sim_s[j]) - ws[j]).abs() <= 8e-4);
+            assert!((a.fp.decode(sim_r[j]) - wr[j]).abs() <= 3e-4);
+        }
+    }
+}
+
+#[test]
+fn layer_norm_and_centre_affine_on_hidden_rows() {
+    let a = ax();
+    let cols = 768;
+    let x = random_tensor(&[2, cols], 4.0);
+    let gamma = random_tensor(&[cols], 2.0);
+    let beta = random_tensor(&[cols], 1.0);
+    let sh = split(&x);
+    let eps = 1e-5;
+    let out = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let p = AffineParams {
+            gamma: gamma.data(),
+            beta: beta.data(),
+        };
+        let params = (role == Role::Server).then_some(&p);
+        let l = composite::layer_norm(&mut cx, pick(role, &sh), params, eps)?;
+        let c = composite::centre_affine(&mut cx, pick(role, &sh), params)?;
+        Ok((l, c))
+    });
+    let l = open((out.0 .0, out.1 .0));
+    let c = open((out.0 .1, out.1 .1));
+    let gq = gamma.decode(a.fp);
+    let bq = beta.decode(a.fp);
+    for (row, raw) in x.data().chunks(cols).enumerate() {
+        let sim_l = a.layer_norm_row(raw, gamma.data(), beta.data(), eps);
+        let sim_c = a.centre_affine_row(raw, gamma.data(), beta.data());
+        assert_eq!(&l[row * cols..(row + 1) * cols], &sim_l[..]);
+        assert_eq!(&c[row * cols..(row + 1) * cols], &sim_c[..]);
+        let q: Vec<f64> = raw.iter().map(|&v| a.fp.decode(v)).collect();
+        let wl = reference::layer_norm(&q, &gq, &bq, eps);
+        for j in 0..cols {
+            assert!((a.fp.decode(sim_l[j]) - wl[j]).abs() <= 2e-3 * (1.0 + gq[j].abs()));
+        }
+    }
+}
+
+#[test]
+fn wrong_mask_or_weights_are_errors() {
+    let a = ax();
+    let x = random_tensor(&[2, 8], 1.0);
+    let sh = split(&x);
+    let (c, s) = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let e1 = composite::softmax(&mut cx, pick(role, &sh), &[true; 7]).is_err();
+        let g = [0u64; 5];
+        let p = AffineParams {
+            gamma: &g,
+            beta: &g,
+        };
+        // Only the server checks γ/β; the client fails on the missing peer or passes.
+        let e2 = role == Role::Client
+            || composite::centre_affine(&mut cx, pick(role, &sh), Some(&p)).is_err();
+        Ok(e1 && e2)
+    });
+    assert!(c && s);
+}

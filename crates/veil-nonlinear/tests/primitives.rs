@@ -1,0 +1,227 @@
+//! Comparison, DReLU, ReLU, truncation and multiplication against exact plaintext oracles, both
+//! parties in threads over the in-memory duplex (and a sample over TCP).
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use veil_core::{approx::Approx, Prg, Ring, RingTensor};
+use veil_net::Role;
+use veil_nonlinear::{
+    drelu, millionaire::greater_than, mul, mul_server_row, relu, square, truncate, TruncMode,
+};
+
+#[test]
+fn millionaire_matches_integer_comparison() {
+    let mut prg = Prg::from_os_entropy();
+    for bits in [1u32, 3, 4, 5, 13, 40, 64] {
+        let m = if bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let mut a: Vec<u64> = (0..40).map(|_| prg.u64() & m).collect();
+        let mut b: Vec<u64> = (0..40).map(|_| prg.u64() & m).collect();
+        // Edges: equal values, extremes, off by one.
+        a.extend([0, m, m, 0, 5 & m, m]);
+        b.extend([0, m, 0, m, 5 & m, m.saturating_sub(1)]);
+        let got = open_bits(run_mem(|ot, ch, role| {
+            let mine = if role == Role::Client { &a } else { &b };
+            greater_than(ot, ch, role, mine, bits)
+        }));
+        for i in 0..a.len() {
+            assert_eq!(got[i], a[i] > b[i], "bits {bits}: {} > {}", a[i], b[i]);
+        }
+    }
+}
+
+#[test]
+fn drelu_and_relu_exact_over_the_whole_ring() {
+    let ring = fp().ring;
+    let l = ring.bits();
+    let mut vals = values_below(ring, l - 1, 300);
+    vals.extend([1u64 << (l - 1), (1u64 << (l - 1)) - 1, ring.mask()]);
+    let x = share_values(ring, &vals);
+    let (d, r) = {
+        let out = run_mem(|ot, ch, role| {
+            let d = drelu(ot, ch, role, pick(role, &x), None)?;
+            let r = relu(ot, ch, role, pick(role, &x), None)?;
+            Ok((d, r))
+        });
+        (open_bits((out.0 .0, out.1 .0)), open((out.0 .1, out.1 .1)))
+    };
+    let ax = Approx::new(fp()).unwrap();
+    for (i, &v) in vals.iter().enumerate() {
+        assert_eq!(d[i], !ring.msb(v), "DReLU of {}", ring.to_signed(v));
+        assert_eq!(r[i], ax.relu(v));
+    }
+}
+
+#[test]
+fn bounded_drelu_is_exact_within_its_bound() {
+    let ring = fp().ring;
+    for k in [1u32, 12, 20, 39] {
+        let vals = values_below(ring, k, 120);
+        let x = share_values(ring, &vals);
+        let d = open_bits(run_mem(|ot, ch, role| {
+            drelu(ot, ch, role, pick(role, &x), Some(k))
+        }));
+        for (i, &v) in vals.iter().enumerate() {
+            assert_eq!(
+                d[i],
+                ring.to_signed(v) >= 0,
+                "k={k}, x={}",
+                ring.to_signed(v)
+            );
+        }
+    }
+}
+
+#[test]
+fn bound_outside_ring_is_an_error() {
+    let ring = fp().ring;
+    let x = share_values(ring, &[1, 2]);
+    let (a, b) = veil_net::run_two_party(
+        |c| {
+            let mut ot = veil_ot::OtSession::setup(c, Role::Client)?;
+            Ok(drelu(&mut ot, c, Role::Client, &x.0, Some(41)).is_err())
+        },
+        |s| {
+            let mut ot = veil_ot::OtSession::setup(s, Role::Server)?;
+            Ok(drelu(&mut ot, s, Role::Server, &x.1, Some(0)).is_err())
+        },
+    )
+    .unwrap();
+    assert!(a && b);
+}
+
+#[test]
+fn faithful_truncation_is_floor_and_cheap_is_within_one() {
+    let ring = fp().ring;
+    let ax = Approx::new(fp()).unwrap();
+    let vals = values_below(ring, ring.bits() - 2, 300);
+    let x = share_values(ring, &vals);
+    for s in [1u32, 13, 26] {
+        let out = run_mem(|ot, ch, role| {
+            let a = truncate(ot, ch, role, pick(role, &x), s, TruncMode::Faithful)?;
+            let b = truncate(ot, ch, role, pick(role, &x), s, TruncMode::OneBitError)?;
+            Ok((a, b))
+        });
+        let exact = open((out.0 .0, out.1 .0));
+        let cheap = open((out.0 .1, out.1 .1));
+        for (i, &v) in vals.iter().enumerate() {
+            let want = ax.trunc(v, s);
+            assert_eq!(
+                exact[i],
+                want,
+                "faithful trunc of {} by {s}",
+                ring.to_signed(v)
+            );
+            let diff = ring.to_signed(ring.sub(want, cheap[i]));
+            assert!(diff == 0 || diff == 1, "cheap trunc off by {diff}");
+        }
+    }
+}
+
+fn check_products(ring: Ring, a: Vec<u64>, b: Vec<u64>) {
+    let n = a.len();
+    let x = share_values(ring, &a);
+    let y = share_values(ring, &b);
+    let gamma = b.clone();
+    let out = run_mem(|ot, ch, role| {
+        let p = mul(ot, ch, role, pick(role, &x), pick(role, &y))?;
+        let q = square(ot, ch, role, pick(role, &x))?;
+        let g = (role == Role::Server).then_some(gamma.as_slice());
+        let xr = pick(role, &x).clone().reshape(&[1, n])?;
+        let r = mul_server_row(ot, ch, role, &xr, g)?;
+        Ok((p, q, r))
+    });
+    let p = open((out.0 .0, out.1 .0));
+    let q = open((out.0 .1, out.1 .1));
+    let r = open((out.0 .2, out.1 .2));
+    for i in 0..n {
+        assert_eq!(p[i], ring.mul(a[i], b[i]));
+        assert_eq!(q[i], ring.mul(a[i], a[i]));
+        assert_eq!(r[i], ring.mul(a[i], b[i]));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(6))]
+    #[test]
+    fn products_are_exact_mod_2l(bits in prop::sample::select(vec![32u32, 41, 64]),
+                                 a in prop::collection::vec(any::<u64>(), 1..40),
+                                 seed in any::<u64>()) {
+        let ring = Ring::new(bits).unwrap();
+        let a: Vec<u64> = a.into_iter().map(|v| ring.reduce(v)).collect();
+        let b: Vec<u64> = a.iter().map(|&v| ring.reduce(v.rotate_left(7) ^ seed)).collect();
+        check_products(ring, a, b);
+    }
+}
+
+#[test]
+fn products_of_edge_values() {
+    let ring = fp().ring;
+    let e = [0u64, 1, ring.mask(), 1 << 40, (1 << 40) - 1, 8192];
+    let a: Vec<u64> = e.iter().flat_map(|&u| e.iter().map(move |_| u)).collect();
+    let b: Vec<u64> = e.iter().flat_map(|_| e.iter().copied()).collect();
+    check_products(ring, a, b);
+}
+
+#[test]
+fn shape_mismatch_and_missing_gamma_are_errors() {
+    let ring = fp().ring;
+    let x = RingTensor::zeros(ring, &[2, 3]).unwrap();
+    let y = RingTensor::zeros(ring, &[3, 2]).unwrap();
+    let (a, b) = run_mem(|ot, ch, role| {
+        let e1 = mul(ot, ch, role, &x, &y).is_err();
+        let e2 =
+            mul_server_row(ot, ch, role, &x, Some(&[1, 2, 3])).is_err() || role == Role::Server;
+        Ok(e1 && e2)
+    });
+    assert!(a && b);
+}
+
+#[test]
+fn relu_over_tcp_loopback() {
+    let ring = fp().ring;
+    let vals = values_below(ring, 30, 64);
+    let x = share_values(ring, &vals);
+    let r = open(run_tcp(|ot, ch, role| {
+        relu(ot, ch, role, pick(role, &x), Some(30))
+    }));
+    let ax = Approx::new(fp()).unwrap();
+    for (i, &v) in vals.iter().enumerate() {
+        assert_eq!(r[i], ax.relu(v));
+    }
+}
+
+#[test]
+fn peer_hang_up_is_an_error() {
+    let ring = fp().ring;
+    let x = share_values(ring, &[1, 2, 3]);
+    let res = veil_net::run_two_party(
+        |c| {
+            let mut ot = veil_ot::OtSession::setup(c, Role::Client)?;
+            relu(&mut ot, c, Role::Client, &x.0, None).map(|_| ())
+        },
+        |s| {
+            let _ot = veil_ot::OtSession::setup(s, Role::Server)?;
+            Ok(()) // server leaves without running its half
+        },
+    );
+    assert!(res.is_err());
+}
+
+#[test]
+fn empty_inputs_give_empty_outputs() {
+    let ring = fp().ring;
+    let x = share_values(ring, &[]);
+    let out = run_mem(|ot, ch, role| {
+        let r = relu(ot, ch, role, pick(role, &x), None)?;
+        let t = truncate(ot, ch, role, pick(role, &x), 13, TruncMode::Faithful)?;
+        let m = mul(ot, ch, role, pick(role, &x), pick(role, &x))?;
+        Ok(r.len() + t.len() + m.len())
+    });
+    assert_eq!(out, (0, 0));
+}
