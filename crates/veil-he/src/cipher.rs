@@ -19,7 +19,7 @@ pub(crate) fn scaled_message(p: &Params, m: &[u64]) -> RnsPoly {
     let n = p.degree();
     for (j, &mj) in m.iter().enumerate() {
         if mj != 0 {
-            for (i, v) in scaled_coefficient(p, mj).into_iter().enumerate() {
+            for (i, v) in scaled_coefficient(p, mj).enumerate() {
                 out.data[i * n + j] = v;
             }
         }

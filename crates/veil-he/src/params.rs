@@ -263,7 +263,7 @@ impl Params {
             "final modulus too small for t = 2^{t_bits}"
         );
         let h = headroom as u32;
-        let switch_rounding = (n as u64 + 1) / 2 + 1;
+        let switch_rounding = (n as u64 + 1).div_ceil(2) + 1;
         ensure!(
             (switch_rounding as f64) < 2f64.powi(h as i32 - 1) * 0.9,
             InvalidArgument,

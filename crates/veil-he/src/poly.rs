@@ -109,8 +109,8 @@ mod tests {
         acc.mul_acc(&p, &pa.data, &pb.data);
         acc.intt(&p);
         for (i, &q) in p.moduli().iter().enumerate() {
-            for j in 0..n {
-                assert_eq!(acc.data[i * n + j] as i128, want[j].rem_euclid(q as i128));
+            for (j, w) in want.iter().enumerate() {
+                assert_eq!(acc.data[i * n + j] as i128, w.rem_euclid(q as i128));
             }
         }
     }

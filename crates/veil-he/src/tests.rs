@@ -127,3 +127,61 @@ fn responses_reject_bad_layouts() {
     assert!(sk.encrypt(&[1 << 41], &mut g).is_err());
     assert!(sk.encrypt(&vec![0; p.degree() + 1], &mut g).is_err());
 }
+
+/// The largest uniform weight magnitude B ≤ 2^(ℓ-1) such that a full polynomial of ±B passes
+/// the set's flooding check, found by bisection on the public bound.
+fn edge_weight(p: &Params) -> i64 {
+    let n = p.degree() as f64;
+    let ok = |b: i64| {
+        let (tail, worst) = p.product_noise_bounds(n * b as f64, n * (b as f64).powi(2));
+        p.budget().check(tail, worst).is_ok()
+    };
+    let max = 1i64 << (p.ring().bits() - 1);
+    if ok(max) {
+        return max; // every centred ℓ-bit value is accepted (N8192)
+    }
+    let (mut lo, mut hi) = (1i64, max);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if ok(mid) {
+            lo = mid
+        } else {
+            hi = mid
+        }
+    }
+    assert!(ok(lo) && !ok(lo + 1));
+    lo
+}
+
+fn check_edge(set: ParamSet) {
+    let (p, sk, pk) = setup(set);
+    let ring = p.ring();
+    let n = p.degree();
+    let b = edge_weight(&p);
+    let mut g = prg(11);
+    let w: Vec<i64> = (0..n).map(|_| if g.bit() { b } else { -b }).collect();
+    let mut m = vec![0u64; n];
+    g.fill_ring(ring, &mut m);
+    // The extreme message values maximise the encoding rounding terms.
+    m[0] = ring.mask();
+    m[1] = 1 << 40;
+    let mut acc = Accumulator::new(&p);
+    let ev = EvalCiphertext::expand(&p, &sk.encrypt(&m, &mut g).unwrap());
+    acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w).unwrap());
+    let want = negacyclic_mod_t(ring, &[(w, m)], n);
+    let positions: Vec<usize> = (0..n).collect();
+    let r = acc
+        .into_response(&pk, &positions, &vec![0; n], &mut g)
+        .unwrap();
+    assert_eq!(sk.decrypt_response(&r, &positions).unwrap(), want);
+}
+
+#[test]
+fn edge_weights_decrypt_exactly_n4096() {
+    check_edge(ParamSet::N4096);
+}
+
+#[test]
+fn edge_weights_decrypt_exactly_n8192() {
+    check_edge(ParamSet::N8192);
+}
