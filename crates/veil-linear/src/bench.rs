@@ -43,10 +43,29 @@ struct Measured {
     setup_bytes: u64,
 }
 
-fn measure<C: Channel + ?Sized>(ch: &C, online_s: f64) -> Measured {
+/// Runs the key set-up, records its cost, then resets the meter so the online flights are
+/// counted on their own (otherwise the first online flight would continue the set-up flight).
+fn setup_metered<C: Channel + ?Sized, S>(
+    ch: &mut C,
+    f: impl FnOnce(&mut C) -> Result<S>,
+) -> Result<(S, veil_net::LabelStats)> {
+    let s = {
+        let _g = ch.meter().enter(SETUP);
+        f(ch)?
+    };
+    let stats = ch
+        .meter()
+        .snapshot()
+        .get(SETUP)
+        .cloned()
+        .unwrap_or_default();
+    ch.meter().reset();
+    Ok((s, stats))
+}
+
+fn measure<C: Channel + ?Sized>(ch: &C, online_s: f64, su: &veil_net::LabelStats) -> Measured {
     let snap = ch.meter().snapshot();
     let on = snap.get(LABEL).cloned().unwrap_or_default();
-    let su = snap.get(SETUP).cloned().unwrap_or_default();
     Measured {
         time_s: online_s,
         c2s: on.client_to_server(Role::Client),
@@ -98,22 +117,16 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
     let prepare_s = prep.elapsed().as_secs_f64();
     let (client, y1) = run_two_party_tcp(
         |ch| {
-            let s = {
-                let _g = ch.meter().enter(SETUP);
-                ClientSession::setup(ch, ring)?
-            };
+            let (s, su) = setup_metered(ch, |ch| ClientSession::setup(ch, ring))?;
             let _g = ch.meter().enter(LABEL);
             let t = Instant::now();
             let y0 = fc_client(ch, &s, &layer, &x0)?;
             let dt = t.elapsed().as_secs_f64();
             drop(_g);
-            Ok((y0, measure(ch, dt)))
+            Ok((y0, measure(ch, dt, &su)))
         },
         |ch| {
-            let s = {
-                let _g = ch.meter().enter(SETUP);
-                ServerSession::setup(ch, ring)?
-            };
+            let (s, _) = setup_metered(ch, |ch| ServerSession::setup(ch, ring))?;
             let _g = ch.meter().enter(LABEL);
             fc_server(ch, &s, &fc, &x1)
         },
@@ -155,22 +168,16 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
         .unzip();
     let (client, c1) = run_two_party_tcp(
         |ch| {
-            let s = {
-                let _g = ch.meter().enter(SETUP);
-                ClientSession::setup(ch, ring)?
-            };
+            let (s, su) = setup_metered(ch, |ch| ClientSession::setup(ch, ring))?;
             let _g = ch.meter().enter(LABEL);
             let t = Instant::now();
             let c0 = shared_matmul_client(ch, &s, &a0, &b0)?;
             let dt = t.elapsed().as_secs_f64();
             drop(_g);
-            Ok((c0, measure(ch, dt)))
+            Ok((c0, measure(ch, dt, &su)))
         },
         |ch| {
-            let s = {
-                let _g = ch.meter().enter(SETUP);
-                ServerSession::setup(ch, ring)?
-            };
+            let (s, _) = setup_metered(ch, |ch| ServerSession::setup(ch, ring))?;
             let _g = ch.meter().enter(LABEL);
             shared_matmul_server(ch, &s, &a1, &b1)
         },
