@@ -33,7 +33,7 @@ fn split(x: &RingTensor) -> (RingTensor, RingTensor) {
 #[test]
 fn gelu_and_relu_on_bert_intermediate_rows() {
     let a = ax();
-    let x = random_tensor(&[2, 3072], 6.0);
+    let x = random_tensor(&[1, 3072], 6.0);
     let mut xd = x.data().to_vec();
     xd[0] = a.fp.encode(20.0);
     xd[1] = a.fp.encode(-20.0);
@@ -60,7 +60,7 @@ fn gelu_and_relu_on_bert_intermediate_rows() {
 fn softmax_and_relu_normalise_on_attention_rows_with_padding() {
     let a = ax();
     let cols = 128;
-    let x = random_tensor(&[3, cols], 8.0);
+    let x = random_tensor(&[2, cols], 8.0);
     let valid: Vec<bool> = (0..cols).map(|j| j < 100).collect();
     let sh = split(&x);
     let out = run_mem(|ot, ch, role| {
@@ -91,7 +91,7 @@ fn softmax_and_relu_normalise_on_attention_rows_with_padding() {
 fn layer_norm_and_centre_affine_on_hidden_rows() {
     let a = ax();
     let cols = 768;
-    let x = random_tensor(&[2, cols], 4.0);
+    let x = random_tensor(&[1, cols], 4.0);
     let gamma = random_tensor(&[cols], 2.0);
     let beta = random_tensor(&[cols], 1.0);
     let sh = split(&x);
@@ -143,4 +143,88 @@ fn wrong_mask_or_weights_are_errors() {
         Ok(e1 && e2)
     });
     assert!(c && s);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(5))]
+    /// Random shapes and masks (including all-padded rows): the substitutes and Softmax open to
+    /// exactly the simulator's integers.
+    #[test]
+    fn row_ops_match_the_simulator_on_random_shapes(
+        rows in 1usize..4,
+        cols in 1usize..40,
+        mask_bits in proptest::prelude::any::<u64>(),
+        scale in 0.01f64..20.0,
+    ) {
+        let a = ax();
+        let x = random_tensor(&[rows, cols], scale);
+        let valid: Vec<bool> = (0..cols).map(|j| mask_bits >> (j % 64) & 1 == 1).collect();
+        let g = random_tensor(&[cols], 2.0);
+        let sh = split(&x);
+        let out = run_mem(|ot, ch, role| {
+            let mut cx = Ctx::new(ot, ch, role, a);
+            let p = AffineParams { gamma: g.data(), beta: g.data() };
+            let params = (role == Role::Server).then_some(&p);
+            let s = composite::softmax(&mut cx, pick(role, &sh), &valid)?;
+            let r = composite::relu_normalise(&mut cx, pick(role, &sh), &valid, None)?;
+            let c = composite::centre_affine(&mut cx, pick(role, &sh), params)?;
+            Ok((s, r, c))
+        });
+        let s = open((out.0 .0, out.1 .0));
+        let r = open((out.0 .1, out.1 .1));
+        let c = open((out.0 .2, out.1 .2));
+        for (i, raw) in x.data().chunks(cols).enumerate() {
+            let span = i * cols..(i + 1) * cols;
+            proptest::prop_assert_eq!(&s[span.clone()], &a.softmax_row(raw, &valid)[..]);
+            proptest::prop_assert_eq!(&r[span.clone()], &a.relu_normalise_row(raw, &valid)[..]);
+            proptest::prop_assert_eq!(&c[span], &a.centre_affine_row(raw, g.data(), g.data())[..]);
+        }
+    }
+}
+
+#[test]
+fn softmax_over_tcp_loopback() {
+    let a = ax();
+    let x = random_tensor(&[2, 16], 5.0);
+    let valid = vec![true; 16];
+    let sh = split(&x);
+    let s = open(run_tcp(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        composite::softmax(&mut cx, pick(role, &sh), &valid)
+    }));
+    for (i, raw) in x.data().chunks(16).enumerate() {
+        assert_eq!(&s[i * 16..(i + 1) * 16], &a.softmax_row(raw, &valid)[..]);
+    }
+}
+
+#[test]
+fn row_max_is_exact_including_ties_and_padding() {
+    let a = ax();
+    let ring = a.fp.ring;
+    let big = (1i64 << 38) - 1;
+    let rows: Vec<Vec<i64>> = vec![
+        vec![5, 5, 5, 5, 5],
+        vec![-big, big, 0, -1, 1],
+        vec![-3, -7, -1, -2, -9],
+        vec![0, 0, -1, 0, 0],
+        vec![1, 2, 3, 4, 100],
+    ];
+    let cols = 5;
+    let flat: Vec<u64> = rows
+        .iter()
+        .flatten()
+        .map(|&v| ring.from_signed(v))
+        .collect();
+    let x = share_values(ring, &flat);
+    let idx = [0usize, 1, 2, 3]; // column 4 is padding
+    let got = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let m = composite::max_rows(&mut cx, pick(role, &x).data(), cols, &idx, None)?;
+        RingTensor::from_vec(ring, &[m.len()], m)
+    });
+    let m = open(got);
+    for (r, row) in rows.iter().enumerate() {
+        let want = row[..4].iter().copied().max().unwrap();
+        assert_eq!(ring.to_signed(m[r]), want, "row {r}");
+    }
 }
