@@ -1,15 +1,10 @@
-//! Prints the non-linear benchmark, one JSON object per line.
+//! Prints the non-linear benchmark, one JSON object per line, as each operator finishes.
 //! `cargo run --release -p veil-nonlinear --example bench [-- --quick]`
+
+use veil_nonlinear::bench::{run_streaming, Scale};
 
 fn main() -> veil_core::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
-    let scale = if quick {
-        veil_nonlinear::bench::Scale::Quick
-    } else {
-        veil_nonlinear::bench::Scale::Full
-    };
-    for v in veil_nonlinear::bench::run(scale)? {
-        println!("{v}");
-    }
-    Ok(())
+    let scale = if quick { Scale::Quick } else { Scale::Full };
+    run_streaming(scale, &mut |v| println!("{v}"))
 }

@@ -23,6 +23,15 @@ use veil_ot::OtSession;
 use crate::composite::{self, AffineParams};
 use crate::{Ctx, TruncMode};
 
+/// Forwards each result as it arrives (the long full-size runs show progress).
+struct Reporter<'a>(&'a mut dyn FnMut(&Value));
+
+impl Reporter<'_> {
+    fn push(&mut self, v: Value) {
+        (self.0)(&v);
+    }
+}
+
 /// Problem sizes: `Full` is one BERT-Base layer; `Quick` divides the row counts by 16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scale {
@@ -167,10 +176,17 @@ fn rowwise(cols: usize, f: impl Fn(&[f64]) -> Vec<f64>) -> impl Fn(&[f64]) -> Ve
 
 /// Runs every operator of the benchmark and returns one JSON object each.
 pub fn run(scale: Scale) -> Result<Vec<Value>> {
+    let mut all = Vec::new();
+    run_streaming(scale, &mut |v| all.push(v.clone()))?;
+    Ok(all)
+}
+
+/// [`run`], handing each operator's result to `report` as soon as it is measured.
+pub fn run_streaming(scale: Scale, report: &mut dyn FnMut(&Value)) -> Result<()> {
     let div = if scale == Scale::Full { 1 } else { 16 };
     let fp = FixedPoint::default_format();
     let one = 1u64 << fp.frac_bits();
-    let mut out = Vec::new();
+    let mut out = Reporter(report);
     let drelu_op = |bound: Option<u32>| {
         move |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
             let b = crate::compare::drelu(cx.ot, cx.ch, cx.role, x, bound)?;
@@ -310,5 +326,5 @@ pub fn run(scale: Scale) -> Result<Vec<Value>> {
         &cheap(&ca),
         &ca_ref,
     )?);
-    Ok(out)
+    Ok(())
 }
