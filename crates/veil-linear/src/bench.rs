@@ -34,6 +34,17 @@ fn model_weights(ring: Ring, shape: &[usize], prg: &mut Prg) -> Result<RingTenso
     RingTensor::from_vec(ring, shape, data)
 }
 
+/// CPU seconds used by this process so far (user + system, from /proc; Linux clock ticks of
+/// 1/100 s). Both parties run in this process, so a difference is their combined CPU time: a
+/// figure that, unlike wall time, does not depend on other load on the machine.
+fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
 struct Measured {
     time_s: f64,
     c2s: u64,
@@ -115,6 +126,7 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
         r => r?,
     };
     let prepare_s = prep.elapsed().as_secs_f64();
+    let cpu0 = process_cpu_seconds();
     let (client, y1) = run_two_party_tcp(
         |ch| {
             let (s, su) = setup_metered(ch, |ch| ClientSession::setup(ch, ring))?;
@@ -131,6 +143,7 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
             fc_server(ch, &s, &fc, &x1)
         },
     )?;
+    let cpu_s = cpu0.zip(process_cpu_seconds()).map(|(a, b)| b - a);
     let (y0, m) = client;
     let mut want = x.matmul(&w.transpose()?)?;
     for (i, v) in want.data_mut().iter_mut().enumerate() {
@@ -140,7 +153,14 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
     Ok(entry(
         &format!("FC {seq}x{inp}·{inp}x{out}"),
         &m,
-        json!({"prepare_s": prepare_s, "param_set": format!("{:?}", layer.set), "exact": exact}),
+        json!({
+            "prepare_s": prepare_s,
+            "cpu_s_both_parties_incl_setup": cpu_s,
+            "param_set": format!("{:?}", layer.set),
+            "blocking": format!("{:?}", fc.matrix().layout().blocks),
+            "ntt_weights_cached": fc.matrix().is_ntt_cached(),
+            "exact": exact,
+        }),
     ))
 }
 
@@ -166,6 +186,7 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
         .collect::<Result<Vec<_>>>()?
         .into_iter()
         .unzip();
+    let cpu0 = process_cpu_seconds();
     let (client, c1) = run_two_party_tcp(
         |ch| {
             let (s, su) = setup_metered(ch, |ch| ClientSession::setup(ch, ring))?;
@@ -182,6 +203,7 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
             shared_matmul_server(ch, &s, &a1, &b1)
         },
     )?;
+    let cpu_s = cpu0.zip(process_cpu_seconds()).map(|(a, b)| b - a);
     let (c0, m_) = client;
     let mut exact = true;
     for h in 0..heads {
@@ -190,7 +212,7 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
     Ok(entry(
         &format!("{name} {heads}x({n}x{k}·{k}x{m}) shared"),
         &m_,
-        json!({"param_set": "N8192", "exact": exact}),
+        json!({"param_set": "N8192", "cpu_s_both_parties_incl_setup": cpu_s, "exact": exact}),
     ))
 }
 

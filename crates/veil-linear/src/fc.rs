@@ -53,7 +53,7 @@ impl PreparedFc {
             weight.shape()
         );
         let (p, _) = layer.layout(weight.ring())?;
-        let matrix = PreparedMatrix::new(&p, layer.seq, &weight.transpose()?)?;
+        let matrix = PreparedMatrix::new(&p, layer.seq, &weight.transpose()?)?.with_ntt_cache()?;
         let bias = match bias {
             Some(b) => {
                 ensure!(
@@ -83,6 +83,10 @@ impl PreparedFc {
 
     pub fn layer(&self) -> &FcLayer {
         &self.layer
+    }
+
+    pub fn matrix(&self) -> &PreparedMatrix {
+        &self.matrix
     }
 }
 

@@ -23,15 +23,21 @@ use veil_net::Channel;
 
 use crate::layout::Layout;
 
-/// B (k×m) packed for one layout, with the noise check done. Weight polynomials are stored by
-/// their low-degree coefficients (k_w·m_w per block) and transformed at use time: the
-/// transformed form would be N/(k_w·m_w) times larger (gigabytes for BERT-Base).
+/// B (k×m) packed for one layout, with the noise check done. Weight polynomials are kept by
+/// their low-degree coefficients (k_w·m_w per block); their NTT form, N/(k_w·m_w) times larger
+/// (≈1.8 GB for a 768×768 matrix at seq 128), is cached only when it fits
+/// [`NTT_CACHE_BYTES`], and otherwise computed at use time.
 pub struct PreparedMatrix {
     params: Params,
     layout: Layout,
     /// Block (bk, bm) at index bm·k_blocks + bk.
     blocks: Vec<Vec<i64>>,
+    /// The same blocks in the NTT domain, when cached.
+    ntt: Option<Vec<NttPlaintext>>,
 }
+
+/// Largest NTT-domain weight cache per prepared matrix (BERT-Tiny layers fit, BERT-Base do not).
+pub const NTT_CACHE_BYTES: usize = 256 << 20;
 
 impl PreparedMatrix {
     /// Packs `b` for products with an n-row encrypted left operand.
@@ -61,7 +67,28 @@ impl PreparedMatrix {
             params: params.clone(),
             layout,
             blocks,
+            ntt: None,
         })
+    }
+
+    /// Caches the NTT form of every block if it fits [`NTT_CACHE_BYTES`]: worth it for a
+    /// matrix reused across inferences (model weights), not for a one-off share.
+    pub fn with_ntt_cache(mut self) -> Result<Self> {
+        let p = &self.params;
+        if self.blocks.len() * p.limbs() * p.degree() * 8 <= NTT_CACHE_BYTES {
+            let cached = self
+                .blocks
+                .iter()
+                .map(|c| NttPlaintext::new(p, c))
+                .collect::<Result<Vec<_>>>()?;
+            self.ntt = Some(cached);
+        }
+        Ok(self)
+    }
+
+    /// Whether the NTT-domain weights are cached.
+    pub fn is_ntt_cached(&self) -> bool {
+        self.ntt.is_some()
     }
 
     pub fn layout(&self) -> &Layout {
@@ -284,9 +311,16 @@ pub fn server_respond<C: Channel + ?Sized>(
         let mut w = NttPlaintext::new(p, &[])?;
         for bk in 0..kb {
             for (bm, col_accs) in cols.clone().zip(accs.iter_mut()) {
-                w.set(p, &job.matrix.blocks[bm * kb + bk]);
+                let idx = bm * kb + bk;
+                let w = match &job.matrix.ntt {
+                    Some(cached) => &cached[idx],
+                    None => {
+                        w.set(p, &job.matrix.blocks[idx]);
+                        &w
+                    }
+                };
                 for (bi, acc) in col_accs.iter_mut().enumerate() {
-                    acc.mul_acc(p, &evals[in_offset[j] + bi * kb + bk], &w);
+                    acc.mul_acc(p, &evals[in_offset[j] + bi * kb + bk], w);
                 }
             }
         }
