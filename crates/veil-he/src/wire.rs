@@ -264,6 +264,27 @@ mod tests {
         assert!(decode(&wrong_modulus).is_err());
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, .. Default::default() })]
+        /// Arbitrary bytes, and valid messages with one byte flipped, never panic a decoder.
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
+                                flip in 0usize..100_000, bit in 0u8..8) {
+            let (p, sk, pk, mut g) = setup();
+            let _ = decode_public_key(&p, &bytes);
+            let _ = decode_ciphertexts(&p, &bytes, 1);
+            let _ = decode_responses(&p, &bytes, &[1]);
+            let mut ct = encode_ciphertexts(&p, &[sk.encrypt(&[1], &mut g).unwrap()]);
+            let i = flip % ct.len();
+            ct[i] ^= 1 << bit;
+            let _ = decode_ciphertexts(&p, &ct, 1);
+            let mut key = encode_public_key(&pk);
+            let i = flip % key.len();
+            key[i] ^= 1 << bit;
+            let _ = decode_public_key(&p, &key);
+        }
+    }
+
     #[test]
     fn public_key_round_trip_and_strictness() {
         let (p, _sk, pk, _) = setup();
