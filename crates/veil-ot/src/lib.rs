@@ -13,6 +13,7 @@
 pub mod aes_prims;
 pub mod arith;
 pub mod base_ot;
+pub mod bench;
 pub mod chosen;
 mod derand;
 pub mod ferret;

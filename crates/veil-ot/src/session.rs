@@ -36,12 +36,12 @@ pub const MAX_COTS_PER_CALL: usize = 1 << 28;
 
 enum SendEngine {
     Iknp(IknpSender),
-    Silent(FerretSender),
+    Silent(Box<FerretSender>),
 }
 
 enum RecvEngine {
     Iknp(IknpReceiver),
-    Silent(FerretReceiver),
+    Silent(Box<FerretReceiver>),
 }
 
 /// COTs this party sends: `q_i`, with the receiver holding `q_i ⊕ r_i·Δ`.
@@ -90,7 +90,7 @@ impl SenderPool {
             Backend::Iknp => (SendEngine::Iknp(iknp), Vec::new(), 0),
             Backend::Silent => {
                 let (ferret, q, start) = FerretSender::setup(ch, &mut iknp)?;
-                (SendEngine::Silent(ferret), q, start)
+                (SendEngine::Silent(Box::new(ferret)), q, start)
             }
         };
         Ok(SenderPool {
@@ -158,7 +158,7 @@ impl ReceiverPool {
             Backend::Iknp => (RecvEngine::Iknp(iknp), Vec::new(), Vec::new(), 0),
             Backend::Silent => {
                 let (ferret, t, bits, start) = FerretReceiver::setup(ch, &mut iknp)?;
-                (RecvEngine::Silent(ferret), t, bits, start)
+                (RecvEngine::Silent(Box::new(ferret)), t, bits, start)
             }
         };
         Ok(ReceiverPool {

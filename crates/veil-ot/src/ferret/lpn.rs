@@ -17,7 +17,7 @@ pub const D: usize = 10;
 /// AES blocks per row: 12 32-bit words, of which the first 10 are used.
 const BLOCKS_PER_ROW: usize = 3;
 /// Rows generated per AES batch.
-const ROWS: usize = 64;
+const ROWS: usize = 256;
 
 /// The public sparse matrix of one parameter set.
 pub struct LpnMatrix {
@@ -37,63 +37,57 @@ impl LpnMatrix {
         }
     }
 
-    /// Column indices of rows `first..first + count` (count ≤ ROWS), D per row.
-    fn rows(&self, first: usize, count: usize, idx: &mut [u32; ROWS * D]) {
+    /// Column indices of rows `first..first + idx.len() / D`, D per row.
+    fn rows(&self, first: usize, idx: &mut [u32]) {
         let mut blocks = [0u128; ROWS * BLOCKS_PER_ROW];
-        let base = ((self.stream as u128) << 64) | (first * BLOCKS_PER_ROW) as u128;
-        for (i, b) in blocks[..count * BLOCKS_PER_ROW].iter_mut().enumerate() {
-            *b = base + i as u128;
-        }
-        encrypt_in_place(&self.cipher, &mut blocks[..count * BLOCKS_PER_ROW]);
-        let k = self.k as u64;
-        for r in 0..count {
-            let words = &blocks[r * BLOCKS_PER_ROW..(r + 1) * BLOCKS_PER_ROW];
-            for j in 0..D {
-                let w = (words[j / 4] >> (32 * (j % 4))) as u32;
-                idx[r * D + j] = ((w as u64 * k) >> 32) as u32;
+        for (c, idx) in idx.chunks_mut(ROWS * D).enumerate() {
+            let count = idx.len() / D;
+            let start =
+                ((self.stream as u128) << 64) | ((first + c * ROWS) * BLOCKS_PER_ROW) as u128;
+            let blocks = &mut blocks[..count * BLOCKS_PER_ROW];
+            for (i, b) in blocks.iter_mut().enumerate() {
+                *b = start + i as u128;
             }
-        }
-    }
-
-    /// Sender side: `out[i] ⊕= ⊕_{j ∈ row(offset + i)} base[j]`.
-    fn apply_blocks(&self, offset: usize, out: &mut [u128], base: &[u128]) {
-        let mut idx = [0u32; ROWS * D];
-        for (c, chunk) in out.chunks_mut(ROWS).enumerate() {
-            self.rows(offset + c * ROWS, chunk.len(), &mut idx);
-            for (r, o) in chunk.iter_mut().enumerate() {
-                let mut acc = *o;
-                for &j in &idx[r * D..r * D + D] {
-                    acc ^= base[j as usize];
+            encrypt_in_place(&self.cipher, blocks);
+            let k = self.k as u64;
+            for (words, row) in blocks
+                .chunks_exact(BLOCKS_PER_ROW)
+                .zip(idx.chunks_exact_mut(D))
+            {
+                for (j, x) in row.iter_mut().enumerate() {
+                    let w = (words[j / 4] >> (32 * (j % 4))) as u32;
+                    *x = ((w as u64 * k) >> 32) as u32;
                 }
-                *o = acc;
             }
         }
     }
 
-    /// Receiver side: the same on blocks and on choice bits.
-    fn apply_blocks_and_bits(
+    /// `out[i] ⊕= ⊕_{j ∈ row(offset + i)} base[j]`, and the same on the receiver's bits
+    /// (packed 64 per word, so the bit table stays in L1/L2 and does not compete with the
+    /// block table).
+    fn apply(
         &self,
         offset: usize,
         out: &mut [u128],
-        out_bits: &mut [u8],
+        mut bits: Option<(&mut [u8], &[u64])>,
         base: &[u128],
-        base_bits: &[u8],
     ) {
         let mut idx = [0u32; ROWS * D];
-        for (c, (chunk, bits)) in out
-            .chunks_mut(ROWS)
-            .zip(out_bits.chunks_mut(ROWS))
-            .enumerate()
-        {
-            self.rows(offset + c * ROWS, chunk.len(), &mut idx);
-            for (r, (o, b)) in chunk.iter_mut().zip(bits.iter_mut()).enumerate() {
-                let (mut acc, mut accb) = (*o, *b);
-                for &j in &idx[r * D..r * D + D] {
-                    acc ^= base[j as usize];
-                    accb ^= base_bits[j as usize];
+        for (c, chunk) in out.chunks_mut(ROWS).enumerate() {
+            let first = c * ROWS;
+            let idx = &mut idx[..chunk.len() * D];
+            self.rows(offset + first, idx);
+            gather_xor(chunk, idx, base);
+            if let Some((out_bits, packed)) = bits.as_mut() {
+                for (b, row) in out_bits[first..first + chunk.len()]
+                    .iter_mut()
+                    .zip(idx.chunks_exact(D))
+                {
+                    let acc = row
+                        .iter()
+                        .fold(0u64, |a, &j| a ^ (packed[j as usize / 64] >> (j % 64)));
+                    *b ^= (acc & 1) as u8;
                 }
-                *o = acc;
-                *b = accb;
             }
         }
     }
@@ -109,7 +103,7 @@ impl LpnMatrix {
                 let (head, tail) = rest.split_at_mut(len);
                 rest = tail;
                 let start = offset;
-                s.spawn(move || self.apply_blocks(start, head, base));
+                s.spawn(move || self.apply(start, head, None, base));
                 offset += len;
             }
         });
@@ -127,6 +121,8 @@ impl LpnMatrix {
             base.len() == self.k && base_bits.len() == self.k && out.len() == out_bits.len(),
             "LPN shapes"
         );
+        let packed = zeroize::Zeroizing::new(pack_bits(base_bits));
+        let packed = &packed[..];
         let parts = split_points(out.len());
         std::thread::scope(|s| {
             let (mut rest, mut rest_bits) = (out, out_bits);
@@ -137,13 +133,56 @@ impl LpnMatrix {
                 rest = tail;
                 rest_bits = tail_bits;
                 let start = offset;
-                s.spawn(move || {
-                    self.apply_blocks_and_bits(start, head, head_bits, base, base_bits)
-                });
+                s.spawn(move || self.apply(start, head, Some((head_bits, packed)), base));
                 offset += len;
             }
         });
     }
+}
+
+/// Rows ahead whose table entries are prefetched: keeps ~40 loads in flight.
+const PREFETCH_ROWS: usize = 8;
+
+/// `out[r] ⊕= ⊕_j base[idx[r·D + j]]`. The table (9.4 MB for the main set) is far larger than
+/// L2, so the loop is bound by L3 latency unless many loads are in flight: prefetch the entries
+/// of a few rows ahead. (Bucketing the indices by table segment was tried and was slower: a
+/// pass would need far more rows than fit in cache to reuse each table line.)
+#[inline]
+fn gather_xor(out: &mut [u128], idx: &[u32], base: &[u128]) {
+    let rows = out.len();
+    for r in 0..rows {
+        if r + PREFETCH_ROWS < rows {
+            for &j in &idx[(r + PREFETCH_ROWS) * D..(r + PREFETCH_ROWS + 1) * D] {
+                prefetch(&base[j as usize]);
+            }
+        }
+        let mut acc = out[r];
+        for &j in &idx[r * D..r * D + D] {
+            acc ^= base[j as usize];
+        }
+        out[r] = acc;
+    }
+}
+
+#[inline(always)]
+fn prefetch(p: &u128) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint with no architectural effect; `p` is a valid reference.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p as *const u128 as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// 0/1 bytes packed 64 per word.
+fn pack_bits(bits: &[u8]) -> Vec<u64> {
+    let mut out = vec![0u64; bits.len().div_ceil(64)];
+    for (i, &b) in bits.iter().enumerate() {
+        out[i / 64] |= ((b & 1) as u64) << (i % 64);
+    }
+    out
 }
 
 /// Worker count for the parallel steps (the machine's cores, at most 4).
@@ -185,10 +224,10 @@ mod tests {
         let mut only_blocks = vec![0u128; n];
         m.encode(&mut only_blocks, &base);
         assert_eq!(out, only_blocks);
-        let mut idx = [0u32; ROWS * D];
+        let mut idx = [0u32; D];
         let mut hits = vec![0u32; k];
         for i in 0..n {
-            m.rows(i, 1, &mut idx);
+            m.rows(i, &mut idx);
             let (mut want, mut want_bit) = (0u128, 0u8);
             for &j in &idx[..D] {
                 want ^= base[j as usize];
