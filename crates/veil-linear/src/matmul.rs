@@ -251,10 +251,11 @@ pub fn server_respond<C: Channel + ?Sized>(
         );
         if let Some(s) = job.lhs_share {
             check_lhs(&lay, s, "server share of the left operand")?;
+            ensure!(s.ring() == ring, InvalidArgument, "share ring mismatch");
         }
         if let Some(a) = job.add {
             ensure!(
-                a.shape() == [lay.n, lay.m],
+                a.shape() == [lay.n, lay.m] && a.ring() == ring,
                 InvalidArgument,
                 "added matrix has shape {:?}, expected [{}, {}]",
                 a.shape(),
