@@ -47,8 +47,10 @@
 //! For a product Σ_c w_c × Enc(m_c) the hidden noise is ≈ Σ‖w_c‖₁ + 7.63·√(10.5·Σ‖w_c‖₂²) +
 //! 2·21·N. Fixed-point weights at f = 13 (|w·2^f| ≲ 2^11, inner dimension ≤ 3072, Cheetah blocks
 //! with m_w ≤ 4) stay below 2^23 on N4096; uniform 41-bit shares as plaintexts (≈2^48 for
-//! k = 64) need N8192. Exactness holds for any ℓ ≤ 41 and every shape the check accepts; the
-//! tests run products at the largest weights the check accepts (`edge_weights_*`).
+//! k = 64) need N8192. Exactness holds for every shape the check accepts and any ℓ in 32..=41
+//! (larger ℓ is refused at construction: the final modulus would leave no room for the
+//! switching noise); f plays no role in the HE layer beyond the weights' magnitude |w·2^f|.
+//! The tests run products at the largest weights the check accepts (`edge_weights_*`).
 
 pub(crate) mod math;
 pub mod params;

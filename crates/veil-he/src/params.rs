@@ -413,4 +413,15 @@ mod tests {
         ));
         assert!(ParamSet::from_id(9).is_err());
     }
+
+    #[test]
+    fn plaintext_ring_sizes_supported() {
+        for bits in 32..=41 {
+            for set in [ParamSet::N4096, ParamSet::N8192] {
+                Params::new(set, Ring::new(bits).unwrap()).unwrap();
+            }
+        }
+        // Beyond ℓ = 41 the final modulus leaves no room for the switching noise.
+        assert!(Params::new(ParamSet::N4096, Ring::new(42).unwrap()).is_err());
+    }
 }
