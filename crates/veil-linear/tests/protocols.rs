@@ -109,10 +109,8 @@ fn fc_refuses_weights_too_large_to_flood() {
     ));
 }
 
-#[test]
-fn shared_products_per_head_are_exact() {
+fn check_shared_products(heads: usize, tcp: bool) {
     let mut g = Prg::from_seed(&Seed([6; 16]));
-    let heads = 3;
     let a: Vec<_> = (0..heads)
         .map(|_| RingTensor::random(ring(), &[16, 8], &mut g).unwrap())
         .collect();
@@ -124,23 +122,35 @@ fn shared_products_per_head_are_exact() {
     };
     let (a0, a1) = split(&a, &mut g);
     let (b0, b1) = split(&b, &mut g);
-    let (c0, c1) = run_two_party(
-        |ch| {
-            let s = ClientSession::setup(ch, ring())?;
-            shared_matmul_client(ch, &s, &a0, &b0)
-        },
-        |ch| {
-            let s = ServerSession::setup(ch, ring())?;
-            shared_matmul_server(ch, &s, &a1, &b1)
-        },
-    )
-    .unwrap();
+    let client = |ch: &mut dyn Channel| -> veil_core::Result<Vec<RingTensor>> {
+        let s = ClientSession::setup(ch, ring())?;
+        shared_matmul_client(ch, &s, &a0, &b0)
+    };
+    let server = |ch: &mut dyn Channel| -> veil_core::Result<Vec<RingTensor>> {
+        let s = ServerSession::setup(ch, ring())?;
+        shared_matmul_server(ch, &s, &a1, &b1)
+    };
+    let (c0, c1) = if tcp {
+        run_two_party_tcp(|ch| client(ch), |ch| server(ch)).unwrap()
+    } else {
+        run_two_party(|ch| client(ch), |ch| server(ch)).unwrap()
+    };
     for h in 0..heads {
         assert_eq!(
             reconstruct(&c0[h], &c1[h]).unwrap(),
             a[h].matmul(&b[h]).unwrap()
         );
     }
+}
+
+#[test]
+fn shared_products_per_head_are_exact() {
+    check_shared_products(3, false);
+}
+
+#[test]
+fn shared_products_over_tcp_are_exact() {
+    check_shared_products(1, true);
 }
 
 /// A peer that sends garbage or hangs up yields an error on the other side, never a panic.
