@@ -83,7 +83,7 @@ pub(crate) struct Inner {
     pub delta: Vec<ShoupConst>,
     /// Q mod t.
     pub q_mod_t: u64,
-    /// Limbs kept after the RNS rescaling chain (their product is below 2^126).
+    /// Limbs kept after the RNS rescaling chain (their product is at most 2^110).
     pub crt_limbs: usize,
     /// `rescale_inv[j][i]` = q_j^{-1} mod q_i for every dropped limb j and kept i < j.
     pub rescale_inv: Vec<Vec<ShoupConst>>,
@@ -227,16 +227,23 @@ impl Params {
             })
             .collect();
 
-        // Drop limbs (largest index first) until the product fits comfortably in a u128.
+        // Drop limbs (largest index first) until Q' ≤ 2^110: the final switch estimates
+        // round(p·x/Q') in f64 (error ≤ 2^-52·p ≤ 2^10) and corrects with a remainder that must
+        // stay within ±2^127 in wrapping 128-bit arithmetic: 2^10·Q' < 2^121 leaves room.
         let mut crt_limbs = limbs;
         while moduli[..crt_limbs]
             .iter()
             .map(|&q| (q as f64).log2())
             .sum::<f64>()
-            > 126.0
+            > 110.0
         {
             crt_limbs -= 1;
         }
+        ensure!(
+            crt_limbs >= 1,
+            InvalidArgument,
+            "no RNS prefix fits the switching arithmetic"
+        );
         let rescale_inv = (0..limbs)
             .map(|j| {
                 (0..j)

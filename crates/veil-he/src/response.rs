@@ -60,7 +60,7 @@ fn switch_coefficient(inner: &Inner, x: &mut [u64]) -> u64 {
         }
     }
     // round(p·acc/Q'): float estimate, then exact correction in wrapping 128-bit arithmetic
-    // (the true remainder is within a few Q' < 2^126 of zero, so wrapping is harmless).
+    // (the true remainder is within 2^10·Q' ≤ 2^120 of zero, so wrapping is harmless).
     let p = inner.final_modulus;
     let mut k = ((acc as f64) * (p as f64 / big_q as f64)).round() as u128;
     let mut rem = (acc.wrapping_mul(p as u128)).wrapping_sub(k.wrapping_mul(big_q)) as i128;
