@@ -200,6 +200,12 @@ impl Params {
             "final modulus must have 40..=62 bits, got {final_bits}"
         );
         let moduli = ntt_primes(limb_bits, n, limbs, &[]);
+        // The switching code relies on equal-sized primes (any residue mod q_j is < 2·q_i).
+        ensure!(
+            moduli.iter().all(|&q| q > 1 << (limb_bits - 1)),
+            InvalidArgument,
+            "not enough {limb_bits}-bit NTT primes for N = {n}"
+        );
         let log2_q: f64 = moduli.iter().map(|&q| (q as f64).log2()).sum();
         ensure!(
             log2_q <= max_log_q as f64,

@@ -37,15 +37,17 @@ impl Response {
 fn switch_coefficient(inner: &Inner, x: &mut [u64]) -> u64 {
     let q = &inner.moduli;
     // RNS rescaling: x ← round(x / q_j), dropping the top limbs.
+    // Moduli are equal-sized and descending, so any residue mod q_j (j > i) is < 2·q_i.
+    let reduce = |v: u64, qi: u64| if v >= qi { v - qi } else { v };
     for j in (inner.crt_limbs..q.len()).rev() {
         let r = x[j];
         let neg = r > q[j] / 2;
         for i in 0..j {
             let rc = if neg {
                 // x - (r - q_j): add (q_j - r) mod q_i.
-                add_mod(x[i], (q[j] - r) % q[i], q[i])
+                add_mod(x[i], reduce(q[j] - r, q[i]), q[i])
             } else {
-                sub_mod(x[i], r % q[i], q[i])
+                sub_mod(x[i], reduce(r, q[i]), q[i])
             };
             x[i] = inner.rescale_inv[j][i].mul(rc, q[i]);
         }
