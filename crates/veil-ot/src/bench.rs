@@ -48,23 +48,25 @@ fn sync(ch: &mut TcpChannel, role: Role) -> Result<()> {
     }
 }
 
-/// Runs `setup` then `run` (which returns the number of OTs produced) and measures both.
+/// Runs `setup` then `run` (which returns the number of OTs produced) and measures both. The
+/// state is dropped (and zeroized) after the clock stops.
 fn measure<S>(
     ch: &mut TcpChannel,
     role: Role,
     setup: impl FnOnce(&mut TcpChannel, &mut Vec<(&'static str, f64)>) -> Result<S>,
-    run: impl FnOnce(&mut TcpChannel, S) -> Result<usize>,
+    run: impl FnOnce(&mut TcpChannel, &mut S) -> Result<usize>,
 ) -> Result<PartyReport> {
     sync(ch, role)?;
     let mut parts = Vec::new();
     let (b0, t0) = (ch.meter().total(), Instant::now());
-    let state = setup(ch, &mut parts)?;
+    let mut state = setup(ch, &mut parts)?;
     sync(ch, role)?;
     let (b1, t1) = (ch.meter().total(), Instant::now());
-    let count = run(ch, state)?;
+    let count = run(ch, &mut state)?;
     let b2 = ch.meter().total();
     sync(ch, role)?;
     let t2 = Instant::now();
+    drop(state);
     Ok(PartyReport {
         setup_s: (t1 - t0).as_secs_f64(),
         setup_parts: parts,
@@ -116,7 +118,7 @@ fn bench_base_ot() -> Result<Value> {
                 ch,
                 Role::Client,
                 |_, _| Ok(()),
-                |ch, ()| {
+                |ch, _| {
                     let mut prg = Prg::from_os_entropy();
                     let c: Vec<bool> = (0..BASE_OT_COUNT).map(|_| prg.bit()).collect();
                     Ok(base_ot::receive(ch, &c)?.len())
@@ -128,7 +130,7 @@ fn bench_base_ot() -> Result<Value> {
                 ch,
                 Role::Server,
                 |_, _| Ok(()),
-                |ch, ()| Ok(base_ot::send(ch, BASE_OT_COUNT)?.len()),
+                |ch, _| Ok(base_ot::send(ch, BASE_OT_COUNT)?.len()),
             )
         },
     )
@@ -142,7 +144,7 @@ fn bench_iknp() -> Result<Value> {
                 ch,
                 Role::Client,
                 |ch, _| IknpReceiver::setup(ch),
-                |ch, mut r| {
+                |ch, r| {
                     let mut prg = Prg::from_os_entropy();
                     let mut bits = vec![0u8; COT_COUNT];
                     prg.fill(&mut bits);
@@ -156,7 +158,7 @@ fn bench_iknp() -> Result<Value> {
                 ch,
                 Role::Server,
                 |ch, _| IknpSender::setup(ch),
-                |ch, mut s| Ok(s.extend(ch, COT_COUNT)?.len()),
+                |ch, s| Ok(s.extend(ch, COT_COUNT)?.len()),
             )
         },
     )
@@ -178,7 +180,7 @@ fn bench_silent() -> Result<Value> {
                     parts.push(("bootstrap", t.elapsed().as_secs_f64()));
                     Ok(r)
                 },
-                |ch, mut r| {
+                |ch, r| {
                     let mut made = 0;
                     while made < COT_COUNT {
                         let (t, _, start) = r.extend(ch)?;
@@ -201,7 +203,7 @@ fn bench_silent() -> Result<Value> {
                     parts.push(("bootstrap", t.elapsed().as_secs_f64()));
                     Ok(s)
                 },
-                |ch, mut s| {
+                |ch, s| {
                     let mut made = 0;
                     while made < COT_COUNT {
                         let (q, start) = s.extend(ch)?;
@@ -231,14 +233,14 @@ fn bench_flavour(
     two_party(
         protocol,
         |ch| {
-            measure(ch, Role::Client, setup(Role::Client), |ch, mut s| {
-                client(&mut s, ch)?;
+            measure(ch, Role::Client, setup(Role::Client), |ch, s| {
+                client(s, ch)?;
                 Ok(FLAVOUR_COUNT)
             })
         },
         |ch| {
-            measure(ch, Role::Server, setup(Role::Server), |ch, mut s| {
-                server(&mut s, ch)?;
+            measure(ch, Role::Server, setup(Role::Server), |ch, s| {
+                server(s, ch)?;
                 Ok(FLAVOUR_COUNT)
             })
         },

@@ -1,16 +1,18 @@
-//! 1-out-of-N OT, N = 2^log_n (1 ≤ log_n ≤ 8), from log_n random COTs per OT (Naor–Pinkas style).
+//! 1-out-of-N OT, N = 2^log_n (1 ≤ log_n ≤ 8), from log_n random COTs per OT (the
+//! Naor–Pinkas / Brassard–Crépeau–Robert reduction to 1-out-of-2 string OT).
 //!
-//! For OT i the receiver derandomises log_n COTs to the bits of its choice c (log_n bits up).
-//! The key of message x is `K_x = ⊕_j H(q_j ⊕ (x_j ⊕ d_j)·Δ, τ(j, x))`, with a tweak unique per
-//! COT *and* message index, so `K_c` is computable by the receiver (`⊕_j H(t_j, τ(j, c))`) and
-//! every other key contains at least one term `H(t_j ⊕ Δ, ·)` under a fresh tweak, hence is
-//! pseudo-random to it (TCCR); the per-x tweaks rule out XOR relations between keys.
-//! Sender → receiver: `N·bits` bits per OT. Two flights per call (plus refills).
+//! OT i uses log_n COTs, derandomised to the bits c_j of the receiver's choice (log_n bits up).
+//! COT j yields two pad streams `S_{j,b} = H(q_j ⊕ (b ⊕ d_j)·Δ, τ(j, 0)) ‖ H(.., τ(j, 1)) ‖ …`
+//! of N/2·bits bits; the receiver can compute `S_{j,c_j}` only. Message x is masked with
+//! `K_x = ⊕_j S_{j,x_j}[x without bit j]` (a `bits`-bit chunk). Every chunk of an unknown
+//! stream masks exactly one message, so all keys other than `K_c` are jointly pseudo-random
+//! (TCCR with a unique tweak per COT and block). Sender → receiver: `N·bits` bits per OT.
+//! Cost per OT: `2·log_n·⌈N·bits/256⌉` hashes for the sender (8 for the comparison protocol's
+//! N = 16, bits ≤ 16), half that for the receiver. Two flights per call (plus refills).
 //!
 //! Why not KK13: KK13 needs a 256-bit-wide OT extension (≥ 256 bits of traffic per OT before
 //! the N·bits payload), while log_n silent COTs cost under log_n bits plus log_n correction
-//! bits. Its sender costs N·log_n hashes per OT instead of N, acceptable for the comparison
-//! protocol's N ≤ 16 and still correct up to N = 256.
+//! bits, so this construction sends less whenever COTs are silent.
 //! Security: semi-honest, 128-bit computational.
 
 use veil_core::{ensure, Result};
@@ -21,9 +23,9 @@ use crate::derand::{check_bits, check_values, recv_corrections, send_corrections
 use crate::pack::{mask, pack, packed_len, unpack};
 use crate::OtSession;
 
-/// Tweak for COT `index` and message `x`: indices stay below 2^64, x lives above.
-fn tweak(index: u64, x: usize) -> u128 {
-    ((x as u128) << 64) | index as u128
+/// Tweak for block `c` of the pad stream of COT `index`: indices stay below 2^64, c above.
+fn tweak(index: u64, c: usize) -> u128 {
+    ((c as u128) << 64) | index as u128
 }
 
 fn check_log_n(log_n: u32) -> Result<usize> {
@@ -35,8 +37,29 @@ fn check_log_n(log_n: u32) -> Result<usize> {
     Ok(1usize << log_n)
 }
 
+/// Blocks per pad stream: N/2 chunks of `bits` bits.
+fn stream_blocks(n_msgs: usize, bits: u32) -> usize {
+    (n_msgs / 2 * bits as usize).div_ceil(128)
+}
+
+/// `x` with bit `j` removed: its chunk index in the stream of COT j.
+fn without_bit(x: usize, j: usize) -> usize {
+    (x & ((1 << j) - 1)) | ((x >> (j + 1)) << j)
+}
+
+/// Chunk `y` (of `bits` bits) of a pad stream.
+fn chunk(stream: &[u128], y: usize, bits: u32) -> u64 {
+    let pos = y * bits as usize;
+    let (w, off) = (pos / 128, pos % 128);
+    let mut v = stream[w] >> off;
+    if off + bits as usize > 128 {
+        v |= stream[w + 1] << (128 - off);
+    }
+    v as u64 & mask(bits)
+}
+
 /// OTs hashed per batch: bounds scratch memory to a few MiB whatever N is.
-const OTS_PER_BATCH: usize = 256;
+const OTS_PER_BATCH: usize = 1024;
 
 impl OtSession {
     /// 1-out-of-N OT sender: `table` holds count × N messages (< 2^bits), row i = OT i.
@@ -60,30 +83,31 @@ impl OtSession {
         let l = log_n as usize;
         let batch = self.take_send(ch, count * l)?;
         let d = recv_corrections(ch, count * l)?;
-        let m = mask(bits);
+        let blocks = stream_blocks(n_msgs, bits);
         let mut y = table.to_vec();
-        let (mut inputs, mut tweaks, mut hashes) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut inputs, mut tweaks, mut streams) = (Vec::new(), Vec::new(), Vec::new());
         for first in (0..count).step_by(OTS_PER_BATCH) {
             let last = (first + OTS_PER_BATCH).min(count);
             inputs.clear();
             tweaks.clear();
-            for i in first..last {
-                for j in 0..l {
-                    let k = i * l + j;
-                    for x in 0..n_msgs {
-                        let b = ((x >> j) as u8 & 1) ^ d[k];
-                        inputs.push(batch.q[k] ^ (batch.delta & 0u128.wrapping_sub(b as u128)));
-                        tweaks.push(tweak(batch.index + k as u64, x));
+            // Layout: OT, then COT j, then b, then block c.
+            for k in first * l..last * l {
+                for b in 0..2u8 {
+                    let x = batch.q[k] ^ (batch.delta & 0u128.wrapping_sub((b ^ d[k]) as u128));
+                    for c in 0..blocks {
+                        inputs.push(x);
+                        tweaks.push(tweak(batch.index + k as u64, c));
                     }
                 }
             }
-            hashes.resize(inputs.len(), 0);
-            tccr_hash_tweaked(&inputs, &tweaks, &mut hashes);
-            for (off, i) in (first..last).enumerate() {
+            streams.resize(inputs.len(), 0);
+            tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
+            for i in first..last {
                 for j in 0..l {
-                    let h = &hashes[(off * l + j) * n_msgs..][..n_msgs];
-                    for (x, hx) in h.iter().enumerate() {
-                        y[i * n_msgs + x] ^= *hx as u64 & m;
+                    let k = i * l + j - first * l;
+                    for x in 0..n_msgs {
+                        let s = &streams[(2 * k + ((x >> j) & 1)) * blocks..][..blocks];
+                        y[i * n_msgs + x] ^= chunk(s, without_bit(x, j), bits);
                     }
                 }
             }
@@ -113,20 +137,31 @@ impl OtSession {
         let batch = self.take_recv(ch, count * l)?;
         let bit_choices = (0..count * l).map(|k| (choices[k / l] >> (k % l)) & 1 == 1);
         send_corrections(ch, &batch, bit_choices)?;
-        let tweaks: Vec<u128> = (0..count * l)
-            .map(|k| tweak(batch.index + k as u64, choices[k / l] as usize))
-            .collect();
-        let mut keys = vec![0u128; count * l];
-        tccr_hash_tweaked(batch.t, &tweaks, &mut keys);
+        let blocks = stream_blocks(n_msgs, bits);
+        let mut inputs = Vec::with_capacity(count * l * blocks);
+        let mut tweaks = Vec::with_capacity(count * l * blocks);
+        for (k, &t) in batch.t.iter().enumerate() {
+            for c in 0..blocks {
+                inputs.push(t);
+                tweaks.push(tweak(batch.index + k as u64, c));
+            }
+        }
+        let mut streams = vec![0u128; inputs.len()];
+        tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
         let msg = ch.recv_msg_exact(packed_len(count * n_msgs, bits))?;
         let y = unpack(&msg, count * n_msgs, bits, "1-of-N OT ciphertexts")?;
-        let m = mask(bits);
         Ok((0..count)
             .map(|i| {
-                let key = keys[i * l..(i + 1) * l]
-                    .iter()
-                    .fold(0u64, |a, &k| a ^ k as u64);
-                (y[i * n_msgs + choices[i] as usize] ^ key) & m
+                let c = choices[i] as usize;
+                let key = (0..l).fold(0u64, |a, j| {
+                    let k = i * l + j;
+                    a ^ chunk(
+                        &streams[k * blocks..(k + 1) * blocks],
+                        without_bit(c, j),
+                        bits,
+                    )
+                });
+                y[i * n_msgs + c] ^ key
             })
             .collect())
     }
