@@ -91,6 +91,7 @@ impl OtSession {
             inputs.clear();
             tweaks.clear();
             // Layout: OT, then COT j, then b, then block c.
+            #[allow(clippy::needless_range_loop)] // k indexes q, d and the tweak together
             for k in first * l..last * l {
                 for b in 0..2u8 {
                     let x = batch.q[k] ^ (batch.delta & 0u128.wrapping_sub((b ^ d[k]) as u128));

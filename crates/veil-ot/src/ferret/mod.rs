@@ -23,6 +23,7 @@
 pub mod lpn;
 pub mod params;
 pub mod spcot;
+pub mod table;
 
 use veil_core::{Prg, Result};
 use veil_net::Channel;
@@ -33,6 +34,7 @@ use crate::pack::{pack_bools, unpack_bools};
 use lpn::{workers, LpnMatrix};
 use params::LpnParams;
 use spcot::{receive_tree, send_tree, SenderLevels, TreeScratch};
+use table::HugeTable;
 
 /// Tag of Ferret's internal hash tweaks (the session's flavours use tweaks below 2^72).
 const TWEAK_TAG: u128 = 1 << 127;
@@ -61,7 +63,7 @@ pub struct FerretSender {
     delta: u128,
     main: LpnParams,
     matrix: LpnMatrix,
-    reserve: Vec<u128>,
+    reserve: HugeTable,
     iteration: u64,
     prg: Prg,
 }
@@ -70,7 +72,7 @@ pub struct FerretSender {
 pub struct FerretReceiver {
     main: LpnParams,
     matrix: LpnMatrix,
-    reserve: Vec<u128>,
+    reserve: HugeTable,
     reserve_bits: Vec<u8>,
     iteration: u64,
     prg: Prg,
@@ -79,13 +81,11 @@ pub struct FerretReceiver {
 impl Drop for FerretSender {
     fn drop(&mut self) {
         self.delta.zeroize();
-        self.reserve.zeroize();
     }
 }
 
 impl Drop for FerretReceiver {
     fn drop(&mut self) {
-        self.reserve.zeroize();
         self.reserve_bits.zeroize();
     }
 }
@@ -263,7 +263,10 @@ impl FerretSender {
         let delta = iknp.delta();
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
         let out = sender_iteration(ch, &boot, &boot_matrix, delta, &base, 0, &mut prg)?;
-        let reserve = out[..main.base_cots()].to_vec();
+        let mut reserve = HugeTable::new(main.base_cots());
+        reserve
+            .as_mut_slice()
+            .copy_from_slice(&out[..main.base_cots()]);
         let sender = FerretSender {
             delta,
             main,
@@ -286,13 +289,13 @@ impl FerretSender {
             &self.main,
             &self.matrix,
             self.delta,
-            &self.reserve,
+            self.reserve.as_slice(),
             self.iteration,
             &mut self.prg,
         )?;
         self.iteration += 1;
         let r = self.reserve.len();
-        self.reserve.copy_from_slice(&out[..r]);
+        self.reserve.as_mut_slice().copy_from_slice(&out[..r]);
         Ok((out, r))
     }
 
@@ -331,10 +334,12 @@ impl FerretReceiver {
         let (out, bits) =
             receiver_iteration(ch, &boot, &boot_matrix, &base, &base_bits, 0, &mut prg)?;
         let r = main.base_cots();
+        let mut reserve = HugeTable::new(r);
+        reserve.as_mut_slice().copy_from_slice(&out[..r]);
         let receiver = FerretReceiver {
             main,
             matrix: LpnMatrix::new(seed, 1, main.k),
-            reserve: out[..r].to_vec(),
+            reserve,
             reserve_bits: bits[..r].to_vec(),
             iteration: 1,
             prg,
@@ -348,14 +353,14 @@ impl FerretReceiver {
             ch,
             &self.main,
             &self.matrix,
-            &self.reserve,
+            self.reserve.as_slice(),
             &self.reserve_bits,
             self.iteration,
             &mut self.prg,
         )?;
         self.iteration += 1;
         let r = self.reserve.len();
-        self.reserve.copy_from_slice(&out[..r]);
+        self.reserve.as_mut_slice().copy_from_slice(&out[..r]);
         self.reserve_bits.copy_from_slice(&bits[..r]);
         Ok((out, bits, r))
     }
