@@ -7,6 +7,7 @@
 
 use veil_core::Result;
 use veil_net::Channel;
+use zeroize::Zeroizing;
 
 use crate::aes_prims::tccr_hash_seq;
 use crate::pack::{pack_bools, unpack_bools};
@@ -48,24 +49,29 @@ pub(crate) fn recv_corrections<C: Channel>(ch: &mut C, count: usize) -> Result<V
     unpack_bools(&msg, count, "OT choice corrections")
 }
 
+/// Secret scratch that is wiped when dropped.
+pub(crate) type Secret = Zeroizing<Vec<u128>>;
+
 /// Sender: `(pad_0, pad_1)` for every COT of the batch given the corrections.
-pub(crate) fn sender_pads(batch: &SenderBatch<'_>, d: &[u8]) -> (Vec<u128>, Vec<u128>) {
+pub(crate) fn sender_pads(batch: &SenderBatch<'_>, d: &[u8]) -> (Secret, Secret) {
     let x0: Vec<u128> = batch
         .q
         .iter()
         .zip(d)
         .map(|(&q, &di)| q ^ (batch.delta & 0u128.wrapping_sub(di as u128)))
         .collect();
-    let x1: Vec<u128> = x0.iter().map(|&x| x ^ batch.delta).collect();
-    let (mut p0, mut p1) = (vec![0u128; x0.len()], vec![0u128; x0.len()]);
+    let x0 = Zeroizing::new(x0);
+    let x1 = Zeroizing::new(x0.iter().map(|&x| x ^ batch.delta).collect::<Vec<_>>());
+    let mut p0 = Zeroizing::new(vec![0u128; x0.len()]);
+    let mut p1 = Zeroizing::new(vec![0u128; x0.len()]);
     tccr_hash_seq(&x0, batch.index as u128, &mut p0);
     tccr_hash_seq(&x1, batch.index as u128, &mut p1);
     (p0, p1)
 }
 
 /// Receiver: `pad_{c_i} = H(t_i, τ_i)`.
-pub(crate) fn receiver_pads(batch: &ReceiverBatch<'_>) -> Vec<u128> {
-    let mut p = vec![0u128; batch.t.len()];
+pub(crate) fn receiver_pads(batch: &ReceiverBatch<'_>) -> Secret {
+    let mut p = Zeroizing::new(vec![0u128; batch.t.len()]);
     tccr_hash_seq(batch.t, batch.index as u128, &mut p);
     p
 }

@@ -17,6 +17,7 @@
 
 use veil_core::{ensure, Result};
 use veil_net::Channel;
+use zeroize::Zeroizing;
 
 use crate::aes_prims::tccr_hash_tweaked;
 use crate::derand::{check_bits, check_values, recv_corrections, send_corrections};
@@ -85,7 +86,8 @@ impl OtSession {
         let d = recv_corrections(ch, count * l)?;
         let blocks = stream_blocks(n_msgs, bits);
         let mut y = table.to_vec();
-        let (mut inputs, mut tweaks, mut streams) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
+        let mut streams = Zeroizing::new(Vec::new());
         for first in (0..count).step_by(OTS_PER_BATCH) {
             let last = (first + OTS_PER_BATCH).min(count);
             inputs.clear();
@@ -139,7 +141,7 @@ impl OtSession {
         let bit_choices = (0..count * l).map(|k| (choices[k / l] >> (k % l)) & 1 == 1);
         send_corrections(ch, &batch, bit_choices)?;
         let blocks = stream_blocks(n_msgs, bits);
-        let mut inputs = Vec::with_capacity(count * l * blocks);
+        let mut inputs = Zeroizing::new(Vec::with_capacity(count * l * blocks));
         let mut tweaks = Vec::with_capacity(count * l * blocks);
         for (k, &t) in batch.t.iter().enumerate() {
             for c in 0..blocks {
@@ -147,7 +149,7 @@ impl OtSession {
                 tweaks.push(tweak(batch.index + k as u64, c));
             }
         }
-        let mut streams = vec![0u128; inputs.len()];
+        let mut streams = Zeroizing::new(vec![0u128; inputs.len()]);
         tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
         let msg = ch.recv_msg_exact(packed_len(count * n_msgs, bits))?;
         let y = unpack(&msg, count * n_msgs, bits, "1-of-N OT ciphertexts")?;

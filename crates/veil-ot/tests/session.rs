@@ -415,3 +415,20 @@ fn silent_session_serves_every_flavour_across_a_refill() {
     }
     assert_balanced(x.iter().map(|v| v >> 63 == 1), "silent arith x");
 }
+
+#[test]
+fn random_bit_ots_match_their_functionality() {
+    let n = 50_000;
+    let ((c, rc), pairs) = with_sessions(
+        Backend::Iknp,
+        move |s, ch| s.recv_random_bits(ch, n),
+        move |s, ch| s.send_random_bits(ch, n),
+    )
+    .unwrap();
+    for i in 0..n {
+        assert_eq!(rc[i], pairs[i][c[i] as usize], "random OT {i}");
+    }
+    assert_balanced(c.iter().copied(), "choices");
+    assert_balanced(pairs.iter().map(|p| p[0]), "r0");
+    assert_balanced(pairs.iter().map(|p| p[0] ^ p[1]), "r0 xor r1");
+}
