@@ -4,8 +4,8 @@
 //! `bytes_client_to_server` / `bytes_server_to_client`, `bits_per_element`, `rounds` (flights
 //! in both directions) and `max_abs_error` against the f64 definition.
 //!
-//! The totals include generating the correlated OTs the protocols consume (IKNP today: 128 bits
-//! per COT). To separate the protocols' own cost from the OT engine's, each operator is also run
+//! The totals include generating the correlated OTs the protocols consume (the session's default
+//! engine: Ferret silent COT, under 0.5 bit per COT; IKNP costs 128). To separate the protocols' own cost from the OT engine's, each operator is also run
 //! on a slice of its input after pre-generating enough COTs: `online_bits_per_element` is the
 //! traffic of that run and `cots_per_element` the COTs it consumed (both directions), so the cost
 //! under any COT engine is online + cots × (engine bits per COT).
@@ -23,12 +23,16 @@ use veil_ot::OtSession;
 use crate::composite::{self, AffineParams};
 use crate::{Ctx, TruncMode};
 
-/// Forwards each result as it arrives (the long full-size runs show progress).
-struct Reporter<'a>(&'a mut dyn FnMut(&Value));
+/// Forwards each result as it arrives (the long full-size runs show progress), running only the
+/// operators whose name contains `only` (all when `None`).
+struct Reporter<'a> {
+    report: &'a mut dyn FnMut(&Value),
+    only: Option<&'a str>,
+}
 
 impl Reporter<'_> {
-    fn push(&mut self, v: Value) {
-        (self.0)(&v);
+    fn wants(&self, name: &str) -> bool {
+        self.only.is_none_or(|o| name.contains(o))
     }
 }
 
@@ -45,14 +49,9 @@ struct Measured {
     out: RingTensor,
     seconds: f64,
     stats: LabelStats,
-    /// COTs consumed (sending + receiving) and whether a pool refill was provably avoided.
+    /// COTs consumed (sending + receiving), valid when no pool refill happened during the run.
     cots: usize,
-    no_refill: bool,
 }
-
-/// A refill leaves fewer than this many COTs in the pool (veil-ot's minimum refill), so a pool
-/// still at or above it after the run was never refilled during it.
-const REFILL_FLOOR: usize = 1 << 16;
 
 /// Runs `op` on shares of `x`; with `precompute = Some(n)` the COT pools are filled with n per
 /// direction first (outside the measurement).
@@ -79,7 +78,6 @@ fn run_op(x: &RingTensor, op: &Op, precompute: Option<usize>) -> Result<(Measure
             seconds,
             stats: ch.meter().total(),
             cots: before.0.saturating_sub(after.0) + before.1.saturating_sub(after.1),
-            no_refill: after.0 >= REFILL_FLOOR && after.1 >= REFILL_FLOOR,
         })
     };
     run_two_party_tcp(
@@ -88,30 +86,34 @@ fn run_op(x: &RingTensor, op: &Op, precompute: Option<usize>) -> Result<(Measure
     )
 }
 
-/// Online traffic and COT consumption per element on `slice`, growing the pre-generated pool
-/// until the run provably consumed only pre-generated COTs.
+/// Online traffic and COT consumption per element on `slice`: the op runs after pre-generating
+/// n and then 4n COTs per direction; a refill during a run would add traffic, so equal traffic
+/// and consumption in both runs prove neither refilled. Otherwise n grows.
 fn online_cost(slice: &RingTensor, op: &Op) -> Result<(f64, f64)> {
     let mut n = 1usize << 20;
     loop {
-        let (c, _) = run_op(slice, op, Some(n))?;
-        if c.no_refill {
-            let bytes = c.stats.bytes_sent + c.stats.bytes_received;
+        let (a, _) = run_op(slice, op, Some(n))?;
+        let (b, _) = run_op(slice, op, Some(4 * n))?;
+        let bytes = |m: &Measured| m.stats.bytes_sent + m.stats.bytes_received;
+        if bytes(&a) == bytes(&b) && a.cots == b.cots {
             let m = slice.len() as f64;
-            return Ok((bytes as f64 * 8.0 / m, c.cots as f64 / m));
+            return Ok((bytes(&a) as f64 * 8.0 / m, a.cots as f64 / m));
         }
         n *= 4;
     }
 }
 
-/// Runs `op` on shares of `x` over TCP loopback and reports it against `reference` (applied to
-/// the decoded input, flat).
 fn measure(
+    out: &mut Reporter,
     name: &str,
     x: &RingTensor,
     slice: &RingTensor,
     op: &Op,
     reference: &dyn Fn(&[f64]) -> Vec<f64>,
-) -> Result<Value> {
+) -> Result<()> {
+    if !out.wants(name) {
+        return Ok(());
+    }
     let fp = FixedPoint::default_format();
     let (c, s) = run_op(x, op, None)?;
     let y = c.out.add(&s.out)?.decode(fp);
@@ -124,7 +126,7 @@ fn measure(
     let bytes = c.stats.bytes_sent + c.stats.bytes_received;
     let n = x.len();
     let (online, cots) = online_cost(slice, op)?;
-    Ok(json!({
+    (out.report)(&json!({
         "op": name,
         "elements": n,
         "time_s": c.seconds.max(s.seconds),
@@ -136,7 +138,8 @@ fn measure(
         "max_abs_error": err,
         "online_bits_per_element": online,
         "cots_per_element": cots,
-    }))
+    }));
+    Ok(())
 }
 
 /// The first `rows` rows of a 2-D tensor (or the first `rows` elements of a 1-D one).
@@ -177,16 +180,21 @@ fn rowwise(cols: usize, f: impl Fn(&[f64]) -> Vec<f64>) -> impl Fn(&[f64]) -> Ve
 /// Runs every operator of the benchmark and returns one JSON object each.
 pub fn run(scale: Scale) -> Result<Vec<Value>> {
     let mut all = Vec::new();
-    run_streaming(scale, &mut |v| all.push(v.clone()))?;
+    run_streaming(scale, None, &mut |v| all.push(v.clone()))?;
     Ok(all)
 }
 
-/// [`run`], handing each operator's result to `report` as soon as it is measured.
-pub fn run_streaming(scale: Scale, report: &mut dyn FnMut(&Value)) -> Result<()> {
+/// [`run`], handing each operator's result to `report` as soon as it is measured; `only` keeps
+/// the operators whose name contains it.
+pub fn run_streaming(
+    scale: Scale,
+    only: Option<&str>,
+    report: &mut dyn FnMut(&Value),
+) -> Result<()> {
     let div = if scale == Scale::Full { 1 } else { 16 };
     let fp = FixedPoint::default_format();
     let one = 1u64 << fp.frac_bits();
-    let mut out = Reporter(report);
+    let mut out = Reporter { report, only };
     let drelu_op = |bound: Option<u32>| {
         move |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
             let b = crate::compare::drelu(cx.ot, cx.ch, cx.role, x, bound)?;
@@ -204,50 +212,55 @@ pub fn run_streaming(scale: Scale, report: &mut dyn FnMut(&Value)) -> Result<()>
 
     let d = random(&[(1 << 20) / div], 1000.0)?;
     let d_small = random(&[(1 << 20) / div], 100.0)?;
-    out.push(measure(
+    measure(
+        &mut out,
         "DReLU",
         &d,
         &head(&d, 4096)?,
         &drelu_op(None),
         &step,
-    )?);
-    out.push(measure(
+    )?;
+    measure(
+        &mut out,
         "DReLU (|x| < 2^20)",
         &d_small,
         &head(&d_small, 4096)?,
         &drelu_op(Some(20)),
         &step,
-    )?);
+    )?;
     let relu_full = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::relu(cx, x, None);
     let relu_20 = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::relu(cx, x, Some(20));
-    out.push(measure(
+    measure(
+        &mut out,
         "ReLU (2^20)",
         &d,
         &head(&d, 4096)?,
         &relu_full,
         &relus,
-    )?);
+    )?;
 
     let h = random(&[128 / div, 3072], 6.0)?;
     let h_slice = RingTensor::from_vec(h.ring(), &[1, 256], h.data()[..256].to_vec())?;
-    out.push(measure("ReLU", &h, &h_slice, &relu_full, &relus)?);
-    out.push(measure(
+    measure(&mut out, "ReLU", &h, &h_slice, &relu_full, &relus)?;
+    measure(
+        &mut out,
         "ReLU (|x| < 2^20)",
         &h,
         &h_slice,
         &relu_20,
         &relus,
-    )?);
+    )?;
     let gelu = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::gelu(cx, x);
     let gelus = |x: &[f64]| x.iter().map(|&v| reference::gelu(v)).collect::<Vec<_>>();
-    out.push(measure("GELU", &h, &h_slice, &gelu, &gelus)?);
-    out.push(measure(
+    measure(&mut out, "GELU", &h, &h_slice, &gelu, &gelus)?;
+    measure(
+        &mut out,
         "GELU (1-bit trunc)",
         &h,
         &h_slice,
         &cheap(&gelu),
         &gelus,
-    )?);
+    )?;
 
     let cols = 128;
     let att = random(&[12 * 128 / div, cols], 8.0)?;
@@ -255,34 +268,37 @@ pub fn run_streaming(scale: Scale, report: &mut dyn FnMut(&Value)) -> Result<()>
     let eps = fp.decode(Approx::new(fp)?.relu_normalise_eps());
     let sm = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::softmax(cx, x, &valid);
     let sm_ref = rowwise(cols, |r| reference::softmax(r, &valid));
-    out.push(measure("Softmax", &att, &head(&att, 2)?, &sm, &sm_ref)?);
-    out.push(measure(
+    measure(&mut out, "Softmax", &att, &head(&att, 2)?, &sm, &sm_ref)?;
+    measure(
+        &mut out,
         "Softmax (1-bit trunc)",
         &att,
         &head(&att, 2)?,
         &cheap(&sm),
         &sm_ref,
-    )?);
+    )?;
     let rn =
         |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::relu_normalise(cx, x, &valid, None);
     let rn20 = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
         composite::relu_normalise(cx, x, &valid, Some(20))
     };
     let rn_ref = rowwise(cols, |r| reference::relu_normalise(r, &valid, eps));
-    out.push(measure(
+    measure(
+        &mut out,
         "ReLU-normalise",
         &att,
         &head(&att, 2)?,
         &rn,
         &rn_ref,
-    )?);
-    out.push(measure(
+    )?;
+    measure(
+        &mut out,
         "ReLU-normalise (|x| < 2^20, 1-bit trunc)",
         &att,
         &head(&att, 2)?,
         &cheap(&rn20),
         &rn_ref,
-    )?);
+    )?;
 
     let e = 768;
     let hid = random(&[128 / div, e], 4.0)?;
@@ -299,32 +315,35 @@ pub fn run_streaming(scale: Scale, report: &mut dyn FnMut(&Value)) -> Result<()>
         composite::layer_norm(cx, x, p, ln_eps)
     };
     let ln_ref = rowwise(e, |r| reference::layer_norm(r, &gq, &bq, ln_eps));
-    out.push(measure("LayerNorm", &hid, &head(&hid, 1)?, &ln, &ln_ref)?);
-    out.push(measure(
+    measure(&mut out, "LayerNorm", &hid, &head(&hid, 1)?, &ln, &ln_ref)?;
+    measure(
+        &mut out,
         "LayerNorm (1-bit trunc)",
         &hid,
         &head(&hid, 1)?,
         &cheap(&ln),
         &ln_ref,
-    )?);
+    )?;
     let ca = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
         let p = (cx.role == Role::Server).then_some(&params);
         composite::centre_affine(cx, x, p)
     };
     let ca_ref = rowwise(e, |r| reference::centre_affine(r, &gq, &bq));
-    out.push(measure(
+    measure(
+        &mut out,
         "Centre-affine",
         &hid,
         &head(&hid, 1)?,
         &ca,
         &ca_ref,
-    )?);
-    out.push(measure(
+    )?;
+    measure(
+        &mut out,
         "Centre-affine (1-bit trunc)",
         &hid,
         &head(&hid, 1)?,
         &cheap(&ca),
         &ca_ref,
-    )?);
+    )?;
     Ok(())
 }
