@@ -1,0 +1,176 @@
+//! Hugging Face model folders on disk: `config.json` (+ Veil's `"veil"` object),
+//! `model.safetensors` or `pytorch_model.bin`, `tokenizer.json` or `vocab.txt`.
+//!
+//! Weight names may carry the HF task-model prefix (`bert.`, `roberta.`, `mpnet.`); it is
+//! stripped on load. [`save`] writes base names for models without a classifier and prefixed
+//! names otherwise, as HF's `*Model` / `*ForSequenceClassification` checkpoints do, so a folder
+//! Veil writes loads back identically, in Veil and in HF.
+
+use crate::candle_context;
+use crate::config::ModelConfig;
+use crate::nn::{Batch, ForwardOutput, Transformer};
+use crate::tokenize::TextTokenizer;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use std::collections::HashMap;
+use std::path::Path;
+use veil_core::{bail, Error, Result};
+
+/// A loaded model: configuration, f32 weights and (if the folder has one) tokenizer.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub transformer: Transformer,
+    pub tokenizer: Option<TextTokenizer>,
+}
+
+impl Model {
+    /// Tokenises `a` (and the pair sentence `b`) and runs the f32 forward pass on it alone.
+    pub fn forward_text(&self, a: &str, b: Option<&str>) -> Result<ForwardOutput> {
+        let Some(tok) = &self.tokenizer else {
+            bail!(InvalidArgument, "model has no tokenizer")
+        };
+        let enc = tok.encode(a, b)?;
+        let batch = Batch::single(&enc.ids, &enc.type_ids, self.transformer.device())
+            .map_err(candle_context("building the input batch"))?;
+        self.transformer
+            .forward(&batch)
+            .map_err(candle_context("forward pass"))
+    }
+}
+
+impl Model {
+    /// Tokenises several inputs into one batch, right-padded with `pad_token_id` to the longest
+    /// and masked (for evaluation throughput; private inference runs one unpadded sequence).
+    pub fn batch(&self, inputs: &[(&str, Option<&str>)]) -> Result<Batch> {
+        let Some(tok) = &self.tokenizer else {
+            bail!(InvalidArgument, "model has no tokenizer")
+        };
+        veil_core::ensure!(!inputs.is_empty(), InvalidArgument, "empty batch");
+        let encoded = inputs
+            .iter()
+            .map(|(a, b)| tok.encode(a, *b))
+            .collect::<Result<Vec<_>>>()?;
+        let len = encoded.iter().map(|e| e.len()).max().unwrap_or(0);
+        let pad = self.config.pad_token_id;
+        let (mut ids, mut types, mut mask) = (Vec::new(), Vec::new(), Vec::new());
+        for e in &encoded {
+            let fill = len - e.len();
+            ids.extend(e.ids.iter().copied().chain(std::iter::repeat_n(pad, fill)));
+            types.extend(
+                e.type_ids
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(0, fill)),
+            );
+            mask.extend(std::iter::repeat_n(1f32, e.len()).chain(std::iter::repeat_n(0.0, fill)));
+        }
+        let dev = self.transformer.device();
+        let shape = (encoded.len(), len);
+        let make = || -> candle_core::Result<Batch> {
+            Ok(Batch {
+                input_ids: Tensor::from_vec(ids, shape, dev)?,
+                token_type_ids: Some(Tensor::from_vec(types, shape, dev)?),
+                attention_mask: Some(Tensor::from_vec(mask, shape, dev)?),
+            })
+        };
+        make().map_err(candle_context("building the input batch"))
+    }
+}
+
+/// Reads and validates `dir/config.json`.
+pub fn load_config(dir: &Path) -> Result<ModelConfig> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::Malformed(format!("{}: {e}", path.display())))?;
+    ModelConfig::from_json(&text)
+}
+
+/// Reads the weights of `dir` with the task-model prefix stripped.
+pub fn load_weights(dir: &Path, config: &ModelConfig) -> Result<HashMap<String, Tensor>> {
+    let st = dir.join("model.safetensors");
+    let pt = dir.join("pytorch_model.bin");
+    let raw: Vec<(String, Tensor)> = if st.is_file() {
+        candle_core::safetensors::load(&st, &Device::Cpu)
+            .map_err(|e| Error::Malformed(format!("{}: {e}", st.display())))?
+            .into_iter()
+            .collect()
+    } else if pt.is_file() {
+        candle_core::pickle::read_all(&pt)
+            .map_err(|e| Error::Malformed(format!("{}: {e}", pt.display())))?
+    } else {
+        bail!(
+            Malformed,
+            "{}: no model.safetensors or pytorch_model.bin",
+            dir.display()
+        )
+    };
+    let prefix = format!("{}.", config.architecture.model_type());
+    Ok(raw
+        .into_iter()
+        .map(|(k, v)| match k.strip_prefix(&prefix) {
+            Some(base) => (base.to_string(), v),
+            None => (k, v),
+        })
+        .collect())
+}
+
+/// Loads a model folder. The tokenizer truncates to the model's maximum sequence length.
+pub fn load(dir: &Path) -> Result<Model> {
+    let config = load_config(dir)?;
+    let weights = load_weights(dir, &config)?;
+    let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
+    let transformer = Transformer::new(&config, vb).map_err(candle_context(&format!(
+        "{}: loading weights",
+        dir.display()
+    )))?;
+    let has_tokenizer = dir.join("tokenizer.json").is_file() || dir.join("vocab.txt").is_file();
+    let tokenizer = if has_tokenizer {
+        Some(TextTokenizer::from_folder(
+            dir,
+            config.max_sequence_len().min(512),
+        )?)
+    } else {
+        None
+    };
+    Ok(Model {
+        config,
+        transformer,
+        tokenizer,
+    })
+}
+
+/// Writes `config.json` (with the `"veil"` object), `model.safetensors` and, if given,
+/// `tokenizer.json` into `dir` (created if missing).
+pub fn save(
+    dir: &Path,
+    transformer: &Transformer,
+    tokenizer: Option<&TextTokenizer>,
+) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let config = &transformer.config;
+    std::fs::write(dir.join("config.json"), config.to_json())?;
+    let prefix = if config.veil.num_labels > 0 {
+        format!("{}.", config.architecture.model_type())
+    } else {
+        String::new()
+    };
+    let tensors: HashMap<String, Tensor> = transformer
+        .named
+        .iter()
+        .map(|(name, t)| {
+            let key = if name.starts_with("classifier.") {
+                name.clone()
+            } else {
+                format!("{prefix}{name}")
+            };
+            (key, t.clone())
+        })
+        .collect();
+    candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))
+        .map_err(candle_context("writing model.safetensors"))?;
+    if let Some(tok) = tokenizer {
+        tok.save(&dir.join("tokenizer.json"))?;
+    }
+    Ok(())
+}

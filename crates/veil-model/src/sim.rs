@@ -1,0 +1,609 @@
+//! Fixed-point simulator: the private forward pass computed in one process, in Z_{2^ℓ}, with
+//! exactly the integers the two-party protocol produces (with faithful truncation).
+//!
+//! Encoding ([`FixedModel::encode`], shared with the private forward pass so both use the same
+//! integers):
+//! * weights at f fractional bits, biases at 2f; every linear layer is y = ⌊(W·x + b) / 2^f⌋
+//!   with W·x exact mod 2^ℓ (the HE product) and ⌊·⌋ the arithmetic shift
+//!   ([`veil_core::approx::Approx::trunc`]);
+//! * the attention scale 1/√d_head is folded into the query weights and bias before encoding,
+//!   so scores are ⌊Q·Kᵀ / 2^f⌋ with no extra multiplication; MPNet's relative-position bias is
+//!   encoded at f bits and added to the scores;
+//! * secret × secret products (Q·Kᵀ, P·V) are exact mod 2^ℓ, then truncated by f;
+//! * every non-linearity is the one of [`veil_core::approx`] (GELU, Softmax with mask,
+//!   ReLU-normalise, LayerNorm, centring + affine, tanh, mean).
+//!
+//! Embeddings: in [`EmbeddingMode::Public`] the f32 embedding output (after its LayerNorm) is
+//! encoded; in `Private` the encoded table rows are summed in the ring (a one-hot selection is
+//! exact) and the LayerNorm runs in fixed point.
+//!
+//! Overflow: every product accumulator is kept in 64-bit wrapping arithmetic, which equals the
+//! true integer while it is below 2^63, and is checked against the ring bound 2^(ℓ−1) before
+//! reduction; a larger value would wrap in Z_{2^ℓ}. Inputs of GELU and LayerNorm are checked
+//! against the domains `approx` states accuracy for. Each block reports its maxima
+//! ([`BlockReport`]), and every violation becomes a warning (returned and printed to stderr).
+
+use crate::candle_context;
+use crate::config::ModelConfig;
+use crate::nn::{Batch, Block, Head, Norm, Transformer};
+use crate::variants::{Activation, AttentionNorm, EmbeddingMode, HeadKind, LayerNormKind};
+use candle_core::{Device, Module, Tensor};
+use candle_nn::Linear;
+use veil_core::approx::Approx;
+use veil_core::{ensure, FixedPoint, Result, RingTensor};
+
+/// A linear layer in fixed point: `weight` [out, in] (HF layout, y = W·x + b) at f bits,
+/// `bias` [out] at 2f bits.
+#[derive(Clone, Debug)]
+pub struct FixedLinear {
+    pub weight: RingTensor,
+    pub bias: RingTensor,
+}
+
+impl FixedLinear {
+    /// Encodes an HF linear layer (weight [out, in]) scaled by `scale`.
+    fn encode(fp: FixedPoint, linear: &Linear, scale: f64) -> Result<Self> {
+        let w = to_vec2(linear.weight())?;
+        let (out_dim, in_dim) = (w.len(), w.first().map_or(0, Vec::len));
+        let scaled: Vec<f64> = w.concat().iter().map(|&v| v as f64 * scale).collect();
+        let bias = match linear.bias() {
+            Some(b) => to_vec1(b)?,
+            None => vec![0.0; out_dim],
+        };
+        let bias_raw = bias
+            .iter()
+            .map(|&b| fp.encode_at(b as f64 * scale, 2 * fp.frac_bits()))
+            .collect();
+        Ok(FixedLinear {
+            weight: RingTensor::encode(fp, &[out_dim, in_dim], &scaled)?,
+            bias: RingTensor::from_vec(fp.ring, &[out_dim], bias_raw)?,
+        })
+    }
+
+    pub fn in_dim(&self) -> usize {
+        self.weight.shape()[1]
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.weight.shape()[0]
+    }
+}
+
+/// γ and β of a LayerNorm at f bits, with its variant.
+#[derive(Clone, Debug)]
+pub struct FixedNorm {
+    pub kind: LayerNormKind,
+    pub gamma: Vec<u64>,
+    pub beta: Vec<u64>,
+    pub eps: f64,
+}
+
+impl FixedNorm {
+    fn encode(fp: FixedPoint, norm: &Norm) -> Result<Self> {
+        let enc = |t: &Tensor| -> Result<Vec<u64>> {
+            Ok(to_vec1(t)?.iter().map(|&v| fp.encode(v as f64)).collect())
+        };
+        Ok(FixedNorm {
+            kind: norm.kind,
+            gamma: enc(&norm.weight)?,
+            beta: enc(&norm.bias)?,
+            eps: norm.eps,
+        })
+    }
+}
+
+/// One encoder block in fixed point (query weights pre-scaled by 1/√d_head).
+#[derive(Clone, Debug)]
+pub struct FixedBlock {
+    pub variant: crate::variants::BlockVariant,
+    pub num_heads: usize,
+    pub query: FixedLinear,
+    pub key: FixedLinear,
+    pub value: FixedLinear,
+    pub attn_out: FixedLinear,
+    pub ln1: FixedNorm,
+    pub intermediate: FixedLinear,
+    pub output: FixedLinear,
+    pub ln2: FixedNorm,
+}
+
+impl FixedBlock {
+    fn encode(fp: FixedPoint, b: &Block) -> Result<Self> {
+        let dh = b.query.weight().dims()[0] / b.num_heads;
+        Ok(FixedBlock {
+            variant: b.variant,
+            num_heads: b.num_heads,
+            query: FixedLinear::encode(fp, &b.query, 1.0 / (dh as f64).sqrt())?,
+            key: FixedLinear::encode(fp, &b.key, 1.0)?,
+            value: FixedLinear::encode(fp, &b.value, 1.0)?,
+            attn_out: FixedLinear::encode(fp, &b.attn_out, 1.0)?,
+            ln1: FixedNorm::encode(fp, &b.ln1)?,
+            intermediate: FixedLinear::encode(fp, &b.intermediate, 1.0)?,
+            output: FixedLinear::encode(fp, &b.output, 1.0)?,
+            ln2: FixedNorm::encode(fp, &b.ln2)?,
+        })
+    }
+}
+
+/// The head in fixed point.
+#[derive(Clone, Debug)]
+pub struct FixedHead {
+    pub kind: HeadKind,
+    pub pool_dense: Option<FixedLinear>,
+    pub classifier: Option<FixedLinear>,
+}
+
+impl FixedHead {
+    fn encode(fp: FixedPoint, h: &Head) -> Result<Self> {
+        let enc = |l: &Option<Linear>| -> Result<Option<FixedLinear>> {
+            l.as_ref()
+                .map(|l| FixedLinear::encode(fp, l, 1.0))
+                .transpose()
+        };
+        Ok(FixedHead {
+            kind: h.kind,
+            pool_dense: enc(&h.pool_dense)?,
+            classifier: enc(&h.classifier)?,
+        })
+    }
+}
+
+/// The encoded model: what the server holds in the private forward pass.
+#[derive(Clone, Debug)]
+pub struct FixedModel {
+    pub approx: Approx,
+    /// The f32 model it was encoded from (shares its tensors): public embeddings are computed
+    /// from it, private ones read its tables.
+    pub float: Transformer,
+    pub config: ModelConfig,
+    pub blocks: Vec<FixedBlock>,
+    /// MPNet: per-head relative-position bias table [buckets][heads] at f bits.
+    pub relative_attention_bias: Option<Vec<Vec<u64>>>,
+    /// Embedding LayerNorm (used in fixed point only in private-embedding mode).
+    pub embedding_norm: FixedNorm,
+    pub head: FixedHead,
+}
+
+/// Per-block overflow and domain statistics (real units).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockReport {
+    pub block: usize,
+    /// Largest |value| of the block's output hidden state.
+    pub max_abs_hidden: f64,
+    /// Largest |accumulator| of any product in the block before truncation (2f bits).
+    pub max_abs_accumulator: f64,
+    /// The accumulators' wrap bound 2^(ℓ−1−2f) (16384 at (41, 13)).
+    pub accumulator_bound: f64,
+    /// Accumulators that exceeded the bound (each wrapped mod 2^ℓ).
+    pub wrapped: usize,
+    /// Largest |x − mean(x)| entering an exact LayerNorm (its square must fit the ring).
+    pub max_abs_norm_deviation: f64,
+    /// GELU / LayerNorm inputs outside the domains `approx` is accurate on
+    /// ([`gelu_domain`], [`layer_norm_domain`]).
+    pub out_of_domain: usize,
+}
+
+/// |x| up to which `approx::gelu` is accurate: x³ must fit the 2f-bit product,
+/// |x|³ < 2^(ℓ−1−2f) (25.4 at (41, 13)).
+pub fn gelu_domain(fp: FixedPoint) -> f64 {
+    (2f64).powf((fp.ring.bits() - 1 - 2 * fp.frac_bits()) as f64 / 3.0)
+}
+
+/// |x − mean| up to which `approx::layer_norm_row` is accurate: the squared deviations and
+/// their sum must fit, which `approx` states as 90 at (41, 13), i.e. 0.7·2^((ℓ−1−2f)/2).
+pub fn layer_norm_domain(fp: FixedPoint) -> f64 {
+    0.7 * (2f64).powf((fp.ring.bits() - 1 - 2 * fp.frac_bits()) as f64 / 2.0)
+}
+
+/// Simulator output: ring values and their reports.
+#[derive(Clone, Debug)]
+pub struct SimOutput {
+    /// Embedding output then each block's output, [seq, hidden] at f bits.
+    pub hidden_states: Vec<RingTensor>,
+    /// [hidden].
+    pub pooled: RingTensor,
+    /// [num_labels] when the model has a classifier.
+    pub logits: Option<RingTensor>,
+    /// One per block; entry 0 is the embedding (its LayerNorm in private mode).
+    pub reports: Vec<BlockReport>,
+    pub warnings: Vec<String>,
+}
+
+impl SimOutput {
+    pub fn logits_f64(&self, fp: FixedPoint) -> Option<Vec<f64>> {
+        self.logits.as_ref().map(|l| l.decode(fp))
+    }
+}
+
+/// Collects the statistics of one block while it runs.
+struct Tracker {
+    bound: i64,
+    scale2: f64,
+    report: BlockReport,
+}
+
+impl Tracker {
+    fn new(fp: FixedPoint, block: usize) -> Self {
+        let bound = 1i64 << (fp.ring.bits() - 1);
+        let scale2 = (2f64).powi(2 * fp.frac_bits() as i32);
+        Tracker {
+            bound,
+            scale2,
+            report: BlockReport {
+                block,
+                max_abs_hidden: 0.0,
+                max_abs_accumulator: 0.0,
+                accumulator_bound: bound as f64 / scale2,
+                wrapped: 0,
+                max_abs_norm_deviation: 0.0,
+                out_of_domain: 0,
+            },
+        }
+    }
+
+    fn accumulator(&mut self, acc: i64) {
+        let a = acc.unsigned_abs();
+        if a >= self.bound as u64 {
+            self.report.wrapped += 1;
+        }
+        let real = a as f64 / self.scale2;
+        if real > self.report.max_abs_accumulator {
+            self.report.max_abs_accumulator = real;
+        }
+    }
+}
+
+impl FixedModel {
+    /// Encodes an f32 model at the fixed-point format `fp`.
+    pub fn encode(model: &Transformer, fp: FixedPoint) -> Result<Self> {
+        let approx = Approx::new(fp)?;
+        let blocks = model
+            .blocks
+            .iter()
+            .map(|b| FixedBlock::encode(fp, b))
+            .collect::<Result<Vec<_>>>()?;
+        let relative_attention_bias = match &model.relative_attention_bias {
+            Some(e) => Some(
+                to_vec2(e.embeddings())?
+                    .iter()
+                    .map(|row| row.iter().map(|&v| fp.encode(v as f64)).collect())
+                    .collect(),
+            ),
+            None => None,
+        };
+        Ok(FixedModel {
+            approx,
+            float: model.clone(),
+            config: model.config.clone(),
+            blocks,
+            relative_attention_bias,
+            embedding_norm: FixedNorm::encode(fp, &model.embeddings.norm)?,
+            head: FixedHead::encode(fp, &model.head)?,
+        })
+    }
+
+    pub fn fp(&self) -> FixedPoint {
+        self.approx.fp
+    }
+
+    /// The encoder input [seq, hidden] for one unpadded sequence, with the embedding report.
+    pub fn embed(&self, ids: &[u32], type_ids: &[u32]) -> Result<(RingTensor, BlockReport)> {
+        let fp = self.fp();
+        let model = &self.float;
+        let h = self.config.hidden_size;
+        let batch = Batch::single(ids, type_ids, &Device::Cpu).map_err(candle_context("batch"))?;
+        let mut tracker = Tracker::new(fp, 0);
+        let x = match self.config.veil.embedding {
+            EmbeddingMode::Public => {
+                let (x, _) = model.embed(&batch).map_err(candle_context("embedding"))?;
+                let v: Vec<f64> = to_vec2(&x.squeeze(0).map_err(candle_context("embedding"))?)?
+                    .concat()
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect();
+                RingTensor::encode(fp, &[ids.len(), h], &v)?
+            }
+            EmbeddingMode::Private => {
+                let e = &model.embeddings;
+                let mask = vec![vec![1.0f32; ids.len()]];
+                let positions = model
+                    .position_ids(&mask)
+                    .map_err(candle_context("positions"))?;
+                let tables = [
+                    Some((&e.word, batch.input_ids.clone())),
+                    Some((&e.position, positions)),
+                    e.token_type.as_ref().map(|t| {
+                        (
+                            t,
+                            batch.token_type_ids.clone().expect("single() sets types"),
+                        )
+                    }),
+                ];
+                let mut sum = RingTensor::zeros(fp.ring, &[ids.len(), h])?;
+                for (table, idx) in tables.into_iter().flatten() {
+                    let rows = to_vec2(
+                        &table
+                            .forward(&idx)
+                            .and_then(|t| t.squeeze(0))
+                            .map_err(candle_context("embedding lookup"))?,
+                    )?;
+                    let v: Vec<f64> = rows.concat().iter().map(|&v| v as f64).collect();
+                    sum.add_in_place(&RingTensor::encode(fp, &[ids.len(), h], &v)?)?;
+                }
+                self.norm(&sum, &self.embedding_norm, &mut tracker)
+            }
+        };
+        tracker.report.max_abs_hidden = max_abs(&x, fp);
+        Ok((x, tracker.report))
+    }
+
+    /// Runs the fixed-point forward pass on one unpadded token sequence.
+    pub fn forward(&self, ids: &[u32], type_ids: &[u32]) -> Result<SimOutput> {
+        ensure!(
+            !ids.is_empty() && ids.len() == type_ids.len(),
+            InvalidArgument,
+            "need a non-empty sequence with one type id per token"
+        );
+        self.config.check_input(ids, type_ids)?;
+        let fp = self.fp();
+        let (mut x, report) = self.embed(ids, type_ids)?;
+        let mut hidden_states = vec![x.clone()];
+        let mut reports = vec![report];
+        let position_bias = self.position_bias(ids.len());
+        for (i, block) in self.blocks.iter().enumerate() {
+            let mut tracker = Tracker::new(fp, i + 1);
+            x = self.block(block, &x, position_bias.as_deref(), &mut tracker)?;
+            tracker.report.max_abs_hidden = max_abs(&x, fp);
+            reports.push(tracker.report);
+            hidden_states.push(x.clone());
+        }
+        let mut head_tracker = Tracker::new(fp, self.blocks.len() + 1);
+        let (pooled, logits) = self.head(&x, &mut head_tracker)?;
+        let mut warnings = Vec::new();
+        for r in reports.iter().chain(std::iter::once(&head_tracker.report)) {
+            if r.wrapped > 0 {
+                warnings.push(format!(
+                    "block {}: {} product accumulators exceeded the ring bound {} (max {:.1}) and wrapped mod 2^{}",
+                    r.block, r.wrapped, r.accumulator_bound, r.max_abs_accumulator, fp.ring.bits()
+                ));
+            }
+            if r.out_of_domain > 0 {
+                warnings.push(format!(
+                    "block {}: {} GELU/LayerNorm inputs outside the approximation domain (max |x - mean| into LayerNorm {:.1}, domain {:.1}; GELU domain |x| <= {:.1})",
+                    r.block, r.out_of_domain, r.max_abs_norm_deviation, layer_norm_domain(fp), gelu_domain(fp)
+                ));
+            }
+        }
+        for w in &warnings {
+            eprintln!("veil-model simulator warning: {w}");
+        }
+        Ok(SimOutput {
+            hidden_states,
+            pooled,
+            logits,
+            reports,
+            warnings,
+        })
+    }
+
+    /// MPNet's bias as [heads][seq·seq] at f bits.
+    fn position_bias(&self, seq: usize) -> Option<Vec<Vec<u64>>> {
+        let table = self.relative_attention_bias.as_ref()?;
+        let heads = self.config.num_heads;
+        let buckets = self.config.relative_attention_num_buckets;
+        let mut out = vec![vec![0u64; seq * seq]; heads];
+        for q in 0..seq {
+            for k in 0..seq {
+                let b = crate::nn::relative_position_bucket(k as i64 - q as i64, buckets, 128);
+                for (h, o) in out.iter_mut().enumerate() {
+                    o[q * seq + k] = table[b as usize][h];
+                }
+            }
+        }
+        Some(out)
+    }
+
+    fn block(
+        &self,
+        b: &FixedBlock,
+        x: &RingTensor,
+        position_bias: Option<&[Vec<u64>]>,
+        t: &mut Tracker,
+    ) -> Result<RingTensor> {
+        let ring = self.fp().ring;
+        let (s, h) = (x.shape()[0], x.shape()[1]);
+        let nh = b.num_heads;
+        let dh = h / nh;
+        let q = self.linear(x, &b.query, t)?;
+        let k = self.linear(x, &b.key, t)?;
+        let v = self.linear(x, &b.value, t)?;
+        let mut ctx = vec![0u64; s * h];
+        let valid = vec![true; s];
+        for head in 0..nh {
+            let cols = |m: &RingTensor| -> Vec<u64> {
+                (0..s)
+                    .flat_map(|i| {
+                        m.data()[i * h + head * dh..i * h + (head + 1) * dh]
+                            .iter()
+                            .copied()
+                    })
+                    .collect()
+            };
+            let (qh, kh, vh) = (cols(&q), cols(&k), cols(&v));
+            // scores[i][j] = ⌊q_i · k_j / 2^f⌋ (+ bias): rows of K are the "weights".
+            let mut scores = self.matmul_rows(&qh, &kh, s, dh, s, None, t);
+            if let Some(pb) = position_bias {
+                for (sc, &p) in scores.iter_mut().zip(&pb[head]) {
+                    *sc = ring.add(*sc, p);
+                }
+            }
+            let mut probs = Vec::with_capacity(s * s);
+            for row in scores.chunks(s) {
+                probs.extend(match b.variant.attention {
+                    AttentionNorm::Softmax => self.approx.softmax_row(row, &valid),
+                    AttentionNorm::ReluNormalise => self.approx.relu_normalise_row(row, &valid),
+                });
+            }
+            // ctx_h = P · V_h: transpose V_h so its columns become rows.
+            let vt: Vec<u64> = (0..dh)
+                .flat_map(|c| (0..s).map(move |r| (r, c)))
+                .map(|(r, c)| vh[r * dh + c])
+                .collect();
+            let ch = self.matmul_rows(&probs, &vt, s, s, dh, None, t);
+            for i in 0..s {
+                ctx[i * h + head * dh..i * h + (head + 1) * dh]
+                    .copy_from_slice(&ch[i * dh..(i + 1) * dh]);
+            }
+        }
+        let ctx = RingTensor::from_vec(ring, &[s, h], ctx)?;
+        let attn = self.linear(&ctx, &b.attn_out, t)?.add(x)?;
+        let y = self.norm(&attn, &b.ln1, t);
+        let mut f = self.linear(&y, &b.intermediate, t)?;
+        for v in f.data_mut() {
+            *v = match b.variant.activation {
+                Activation::Relu => self.approx.relu(*v),
+                Activation::Gelu => {
+                    if self.fp().decode(*v).abs() > gelu_domain(self.fp()) {
+                        t.report.out_of_domain += 1;
+                    }
+                    self.approx.gelu(*v)
+                }
+            };
+        }
+        let out = self.linear(&f, &b.output, t)?.add(&y)?;
+        Ok(self.norm(&out, &b.ln2, t))
+    }
+
+    fn head(&self, x: &RingTensor, t: &mut Tracker) -> Result<(RingTensor, Option<RingTensor>)> {
+        let fp = self.fp();
+        let (s, h) = (x.shape()[0], x.shape()[1]);
+        let pooled = match (&self.head.kind, &self.head.pool_dense) {
+            (HeadKind::Pooler, Some(dense)) => {
+                let first = RingTensor::from_vec(fp.ring, &[1, h], x.data()[..h].to_vec())?;
+                let mut p = self.linear(&first, dense, t)?;
+                for v in p.data_mut() {
+                    *v = self.approx.tanh(*v);
+                }
+                p.reshape(&[h])?
+            }
+            _ => {
+                let sums: Vec<u64> = (0..h)
+                    .map(|c| (0..s).fold(0u64, |acc, r| fp.ring.add(acc, x.data()[r * h + c])))
+                    .map(|sum| self.approx.mean_of_sum(sum, s))
+                    .collect();
+                RingTensor::from_vec(fp.ring, &[h], sums)?
+            }
+        };
+        let logits = match &self.head.classifier {
+            Some(c) => {
+                let p = pooled.clone().reshape(&[1, h])?;
+                let l = self.linear(&p, c, t)?;
+                Some(l.reshape(&[c.out_dim()])?)
+            }
+            None => None,
+        };
+        Ok((pooled, logits))
+    }
+
+    /// y = ⌊(x·W + b) / 2^f⌋ for x [rows, in].
+    fn linear(&self, x: &RingTensor, l: &FixedLinear, t: &mut Tracker) -> Result<RingTensor> {
+        let (rows, inner) = (x.shape()[0], x.shape()[1]);
+        ensure!(
+            inner == l.in_dim(),
+            InvalidArgument,
+            "linear layer expects {} inputs, got {inner}",
+            l.in_dim()
+        );
+        let out = self.matmul_rows(
+            x.data(),
+            l.weight.data(),
+            rows,
+            inner,
+            l.out_dim(),
+            Some(l.bias.data()),
+            t,
+        );
+        RingTensor::from_vec(self.fp().ring, &[rows, l.out_dim()], out)
+    }
+
+    /// out[i][j] = ⌊(Σ_k a[i][k]·b[j][k] (+ bias[j] at 2f)) / 2^f⌋ with a [m, k], b [n, k] given
+    /// row-major; the exact accumulator is checked against the ring bound before reduction.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_rows(
+        &self,
+        a: &[u64],
+        b: &[u64],
+        m: usize,
+        k: usize,
+        n: usize,
+        bias: Option<&[u64]>,
+        t: &mut Tracker,
+    ) -> Vec<u64> {
+        let ring = self.fp().ring;
+        let sa: Vec<i64> = a.iter().map(|&v| ring.to_signed(v)).collect();
+        let sb: Vec<i64> = b.iter().map(|&v| ring.to_signed(v)).collect();
+        let mut out = Vec::with_capacity(m * n);
+        for i in 0..m {
+            let ra = &sa[i * k..(i + 1) * k];
+            for j in 0..n {
+                let rb = &sb[j * k..(j + 1) * k];
+                let mut acc = ra
+                    .iter()
+                    .zip(rb)
+                    .fold(0i64, |s, (&x, &y)| s.wrapping_add(x.wrapping_mul(y)));
+                if let Some(bias) = bias {
+                    acc = acc.wrapping_add(ring.to_signed(bias[j]));
+                }
+                t.accumulator(acc);
+                out.push(
+                    self.approx
+                        .trunc(ring.from_signed(acc), self.fp().frac_bits()),
+                );
+            }
+        }
+        out
+    }
+
+    fn norm(&self, x: &RingTensor, n: &FixedNorm, t: &mut Tracker) -> RingTensor {
+        let fp = self.fp();
+        let h = x.shape()[1];
+        let mut out = Vec::with_capacity(x.len());
+        for row in x.data().chunks(h) {
+            out.extend(match n.kind {
+                LayerNormKind::Exact => {
+                    let centred = self.approx.centre(row);
+                    let dev = centred
+                        .iter()
+                        .map(|&v| fp.decode(v).abs())
+                        .fold(0.0, f64::max);
+                    t.report.max_abs_norm_deviation = t.report.max_abs_norm_deviation.max(dev);
+                    if dev > layer_norm_domain(fp) {
+                        t.report.out_of_domain += 1;
+                    }
+                    self.approx.layer_norm_row(row, &n.gamma, &n.beta, n.eps)
+                }
+                LayerNormKind::Centring => self.approx.centre_affine_row(row, &n.gamma, &n.beta),
+            });
+        }
+        RingTensor::from_vec(fp.ring, x.shape(), out).expect("same shape as the input")
+    }
+}
+
+fn max_abs(x: &RingTensor, fp: FixedPoint) -> f64 {
+    x.data()
+        .iter()
+        .map(|&v| fp.decode(v).abs())
+        .fold(0.0, f64::max)
+}
+
+fn to_vec1(t: &Tensor) -> Result<Vec<f32>> {
+    t.to_dtype(candle_core::DType::F32)
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(candle_context("reading weights"))
+}
+
+fn to_vec2(t: &Tensor) -> Result<Vec<Vec<f32>>> {
+    t.to_dtype(candle_core::DType::F32)
+        .and_then(|t| t.to_vec2::<f32>())
+        .map_err(candle_context("reading weights"))
+}

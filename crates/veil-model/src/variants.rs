@@ -1,0 +1,117 @@
+//! Operator variants: which non-linearity each encoder block uses.
+//!
+//! Veil makes a model privacy-computing friendly by swapping expensive operators for cheap ones
+//! block by block (GELU→ReLU, Softmax→ReLU-normalise, LayerNorm→centring+affine) and fine-tuning.
+//! The choice is part of the model, so it is stored in the model folder: the `"veil"` object of
+//! `config.json` (see [`crate::config`]), e.g.
+//!
+//! ```json
+//! "veil": {
+//!   "embedding": "public",
+//!   "head": "mean_pool",
+//!   "blocks": [ {"activation": "relu", "attention": "relu_normalise", "ln1": "centring", "ln2": "exact"} ]
+//! }
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+/// The FFN activation of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// GELU with the exact erf form in f32 (HF `"gelu"`); the simulator uses the protocol's
+    /// approximation.
+    Gelu,
+    Relu,
+}
+
+impl Activation {
+    /// Parses an HF `hidden_act` value. Only the activations Veil has protocols for are accepted.
+    pub fn from_hf(name: &str) -> Option<Self> {
+        match name {
+            "gelu" => Some(Activation::Gelu),
+            "relu" => Some(Activation::Relu),
+            _ => None,
+        }
+    }
+
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Activation::Gelu => "gelu",
+            Activation::Relu => "relu",
+        }
+    }
+}
+
+/// How attention scores become weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionNorm {
+    Softmax,
+    /// ReLU(x_i) / (Σ_j ReLU(x_j) + ε), ε = [`veil_core::defaults::RELU_NORMALISE_EPS`].
+    ReluNormalise,
+}
+
+/// A layer normalisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerNormKind {
+    /// (x − mean)/sqrt(var + eps)·γ + β.
+    Exact,
+    /// (x − mean)·γ + β: no division, so no reciprocal square root under MPC.
+    Centring,
+}
+
+/// The operator choice of one encoder block. LN1 follows attention, LN2 follows the FFN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockVariant {
+    pub activation: Activation,
+    pub attention: AttentionNorm,
+    pub ln1: LayerNormKind,
+    pub ln2: LayerNormKind,
+}
+
+impl BlockVariant {
+    /// The original operators of a pre-trained model with the given activation.
+    pub fn exact(activation: Activation) -> Self {
+        BlockVariant {
+            activation,
+            attention: AttentionNorm::Softmax,
+            ln1: LayerNormKind::Exact,
+            ln2: LayerNormKind::Exact,
+        }
+    }
+
+    /// Every cheap substitute at once.
+    pub fn friendly() -> Self {
+        BlockVariant {
+            activation: Activation::Relu,
+            attention: AttentionNorm::ReluNormalise,
+            ln1: LayerNormKind::Centring,
+            ln2: LayerNormKind::Centring,
+        }
+    }
+}
+
+/// Whether the embedding lookup (and its LayerNorm) is done in the clear by the party holding
+/// the tokens' embeddings, or inside the private protocol. Recorded now, used by the private
+/// forward pass; the simulator runs the embedding LayerNorm in fixed point only when `Private`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EmbeddingMode {
+    #[default]
+    Public,
+    Private,
+}
+
+/// What turns the last hidden states into the model output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadKind {
+    /// First token → dense → tanh (HF pooler, or RoBERTa's `classifier.dense`) → optional
+    /// classifier with `num_labels` outputs.
+    Pooler,
+    /// Mean over the real tokens → optional linear classifier with `num_labels` outputs.
+    MeanPool,
+}
