@@ -1,7 +1,7 @@
 //! Chosen-message 1-out-of-2 OT of `bits`-bit messages (1 ≤ bits ≤ 64) from random COT.
 //!
 //! Receiver → sender: `d_i = c_i ⊕ r_i` (1 bit per OT). Sender → receiver:
-//! `y_{i,b} = m_{i,b} ⊕ pad_{i,b}` for b = 0, 1 (2·bits bits per OT); see [`crate::derand`].
+//! `y_{i,b} = m_{i,b} ⊕ pad_{i,b}` for b = 0, 1 (2·bits bits per OT); derandomised as in `derand` (Beaver).
 //! Two flights per call (plus refills). Security: semi-honest, 128-bit computational
 //! (TCCR hash from fixed-key AES in the ideal-permutation model).
 

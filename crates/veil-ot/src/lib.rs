@@ -4,11 +4,16 @@
 //! Layers, bottom up:
 //! * [`aes_prims`] — fixed-key AES hash (TCCR), AES-CTR column PRG, GGM PRG;
 //! * [`base_ot`] — Chou–Orlandi OT on Ristretto, for the 128 IKNP seeds;
-//! * [`iknp`] + [`transpose`] — IKNP extension producing Δ-correlated OT;
+//! * [`iknp`] + [`transpose`] — IKNP extension producing Δ-correlated OT (128 bits/COT);
+//! * [`ferret`] — silent COT: GGM single-point COTs, regular-noise LPN, bootstrap loop
+//!   (≈ 0.46 bits/COT);
 //! * [`session`] — COT pools per direction, refilled on demand, and the flavours on top:
-//!   [`chosen`] (1-of-2), [`one_of_n`] (1-of-2^k), [`arith`] (additive COT in Z_{2^k}).
+//!   [`chosen`] (1-of-2), [`one_of_n`] (1-of-2^k), [`arith`] (additive COT in Z_{2^k}),
+//!   [`random_bits`] (random bit-OT);
+//! * [`mod@bench`] — the benchmark over TCP loopback.
 //!
-//! Security model everywhere: semi-honest parties, 128-bit computational security.
+//! Security model everywhere: semi-honest parties, 128-bit computational security; every
+//! protocol module states its own assumptions.
 
 pub mod aes_prims;
 pub mod arith;

@@ -9,13 +9,14 @@
 //!
 //! The first reserve comes from IKNP through a smaller *bootstrap* iteration; afterwards each
 //! main iteration keeps its first `k + t·depth` outputs as the next reserve and hands out the
-//! rest (9,563,650 COTs per main iteration). Parameters: [`params`] (Ferret Table 2, 128-bit).
+//! rest (9,563,650 COTs per main iteration). Parameters and their sources: [`params`].
 //!
 //! Traffic per iteration: receiver → sender `t·depth` correction bits; sender → receiver
 //! `t·(2·depth + 1)` blocks (≈ 0.46 bits per output COT for the main set). Two flights per
 //! iteration (plus one 16-byte flight at set-up carrying the public matrix seed).
 //!
-//! Security: semi-honest, 128-bit computational (LPN with the Table 2 parameters, AES as PRG
+//! Security: semi-honest, 128-bit computational (regular-noise LPN with the published
+//! parameters, AES as PRG
 //! and TCCR hash). No consistency check: that is only needed against a malicious party, and
 //! this version claims no malicious security. Δ, reserves, roots and punctured indices are
 //! zeroized on drop.
@@ -240,7 +241,7 @@ fn receiver_iteration<C: Channel>(
 }
 
 impl FerretSender {
-    /// Bootstraps from IKNP with the Table 2 parameters. Returns the sender and the bootstrap's
+    /// Bootstraps from IKNP with the published parameter sets ([`params`]). Returns the sender and the bootstrap's
     /// COTs beyond the first reserve, as `(q, start)`: the usable COTs are `q[start..]`.
     pub fn setup<C: Channel>(
         ch: &mut C,
@@ -439,7 +440,7 @@ mod tests {
     }
 
     #[test]
-    fn table_2_parameters_one_main_iteration() {
+    fn published_parameters_one_main_iteration() {
         run(params::BOOTSTRAP, params::MAIN, 1);
     }
 

@@ -1,13 +1,14 @@
-//! Regular-noise LPN parameter sets, from Ferret (Yang, Weng, Lan, Zhang, Wang, CCS 2020),
-//! Table 2 ("regular noise, 128-bit security"), the same sets as the authors' emp-ot code:
+//! Regular-noise LPN parameter sets for 128-bit security.
 //!
-//! | use       | n          | k       | t     | bin size n/t | GGM depth |
-//! |-----------|------------|---------|-------|--------------|-----------|
-//! | main      | 10,168,320 | 588,160 | 1,270 | 8,006–8,007  | 13        |
-//! | bootstrap | 649,728    | 36,288  | 1,269 | 512          | 9         |
+//! * **main** — Ferret (Yang, Weng, Lan, Zhang, Wang, CCS 2020, ePrint 2020/924), parameter
+//!   table for primal LPN with regular noise at 128-bit security: n = 10,168,320,
+//!   k = 588,160, t = 1,270 (bins of 8,006–8,007 outputs, GGM depth 13).
+//! * **bootstrap** — the authors' emp-ot implementation (`emp-ot/ferret/constants.h`,
+//!   `N_PRE_REG/K_PRE_REG/T_PRE_REG`): n = 649,728, k = 36,288, t = 1,269 (bins of 512, depth 9).
 //!
 //! An iteration with parameters (n, k, t) consumes `k + t·depth` COTs and produces n; the
-//! bootstrap iteration (fed by IKNP) yields the main iteration's first reserve.
+//! bootstrap iteration (fed by IKNP: 47,709 COTs) yields the main iteration's first reserve
+//! (604,670 COTs) plus 45,058 spare COTs.
 
 /// One LPN parameter set with regular noise: n outputs split into t bins, one noise bit each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,14 +21,14 @@ pub struct LpnParams {
     pub t: usize,
 }
 
-/// Main iteration (Ferret Table 2, 128-bit security).
+/// Main iteration (Ferret's regular-noise table, 128-bit security).
 pub const MAIN: LpnParams = LpnParams {
     n: 10_168_320,
     k: 588_160,
     t: 1_270,
 };
 
-/// Bootstrap iteration (Ferret Table 2, 128-bit security).
+/// Bootstrap iteration (emp-ot's pre-OT set, 128-bit security).
 pub const BOOTSTRAP: LpnParams = LpnParams {
     n: 649_728,
     k: 36_288,

@@ -3,8 +3,8 @@
 //! The sender expands a random root with the AES length-doubling PRG ([`ggm_expand`]) to
 //! `2^depth` leaves, of which the bin uses the first `len`. For every level it computes the XOR
 //! `K_0` of all left children and `K_1` of all right children; the receiver, whose punctured
-//! index is α, learns `K_{¬α_l}` through a chosen OT on a COT (derandomised as in
-//! [`crate::derand`]), which is exactly what it needs to rebuild every node off the path to α.
+//! index is α, learns `K_{¬α_l}` through a chosen OT on a COT (Beaver derandomisation), which
+//! is exactly what it needs to rebuild every node off the path to α.
 //! Finally the sender sends `c = Δ ⊕ ⊕_i v_i`, so the receiver gets `w_α = v_α ⊕ Δ` and
 //! `w_i = v_i` elsewhere: a COT whose choice vector is the unit vector at α.
 //!
