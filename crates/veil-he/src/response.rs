@@ -242,3 +242,76 @@ fn negate(p: &Params, v: &[u64]) -> Vec<u64> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EvalCiphertext, NttPlaintext, ParamSet};
+    use veil_core::{Ring, Seed};
+
+    /// The noise the client sees after switching: x − (p/t)·m at each sent coefficient.
+    fn visible_noise(sk: &SecretKey, r: &Response, positions: &[usize], m: &[u64]) -> Vec<f64> {
+        let p = &sk.params;
+        let inner = p.inner();
+        let pf = inner.final_modulus as f64;
+        let mut cs = r.c1.clone();
+        inner.final_plan.fwd(&mut cs);
+        inner
+            .final_plan
+            .mul_assign_normalize(&mut cs, &sk.s_final_ntt);
+        inner.final_plan.inv(&mut cs);
+        let t = (1u64 << p.ring().bits()) as f64;
+        positions
+            .iter()
+            .zip(&r.c0)
+            .zip(m)
+            .map(|((&j, &c0), &mj)| {
+                let c0 = ((c0 as u128) << inner.budget.c0_drop_bits) % inner.final_modulus as u128;
+                let x = add_mod(c0 as u64, cs[j], inner.final_modulus) as f64;
+                let v = (x - pf / t * mj as f64).rem_euclid(pf);
+                if v > pf / 2.0 {
+                    v - pf
+                } else {
+                    v
+                }
+            })
+            .collect()
+    }
+
+    /// Responses carry the flood: the visible noise is the dropped c0 bits (uniform on
+    /// ±2^(h-2)) plus the switched flood (uniform on ±2^b·p/Q); its rms must match that sum, not
+    /// the dropped bits alone, and the noise must stay inside the decryption bound 2^h.
+    #[test]
+    fn responses_are_flooded_within_budget() {
+        let p = Params::new(ParamSet::N4096, Ring::new(41).unwrap()).unwrap();
+        let mut g = Prg::from_seed(&Seed([4; 16]));
+        let sk = SecretKey::generate(&p, &mut g);
+        let pk = sk.public_key(&mut g);
+        let n = p.degree();
+        let mut m = vec![0u64; n];
+        g.fill_ring(p.ring(), &mut m);
+        let mut acc = Accumulator::new(&p);
+        let ev = EvalCiphertext::expand(&p, &sk.encrypt(&m, &mut g).unwrap());
+        acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &[1]).unwrap());
+        let positions: Vec<usize> = (0..n).collect();
+        let r = acc
+            .into_response(&pk, &positions, &vec![0; n], &mut g)
+            .unwrap();
+        let noise = visible_noise(&sk, &r, &positions, &m);
+        let h = p.budget().headroom_bits as i32;
+        let rms = (noise.iter().map(|v| v * v).sum::<f64>() / n as f64).sqrt();
+        let b = p.budget();
+        let dropped = 2f64.powi(h - 2) / 3f64.sqrt();
+        let flood = 2f64.powf(b.flood_bits as f64 - b.log2_q_over_p) / 3f64.sqrt();
+        let expected = (dropped * dropped + flood * flood).sqrt();
+        assert!(
+            rms > (expected + dropped) / 2.0,
+            "rms {rms} vs {expected}: flood missing?"
+        );
+        assert!(
+            rms < 1.05 * expected,
+            "rms {rms} vs {expected}: more noise than budgeted"
+        );
+        assert!(noise.iter().all(|v| v.abs() < 2f64.powi(h)));
+    }
+}
