@@ -314,4 +314,38 @@ mod tests {
         );
         assert!(noise.iter().all(|v| v.abs() < 2f64.powi(h)));
     }
+
+    /// Without re-randomisation c1 would be the switched Σ w·a, which the client can compute
+    /// from its seeds; the response's c1 must differ from it almost everywhere.
+    #[test]
+    fn responses_are_rerandomised() {
+        let p = Params::new(ParamSet::N4096, Ring::new(41).unwrap()).unwrap();
+        let mut g = Prg::from_seed(&Seed([8; 16]));
+        let sk = SecretKey::generate(&p, &mut g);
+        let pk = sk.public_key(&mut g);
+        let ct = sk.encrypt(&[1, 2, 3], &mut g).unwrap();
+        let mut acc = Accumulator::new(&p);
+        acc.mul_acc(
+            &p,
+            &EvalCiphertext::expand(&p, &ct),
+            &NttPlaintext::new(&p, &[1]).unwrap(),
+        );
+        let r = acc.into_response(&pk, &[0], &[0], &mut g).unwrap();
+        let mut a = crate::keys::expand_uniform_ntt(&p, &Seed(ct.seed));
+        a.intt(&p);
+        let n = p.degree();
+        let mut x = vec![0u64; p.limbs()];
+        let same = (0..n)
+            .filter(|&j| {
+                for (i, xi) in x.iter_mut().enumerate() {
+                    *xi = a.data[i * n + j];
+                }
+                switch_coefficient(p.inner(), &mut x) == r.c1[j]
+            })
+            .count();
+        assert!(
+            same < n / 100,
+            "{same} of {n} c1 coefficients equal the client-computable Σ w·a"
+        );
+    }
 }
