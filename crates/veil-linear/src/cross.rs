@@ -51,7 +51,7 @@ fn layouts(p: &Params, dims: &[(usize, usize, usize)]) -> Result<Vec<Layout>> {
     Ok(out)
 }
 
-/// Client side: given its shares A0[h], B0[h], returns its shares of A[h]·B[h].
+/// Client side: given its shares A0_h, B0_h of each product, returns its shares of A_h·B_h.
 pub fn shared_matmul_client<C: Channel + ?Sized>(
     ch: &mut C,
     session: &ClientSession,
@@ -75,7 +75,7 @@ pub fn shared_matmul_client<C: Channel + ?Sized>(
         .collect()
 }
 
-/// Server side: given its shares A1[h], B1[h], returns its shares of A[h]·B[h].
+/// Server side: given its shares A1_h, B1_h of each product, returns its shares of A_h·B_h.
 pub fn shared_matmul_server<C: Channel + ?Sized>(
     ch: &mut C,
     session: &ServerSession,

@@ -1,5 +1,5 @@
 //! Fully connected layer on shares over a whole sequence: Y = X·Wᵀ + b with X = X0 + X1
-//! (client, server shares of shape [seq, in]) and W ([out, in]), b ([out]) private to the server.
+//! (client, server shares of shape seq × in) and W (out × in), b (length out) private to the server.
 //!
 //! The server folds X1 into the client's ciphertexts of X0, so a single Π_MatMul gives
 //! X·Wᵀ + b − R to the client and R to the server (no local X1·Wᵀ product is needed).
@@ -44,7 +44,7 @@ pub struct PreparedFc {
 }
 
 impl PreparedFc {
-    /// `weight` is [out, in] at scale 2^f; `bias` is [out] at scale 2^{2f}.
+    /// `weight` is out × in at scale 2^f; `bias` has length out, at scale 2^{2f}.
     pub fn new(layer: FcLayer, weight: &RingTensor, bias: Option<&RingTensor>) -> Result<Self> {
         ensure!(
             weight.shape() == [layer.out_features, layer.in_features],

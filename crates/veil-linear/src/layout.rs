@@ -3,7 +3,7 @@
 //!
 //! A block (n_w × k_w) of A goes to coefficient i·k_w·m_w + j; a block (k_w × m_w) of B goes to
 //! coefficient l·k_w + (k_w − 1 − j) (centred lift). Their negacyclic product holds
-//! Σ_j A[i,j]·B[j,l] at coefficient i·k_w·m_w + l·k_w + k_w − 1: every other pair of terms
+//! Σ_j A(i,j)·B(j,l) at coefficient i·k_w·m_w + l·k_w + k_w − 1: every other pair of terms
 //! lands elsewhere, and with n_w·k_w·m_w ≤ N the terms that wrap around X^N land below
 //! k_w − 1, under no target (see `wrap_around_never_hits_a_target`).
 //!

@@ -9,7 +9,7 @@
 //! * [`fc`]: Y = X·Wᵀ + b on shares for a whole sequence ([`PreparedFc`] is prepared once per
 //!   model); output at scale 2^{2f}, truncation is the caller's next step.
 //! * [`cross`]: per-head products of two shared matrices (Q·Kᵀ, A·V) via cross terms.
-//! * [`bench`]: the benchmark of the issue (`cargo run --release -p veil-linear --example bench`).
+//! * [`mod@bench`]: the benchmark of the issue (`cargo run --release -p veil-linear --example bench`).
 //!
 //! Every protocol is metered on whatever label the caller has entered on the channel.
 
