@@ -14,7 +14,9 @@ use veil_he::{ParamSet, Params};
 use veil_net::Channel;
 
 use crate::layout::Layout;
-use crate::matmul::{client_receive, client_send, server_respond, PreparedMatrix, ServerJob};
+use crate::matmul::{
+    client_receive, client_send, server_respond, PreparedMatrix, ServerJob, NTT_CACHE_BYTES,
+};
 use crate::session::{ClientSession, ServerSession};
 
 /// Public description of an FC layer as both parties see it.
@@ -44,8 +46,19 @@ pub struct PreparedFc {
 }
 
 impl PreparedFc {
-    /// `weight` is out × in at scale 2^f; `bias` has length out, at scale 2^{2f}.
+    /// `weight` is out × in at scale 2^f; `bias` has length out, at scale 2^{2f}. Caches the
+    /// NTT-domain weights when they fit [`NTT_CACHE_BYTES`].
     pub fn new(layer: FcLayer, weight: &RingTensor, bias: Option<&RingTensor>) -> Result<Self> {
+        Self::with_cache_budget(layer, weight, bias, NTT_CACHE_BYTES)
+    }
+
+    /// As [`PreparedFc::new`] with an explicit NTT-cache budget in bytes (0 disables it).
+    pub fn with_cache_budget(
+        layer: FcLayer,
+        weight: &RingTensor,
+        bias: Option<&RingTensor>,
+        cache_bytes: usize,
+    ) -> Result<Self> {
         ensure!(
             weight.shape() == [layer.out_features, layer.in_features],
             InvalidArgument,
@@ -53,7 +66,8 @@ impl PreparedFc {
             weight.shape()
         );
         let (p, _) = layer.layout(weight.ring())?;
-        let matrix = PreparedMatrix::new(&p, layer.seq, &weight.transpose()?)?.with_ntt_cache()?;
+        let matrix = PreparedMatrix::new(&p, layer.seq, &weight.transpose()?)?
+            .with_ntt_cache(cache_bytes)?;
         let bias = match bias {
             Some(b) => {
                 ensure!(

@@ -36,7 +36,8 @@ pub struct PreparedMatrix {
     ntt: Option<Vec<NttPlaintext>>,
 }
 
-/// Largest NTT-domain weight cache per prepared matrix (BERT-Tiny layers fit, BERT-Base do not).
+/// Default largest NTT-domain weight cache per prepared matrix (each BERT-Tiny layer fits,
+/// ≈ 0.6 GB for one Tiny encoder layer; BERT-Base matrices do not).
 pub const NTT_CACHE_BYTES: usize = 256 << 20;
 
 impl PreparedMatrix {
@@ -71,11 +72,11 @@ impl PreparedMatrix {
         })
     }
 
-    /// Caches the NTT form of every block if it fits [`NTT_CACHE_BYTES`]: worth it for a
-    /// matrix reused across inferences (model weights), not for a one-off share.
-    pub fn with_ntt_cache(mut self) -> Result<Self> {
+    /// Caches the NTT form of every block if it fits in `max_bytes`: worth it for a matrix
+    /// reused across inferences (model weights), not for a one-off share.
+    pub fn with_ntt_cache(mut self, max_bytes: usize) -> Result<Self> {
         let p = &self.params;
-        if self.blocks.len() * p.limbs() * p.degree() * 8 <= NTT_CACHE_BYTES {
+        if self.blocks.len() * p.limbs() * p.degree() * 8 <= max_bytes {
             let cached = self
                 .blocks
                 .iter()

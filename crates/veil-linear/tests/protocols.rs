@@ -51,9 +51,14 @@ fn expected(c: &FcCase) -> RingTensor {
 }
 
 fn run_fc(c: &FcCase, tcp: bool) -> RingTensor {
+    run_fc_cached(c, tcp, veil_linear::matmul::NTT_CACHE_BYTES)
+}
+
+fn run_fc_cached(c: &FcCase, tcp: bool, cache_bytes: usize) -> RingTensor {
     let mut g = Prg::from_seed(&Seed([99; 16]));
     let (x0, x1) = share(&c.x, &mut g).unwrap();
-    let fc = PreparedFc::new(c.layer, &c.w, Some(&c.b)).unwrap();
+    let fc = PreparedFc::with_cache_budget(c.layer, &c.w, Some(&c.b), cache_bytes).unwrap();
+    assert_eq!(fc.matrix().is_ntt_cached(), cache_bytes > 0);
     let client = |ch: &mut dyn Channel| -> veil_core::Result<RingTensor> {
         let s = ClientSession::setup(ch, ring())?;
         fc_client(ch, &s, &c.layer, &x0)
@@ -85,6 +90,12 @@ fn fc_edge_shapes_are_exact() {
         let c = fc_case(seq, inp, out, i as u8);
         assert_eq!(run_fc(&c, false), expected(&c), "{seq}x{inp}x{out}");
     }
+}
+
+#[test]
+fn fc_without_weight_cache_is_exact() {
+    let c = fc_case(128, 40, 70, 41);
+    assert_eq!(run_fc_cached(&c, false, 0), expected(&c));
 }
 
 #[test]
