@@ -1,0 +1,121 @@
+//! Tokenised examples, padded batches, and the classifier interface the trainer drives.
+
+use candle_core::{Device, Tensor};
+use veil_core::{ensure, Result};
+
+use crate::candle_err;
+
+/// One tokenised example: word-piece ids, segment (token type) ids, class id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedExample {
+    pub ids: Vec<u32>,
+    pub type_ids: Vec<u32>,
+    pub label: u32,
+}
+
+/// A padded batch. Padding uses id 0 and mask 0; `attention_mask` is f32 (1 = real token).
+pub struct Batch {
+    pub input_ids: Tensor,
+    pub type_ids: Tensor,
+    pub attention_mask: Tensor,
+    pub labels: Tensor,
+}
+
+impl Batch {
+    /// Pads to the longest example of the batch.
+    pub fn new(examples: &[&EncodedExample], device: &Device) -> Result<Batch> {
+        ensure!(!examples.is_empty(), InvalidArgument, "empty batch");
+        let len = examples.iter().map(|e| e.ids.len()).max().unwrap_or(0);
+        ensure!(len > 0, InvalidArgument, "batch of empty token sequences");
+        let n = examples.len();
+        let (mut ids, mut types, mut mask) = (
+            vec![0u32; n * len],
+            vec![0u32; n * len],
+            vec![0f32; n * len],
+        );
+        for (row, e) in examples.iter().enumerate() {
+            ensure!(
+                e.type_ids.len() == e.ids.len(),
+                InvalidArgument,
+                "example has {} ids but {} type ids",
+                e.ids.len(),
+                e.type_ids.len()
+            );
+            let at = row * len;
+            ids[at..at + e.ids.len()].copy_from_slice(&e.ids);
+            types[at..at + e.ids.len()].copy_from_slice(&e.type_ids);
+            mask[at..at + e.ids.len()].fill(1.0);
+        }
+        let labels: Vec<u32> = examples.iter().map(|e| e.label).collect();
+        let make = || -> candle_core::Result<Batch> {
+            Ok(Batch {
+                input_ids: Tensor::from_vec(ids, (n, len), device)?,
+                type_ids: Tensor::from_vec(types, (n, len), device)?,
+                attention_mask: Tensor::from_vec(mask, (n, len), device)?,
+                labels: Tensor::from_vec(labels, n, device)?,
+            })
+        };
+        make().map_err(candle_err)
+    }
+
+    pub fn len(&self) -> usize {
+        self.labels.dims()[0]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a classifier's forward pass returns to the trainer.
+pub struct ClassifierOutput {
+    /// batch × classes.
+    pub logits: Tensor,
+    /// The output of every encoder block, block 0 first, each batch × seq × hidden.
+    pub hidden_states: Vec<Tensor>,
+}
+
+/// A model the trainer can fine-tune: a differentiable forward pass over a batch.
+pub trait SequenceClassifier {
+    fn forward(&self, batch: &Batch) -> candle_core::Result<ClassifierOutput>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pads_to_longest() {
+        let a = EncodedExample {
+            ids: vec![5, 6, 7],
+            type_ids: vec![0, 0, 1],
+            label: 1,
+        };
+        let b = EncodedExample {
+            ids: vec![9],
+            type_ids: vec![0],
+            label: 0,
+        };
+        let batch = Batch::new(&[&a, &b], &Device::Cpu).unwrap();
+        assert_eq!(
+            batch.input_ids.to_vec2::<u32>().unwrap(),
+            [[5, 6, 7], [9, 0, 0]]
+        );
+        assert_eq!(
+            batch.type_ids.to_vec2::<u32>().unwrap(),
+            [[0, 0, 1], [0, 0, 0]]
+        );
+        assert_eq!(
+            batch.attention_mask.to_vec2::<f32>().unwrap(),
+            [[1., 1., 1.], [1., 0., 0.]]
+        );
+        assert_eq!(batch.labels.to_vec1::<u32>().unwrap(), [1, 0]);
+        let bad = EncodedExample {
+            ids: vec![1, 2],
+            type_ids: vec![0],
+            label: 0,
+        };
+        assert!(Batch::new(&[&bad], &Device::Cpu).is_err());
+        assert!(Batch::new(&[], &Device::Cpu).is_err());
+    }
+}

@@ -1,0 +1,596 @@
+//! The fine-tuning loop: shuffled mini-batches, the bound loss, AdamW with a linear schedule,
+//! gradient clipping, checkpoints and a progress bar; and evaluation (accuracy plus the largest
+//! |hidden state| of every block, which decides whether fixed-point inference overflows).
+//!
+//! Determinism: the example order of epoch `e` is a shuffle seeded by (`seed`, `e`), so a run
+//! resumed from a checkpoint at step `s` sees exactly the batches the uninterrupted run would.
+
+use std::path::Path;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use veil_core::{ensure, Error, Result};
+
+use crate::batch::{Batch, EncodedExample, SequenceClassifier};
+use crate::candle_err;
+use crate::checkpoint::{self, TrainState};
+use crate::loss::{combined_loss, LossWeights};
+use crate::optim::{clip_grad_norm, AdamW, AdamWConfig, LinearSchedule};
+
+/// Settings of one fine-tuning run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainConfig {
+    pub epochs: u32,
+    pub batch_size: usize,
+    /// Peak learning rate of the linear schedule.
+    pub learning_rate: f64,
+    /// Fraction of all updates spent warming up.
+    pub warmup_fraction: f64,
+    /// Global gradient-norm clip.
+    pub max_grad_norm: f64,
+    pub seed: u64,
+    pub loss: LossWeights,
+    pub adamw: AdamWConfig,
+    /// Save a checkpoint every this many updates (and when the run ends or stops).
+    pub checkpoint_every: u64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            epochs: 3,
+            batch_size: 32,
+            learning_rate: 5e-5,
+            warmup_fraction: 0.1,
+            max_grad_norm: 1.0,
+            seed: 42,
+            loss: LossWeights::paper(None),
+            adamw: AdamWConfig::default(),
+            checkpoint_every: 200,
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn validate(&self) -> Result<()> {
+        self.loss.validate()?;
+        ensure!(self.epochs > 0, InvalidArgument, "epochs must be > 0");
+        ensure!(
+            self.batch_size > 0,
+            InvalidArgument,
+            "batch size must be > 0"
+        );
+        ensure!(
+            self.learning_rate > 0.0 && self.learning_rate.is_finite(),
+            InvalidArgument,
+            "learning rate must be > 0"
+        );
+        ensure!(
+            (0.0..1.0).contains(&self.warmup_fraction),
+            InvalidArgument,
+            "warm-up fraction must be in [0, 1)"
+        );
+        ensure!(
+            self.max_grad_norm > 0.0,
+            InvalidArgument,
+            "gradient clip must be > 0"
+        );
+        ensure!(
+            self.checkpoint_every > 0,
+            InvalidArgument,
+            "checkpoint interval must be > 0"
+        );
+        Ok(())
+    }
+}
+
+/// How the run should behave around its own lifetime (not part of what is being trained, so
+/// not compared on resume).
+#[derive(Clone, Debug, Default)]
+pub struct RunControl<'a> {
+    /// Folder for checkpoints; an existing checkpoint there is resumed.
+    pub checkpoint_dir: Option<&'a Path>,
+    /// Stop (after checkpointing) once this many updates are done — for time-boxed runs.
+    pub stop_after: Option<u64>,
+    pub progress: bool,
+}
+
+/// What a run did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainSummary {
+    pub steps_done: u64,
+    pub total_steps: u64,
+    /// Step the run resumed from, if it did.
+    pub resumed_from: Option<u64>,
+    /// Mean total loss and training accuracy over the updates this invocation ran.
+    pub mean_loss: f64,
+    pub train_accuracy: f64,
+    pub seconds: f64,
+}
+
+impl TrainSummary {
+    pub fn finished(&self) -> bool {
+        self.steps_done >= self.total_steps
+    }
+}
+
+/// FNV-1a over the token ids and labels: cheap, and any change of the data changes it.
+fn fingerprint(data: &[EncodedExample]) -> u64 {
+    let mut h = 0xcbf29ce484222325u64;
+    let mut eat = |x: u32| {
+        for b in x.to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+    };
+    for e in data {
+        eat(e.ids.len() as u32);
+        e.ids.iter().chain(&e.type_ids).for_each(|&x| eat(x));
+        eat(e.label);
+    }
+    h
+}
+
+fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ epoch.wrapping_mul(0x9e3779b97f4a7c15));
+    order.shuffle(&mut rng);
+    order
+}
+
+/// Number of correct argmax predictions in a batch.
+fn correct(logits: &Tensor, labels: &Tensor) -> candle_core::Result<usize> {
+    let hits = logits
+        .argmax(D::Minus1)?
+        .eq(labels)?
+        .to_dtype(DType::U32)?
+        .sum_all()?;
+    Ok(hits.to_scalar::<u32>()? as usize)
+}
+
+/// Fine-tunes `trainable` (the unfrozen parameters of `model`) on `data`.
+pub fn train<M: SequenceClassifier>(
+    model: &M,
+    trainable: Vec<(String, Var)>,
+    data: &[EncodedExample],
+    config: &TrainConfig,
+    control: &RunControl<'_>,
+) -> Result<TrainSummary> {
+    config.validate()?;
+    ensure!(!data.is_empty(), InvalidArgument, "no training examples");
+    ensure!(
+        !trainable.is_empty(),
+        InvalidArgument,
+        "no trainable parameters"
+    );
+    let device = Device::Cpu;
+    let batches_per_epoch = data.len().div_ceil(config.batch_size) as u64;
+    let total_steps = batches_per_epoch * config.epochs as u64;
+    let schedule = LinearSchedule {
+        peak: config.learning_rate,
+        warmup: (total_steps as f64 * config.warmup_fraction) as u64,
+        total: total_steps,
+    };
+    let vars: Vec<Var> = trainable.iter().map(|(_, v)| v.clone()).collect();
+    let mut opt = AdamW::new(trainable.clone(), config.adamw)?;
+    let state_template = TrainState {
+        step: 0,
+        total_steps,
+        config: serde_json::to_value(config).map_err(|e| Error::Other(e.to_string()))?,
+        data_fingerprint: fingerprint(data),
+    };
+
+    let mut resumed_from = None;
+    if let Some(dir) = control.checkpoint_dir {
+        if let Some(saved) = checkpoint::load_state(dir)? {
+            ensure!(
+                saved.config == state_template.config
+                    && saved.data_fingerprint == state_template.data_fingerprint
+                    && saved.total_steps == total_steps,
+                InvalidArgument,
+                "checkpoint in {} belongs to a run with other settings or data; \
+                 remove it or use another folder",
+                dir.display()
+            );
+            checkpoint::restore(dir, &saved, &trainable, &mut opt)?;
+            resumed_from = Some(saved.step);
+        }
+    }
+    let first_step = resumed_from.unwrap_or(0);
+    let last_step = control
+        .stop_after
+        .map_or(total_steps, |s| s.min(total_steps));
+
+    let bar = if control.progress {
+        let bar = ProgressBar::new(total_steps);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} {msg} ETA {eta}",
+            )
+            .map_err(|e| Error::Other(e.to_string()))?
+            .progress_chars("=> "),
+        );
+        bar.set_position(first_step);
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+
+    let started = Instant::now();
+    let (mut loss_sum, mut seen, mut hits) = (0f64, 0usize, 0usize);
+    let mut order = Vec::new();
+    let mut order_epoch = u64::MAX;
+    for step in first_step..last_step {
+        let epoch = step / batches_per_epoch;
+        if epoch != order_epoch {
+            order = epoch_order(data.len(), config.seed, epoch);
+            order_epoch = epoch;
+        }
+        let at = (step % batches_per_epoch) as usize * config.batch_size;
+        let members: Vec<&EncodedExample> = order[at..(at + config.batch_size).min(data.len())]
+            .iter()
+            .map(|&i| &data[i])
+            .collect();
+        let batch = Batch::new(&members, &device)?;
+        let out = model.forward(&batch).map_err(candle_err)?;
+        let terms = combined_loss(
+            &config.loss,
+            &out.logits,
+            &batch.labels,
+            &out.hidden_states,
+            &batch.attention_mask,
+            &vars,
+        )?;
+        let total: f32 = terms.total.to_scalar().map_err(candle_err)?;
+        ensure!(
+            total.is_finite(),
+            Other,
+            "loss is not finite at step {step}: training diverged"
+        );
+        let mut grads = terms.total.backward().map_err(candle_err)?;
+        clip_grad_norm(&mut grads, &vars, config.max_grad_norm)?;
+        opt.step(&grads, schedule.lr(step))?;
+
+        loss_sum += total as f64;
+        seen += batch.len();
+        hits += correct(&out.logits, &batch.labels).map_err(candle_err)?;
+        let done = step + 1;
+        bar.set_position(done);
+        bar.set_message(format!(
+            "epoch {} loss {:.4} (task {:.4} bound {:.3}) acc {:.1}%",
+            epoch + 1,
+            loss_sum / (done - first_step) as f64,
+            terms.task,
+            terms.bound,
+            100.0 * hits as f64 / seen as f64
+        ));
+        if let Some(dir) = control.checkpoint_dir {
+            if done % config.checkpoint_every == 0 || done == last_step {
+                let state = TrainState {
+                    step: done,
+                    ..state_template.clone()
+                };
+                checkpoint::save(dir, &trainable, &opt, &state)?;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let ran = last_step.saturating_sub(first_step);
+    Ok(TrainSummary {
+        steps_done: last_step.max(first_step),
+        total_steps,
+        resumed_from,
+        mean_loss: if ran > 0 { loss_sum / ran as f64 } else { 0.0 },
+        train_accuracy: if seen > 0 {
+            hits as f64 / seen as f64
+        } else {
+            0.0
+        },
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Accuracy on a labelled set, and the largest |value| each block's output reached on it
+/// (real tokens only).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Evaluation {
+    pub accuracy: f64,
+    pub examples: usize,
+    pub max_abs_hidden: Vec<f32>,
+}
+
+pub fn evaluate<M: SequenceClassifier>(
+    model: &M,
+    data: &[EncodedExample],
+    batch_size: usize,
+) -> Result<Evaluation> {
+    ensure!(!data.is_empty(), InvalidArgument, "no evaluation examples");
+    ensure!(batch_size > 0, InvalidArgument, "batch size must be > 0");
+    let mut hits = 0usize;
+    let mut max_abs: Vec<f32> = Vec::new();
+    for chunk in data.chunks(batch_size) {
+        let members: Vec<&EncodedExample> = chunk.iter().collect();
+        let batch = Batch::new(&members, &Device::Cpu)?;
+        let out = model.forward(&batch).map_err(candle_err)?;
+        hits += correct(&out.logits, &batch.labels).map_err(candle_err)?;
+        let mask = batch
+            .attention_mask
+            .unsqueeze(D::Minus1)
+            .map_err(candle_err)?;
+        if max_abs.is_empty() {
+            max_abs = vec![0.0; out.hidden_states.len()];
+        }
+        ensure!(
+            max_abs.len() == out.hidden_states.len(),
+            Other,
+            "model returned a varying number of hidden states"
+        );
+        for (m, h) in max_abs.iter_mut().zip(&out.hidden_states) {
+            let block_max = (|| {
+                h.detach()
+                    .abs()?
+                    .broadcast_mul(&mask)?
+                    .max_all()?
+                    .to_scalar::<f32>()
+            })()
+            .map_err(candle_err)?;
+            *m = m.max(block_max);
+        }
+    }
+    Ok(Evaluation {
+        accuracy: hits as f64 / data.len() as f64,
+        examples: data.len(),
+        max_abs_hidden: max_abs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tiny::{inflate, synthetic_task, TinyClassifier};
+
+    fn quick_config() -> TrainConfig {
+        TrainConfig {
+            epochs: 3,
+            batch_size: 16,
+            learning_rate: 2e-2,
+            warmup_fraction: 0.1,
+            loss: LossWeights::task_only(),
+            checkpoint_every: 3,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn training_reduces_loss_and_learns_the_task() {
+        let model = TinyClassifier::new(16, 1);
+        let data = synthetic_task(256, 2);
+        let dev = synthetic_task(128, 3);
+        let before = evaluate(&model, &dev, 64).unwrap();
+        let first = train(
+            &model,
+            model.named_vars(),
+            &data,
+            &quick_config(),
+            &RunControl::default(),
+        )
+        .unwrap();
+        let second = train(
+            &model,
+            model.named_vars(),
+            &data,
+            &quick_config(),
+            &RunControl::default(),
+        )
+        .unwrap();
+        assert!(
+            second.mean_loss < first.mean_loss,
+            "{first:?} then {second:?}"
+        );
+        assert!(first.finished() && first.steps_done == 48);
+        let after = evaluate(&model, &dev, 64).unwrap();
+        assert!(
+            after.accuracy > 0.9,
+            "dev accuracy {} (before {})",
+            after.accuracy,
+            before.accuracy
+        );
+        assert_eq!(after.examples, 128);
+        assert_eq!(after.max_abs_hidden.len(), 2);
+    }
+
+    #[test]
+    fn frozen_parameters_do_not_move() {
+        let model = TinyClassifier::new(8, 4);
+        let data = synthetic_task(64, 5);
+        let trainable: Vec<_> = model
+            .named_vars()
+            .into_iter()
+            .filter(|(n, _)| !n.starts_with("embed"))
+            .collect();
+        let before = model.snapshot();
+        train(
+            &model,
+            trainable,
+            &data,
+            &quick_config(),
+            &RunControl::default(),
+        )
+        .unwrap();
+        let after = model.snapshot();
+        for ((name, b), (_, a)) in before.iter().zip(&after) {
+            assert_eq!(name.starts_with("embed"), a == b, "{name}");
+        }
+    }
+
+    #[test]
+    fn bound_term_shrinks_hidden_states() {
+        let data = synthetic_task(128, 6);
+        let run = |loss: LossWeights| {
+            let model = TinyClassifier::new(8, 7);
+            inflate(&model, 4.0);
+            let config = TrainConfig {
+                loss,
+                epochs: 4,
+                ..quick_config()
+            };
+            train(
+                &model,
+                model.named_vars(),
+                &data,
+                &config,
+                &RunControl::default(),
+            )
+            .unwrap();
+            let e = evaluate(&model, &data, 64).unwrap();
+            e.max_abs_hidden.iter().cloned().fold(0f32, f32::max)
+        };
+        let free = run(LossWeights::task_only());
+        let bounded = run(LossWeights {
+            alpha1: 0.0,
+            alpha2: 0.5,
+            bound: Some(2.0),
+        });
+        assert!(
+            bounded < 0.5 * free,
+            "bounded max |h| {bounded} vs unbounded {free}"
+        );
+    }
+
+    #[test]
+    fn interrupted_run_resumes_to_the_same_weights() {
+        let data = synthetic_task(96, 8);
+        let config = quick_config(); // 6 batches × 3 epochs = 18 updates, checkpoints every 3
+        let straight = TinyClassifier::new(8, 9);
+        train(
+            &straight,
+            straight.named_vars(),
+            &data,
+            &config,
+            &RunControl::default(),
+        )
+        .unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        let interrupted = TinyClassifier::new(8, 9);
+        let stop = RunControl {
+            checkpoint_dir: Some(dir.path()),
+            stop_after: Some(7),
+            progress: false,
+        };
+        let part = train(
+            &interrupted,
+            interrupted.named_vars(),
+            &data,
+            &config,
+            &stop,
+        )
+        .unwrap();
+        assert_eq!((part.steps_done, part.finished()), (7, false));
+        assert_eq!(
+            crate::checkpoint::load_state(dir.path())
+                .unwrap()
+                .unwrap()
+                .step,
+            7
+        );
+        // Only the latest checkpoint's tensor files remain.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
+
+        // A fresh process: new model object from the same initial weights, resumes at step 7.
+        let resumed = TinyClassifier::new(8, 9);
+        let go_on = RunControl {
+            checkpoint_dir: Some(dir.path()),
+            ..Default::default()
+        };
+        let rest = train(&resumed, resumed.named_vars(), &data, &config, &go_on).unwrap();
+        assert_eq!(rest.resumed_from, Some(7));
+        assert!(rest.finished());
+        for ((name, a), (_, b)) in straight.snapshot().iter().zip(&resumed.snapshot()) {
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(diff < 1e-5, "{name} differs by {diff}");
+        }
+
+        // Other settings must not silently continue this checkpoint.
+        let other = TrainConfig {
+            learning_rate: 1e-3,
+            ..config
+        };
+        let err = train(&resumed, resumed.named_vars(), &data, &other, &go_on).unwrap_err();
+        assert!(err.to_string().contains("other settings"), "{err}");
+    }
+
+    #[test]
+    fn corrupt_checkpoint_is_an_error() {
+        let data = synthetic_task(32, 10);
+        let dir = tempfile::tempdir().unwrap();
+        let model = TinyClassifier::new(8, 11);
+        let control = RunControl {
+            checkpoint_dir: Some(dir.path()),
+            stop_after: Some(1),
+            progress: false,
+        };
+        train(&model, model.named_vars(), &data, &quick_config(), &control).unwrap();
+        std::fs::write(dir.path().join("params-1.safetensors"), b"garbage").unwrap();
+        assert!(train(&model, model.named_vars(), &data, &quick_config(), &control).is_err());
+        std::fs::write(dir.path().join("state.json"), b"{").unwrap();
+        let err = train(&model, model.named_vars(), &data, &quick_config(), &control).unwrap_err();
+        assert!(err.to_string().contains("state.json"), "{err}");
+    }
+
+    #[test]
+    fn invalid_configs_rejected() {
+        let model = TinyClassifier::new(4, 12);
+        let data = synthetic_task(8, 13);
+        for bad in [
+            TrainConfig {
+                batch_size: 0,
+                ..quick_config()
+            },
+            TrainConfig {
+                epochs: 0,
+                ..quick_config()
+            },
+            TrainConfig {
+                warmup_fraction: 1.0,
+                ..quick_config()
+            },
+            TrainConfig {
+                learning_rate: f64::NAN,
+                ..quick_config()
+            },
+        ] {
+            assert!(train(
+                &model,
+                model.named_vars(),
+                &data,
+                &bad,
+                &RunControl::default()
+            )
+            .is_err());
+        }
+        assert!(train(
+            &model,
+            model.named_vars(),
+            &[],
+            &quick_config(),
+            &RunControl::default()
+        )
+        .is_err());
+        assert!(train(
+            &model,
+            vec![],
+            &data,
+            &quick_config(),
+            &RunControl::default()
+        )
+        .is_err());
+    }
+}
