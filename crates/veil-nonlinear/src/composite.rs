@@ -3,7 +3,7 @@
 //! the row algorithm of `veil_core::approx` of the same name; with faithful truncation (the
 //! default) the shares open to exactly those integers. Errors against f64 (measured in the
 //! approx tests and re-checked here on BERT-shaped rows):
-//! * GELU (Alg. 2): ≤ 5.0e-4 for |x| ≤ 20;
+//! * GELU (Alg. 2): ≤ 4.3e-4 for |x| ≤ 20;
 //! * Softmax (Alg. 3, max subtraction, public padding mask): ≤ 8e-4 per output (the rounding
 //!   errors of the row's exp values add up in the sum);
 //! * ReLU-normalise: ReLU(x_i) / (Σ_j ReLU(x_j) + ε): ≤ 3e-4;

@@ -5,7 +5,7 @@
 //! * exp_neg: |error| ≤ 1.02 ulp on x ≤ 0 (clamped below −16);
 //! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24) (values [2^-13, 2048));
 //! * rsqrt:   ≤ 1 ulp + 2^-11 relative on the same domain;
-//! * tanh:    ≤ 2.7 ulp on all x.
+//! * tanh:    ≤ 2.3 ulp on all x.
 //!
 //! With [`TruncMode::Faithful`](crate::TruncMode) (the default of [`Ctx::new`]) the shares open to
 //! exactly the integers `approx` computes; the tests check equality.
@@ -176,7 +176,8 @@ pub fn tanh<C: Channel>(cx: &mut Ctx<C>, x: &[u64]) -> Result<Vec<u64>> {
     let y = newton_recip(cx, &m)?;
     let mut num: Vec<u64> = z.iter().map(|&v| ring.neg(v)).collect();
     cx.add_public(&mut num, 1u64 << f);
-    let th = cx.mul_trunc(&num, &y, fr + 1)?;
+    let p = cx.mul(&num, &y)?;
+    let th = cx.round(&p, fr + 1)?;
     let pth = cx.mux(&pos, &th)?;
     Ok(pth
         .iter()

@@ -83,11 +83,11 @@ fn bound_outside_ring_is_an_error() {
     let x = share_values(ring, &[1, 2]);
     let (a, b) = veil_net::run_two_party(
         |c| {
-            let mut ot = veil_ot::OtSession::setup(c, Role::Client)?;
+            let mut ot = veil_ot::OtSession::setup_with(c, Role::Client, veil_ot::Backend::Iknp)?;
             Ok(drelu(&mut ot, c, Role::Client, &x.0, Some(41)).is_err())
         },
         |s| {
-            let mut ot = veil_ot::OtSession::setup(s, Role::Server)?;
+            let mut ot = veil_ot::OtSession::setup_with(s, Role::Server, veil_ot::Backend::Iknp)?;
             Ok(drelu(&mut ot, s, Role::Server, &x.1, Some(0)).is_err())
         },
     )
@@ -202,11 +202,11 @@ fn peer_hang_up_is_an_error() {
     let x = share_values(ring, &[1, 2, 3]);
     let res = veil_net::run_two_party(
         |c| {
-            let mut ot = veil_ot::OtSession::setup(c, Role::Client)?;
+            let mut ot = veil_ot::OtSession::setup_with(c, Role::Client, veil_ot::Backend::Iknp)?;
             relu(&mut ot, c, Role::Client, &x.0, None).map(|_| ())
         },
         |s| {
-            let _ot = veil_ot::OtSession::setup(s, Role::Server)?;
+            let _ot = veil_ot::OtSession::setup_with(s, Role::Server, veil_ot::Backend::Iknp)?;
             Ok(()) // server leaves without running its half
         },
     );

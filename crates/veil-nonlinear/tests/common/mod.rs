@@ -3,10 +3,16 @@
 
 use veil_core::{share, FixedPoint, Prg, Result, Ring, RingTensor};
 use veil_net::{run_two_party, run_two_party_tcp, MemChannel, Role, TcpChannel};
-use veil_ot::OtSession;
+use veil_ot::{Backend, OtSession};
 
 pub fn fp() -> FixedPoint {
     FixedPoint::default_format()
+}
+
+/// OT engine for the in-memory tests: IKNP sets up in milliseconds, while the protocols are
+/// engine-agnostic; the TCP samples use the session's default (silent) engine.
+fn quick_session(ch: &mut MemChannel, role: Role) -> Result<OtSession> {
+    OtSession::setup_with(ch, role, Backend::Iknp)
 }
 
 /// Runs `f` as client and server over the in-memory duplex.
@@ -17,18 +23,18 @@ where
 {
     run_two_party(
         |c| {
-            let mut ot = OtSession::setup(c, Role::Client)?;
+            let mut ot = quick_session(c, Role::Client)?;
             f(&mut ot, c, Role::Client)
         },
         |s| {
-            let mut ot = OtSession::setup(s, Role::Server)?;
+            let mut ot = quick_session(s, Role::Server)?;
             f(&mut ot, s, Role::Server)
         },
     )
     .expect("protocol run")
 }
 
-/// Same over TCP loopback.
+/// Same over TCP loopback, with the default OT engine.
 pub fn run_tcp<T, F>(f: F) -> (T, T)
 where
     T: Send,
