@@ -11,7 +11,7 @@ use veil_net::Channel;
 use crate::derand::{
     check_bits, check_values, receiver_pads, recv_corrections, send_corrections, sender_pads,
 };
-use crate::pack::{mask, pack, packed_len, unpack};
+use crate::pack::{mask, pack, packed_len, PackedView};
 use crate::OtSession;
 
 impl OtSession {
@@ -50,10 +50,10 @@ impl OtSession {
         send_corrections(ch, &batch, choices.iter().copied())?;
         let pads = receiver_pads(&batch);
         let msg = ch.recv_msg_exact(packed_len(2 * n, bits))?;
-        let y = unpack(&msg, 2 * n, bits, "chosen OT ciphertexts")?;
+        let y = PackedView::new(&msg, 2 * n, bits, "chosen OT ciphertexts")?;
         let m = mask(bits);
         Ok((0..n)
-            .map(|i| y[2 * i + choices[i] as usize] ^ (pads[i] as u64 & m))
+            .map(|i| y.get(2 * i + choices[i] as usize) ^ (pads[i] as u64 & m))
             .collect())
     }
 }

@@ -17,11 +17,11 @@
 
 use veil_core::{ensure, Result};
 use veil_net::Channel;
-use zeroize::Zeroizing;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::aes_prims::tccr_hash_tweaked;
 use crate::derand::{check_bits, check_values, recv_corrections, send_corrections};
-use crate::pack::{mask, pack, packed_len, unpack};
+use crate::pack::{mask, packed_len, BitWriter, PackedView};
 use crate::OtSession;
 
 /// Tweak for block `c` of the pad stream of COT `index`: indices stay below 2^64, c above.
@@ -85,7 +85,8 @@ impl OtSession {
         let batch = self.take_send(ch, count * l)?;
         let d = recv_corrections(ch, count * l)?;
         let blocks = stream_blocks(n_msgs, bits);
-        let mut y = table.to_vec();
+        let mut out = BitWriter::new(table.len(), bits);
+        let m = mask(bits);
         let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
         let mut streams = Zeroizing::new(Vec::new());
         for first in (0..count).step_by(OTS_PER_BATCH) {
@@ -106,16 +107,33 @@ impl OtSession {
             streams.resize(inputs.len(), 0);
             tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
             for i in first..last {
+                let mut pad = [0u64; 256];
                 for j in 0..l {
                     let k = i * l + j - first * l;
-                    for x in 0..n_msgs {
-                        let s = &streams[(2 * k + ((x >> j) & 1)) * blocks..][..blocks];
-                        y[i * n_msgs + x] ^= chunk(s, without_bit(x, j), bits);
+                    for b in 0..2 {
+                        let s = &streams[(2 * k + b) * blocks..(2 * k + b + 1) * blocks];
+                        // Chunk c of stream (j, b) masks the message x with x_j = b and
+                        // x without bit j equal to c.
+                        let mut single = s[0];
+                        for c in 0..n_msgs / 2 {
+                            let x = ((c >> j) << (j + 1)) | (b << j) | (c & ((1 << j) - 1));
+                            pad[x] ^= if blocks == 1 {
+                                let v = single as u64 & m;
+                                single >>= bits;
+                                v
+                            } else {
+                                chunk(s, c, bits)
+                            };
+                        }
                     }
                 }
+                for (x, p) in pad[..n_msgs].iter().enumerate() {
+                    out.push(table[i * n_msgs + x] ^ p);
+                }
+                pad.zeroize();
             }
         }
-        ch.send_msg(&pack(&y, bits))?;
+        ch.send_msg(&out.finish())?;
         ch.flush()
     }
 
@@ -152,7 +170,7 @@ impl OtSession {
         let mut streams = Zeroizing::new(vec![0u128; inputs.len()]);
         tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
         let msg = ch.recv_msg_exact(packed_len(count * n_msgs, bits))?;
-        let y = unpack(&msg, count * n_msgs, bits, "1-of-N OT ciphertexts")?;
+        let y = PackedView::new(&msg, count * n_msgs, bits, "1-of-N OT ciphertexts")?;
         Ok((0..count)
             .map(|i| {
                 let c = choices[i] as usize;
@@ -164,7 +182,7 @@ impl OtSession {
                         bits,
                     )
                 });
-                y[i * n_msgs + c] ^ key
+                y.get(i * n_msgs + c) ^ key
             })
             .collect())
     }

@@ -11,23 +11,94 @@ pub fn packed_len(count: usize, bits: u32) -> usize {
 
 /// Packs the low `bits` bits of every value, little-endian bit order.
 pub fn pack(values: &[u64], bits: u32) -> Vec<u8> {
-    assert!((1..=64).contains(&bits), "pack: bits = {bits}");
-    let mut out = Vec::with_capacity(packed_len(values.len(), bits));
-    let mask = mask(bits);
-    let (mut acc, mut fill) = (0u128, 0u32);
+    let mut w = BitWriter::new(values.len(), bits);
     for &v in values {
-        acc |= ((v & mask) as u128) << fill;
-        fill += bits;
-        while fill >= 8 {
-            out.push(acc as u8);
-            acc >>= 8;
-            fill -= 8;
+        w.push(v);
+    }
+    w.finish()
+}
+
+/// Streaming form of [`pack`], for senders that compute values on the fly.
+pub struct BitWriter {
+    out: Vec<u8>,
+    acc: u128,
+    fill: u32,
+    bits: u32,
+    mask: u64,
+}
+
+impl BitWriter {
+    /// A writer for `count` values (capacity hint) of `bits` bits.
+    pub fn new(count: usize, bits: u32) -> Self {
+        assert!((1..=64).contains(&bits), "BitWriter: bits = {bits}");
+        BitWriter {
+            out: Vec::with_capacity(packed_len(count, bits)),
+            acc: 0,
+            fill: 0,
+            bits,
+            mask: mask(bits),
         }
     }
-    if fill > 0 {
-        out.push(acc as u8);
+
+    #[inline]
+    pub fn push(&mut self, v: u64) {
+        self.acc |= ((v & self.mask) as u128) << self.fill;
+        self.fill += self.bits;
+        while self.fill >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.fill -= 8;
+        }
     }
-    out
+
+    pub fn finish(mut self) -> Vec<u8> {
+        if self.fill > 0 {
+            self.out.push(self.acc as u8);
+        }
+        self.out
+    }
+}
+
+/// A packed message of `count` values, checked once (length, zero padding) and then read at
+/// any index: receivers that need one value out of N need not unpack all of them.
+pub struct PackedView<'a> {
+    bytes: &'a [u8],
+    count: usize,
+    bits: u32,
+}
+
+impl<'a> PackedView<'a> {
+    pub fn new(bytes: &'a [u8], count: usize, bits: u32, what: &str) -> Result<Self> {
+        assert!((1..=64).contains(&bits), "PackedView: bits = {bits}");
+        ensure!(
+            bytes.len() == packed_len(count, bits),
+            Malformed,
+            "{what}: {} bytes, expected {}",
+            bytes.len(),
+            packed_len(count, bits)
+        );
+        let used = (count * bits as usize) % 8;
+        if used > 0 {
+            ensure!(
+                bytes[bytes.len() - 1] >> used == 0,
+                Malformed,
+                "{what}: non-zero padding bits"
+            );
+        }
+        Ok(PackedView { bytes, count, bits })
+    }
+
+    /// Value `i` (< count).
+    #[inline]
+    pub fn get(&self, i: usize) -> u64 {
+        assert!(i < self.count, "PackedView index {i} out of {}", self.count);
+        let pos = i * self.bits as usize;
+        let (start, off) = (pos / 8, pos % 8);
+        let end = (start + 9).min(self.bytes.len());
+        let mut window = [0u8; 16];
+        window[..end - start].copy_from_slice(&self.bytes[start..end]);
+        (u128::from_le_bytes(window) >> off) as u64 & mask(self.bits)
+    }
 }
 
 /// Inverse of [`pack`]: exactly `count` values; the message length and padding are checked.
@@ -97,8 +168,24 @@ mod tests {
         }
     }
 
+    proptest! {
+        #[test]
+        fn view_reads_every_value(values in proptest::collection::vec(any::<u64>(), 1..60), bits in 1u32..=64) {
+            let bytes = pack(&values, bits);
+            let view = PackedView::new(&bytes, values.len(), bits, "t").unwrap();
+            for (i, v) in values.iter().enumerate() {
+                prop_assert_eq!(view.get(i), v & mask(bits));
+            }
+        }
+    }
+
     #[test]
     fn rejects_bad_length_and_padding() {
+        let bytes3 = pack(&[1, 2, 3], 3);
+        let mut dirty3 = bytes3.clone();
+        *dirty3.last_mut().unwrap() |= 0x80;
+        assert!(PackedView::new(&dirty3, 3, 3, "t").is_err());
+        assert!(PackedView::new(&bytes3[..1], 3, 3, "t").is_err());
         let bytes = pack(&[1, 2, 3], 3);
         assert!(unpack(&bytes[..1], 3, 3, "t").is_err());
         let mut dirty = bytes.clone();

@@ -32,7 +32,7 @@ pub enum Backend {
 const IKNP_MIN_REFILL: usize = 1 << 16;
 
 /// Upper bound on COTs requested in one call (bounds allocations from caller mistakes).
-pub const MAX_COTS_PER_CALL: usize = 1 << 28;
+pub const MAX_COTS_PER_CALL: usize = 1 << 26;
 
 enum SendEngine {
     Iknp(IknpSender),
