@@ -86,6 +86,7 @@ impl OtSession {
         let d = recv_corrections(ch, count * l)?;
         let blocks = stream_blocks(n_msgs, bits);
         let mut out = BitWriter::new(table.len(), bits);
+        let mut pad = [0u64; 256];
         let m = mask(bits);
         let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
         let mut streams = Zeroizing::new(Vec::new());
@@ -107,7 +108,7 @@ impl OtSession {
             streams.resize(inputs.len(), 0);
             tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
             for i in first..last {
-                let mut pad = [0u64; 256];
+                pad[..n_msgs].fill(0);
                 for j in 0..l {
                     let k = i * l + j - first * l;
                     for b in 0..2 {
@@ -130,9 +131,9 @@ impl OtSession {
                 for (x, p) in pad[..n_msgs].iter().enumerate() {
                     out.push(table[i * n_msgs + x] ^ p);
                 }
-                pad.zeroize();
             }
         }
+        pad.zeroize();
         ch.send_msg(&out.finish())?;
         ch.flush()
     }
