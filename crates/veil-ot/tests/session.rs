@@ -432,3 +432,26 @@ fn random_bit_ots_match_their_functionality() {
     assert_balanced(pairs.iter().map(|p| p[0]), "r0");
     assert_balanced(pairs.iter().map(|p| p[0] ^ p[1]), "r0 xor r1");
 }
+
+#[test]
+fn silent_refill_against_a_peer_that_hangs_up_or_sends_garbage() {
+    // After set-up the server either leaves, or answers the refill's correction flight with
+    // a message of the wrong size: the client's refill must fail cleanly.
+    for garbage in [false, true] {
+        let r = with_sessions(
+            Backend::Silent,
+            |s, ch| s.precompute(ch, 1_000_000),
+            move |_, ch| {
+                if garbage {
+                    ch.send_msg(&[0u8; 100])?;
+                }
+                Ok(())
+            },
+        );
+        match r {
+            Err(Error::Disconnected) => assert!(!garbage),
+            Err(Error::Malformed(_)) | Err(Error::TooLarge { .. }) => assert!(garbage),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
