@@ -1,0 +1,269 @@
+//! The encoder and head on shares: one code path for both parties, mirroring
+//! `veil_model::sim::FixedModel::forward` step by step, so the private result equals the
+//! simulator's integers (every truncation is the faithful one).
+//!
+//! Role-specific steps are confined to [`Party::linear`] (client encrypts, server multiplies),
+//! the server-private LayerNorm parameters, and the final reveal of the output to the client.
+//! Each step runs under the meter label of its operator class, so the cost report is exact:
+//! "MatMul" (HE products), "Truncation" (after each product), "GELU"/"ReLU",
+//! "Softmax"/"ReLU-normalise", "LayerNorm"/"Centring", "Head".
+
+use veil_core::approx::{Approx, MEAN_EXTRA_BITS};
+use veil_core::{ensure, Result, RingTensor};
+use veil_linear::{fc_client, fc_server, shared_matmul_client, shared_matmul_server};
+use veil_linear::{ClientSession, ServerSession};
+use veil_model::sim::FixedNorm;
+use veil_model::{Activation, AttentionNorm, HeadKind, LayerNormKind, ModelConfig};
+use veil_net::{Channel, Role};
+use veil_nonlinear::composite::{self, AffineParams};
+use veil_nonlinear::{functions, Ctx, OtSession};
+
+use crate::layers::{LayerId, PreparedLayers, ServerModel};
+
+/// What only one side has.
+pub enum Side<'a> {
+    Client(&'a ClientSession),
+    Server(&'a ServerSession, &'a ServerModel, &'a PreparedLayers),
+}
+
+/// One party's state for one inference.
+pub struct Party<'a, C: Channel> {
+    pub ch: &'a mut C,
+    pub ot: &'a mut OtSession,
+    pub ax: Approx,
+    pub cfg: &'a ModelConfig,
+    pub side: Side<'a>,
+}
+
+fn columns(x: &RingTensor, from: usize, width: usize) -> Result<RingTensor> {
+    let (rows, cols) = (x.shape()[0], x.shape()[1]);
+    let d: Vec<u64> = (0..rows)
+        .flat_map(|r| {
+            x.data()[r * cols + from..r * cols + from + width]
+                .iter()
+                .copied()
+        })
+        .collect();
+    RingTensor::from_vec(x.ring(), &[rows, width], d)
+}
+
+fn stack_rows(parts: &[RingTensor]) -> Result<RingTensor> {
+    let cols = parts[0].shape()[1];
+    let rows: usize = parts.iter().map(|p| p.shape()[0]).sum();
+    let d: Vec<u64> = parts
+        .iter()
+        .flat_map(|p| p.data().iter().copied())
+        .collect();
+    RingTensor::from_vec(parts[0].ring(), &[rows, cols], d)
+}
+
+fn concat_columns(parts: &[RingTensor]) -> Result<RingTensor> {
+    let rows = parts[0].shape()[0];
+    let cols: usize = parts.iter().map(|p| p.shape()[1]).sum();
+    let mut d = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        for p in parts {
+            let w = p.shape()[1];
+            d.extend_from_slice(&p.data()[r * w..(r + 1) * w]);
+        }
+    }
+    RingTensor::from_vec(parts[0].ring(), &[rows, cols], d)
+}
+
+impl<'a, C: Channel> Party<'a, C> {
+    fn role(&self) -> Role {
+        match self.side {
+            Side::Client(_) => Role::Client,
+            Side::Server(..) => Role::Server,
+        }
+    }
+
+    fn cx(&mut self) -> Ctx<'_, C> {
+        let role = self.role();
+        Ctx::new(self.ot, self.ch, role, self.ax)
+    }
+
+    fn tensor(&self, like: &RingTensor, data: Vec<u64>) -> Result<RingTensor> {
+        RingTensor::from_vec(like.ring(), like.shape(), data)
+    }
+
+    /// ⌊x / 2^f⌋ on shares (faithful).
+    fn truncate(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let _g = self.ch.meter().enter("Truncation");
+        let f = self.ax.fp.frac_bits();
+        let y = self.cx().trunc(x.data(), f)?;
+        self.tensor(x, y)
+    }
+
+    /// ⌊(x·Wᵀ + b) / 2^f⌋ for the server's layer `id`.
+    fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
+        let acc = {
+            let _g = self.ch.meter().enter("MatMul");
+            match &self.side {
+                Side::Client(s) => fc_client(self.ch, s, &id.public(self.cfg, x.shape()[0]), x)?,
+                Side::Server(s, _, p) => fc_server(self.ch, s, p.get(id)?, x)?,
+            }
+        };
+        self.truncate(&acc)
+    }
+
+    /// ⌊(Σ_h a_h·b_h) / 2^f⌋ per pair, both operands shared.
+    fn shared_products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
+        let acc = {
+            let _g = self.ch.meter().enter("MatMul");
+            match &self.side {
+                Side::Client(s) => shared_matmul_client(self.ch, s, a, b)?,
+                Side::Server(s, ..) => shared_matmul_server(self.ch, s, a, b)?,
+            }
+        };
+        let joined = self.truncate(&stack_rows(&acc)?)?;
+        let rows = acc[0].shape()[0];
+        let cols = acc[0].shape()[1];
+        (0..acc.len())
+            .map(|i| {
+                RingTensor::from_vec(
+                    joined.ring(),
+                    &[rows, cols],
+                    joined.data()[i * rows * cols..(i + 1) * rows * cols].to_vec(),
+                )
+            })
+            .collect()
+    }
+
+    fn norm(
+        &mut self,
+        x: &RingTensor,
+        pick: impl Fn(&ServerModel) -> &FixedNorm,
+        kind: LayerNormKind,
+    ) -> Result<RingTensor> {
+        let server_norm = match &self.side {
+            Side::Server(_, m, _) => Some(pick(m)),
+            Side::Client(_) => None,
+        };
+        let params = server_norm.map(|n| AffineParams {
+            gamma: &n.gamma,
+            beta: &n.beta,
+        });
+        let eps = self.cfg.layer_norm_eps;
+        let role = self.role();
+        let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
+        match kind {
+            LayerNormKind::Exact => {
+                let _g = cx.ch.meter().enter("LayerNorm");
+                composite::layer_norm(&mut cx, x, params.as_ref(), eps)
+            }
+            LayerNormKind::Centring => {
+                let _g = cx.ch.meter().enter("Centring");
+                composite::centre_affine(&mut cx, x, params.as_ref())
+            }
+        }
+    }
+
+    /// One encoder block (sim: `FixedModel::block`).
+    fn block(&mut self, i: usize, x: &RingTensor) -> Result<RingTensor> {
+        let variant = self.cfg.veil.blocks[i];
+        let (s, h) = (x.shape()[0], x.shape()[1]);
+        let nh = self.cfg.num_heads;
+        let dh = h / nh;
+        let qkv = self.linear(LayerId::Qkv(i), x)?;
+        let head = |base: usize, hd: usize| columns(&qkv, base + hd * dh, dh);
+        let mut qs = Vec::with_capacity(nh);
+        let mut kts = Vec::with_capacity(nh);
+        let mut vs = Vec::with_capacity(nh);
+        for hd in 0..nh {
+            qs.push(head(0, hd)?);
+            kts.push(head(h, hd)?.transpose()?);
+            vs.push(head(2 * h, hd)?);
+        }
+        let scores = stack_rows(&self.shared_products(&qs, &kts)?)?; // [nh·s, s]
+        let valid = vec![true; s];
+        let probs = {
+            let role = self.role();
+            let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
+            match variant.attention {
+                AttentionNorm::Softmax => {
+                    let _g = cx.ch.meter().enter("Softmax");
+                    composite::softmax(&mut cx, &scores, &valid)?
+                }
+                AttentionNorm::ReluNormalise => {
+                    let _g = cx.ch.meter().enter("ReLU-normalise");
+                    composite::relu_normalise(&mut cx, &scores, &valid, None)?
+                }
+            }
+        };
+        let ps: Vec<RingTensor> = (0..nh)
+            .map(|hd| {
+                RingTensor::from_vec(
+                    probs.ring(),
+                    &[s, s],
+                    probs.data()[hd * s * s..(hd + 1) * s * s].to_vec(),
+                )
+            })
+            .collect::<Result<_>>()?;
+        let ctx = concat_columns(&self.shared_products(&ps, &vs)?)?;
+        let attn = self.linear(LayerId::AttnOut(i), &ctx)?.add(x)?;
+        let y = self.norm(&attn, |m| &m.fixed.blocks[i].ln1, variant.ln1)?;
+        let inter = self.linear(LayerId::Intermediate(i), &y)?;
+        let act = {
+            let role = self.role();
+            let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
+            match variant.activation {
+                Activation::Gelu => {
+                    let _g = cx.ch.meter().enter("GELU");
+                    composite::gelu(&mut cx, &inter)?
+                }
+                Activation::Relu => {
+                    let _g = cx.ch.meter().enter("ReLU");
+                    composite::relu(&mut cx, &inter, None)?
+                }
+            }
+        };
+        let out = self.linear(LayerId::Output(i), &act)?.add(&y)?;
+        self.norm(&out, |m| &m.fixed.blocks[i].ln2, variant.ln2)
+    }
+
+    /// Pooling and classifier (sim: `FixedModel::head`): returns shares of the logits, or of the
+    /// pooled vector when the model has no classifier.
+    fn head(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let _g = self.ch.meter().enter("Head");
+        let (s, h) = (x.shape()[0], x.shape()[1]);
+        let ring = x.ring();
+        let pooled = if self.cfg.veil.head == HeadKind::Pooler {
+            let first = RingTensor::from_vec(ring, &[1, h], x.data()[..h].to_vec())?;
+            let p = self.linear(LayerId::Pooler, &first)?;
+            let t = functions::tanh(&mut self.cx(), p.data())?;
+            RingTensor::from_vec(ring, &[1, h], t)?
+        } else {
+            let sums: Vec<u64> = (0..h)
+                .map(|c| (0..s).fold(0u64, |a, r| ring.add(a, x.data()[r * h + c])))
+                .collect();
+            let (p, c) = self.ax.mean_params(s);
+            let f = self.ax.fp.frac_bits();
+            let mut cx = self.cx();
+            let t = if p > 0 { cx.trunc(&sums, p)? } else { sums };
+            RingTensor::from_vec(ring, &[1, h], cx.scale_trunc(&t, c, f + MEAN_EXTRA_BITS)?)?
+        };
+        if self.cfg.veil.num_labels == 0 {
+            return pooled.reshape(&[h]);
+        }
+        let logits = self.linear(LayerId::Classifier, &pooled)?;
+        let n = logits.len();
+        logits.reshape(&[n])
+    }
+
+    /// Runs every block and the head on this party's share of the embedding output.
+    pub fn encoder_and_head(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        ensure!(
+            x.shape().len() == 2 && x.shape()[1] == self.cfg.hidden_size && x.shape()[0] > 0,
+            InvalidArgument,
+            "embedding share of shape {:?}, expected [seq, {}]",
+            x.shape(),
+            self.cfg.hidden_size
+        );
+        let mut h = x.clone();
+        for i in 0..self.cfg.num_layers {
+            h = self.block(i, &h)?;
+        }
+        self.head(&h)
+    }
+}

@@ -1,0 +1,23 @@
+//! Private transformer inference: the whole forward pass of a BERT-class model on secret
+//! shares, between a client holding the prompt and a server holding the weights.
+//!
+//! * [`layers`] — the server's model with its linear layers prepared for HE per sequence length;
+//! * [`forward`] — every encoder block and the head on shares, one code path for both parties,
+//!   computing exactly the integers of `veil_model::sim` (the fixed-point simulator);
+//! * [`session`] — handshake, set-up, per-inference messages, and a multi-client TCP server;
+//! * [`report`] — cost reports per operator class with modelled LAN/WAN times.
+//!
+//! Security model: semi-honest client and server; 128-bit computational security (BFV, OT) and
+//! 40-bit statistical security (noise flooding), from the protocols of veil-linear and
+//! veil-nonlinear, composed sequentially on uniformly masked shares. The server learns the
+//! sequence length; the client learns the output. Error: none beyond the fixed-point
+//! simulator's — the private output equals the simulator's integers.
+
+pub mod forward;
+pub mod layers;
+pub mod report;
+pub mod session;
+
+pub use layers::ServerModel;
+pub use report::CostReport;
+pub use session::{serve, serve_session, ClientConnection};

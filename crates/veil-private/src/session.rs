@@ -1,0 +1,250 @@
+//! Sessions: the handshake, one-off set-up, and the per-inference exchange.
+//!
+//! Wire protocol (every message length-prefixed and size-limited, see `veil_net::Channel`):
+//! 1. client → server `Hello` = "VEIL" ‖ version (u32);
+//! 2. server → client the model's public `config.json` (architecture and operator variants);
+//! 3. set-up: the client's BFV public keys (veil-linear), base OTs and the first silent-COT
+//!    bootstrap (veil-ot);
+//! 4. per inference: client → server `Request` = tag 1 ‖ sequence length (u32); both run
+//!    [`crate::forward`]; server → client its share of the output; tag 0 ends the session.
+//!
+//! What the server learns: the sequence length (the request says it; pad the prompt to hide
+//! it). What the client learns: the output (logits, or the pooled vector of an embedding model).
+//! In public-embedding mode the client embeds its tokens with the public tables and holds the
+//! whole embedding as its share (the server's share is zero), which hides it perfectly and
+//! costs no traffic.
+
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use veil_core::approx::Approx;
+use veil_core::wire::{Reader, Writer};
+use veil_core::{bail, ensure, FixedPoint, Result, RingTensor};
+use veil_linear::{ClientSession, ServerSession};
+use veil_model::{EmbeddingMode, ModelConfig};
+use veil_net::{Channel, Role, TcpChannel};
+use veil_nonlinear::OtSession;
+
+use crate::forward::{Party, Side};
+use crate::layers::ServerModel;
+use crate::report::{CostReport, PhaseCost};
+
+const MAGIC: &[u8; 4] = b"VEIL";
+const VERSION: u32 = 1;
+const MAX_CONFIG_BYTES: usize = 1 << 20;
+const TAG_BYE: u8 = 0;
+const TAG_INFER: u8 = 1;
+
+/// The fixed-point format of every session (the project defaults; training uses the same).
+pub fn session_format() -> FixedPoint {
+    FixedPoint::default_format()
+}
+
+fn phase<C: Channel>(ch: &C) -> PhaseCost {
+    let per_op = ch.meter().by_class();
+    ch.meter().reset();
+    PhaseCost { per_op }
+}
+
+/// The client's end of a session.
+pub struct ClientConnection<C: Channel> {
+    ch: C,
+    cfg: ModelConfig,
+    lin: ClientSession,
+    ot: OtSession,
+    ax: Approx,
+    setup: PhaseCost,
+}
+
+impl<C: Channel> ClientConnection<C> {
+    /// Handshake and set-up.
+    pub fn connect(mut ch: C) -> Result<Self> {
+        ch.meter().reset();
+        let cfg;
+        let ax = Approx::new(session_format())?;
+        let (lin, ot) = {
+            let _g = ch.meter().enter("Setup");
+            let mut w = Writer::new();
+            w.bytes(MAGIC).u32(VERSION);
+            ch.send_msg(&w.finish())?;
+            let text = ch.recv_msg(MAX_CONFIG_BYTES)?;
+            let text = std::str::from_utf8(&text)
+                .map_err(|_| veil_core::Error::Malformed("server config is not UTF-8".into()))?;
+            cfg = ModelConfig::from_json(text)?;
+            let lin = ClientSession::setup(&mut ch, ax.fp.ring)?;
+            let ot = OtSession::setup(&mut ch, Role::Client)?;
+            (lin, ot)
+        };
+        let setup = phase(&ch);
+        Ok(ClientConnection {
+            ch,
+            cfg,
+            lin,
+            ot,
+            ax,
+            setup,
+        })
+    }
+
+    /// The model's public configuration, as the server announced it.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Runs one private inference on the client's embedding output `x` ([seq, hidden] at f
+    /// fractional bits, computed locally from the public tables). Returns the decoded output
+    /// and the cost report of this inference.
+    pub fn infer(&mut self, x: &RingTensor) -> Result<(Vec<f64>, CostReport)> {
+        ensure!(
+            self.cfg.veil.embedding == EmbeddingMode::Public,
+            Unsupported,
+            "private-embedding mode (HE lookup of a private table) is not built yet"
+        );
+        ensure!(
+            x.ring() == self.ax.fp.ring
+                && x.shape().len() == 2
+                && x.shape()[1] == self.cfg.hidden_size,
+            InvalidArgument,
+            "embedding of shape {:?}, expected [seq, {}]",
+            x.shape(),
+            self.cfg.hidden_size
+        );
+        let seq = x.shape()[0];
+        ensure!(
+            (1..=self.cfg.max_sequence_len()).contains(&seq),
+            InvalidArgument,
+            "sequence length {seq} outside 1..={}",
+            self.cfg.max_sequence_len()
+        );
+        let mut w = Writer::new();
+        w.u8(TAG_INFER).u32(seq as u32);
+        self.ch.send_msg(&w.finish())?;
+        let y0 = Party {
+            ch: &mut self.ch,
+            ot: &mut self.ot,
+            ax: self.ax,
+            cfg: &self.cfg,
+            side: Side::Client(&self.lin),
+        }
+        .encoder_and_head(x)?;
+        let y1 = {
+            let _g = self.ch.meter().enter("Head");
+            let ring = self.ax.fp.ring;
+            let msg = self.ch.recv_msg_exact(y0.len() * ring.byte_len())?;
+            let mut r = Reader::new(&msg, "output share");
+            let v = r.ring_elems(ring, y0.len())?;
+            r.finish()?;
+            RingTensor::from_vec(ring, y0.shape(), v)?
+        };
+        let y = y0.add(&y1)?.decode(self.ax.fp);
+        let report = CostReport {
+            role: Role::Client,
+            setup: self.setup.clone(),
+            online: phase(&self.ch),
+        };
+        Ok((y, report))
+    }
+
+    /// Ends the session politely.
+    pub fn close(mut self) -> Result<()> {
+        self.ch.send_msg(&[TAG_BYE])?;
+        self.ch.flush()
+    }
+}
+
+/// Serves one session on `ch` until the client says goodbye or fails.
+pub fn serve_session<C: Channel>(mut ch: C, model: &ServerModel) -> Result<()> {
+    let ax = Approx::new(session_format())?;
+    ensure!(
+        model.fixed.fp() == ax.fp,
+        InvalidArgument,
+        "model encoded at another fixed-point format"
+    );
+    let hello = ch.recv_msg(8)?;
+    let mut r = Reader::new(&hello, "hello");
+    ensure!(&r.array::<4>()? == MAGIC, Malformed, "not a Veil client");
+    let v = r.u32()?;
+    r.finish()?;
+    ensure!(
+        v == VERSION,
+        Unsupported,
+        "client speaks protocol version {v}, server {VERSION}"
+    );
+    ch.send_msg(model.config().to_json().as_bytes())?;
+    let lin = ServerSession::setup(&mut ch, ax.fp.ring)?;
+    let mut ot = OtSession::setup(&mut ch, Role::Server)?;
+    loop {
+        let req = match ch.recv_msg(5) {
+            Ok(m) => m,
+            Err(veil_core::Error::Disconnected) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut r = Reader::new(&req, "request");
+        match r.u8()? {
+            TAG_BYE => {
+                r.finish()?;
+                return Ok(());
+            }
+            TAG_INFER => {}
+            t => bail!(Malformed, "unknown request tag {t}"),
+        }
+        let seq = r.u32()? as usize;
+        r.finish()?;
+        let cfg = model.config();
+        ensure!(
+            (1..=cfg.max_sequence_len()).contains(&seq),
+            Malformed,
+            "requested sequence length {seq} outside 1..={}",
+            cfg.max_sequence_len()
+        );
+        let prepared = model.prepared(seq)?;
+        let x1 = RingTensor::zeros(ax.fp.ring, &[seq, cfg.hidden_size])?;
+        let y1 = Party {
+            ch: &mut ch,
+            ot: &mut ot,
+            ax,
+            cfg,
+            side: Side::Server(&lin, model, &prepared),
+        }
+        .encoder_and_head(&x1)?;
+        let mut w = Writer::new();
+        w.ring_elems(ax.fp.ring, y1.data());
+        ch.send_msg(&w.finish())?;
+        ch.flush()?;
+        ch.meter().reset();
+    }
+}
+
+/// How long a server waits on a silent client before dropping the session.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Accepts clients forever, one thread per session; a failing session is logged and dropped,
+/// the others go on.
+pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
+    for stream in listener.incoming() {
+        let stream: TcpStream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("veil serve: accept failed: {e}");
+                continue;
+            }
+        };
+        let model = model.clone();
+        std::thread::spawn(move || {
+            let peer = stream
+                .peer_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "?".into());
+            let res = TcpChannel::from_stream(stream).and_then(|mut ch| {
+                ch.set_timeout(Some(IDLE_TIMEOUT))?;
+                serve_session(ch, &model)
+            });
+            match res {
+                Ok(()) => eprintln!("veil serve: session with {peer} ended"),
+                Err(e) => eprintln!("veil serve: session with {peer} failed: {e}"),
+            }
+        });
+    }
+    Ok(())
+}

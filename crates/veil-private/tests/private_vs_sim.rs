@@ -1,0 +1,168 @@
+//! The private forward pass against its oracle, the fixed-point simulator: for tiny random models
+//! of every variant, the logits the client reconstructs must equal the simulator's integers
+//! exactly (every truncation in the protocol is the faithful one).
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use veil_core::{FixedPoint, RingTensor};
+use veil_model::random::random_transformer_with_std;
+use veil_model::sim::FixedModel;
+use veil_model::{Activation, Architecture, BlockVariant, HeadKind, ModelConfig};
+use veil_net::{run_two_party, Channel, TcpChannel};
+use veil_private::{serve_session, ClientConnection, ServerModel};
+
+fn tiny(variant: BlockVariant, head: HeadKind, labels: usize) -> ModelConfig {
+    let mut cfg = ModelConfig::new(Architecture::Bert, 50, 16, 2, 2, 32, 16, head, labels).unwrap();
+    cfg.veil.blocks = vec![variant; 2];
+    cfg
+}
+
+fn models(cfg: &ModelConfig, seed: u8) -> (FixedModel, ServerModel) {
+    let fp = FixedPoint::default_format();
+    let t = random_transformer_with_std(cfg, [seed; 16], 0.2).unwrap();
+    let fixed = FixedModel::encode(&t, fp).unwrap();
+    (fixed.clone(), ServerModel::new(fixed).unwrap())
+}
+
+/// Runs one private inference over the in-memory duplex; returns (private, simulated) raw outputs.
+fn run(cfg: &ModelConfig, ids: &[u32], seed: u8) -> (Vec<f64>, Vec<f64>, veil_private::CostReport) {
+    let (sim_model, server) = models(cfg, seed);
+    let types = vec![0u32; ids.len()];
+    let sim = sim_model.forward(ids, &types).unwrap();
+    let expected = match &sim.logits {
+        Some(l) => l.decode(sim_model.fp()),
+        None => sim.pooled.decode(sim_model.fp()),
+    };
+    let (x, _) = sim_model.embed(ids, &types).unwrap();
+    let ((got, report), ()) = run_two_party(
+        |ch| {
+            let mut c = ClientConnection::connect(ch)?;
+            let r = c.infer(&x)?;
+            c.close()?;
+            Ok(r)
+        },
+        |ch| serve_session(ch, &server),
+    )
+    .unwrap();
+    (got, expected, report)
+}
+
+#[test]
+fn original_operators_match_the_simulator_exactly() {
+    let cfg = tiny(BlockVariant::exact(Activation::Gelu), HeadKind::Pooler, 2);
+    let (got, want, report) = run(&cfg, &[1, 7, 3, 9, 2], 1);
+    assert_eq!(got, want);
+    for op in [
+        "MatMul",
+        "Truncation",
+        "GELU",
+        "Softmax",
+        "LayerNorm",
+        "Head",
+    ] {
+        assert!(
+            report.online.per_op.contains_key(op),
+            "no cost line for {op}"
+        );
+    }
+    assert!(report.online.total().bytes_sent > 0 && report.setup.total().bytes_received > 0);
+}
+
+#[test]
+fn friendly_operators_match_the_simulator_exactly() {
+    let cfg = tiny(BlockVariant::friendly(), HeadKind::Pooler, 3);
+    let (got, want, report) = run(&cfg, &[4, 4, 11, 0, 5, 6, 8], 2);
+    assert_eq!(got, want);
+    for op in ["ReLU", "ReLU-normalise", "Centring"] {
+        assert!(
+            report.online.per_op.contains_key(op),
+            "no cost line for {op}"
+        );
+    }
+}
+
+#[test]
+fn mixed_variants_mean_pooling_and_single_token() {
+    let mut cfg = tiny(BlockVariant::exact(Activation::Relu), HeadKind::MeanPool, 2);
+    cfg.veil.blocks[1] = BlockVariant::friendly();
+    let (got, want, _) = run(&cfg, &[3], 3);
+    assert_eq!(got, want);
+    let (got, want, _) = run(&cfg, &[3, 1, 4, 1, 5, 9, 2, 6], 4);
+    assert_eq!(got, want);
+}
+
+#[test]
+fn embedding_model_without_classifier_returns_the_pooled_vector() {
+    let cfg = tiny(BlockVariant::friendly(), HeadKind::MeanPool, 0);
+    let (got, want, _) = run(&cfg, &[2, 3, 5], 5);
+    assert_eq!(got.len(), 16);
+    assert_eq!(got, want);
+}
+
+#[test]
+fn tcp_server_serves_two_clients_and_survives_garbage() {
+    let cfg = tiny(BlockVariant::friendly(), HeadKind::Pooler, 2);
+    let (sim_model, server) = models(&cfg, 6);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = Arc::new(server);
+    std::thread::spawn(move || veil_private::serve(listener, server));
+
+    // A client that sends garbage, one that hangs up mid-set-up, one with an oversized length.
+    let mut bad = TcpChannel::connect(addr).unwrap();
+    bad.send_msg(b"hello, world").unwrap();
+    bad.flush().unwrap();
+    let mut quitter = TcpChannel::connect(addr).unwrap();
+    quitter.send(&[8, 0]).unwrap();
+    quitter.flush().unwrap();
+    drop(quitter);
+    let mut huge = TcpChannel::connect(addr).unwrap();
+    huge.send(&u32::MAX.to_le_bytes()).unwrap();
+    huge.flush().unwrap();
+
+    let ids = [5u32, 6, 7];
+    let types = [0u32; 3];
+    let want = sim_model
+        .forward(&ids, &types)
+        .unwrap()
+        .logits
+        .unwrap()
+        .decode(sim_model.fp());
+    let (x, _) = sim_model.embed(&ids, &types).unwrap();
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let x: RingTensor = x.clone();
+            std::thread::spawn(move || {
+                let mut c = ClientConnection::connect(TcpChannel::connect(addr).unwrap()).unwrap();
+                let (y, _) = c.infer(&x).unwrap();
+                let (y2, _) = c.infer(&x).unwrap();
+                c.close().unwrap();
+                (y, y2)
+            })
+        })
+        .collect();
+    for c in clients {
+        let (y, y2) = c.join().unwrap();
+        assert_eq!(y, want);
+        assert_eq!(y2, want);
+    }
+    // The garbage client's connection was closed by the server with an error, not a hang.
+    assert!(bad.recv_msg(1 << 20).is_err());
+}
+
+#[test]
+fn client_gets_a_clear_error_when_the_server_hangs_up() {
+    let r = run_two_party(
+        |ch| ClientConnection::connect(ch).map(|_| ()),
+        |ch| {
+            let _hello = ch.recv_msg(8)?;
+            Ok(())
+        },
+    );
+    assert!(
+        matches!(r, Err(veil_core::Error::Disconnected)),
+        "got {:?}",
+        r.err()
+    );
+}
