@@ -1,7 +1,7 @@
 //! The benchmark: both parties in threads of this process over TCP loopback, release
 //! build. One JSON object per protocol with `protocol`, `count`, `setup_s`, `time_s`,
 //! `per_second`, `bytes_total`, `bits_per_ot` (traffic of the timed phase, both directions),
-//! plus the set-up traffic and flights. `cargo run --release -p veil-ot --example bench`.
+//! plus the set-up traffic and CPU time. `cargo run --release -p veil-ot --example bench`.
 
 use std::time::Instant;
 
@@ -30,7 +30,6 @@ struct PartyReport {
     cpu_s: f64,
     setup_bytes_sent: u64,
     run_bytes_sent: u64,
-    run_flights_sent: u64,
     count: usize,
 }
 
@@ -76,7 +75,6 @@ fn measure<S>(
         cpu_s: c2 - c1,
         setup_bytes_sent: b1.bytes_sent - b0.bytes_sent - 1,
         run_bytes_sent: b2.bytes_sent - b1.bytes_sent,
-        run_flights_sent: b2.flights_sent - b1.flights_sent,
         count,
     })
 }
@@ -113,7 +111,6 @@ fn report(protocol: &str, client: PartyReport, server: PartyReport) -> Value {
         "bytes_server_to_client": server.run_bytes_sent,
         "bits_per_ot": bytes as f64 * 8.0 / count as f64,
         "setup_bytes_total": client.setup_bytes_sent + server.setup_bytes_sent,
-        "flights": client.run_flights_sent + server.run_flights_sent,
         // The machine is shared, so wall time depends on the load. CPU time shows what the
         // protocol itself costs; count / (cpu_s / 2) is the rate with both cores fully ours and
         // fully busy (an optimistic bound: it ignores idle waits on the peer).
