@@ -2,6 +2,7 @@
 //! multiply-accumulate in the NTT domain (server).
 
 use veil_core::{ensure, Prg, Result, Seed};
+use zeroize::Zeroize;
 
 use crate::keys::{expand_uniform_ntt, SecretKey};
 use crate::math::{add_mod, sample_cbd, signed_mod};
@@ -17,11 +18,10 @@ use crate::poly::RnsPoly;
 pub(crate) fn scaled_message(p: &Params, m: &[u64]) -> RnsPoly {
     let mut out = RnsPoly::zero(p);
     let n = p.degree();
+    // No skipping of zero coefficients: the message is secret, so the work must not depend on it.
     for (j, &mj) in m.iter().enumerate() {
-        if mj != 0 {
-            for (i, v) in scaled_coefficient(p, mj).enumerate() {
-                out.data[i * n + j] = v;
-            }
+        for (i, v) in scaled_coefficient(p, mj).enumerate() {
+            out.data[i * n + j] = v;
         }
     }
     out
@@ -70,8 +70,12 @@ impl SecretKey {
         check_message(p, m)?;
         let seed = prg.block();
         let a = expand_uniform_ntt(p, &Seed(seed));
-        let mut c0 = RnsPoly::from_signed(p, &sample_cbd(prg, p.degree()));
-        c0.add_assign(p, &scaled_message(p, m));
+        let mut e = sample_cbd(prg, p.degree());
+        let mut c0 = RnsPoly::from_signed(p, &e);
+        e.zeroize();
+        let mut scaled = scaled_message(p, m);
+        c0.add_assign(p, &scaled);
+        scaled.data.zeroize();
         c0.ntt(p);
         c0.mul_acc(p, &a.data, &self.neg_s_ntt);
         Ok(SeededCiphertext {
@@ -108,29 +112,61 @@ impl EvalCiphertext {
     }
 }
 
-/// A plaintext polynomial with small signed coefficients (centred lift of Z_{2^ℓ} values),
-/// transformed for multiplication.
+/// A plaintext polynomial with signed coefficients (centred lift of Z_{2^ℓ} values) under a
+/// public magnitude bound, transformed for multiplication. The bound, not the values, is what
+/// the flooding check uses, so accepting or refusing a product never depends on a secret.
 pub struct NttPlaintext {
     pub(crate) data: RnsPoly,
+    /// Public bound on every |coefficient|.
+    max_abs: u64,
+    /// Coefficient slots (the length of the coefficient vector, a public shape).
+    slots: usize,
+}
+
+fn check_bound(coeffs: &[i64], max_abs: u64) -> Result<()> {
+    // One pass without early exit: the error is the only thing that depends on the values.
+    let over = coeffs
+        .iter()
+        .fold(0u64, |acc, &c| acc | (c.unsigned_abs() > max_abs) as u64);
+    ensure!(
+        over == 0,
+        Insecure,
+        "plaintext coefficient above the declared public bound 2^{:.1}",
+        (max_abs.max(1) as f64).log2()
+    );
+    Ok(())
 }
 
 impl NttPlaintext {
-    /// `coeffs` are centred integers of magnitude < 2^62; length ≤ N.
-    pub fn new(p: &Params, coeffs: &[i64]) -> Result<Self> {
+    /// `coeffs` are centred integers with |c| ≤ `max_abs` < 2^62 (else [`veil_core::Error::Insecure`]);
+    /// length ≤ N.
+    pub fn new(p: &Params, coeffs: &[i64], max_abs: u64) -> Result<Self> {
         ensure!(
-            coeffs.len() <= p.degree(),
+            coeffs.len() <= p.degree() && max_abs < 1 << 62,
             InvalidArgument,
-            "plaintext of {} coefficients exceeds N = {}",
+            "plaintext of {} coefficients exceeds N = {} (or bound ≥ 2^62)",
             coeffs.len(),
             p.degree()
         );
+        check_bound(coeffs, max_abs)?;
         let mut data = RnsPoly::from_signed(p, coeffs);
         data.ntt(p);
-        Ok(NttPlaintext { data })
+        Ok(NttPlaintext {
+            data,
+            max_abs,
+            slots: coeffs.len(),
+        })
     }
 
-    /// Re-uses this buffer for new coefficients (saves an allocation per product).
-    pub fn set(&mut self, p: &Params, coeffs: &[i64]) {
+    /// Re-uses this buffer for new coefficients under the same bound (saves an allocation).
+    pub fn set(&mut self, p: &Params, coeffs: &[i64]) -> Result<()> {
+        ensure!(
+            coeffs.len() <= p.degree(),
+            InvalidArgument,
+            "plaintext of {} coefficients exceeds N",
+            coeffs.len()
+        );
+        check_bound(coeffs, self.max_abs)?;
         let n = p.degree();
         for (limb, &q) in self.data.limbs_mut(n).zip(p.moduli()) {
             limb.fill(0);
@@ -139,13 +175,19 @@ impl NttPlaintext {
             }
         }
         self.data.ntt(p);
+        self.slots = coeffs.len();
+        Ok(())
     }
 }
 
-/// Σ plaintext_i × ciphertext_i, accumulated in the NTT domain.
+/// Σ plaintext_i × ciphertext_i, accumulated in the NTT domain, with the public noise bounds
+/// of what was multiplied in (checked by [`Accumulator::into_response`]).
 pub struct Accumulator {
     pub(crate) c0: RnsPoly,
     pub(crate) c1: RnsPoly,
+    /// Σ slots·max_abs and Σ slots·max_abs² of the plaintexts (public).
+    pub(crate) l1: f64,
+    pub(crate) l2sq: f64,
 }
 
 impl Accumulator {
@@ -153,11 +195,16 @@ impl Accumulator {
         Accumulator {
             c0: RnsPoly::zero(p),
             c1: RnsPoly::zero(p),
+            l1: 0.0,
+            l2sq: 0.0,
         }
     }
 
     pub fn mul_acc(&mut self, p: &Params, ct: &EvalCiphertext, w: &NttPlaintext) {
         self.c0.mul_acc(p, &ct.c0.data, &w.data.data);
         self.c1.mul_acc(p, &ct.c1.data, &w.data.data);
+        let (slots, m) = (w.slots as f64, w.max_abs as f64);
+        self.l1 += slots * m;
+        self.l2sq += slots * m * m;
     }
 }

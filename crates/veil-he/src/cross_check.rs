@@ -12,7 +12,7 @@ use crate::*;
 #[test]
 fn products_agree_with_fhe_rs() {
     let ring = Ring::new(41).unwrap();
-    let n = 4096;
+    let n = 8192;
     let mut g = Prg::from_seed(&Seed([21; 16]));
     let mut m = vec![0u64; n];
     g.fill_ring(ring, &mut m);
@@ -37,12 +37,12 @@ fn products_agree_with_fhe_rs() {
         Vec::<u64>::try_decode(&fsk.try_decrypt(&prod).unwrap(), Encoding::poly()).unwrap();
 
     // This engine, through the full hardened response path.
-    let p = Params::new(ParamSet::N4096, ring).unwrap();
+    let p = Params::new(ParamSet::N8192, ring).unwrap();
     let sk = SecretKey::generate(&p, &mut g);
     let pk = sk.public_key(&mut g);
     let mut acc = Accumulator::new(&p);
     let ev = EvalCiphertext::expand(&p, &sk.encrypt(&m, &mut g).unwrap());
-    acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w).unwrap());
+    acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w, 1024).unwrap());
     let positions: Vec<usize> = (0..n).collect();
     let r = acc
         .into_response(&pk, &positions, &vec![0; n], &mut g)

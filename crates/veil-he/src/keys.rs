@@ -1,10 +1,15 @@
 //! Secret and public keys. The client owns the [`SecretKey`] (zeroized on drop) and sends the
 //! [`PublicKey`] once per session; the server uses it only to re-randomise its responses.
 
-use veil_core::{Prg, Seed};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use veil_core::{ensure, Prg, Result, Seed};
 use zeroize::Zeroize;
 
-use crate::math::{fill_uniform_mod, sample_cbd, sample_ternary, signed_mod};
+use crate::params::SESSION_REVEALED_LOG2;
+
+use crate::math::{fill_uniform_mod, neg_mod, sample_cbd, sample_ternary, signed_mod};
 use crate::params::Params;
 use crate::poly::RnsPoly;
 
@@ -43,7 +48,7 @@ impl SecretKey {
         let mut neg = RnsPoly::from_signed(params, &s);
         for (limb, &q) in neg.limbs_mut(params.degree()).zip(params.moduli()) {
             for x in limb.iter_mut() {
-                *x = if *x == 0 { 0 } else { q - *x };
+                *x = neg_mod(*x, q);
             }
         }
         neg.ntt(params);
@@ -67,29 +72,64 @@ impl SecretKey {
         let p = &self.params;
         let seed = Seed(prg.block());
         let a = expand_uniform_ntt(p, &seed);
-        let mut pk0 = RnsPoly::from_signed(p, &sample_cbd(prg, p.degree()));
+        let mut e = sample_cbd(prg, p.degree());
+        let mut pk0 = RnsPoly::from_signed(p, &e);
+        e.zeroize();
         pk0.ntt(p);
         pk0.mul_acc(p, &a.data, &self.neg_s_ntt);
-        PublicKey {
-            params: p.clone(),
-            seed,
-            pk0_ntt: pk0.data,
-            pk1_ntt: a.data,
-        }
+        PublicKey::new(p, seed, pk0.data, a.data)
     }
 }
 
 /// The client's public key, both halves in the NTT domain; on the wire only pk0 and a's seed.
+///
+/// It also carries the session's count of revealed response coefficients (shared by clones):
+/// the flooding argument holds for at most 2^[`SESSION_REVEALED_LOG2`] of them per key, so
+/// responses beyond that are refused and the parties must start a new session (new key).
 #[derive(Clone)]
 pub struct PublicKey {
     pub(crate) params: Params,
     pub(crate) seed: Seed,
     pub(crate) pk0_ntt: Vec<u64>,
     pub(crate) pk1_ntt: Vec<u64>,
+    revealed: Arc<AtomicU64>,
 }
 
 impl PublicKey {
+    pub(crate) fn new(params: &Params, seed: Seed, pk0_ntt: Vec<u64>, pk1_ntt: Vec<u64>) -> Self {
+        PublicKey {
+            params: params.clone(),
+            seed,
+            pk0_ntt,
+            pk1_ntt,
+            revealed: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// Response coefficients revealed under this key so far.
+    pub fn revealed(&self) -> u64 {
+        self.revealed.load(Ordering::SeqCst)
+    }
+
+    /// Reserves `count` more revealed coefficients, or refuses ([`veil_core::Error::Insecure`])
+    /// if the session total would exceed 2^[`SESSION_REVEALED_LOG2`].
+    pub(crate) fn reserve_revealed(&self, count: usize) -> Result<()> {
+        let limit = 1u64 << SESSION_REVEALED_LOG2;
+        let reserved = self
+            .revealed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
+                r.checked_add(count as u64).filter(|&t| t <= limit)
+            });
+        ensure!(
+            reserved.is_ok(),
+            Insecure,
+            "session would reveal more than 2^{SESSION_REVEALED_LOG2} coefficients under one key: \
+             start a new session"
+        );
+        Ok(())
     }
 }

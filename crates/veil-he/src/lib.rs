@@ -14,49 +14,78 @@
 //!   [`Accumulator::into_response`] → [`Response`]; client: [`SecretKey::decrypt_response`].
 //! * [`wire`]: canonical bit-packed encodings of all three messages with strict validation.
 //!
-//! # Why the response is safe to send (semi-honest client)
+//! # Why the response is safe to send (semi-honest client), per session transcript
 //! With secret-key encryption and c1 = a known to the client, the raw product has
 //! c1' = Σ wᵢ·aᵢ, a linear function of the weights the client could solve. The server therefore
 //! adds a fresh encryption of zero under the client's public key, (pk0·u + e1, pk1·u + e2) with
 //! ternary u and CBD e1, e2, and adds uniform flooding noise E ∈ [−2^b, 2^b) to every c0
 //! coefficient it sends. The client's view of a response is then (c1', v) with
 //! c0' = −c1'·s + Δ·(result) + v. (i) c1' = Σ wᵢaᵢ + (pk1·u + e2) is pseudo-random by RLWE in u
-//! (one sample with uniform pk1), independently of w. (ii) v = w·(e + ε) + e_pk·u + e1 + e2·s + E:
-//! everything but E is bounded by `hidden` ([`Params::product_noise_bounds`], a Hoeffding tail
-//! bound on the client's CBD noise, failure 2^-41 per coefficient, plus the deterministic
-//! rounding terms), and uniform E of width 2^(b+1) makes v's distribution 2^-40-close per
-//! coefficient to one independent of w when b + 1 − log2(hidden) ≥ 40 — the check
-//! [`NoiseBudget::check`] enforces for every prepared matrix. A simulator knowing only the
-//! decrypted result samples uniform c1', uniform v in the flood range, and sets c0'; modulus
-//! switching and dropping coefficients are public post-processing of this view. The flooding
-//! bound is per coefficient (40 bits of margin, as specified); over D revealed coefficients
-//! the distance adds up to D·2^-40 (D ≈ 2^17 for a BERT-Base FC): a stricter whole-transcript
-//! reading would need log2 D more bits of Q.
+//! (one sample with uniform pk1), independently of w. (ii) v = X + E with
+//! X = w·(e + ε) + e_pk·u + e1 + e2·s, the noise that depends on the server's secrets.
+//!
+//! **Requirement:** the whole transcript a client receives in one session — up to
+//! D = 2^[`SESSION_REVEALED_LOG2`] = 2^28 revealed coefficients (a BERT-Base inference reveals
+//! ≈ 2^24), enforced per [`PublicKey`] — must be within statistical distance 2^-40 of a
+//! simulation from the client's outputs. **Argument (hybrid over coefficients):**
+//! 1. *Tail event.* |X| ≤ B at every coefficient, where B ([`Params::product_noise_bounds`]) is
+//!    the deterministic part (‖w‖₁·|ε| and the re-randomisation terms, ≤ 2·η·N + η + 1) plus a
+//!    Hoeffding bound on w·e with e ~ CBD(η) (sub-Gaussian, variance proxy η/2):
+//!    P[|w·e| > x·√(η/2·‖w‖₂²)] ≤ 2·exp(−x²/2) = 2^-69 for x = 9.86. By a union bound over D
+//!    coefficients all bounds hold except with probability D·2^-69 = 2^-41.
+//! 2. *Flooding.* Given |X| ≤ B, SD(X + E, E) = |X|/2^(b+1) ≤ B/2^(b+1) for uniform E of width
+//!    2^(b+1). Floods are independent per coefficient, so replacing the D coefficients one at a
+//!    time by a fresh uniform value adds at most D·B/2^(b+1) ≤ 2^-41 when
+//!    b + 1 − log2 B ≥ [`params::FLOOD_MARGIN_BITS`] = 40 + 28 + 1 = 69, the margin
+//!    [`NoiseBudget::check`] enforces.
+//! 3. Total: 2^-41 + 2^-41 = 2^-40. The simulator samples uniform c1', uniform v in the flood
+//!    range and sets c0'; modulus switching and dropping coefficients are public post-processing.
+//!
+//! B is computed from **public** data only: the plaintext's declared bound max|w| (weights:
+//! `veil_linear::fc::WEIGHT_BOUND` = 2^16 at f = 13; shares: 2^(ℓ−1)) times its number of slots,
+//! never from secret values; [`NttPlaintext`] refuses coefficients above the bound and
+//! [`Accumulator`] carries the bounds, so [`Accumulator::into_response`] always checks.
+//!
+//! *Cheaper alternative (not implemented):* a discrete Gaussian flood of parameter σ has
+//! per-coordinate KL ≤ B²/(2σ²), KL adds over coordinates, and Pinsker gives
+//! SD ≤ √(D·B²/(4σ²)), so σ ≥ 2^39·√D·B = 2^53·B (margin 53 + 1 instead of 69) would save ≈15
+//! bits of Q; it needs a constant-time sampler for σ ≈ 2^90 that is provably close to the ideal
+//! distribution over 2^28 samples, which this crate does not have yet.
 //!
 //! # Noise budget (exact decryption)
 //! After switching to p, decryption round(t·x/p) is exact while |noise| < p/(2t), i.e. below
 //! 2^h with h = ⌊log2(p/2t)⌋. The budget is split: switching rounding (1 + ‖s‖₁)/2 + 1 ≤ (N+3)/2,
-//! dropped c0 bits 2^(h−2), switched flood 2^(h−2) (so b = h − 2 + ⌊log2(Q/p)⌋), and the rest
-//! (< 2^(h−2)) for the switched plaintext noise. With ℓ = 41:
+//! dropped c0 bits 2^(h−2), switched flood 2^(h−2) (so b = h − 2 + ⌊log2(Q/p)⌋, capped at 125),
+//! and the rest (< 2^(h−2)) for the switched plaintext noise, checked in the worst case (CBD
+//! noise is bounded by η = 21 exactly). With ℓ = 41:
 //!
-//! | set | N | Q | p | h | flood b | hides (40-bit margin) | c0 / c1 bits |
-//! |---|---|---|---|---|---|---|---|
-//! | N4096 | 4096 | 3 × 36-bit (≈108) | ≈2^56 | 13 | 62 | 2^23 | 44 / 56 |
-//! | N8192 | 8192 | 3 × 50-bit (≈150) | ≈2^57 | 14 | 104 | 2^65 | 44 / 57 |
+//! | set | N | Q | p | h | flood b | hides (69-bit margin) | c0 / c1 bits | for |
+//! |---|---|---|---|---|---|---|---|---|
+//! | N8192 | 8192 | 3 × 50-bit (≈150) | ≈2^57 | 14 | 104 | 2^36 | 44 / 57 | FC weights ≤ 2^16 |
+//! | N8192Q4 | 8192 | 4 × 42-bit (≈168) | ≈2^57 | 14 | 122 | 2^54 | 44 / 57 | ℓ-bit shares |
 //!
-//! For a product Σ_c w_c × Enc(m_c) the hidden noise is ≈ Σ‖w_c‖₁ + 7.63·√(10.5·Σ‖w_c‖₂²) +
-//! 2·21·N. Fixed-point weights at f = 13 (|w·2^f| ≲ 2^11, inner dimension ≤ 3072, Cheetah blocks
-//! with m_w ≤ 4) stay below 2^23 on N4096; uniform 41-bit shares as plaintexts (≈2^48 for
-//! k = 64) need N8192. Exactness holds for every shape the check accepts and any ℓ in 32..=41
-//! (larger ℓ is refused at construction: the final modulus would leave no room for the
-//! switching noise); f plays no role in the HE layer beyond the weights' magnitude |w·2^f|.
-//! The tests run products at the largest weights the check accepts (`edge_weights_*`).
+//! For a product Σ_c w_c × Enc(m_c) with S weight slots in all under the bound W, B ≈ S·W +
+//! 9.86·√(10.5·S)·W + 2·21·N. BERT-Base FC layers (S ≤ 3072·64, W = 2^16) give B ≤ 2^34;
+//! per-head attention products with share operands (S ≤ 128·64, W = 2^40) give B ≤ 2^54. N = 4096
+//! (log Q ≤ 109) cannot reach a 69-bit margin over even the re-randomisation noise, so it is
+//! gone; `ParamSet::N4096` remains as an alias of the weight set for existing callers.
+//! Exactness holds for every product the check accepts and any ℓ in 32..=41 (larger ℓ is
+//! refused at construction). The tests run products at the largest weights the check accepts
+//! (`edge_weights_*`) and check the switch's rounding against an exact long division at the
+//! extreme moduli the parameter checks allow.
+//!
+//! # Side channels
+//! Arithmetic on residues, the switch, decoding and the encoders are branch-free in secret values
+//! (masks instead of branches); the client's encryption noise, scaled messages and the
+//! decryption buffer c1·s are zeroized after use, and the secret key on drop.
 
 pub(crate) mod math;
 pub mod params;
 pub(crate) mod poly;
 
-pub use params::{NoiseBudget, ParamSet, Params, STAT_SECURITY_BITS};
+pub use params::{
+    NoiseBudget, ParamSet, Params, FLOOD_MARGIN_BITS, SESSION_REVEALED_LOG2, STAT_SECURITY_BITS,
+};
 pub mod cipher;
 pub mod keys;
 pub mod response;

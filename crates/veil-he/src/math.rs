@@ -7,23 +7,43 @@ pub(crate) fn mul_mod(a: u64, b: u64, q: u64) -> u64 {
     ((a as u128 * b as u128) % q as u128) as u64
 }
 
+/// All-ones if the top bit of `v` is set, else zero (the sign of a wrapped difference).
+#[inline]
+pub(crate) fn sign_mask(v: u64) -> u64 {
+    0u64.wrapping_sub(v >> 63)
+}
+
+/// `v mod q` for v < 2q, without a branch (q < 2^63).
+#[inline]
+pub(crate) fn reduce_once(v: u64, q: u64) -> u64 {
+    let t = v.wrapping_sub(q);
+    t.wrapping_add(q & sign_mask(t))
+}
+
+/// Branch-free modular arithmetic on residues (q < 2^62): residues are secret data, so neither
+/// time nor the branch predictor may depend on them.
 #[inline]
 pub(crate) fn add_mod(a: u64, b: u64, q: u64) -> u64 {
-    let s = a + b;
-    if s >= q {
-        s - q
-    } else {
-        s
-    }
+    reduce_once(a + b, q)
 }
 
 #[inline]
 pub(crate) fn sub_mod(a: u64, b: u64, q: u64) -> u64 {
-    if a >= b {
-        a - b
-    } else {
-        a + q - b
-    }
+    let d = a.wrapping_sub(b);
+    d.wrapping_add(q & sign_mask(d))
+}
+
+/// −x mod q for a residue x < q, without a branch.
+#[inline]
+pub(crate) fn neg_mod(x: u64, q: u64) -> u64 {
+    let nonzero = 0u64.wrapping_sub((x | x.wrapping_neg()) >> 63);
+    (q - x) & nonzero
+}
+
+/// `a` if `mask` is all ones, `b` if it is zero.
+#[inline]
+pub(crate) fn select(mask: u64, a: u64, b: u64) -> u64 {
+    (a & mask) | (b & !mask)
 }
 
 pub(crate) fn pow_mod(mut b: u64, mut e: u64, q: u64) -> u64 {
@@ -60,11 +80,7 @@ impl ShoupConst {
     pub fn mul(self, x: u64, q: u64) -> u64 {
         let quot = ((x as u128 * self.w_shoup as u128) >> 64) as u64;
         let r = x.wrapping_mul(self.w).wrapping_sub(quot.wrapping_mul(q));
-        if r >= q {
-            r - q
-        } else {
-            r
-        }
+        reduce_once(r, q)
     }
 }
 
@@ -73,16 +89,14 @@ pub(crate) fn inv_mod(a: u64, q: u64) -> u64 {
     pow_mod(a, q - 2, q)
 }
 
-/// Residue of a signed integer modulo `q`.
+/// Residue of a signed integer modulo `q`. Branch-free in the value for |x| < q (every secret
+/// Veil reduces: noise, secrets, ℓ-bit shares and weights are below the smallest prime); only
+/// larger inputs take the division.
 #[inline]
 pub(crate) fn signed_mod(x: i64, q: u64) -> u64 {
     let a = x.unsigned_abs();
     let r = if a < q { a } else { a % q };
-    if x < 0 && r != 0 {
-        q - r
-    } else {
-        r
-    }
+    select(sign_mask(x as u64), neg_mod(r, q), r)
 }
 
 /// Deterministic Miller–Rabin for 64-bit integers (these bases are exact below 2^64).

@@ -23,34 +23,54 @@ const HE_STANDARD_MAX_LOG_Q: [(usize, u32); 6] = [
     (32768, 881),
 ];
 
-/// Statistical security parameter for noise flooding.
+/// Statistical security parameter: the whole session transcript the client receives is within
+/// statistical distance 2^-40 of a simulation from its outputs alone.
 pub const STAT_SECURITY_BITS: f64 = 40.0;
 
+/// log2 of the most response coefficients one session (one public key) may reveal: 2^28 covers
+/// a BERT-Base inference (≈2^24) sixteen times over. Enforced per [`crate::PublicKey`].
+pub const SESSION_REVEALED_LOG2: u32 = 28;
+
+/// Flooding margin, in bits, every revealed coefficient needs: with D = 2^28 coefficients per
+/// session, each 2^-69-close to simulated and each tail bound failing with probability ≤ 2^-69,
+/// the transcript is within D·2^-69 + D·2^-69 = 2^-40 (see the crate docs).
+pub const FLOOD_MARGIN_BITS: f64 = STAT_SECURITY_BITS + SESSION_REVEALED_LOG2 as f64 + 1.0;
+
+/// Hoeffding multiplier for a per-coefficient tail probability of 2^-69:
+/// 2·exp(−x²/2) ≤ 2^-69 for x = √(2·70·ln 2) ≈ 9.85 standard deviations (variance proxy).
+const TAIL_SIGMAS: f64 = 9.86;
+
 /// The named parameter sets Veil uses. Both parties pick one per layer from public architecture
-/// data, so the choice never depends on a secret.
+/// data, so the choice never depends on a secret. (N = 4096 cannot carry a session-level flood:
+/// its ≤ 109-bit Q leaves 2^63 of flooding room, less than the 2^69 margin alone.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ParamSet {
-    /// N = 4096, Q = three 36-bit primes (≈108 bits), final modulus ≈ 2^56. For products with
-    /// small plaintext weights (fixed-point model weights): flooding hides up to ≈2^22 of
-    /// weight-dependent noise with 40 bits of margin.
-    N4096,
-    /// N = 8192, Q = three 50-bit primes (≈150 bits), final modulus ≈ 2^57. For products whose
-    /// plaintext operand is a uniform ℓ-bit share (cross terms of shared × shared products).
+    /// N = 8192, Q = three 50-bit primes (≈150 bits), final modulus ≈ 2^57, flood 2^104. For
+    /// fixed-point model weights (|w| ≤ 2^16): hides 2^36 of weight-dependent noise with the
+    /// 69-bit session margin.
     N8192,
+    /// N = 8192, Q = four 42-bit primes (≈168 bits), final modulus ≈ 2^57, flood 2^122. For
+    /// plaintext operands that are uniform ℓ-bit shares (shared × shared products): hides 2^54.
+    N8192Q4,
 }
 
+#[allow(non_upper_case_globals)]
 impl ParamSet {
+    /// Former name of the fixed-point weight set (the N = 4096 set could not meet the
+    /// session-level flooding bound); kept so existing callers keep working. Use [`ParamSet::N8192`].
+    pub const N4096: ParamSet = ParamSet::N8192;
+
     pub fn id(self) -> u8 {
         match self {
-            ParamSet::N4096 => 1,
             ParamSet::N8192 => 2,
+            ParamSet::N8192Q4 => 3,
         }
     }
 
     pub fn from_id(id: u8) -> Result<Self> {
         match id {
-            1 => Ok(ParamSet::N4096),
             2 => Ok(ParamSet::N8192),
+            3 => Ok(ParamSet::N8192Q4),
             _ => Err(Error::Malformed(format!(
                 "unknown BFV parameter set id {id}"
             ))),
@@ -60,8 +80,8 @@ impl ParamSet {
     /// (N, bits per RNS prime, number of RNS primes, bits of the final modulus).
     fn shape(self) -> (usize, u32, usize, u32) {
         match self {
-            ParamSet::N4096 => (4096, 36, 3, 56),
             ParamSet::N8192 => (8192, 50, 3, 57),
+            ParamSet::N8192Q4 => (8192, 42, 4, 57),
         }
     }
 }
@@ -123,16 +143,16 @@ impl NoiseBudget {
         self.flood_bits as f64 + 1.0 - hidden.max(1.0).log2()
     }
 
-    /// Checks both the security condition (flood margin ≥ 40 bits over `hidden_tail`, a bound
-    /// that holds except with probability 2^-40 per coefficient) and exact decryption (the
-    /// worst case `hidden_worst` plus flood, switched down, plus rounding and the dropped c0
-    /// bits stays below 2^h).
+    /// Checks both the security condition (flood margin ≥ [`FLOOD_MARGIN_BITS`] over
+    /// `hidden_tail`, a bound that holds except with probability 2^-69 per coefficient) and
+    /// exact decryption (the worst case `hidden_worst` plus flood, switched down, plus rounding
+    /// and the dropped c0 bits stays below 2^h).
     pub fn check(&self, hidden_tail: f64, hidden_worst: f64) -> Result<()> {
         let margin = self.flood_margin_bits(hidden_tail);
         ensure!(
-            margin >= STAT_SECURITY_BITS,
+            margin >= FLOOD_MARGIN_BITS,
             Insecure,
-            "flooding margin {margin:.1} bits < {STAT_SECURITY_BITS} (hidden noise ≈ 2^{:.1}, \
+            "flooding margin {margin:.1} bits < {FLOOD_MARGIN_BITS} (hidden noise ≈ 2^{:.1}, \
              flood 2^{}): use a parameter set with a larger Q or smaller plaintext values",
             hidden_tail.max(1.0).log2(),
             self.flood_bits
@@ -269,6 +289,14 @@ impl Params {
             .collect();
 
         let log2_p = (final_modulus as f64).log2();
+        // The rescaling's rounding error (< 1 per dropped limb) reaches the result scaled by
+        // p/Q'; Q' ≥ 2^20·p keeps it below 2^-20, inside the switching budget's +1.
+        ensure!(
+            (crt_modulus as f64).log2() >= log2_p + 20.0,
+            InvalidArgument,
+            "kept RNS modulus 2^{:.1} too small for the final modulus 2^{log2_p:.1}",
+            (crt_modulus as f64).log2()
+        );
         let headroom = (log2_p - t_bits as f64 - 1.0).floor();
         ensure!(
             headroom >= 4.0,
@@ -283,12 +311,8 @@ impl Params {
             "final modulus 2^{final_bits} leaves no room for the switching noise of N = {n}"
         );
         let log2_q_over_p = log2_q - log2_p;
-        let flood_bits = (h as f64 - 2.0 + (log2_q_over_p - 1e-9).floor()) as u32;
-        ensure!(
-            flood_bits < 126,
-            InvalidArgument,
-            "flooding width 2^{flood_bits} does not fit the sampler"
-        );
+        // Capped at the sampler's 2^125 (a narrower flood only loosens the decryption bound).
+        let flood_bits = ((h as f64 - 2.0 + (log2_q_over_p - 1e-9).floor()) as u32).min(125);
         let c0_drop_bits = h - 1;
         let bits_of = |v: u64| 64 - v.leading_zeros();
         let budget = NoiseBudget {
@@ -354,14 +378,22 @@ impl Params {
     /// returns (tail bound, worst case). The client knows its encryption noise e and the
     /// encoding rounding ε (|ε| ≤ 1 with the server's folded-in share), so w·(e + ε) is the
     /// weight-dependent part; the re-randomisation adds e_pk·u + e1 + e2·s ≤ 2·η·N + η.
-    /// The tail bound uses Hoeffding on e ~ CBD(η) (sub-Gaussian, σ² = η/2): it holds except
-    /// with probability 2^-41 per coefficient (√(2·ln 2^42) ≈ 7.63).
+    /// The tail bound uses Hoeffding on e ~ CBD(η) (sub-Gaussian, variance proxy η/2): it holds
+    /// except with probability 2^-69 per coefficient (9.86 proxy deviations).
     pub fn product_noise_bounds(&self, l1: f64, l2sq: f64) -> (f64, f64) {
         let eta = crate::math::CBD_ETA as f64;
         let rerandomise = 2.0 * eta * self.degree() as f64 + eta + 1.0;
-        let tail = l1 + 7.63 * (eta / 2.0 * l2sq).sqrt() + rerandomise;
+        let tail = l1 + TAIL_SIGMAS * (eta / 2.0 * l2sq).sqrt() + rerandomise;
         let worst = l1 * (eta + 1.0) + rerandomise;
         (tail, worst)
+    }
+
+    /// Checks a product Σ_c w_c × ct_c against the budget from public data only: `slots` is the
+    /// total number of plaintext coefficient slots multiplied in and `max_abs` a public bound on
+    /// every |w| (so the outcome never depends on secret values; see [`NoiseBudget::check`]).
+    pub fn check_public_product(&self, slots: f64, max_abs: f64) -> Result<()> {
+        let (tail, worst) = self.product_noise_bounds(slots * max_abs, slots * max_abs * max_abs);
+        self.budget().check(tail, worst)
     }
 
     /// Bits on the wire of one client ciphertext (its c0 in all limbs; c1 is a 16-byte seed).
@@ -390,24 +422,39 @@ mod tests {
 
     #[test]
     fn named_sets_are_secure_and_consistent() {
-        for set in [ParamSet::N4096, ParamSet::N8192] {
+        for set in [ParamSet::N8192, ParamSet::N8192Q4] {
             let p = Params::new(set, ring()).unwrap();
-            let max = if p.degree() == 4096 { 109.0 } else { 218.0 };
-            assert!(p.log2_q() <= max, "{p:?}");
+            assert!(p.log2_q() <= 218.0, "{p:?}");
             let b = p.budget();
             // Exact decryption with no plaintext noise at all.
             b.check(1.0, 1.0).unwrap();
-            assert!(b.flood_margin_bits(2f64.powi(20)) >= 40.0);
             assert_eq!(ParamSet::from_id(set.id()).unwrap(), set);
         }
-        let p = Params::new(ParamSet::N4096, ring()).unwrap();
-        assert_eq!(p.budget().flood_bits, 62);
-        // The 40-bit margin edge: 2^23 of hidden noise under a 2^62 flood is the limit.
-        p.budget().check(2f64.powi(23), 2f64.powi(23)).unwrap();
+        assert_eq!(FLOOD_MARGIN_BITS, 69.0);
+        let p = Params::new(ParamSet::N8192, ring()).unwrap();
+        assert_eq!(p.budget().flood_bits, 104);
+        // The session-margin edge: 2^36 of hidden noise under a 2^104 flood is the limit.
+        p.budget().check(2f64.powi(36), 2f64.powi(36)).unwrap();
         assert!(matches!(
-            p.budget().check(2f64.powf(23.01), 1.0),
+            p.budget().check(2f64.powf(36.01), 1.0),
             Err(Error::Insecure(_))
         ));
+        let q4 = Params::new(ParamSet::N8192Q4, ring()).unwrap();
+        assert_eq!(q4.budget().flood_bits, 122);
+    }
+
+    /// The workloads the sets are for: BERT-Base FC weights (|w| ≤ 2^16, inner dimension up to
+    /// 3072, 64-slot weight blocks) and share × share products (|w| ≤ 2^40, 128 × 64 slots).
+    #[test]
+    fn sets_cover_their_workloads_with_public_bounds() {
+        let w = Params::new(ParamSet::N8192, ring()).unwrap();
+        w.check_public_product(3072.0 * 64.0, 2f64.powi(16))
+            .unwrap();
+        assert!(w
+            .check_public_product(3072.0 * 64.0, 2f64.powi(40))
+            .is_err());
+        let s = Params::new(ParamSet::N8192Q4, ring()).unwrap();
+        s.check_public_product(128.0 * 64.0, 2f64.powi(40)).unwrap();
     }
 
     #[test]
@@ -430,11 +477,11 @@ mod tests {
     #[test]
     fn plaintext_ring_sizes_supported() {
         for bits in 32..=41 {
-            for set in [ParamSet::N4096, ParamSet::N8192] {
+            for set in [ParamSet::N8192, ParamSet::N8192Q4] {
                 Params::new(set, Ring::new(bits).unwrap()).unwrap();
             }
         }
         // Beyond ℓ = 41 the final modulus leaves no room for the switching noise.
-        assert!(Params::new(ParamSet::N4096, Ring::new(42).unwrap()).is_err());
+        assert!(Params::new(ParamSet::N8192, Ring::new(42).unwrap()).is_err());
     }
 }

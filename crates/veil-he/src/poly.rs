@@ -97,7 +97,7 @@ mod tests {
 
     #[test]
     fn ntt_product_is_negacyclic_convolution() {
-        let p = Params::new(ParamSet::N4096, Ring::new(41).unwrap()).unwrap();
+        let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
         let n = p.degree();
         let a: Vec<i64> = (0..n as i64).map(|i| (i * 7919) % 201 - 100).collect();
         let b: Vec<i64> = (0..n as i64).map(|i| (i * 104729) % 61 - 30).collect();

@@ -41,7 +41,7 @@ fn setup(set: ParamSet) -> (Params, SecretKey, PublicKey) {
 
 #[test]
 fn encrypt_decrypt_round_trip_through_response() {
-    let (p, sk, pk) = setup(ParamSet::N4096);
+    let (p, sk, pk) = setup(ParamSet::N8192);
     let ring = p.ring();
     let mut g = prg(2);
     let mut m = vec![0u64; p.degree()];
@@ -53,7 +53,7 @@ fn encrypt_decrypt_round_trip_through_response() {
     acc.mul_acc(
         &p,
         &EvalCiphertext::expand(&p, &ct),
-        &NttPlaintext::new(&p, &[1]).unwrap(),
+        &NttPlaintext::new(&p, &[1], 1).unwrap(),
     );
     assert_eq!(decrypt_accumulator_for_test(&sk, &acc), m);
     let positions: Vec<usize> = (0..p.degree()).collect();
@@ -90,7 +90,8 @@ fn check_products(set: ParamSet, weight_bits: u32, count: usize, tag: u8) {
             .zip(&share)
             .map(|(&a, &b)| ring.add(a, b))
             .collect();
-        acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w).unwrap());
+        let bound = 1 << weight_bits;
+        acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w, bound).unwrap());
         pairs.push((w, sum));
     }
     let want = negacyclic_mod_t(ring, &pairs, n);
@@ -105,18 +106,41 @@ fn check_products(set: ParamSet, weight_bits: u32, count: usize, tag: u8) {
 }
 
 #[test]
-fn small_weight_products_are_exact() {
-    check_products(ParamSet::N4096, 8, 3, 3);
+fn weight_sized_products_are_exact() {
+    check_products(ParamSet::N8192, 16, 3, 3);
 }
 
 #[test]
-fn share_sized_products_are_exact_at_n8192() {
-    check_products(ParamSet::N8192, 40, 2, 4);
+fn share_sized_products_are_exact_at_n8192q4() {
+    check_products(ParamSet::N8192Q4, 40, 1, 4);
+}
+
+/// The plaintext's declared public bound is enforced, and the response refuses a product whose
+/// bounds exceed the flooding budget (the check cannot be skipped).
+#[test]
+fn responses_check_the_public_bounds() {
+    let (p, sk, pk) = setup(ParamSet::N8192);
+    let mut g = prg(6);
+    assert!(matches!(
+        NttPlaintext::new(&p, &[5, -9], 8),
+        Err(veil_core::Error::Insecure(_))
+    ));
+    let ev = EvalCiphertext::expand(&p, &sk.encrypt(&[1], &mut g).unwrap());
+    let mut acc = Accumulator::new(&p);
+    acc.mul_acc(
+        &p,
+        &ev,
+        &NttPlaintext::new(&p, &[1 << 40], 1 << 40).unwrap(),
+    );
+    assert!(matches!(
+        acc.into_response(&pk, &[0], &[0], &mut g),
+        Err(veil_core::Error::Insecure(_))
+    ));
 }
 
 #[test]
 fn responses_reject_bad_layouts() {
-    let (p, sk, pk) = setup(ParamSet::N4096);
+    let (p, sk, pk) = setup(ParamSet::N8192);
     let acc = Accumulator::new(&p);
     let mut g = prg(5);
     assert!(Accumulator::new(&p)
@@ -132,13 +156,10 @@ fn responses_reject_bad_layouts() {
 /// the set's flooding check, found by bisection on the public bound.
 fn edge_weight(p: &Params) -> i64 {
     let n = p.degree() as f64;
-    let ok = |b: i64| {
-        let (tail, worst) = p.product_noise_bounds(n * b as f64, n * (b as f64).powi(2));
-        p.budget().check(tail, worst).is_ok()
-    };
+    let ok = |b: i64| p.check_public_product(n, b as f64).is_ok();
     let max = 1i64 << (p.ring().bits() - 1);
     if ok(max) {
-        return max; // every centred ℓ-bit value is accepted (N8192)
+        return max; // every centred ℓ-bit value is accepted (N8192Q4)
     }
     let (mut lo, mut hi) = (1i64, max);
     while hi - lo > 1 {
@@ -167,7 +188,7 @@ fn check_edge(set: ParamSet) {
     m[1] = 1 << 40;
     let mut acc = Accumulator::new(&p);
     let ev = EvalCiphertext::expand(&p, &sk.encrypt(&m, &mut g).unwrap());
-    acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w).unwrap());
+    acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w, b as u64).unwrap());
     let want = negacyclic_mod_t(ring, &[(w, m)], n);
     let positions: Vec<usize> = (0..n).collect();
     let r = acc
@@ -177,11 +198,11 @@ fn check_edge(set: ParamSet) {
 }
 
 #[test]
-fn edge_weights_decrypt_exactly_n4096() {
-    check_edge(ParamSet::N4096);
+fn edge_weights_decrypt_exactly_n8192() {
+    check_edge(ParamSet::N8192);
 }
 
 #[test]
-fn edge_weights_decrypt_exactly_n8192() {
-    check_edge(ParamSet::N8192);
+fn edge_weights_decrypt_exactly_n8192q4() {
+    check_edge(ParamSet::N8192Q4);
 }

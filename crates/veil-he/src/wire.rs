@@ -138,12 +138,7 @@ pub fn decode_public_key(p: &Params, bytes: &[u8]) -> Result<PublicKey> {
     let pk0_ntt = unpack_limbs(&mut r, p, what)?;
     r.finish()?;
     let pk1_ntt = expand_uniform_ntt(p, &seed).data;
-    Ok(PublicKey {
-        params: p.clone(),
-        seed,
-        pk0_ntt,
-        pk1_ntt,
-    })
+    Ok(PublicKey::new(p, seed, pk0_ntt, pk1_ntt))
 }
 
 /// Upper bound on an encoded batch of `count` ciphertexts (for `recv_msg` limits).
@@ -222,7 +217,8 @@ pub fn decode_responses(p: &Params, bytes: &[u8], needed: &[usize]) -> Result<Ve
         "{what}: {count} responses, expected {}",
         needed.len()
     );
-    let c0_bound = 1u64 << b.c0_width;
+    // Canonical range: the rounded top bits of a residue below p.
+    let c0_bound = ((p.final_modulus() - 1 + (1 << (b.c0_drop_bits - 1))) >> b.c0_drop_bits) + 1;
     let mut out = Vec::with_capacity(count);
     for &k in needed {
         let c1 = unpack(&mut r, p.degree(), b.c1_width, p.final_modulus(), what)?;
@@ -240,7 +236,7 @@ mod tests {
     use veil_core::{Prg, Ring};
 
     fn setup() -> (Params, SecretKey, PublicKey, Prg) {
-        let p = Params::new(ParamSet::N4096, Ring::new(41).unwrap()).unwrap();
+        let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
         let mut g = Prg::from_seed(&Seed([9; 16]));
         let sk = SecretKey::generate(&p, &mut g);
         let pk = sk.public_key(&mut g);
@@ -293,7 +289,7 @@ mod tests {
         assert_eq!(back.pk0_ntt, pk.pk0_ntt);
         assert_eq!(back.pk1_ntt, pk.pk1_ntt);
         assert_strict(&bytes, |b| decode_public_key(&p, b));
-        let other = Params::new(ParamSet::N8192, p.ring()).unwrap();
+        let other = Params::new(ParamSet::N8192Q4, p.ring()).unwrap();
         assert!(decode_public_key(&other, &bytes).is_err());
     }
 
@@ -308,13 +304,13 @@ mod tests {
         assert_eq!(decode_ciphertexts(&p, &bytes, 2).unwrap(), cts);
         assert!(decode_ciphertexts(&p, &bytes, 3).is_err());
         assert_strict(&bytes, |b| decode_ciphertexts(&p, b, 2));
-        // A residue at or above its modulus is rejected: set the first 36-bit value to all ones.
+        // A residue at or above its modulus is rejected: set the first 50-bit value to all ones.
         let body = bytes.len() - 2 * (p.ciphertext_bits() as usize / 8);
         let mut bad = bytes.clone();
-        for b in &mut bad[body + 16..body + 16 + 4] {
+        for b in &mut bad[body + 16..body + 16 + 6] {
             *b = 0xff;
         }
-        bad[body + 20] |= 0x0f;
+        bad[body + 22] |= 0x03;
         assert!(decode_ciphertexts(&p, &bad, 2).is_err());
     }
 

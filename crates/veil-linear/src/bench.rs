@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use veil_core::{reconstruct, share, Error, Prg, Result, Ring, RingTensor};
+use veil_core::{reconstruct, share, Prg, Result, Ring, RingTensor};
 use veil_he::ParamSet;
 use veil_net::{run_two_party_tcp, Channel, Role};
 
@@ -112,19 +112,13 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
     let b = RingTensor::random(ring, &[out], &mut g)?;
     let (x0, x1) = share(&x, &mut g)?;
     let prep = Instant::now();
-    let mut layer = FcLayer {
+    let layer = FcLayer {
         seq,
         in_features: inp,
         out_features: out,
-        set: ParamSet::N4096,
+        set: ParamSet::N8192,
     };
-    let fc = match PreparedFc::new(layer, &w, Some(&b)) {
-        Err(Error::Insecure(_)) => {
-            layer.set = ParamSet::N8192;
-            PreparedFc::new(layer, &w, Some(&b))?
-        }
-        r => r?,
-    };
+    let fc = PreparedFc::new(layer, &w, Some(&b))?;
     let prepare_s = prep.elapsed().as_secs_f64();
     let cpu0 = process_cpu_seconds();
     let (client, y1) = run_two_party_tcp(
@@ -212,7 +206,7 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
     Ok(entry(
         &format!("{name} {heads}x({n}x{k}·{k}x{m}) shared"),
         &m_,
-        json!({"param_set": "N8192", "cpu_s_both_parties_incl_setup": cpu_s, "exact": exact}),
+        json!({"param_set": "N8192Q4", "cpu_s_both_parties_incl_setup": cpu_s, "exact": exact}),
     ))
 }
 

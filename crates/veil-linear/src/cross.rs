@@ -4,8 +4,9 @@
 //! A·B = A0·B0 + A·B1 + A1·B0. The client computes A0·B0 locally; the HE products are
 //! (i) Enc(A0) with A1 folded in by the server, times B1 (= A·B1), and (ii) Enc(B0ᵀ) times A1ᵀ
 //! (= (A1·B0)ᵀ). Both go in one client message and one server message. The server's plaintext
-//! operands are uniform ℓ-bit shares, so these products use [`ParamSet::N8192`], whose larger Q
-//! floods the correspondingly larger weight-dependent noise.
+//! operands are uniform ℓ-bit shares, so these products use [`ParamSet::N8192Q4`], whose larger Q
+//! floods the correspondingly larger noise; the check uses the public bound 2^(ℓ−1) on a
+//! centred share, never the shares' actual size.
 //!
 //! **Security and error:** as [`crate::matmul`]; exact mod 2^ℓ. Output scale is the product of
 //! the input scales (2^{2f} for two fixed-point operands).
@@ -19,7 +20,7 @@ use crate::matmul::{client_receive, client_send, server_respond, PreparedMatrix,
 use crate::session::{ClientSession, ServerSession};
 
 /// The parameter set of shared × shared products.
-pub const SHARED_SET: ParamSet = ParamSet::N8192;
+pub const SHARED_SET: ParamSet = ParamSet::N8192Q4;
 
 fn shapes(a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<(usize, usize, usize)>> {
     ensure!(
@@ -85,10 +86,11 @@ pub fn shared_matmul_server<C: Channel + ?Sized>(
     let dims = shapes(a1, b1)?;
     let pk = session.key(SHARED_SET)?;
     let p = pk.params();
+    let share_bound = 1u64 << (p.ring().bits() - 1);
     let mut mats = Vec::with_capacity(2 * dims.len());
     for ((a, b), &(n, _, m)) in a1.iter().zip(b1).zip(&dims) {
-        mats.push(PreparedMatrix::new(p, n, b)?);
-        mats.push(PreparedMatrix::new(p, m, &a.transpose()?)?);
+        mats.push(PreparedMatrix::new(p, n, b, share_bound)?);
+        mats.push(PreparedMatrix::new(p, m, &a.transpose()?, share_bound)?);
     }
     let jobs: Vec<ServerJob<'_>> = mats
         .iter()

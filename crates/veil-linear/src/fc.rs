@@ -7,7 +7,7 @@
 //! **Scale.** Inputs and weights are fixed point at scale 2^f, so the output shares are at scale
 //! 2^{2f}; the bias must be encoded at 2^{2f}. Truncation back to 2^f is a separate protocol.
 //! **Security and error:** as [`crate::matmul`] (exact mod 2^ℓ; the weights' size is checked
-//! against the flooding budget when the layer is prepared).
+//! against the flooding budget when the layer is prepared, through the public bound [`WEIGHT_BOUND`]).
 
 use veil_core::{ensure, Result, Ring, RingTensor};
 use veil_he::{ParamSet, Params};
@@ -19,13 +19,18 @@ use crate::matmul::{
 };
 use crate::session::{ClientSession, ServerSession};
 
+/// Public bound on |w·2^f| for FC weights (|w| ≤ 8 at f = 13; trained BERT weights are far
+/// smaller). The flooding check uses this bound, and larger weights are refused as
+/// [`veil_core::Error::Insecure`].
+pub const WEIGHT_BOUND: u64 = 1 << 16;
+
 /// Public description of an FC layer as both parties see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FcLayer {
     pub seq: usize,
     pub in_features: usize,
     pub out_features: usize,
-    /// [`ParamSet::N4096`] suits fixed-point model weights; see [`veil_he::ParamSet`].
+    /// [`ParamSet::N8192`] suits fixed-point model weights; see [`veil_he::ParamSet`].
     pub set: ParamSet,
 }
 
@@ -66,7 +71,7 @@ impl PreparedFc {
             weight.shape()
         );
         let (p, _) = layer.layout(weight.ring())?;
-        let matrix = PreparedMatrix::new(&p, layer.seq, &weight.transpose()?)?
+        let matrix = PreparedMatrix::new(&p, layer.seq, &weight.transpose()?, WEIGHT_BOUND)?
             .with_ntt_cache(cache_bytes)?;
         let bias = match bias {
             Some(b) => {

@@ -140,7 +140,7 @@ mod tests {
     #[test]
     fn wrap_around_never_hits_a_target() {
         let ring = Ring::new(41).unwrap();
-        let p = Params::new(ParamSet::N4096, ring).unwrap();
+        let p = Params::new(ParamSet::N8192, ring).unwrap();
         let big_n = p.degree();
         let mut g = Prg::from_seed(&Seed([3; 16]));
         for &(n, k, m) in &[
@@ -183,10 +183,10 @@ mod tests {
 
     #[test]
     fn bert_fc_blocking_uses_all_rows() {
-        let p = Params::new(ParamSet::N4096, Ring::new(41).unwrap()).unwrap();
+        let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
         let lay = Layout::new(&p, 128, 768, 768).unwrap();
         assert_eq!(lay.blocks.n_w, 128);
-        assert_eq!(lay.blocks.k_w * lay.blocks.m_w, 32);
+        assert_eq!(lay.blocks.k_w * lay.blocks.m_w, 64);
         assert!(Layout::new(&p, 0, 1, 1).is_err());
     }
 }

@@ -11,8 +11,10 @@
 //! **Security (semi-honest).** The server sees only BFV ciphertexts under the client's key
 //! (IND-CPA under RLWE, 128-bit parameters). The client sees responses that are simulatable from
 //! its output alone: c1 is Σ wᵢaᵢ + pk1·u + e2, pseudo-random by RLWE in u; the decrypted noise is
-//! flooded with 2^b ≥ 2^40 × the weight-dependent noise (checked per prepared matrix, otherwise
-//! [`veil_core::Error::Insecure`]); and the decoded values are masked by R.
+//! flooded with 2^b ≥ 2^69 × a public bound on the weight-dependent noise (checked per prepared
+//! matrix and again per response, otherwise [`veil_core::Error::Insecure`]), which keeps the
+//! whole session transcript (≤ 2^28 revealed coefficients per key) within 2^-40 of simulated
+//! ([`veil_he`] crate docs); and the decoded values are masked by R.
 //! **Error:** none: results are exact mod 2^ℓ (the noise budget is checked for the worst case).
 
 use std::thread;
@@ -21,7 +23,7 @@ use veil_core::{ensure, Error, Prg, Result, RingTensor};
 use veil_he::{wire, Accumulator, EvalCiphertext, NttPlaintext, Params, PublicKey, SecretKey};
 use veil_net::Channel;
 
-use crate::layout::Layout;
+use crate::layout::{Blocking, Layout};
 
 /// B (k×m) packed for one layout, with the noise check done. Weight polynomials are kept by
 /// their low-degree coefficients (k_w·m_w per block); their NTT form, N/(k_w·m_w) times larger
@@ -30,6 +32,8 @@ use crate::layout::Layout;
 pub struct PreparedMatrix {
     params: Params,
     layout: Layout,
+    /// Public bound on every |entry| (the flooding check's input, never the entries themselves).
+    max_abs: u64,
     /// Block (bk, bm) at index bm·k_blocks + bk.
     blocks: Vec<Vec<i64>>,
     /// The same blocks in the NTT domain, when cached.
@@ -41,32 +45,38 @@ pub struct PreparedMatrix {
 pub const NTT_CACHE_BYTES: usize = 256 << 20;
 
 impl PreparedMatrix {
-    /// Packs `b` for products with an n-row encrypted left operand.
-    pub fn new(params: &Params, n: usize, b: &RingTensor) -> Result<Self> {
+    /// Packs `b` for products with an n-row encrypted left operand. `max_abs` is a public
+    /// bound on every |entry| (centred): entries above it are refused, and the flooding check
+    /// (per output block, over the k·m_w weight slots it sums) uses only the bound and the
+    /// shapes, so whether a product is accepted never depends on secret values.
+    pub fn new(params: &Params, n: usize, b: &RingTensor, max_abs: u64) -> Result<Self> {
         ensure!(
             b.shape().len() == 2 && b.ring() == params.ring(),
             InvalidArgument,
             "plaintext matrix must be 2-D over the parameters' ring"
         );
         let layout = Layout::new(params, n, b.shape()[0], b.shape()[1])?;
+        let Blocking { k_w, m_w, .. } = layout.blocks;
+        params.check_public_product((layout.k_blocks() * k_w * m_w) as f64, max_abs as f64)?;
+        let ring = b.ring();
+        let over = b.data().iter().fold(0u64, |acc, &v| {
+            acc | (ring.to_signed(v).unsigned_abs() > max_abs) as u64
+        });
+        ensure!(
+            over == 0,
+            Insecure,
+            "plaintext matrix has entries above the public bound {max_abs}"
+        );
         let mut blocks = Vec::with_capacity(layout.k_blocks() * layout.col_blocks());
-        let (mut worst_tail, mut worst_worst) = (0f64, 0f64);
         for bm in 0..layout.col_blocks() {
-            let (mut l1, mut l2) = (0f64, 0f64);
             for bk in 0..layout.k_blocks() {
-                let c = layout.rhs_coeffs(b, bk, bm);
-                l1 += c.iter().map(|&x| (x as f64).abs()).sum::<f64>();
-                l2 += c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>();
-                blocks.push(c);
+                blocks.push(layout.rhs_coeffs(b, bk, bm));
             }
-            let (tail, worst) = params.product_noise_bounds(l1, l2);
-            worst_tail = worst_tail.max(tail);
-            worst_worst = worst_worst.max(worst);
         }
-        params.budget().check(worst_tail, worst_worst)?;
         Ok(PreparedMatrix {
             params: params.clone(),
             layout,
+            max_abs,
             blocks,
             ntt: None,
         })
@@ -80,7 +90,7 @@ impl PreparedMatrix {
             let cached = self
                 .blocks
                 .iter()
-                .map(|c| NttPlaintext::new(p, c))
+                .map(|c| NttPlaintext::new(p, c, self.max_abs))
                 .collect::<Result<Vec<_>>>()?;
             self.ntt = Some(cached);
         }
@@ -310,14 +320,14 @@ pub fn server_respond<C: Channel + ?Sized>(
             .clone()
             .map(|_| (0..lay.row_blocks()).map(|_| Accumulator::new(p)).collect())
             .collect();
-        let mut w = NttPlaintext::new(p, &[])?;
+        let mut w = NttPlaintext::new(p, &[], job.matrix.max_abs)?;
         for bk in 0..kb {
             for (bm, col_accs) in cols.clone().zip(accs.iter_mut()) {
                 let idx = bm * kb + bk;
                 let w = match &job.matrix.ntt {
                     Some(cached) => &cached[idx],
                     None => {
-                        w.set(p, &job.matrix.blocks[idx]);
+                        w.set(p, &job.matrix.blocks[idx])?;
                         &w
                     }
                 };

@@ -6,8 +6,10 @@ use veil_core::{ensure, Error, Prg, Result, Ring};
 use veil_he::{wire, ParamSet, Params, PublicKey, SecretKey};
 use veil_net::Channel;
 
-/// The parameter sets a session sets up keys for: small-weight products and share products.
-pub const SESSION_SETS: [ParamSet; 2] = [ParamSet::N4096, ParamSet::N8192];
+/// The parameter sets a session sets up keys for: model-weight products and share products.
+/// Each key may reveal at most 2^28 coefficients (enforced by [`veil_he::PublicKey`]); a longer
+/// conversation needs a new session.
+pub const SESSION_SETS: [ParamSet; 2] = [ParamSet::N8192, ParamSet::N8192Q4];
 
 pub struct ClientSession {
     keys: Vec<(ParamSet, SecretKey)>,
