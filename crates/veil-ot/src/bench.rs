@@ -203,9 +203,9 @@ fn bench_silent() -> Result<Value> {
                     Ok(r)
                 },
                 |ch, r| {
-                    let mut made = 0;
+                    let (mut t, mut bits, mut made) = (Vec::new(), Vec::new(), 0);
                     while made < COT_COUNT {
-                        let (t, _, start) = r.extend(ch)?;
+                        let start = r.extend(ch, &mut t, &mut bits)?;
                         made += t.len() - start;
                     }
                     Ok(made)
@@ -226,9 +226,9 @@ fn bench_silent() -> Result<Value> {
                     Ok(s)
                 },
                 |ch, s| {
-                    let mut made = 0;
+                    let (mut q, mut made) = (Vec::new(), 0);
                     while made < COT_COUNT {
-                        let (q, start) = s.extend(ch)?;
+                        let start = s.extend(ch, &mut q)?;
                         made += q.len() - start;
                     }
                     Ok(made)

@@ -51,6 +51,8 @@ struct SenderPool {
     q: Vec<u128>,
     pos: usize,
     consumed: u64,
+    /// Silent COT's second output buffer, reused across iterations.
+    spare: Vec<u128>,
 }
 
 /// COTs this party receives: choice bits `r_i` and `t_i = q_i ⊕ r_i·Δ`.
@@ -61,6 +63,8 @@ struct ReceiverPool {
     pos: usize,
     consumed: u64,
     prg: Prg,
+    spare_t: Vec<u128>,
+    spare_bits: Vec<u8>,
 }
 
 /// A run of random COTs handed to a flavour (sender side).
@@ -99,6 +103,7 @@ impl SenderPool {
             q,
             pos,
             consumed: 0,
+            spare: Vec::new(),
         })
     }
 
@@ -119,12 +124,18 @@ impl SenderPool {
             }
             SendEngine::Silent(e) => {
                 while self.q.len() - self.pos < need {
-                    let (more, start) = e.extend(ch)?;
-                    if self.q.len() == self.pos {
-                        self.q.zeroize();
-                        (self.q, self.pos) = (more, start);
+                    // The iteration fills the spare buffer in place (no fresh 160 MB each
+                    // time); the few COTs left in the pool move into its reserve prefix, which
+                    // the engine has already copied out, and the buffers swap roles.
+                    let start = e.extend(ch, &mut self.spare)?;
+                    let left = self.q.len() - self.pos;
+                    if left <= start {
+                        let p = start - left;
+                        self.spare[p..start].copy_from_slice(&self.q[self.pos..]);
+                        std::mem::swap(&mut self.q, &mut self.spare);
+                        self.pos = p;
                     } else {
-                        self.q.extend_from_slice(&more[start..]);
+                        self.q.extend_from_slice(&self.spare[start..]);
                     }
                 }
             }
@@ -168,6 +179,8 @@ impl ReceiverPool {
             pos,
             consumed: 0,
             prg: Prg::from_os_entropy(),
+            spare_t: Vec::new(),
+            spare_bits: Vec::new(),
         })
     }
 
@@ -192,14 +205,19 @@ impl ReceiverPool {
             }
             RecvEngine::Silent(e) => {
                 while self.t.len() - self.pos < need {
-                    let (more, more_bits, start) = e.extend(ch)?;
-                    if self.t.len() == self.pos {
-                        self.t.zeroize();
-                        self.bits.zeroize();
-                        (self.t, self.bits, self.pos) = (more, more_bits, start);
+                    // As for the sender: fill the spare buffers, move the leftover in front.
+                    let start = e.extend(ch, &mut self.spare_t, &mut self.spare_bits)?;
+                    let left = self.t.len() - self.pos;
+                    if left <= start {
+                        let p = start - left;
+                        self.spare_t[p..start].copy_from_slice(&self.t[self.pos..]);
+                        self.spare_bits[p..start].copy_from_slice(&self.bits[self.pos..]);
+                        std::mem::swap(&mut self.t, &mut self.spare_t);
+                        std::mem::swap(&mut self.bits, &mut self.spare_bits);
+                        self.pos = p;
                     } else {
-                        self.t.extend_from_slice(&more[start..]);
-                        self.bits.extend_from_slice(&more_bits[start..]);
+                        self.t.extend_from_slice(&self.spare_t[start..]);
+                        self.bits.extend_from_slice(&self.spare_bits[start..]);
                     }
                 }
             }
@@ -230,6 +248,7 @@ impl Drop for SenderPool {
     fn drop(&mut self) {
         self.delta.zeroize();
         self.q.zeroize();
+        self.spare.zeroize();
     }
 }
 
@@ -237,6 +256,8 @@ impl Drop for ReceiverPool {
     fn drop(&mut self) {
         self.t.zeroize();
         self.bits.zeroize();
+        self.spare_t.zeroize();
+        self.spare_bits.zeroize();
     }
 }
 

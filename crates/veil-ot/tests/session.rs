@@ -355,6 +355,40 @@ fn garbage_during_setup_is_an_error() {
     assert!(r.is_err());
 }
 
+/// Drains each pool to 1000 COTs, then takes 6000: the refill (a second main iteration in each
+/// direction) moves the 1000 in front of the new batch, and the random OTs span the seam.
+fn drain_then_refill(s: &mut OtSession, ch: &mut MemChannel) -> Result<()> {
+    let server = s.role() == Role::Server;
+    let (send_left, recv_left) = s.available();
+    let n = 6000;
+    let mut check = Vec::new();
+    // The server's sending direction first; each party's pools mirror the peer's.
+    for k in 0..2 {
+        let sending = server == (k == 0);
+        if sending {
+            s.send_random_bits(ch, send_left - 1000)?;
+            let pairs = s.send_random_bits(ch, n)?;
+            let flat: Vec<u8> = pairs
+                .iter()
+                .map(|p| p[0] as u8 | (p[1] as u8) << 1)
+                .collect();
+            ch.send_msg(&flat)?;
+        } else {
+            s.recv_random_bits(ch, recv_left - 1000)?;
+            let (c, r) = s.recv_random_bits(ch, n)?;
+            let pairs = ch.recv_msg(n)?;
+            for i in 0..n {
+                check.push(((pairs[i] >> c[i] as u8) & 1 == 1) == r[i]);
+            }
+        }
+    }
+    assert!(
+        check.iter().all(|&ok| ok),
+        "random OTs across the refill seam"
+    );
+    Ok(())
+}
+
 #[test]
 fn silent_session_serves_every_flavour_across_a_refill() {
     // The bootstrap leaves ~45k COTs per direction; 60k chosen OTs force one main iteration in
@@ -387,6 +421,7 @@ fn silent_session_serves_every_flavour_across_a_refill() {
             s.send_chosen(ch, &m_c, 41)?;
             let b = s.recv_1_of_n(ch, 4, &nc_c, 4)?;
             let x = s.send_arith_cot(ch, &d_c, 64)?;
+            drain_then_refill(s, ch)?;
             Ok((a, b, x))
         },
         move |s, ch| {
@@ -394,6 +429,7 @@ fn silent_session_serves_every_flavour_across_a_refill() {
             let back = s.recv_chosen(ch, &c_s, 41)?;
             s.send_1_of_n(ch, 4, &t_s, 4)?;
             let y = s.recv_arith_cot(ch, &ac_s, 64)?;
+            drain_then_refill(s, ch)?;
             Ok((back, y))
         },
     )

@@ -99,7 +99,8 @@ fn mpcot_send<C: Channel>(
     level_cots: &[u128],
     tweak: u128,
     prg: &mut Prg,
-) -> Result<Vec<u128>> {
+    out: &mut Vec<u128>,
+) -> Result<()> {
     let depth = p.depth();
     let d = unpack_bools(
         &ch.recv_msg_exact((p.t * depth).div_ceil(8))?,
@@ -108,7 +109,8 @@ fn mpcot_send<C: Channel>(
     )?;
     let roots: Zeroizing<Vec<u128>> =
         Zeroizing::new((0..p.t).map(|_| u128::from_le_bytes(prg.block())).collect());
-    let mut out = vec![0u128; p.n];
+    // Every position is overwritten by the bins' leaves, so a reused buffer needs no clearing.
+    out.resize(p.n, 0);
     let per_tree = 2 * depth + 1;
     let mut msg = vec![0u128; p.t * per_tree];
     std::thread::scope(|s| {
@@ -143,11 +145,11 @@ fn mpcot_send<C: Channel>(
     });
     let bytes: Vec<u8> = msg.iter().flat_map(|b| b.to_le_bytes()).collect();
     ch.send_msg(&bytes)?;
-    ch.flush()?;
-    Ok(out)
+    ch.flush()
 }
 
 /// Receiver's MPCOT: returns the blocks and the noise vector (one 1 per bin).
+#[allow(clippy::too_many_arguments)] // one iteration's state, passed explicitly
 fn mpcot_receive<C: Channel>(
     ch: &mut C,
     p: &LpnParams,
@@ -155,7 +157,9 @@ fn mpcot_receive<C: Channel>(
     level_bits: &[u8],
     tweak: u128,
     prg: &mut Prg,
-) -> Result<(Vec<u128>, Vec<u8>)> {
+    out: &mut Vec<u128>,
+    noise: &mut Vec<u8>,
+) -> Result<()> {
     let depth = p.depth();
     let alphas: Zeroizing<Vec<usize>> = Zeroizing::new(
         (0..p.t)
@@ -176,7 +180,7 @@ fn mpcot_receive<C: Channel>(
         .chunks_exact(16)
         .map(|b| u128::from_le_bytes(b.try_into().expect("16 bytes")))
         .collect();
-    let mut out = vec![0u128; p.n];
+    out.resize(p.n, 0);
     std::thread::scope(|s| {
         let mut out_rest = &mut out[..];
         for group in tree_groups(p.t) {
@@ -201,13 +205,15 @@ fn mpcot_receive<C: Channel>(
             });
         }
     });
-    let mut noise = vec![0u8; p.n];
+    noise.clear();
+    noise.resize(p.n, 0);
     for (i, &a) in alphas.iter().enumerate() {
         noise[p.bin(i).0 + a] = 1;
     }
-    Ok((out, noise))
+    Ok(())
 }
 
+#[allow(clippy::too_many_arguments)] // one iteration's state, passed explicitly
 fn sender_iteration<C: Channel>(
     ch: &mut C,
     p: &LpnParams,
@@ -216,13 +222,15 @@ fn sender_iteration<C: Channel>(
     base: &[u128],
     iteration: u64,
     prg: &mut Prg,
-) -> Result<Vec<u128>> {
+    out: &mut Vec<u128>,
+) -> Result<()> {
     let (lpn_base, levels) = base.split_at(p.k);
-    let mut out = mpcot_send(ch, p, delta, levels, iteration_tweak(iteration), prg)?;
-    matrix.encode(&mut out, lpn_base);
-    Ok(out)
+    mpcot_send(ch, p, delta, levels, iteration_tweak(iteration), prg, out)?;
+    matrix.encode(out, lpn_base);
+    Ok(())
 }
 
+#[allow(clippy::too_many_arguments)] // one iteration's state, passed explicitly
 fn receiver_iteration<C: Channel>(
     ch: &mut C,
     p: &LpnParams,
@@ -231,13 +239,15 @@ fn receiver_iteration<C: Channel>(
     base_bits: &[u8],
     iteration: u64,
     prg: &mut Prg,
-) -> Result<(Vec<u128>, Vec<u8>)> {
+    out: &mut Vec<u128>,
+    bits: &mut Vec<u8>,
+) -> Result<()> {
     let (lpn_base, levels) = base.split_at(p.k);
     let (lpn_bits, level_bits) = base_bits.split_at(p.k);
-    let (mut out, mut bits) =
-        mpcot_receive(ch, p, levels, level_bits, iteration_tweak(iteration), prg)?;
-    matrix.encode_with_bits(&mut out, &mut bits, lpn_base, lpn_bits);
-    Ok((out, bits))
+    let tweak = iteration_tweak(iteration);
+    mpcot_receive(ch, p, levels, level_bits, tweak, prg, out, bits)?;
+    matrix.encode_with_bits(out, bits, lpn_base, lpn_bits);
+    Ok(())
 }
 
 impl FerretSender {
@@ -263,7 +273,8 @@ impl FerretSender {
         let base = Zeroizing::new(iknp.extend(ch, boot.base_cots())?);
         let delta = iknp.delta();
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
-        let out = sender_iteration(ch, &boot, &boot_matrix, delta, &base, 0, &mut prg)?;
+        let mut out = Vec::new();
+        sender_iteration(ch, &boot, &boot_matrix, delta, &base, 0, &mut prg, &mut out)?;
         let mut reserve = HugeTable::new(main.base_cots());
         reserve
             .as_mut_slice()
@@ -283,9 +294,10 @@ impl FerretSender {
         self.delta
     }
 
-    /// One main iteration: returns `(q, start)`, usable COTs `q[start..]`.
-    pub fn extend<C: Channel>(&mut self, ch: &mut C) -> Result<(Vec<u128>, usize)> {
-        let out = sender_iteration(
+    /// One main iteration into `out` (its allocation is reused): returns `start`, the usable
+    /// COTs being `out[start..]`.
+    pub fn extend<C: Channel>(&mut self, ch: &mut C, out: &mut Vec<u128>) -> Result<usize> {
+        sender_iteration(
             ch,
             &self.main,
             &self.matrix,
@@ -293,11 +305,12 @@ impl FerretSender {
             self.reserve.as_slice(),
             self.iteration,
             &mut self.prg,
+            out,
         )?;
         self.iteration += 1;
         let r = self.reserve.len();
         self.reserve.as_mut_slice().copy_from_slice(&out[..r]);
-        Ok((out, r))
+        Ok(r)
     }
 
     /// COTs each main iteration hands out.
@@ -332,8 +345,18 @@ impl FerretReceiver {
             Zeroizing::new((0..boot.base_cots()).map(|_| prg.bit() as u8).collect());
         let base = Zeroizing::new(iknp.extend(ch, &base_bits)?);
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
-        let (out, bits) =
-            receiver_iteration(ch, &boot, &boot_matrix, &base, &base_bits, 0, &mut prg)?;
+        let (mut out, mut bits) = (Vec::new(), Vec::new());
+        receiver_iteration(
+            ch,
+            &boot,
+            &boot_matrix,
+            &base,
+            &base_bits,
+            0,
+            &mut prg,
+            &mut out,
+            &mut bits,
+        )?;
         let r = main.base_cots();
         let mut reserve = HugeTable::new(r);
         reserve.as_mut_slice().copy_from_slice(&out[..r]);
@@ -348,9 +371,15 @@ impl FerretReceiver {
         Ok((receiver, out, bits, r))
     }
 
-    /// One main iteration: returns `(t, bits, start)`, usable COTs from `start`.
-    pub fn extend<C: Channel>(&mut self, ch: &mut C) -> Result<(Vec<u128>, Vec<u8>, usize)> {
-        let (out, bits) = receiver_iteration(
+    /// One main iteration into `out` and `bits` (allocations reused): returns `start`, the
+    /// usable COTs being `out[start..]` with choices `bits[start..]`.
+    pub fn extend<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        out: &mut Vec<u128>,
+        bits: &mut Vec<u8>,
+    ) -> Result<usize> {
+        receiver_iteration(
             ch,
             &self.main,
             &self.matrix,
@@ -358,12 +387,14 @@ impl FerretReceiver {
             &self.reserve_bits,
             self.iteration,
             &mut self.prg,
+            out,
+            bits,
         )?;
         self.iteration += 1;
         let r = self.reserve.len();
         self.reserve.as_mut_slice().copy_from_slice(&out[..r]);
         self.reserve_bits.copy_from_slice(&bits[..r]);
-        Ok((out, bits, r))
+        Ok(r)
     }
 
     pub fn batch_size(&self) -> usize {
@@ -409,8 +440,9 @@ mod tests {
                 let mut iknp = IknpReceiver::setup(c)?;
                 let (mut r, t, bits, start) = FerretReceiver::setup_with(c, &mut iknp, boot, main)?;
                 let mut all = vec![(t[start..].to_vec(), bits[start..].to_vec())];
+                let (mut t, mut bits) = (Vec::new(), Vec::new());
                 for _ in 0..iterations {
-                    let (t, bits, start) = r.extend(c)?;
+                    let start = r.extend(c, &mut t, &mut bits)?;
                     all.push((t[start..].to_vec(), bits[start..].to_vec()));
                 }
                 Ok(all)
@@ -419,8 +451,9 @@ mod tests {
                 let mut iknp = IknpSender::setup(c)?;
                 let (mut s, q, start) = FerretSender::setup_with(c, &mut iknp, boot, main)?;
                 let mut all = vec![q[start..].to_vec()];
+                let mut q = Vec::new();
                 for _ in 0..iterations {
-                    let (q, start) = s.extend(c)?;
+                    let start = s.extend(c, &mut q)?;
                     all.push(q[start..].to_vec());
                 }
                 Ok((s.delta(), all))
