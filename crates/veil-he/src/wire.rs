@@ -332,5 +332,22 @@ mod tests {
         assert_eq!(sk.decrypt_response(&back[1], &pos).unwrap(), vec![1, 2, 3]);
         assert!(decode_responses(&p, &bytes, &[3, 2]).is_err());
         assert_strict(&bytes, |b| decode_responses(&p, b, &[3, 3]));
+        // c0 values above the rounded top bits of p − 1 are not canonical.
+        let b = p.budget();
+        let top = (p.final_modulus() - 1 + (1 << (b.c0_drop_bits - 1))) >> b.c0_drop_bits;
+        assert!(
+            top + 1 < 1 << b.c0_width,
+            "test needs a non-canonical value that fits"
+        );
+        for (v, ok) in [(top, true), (top + 1, false)] {
+            let r = Response {
+                c1: rs[0].c1.clone(),
+                c0: vec![v],
+            };
+            assert_eq!(
+                decode_responses(&p, &encode_responses(&p, &[r]), &[1]).is_ok(),
+                ok
+            );
+        }
     }
 }
