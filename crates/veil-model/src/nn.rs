@@ -183,7 +183,9 @@ impl Block {
         }
         let scores = scores.broadcast_add(mask_bias)?;
         let probs = match self.variant.attention {
-            AttentionNorm::Softmax => candle_nn::ops::softmax_last_dim(&scores)?,
+            // The composed softmax, not the fused `softmax_last_dim`: that kernel has no
+            // backward pass, and these modules must train.
+            AttentionNorm::Softmax => candle_nn::ops::softmax(&scores, D::Minus1)?,
             AttentionNorm::ReluNormalise => {
                 let r = scores.relu()?;
                 let denom = (r.sum_keepdim(D::Minus1)? + veil_core::defaults::RELU_NORMALISE_EPS)?;
