@@ -8,17 +8,23 @@
 //! * [`checkpoint`] — crash-safe checkpoints for resuming a run;
 //! * [`train`] — the fine-tuning loop and evaluation;
 //! * [`substitute`] — Algorithm 5, generic over a [`SubstitutionTarget`];
-//! * [`report`] — JSON, Markdown and SVG reports of a substitution run.
+//! * [`report`] — JSON, Markdown and SVG reports of a substitution run;
+//! * [`transformer`] — a veil-model transformer made trainable (VarMap, freezing, variants);
+//! * [`fixed_check`] — overflow check of a model in veil-model's fixed-point simulator;
+//! * [`workflow`] — `finetune` and `substitute` end to end, with an options struct each.
 
 pub mod batch;
 pub mod checkpoint;
 pub mod data;
+pub mod fixed_check;
 pub mod init;
 pub mod loss;
 pub mod optim;
 pub mod report;
 pub mod substitute;
 pub mod train;
+pub mod transformer;
+pub mod workflow;
 
 #[cfg(test)]
 mod tiny;
@@ -27,6 +33,7 @@ pub use batch::{Batch, ClassifierOutput, EncodedExample, SequenceClassifier};
 pub use loss::LossWeights;
 pub use substitute::{run_substitution, Operator, SubstitutionConfig, SubstitutionTarget};
 pub use train::{evaluate, train, Evaluation, RunControl, TrainConfig, TrainSummary};
+pub use workflow::{finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions};
 
 /// candle's errors into Veil's (the orphan rule forbids a `From` impl between two foreign types).
 pub(crate) fn candle_err(e: candle_core::Error) -> veil_core::Error {

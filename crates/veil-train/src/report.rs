@@ -17,10 +17,12 @@ pub struct FixedPointCheck {
     pub frac_bits: u32,
     /// Examples pushed through the simulator.
     pub examples: usize,
+    /// Fraction of those examples whose fixed-point prediction equals the f32 prediction.
+    pub prediction_agreement: f64,
     pub per_block: Vec<BlockFixedPoint>,
 }
 
-/// One block's result in the fixed-point simulator.
+/// One block's result in the fixed-point simulator, over all simulated examples.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BlockFixedPoint {
     pub block: usize,
@@ -28,12 +30,21 @@ pub struct BlockFixedPoint {
     pub max_abs: f64,
     /// Largest |simulated − f32| of the block's output.
     pub max_error: f64,
-    pub overflow: bool,
+    /// Product accumulators that exceeded 2^(ℓ−1) and wrapped.
+    pub wrapped: usize,
+    /// GELU / LayerNorm inputs outside the domain the fixed-point approximations are accurate on.
+    pub out_of_domain: usize,
+}
+
+impl BlockFixedPoint {
+    pub fn overflow(&self) -> bool {
+        self.wrapped > 0
+    }
 }
 
 impl FixedPointCheck {
     pub fn overflow_free(&self) -> bool {
-        self.per_block.iter().all(|b| !b.overflow)
+        self.per_block.iter().all(|b| !b.overflow())
     }
 }
 
@@ -165,31 +176,36 @@ pub fn markdown(doc: &ReportDocument) -> String {
             let _ = writeln!(w, "Fixed-point simulation: not run.");
         }
         Some(fp) => {
+            let verdict = if fp.overflow_free() {
+                "no overflow in any block"
+            } else {
+                "OVERFLOW"
+            };
             let _ = writeln!(
                 w,
-                "Fixed-point simulation (ℓ = {}, f = {}, {} examples): {}.\n",
+                "Fixed-point simulation (ℓ = {}, f = {}, {} dev examples): {verdict}; \
+                 predictions agree with f32 on {} %.\n",
                 fp.ring_bits,
                 fp.frac_bits,
                 fp.examples,
-                if fp.overflow_free() {
-                    "no overflow in any block"
-                } else {
-                    "OVERFLOW"
-                }
+                pct(fp.prediction_agreement)
             );
             let _ = writeln!(
                 w,
-                "| Block | max abs output | max abs error vs f32 | Overflow |"
+                "| Block | max abs output | max abs error vs f32 | wrapped accumulators | \
+                 inputs outside approximation domain | Overflow |"
             );
-            let _ = writeln!(w, "|---:|---:|---:|---|");
+            let _ = writeln!(w, "|---:|---:|---:|---:|---:|---|");
             for b in &fp.per_block {
                 let _ = writeln!(
                     w,
-                    "| {} | {:.3} | {:.2e} | {} |",
+                    "| {} | {:.3} | {:.2e} | {} | {} | {} |",
                     b.block,
                     b.max_abs,
                     b.max_error,
-                    if b.overflow { "yes" } else { "no" }
+                    b.wrapped,
+                    b.out_of_domain,
+                    if b.overflow() { "yes" } else { "no" }
                 );
             }
         }
@@ -314,18 +330,21 @@ mod tests {
                 ring_bits: 41,
                 frac_bits: 13,
                 examples: 10,
+                prediction_agreement: 1.0,
                 per_block: vec![
                     BlockFixedPoint {
                         block: 0,
                         max_abs: 3.5,
                         max_error: 1e-3,
-                        overflow: false,
+                        wrapped: 0,
+                        out_of_domain: 0,
                     },
                     BlockFixedPoint {
                         block: 1,
                         max_abs: 9.0,
                         max_error: 2e-3,
-                        overflow: false,
+                        wrapped: 0,
+                        out_of_domain: 2,
                     },
                 ],
             }),

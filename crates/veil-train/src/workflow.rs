@@ -1,0 +1,466 @@
+//! The two end-to-end workflows behind `veil finetune` and `veil substitute`: read the data,
+//! load the model folder, tokenise, train (or run Algorithm 5), evaluate, and write the output
+//! folder with a `veil-training.json` record of what was done.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use veil_core::{ensure, Error, FixedPoint, Result};
+use veil_model::{folder, BlockVariant, EmbeddingMode, TextTokenizer};
+
+use crate::batch::EncodedExample;
+use crate::data::{self, DatasetFormat, LabelSet};
+use crate::fixed_check::check_fixed_point;
+use crate::report::{write_reports, ReportDocument};
+use crate::substitute::{run_substitution, Operator, SubstitutionConfig, SubstitutionTarget};
+use crate::train::{evaluate, train, Evaluation, RunControl, TrainConfig, TrainSummary};
+use crate::transformer::{Freeze, LoadInfo, TrainableTransformer};
+
+/// The record written next to the weights of every folder this crate produces.
+pub const RECORD_FILE: &str = "veil-training.json";
+
+/// Inputs shared by both workflows.
+#[derive(Clone, Debug)]
+pub struct DataOptions {
+    pub train: PathBuf,
+    pub dev: PathBuf,
+    /// `None`: from the file extension (`.tsv` GLUE, otherwise `LABEL SENTENCE` lines).
+    pub format: Option<DatasetFormat>,
+    /// Tokens per example after truncation (capped by the model's position table).
+    pub max_seq_len: usize,
+}
+
+impl DataOptions {
+    pub fn new(train: impl Into<PathBuf>, dev: impl Into<PathBuf>) -> Self {
+        DataOptions {
+            train: train.into(),
+            dev: dev.into(),
+            format: None,
+            max_seq_len: 128,
+        }
+    }
+}
+
+/// `veil finetune --model DIR --train FILE --dev FILE --out DIR`.
+#[derive(Clone, Debug)]
+pub struct FinetuneOptions {
+    pub model: PathBuf,
+    pub out: PathBuf,
+    pub data: DataOptions,
+    pub train: TrainConfig,
+    /// Keep only the first `num_layers` blocks (e.g. a 2-layer cut); `None` keeps all.
+    pub num_layers: Option<usize>,
+    /// `None`: freeze when the model's embedding mode is public (the client embeds with the
+    /// published tables, so they must not change).
+    pub freeze_embeddings: Option<bool>,
+    pub eval_batch_size: usize,
+    pub progress: bool,
+    /// Stop after this many updates, keeping the checkpoint in `out/checkpoint` to resume.
+    pub stop_after: Option<u64>,
+}
+
+impl FinetuneOptions {
+    pub fn new(model: impl Into<PathBuf>, data: DataOptions, out: impl Into<PathBuf>) -> Self {
+        FinetuneOptions {
+            model: model.into(),
+            out: out.into(),
+            data,
+            train: TrainConfig::default(),
+            num_layers: None,
+            freeze_embeddings: None,
+            eval_batch_size: 64,
+            progress: true,
+            stop_after: None,
+        }
+    }
+}
+
+/// `veil substitute --model DIR --train FILE --dev FILE --out DIR`.
+#[derive(Clone, Debug)]
+pub struct SubstituteOptions {
+    /// A fine-tuned classifier folder (normally the output of `veil finetune`).
+    pub model: PathBuf,
+    pub out: PathBuf,
+    pub data: DataOptions,
+    pub substitution: SubstitutionConfig,
+    /// The fine-tuning after each substitution; its `loss.bound` is replaced by the stage's B.
+    pub train: TrainConfig,
+    pub freeze_embeddings: Option<bool>,
+    pub eval_batch_size: usize,
+    pub progress: bool,
+    /// Dev examples pushed through the fixed-point simulator at the project's default ℓ and f
+    /// for the overflow check of the report; 0 skips the check.
+    pub simulate_examples: usize,
+}
+
+impl SubstituteOptions {
+    pub fn new(model: impl Into<PathBuf>, data: DataOptions, out: impl Into<PathBuf>) -> Self {
+        SubstituteOptions {
+            model: model.into(),
+            out: out.into(),
+            data,
+            substitution: SubstitutionConfig::default(),
+            train: TrainConfig {
+                epochs: 1,
+                ..TrainConfig::default()
+            },
+            freeze_embeddings: None,
+            eval_batch_size: 64,
+            progress: true,
+            simulate_examples: 32,
+        }
+    }
+}
+
+/// What a produced folder was made from and with (`veil-training.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainingRecord {
+    /// `finetune` or `substitute`.
+    pub workflow: String,
+    pub source_model: String,
+    pub train_file: String,
+    pub dev_file: String,
+    /// Class names, index = class id of the classifier.
+    pub labels: LabelSet,
+    pub freeze_embeddings: bool,
+    pub num_layers: usize,
+    pub variants: Vec<BlockVariant>,
+    pub train_config: TrainConfig,
+    /// Parameters the source folder did not have (a new classifier).
+    pub initialised: Vec<String>,
+    pub summary: Option<TrainSummary>,
+    pub dev: Evaluation,
+}
+
+impl TrainingRecord {
+    pub fn read(dir: &Path) -> Result<Option<TrainingRecord>> {
+        let path = dir.join(RECORD_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let bytes = std::fs::read(&path)?;
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Malformed(format!("{}: {e}", path.display())))
+    }
+
+    fn write(&self, dir: &Path) -> Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(|e| Error::Other(e.to_string()))?;
+        std::fs::write(dir.join(RECORD_FILE), json)?;
+        Ok(())
+    }
+}
+
+/// Labelled, tokenised train and dev sets.
+struct PreparedData {
+    labels: LabelSet,
+    train: Vec<EncodedExample>,
+    dev: Vec<EncodedExample>,
+}
+
+fn prepare(
+    opts: &DataOptions,
+    labels: Option<LabelSet>,
+    tokenizer: &TextTokenizer,
+) -> Result<PreparedData> {
+    let read = |path: &Path| {
+        let format = match &opts.format {
+            Some(f) => f.clone(),
+            None => DatasetFormat::from_path(path)?,
+        };
+        data::read_file(path, &format)
+    };
+    let train_raw = read(&opts.train)?;
+    let dev_raw = read(&opts.dev)?;
+    let labels = match labels {
+        Some(l) => l,
+        None => LabelSet::from_examples(&train_raw)?,
+    };
+    let with_file = |path: &Path| {
+        let path = path.display().to_string();
+        move |e: Error| match e {
+            Error::Malformed(m) => Error::Malformed(format!("{path}: {m}")),
+            other => other,
+        }
+    };
+    let encode = |examples: Vec<data::Example>| -> Result<Vec<EncodedExample>> {
+        examples
+            .into_iter()
+            .map(|e| {
+                let enc = tokenizer.encode(&e.text_a, e.text_b.as_deref())?;
+                Ok(EncodedExample {
+                    ids: enc.ids,
+                    type_ids: enc.type_ids,
+                    label: e.label as u32,
+                })
+            })
+            .collect()
+    };
+    let train = encode(labels.apply(&train_raw).map_err(with_file(&opts.train))?)?;
+    let dev = encode(labels.apply(&dev_raw).map_err(with_file(&opts.dev))?)?;
+    Ok(PreparedData { labels, train, dev })
+}
+
+fn tokenizer_for(dir: &Path, max_seq_len: usize, model_limit: usize) -> Result<TextTokenizer> {
+    ensure!(
+        max_seq_len >= 2,
+        InvalidArgument,
+        "maximum sequence length must be ≥ 2"
+    );
+    TextTokenizer::from_folder(dir, max_seq_len.min(model_limit))
+}
+
+fn default_freeze(model: &TrainableTransformer, choice: Option<bool>) -> bool {
+    choice.unwrap_or(model.config().veil.embedding == EmbeddingMode::Public)
+}
+
+/// Result of [`finetune`].
+#[derive(Clone, Debug)]
+pub struct FinetuneOutcome {
+    pub summary: TrainSummary,
+    /// `None` when the run stopped early (resume by running again with the same options).
+    pub dev: Option<Evaluation>,
+}
+
+/// Fine-tunes a model folder on a dataset and writes the classifier folder to `opts.out`.
+/// An interrupted run resumes from `out/checkpoint`.
+pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
+    let config = folder::load_config(&opts.model)?;
+    let tokenizer = tokenizer_for(
+        &opts.model,
+        opts.data.max_seq_len,
+        config.max_sequence_len(),
+    )?;
+    let prior_labels = TrainingRecord::read(&opts.model)?.map(|r| r.labels);
+    let data = prepare(&opts.data, prior_labels, &tokenizer)?;
+    let (model, info): (TrainableTransformer, LoadInfo) = TrainableTransformer::load(
+        &opts.model,
+        data.labels.len(),
+        opts.num_layers,
+        opts.train.seed,
+    )?;
+    let freeze_embeddings = default_freeze(&model, opts.freeze_embeddings);
+    let trainable = model.trainable(Freeze {
+        embeddings: freeze_embeddings,
+        blocks_below: 0,
+    });
+    let checkpoint_dir = opts.out.join("checkpoint");
+    let control = RunControl {
+        checkpoint_dir: Some(&checkpoint_dir),
+        stop_after: opts.stop_after,
+        progress: opts.progress,
+    };
+    let summary = train(&model, trainable, &data.train, &opts.train, &control)?;
+    if !summary.finished() {
+        return Ok(FinetuneOutcome { summary, dev: None });
+    }
+    let dev = evaluate(&model, &data.dev, opts.eval_batch_size)?;
+    model.save(&opts.out, Some(&tokenizer))?;
+    TrainingRecord {
+        workflow: "finetune".into(),
+        source_model: opts.model.display().to_string(),
+        train_file: opts.data.train.display().to_string(),
+        dev_file: opts.data.dev.display().to_string(),
+        labels: data.labels,
+        freeze_embeddings,
+        num_layers: model.num_blocks(),
+        variants: model.variants(),
+        train_config: opts.train.clone(),
+        initialised: info.initialised,
+        summary: Some(summary.clone()),
+        dev: dev.clone(),
+    }
+    .write(&opts.out)?;
+    // The finished model is saved; the checkpoint would only duplicate it.
+    std::fs::remove_dir_all(&checkpoint_dir)?;
+    Ok(FinetuneOutcome {
+        summary,
+        dev: Some(dev),
+    })
+}
+
+/// The real model behind Algorithm 5.
+struct TransformerTarget<'a> {
+    model: TrainableTransformer,
+    train: &'a [EncodedExample],
+    dev: &'a [EncodedExample],
+    train_config: TrainConfig,
+    freeze_embeddings: bool,
+    eval_batch_size: usize,
+    progress: bool,
+}
+
+/// Replaces `op` in `variant` by its privacy-friendly substitute.
+pub fn substituted(variant: BlockVariant, op: Operator) -> BlockVariant {
+    let friendly = BlockVariant::friendly();
+    match op {
+        Operator::Gelu => BlockVariant {
+            activation: friendly.activation,
+            ..variant
+        },
+        Operator::Softmax => BlockVariant {
+            attention: friendly.attention,
+            ..variant
+        },
+        Operator::LayerNorm1 => BlockVariant {
+            ln1: friendly.ln1,
+            ..variant
+        },
+        Operator::LayerNorm2 => BlockVariant {
+            ln2: friendly.ln2,
+            ..variant
+        },
+    }
+}
+
+impl SubstitutionTarget for TransformerTarget<'_> {
+    type Snapshot = (Vec<BlockVariant>, Vec<candle_core::Tensor>);
+
+    fn num_blocks(&self) -> usize {
+        self.model.num_blocks()
+    }
+
+    fn snapshot(&self) -> Result<Self::Snapshot> {
+        Ok((self.model.variants(), self.model.parameter_values()?))
+    }
+
+    fn restore(&mut self, (variants, values): &Self::Snapshot) -> Result<()> {
+        for (i, v) in variants.iter().enumerate() {
+            self.model.set_variant(i, *v)?;
+        }
+        self.model.set_parameter_values(values)
+    }
+
+    fn substitute(&mut self, op: Operator, block: usize) -> Result<()> {
+        let current = self.model.variants()[block];
+        self.model.set_variant(block, substituted(current, op))
+    }
+
+    /// Blocks `0 .. block` frozen. For Softmax the paper makes the attention input/output
+    /// projections of the block trainable; they belong to block `block`, which is trainable
+    /// anyway, so every operator uses the same rule.
+    fn finetune(&mut self, _op: Operator, block: usize, bound: Option<f64>) -> Result<f64> {
+        let config = TrainConfig {
+            loss: crate::LossWeights {
+                bound,
+                ..self.train_config.loss
+            },
+            ..self.train_config.clone()
+        };
+        let freeze = Freeze {
+            embeddings: self.freeze_embeddings,
+            blocks_below: block,
+        };
+        let trainable = self.model.trainable(freeze);
+        let control = RunControl {
+            progress: self.progress,
+            ..Default::default()
+        };
+        Ok(train(&self.model, trainable, self.train, &config, &control)?.mean_loss)
+    }
+
+    fn evaluate(&mut self) -> Result<Evaluation> {
+        evaluate(&self.model, self.dev, self.eval_batch_size)
+    }
+}
+
+/// Result of [`substitute`].
+#[derive(Clone, Debug)]
+pub struct SubstituteOutcome {
+    pub report: ReportDocument,
+}
+
+/// Runs Algorithm 5 on a fine-tuned classifier folder and writes the accepted model and the
+/// reports (`substitution.{json,md}`, `accuracy.svg`) into `opts.out`.
+pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
+    let config = folder::load_config(&opts.model)?;
+    let tokenizer = tokenizer_for(
+        &opts.model,
+        opts.data.max_seq_len,
+        config.max_sequence_len(),
+    )?;
+    let prior = TrainingRecord::read(&opts.model)?;
+    let data = prepare(
+        &opts.data,
+        prior.as_ref().map(|r| r.labels.clone()),
+        &tokenizer,
+    )?;
+    let (model, info) =
+        TrainableTransformer::load(&opts.model, data.labels.len(), None, opts.train.seed)?;
+    if !info.initialised.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "{} has no trained classifier ({} missing); run `veil finetune` first",
+            opts.model.display(),
+            info.initialised.join(", ")
+        )));
+    }
+    let freeze_embeddings = opts
+        .freeze_embeddings
+        .or(prior.as_ref().map(|r| r.freeze_embeddings))
+        .unwrap_or(default_freeze(&model, None));
+    let mut target = TransformerTarget {
+        model,
+        train: &data.train,
+        dev: &data.dev,
+        train_config: opts.train.clone(),
+        freeze_embeddings,
+        eval_batch_size: opts.eval_batch_size,
+        progress: opts.progress,
+    };
+    let progress = opts.progress;
+    let report = run_substitution(&mut target, &opts.substitution, |step| {
+        if progress {
+            eprintln!(
+                "{} block {}: dev accuracy {:.2} % → {}",
+                step.operator.label(),
+                step.block,
+                100.0 * step.accuracy,
+                if step.accepted {
+                    "accepted"
+                } else {
+                    "rejected"
+                }
+            );
+        }
+    })?;
+    let model = target.model;
+    model.save(&opts.out, Some(&tokenizer))?;
+    TrainingRecord {
+        workflow: "substitute".into(),
+        source_model: opts.model.display().to_string(),
+        train_file: opts.data.train.display().to_string(),
+        dev_file: opts.data.dev.display().to_string(),
+        labels: data.labels,
+        freeze_embeddings,
+        num_layers: model.num_blocks(),
+        variants: model.variants(),
+        train_config: opts.train.clone(),
+        initialised: vec![],
+        summary: None,
+        dev: report.final_evaluation.clone(),
+    }
+    .write(&opts.out)?;
+    let fixed_point = match opts.simulate_examples.min(data.dev.len()) {
+        0 => None,
+        k => Some(check_fixed_point(
+            &model.transformer,
+            &data.dev[..k],
+            FixedPoint::default_format(),
+        )?),
+    };
+    let doc = ReportDocument {
+        model: opts
+            .model
+            .file_name()
+            .map_or("model".into(), |n| n.to_string_lossy().into()),
+        task: opts
+            .data
+            .dev
+            .file_name()
+            .map_or("dev".into(), |n| n.to_string_lossy().into()),
+        substitution: report,
+        fixed_point,
+    };
+    write_reports(&opts.out, &doc)?;
+    Ok(SubstituteOutcome { report: doc })
+}

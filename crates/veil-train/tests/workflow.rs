@@ -1,0 +1,362 @@
+//! End-to-end tests of `finetune` and `substitute` on a tiny seeded BERT folder and a synthetic
+//! sentiment task (label 1 iff the sentence contains a positive word).
+
+use std::path::Path;
+
+use rand::{Rng, SeedableRng};
+use veil_model::config::Architecture;
+use veil_model::{folder, random, HeadKind, ModelConfig};
+use veil_train::transformer::{Freeze, TrainableTransformer};
+use veil_train::workflow::{TrainingRecord, RECORD_FILE};
+use veil_train::{
+    evaluate, finetune, substitute, train, DataOptions, EncodedExample, FinetuneOptions,
+    LossWeights, Operator, RunControl, SubstituteOptions, TrainConfig,
+};
+
+const POSITIVE: [&str; 3] = ["good", "great", "fine"];
+const NEUTRAL: [&str; 8] = [
+    "the", "film", "plot", "actor", "scene", "story", "was", "very",
+];
+const NEGATIVE: [&str; 3] = ["bad", "dull", "awful"];
+
+/// A 2-block BERT (hidden 32) with seeded weights, no classifier, and a word-level vocabulary.
+fn tiny_bert_folder(dir: &Path) {
+    let cfg = ModelConfig::new(
+        Architecture::Bert,
+        24,
+        32,
+        2,
+        2,
+        64,
+        32,
+        HeadKind::Pooler,
+        0,
+    )
+    .unwrap();
+    let model = random::random_transformer_with_std(&cfg, [7; 16], 0.1).unwrap();
+    folder::save(dir, &model, None).unwrap();
+    let mut vocab = vec!["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];
+    vocab.extend(POSITIVE.iter().chain(&NEUTRAL).chain(&NEGATIVE));
+    assert!(vocab.len() <= 24);
+    std::fs::write(dir.join("vocab.txt"), vocab.join("\n")).unwrap();
+}
+
+/// `LABEL SENTENCE` lines: 3–7 neutral words plus one positive (label 1) or negative word.
+fn sentiment_file(path: &Path, n: usize, seed: u64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut lines = Vec::new();
+    for _ in 0..n {
+        let label = rng.gen_range(0..2);
+        let mut words: Vec<&str> = (0..rng.gen_range(3..8))
+            .map(|_| NEUTRAL[rng.gen_range(0..NEUTRAL.len())])
+            .collect();
+        let cue = if label == 1 { POSITIVE } else { NEGATIVE }[rng.gen_range(0..3)];
+        words.insert(rng.gen_range(0..=words.len()), cue);
+        lines.push(format!("{label} {}", words.join(" ")));
+    }
+    std::fs::write(path, lines.join("\n")).unwrap();
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: std::path::PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        tiny_bert_folder(&root.join("base"));
+        sentiment_file(&root.join("train.txt"), 192, 1);
+        sentiment_file(&root.join("dev.txt"), 64, 2);
+        Fixture { _dir: dir, root }
+    }
+
+    fn data(&self) -> DataOptions {
+        DataOptions::new(self.root.join("train.txt"), self.root.join("dev.txt"))
+    }
+
+    fn finetune_options(&self, out: &str) -> FinetuneOptions {
+        let mut o = FinetuneOptions::new(self.root.join("base"), self.data(), self.root.join(out));
+        o.train = TrainConfig {
+            epochs: 12,
+            batch_size: 16,
+            learning_rate: 2e-3,
+            loss: LossWeights {
+                alpha1: 0.0,
+                ..LossWeights::paper(None)
+            },
+            checkpoint_every: 10,
+            ..TrainConfig::default()
+        };
+        o.progress = false;
+        o
+    }
+}
+
+#[test]
+fn finetune_learns_freezes_embeddings_and_records_it() {
+    let fx = Fixture::new();
+    let opts = fx.finetune_options("ft");
+    let outcome = finetune(&opts).unwrap();
+    let dev = outcome.dev.unwrap();
+    assert!(dev.accuracy >= 0.9, "dev accuracy {}", dev.accuracy);
+    assert_eq!(dev.max_abs_hidden.len(), 2);
+    assert!(
+        !fx.root.join("ft/checkpoint").exists(),
+        "finished run keeps no checkpoint"
+    );
+
+    let record = TrainingRecord::read(&fx.root.join("ft")).unwrap().unwrap();
+    assert!(
+        record.freeze_embeddings,
+        "public-embedding models freeze by default"
+    );
+    assert_eq!(record.labels.names, ["0", "1"]);
+    assert_eq!(record.dev, dev);
+    assert!(record
+        .initialised
+        .iter()
+        .any(|n| n.starts_with("classifier")));
+
+    // The folder loads back as a 2-label classifier with the embeddings of the base model.
+    let base = folder::load(&fx.root.join("base")).unwrap();
+    let tuned = folder::load(&fx.root.join("ft")).unwrap();
+    assert_eq!(tuned.config.veil.num_labels, 2);
+    let get = |m: &veil_model::Model, name: &str| -> Vec<f32> {
+        let t = &m
+            .transformer
+            .named
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1;
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    };
+    for name in [
+        "embeddings.word_embeddings.weight",
+        "embeddings.LayerNorm.weight",
+    ] {
+        assert_eq!(get(&base, name), get(&tuned, name), "{name} moved");
+    }
+    let v = "encoder.layer.1.attention.self.value.weight";
+    assert_ne!(
+        get(&base, v),
+        get(&tuned, v),
+        "encoder weights were trained"
+    );
+}
+
+#[test]
+fn finetune_resumes_after_interruption() {
+    let fx = Fixture::new();
+    let mut opts = fx.finetune_options("ft");
+    opts.train.epochs = 2; // 12 batches per epoch
+    opts.stop_after = Some(10);
+    let part = finetune(&opts).unwrap();
+    assert!(part.dev.is_none() && !part.summary.finished());
+    assert!(fx.root.join("ft/checkpoint/state.json").exists());
+    assert!(!fx.root.join("ft").join(RECORD_FILE).exists());
+    opts.stop_after = None;
+    let rest = finetune(&opts).unwrap();
+    assert_eq!(rest.summary.resumed_from, Some(10));
+    assert_eq!(rest.summary.steps_done, 24);
+    assert!(rest.dev.is_some());
+}
+
+#[test]
+fn finetune_reports_bad_data_with_file_and_line() {
+    let fx = Fixture::new();
+    std::fs::write(fx.root.join("dev.txt"), "1 good film\n2 what label\n").unwrap();
+    let err = finetune(&fx.finetune_options("ft"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dev.txt") && err.contains("line 2"), "{err}");
+}
+
+#[test]
+fn training_steps_reduce_the_loss_and_respect_frozen_blocks() {
+    let fx = Fixture::new();
+    let (model, info) = TrainableTransformer::load(&fx.root.join("base"), 2, None, 3).unwrap();
+    assert_eq!(info.initialised.len(), 2); // classifier weight and bias
+    let tokenizer = veil_model::TextTokenizer::from_folder(&fx.root.join("base"), 32).unwrap();
+    let data: Vec<EncodedExample> = std::fs::read_to_string(fx.root.join("train.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (label, text) = l.split_once(' ').unwrap();
+            let enc = tokenizer.encode(text, None).unwrap();
+            EncodedExample {
+                ids: enc.ids,
+                type_ids: enc.type_ids,
+                label: label.parse().unwrap(),
+            }
+        })
+        .collect();
+    let before = model.parameter_values().unwrap();
+    let config = TrainConfig {
+        epochs: 1,
+        batch_size: 16,
+        learning_rate: 3e-3,
+        loss: LossWeights::paper(Some(1.0)),
+        ..TrainConfig::default()
+    };
+    let freeze = Freeze {
+        embeddings: true,
+        blocks_below: 1,
+    };
+    let first = train(
+        &model,
+        model.trainable(freeze),
+        &data,
+        &config,
+        &RunControl::default(),
+    )
+    .unwrap();
+    let second = train(
+        &model,
+        model.trainable(freeze),
+        &data,
+        &config,
+        &RunControl::default(),
+    )
+    .unwrap();
+    assert!(
+        second.mean_loss < first.mean_loss,
+        "{first:?} then {second:?}"
+    );
+    let after = model.parameter_values().unwrap();
+    for (((name, _), b), a) in model.params().iter().zip(&before).zip(&after) {
+        let unchanged = b.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            == a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let frozen = name.starts_with("embeddings.") || name.starts_with("encoder.layer.0.");
+        if frozen {
+            assert!(unchanged, "frozen {name} moved");
+        }
+        // Parameters with a certain task gradient must move (query/key get none through
+        // veil-model's softmax: see the ignored test below).
+        let has_gradient = [".value.", ".intermediate.", "classifier.", "pooler."];
+        if !frozen && has_gradient.iter().any(|p| name.contains(p)) {
+            assert!(!unchanged, "trainable {name} did not move");
+        }
+    }
+    let eval = evaluate(&model, &data, 64).unwrap();
+    assert_eq!(eval.max_abs_hidden.len(), 2);
+}
+
+#[test]
+fn substitute_writes_a_model_that_loads_with_its_variants() {
+    let fx = Fixture::new();
+    finetune(&fx.finetune_options("ft")).unwrap();
+    let mut opts = SubstituteOptions::new(fx.root.join("ft"), fx.data(), fx.root.join("sub"));
+    opts.train = TrainConfig {
+        epochs: 2,
+        batch_size: 16,
+        learning_rate: 2e-3,
+        ..fx.finetune_options("unused").train
+    };
+    opts.progress = false;
+    opts.simulate_examples = 4;
+    let doc = substitute(&opts).unwrap().report;
+    let report = &doc.substitution;
+    assert_eq!(report.steps.len(), 8);
+    assert!(report.original.accuracy >= 0.9);
+    for step in &report.steps {
+        assert_eq!(step.accepted, step.accuracy > report.threshold);
+    }
+
+    // The saved folder carries exactly the accepted replacements.
+    let loaded = folder::load(&fx.root.join("sub")).unwrap();
+    let variants = &loaded.config.veil.blocks;
+    let friendly = veil_model::BlockVariant::friendly();
+    for block in 0..2 {
+        let accepted = |op: Operator| {
+            report
+                .steps
+                .iter()
+                .any(|s| s.operator == op && s.block == block && s.accepted)
+        };
+        let v = variants[block];
+        assert_eq!(
+            v.activation == friendly.activation,
+            accepted(Operator::Gelu),
+            "block {block}"
+        );
+        assert_eq!(
+            v.attention == friendly.attention,
+            accepted(Operator::Softmax)
+        );
+        assert_eq!(v.ln1 == friendly.ln1, accepted(Operator::LayerNorm1));
+        assert_eq!(v.ln2 == friendly.ln2, accepted(Operator::LayerNorm2));
+    }
+    let record = TrainingRecord::read(&fx.root.join("sub")).unwrap().unwrap();
+    assert_eq!(&record.variants, variants);
+
+    // The reloaded model reproduces the reported final accuracy.
+    let (reloaded, info) = TrainableTransformer::load(&fx.root.join("sub"), 2, None, 0).unwrap();
+    assert!(info.initialised.is_empty());
+    let tokenizer = veil_model::TextTokenizer::from_folder(&fx.root.join("sub"), 128).unwrap();
+    let dev: Vec<EncodedExample> = std::fs::read_to_string(fx.root.join("dev.txt"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (label, text) = l.split_once(' ').unwrap();
+            let enc = tokenizer.encode(text, None).unwrap();
+            EncodedExample {
+                ids: enc.ids,
+                type_ids: enc.type_ids,
+                label: label.parse().unwrap(),
+            }
+        })
+        .collect();
+    let again = evaluate(&reloaded, &dev, 64).unwrap();
+    assert!((again.accuracy - report.final_evaluation.accuracy).abs() < 1e-9);
+
+    // Reports and the fixed-point check.
+    for f in ["substitution.json", "substitution.md", "accuracy.svg"] {
+        assert!(fx.root.join("sub").join(f).exists(), "{f}");
+    }
+    let fp = doc.fixed_point.as_ref().unwrap();
+    assert_eq!((fp.ring_bits, fp.frac_bits, fp.examples), (41, 13, 4));
+    assert_eq!(fp.per_block.len(), 2);
+    assert!(fp.overflow_free(), "{fp:?}");
+    assert!(fp.per_block.iter().all(|b| b.max_error < 0.1), "{fp:?}");
+}
+
+#[test]
+fn substitute_needs_a_trained_classifier() {
+    let fx = Fixture::new();
+    let mut opts = SubstituteOptions::new(fx.root.join("base"), fx.data(), fx.root.join("sub"));
+    opts.progress = false;
+    let err = substitute(&opts).unwrap_err().to_string();
+    assert!(err.contains("veil finetune"), "{err}");
+}
+
+/// veil-model's attention uses candle's fused `softmax_last_dim`, which has no backward pass,
+/// so the query and key projections receive no gradient and cannot be fine-tuned. The fix
+/// belongs in veil-model (`candle_nn::ops::softmax(&scores, D::Minus1)` while training).
+#[test]
+#[ignore = "known veil-model limitation: fused softmax has no backward pass"]
+fn query_and_key_projections_receive_gradients() {
+    let fx = Fixture::new();
+    let (model, _) = TrainableTransformer::load(&fx.root.join("base"), 2, None, 3).unwrap();
+    let tokenizer = veil_model::TextTokenizer::from_folder(&fx.root.join("base"), 32).unwrap();
+    let enc = tokenizer.encode("the film was good", None).unwrap();
+    let example = EncodedExample {
+        ids: enc.ids,
+        type_ids: enc.type_ids,
+        label: 1,
+    };
+    let batch = veil_train::Batch::new(&[&example], &candle_core::Device::Cpu).unwrap();
+    let out = veil_train::SequenceClassifier::forward(&model, &batch).unwrap();
+    let loss = candle_nn::loss::cross_entropy(&out.logits, &batch.labels).unwrap();
+    let grads = loss.backward().unwrap();
+    for (name, var) in model.params() {
+        if name.ends_with("query.weight") || name.ends_with("key.weight") {
+            assert!(
+                grads.get(var.as_tensor()).is_some(),
+                "{name} has no gradient"
+            );
+        }
+    }
+}
