@@ -12,8 +12,8 @@
 //! * L_task is the mean cross-entropy over the batch;
 //! * L_decay = ½ Σ ‖W‖² over the trainable weight matrices (rank ≥ 2: linear and embedding
 //!   tables; biases and LayerNorm γ/β are not decayed, as usual for BERT fine-tuning);
-//!   Caution: summed over a whole encoder this term is large (≈ 700 for a 2-block MiniLM cut, vs
-//!   ≈ 0.7 for the task), so with the paper's α1 = 0.1 it dominates Adam's update direction and
+//!   Caution: summed over a whole encoder this term is large (α1·L_decay ≈ 700 for a 2-block
+//!   MiniLM cut at α1 = 0.1, vs ≈ 0.7 for the task), so with the paper's α1 it dominates Adam's update direction and
 //!   mostly shrinks weights. Lower α1 (or 0 with AdamW's decoupled decay) for real runs until
 //!   the paper's intended normalisation is settled.
 //! * L_bound is computed per example (the paper's "for some sample x") over its non-padding
