@@ -1,9 +1,25 @@
-//! The `veil` command.
+//! The `veil` command: private transformer inference from the terminal.
 
-use clap::{Parser, Subcommand};
+mod demo;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use veil_core::{bail, Error, FixedPoint, Result};
+use veil_model::random::Preset;
+use veil_model::sim::FixedModel;
+use veil_net::TcpChannel;
+use veil_private::bench::Variant;
+use veil_private::{ClientConnection, ServerModel};
 
 #[derive(Parser)]
-#[command(name = "veil", version, about = "Private transformer inference")]
+#[command(
+    name = "veil",
+    version,
+    about = "Private transformer inference (BFV + OT, semi-honest 2PC)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -11,18 +27,213 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Private classification of a few sentences over loopback with the embedded default model.
-    Demo,
+    /// Starts a server and a client over loopback and classifies a few sentences privately.
+    Demo {
+        /// A model folder with a classifier; default: MiniLM-L6 from PyPI as a private sentence
+        /// encoder with zero-shot sentiment anchors.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Sentences to classify (default: a few built-in ones).
+        sentences: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serves a model folder to private-inference clients.
+    Serve {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        listen: String,
+    },
+    /// Classifies text privately against a `veil serve` server. The client needs the model's
+    /// public part (config, tokenizer, public embedding tables) in a local folder.
+    Classify {
+        #[arg(long, default_value = "127.0.0.1:7878")]
+        connect: String,
+        #[arg(long)]
+        model: PathBuf,
+        /// One prompt per line.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        text: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmarks (release build; both parties on this machine over TCP loopback).
+    Bench {
+        #[command(subcommand)]
+        what: BenchCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// HE linear layers: BERT-Tiny and BERT-Base shapes.
+    Linear {
+        #[arg(long)]
+        json: bool,
+    },
+    /// OT engine: base OT, IKNP, silent COT and derived flavours.
+    Ot {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Non-linear operators on BERT-Base-shaped inputs of one encoder layer.
+    Nonlinear {
+        #[arg(long)]
+        json: bool,
+        /// 1/16 of the element counts, for a quick look.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// A whole private inference of a seeded random model of a paper shape.
+    Model {
+        #[arg(long, value_enum, default_value = "tiny")]
+        shape: Shape,
+        #[arg(long, value_enum, default_value = "substituted")]
+        variant: VariantArg,
+        #[arg(long, default_value_t = 128)]
+        seq: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Shape {
+    Tiny,
+    Medium,
+    Base,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum VariantArg {
+    Original,
+    Substituted,
+}
+
+fn print_records(records: &[serde_json::Value], json: bool) {
+    for r in records {
+        if json {
+            println!("{r}");
+        } else {
+            println!("{}", serde_json::to_string_pretty(r).unwrap_or_default());
+        }
+    }
+}
+
+fn load_server_model(dir: &Path) -> Result<ServerModel> {
+    let model = veil_model::folder::load(dir)?;
+    ServerModel::new(FixedModel::encode(
+        &model.transformer,
+        FixedPoint::default_format(),
+    )?)
+}
+
+fn bench(what: BenchCmd) -> Result<()> {
+    match what {
+        BenchCmd::Linear { json } => print_records(&veil_linear::bench::run()?, json),
+        BenchCmd::Ot { json } => print_records(&veil_ot::bench::run()?, json),
+        BenchCmd::Nonlinear { json, quick } => {
+            let scale = if quick {
+                veil_nonlinear::bench::Scale::Quick
+            } else {
+                veil_nonlinear::bench::Scale::Full
+            };
+            veil_nonlinear::bench::run_streaming(scale, None, &mut |v| {
+                print_records(&[v.clone()], json)
+            })?
+        }
+        BenchCmd::Model {
+            shape,
+            variant,
+            seq,
+            json,
+        } => {
+            let preset = match shape {
+                Shape::Tiny => Preset::BertTiny,
+                Shape::Medium => Preset::BertMedium,
+                Shape::Base => Preset::RobertaBase,
+            };
+            let variant = match variant {
+                VariantArg::Original => Variant::Original,
+                VariantArg::Substituted => Variant::Substituted,
+            };
+            if json {
+                println!(
+                    "{}",
+                    veil_private::bench::run_model_json(preset, variant, seq)?
+                );
+            } else {
+                let (report, prep) = veil_private::bench::run_model(preset, variant, seq)?;
+                println!("{} ({}), {seq} tokens; weight preparation {prep:.2} s (once per model and length)", preset.name(), variant.name());
+                print!("{}", report.to_table());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn classify(
+    connect: &str,
+    model: &Path,
+    file: Option<&Path>,
+    text: Vec<String>,
+    json: bool,
+) -> Result<()> {
+    let mut prompts = text;
+    if let Some(f) = file {
+        let body = std::fs::read_to_string(f)
+            .map_err(|e| Error::Other(format!("{}: {e}", f.display())))?;
+        prompts.extend(
+            body.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(str::to_string),
+        );
+    }
+    if prompts.is_empty() {
+        bail!(InvalidArgument, "nothing to classify: give text or --file");
+    }
+    let client = demo::ClientModel::load(model)?;
+    let mut conn = ClientConnection::connect(TcpChannel::connect(connect)?)?;
+    client.check_matches(conn.config())?;
+    for p in &prompts {
+        let (probs, report) = client.classify(&mut conn, p)?;
+        demo::print_result(p, &probs, &report, json);
+    }
+    conn.close()
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Demo {
+            model,
+            sentences,
+            json,
+        } => demo::run(model.as_deref(), sentences, json),
+        Cmd::Serve { model, listen } => {
+            let server = Arc::new(load_server_model(&model)?);
+            let listener = TcpListener::bind(&listen)?;
+            eprintln!(
+                "veil serve: {} on {}",
+                model.display(),
+                listener.local_addr()?
+            );
+            veil_private::serve(listener, server)
+        }
+        Cmd::Classify {
+            connect,
+            model,
+            file,
+            text,
+            json,
+        } => classify(&connect, &model, file.as_deref(), text, json),
+        Cmd::Bench { what } => bench(what),
+    }
 }
 
 fn main() {
-    let cli = Cli::parse();
-    let res: veil_core::Result<()> = match cli.cmd {
-        Cmd::Demo => Err(veil_core::Error::Unsupported(
-            "the end-to-end demo needs the private forward pass, which is not built yet".into(),
-        )),
-    };
-    if let Err(e) = res {
+    if let Err(e) = run(Cli::parse()) {
         eprintln!("veil: {e}");
         std::process::exit(1);
     }

