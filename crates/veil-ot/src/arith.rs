@@ -54,11 +54,9 @@ impl OtSession {
         let msg = ch.recv_msg_exact(packed_len(n, bits))?;
         let u = unpack(&msg, n, bits, "arithmetic COT corrections")?;
         let m = mask(bits);
+        // y + c·u with c as a mask: no branch on the secret choice.
         Ok((0..n)
-            .map(|i| {
-                let y = pads[i] as u64;
-                (if choices[i] { y.wrapping_add(u[i]) } else { y }) & m
-            })
+            .map(|i| (pads[i] as u64).wrapping_add(u[i] & 0u64.wrapping_sub(choices[i] as u64)) & m)
             .collect())
     }
 }

@@ -16,9 +16,10 @@ use curve25519_dalek::scalar::Scalar;
 use curve25519_dalek::traits::Identity;
 use rand_core::OsRng;
 use sha2::{Digest, Sha256};
+use subtle::{Choice, ConditionallySelectable};
 use veil_core::{ensure, Error, Result};
 use veil_net::Channel;
-use zeroize::Zeroize;
+use zeroize::{Zeroize, Zeroizing};
 
 /// At most this many base OTs per call: bounds the receiver's message a sender accepts.
 pub const MAX_BASE_OTS: usize = 1 << 12;
@@ -60,18 +61,25 @@ pub fn send<C: Channel>(ch: &mut C, n: usize) -> Result<Vec<[u128; 2]>> {
     let a_c = big_a.compress();
     ch.send_msg(a_c.as_bytes())?;
     ch.flush()?;
-    let msg = ch.recv_msg_exact(32 * n)?;
-    let mut out = Vec::with_capacity(n);
-    for (i, chunk) in msg.chunks_exact(32).enumerate() {
+    let msg = match ch.recv_msg_exact(32 * n) {
+        Ok(msg) => msg,
+        Err(e) => {
+            a.zeroize();
+            return Err(e);
+        }
+    };
+    // Keys and the shared points are wiped even when a later point is rejected.
+    let mut out = Zeroizing::new(Vec::with_capacity(n));
+    let a_big_a = Zeroizing::new(a * big_a);
+    let result = msg.chunks_exact(32).enumerate().try_for_each(|(i, chunk)| {
         let (b_c, b) = decompress(chunk, "base OT receiver point")?;
-        let ab = a * b;
-        out.push([
-            key(i, &a_c, &b_c, &ab),
-            key(i, &a_c, &b_c, &(ab - a * big_a)),
-        ]);
-    }
+        let ab = Zeroizing::new(a * b);
+        let ab_minus = Zeroizing::new(*ab - *a_big_a);
+        out.push([key(i, &a_c, &b_c, &ab), key(i, &a_c, &b_c, &ab_minus)]);
+        Ok(())
+    });
     a.zeroize();
-    Ok(out)
+    result.map(|()| std::mem::take(&mut *out))
 }
 
 /// Receiver of base OTs with the given choices: returns `k_{c_i}`.
@@ -85,21 +93,22 @@ pub fn receive<C: Channel>(ch: &mut C, choices: &[bool]) -> Result<Vec<u128>> {
     let msg = ch.recv_msg_exact(32)?;
     let (a_c, big_a) = decompress(&msg, "base OT sender point")?;
     let mut reply = Vec::with_capacity(32 * choices.len());
-    let mut out = Vec::with_capacity(choices.len());
+    let mut out = Zeroizing::new(Vec::with_capacity(choices.len()));
     for (i, &c) in choices.iter().enumerate() {
         let mut b = Scalar::random(&mut OsRng);
-        let mut big_b = RistrettoPoint::mul_base(&b);
-        if c {
-            big_b += big_a;
-        }
+        let b_g = Zeroizing::new(RistrettoPoint::mul_base(&b));
+        // B = bG + c·A, selected in constant time (no branch on the secret choice).
+        let big_b =
+            RistrettoPoint::conditional_select(&b_g, &(*b_g + big_a), Choice::from(c as u8));
         let b_c = big_b.compress();
         reply.extend_from_slice(b_c.as_bytes());
-        out.push(key(i, &a_c, &b_c, &(b * big_a)));
+        let shared = Zeroizing::new(b * big_a);
+        out.push(key(i, &a_c, &b_c, &shared));
         b.zeroize();
     }
     ch.send_msg(&reply)?;
     ch.flush()?;
-    Ok(out)
+    Ok(std::mem::take(&mut *out))
 }
 
 #[cfg(test)]

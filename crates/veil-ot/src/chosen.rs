@@ -52,8 +52,12 @@ impl OtSession {
         let msg = ch.recv_msg_exact(packed_len(2 * n, bits))?;
         let y = PackedView::new(&msg, 2 * n, bits, "chosen OT ciphertexts")?;
         let m = mask(bits);
+        // Read both ciphertexts and select with a mask: no choice-dependent address.
         Ok((0..n)
-            .map(|i| y.get(2 * i + choices[i] as usize) ^ (pads[i] as u64 & m))
+            .map(|i| {
+                let (y0, y1) = (y.get(2 * i), y.get(2 * i + 1));
+                (y0 ^ ((y0 ^ y1) & 0u64.wrapping_sub(choices[i] as u64))) ^ (pads[i] as u64 & m)
+            })
             .collect())
     }
 }

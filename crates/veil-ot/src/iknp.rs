@@ -62,24 +62,24 @@ impl IknpSender {
 
     /// Extends by `m` COTs: returns `q_i` (the receiver holds `q_i ⊕ r_i·Δ`).
     pub fn extend<C: Channel>(&mut self, ch: &mut C, m: usize) -> Result<Vec<u128>> {
-        let mut out = vec![0u128; m.div_ceil(CHUNK_ROWS) * CHUNK_ROWS];
-        let mut cols = vec![0u128; 128 * WORDS];
+        // Zeroizing, so an early return on a peer's error leaves no COT material behind.
+        let mut out = Zeroizing::new(vec![0u128; m.div_ceil(CHUNK_ROWS) * CHUNK_ROWS]);
+        let mut cols = Zeroizing::new(vec![0u128; 128 * WORDS]);
         for rows in out.chunks_mut(CHUNK_ROWS) {
             let msg = ch.recv_msg_exact(128 * WORDS * 16)?;
             for (j, col) in cols.chunks_mut(WORDS).enumerate() {
                 self.columns[j].fill(col);
-                if (self.delta >> j) & 1 == 1 {
-                    let u = &msg[j * WORDS * 16..(j + 1) * WORDS * 16];
-                    for (c, b) in col.iter_mut().zip(u.chunks_exact(16)) {
-                        *c ^= u128::from_le_bytes(b.try_into().expect("16 bytes"));
-                    }
+                // Constant time in Δ: every column reads u, masked by Δ_j (no branch on Δ).
+                let delta_j = 0u128.wrapping_sub((self.delta >> j) & 1);
+                let u = &msg[j * WORDS * 16..(j + 1) * WORDS * 16];
+                for (c, b) in col.iter_mut().zip(u.chunks_exact(16)) {
+                    *c ^= u128::from_le_bytes(b.try_into().expect("16 bytes")) & delta_j;
                 }
             }
             transpose_columns(&cols, WORDS, rows);
         }
-        cols.zeroize();
         out.truncate(m);
-        Ok(out)
+        Ok(std::mem::take(&mut *out))
     }
 }
 
@@ -103,10 +103,10 @@ impl IknpReceiver {
             "IKNP choices must be 0 or 1"
         );
         let m = choices.len();
-        let mut out = vec![0u128; m.div_ceil(CHUNK_ROWS) * CHUNK_ROWS];
-        let mut cols = vec![0u128; 128 * WORDS];
-        let mut other = [0u128; WORDS];
-        let mut packed = [0u128; WORDS];
+        let mut out = Zeroizing::new(vec![0u128; m.div_ceil(CHUNK_ROWS) * CHUNK_ROWS]);
+        let mut cols = Zeroizing::new(vec![0u128; 128 * WORDS]);
+        let mut other = Zeroizing::new([0u128; WORDS]);
+        let mut packed = Zeroizing::new([0u128; WORDS]);
         let mut msg = vec![0u8; 128 * WORDS * 16];
         for (chunk, rows) in out.chunks_mut(CHUNK_ROWS).enumerate() {
             packed.fill(0);
@@ -117,7 +117,7 @@ impl IknpReceiver {
             for (j, col) in cols.chunks_mut(WORDS).enumerate() {
                 let (g0, g1) = &mut self.columns[j];
                 g0.fill(col);
-                g1.fill(&mut other);
+                g1.fill(&mut other[..]);
                 let u = &mut msg[j * WORDS * 16..(j + 1) * WORDS * 16];
                 for w in 0..WORDS {
                     let v = col[w] ^ other[w] ^ packed[w];
@@ -128,11 +128,8 @@ impl IknpReceiver {
             transpose_columns(&cols, WORDS, rows);
         }
         ch.flush()?;
-        cols.zeroize();
-        packed.zeroize();
-        other.zeroize();
         out.truncate(m);
-        Ok(out)
+        Ok(std::mem::take(&mut *out))
     }
 }
 

@@ -6,7 +6,7 @@
 //! * [`base_ot`] — Chou–Orlandi OT on Ristretto, for the 128 IKNP seeds;
 //! * [`iknp`] + [`transpose`] — IKNP extension producing Δ-correlated OT (128 bits/COT);
 //! * [`ferret`] — silent COT: GGM single-point COTs, regular-noise LPN, bootstrap loop
-//!   (≈ 0.46 bits/COT);
+//!   (≈ 0.45 bits/COT);
 //! * [`session`] — COT pools per direction, refilled on demand, and the flavours on top:
 //!   [`chosen`] (1-of-2), [`one_of_n`] (1-of-2^k), [`arith`] (additive COT in Z_{2^k}),
 //!   [`random_bits`] (random bit-OT);
@@ -20,6 +20,7 @@ pub mod arith;
 pub mod base_ot;
 pub mod bench;
 pub mod chosen;
+mod ct;
 mod derand;
 pub mod ferret;
 pub mod iknp;

@@ -17,9 +17,10 @@
 
 use veil_core::{ensure, Result};
 use veil_net::Channel;
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
 use crate::aes_prims::tccr_hash_tweaked;
+use crate::ct::eq_mask;
 use crate::derand::{check_bits, check_values, recv_corrections, send_corrections};
 use crate::pack::{mask, packed_len, BitWriter, PackedView};
 use crate::OtSession;
@@ -86,7 +87,8 @@ impl OtSession {
         let d = recv_corrections(ch, count * l)?;
         let blocks = stream_blocks(n_msgs, bits);
         let mut out = BitWriter::new(table.len(), bits);
-        let mut pad = [0u64; 256];
+        // The N keys of the current OT; wiped on every exit, early or not.
+        let mut pad = Zeroizing::new([0u64; 256]);
         let m = mask(bits);
         let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
         let mut streams = Zeroizing::new(Vec::new());
@@ -133,7 +135,6 @@ impl OtSession {
                 }
             }
         }
-        pad.zeroize();
         ch.send_msg(&out.finish())?;
         ch.flush()
     }
@@ -172,18 +173,23 @@ impl OtSession {
         tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
         let msg = ch.recv_msg_exact(packed_len(count * n_msgs, bits))?;
         let y = PackedView::new(&msg, count * n_msgs, bits, "1-of-N OT ciphertexts")?;
+        // The choice is secret: every chunk and every ciphertext of the row is read and the
+        // wanted one kept by a mask, so no address depends on it (O(N·log N) per OT, like the
+        // sender's work).
         Ok((0..count)
             .map(|i| {
                 let c = choices[i] as usize;
                 let key = (0..l).fold(0u64, |a, j| {
                     let k = i * l + j;
-                    a ^ chunk(
-                        &streams[k * blocks..(k + 1) * blocks],
-                        without_bit(c, j),
-                        bits,
-                    )
+                    let stream = &streams[k * blocks..(k + 1) * blocks];
+                    let want = without_bit(c, j);
+                    a ^ (0..n_msgs / 2).fold(0u64, |acc, y| {
+                        acc | (chunk(stream, y, bits) & eq_mask(y, want))
+                    })
                 });
-                y.get(i * n_msgs + c) ^ key
+                let cipher =
+                    (0..n_msgs).fold(0u64, |acc, x| acc | (y.get(i * n_msgs + x) & eq_mask(x, c)));
+                cipher ^ key
             })
             .collect())
     }

@@ -12,7 +12,7 @@
 
 use veil_core::{ensure, Prg, Result};
 use veil_net::{Channel, Role};
-use zeroize::Zeroize;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::ferret::{FerretReceiver, FerretSender};
 use crate::iknp::{IknpReceiver, IknpSender};
@@ -24,7 +24,7 @@ pub enum Backend {
     /// amount needed (at least 2^16), one flight each.
     Iknp,
     /// Ferret silent COT (bootstrapped from IKNP): under 0.5 bit per COT; refills by one main
-    /// iteration (9,563,650 COTs, two flights). Set-up costs one bootstrap iteration.
+    /// iteration (10,001,981 COTs, two flights). Set-up costs one bootstrap iteration.
     Silent,
 }
 
@@ -86,6 +86,18 @@ fn refill_size(available: usize, need: usize) -> usize {
     (need - available).max(IKNP_MIN_REFILL)
 }
 
+/// Appends `src` to a pool buffer. When the buffer must grow, it moves to the new allocation
+/// by hand and wipes the old one first (a plain `extend` would free it with COTs inside).
+fn extend_wiping<T: Copy + Zeroize>(v: &mut Vec<T>, src: &[T]) {
+    if v.capacity() - v.len() < src.len() {
+        let mut bigger = Vec::with_capacity((v.len() + src.len()).max(2 * v.capacity()));
+        bigger.extend_from_slice(v);
+        v.zeroize();
+        *v = bigger;
+    }
+    v.extend_from_slice(src);
+}
+
 impl SenderPool {
     fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
         let mut iknp = IknpSender::setup(ch)?;
@@ -119,8 +131,8 @@ impl SenderPool {
         self.pos = 0;
         match &mut self.engine {
             SendEngine::Iknp(e) => {
-                let more = e.extend(ch, refill_size(self.q.len(), need))?;
-                self.q.extend_from_slice(&more);
+                let more = Zeroizing::new(e.extend(ch, refill_size(self.q.len(), need))?);
+                extend_wiping(&mut self.q, &more);
             }
             SendEngine::Silent(e) => {
                 while self.q.len() - self.pos < need {
@@ -135,7 +147,7 @@ impl SenderPool {
                         std::mem::swap(&mut self.q, &mut self.spare);
                         self.pos = p;
                     } else {
-                        self.q.extend_from_slice(&self.spare[start..]);
+                        extend_wiping(&mut self.q, &self.spare[start..]);
                     }
                 }
             }
@@ -198,10 +210,11 @@ impl ReceiverPool {
         match &mut self.engine {
             RecvEngine::Iknp(e) => {
                 let m = refill_size(self.t.len(), need);
-                let choices: Vec<u8> = (0..m).map(|_| self.prg.bit() as u8).collect();
-                let more = e.extend(ch, &choices)?;
-                self.t.extend_from_slice(&more);
-                self.bits.extend_from_slice(&choices);
+                let choices: Zeroizing<Vec<u8>> =
+                    Zeroizing::new((0..m).map(|_| self.prg.bit() as u8).collect());
+                let more = Zeroizing::new(e.extend(ch, &choices)?);
+                extend_wiping(&mut self.t, &more);
+                extend_wiping(&mut self.bits, &choices);
             }
             RecvEngine::Silent(e) => {
                 while self.t.len() - self.pos < need {
@@ -216,8 +229,8 @@ impl ReceiverPool {
                         std::mem::swap(&mut self.bits, &mut self.spare_bits);
                         self.pos = p;
                     } else {
-                        self.t.extend_from_slice(&self.spare_t[start..]);
-                        self.bits.extend_from_slice(&self.spare_bits[start..]);
+                        extend_wiping(&mut self.t, &self.spare_t[start..]);
+                        extend_wiping(&mut self.bits, &self.spare_bits[start..]);
                     }
                 }
             }

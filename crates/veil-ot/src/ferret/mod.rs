@@ -9,10 +9,10 @@
 //!
 //! The first reserve comes from IKNP through a smaller *bootstrap* iteration; afterwards each
 //! main iteration keeps its first `k + t·depth` outputs as the next reserve and hands out the
-//! rest (9,563,650 COTs per main iteration). Parameters and their sources: [`params`].
+//! rest (10,001,981 COTs per main iteration). Parameters and their sources: [`params`].
 //!
 //! Traffic per iteration: receiver → sender `t·depth` correction bits; sender → receiver
-//! `t·(2·depth + 1)` blocks (≈ 0.46 bits per output COT for the main set). Two flights per
+//! `t·(2·depth + 1)` blocks (≈ 0.45 bits per output COT for the main set). Two flights per
 //! iteration (plus one 16-byte flight at set-up carrying the public matrix seed).
 //!
 //! Security: semi-honest, 128-bit computational (regular-noise LPN with the published
@@ -30,6 +30,7 @@ use veil_core::{Prg, Result};
 use veil_net::Channel;
 use zeroize::{Zeroize, Zeroizing};
 
+use crate::ct::eq_mask;
 use crate::iknp::{IknpReceiver, IknpSender};
 use crate::pack::{pack_bools, unpack_bools};
 use lpn::{workers, LpnMatrix};
@@ -205,10 +206,10 @@ fn mpcot_receive<C: Channel>(
             });
         }
     });
+    // The unit vector of each bin, written in full so no address depends on α.
     noise.clear();
-    noise.resize(p.n, 0);
     for (i, &a) in alphas.iter().enumerate() {
-        noise[p.bin(i).0 + a] = 1;
+        noise.extend((0..p.bin(i).1).map(|j| (eq_mask(j, a) & 1) as u8));
     }
     Ok(())
 }

@@ -1,14 +1,29 @@
-//! Regular-noise LPN parameter sets for 128-bit security.
+//! Regular-noise LPN parameter sets for 128-bit security (LPN over F_2, D = 10 non-zeros per
+//! row of the public matrix, noise with exactly one 1 per bin).
 //!
-//! * **main** — Ferret (Yang, Weng, Lan, Zhang, Wang, CCS 2020, ePrint 2020/924), parameter
-//!   table for primal LPN with regular noise at 128-bit security: n = 10,168,320,
-//!   k = 588,160, t = 1,270 (bins of 8,006–8,007 outputs, GGM depth 13).
-//! * **bootstrap** — the authors' emp-ot implementation (`emp-ot/ferret/constants.h`,
-//!   `N_PRE_REG/K_PRE_REG/T_PRE_REG`): n = 649,728, k = 36,288, t = 1,269 (bins of 512, depth 9).
+//! Both sets come from one file, the Ferret authors' implementation:
+//! `emp-toolkit/emp-ot`, `emp-ot/ferret/constants.h`, as introduced in commit c19691e
+//! ("Deal with parameters", 2020-09-28) and unchanged up to 3b21d63 (2021-05-24):
+//! * **main** — `N_REG/K_REG/T_REG/BIN_SZ_REG`: n = 10,608,640, k = 589,824, t = 1,295,
+//!   bins of 2^13 = 8,192 outputs (n = t·2^13 exactly, full GGM trees of depth 13);
+//! * **bootstrap** — `N_PRE_REG/K_PRE_REG/T_PRE_REG/BIN_SZ_PRE_REG`: n = 649,728,
+//!   k = 36,288, t = 1,269, bins of 2^9 = 512 (depth 9).
 //!
-//! An iteration with parameters (n, k, t) consumes `k + t·depth` COTs and produces n; the
-//! bootstrap iteration (fed by IKNP: 47,709 COTs) yields the main iteration's first reserve
-//! (604,670 COTs) plus 45,058 spare COTs.
+//! Not used, and why: the sets with k = 588,160 (e.g. n = 10,616,092, t = 1,324, which mpz's
+//! `mpz-ot-core/src/ferret/mod.rs` cites as Ferret's Table 2) are for *uniform* (exact)
+//! noise; regular noise needs its own set. The Wolverine set (n = 10,805,248, k = 589,760,
+//! t = 1,319; swanky `ocelot/src/svole/svole_ext/lpn_params.rs` and `LPN_EXTEND_LARGE` in
+//! `ocelot/src/svole/wykw/svole.rs`) is an equally valid regular-noise choice, but it comes
+//! with a different bootstrap set; the two sets here were chosen together. Cross-check against
+//! later attacks: emp-ot's commit 7a7e8c7 (2026) reports, with the regular-LPN estimator and
+//! the hybrid / ISD / algebraic attacks, 138.5 bits for k = 2^19 < 589,824 at n = 10,485,760
+//! ≈ this n (security grows with k and, for the binding hybrid attack, falls with n).
+//!
+//! An iteration with parameters (n, k, t) consumes `k + t·depth` COTs and produces n: the
+//! main iteration needs 589,824 + 1,295·13 = 606,659 (emp-ot's comment "need pre-ot: 606787"
+//! adds 128 for the malicious consistency check this semi-honest version omits) and hands out
+//! 10,001,981; the bootstrap iteration (fed by IKNP: 36,288 + 1,269·9 = 47,709 COTs) yields
+//! the main iteration's first reserve plus 43,069 spare COTs.
 
 /// One LPN parameter set with regular noise: n outputs split into t bins, one noise bit each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,14 +36,14 @@ pub struct LpnParams {
     pub t: usize,
 }
 
-/// Main iteration (Ferret's regular-noise table, 128-bit security).
+/// Main iteration (emp-ot `N_REG/K_REG/T_REG`, regular noise, 128-bit security).
 pub const MAIN: LpnParams = LpnParams {
-    n: 10_168_320,
-    k: 588_160,
-    t: 1_270,
+    n: 10_608_640,
+    k: 589_824,
+    t: 1_295,
 };
 
-/// Bootstrap iteration (emp-ot's pre-OT set, 128-bit security).
+/// Bootstrap iteration (emp-ot `N_PRE_REG/K_PRE_REG/T_PRE_REG`, regular noise, 128-bit).
 pub const BOOTSTRAP: LpnParams = LpnParams {
     n: 649_728,
     k: 36_288,
@@ -72,6 +87,12 @@ mod tests {
         }
         assert_eq!(MAIN.depth(), 13);
         assert_eq!(BOOTSTRAP.depth(), 9);
+        // Regular noise as published: every bin is a full tree of 2^depth leaves.
+        for p in [MAIN, BOOTSTRAP] {
+            assert_eq!(p.n, p.t << p.depth());
+        }
+        assert_eq!(MAIN.base_cots(), 606_659);
+        assert_eq!(BOOTSTRAP.base_cots(), 47_709);
         // Each iteration must leave a surplus, and bootstrap must cover main's reserve.
         assert!(MAIN.n > MAIN.base_cots());
         assert!(BOOTSTRAP.n >= MAIN.base_cots());

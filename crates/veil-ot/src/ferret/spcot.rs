@@ -10,7 +10,10 @@
 //!
 //! Semi-honest only: no consistency check (a malicious sender could send inconsistent sums).
 
+use zeroize::{Zeroize, Zeroizing};
+
 use crate::aes_prims::{ggm_expand, tccr_hash_seq, tccr_hash_tweaked};
+use crate::ct::{bit_mask_128, eq_mask_128};
 
 /// Deepest tree supported (65,536 leaves per bin).
 pub const MAX_DEPTH: usize = 16;
@@ -60,7 +63,6 @@ impl TreeScratch {
 
 impl Drop for TreeScratch {
     fn drop(&mut self) {
-        use zeroize::Zeroize;
         self.a.zeroize();
         self.b.zeroize();
     }
@@ -92,7 +94,8 @@ pub fn send_tree(
     assert_eq!(msg.len(), 2 * depth + 1, "send_tree: message size");
     let (mut cur, mut next) = (&mut scratch.a, &mut scratch.b);
     cur[0] = root;
-    let mut pads_in = [0u128; 2 * MAX_DEPTH];
+    // Both pads of every level are secrets (one is the receiver's, one must stay hidden).
+    let mut pads_in = Zeroizing::new([0u128; 2 * MAX_DEPTH]);
     for l in 0..depth {
         let d = levels.d[l] as u128;
         pads_in[2 * l] = levels.q[l] ^ (levels.delta & 0u128.wrapping_sub(d));
@@ -100,7 +103,7 @@ pub fn send_tree(
     }
     // Both pads of level l share the tweak of that level's COT.
     let tweaks: [u128; 2 * MAX_DEPTH] = std::array::from_fn(|i| levels.tweak + (i / 2) as u128);
-    let mut pads = [0u128; 2 * MAX_DEPTH];
+    let mut pads = Zeroizing::new([0u128; 2 * MAX_DEPTH]);
     tccr_hash_tweaked(
         &pads_in[..2 * depth],
         &tweaks[..2 * depth],
@@ -134,33 +137,40 @@ pub fn receive_tree(
         alpha < w.len() && msg.len() == 2 * depth + 1,
         "receive_tree: shape"
     );
-    let mut known = [0u128; MAX_DEPTH];
+    let mut known = Zeroizing::new([0u128; MAX_DEPTH]);
     tccr_hash_seq(t, tweak, &mut known[..depth]);
     let (mut cur, mut next) = (&mut scratch.a, &mut scratch.b);
     cur[0] = 0;
+    // α is this party's secret: every level scans all nodes with masks, so neither branches
+    // nor addresses depend on it (the scans cost less than the level's AES expansion).
     for l in 0..depth {
         let width = 1 << l;
         expand_level(&cur[..width], &mut next[..2 * width]);
         std::mem::swap(&mut cur, &mut next);
-        let bit = (alpha >> (depth - 1 - l)) & 1;
+        let bit = ((alpha >> (depth - 1 - l)) & 1) as u128;
         let path = alpha >> (depth - 1 - l);
         let sibling = path ^ 1;
-        let k = known[l] ^ msg[2 * l + (bit ^ 1)];
+        // K_{¬α_l} = msg[2l + ¬α_l] ⊕ H(t_l): select between the two without an index.
+        let k = known[l] ^ (msg[2 * l + 1] & !bit_mask_128(bit)) ^ (msg[2 * l] & bit_mask_128(bit));
         // XOR of the sibling's parity class, all correct except the sibling slot itself.
+        let class = bit_mask_128(bit ^ 1);
         let mut others = 0u128;
-        for j in (sibling & 1..2 * width).step_by(2) {
-            if j != sibling {
-                others ^= cur[j];
-            }
+        for (j, &v) in cur[..2 * width].iter().enumerate() {
+            let in_class = class ^ bit_mask_128(j as u128 & 1) ^ u128::MAX;
+            others ^= v & in_class & !eq_mask_128(j, sibling);
         }
-        cur[sibling] = k ^ others;
-        cur[path] = 0;
+        let fixed = k ^ others;
+        for (j, v) in cur[..2 * width].iter_mut().enumerate() {
+            let (is_sibling, is_path) = (eq_mask_128(j, sibling), eq_mask_128(j, path));
+            *v = (fixed & is_sibling) | (*v & !is_sibling & !is_path);
+        }
     }
     w.copy_from_slice(&cur[..w.len()]);
-    let rest = w
-        .iter()
-        .enumerate()
-        .filter(|&(i, _)| i != alpha)
-        .fold(msg[2 * depth], |a, (_, &v)| a ^ v);
-    w[alpha] = rest;
+    let rest = w.iter().enumerate().fold(msg[2 * depth], |a, (i, &v)| {
+        a ^ (v & !eq_mask_128(i, alpha))
+    });
+    for (i, v) in w.iter_mut().enumerate() {
+        let is_alpha = eq_mask_128(i, alpha);
+        *v = (rest & is_alpha) | (*v & !is_alpha);
+    }
 }
