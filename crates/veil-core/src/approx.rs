@@ -261,12 +261,6 @@ impl Approx {
         self.mul_trunc_by(y, self.norm_scale(e), self.recip_out_shift(out_frac))
     }
 
-    /// Output precision of rsqrt inside LayerNorm: f + 6 bits (the normalised values d·r reach
-    /// √n ≈ 28 for n = 768, so the product still fits).
-    pub fn wide_rsqrt_frac(&self) -> u32 {
-        self.fp.frac_bits() + 6
-    }
-
     /// Truncation after the rsqrt output scaling, c = ⌊ℓ − 2 − f/2 − out⌋: as large as the ring
     /// allows, so the selected constants keep ≥ 11 significant bits.
     pub fn rsqrt_out_shift(&self, out_frac: u32) -> u32 {
@@ -435,29 +429,168 @@ impl Approx {
         self.fp.encode(eps).max(1)
     }
 
-    /// LayerNorm of one row (Algorithm 4): μ = mean_of_sum(Σx); d = x − μ;
-    /// v = mean_of_sum(Σ⌊d·d⌋_f) + eps_raw(ε); r = rsqrt_at(v, f+6); n = ⌊d·r⌋_(f+6);
-    /// y = ⌊n·γ⌋_f + β.
-    /// γ, β are raw fixed-point values at f bits. Domain: variance + ε in [2^-13, 2048), |d| < 90.
-    /// Max error vs f64: 2e-3·(1 + |γ|) absolute for rows with variance ≥ 0.05.
+    /// LayerNorm of one row (Algorithm 4, with a variance path that covers large deviations).
+    ///
+    /// The sum of squares Σd² has too much dynamic range for one ring value (|d| up to 2^10 and
+    /// variances down to 2^-13), so it is computed twice and one is chosen per row:
+    /// * coarse: d' = round(d, k) (pre-shift, so d'² fits the ring), S_c = Σ round(d'·d', t) + E_c
+    ///   at g_c fractional bits; valid over the whole domain;
+    /// * fine: S_f = Σ d·d + E_f at 2f bits, no truncation; exact, valid while Σd² < 2^(ℓ−2−2f)
+    ///   (8192 at (41,13)).
+    ///
+    /// E = round(n·ε·2^g) (≥ 1). The fine sum is used when S_c < 2^(ℓ−3−2f)·2^(g_c) (half the
+    /// fine path's range; S_c's error is far below that margin). The 1/n of the variance goes into
+    /// the public output constants: r = [`Approx::layer_norm_rsqrt`](S) ≈ √n/√(S/2^g) at W bits,
+    /// i.e. 1/√(var + ε). Then y = ⌊⌊d·r⌋_W · γ⌋_f + β (γ, β raw at f bits). All parameters are
+    /// public (n, ε, format): [`Approx::layer_norm_plan`].
+    ///
+    /// Domain: |x − μ| < 2^LAYER_NORM_DEV_BITS (1024) and var + ε ≥ 2^-LAYER_NORM_VAR_FLOOR_BITS;
+    /// ⌈log2 n⌉ ≤ ℓ − 2 − 2·LAYER_NORM_DEV_BITS. Error vs f64: [`layer_norm_error_bound`] per normalised value.
     pub fn layer_norm_row(&self, row: &[u64], gamma: &[u64], beta: &[u64], eps: f64) -> Vec<u64> {
         assert!(
             row.len() == gamma.len() && row.len() == beta.len(),
             "γ/β length"
         );
         let ring = self.fp.ring;
-        let n = row.len();
+        let plan = self.layer_norm_plan(row.len(), eps);
         let d = self.centre(row);
-        let sq = d
-            .iter()
-            .fold(0u64, |acc, &v| ring.add(acc, self.mul_trunc(v, v)));
-        let var = ring.add(self.mean_of_sum(sq, n), self.eps_raw(eps));
-        let w = self.wide_rsqrt_frac();
-        let r = self.rsqrt_at(var, w);
+        let coarse = d.iter().fold(plan.coarse.eps_sum, |acc, &v| {
+            ring.add(acc, self.layer_norm_coarse_square(&plan, v))
+        });
+        let r = if self.layer_norm_uses_fine(&plan, coarse) {
+            let fine = d
+                .iter()
+                .fold(plan.fine.eps_sum, |acc, &v| ring.add(acc, ring.mul(v, v)));
+            self.layer_norm_rsqrt(&plan, &plan.fine, fine)
+        } else {
+            self.layer_norm_rsqrt(&plan, &plan.coarse, coarse)
+        };
         d.iter()
             .zip(gamma.iter().zip(beta))
-            .map(|(&v, (&g, &b))| ring.add(self.mul_trunc(self.mul_trunc_by(v, r, w), g), b))
+            .map(|(&v, (&g, &b))| {
+                ring.add(self.mul_trunc(self.mul_trunc_by(v, r, plan.out_frac), g), b)
+            })
             .collect()
+    }
+
+    /// [S_c < switch], as the protocol's DReLU computes it: switch − 1 − S_c ≥ 0.
+    pub fn layer_norm_uses_fine(&self, plan: &LayerNormPlan, coarse: u64) -> bool {
+        !self.fp.ring.msb(self.fp.ring.sub(plan.switch - 1, coarse))
+    }
+
+    /// round(round(d, k)², t): one term of the coarse sum of squares.
+    pub fn layer_norm_coarse_square(&self, plan: &LayerNormPlan, d: u64) -> u64 {
+        let dp = self.round_if(d, plan.pre_shift);
+        self.round_if(self.fp.ring.mul(dp, dp), plan.square_shift)
+    }
+
+    /// [`Approx::round`] by s bits, the identity for s = 0.
+    pub fn round_if(&self, x: u64, s: u32) -> u64 {
+        if s == 0 {
+            x
+        } else {
+            self.round(x, s)
+        }
+    }
+
+    /// The public parameters of LayerNorm on rows of n values (see [`LayerNormPlan`]).
+    pub fn layer_norm_plan(&self, n: usize, eps: f64) -> LayerNormPlan {
+        assert!(n > 0, "LayerNorm of an empty row");
+        let l = self.fp.ring.bits();
+        let f = self.fp.frac_bits();
+        let head = l - 2;
+        // |d| < 2^(DEV+f) raw; d' = d/2^k must square below 2^(ℓ−2).
+        let pre_shift = (2 * (LAYER_NORM_DEV_BITS + f))
+            .saturating_sub(head)
+            .div_ceil(2);
+        let sq_frac = 2 * (f - pre_shift);
+        let log_n = usize::BITS - (n - 1).leading_zeros(); // ⌈log2 n⌉
+        let room = head as i64 - 2 * LAYER_NORM_DEV_BITS as i64 - log_n as i64;
+        assert!(room >= 0, "LayerNorm rows of {n} do not fit the ring");
+        let coarse_frac = (room as u32).min(sq_frac);
+        // |d·r| ≤ √n in the domain, ≤ 2.9·√n for rows under the floor; ⌊d·r⌋_W must stay < 2^(ℓ−2).
+        let out_frac = head - f - (2.9 * (n as f64).sqrt()).log2().ceil() as u32;
+        let fine_limit = head - 2 * f; // Σd² < 2^fine_limit keeps the fine sum below 2^(ℓ−2)
+        LayerNormPlan {
+            n,
+            pre_shift,
+            square_shift: sq_frac - coarse_frac,
+            out_frac,
+            switch: 1u64 << (fine_limit - 1 + coarse_frac),
+            coarse: self.layer_norm_sum_plan(n, eps, coarse_frac, out_frac),
+            fine: self.layer_norm_sum_plan(n, eps, 2 * f, out_frac),
+        }
+    }
+
+    fn layer_norm_sum_plan(&self, n: usize, eps: f64, g: u32, out_frac: u32) -> SumPlan {
+        let head = self.fp.ring.bits() - 2;
+        let eps_sum = ((n as f64 * eps * 2f64.powi(g as i32)).round() as u64).max(1);
+        // Classes: S ∈ [2^(e−1), 2^e) for e ∈ [e_min, ℓ−2]; smaller S (below the variance floor)
+        // fall into e_min, where Newton sees m < 1/2 and stays bounded (y < 4.03·2^F).
+        let s_floor = n as f64 * 2f64.powi(g as i32 - LAYER_NORM_VAR_FLOOR_BITS as i32);
+        let class_min = if s_floor < 1.0 {
+            1
+        } else {
+            (s_floor.log2().floor() as u32 + 1).min(head)
+        };
+        let g_top = self.layer_norm_scale(n, g, out_frac, head);
+        let scale_shift = (LAYER_NORM_SCALE_BITS as f64 - g_top.log2())
+            .ceil()
+            .max(0.0) as u32;
+        SumPlan {
+            frac: g,
+            eps_sum,
+            class_min,
+            class_max: head,
+            scale_shift,
+        }
+    }
+
+    /// G_e = √n·2^(g/2 − e/2 − F + W): r = y·G_e turns y ≈ 2^F/√m (m = S/2^e) into √n/√(S/2^g)
+    /// at W bits.
+    fn layer_norm_scale(&self, n: usize, g: u32, w: u32, e: u32) -> f64 {
+        let ex = g as f64 / 2.0 - e as f64 / 2.0 - self.newton_frac as f64 + w as f64;
+        (n as f64).sqrt() * 2f64.powf(ex)
+    }
+
+    /// The public constants of class e: (A_e, 2^b_e) with G_e·2^c ≈ A_e·2^b_e, A_e < 2^21 (so
+    /// y·A_e fits the ring) and A_e ≥ 2^12 (12 significant bits at every class).
+    pub fn layer_norm_class_consts(
+        &self,
+        plan: &LayerNormPlan,
+        sum: &SumPlan,
+        e: u32,
+    ) -> (u64, u64) {
+        let g = self.layer_norm_scale(plan.n, sum.frac, plan.out_frac, e)
+            * 2f64.powi(sum.scale_shift as i32);
+        let b = (g.log2() - LAYER_NORM_SCALE_MAX_BITS as f64)
+            .ceil()
+            .max(0.0) as u32;
+        ((g / 2f64.powi(b as i32)).round() as u64, 1u64 << b)
+    }
+
+    /// Class of the raw sum S: its bit length clamped to [class_min, class_max].
+    pub fn layer_norm_class(&self, sum: &SumPlan, s: u64) -> u32 {
+        let v = self.s(s);
+        let e = if v <= 0 { 1 } else { 64 - v.leading_zeros() };
+        e.clamp(sum.class_min, sum.class_max)
+    }
+
+    /// r ≈ √n/√(S / 2^g) at W fractional bits: m = ⌊S·2^(e_max−e) / 2^(e_max−F)⌋; y =
+    /// Newton(1/√m); r = ⌊y·A_e / 2^c⌋·2^(b_e) (two selected constants, so the 2^16-fold range
+    /// of 1/√var keeps 12 significant bits in the scale).
+    pub fn layer_norm_rsqrt(&self, plan: &LayerNormPlan, sum: &SumPlan, s: u64) -> u64 {
+        let e = self.layer_norm_class(sum, s);
+        let m = self.mul_trunc_by(
+            s,
+            1u64 << (sum.class_max - e),
+            sum.class_max - self.newton_frac,
+        );
+        let y = self.newton_rsqrt(m);
+        let (a, b) = self.layer_norm_class_consts(plan, sum, e);
+        self.fp
+            .ring
+            .mul(self.mul_trunc_by(y, a, sum.scale_shift), b)
     }
 
     /// x − mean(x) with the mean of [`Approx::mean_of_sum`].
@@ -485,6 +618,55 @@ impl Approx {
 
 /// Linear initial guess a − b·m for 1/√m on [1/2, 1) (equal-ripple, relative error ≤ 2.3%).
 pub const RSQRT_GUESS: (f64, f64) = (1.7877, 0.81);
+
+/// LayerNorm's domain for the deviations: |x − mean| < 2^LAYER_NORM_DEV_BITS (1024). Real
+/// BERT-class models reach a few hundred (MiniLM-L6: ≈ 221) in their outlier dimensions.
+pub const LAYER_NORM_DEV_BITS: u32 = 10;
+/// LayerNorm's domain for the variance: var + ε ≥ 2^-LAYER_NORM_VAR_FLOOR_BITS.
+pub const LAYER_NORM_VAR_FLOOR_BITS: u32 = 13;
+/// The selected output constants A_e of LayerNorm's rsqrt keep at least this many bits ...
+const LAYER_NORM_SCALE_BITS: u32 = 12;
+/// ... and stay below 2^LAYER_NORM_SCALE_MAX_BITS (y < 2^(F+2.01), so y·A_e < 2^(ℓ−2) at F = 15).
+const LAYER_NORM_SCALE_MAX_BITS: u32 = 21;
+
+/// Max error of LayerNorm's normalised value (x − μ)/√(var + ε) vs f64 on a row in the domain
+/// (the output then adds ≤ 1 ulp + |γ|·this): 2.5e-3 (output quantisation at W bits,
+/// |d|·2^-W ≤ 1.95e-3 at |d| = 1024) plus 2.5e-4/√(var + ε) (the ≤ 2-ulp error of the mean μ,
+/// divided by the standard deviation; 2.5e-3 at var = 0.01, 2.2e-2 at the floor 2^-13).
+/// Checked by the sweep test at n ∈ {64, 384, 768}.
+pub fn layer_norm_error_bound(var_plus_eps: f64) -> f64 {
+    2.5e-3 + 2.5e-4 / var_plus_eps.sqrt()
+}
+
+/// Public parameters of LayerNorm on rows of n values (depend on n, ε and the format only).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerNormPlan {
+    pub n: usize,
+    /// k: deviations are rounded to f − k fractional bits before the coarse squares.
+    pub pre_shift: u32,
+    /// t: coarse squares are rounded by t bits, to g_c = 2(f − k) − t fractional bits.
+    pub square_shift: u32,
+    /// W: fractional bits of r = 1/√(var + ε).
+    pub out_frac: u32,
+    /// The fine sum is used when the coarse sum is below this raw value.
+    pub switch: u64,
+    pub coarse: SumPlan,
+    pub fine: SumPlan,
+}
+
+/// One sum of squares and its rsqrt: fractional bits, ε term and class range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SumPlan {
+    /// g: fractional bits of S.
+    pub frac: u32,
+    /// round(n·ε·2^g), at least 1: added to S.
+    pub eps_sum: u64,
+    /// Class range of S for the normalisation.
+    pub class_min: u32,
+    pub class_max: u32,
+    /// c: truncation after y·A_e.
+    pub scale_shift: u32,
+}
 
 /// The real-valued functions the fixed-point algorithms approximate (test oracles for the
 /// protocols and the simulator).
@@ -755,6 +937,77 @@ mod tests {
                     assert!(err <= 2e-3 * (1.0 + gq[i].abs()), "layernorm error {err}");
                     let err = (fp.decode(got_c[i]) - want_c[i]).abs();
                     assert!(err <= 2.0 * ULP * (1.0 + gq[i].abs()), "centre error {err}");
+                }
+            }
+        }
+    }
+
+    /// Rows of n values: Gaussian-like bulk of standard deviation `std` plus `outliers` entries at
+    /// ±`outlier` (the shape of real LayerNorm inputs), all encoded.
+    fn ln_row(
+        prg: &mut Prg,
+        fp: FixedPoint,
+        n: usize,
+        std: f64,
+        outliers: usize,
+        outlier: f64,
+    ) -> Vec<u64> {
+        (0..n)
+            .map(|i| {
+                let u: f64 = (0..4)
+                    .map(|_| prg.u64() as f64 / u64::MAX as f64 - 0.5)
+                    .sum();
+                let v = if i < outliers {
+                    if i % 2 == 0 {
+                        outlier
+                    } else {
+                        -outlier
+                    }
+                } else {
+                    u * std * 1.7
+                };
+                fp.encode(v)
+            })
+            .collect()
+    }
+
+    /// Max |approx − f64| of the normalised value (γ = 1, β = 0) over rows spanning the domain.
+    #[test]
+    fn layer_norm_sweep_over_domain() {
+        let a = ax();
+        let fp = a.fp;
+        let mut prg = Prg::from_os_entropy();
+        for n in [768usize, 384, 64] {
+            let ones = vec![fp.encode(1.0); n];
+            let zeros = vec![0u64; n];
+            for &(std, outliers, outlier) in &[
+                (0.012, 0, 0.0),
+                (0.05, 0, 0.0),
+                (0.3, 0, 0.0),
+                (1.0, 0, 0.0),
+                (4.0, 0, 0.0),
+                (30.0, 0, 0.0),
+                (200.0, 0, 0.0),
+                (1.0, 1, 221.0),
+                (0.3, 4, 500.0),
+                (2.0, 2, 1000.0),
+                (290.0, 0, 0.0),
+            ] {
+                for eps in [1e-12, 1e-5] {
+                    let raw = ln_row(&mut prg, fp, n, std, outliers, outlier);
+                    let q: Vec<f64> = raw.iter().map(|&x| fp.decode(x)).collect();
+                    let got = a.layer_norm_row(&raw, &ones, &zeros, eps);
+                    let want = reference::layer_norm(&q, &vec![1.0; n], &vec![0.0; n], eps);
+                    let mu = q.iter().sum::<f64>() / n as f64;
+                    let var = q.iter().map(|x| (x - mu) * (x - mu)).sum::<f64>() / n as f64;
+                    let bound = layer_norm_error_bound(var + eps);
+                    for i in 0..n {
+                        let err = (fp.decode(got[i]) - want[i]).abs();
+                        assert!(
+                            err <= bound,
+                            "n={n} std={std} outlier={outlier}: error {err} > {bound}"
+                        );
+                    }
                 }
             }
         }

@@ -19,7 +19,7 @@ use veil_core::{ensure, Result, RingTensor};
 use veil_net::Channel;
 
 use crate::ctx::Ctx;
-use crate::functions::{exp_neg, recip_at, rsqrt_at, tanh};
+use crate::functions::{exp_neg, layer_norm_rsqrt, recip_at, tanh};
 
 /// Row length (last dimension) of a tensor.
 fn row_len(x: &RingTensor) -> Result<usize> {
@@ -282,23 +282,63 @@ pub fn layer_norm<C: Channel>(
     check_ring(cx, x)?;
     let _g = cx.ch.meter().enter("LayerNorm");
     let ring = cx.ring();
-    let f = cx.ax.fp.frac_bits();
     let cols = row_len(x)?;
+    let max_cols = 1usize << (ring.bits() - 2 - 2 * veil_core::approx::LAYER_NORM_DEV_BITS);
+    ensure!(
+        cols <= max_cols,
+        InvalidArgument,
+        "LayerNorm rows of {cols} exceed {max_cols} (the sum of squares must fit the ring)"
+    );
     let d = centre(cx, x.data(), cols)?;
+    let ax = cx.ax;
+    let plan = ax.layer_norm_plan(cols, eps);
+    // Coarse sum of squares (whole domain) and fine one (exact for small variances).
+    let dp = round_if(cx, &d, plan.pre_shift)?;
+    let sq = cx.square(&dp)?;
+    let sq = round_if(cx, &sq, plan.square_shift)?;
+    let mut coarse = row_sums(ring, &sq, cols);
+    cx.add_public(&mut coarse, plan.coarse.eps_sum);
     let sq = cx.square(&d)?;
-    let sq = cx.trunc(&sq, f)?;
-    let sums: Vec<u64> = sq
-        .chunks(cols)
-        .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
+    let mut fine = row_sums(ring, &sq, cols);
+    cx.add_public(&mut fine, plan.fine.eps_sum);
+    // use_fine = [switch − 1 − S_c ≥ 0]; r = r_c + use_fine·(r_f − r_c).
+    let mut diff: Vec<u64> = coarse.iter().map(|&v| ring.neg(v)).collect();
+    cx.add_public(&mut diff, plan.switch - 1);
+    let use_fine = cx.drelu(&diff, None)?;
+    let r_c = layer_norm_rsqrt(cx, &plan, &plan.coarse, &coarse)?;
+    let r_f = layer_norm_rsqrt(cx, &plan, &plan.fine, &fine)?;
+    let delta: Vec<u64> = r_f
+        .iter()
+        .zip(&r_c)
+        .map(|(&a, &b)| ring.sub(a, b))
         .collect();
-    let mut var = mean_of_sums(cx, &sums, cols)?;
-    cx.add_public(&mut var, cx.ax.eps_raw(eps));
-    let w = cx.ax.wide_rsqrt_frac();
-    let r = rsqrt_at(cx, &var, w)?;
+    let pick = cx.mux(&use_fine, &delta)?;
+    let r: Vec<u64> = r_c
+        .iter()
+        .zip(&pick)
+        .map(|(&a, &b)| ring.add(a, b))
+        .collect();
+    let w = plan.out_frac;
     let r_b: Vec<u64> = (0..d.len()).map(|i| r[i / cols]).collect();
     let nrm = cx.mul_trunc(&d, &r_b, w)?;
     let y = affine(cx, &nrm, cols, params)?;
     RingTensor::from_vec(ring, x.shape(), y)
+}
+
+/// Σ of each row of `cols` values.
+fn row_sums(ring: veil_core::Ring, v: &[u64], cols: usize) -> Vec<u64> {
+    v.chunks(cols)
+        .map(|c| c.iter().fold(0, |a, &x| ring.add(a, x)))
+        .collect()
+}
+
+/// approx::round_if on shares: rounded truncation by s bits, nothing for s = 0.
+fn round_if<C: Channel>(cx: &mut Ctx<C>, v: &[u64], s: u32) -> Result<Vec<u64>> {
+    if s == 0 {
+        Ok(v.to_vec())
+    } else {
+        cx.round(v, s)
+    }
 }
 
 /// The LayerNorm substitute (x − mean)·γ + β (approx::centre_affine_row). Label "Centre-affine".

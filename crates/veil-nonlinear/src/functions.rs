@@ -17,6 +17,7 @@
 //!
 //! Security: semi-honest; compositions of the primitives' protocols.
 
+use veil_core::approx::{LayerNormPlan, SumPlan};
 use veil_core::Result;
 use veil_net::Channel;
 
@@ -81,13 +82,14 @@ fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     Ok(y)
 }
 
-/// Arithmetic shares of the one-hot class h_e (e = 1 … K, element-major: h[i·K + e − 1]).
-fn norm_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64]) -> Result<Vec<u64>> {
+/// Arithmetic shares of the one-hot class h_e of each s over classes e = lo … hi (element-major:
+/// h[i·(hi−lo+1) + e − lo]): class e holds s ∈ [2^(e−1), 2^e), clamped to the range.
+fn class_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64], lo: u32, hi: u32) -> Result<Vec<u64>> {
     let ring = cx.ring();
-    let k = cx.ax.norm_bits() as usize;
-    let mut diffs = Vec::with_capacity(s.len() * (k - 1));
+    let k = (hi - lo) as usize;
+    let mut diffs = Vec::with_capacity(s.len() * k);
     for &v in s {
-        for j in 1..k {
+        for j in lo..hi {
             diffs.push(if cx.is_server() {
                 ring.sub(v, 1u64 << j)
             } else {
@@ -98,32 +100,38 @@ fn norm_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64]) -> Result<Vec<u64>> {
     let bits = cx.drelu(&diffs, None)?;
     let c = cx.b2a(&bits)?;
     let one = if cx.is_server() { 1 } else { 0 };
-    let mut h = Vec::with_capacity(s.len() * k);
+    let mut h = Vec::with_capacity(s.len() * (k + 1));
     for i in 0..s.len() {
-        let ci = |j: usize| -> u64 {
+        // c_j = [s ≥ 2^(lo+j)] for j < k; below the first comparison 1, above the last 0.
+        let cj = |j: usize| -> u64 {
             if j == 0 {
                 one
-            } else if j == k {
+            } else if j == k + 1 {
                 0
             } else {
-                c[i * (k - 1) + j - 1]
+                c[i * k + j - 1]
             }
         };
-        for e in 1..=k {
-            h.push(ring.sub(ci(e - 1), ci(e)));
+        for j in 1..=k + 1 {
+            h.push(ring.sub(cj(j - 1), cj(j)));
         }
     }
     Ok(h)
 }
 
-/// Σ_e h_e·const(e): selects a public constant per element by its one-hot class.
-fn select(cx: &Ctx<impl Channel>, h: &[u64], konst: impl Fn(u32) -> u64) -> Vec<u64> {
+/// Σ_e h_e·const(e) over classes lo … hi: selects a public constant per element by its class.
+fn select(
+    cx: &Ctx<impl Channel>,
+    h: &[u64],
+    lo: u32,
+    hi: u32,
+    konst: impl Fn(u32) -> u64,
+) -> Vec<u64> {
     let ring = cx.ring();
-    let k = cx.ax.norm_bits() as usize;
-    h.chunks(k)
+    h.chunks((hi - lo + 1) as usize)
         .map(|hs| {
             hs.iter().enumerate().fold(0u64, |acc, (j, &hv)| {
-                ring.add(acc, ring.mul(hv, konst(j as u32 + 1)))
+                ring.add(acc, ring.mul(hv, konst(lo + j as u32)))
             })
         })
         .collect()
@@ -133,8 +141,9 @@ fn select(cx: &Ctx<impl Channel>, h: &[u64], konst: impl Fn(u32) -> u64) -> Vec<
 pub fn recip_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
     let _g = cx.ch.meter().enter("Recip");
     let ax = cx.ax;
-    let h = norm_onehot(cx, s)?;
-    let g = select(cx, &h, |e| ax.norm_scale(e));
+    let k = ax.norm_bits();
+    let h = class_onehot(cx, s, 1, k)?;
+    let g = select(cx, &h, 1, k, |e| ax.norm_scale(e));
     let m = cx.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
     let y = newton_recip(cx, &m)?;
     cx.mul_trunc(&y, &g, ax.recip_out_shift(out_frac))
@@ -144,12 +153,39 @@ pub fn recip_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result
 pub fn rsqrt_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
     let _g = cx.ch.meter().enter("Rsqrt");
     let ax = cx.ax;
-    let h = norm_onehot(cx, s)?;
-    let g = select(cx, &h, |e| ax.norm_scale(e));
-    let big_g = select(cx, &h, |e| ax.rsqrt_out_scale(e, out_frac));
+    let k = ax.norm_bits();
+    let h = class_onehot(cx, s, 1, k)?;
+    let g = select(cx, &h, 1, k, |e| ax.norm_scale(e));
+    let big_g = select(cx, &h, 1, k, |e| ax.rsqrt_out_scale(e, out_frac));
     let m = cx.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
     let y = newton_rsqrt(cx, &m)?;
     cx.mul_trunc(&y, &big_g, ax.rsqrt_out_shift(out_frac))
+}
+
+/// LayerNorm's r ≈ √n/√(S/2^g) at W bits from the row sums of squares S
+/// (approx::layer_norm_rsqrt): class over the plan's range, normalisation, Newton, then the two
+/// selected output constants.
+pub fn layer_norm_rsqrt<C: Channel>(
+    cx: &mut Ctx<C>,
+    plan: &LayerNormPlan,
+    sum: &SumPlan,
+    s: &[u64],
+) -> Result<Vec<u64>> {
+    let _g = cx.ch.meter().enter("Rsqrt");
+    let ax = cx.ax;
+    let (lo, hi) = (sum.class_min, sum.class_max);
+    let h = class_onehot(cx, s, lo, hi)?;
+    let g = select(cx, &h, lo, hi, |e| 1u64 << (hi - e));
+    let m = cx.mul_trunc(s, &g, hi - ax.newton_frac())?;
+    let y = newton_rsqrt(cx, &m)?;
+    let a = select(cx, &h, lo, hi, |e| {
+        ax.layer_norm_class_consts(plan, sum, e).0
+    });
+    let b = select(cx, &h, lo, hi, |e| {
+        ax.layer_norm_class_consts(plan, sum, e).1
+    });
+    let r1 = cx.mul_trunc(&y, &a, sum.scale_shift)?;
+    cx.mul(&r1, &b)
 }
 
 /// tanh(x) (approx::tanh): sign by DReLU, exp(−2|x|), Newton quotient, sign re-applied.

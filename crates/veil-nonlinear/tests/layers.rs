@@ -124,6 +124,77 @@ fn layer_norm_and_centre_affine_on_hidden_rows() {
     }
 }
 
+/// Rows of real LayerNorm inputs' shape: a bulk of spread `std` plus a few outliers at
+/// ±`outlier` (MiniLM-L6 reaches |x − mean| ≈ 221), and near the variance floor.
+fn layer_norm_input(cols: usize, rows: &[(f64, usize, f64)]) -> RingTensor {
+    let mut prg = Prg::from_os_entropy();
+    let mut v = Vec::with_capacity(rows.len() * cols);
+    for &(std, outliers, outlier) in rows {
+        for j in 0..cols {
+            let u = (prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * std * 1.7;
+            v.push(if j < outliers {
+                if j % 2 == 0 {
+                    outlier
+                } else {
+                    -outlier
+                }
+            } else {
+                u
+            });
+        }
+    }
+    RingTensor::encode(fp(), &[rows.len(), cols], &v).unwrap()
+}
+
+#[test]
+fn layer_norm_with_large_deviations_equals_simulator() {
+    let a = ax();
+    let cols = 768;
+    // Coarse path (outliers up to ±1000, |x − mean| < 1024) and fine path (small variances).
+    let x = layer_norm_input(
+        cols,
+        &[
+            (1.0, 1, 221.0),
+            (2.0, 3, 1000.0),
+            (300.0, 0, 0.0),
+            (0.02, 0, 0.0),
+            (3.0, 0, 0.0),
+        ],
+    );
+    let gamma = random_tensor(&[cols], 2.0);
+    let beta = random_tensor(&[cols], 1.0);
+    let sh = split(&x);
+    let eps = 1e-12;
+    let out = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let p = AffineParams {
+            gamma: gamma.data(),
+            beta: beta.data(),
+        };
+        let params = (role == Role::Server).then_some(&p);
+        composite::layer_norm(&mut cx, pick(role, &sh), params, eps)
+    });
+    let l = open(out);
+    let gq = gamma.decode(a.fp);
+    let bq = beta.decode(a.fp);
+    for (row, raw) in x.data().chunks(cols).enumerate() {
+        let sim = a.layer_norm_row(raw, gamma.data(), beta.data(), eps);
+        assert_eq!(&l[row * cols..(row + 1) * cols], &sim[..], "row {row}");
+        let q: Vec<f64> = raw.iter().map(|&v| a.fp.decode(v)).collect();
+        let mu = q.iter().sum::<f64>() / cols as f64;
+        let var = q.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / cols as f64;
+        let bound = veil_core::approx::layer_norm_error_bound(var + eps);
+        let want = reference::layer_norm(&q, &gq, &bq, eps);
+        for j in 0..cols {
+            let err = (a.fp.decode(sim[j]) - want[j]).abs();
+            assert!(
+                err <= bound * gq[j].abs() + 2.5e-4,
+                "row {row}: error {err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn wrong_mask_or_weights_are_errors() {
     let a = ax();
