@@ -163,6 +163,20 @@ fn random(shape: &[usize], scale: f64) -> Result<RingTensor> {
     RingTensor::encode(FixedPoint::default_format(), shape, &v)
 }
 
+/// `x` with two outlier columns per row at ±221 (MiniLM-L6's largest LayerNorm deviation) and
+/// ±900 (near the domain edge |x − mean| < 1024), alternating in sign by row.
+fn with_outliers(x: &RingTensor) -> Result<RingTensor> {
+    let fp = FixedPoint::default_format();
+    let cols = *x.shape().last().unwrap_or(&1);
+    let mut v = x.data().to_vec();
+    for (r, row) in v.chunks_mut(cols).enumerate() {
+        let s = if r % 2 == 0 { 1.0 } else { -1.0 };
+        row[r % cols] = fp.encode(221.0 * s);
+        row[(r + cols / 2) % cols] = fp.encode(-900.0 * s);
+    }
+    RingTensor::from_vec(x.ring(), x.shape(), v)
+}
+
 /// `op` with the 1-bit-error truncation inside (the cheaper, not bit-exact variant).
 fn cheap<'a>(
     op: &'a Op<'a>,
@@ -316,6 +330,15 @@ pub fn run_streaming(
     };
     let ln_ref = rowwise(e, |r| reference::layer_norm(r, &gq, &bq, ln_eps));
     measure(&mut out, "LayerNorm", &hid, &head(&hid, 1)?, &ln, &ln_ref)?;
+    let outl = with_outliers(&hid)?;
+    measure(
+        &mut out,
+        "LayerNorm (outliers ±221, ±900)",
+        &outl,
+        &head(&outl, 1)?,
+        &ln,
+        &ln_ref,
+    )?;
     measure(
         &mut out,
         "LayerNorm (1-bit trunc)",

@@ -7,7 +7,11 @@
 //! * Softmax (Alg. 3, max subtraction, public padding mask): ≤ 8e-4 per output (the rounding
 //!   errors of the row's exp values add up in the sum);
 //! * ReLU-normalise: ReLU(x_i) / (Σ_j ReLU(x_j) + ε): ≤ 3e-4;
-//! * LayerNorm (Alg. 4, γ and β private to the server): ≤ 2e-3·(1 + |γ|);
+//! * LayerNorm (Alg. 4, γ and β private to the server), on |x − mean| < 1024 and
+//!   var + ε ≥ 2^-13: ≤ 1 ulp + |γ|·(2.5e-3 + 2.5e-4/√(var + ε))
+//!   (`approx::layer_norm_error_bound`). The variance comes from a coarse sum of squares of
+//!   pre-shifted deviations (whole domain) or an exact one (Σd² < 4096), chosen per row by one
+//!   comparison; the 1/n is folded into the public constants of the row's rsqrt;
 //! * centre + affine (x − mean)·γ + β: ≤ 2 ulp·(1 + |γ|).
 //!
 //! Rows are processed together: every round trip carries all rows of the tensor.

@@ -6,6 +6,8 @@
 //! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24) (values [2^-13, 2048));
 //! * rsqrt:   ≤ 1 ulp + 2^-11 relative on the same domain;
 //! * tanh:    ≤ 2.3 ulp on all x.
+//! * layer_norm_rsqrt: LayerNorm's √n/√S over the class range of its plan (see
+//!   `approx::Approx::layer_norm_rsqrt`).
 //!
 //! With [`TruncMode::Faithful`](crate::TruncMode) (the default of [`Ctx::new`]) the shares open to
 //! exactly the integers `approx` computes; the tests check equality.
