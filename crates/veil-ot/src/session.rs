@@ -354,3 +354,20 @@ impl OtSession {
         self.receiver.take(ch, n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::extend_wiping;
+
+    #[test]
+    fn extend_wiping_keeps_contents_across_growth() {
+        let mut v: Vec<u128> = Vec::new();
+        let mut want = Vec::new();
+        for round in 0..50u128 {
+            let chunk: Vec<u128> = (0..round * 7 + 1).map(|i| i * 1000 + round).collect();
+            extend_wiping(&mut v, &chunk);
+            want.extend_from_slice(&chunk);
+            assert_eq!(v, want);
+        }
+    }
+}

@@ -11,19 +11,24 @@
 //!
 //! Not used, and why: the sets with k = 588,160 (e.g. n = 10,616,092, t = 1,324, which mpz's
 //! `mpz-ot-core/src/ferret/mod.rs` cites as Ferret's Table 2) are for *uniform* (exact)
-//! noise; regular noise needs its own set. The Wolverine set (n = 10,805,248, k = 589,760,
-//! t = 1,319; swanky `ocelot/src/svole/svole_ext/lpn_params.rs` and `LPN_EXTEND_LARGE` in
-//! `ocelot/src/svole/wykw/svole.rs`) is an equally valid regular-noise choice, but it comes
-//! with a different bootstrap set; the two sets here were chosen together. Cross-check against
-//! later attacks: emp-ot's commit 7a7e8c7 (2026) reports, with the regular-LPN estimator and
-//! the hybrid / ISD / algebraic attacks, 138.5 bits for k = 2^19 < 589,824 at n = 10,485,760
-//! ≈ this n (security grows with k and, for the binding hybrid attack, falls with n).
+//! noise; regular noise needs its own set. The set (n = 10,805,248, k = 589,760, t = 1,319),
+//! also in Wolverine and swanky (`ocelot/src/svole/svole_ext/lpn_params.rs`,
+//! `LPN_EXTEND_LARGE` in `ocelot/src/svole/wykw/svole.rs`), is emp-ot's first Ferret main set
+//! (commit 66567cf, 2020-09-05, with the same bootstrap set); the Ferret authors replaced it by
+//! the one above in c19691e, so this crate follows their later choice. Both are regular-noise
+//! sets published for 128-bit security and both bootstrap from the same set.
+//!
+//! Cross-check against later attacks (an indication, not an estimate for this exact set):
+//! emp-ot's commit 7a7e8c7 (2026, `emp-ot/ot_extension/ferret/constants.h`) reports, with the
+//! regular-LPN estimator and the hybrid / ISD / algebraic attacks, 138.5 bits for k = 2^19,
+//! t = 1,280, n = 10,485,760; the main set here has a larger k (security grows with k) and
+//! an n only 1.2% larger (the binding hybrid attack gets easier as n grows at fixed k).
 //!
 //! An iteration with parameters (n, k, t) consumes `k + t·depth` COTs and produces n: the
-//! main iteration needs 589,824 + 1,295·13 = 606,659 (emp-ot's comment "need pre-ot: 606787"
-//! adds 128 for the malicious consistency check this semi-honest version omits) and hands out
-//! 10,001,981; the bootstrap iteration (fed by IKNP: 36,288 + 1,269·9 = 47,709 COTs) yields
-//! the main iteration's first reserve plus 43,069 spare COTs.
+//! main iteration needs 589,824 + 1,295·13 = 606,659 (emp-ot adds 128 more for the malicious
+//! consistency check, which this semi-honest version omits) and hands out 10,001,981; the
+//! bootstrap iteration (fed by IKNP: 36,288 + 1,269·9 = 47,709 COTs) yields the main
+//! iteration's first reserve plus 43,069 spare COTs.
 
 /// One LPN parameter set with regular noise: n outputs split into t bins, one noise bit each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
