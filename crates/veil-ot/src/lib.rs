@@ -13,7 +13,10 @@
 //! * [`mod@bench`] — the benchmark over TCP loopback.
 //!
 //! Security model everywhere: semi-honest parties, 128-bit computational security; every
-//! protocol module states its own assumptions.
+//! protocol module states its own assumptions. Side channels: values derived from a party's
+//! secrets (Δ, choice bits, punctured indices) go through masks or `subtle` selection, never
+//! branches or secret-dependent addresses (helpers in `ct`); secret buffers are zeroized,
+//! also on early returns.
 
 pub mod aes_prims;
 pub mod arith;
