@@ -1,8 +1,11 @@
 //! Linear protocols on additive shares mod 2^ℓ, built on BFV ([`veil_he`]): Π_MatMul, fully
 //! connected layers, and shared × shared products (attention).
 //!
-//! * [`session`]: the client generates one key per [`veil_he::ParamSet`] and sends the public
-//!   keys once ([`ClientSession::setup`] / [`ServerSession::setup`]).
+//! * [`session`]: the client generates one key per [`veil_he::ParamSet`] in
+//!   [`session::SESSION_SETS`] (N8192 for model weights, N8192Q4 for share operands) and sends
+//!   the public keys once ([`ClientSession::setup`] / [`ServerSession::setup`]). A session may
+//!   reveal at most 2^28 output coefficients per key (≈16 BERT-Base inferences); the server
+//!   refuses more (`Error::Insecure`), and the parties then start a new session.
 //! * [`layout`]: Cheetah coefficient packing and the traffic-minimising choice of blocks.
 //! * [`matmul`]: the batched protocol core (one round trip for any number of products) and
 //!   [`PreparedMatrix`], the server's packed and noise-checked plaintext operand.
@@ -10,6 +13,11 @@
 //!   model); output at scale 2^{2f}, truncation is the caller's next step.
 //! * [`cross`]: per-head products of two shared matrices (Q·Kᵀ, A·V) via cross terms.
 //! * [`mod@bench`]: the benchmark of the issue (`cargo run --release -p veil-linear --example bench`).
+//!
+//! **Security:** semi-honest, 128-bit computational (RLWE at the HE-standard bounds), 40-bit
+//! statistical for the whole session transcript (the flooding argument in the [`veil_he`] crate
+//! docs, checked from public bounds: FC weights |w·2^f| ≤ [`fc::WEIGHT_BOUND`], shares 2^(ℓ−1)).
+//! **Error:** none, every product is exact mod 2^ℓ.
 //!
 //! Every protocol is metered on whatever label the caller has entered on the channel.
 
