@@ -3,6 +3,7 @@
 //!
 //! `cargo run --release -p veil-train --example sst2 -- finetune LAYERS EPOCHS OUT [STOP_AFTER]`
 //! `cargo run --release -p veil-train --example sst2 -- substitute MODEL EPOCHS OUT`
+//! `cargo run --release -p veil-train --example sst2 -- simulate MODEL EXAMPLES` (fixed-point check)
 //! The SST-2 files are read from `$VEIL_SST2` (default `/work/shared/data/sst2`); `$VEIL_ALPHA1`
 //! overrides the decay weight α1 of the loss (default: the paper's 0.1).
 
@@ -13,7 +14,9 @@ use veil_train::{finetune, substitute, DataOptions, FinetuneOptions, SubstituteO
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "usage: sst2 finetune LAYERS EPOCHS OUT [STOP_AFTER] | substitute MODEL EPOCHS OUT";
+    let usage =
+        "usage: sst2 finetune LAYERS EPOCHS OUT [STOP_AFTER] | substitute MODEL EPOCHS OUT \
+                 | simulate MODEL EXAMPLES";
     let sst2 = PathBuf::from(
         std::env::var("VEIL_SST2").unwrap_or_else(|_| "/work/shared/data/sst2".into()),
     );
@@ -53,6 +56,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let out = substitute(&opts)?;
             println!("{}", serde_json::to_string(&out.report)?);
+            println!("seconds {}", started.elapsed().as_secs_f64());
+        }
+        Some("simulate") if args.len() == 3 => {
+            let dir = PathBuf::from(&args[1]);
+            let record = veil_train::workflow::TrainingRecord::read(&dir)?
+                .ok_or("the model folder has no veil-training.json")?;
+            let (model, _) = veil_train::transformer::TrainableTransformer::load(
+                &dir,
+                record.labels.len(),
+                None,
+                0,
+            )?;
+            let tokenizer = veil_model::TextTokenizer::from_folder(&dir, 128)?;
+            let format = veil_train::data::DatasetFormat::LabelSentenceLines;
+            let dev = record
+                .labels
+                .apply(&veil_train::data::read_file(&data.dev, &format)?)?;
+            let examples = dev
+                .iter()
+                .take(args[2].parse()?)
+                .map(|e| {
+                    let enc = tokenizer.encode(&e.text_a, e.text_b.as_deref())?;
+                    Ok(veil_train::EncodedExample {
+                        ids: enc.ids,
+                        type_ids: enc.type_ids,
+                        label: e.label as u32,
+                    })
+                })
+                .collect::<veil_core::Result<Vec<_>>>()?;
+            let check = veil_train::fixed_check::check_fixed_point(
+                &model.transformer,
+                &examples,
+                veil_core::FixedPoint::default_format(),
+            )?;
+            println!("{}", serde_json::to_string(&check)?);
             println!("seconds {}", started.elapsed().as_secs_f64());
         }
         _ => return Err(usage.into()),
