@@ -183,16 +183,14 @@ pub struct BlockReport {
     pub out_of_domain: usize,
 }
 
-/// |x| up to which `approx::gelu` is accurate: x³ must fit the 2f-bit product,
-/// |x|³ < 2^(ℓ−1−2f) (25.4 at (41, 13)).
-pub fn gelu_domain(fp: FixedPoint) -> f64 {
-    (2f64).powf((fp.ring.bits() - 1 - 2 * fp.frac_bits()) as f64 / 3.0)
+/// |x| up to which `approx::gelu` is accurate (`approx::GELU_DOMAIN`).
+pub fn gelu_domain(_fp: FixedPoint) -> f64 {
+    veil_core::approx::GELU_DOMAIN
 }
 
-/// |x − mean| up to which `approx::layer_norm_row` is accurate: the squared deviations and
-/// their sum must fit, which `approx` states as 90 at (41, 13), i.e. 0.7·2^((ℓ−1−2f)/2).
-pub fn layer_norm_domain(fp: FixedPoint) -> f64 {
-    0.7 * (2f64).powf((fp.ring.bits() - 1 - 2 * fp.frac_bits()) as f64 / 2.0)
+/// |x − mean| up to which `approx::layer_norm_row` is accurate (2^`approx::LAYER_NORM_DEV_BITS`).
+pub fn layer_norm_domain(_fp: FixedPoint) -> f64 {
+    (1u64 << veil_core::approx::LAYER_NORM_DEV_BITS) as f64
 }
 
 /// Simulator output: ring values and their reports.

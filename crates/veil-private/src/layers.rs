@@ -14,7 +14,7 @@ use veil_model::sim::{FixedLinear, FixedModel};
 use veil_model::ModelConfig;
 
 /// Parameter set of the weight × share products (small fixed-point weights).
-pub const WEIGHT_SET: ParamSet = ParamSet::N4096;
+pub const WEIGHT_SET: ParamSet = ParamSet::N8192;
 
 /// Names a linear layer of the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
