@@ -6,21 +6,18 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_free::softmax;
 use veil_core::{ensure, FixedPoint, Result};
 use veil_model::sim::FixedModel;
 use veil_model::{folder, HeadKind, ModelConfig, TextTokenizer};
 use veil_net::TcpChannel;
 use veil_private::{ClientConnection, CostReport, ServerModel};
 
-mod candle_free {
-    /// exp-normalise in f64 (client-side, on the revealed logits).
-    pub fn softmax(x: &[f64]) -> Vec<f64> {
-        let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
-        let s: f64 = e.iter().sum();
-        e.iter().map(|v| v / s).collect()
-    }
+/// exp-normalise in f64 (client-side, on the revealed logits).
+fn softmax(x: &[f64]) -> Vec<f64> {
+    let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
 }
 
 /// What the client holds: the public configuration, the tokenizer and the public embedding
@@ -126,22 +123,7 @@ fn default_model() -> Result<folder::Model> {
     let mut config = folder::load_config(&dir)?;
     config.veil.head = HeadKind::MeanPool;
     config.veil.num_labels = 0;
-    let weights = folder::load_weights(&dir, &config)?;
-    let vb = candle_nn_vb(weights);
-    let transformer = veil_model::Transformer::new(&config, vb)
-        .map_err(|e| veil_core::Error::Malformed(format!("MiniLM-L6: {e}")))?;
-    let tokenizer = TextTokenizer::from_folder(&dir, 128)?;
-    Ok(folder::Model {
-        config,
-        transformer,
-        tokenizer: Some(tokenizer),
-    })
-}
-
-fn candle_nn_vb(
-    weights: std::collections::HashMap<String, candle_core::Tensor>,
-) -> candle_nn::VarBuilder<'static> {
-    candle_nn::VarBuilder::from_tensors(weights, candle_core::DType::F32, &candle_core::Device::Cpu)
+    folder::load_with_config(&dir, config)
 }
 
 fn cosine(a: &[f64], b: &[f64]) -> f64 {

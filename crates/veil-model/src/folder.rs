@@ -117,7 +117,12 @@ pub fn load_weights(dir: &Path, config: &ModelConfig) -> Result<HashMap<String, 
 
 /// Loads a model folder. The tokenizer truncates to the model's maximum sequence length.
 pub fn load(dir: &Path) -> Result<Model> {
-    let config = load_config(dir)?;
+    load_with_config(dir, load_config(dir)?)
+}
+
+/// Loads a model folder with a caller-adjusted configuration (e.g. another head or fewer
+/// blocks); only the tensors that configuration needs are read from the weights.
+pub fn load_with_config(dir: &Path, config: ModelConfig) -> Result<Model> {
     let weights = load_weights(dir, &config)?;
     let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
     let transformer = Transformer::new(&config, vb).map_err(candle_context(&format!(
