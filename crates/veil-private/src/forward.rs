@@ -178,8 +178,7 @@ impl<'a, C: Channel> Party<'a, C> {
         let scores = stack_rows(&self.shared_products(&qs, &kts)?)?; // [nh·s, s]
         let valid = vec![true; s];
         let probs = {
-            let role = self.role();
-            let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
+            let mut cx = self.cx();
             match variant.attention {
                 AttentionNorm::Softmax => {
                     let _g = cx.ch.meter().enter("Softmax");
@@ -205,8 +204,7 @@ impl<'a, C: Channel> Party<'a, C> {
         let y = self.norm(&attn, |m| &m.fixed.blocks[i].ln1, variant.ln1)?;
         let inter = self.linear(LayerId::Intermediate(i), &y)?;
         let act = {
-            let role = self.role();
-            let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
+            let mut cx = self.cx();
             match variant.activation {
                 Activation::Gelu => {
                     let _g = cx.ch.meter().enter("GELU");
