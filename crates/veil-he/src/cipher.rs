@@ -188,6 +188,8 @@ pub struct Accumulator {
     /// Σ slots·max_abs and Σ slots·max_abs² of the plaintexts (public).
     pub(crate) l1: f64,
     pub(crate) l2sq: f64,
+    /// Worst-case noise added after the products (key switching when packed), public.
+    pub(crate) extra: f64,
 }
 
 impl Accumulator {
@@ -197,6 +199,7 @@ impl Accumulator {
             c1: RnsPoly::zero(p),
             l1: 0.0,
             l2sq: 0.0,
+            extra: 0.0,
         }
     }
 

@@ -87,11 +87,15 @@ pub use params::{
     NoiseBudget, ParamSet, Params, FLOOD_MARGIN_BITS, SESSION_REVEALED_LOG2, STAT_SECURITY_BITS,
 };
 pub mod cipher;
+pub mod galois;
 pub mod keys;
+pub mod pack;
 pub mod response;
 
 pub use cipher::{Accumulator, EvalCiphertext, NttPlaintext, SeededCiphertext};
+pub use galois::{GaloisKeys, GALOIS_LEVELS};
 pub use keys::{PublicKey, SecretKey};
+pub use pack::PackShape;
 pub use response::Response;
 
 #[cfg(test)]

@@ -115,6 +115,44 @@ pub(crate) struct Inner {
     pub final_modulus: u64,
     pub final_plan: Plan,
     pub budget: NoiseBudget,
+    /// The key-switching prime, when the HE-standard bound leaves room for it.
+    pub special: Option<Special>,
+}
+
+/// The special prime P of hybrid key switching (Galois keys live modulo Q·P; switching divides
+/// the digit-times-key-noise products by P). Chosen so that log2(Q·P) stays within the
+/// HE-standard bound and P > q_i/2 (a centred digit is then already reduced modulo P).
+pub(crate) struct Special {
+    pub modulus: u64,
+    pub plan: Plan,
+    /// P mod q_i.
+    pub p_mod_q: Vec<u64>,
+    /// P^{-1} mod q_i.
+    pub p_inv: Vec<ShoupConst>,
+}
+
+impl Special {
+    /// The largest NTT prime below 2^min(50, ⌊max − log2 Q⌋), or none if it would have fewer bits
+    /// than the RNS primes.
+    fn new(n: usize, max_log_q: u32, log2_q: f64, moduli: &[u64], avoid: u64) -> Option<Self> {
+        let limb_bits = 64 - moduli[0].leading_zeros();
+        let bits = ((max_log_q as f64 - log2_q - 1e-9).floor() as u32).min(50);
+        if bits < limb_bits {
+            return None;
+        }
+        let mut exclude = moduli.to_vec();
+        exclude.push(avoid);
+        let modulus = ntt_primes(bits, n, 1, &exclude)[0];
+        Some(Special {
+            modulus,
+            plan: Plan::try_new(n, modulus).expect("NTT-friendly prime"),
+            p_mod_q: moduli.iter().map(|&q| modulus % q).collect(),
+            p_inv: moduli
+                .iter()
+                .map(|&q| ShoupConst::new(inv_mod(modulus % q, q), q))
+                .collect(),
+        })
+    }
 }
 
 /// The noise budget of a parameter set (all quantities are absolute values of per-coefficient
@@ -179,6 +217,7 @@ impl std::fmt::Debug for Params {
             .field("n", &self.inner.n)
             .field("moduli", &self.inner.moduli)
             .field("final_modulus", &self.inner.final_modulus)
+            .field("special_modulus", &self.special_modulus())
             .field("budget", &self.inner.budget)
             .finish()
     }
@@ -324,6 +363,7 @@ impl Params {
             c1_width: bits_of(final_modulus - 1),
             log2_q_over_p,
         };
+        let special = Special::new(n, max_log_q, log2_q, &moduli, final_modulus);
         Ok(Params {
             inner: Arc::new(Inner {
                 set: None,
@@ -342,6 +382,7 @@ impl Params {
                 final_modulus,
                 final_plan,
                 budget,
+                special,
             }),
         })
     }
@@ -372,6 +413,10 @@ impl Params {
     }
     pub fn budget(&self) -> &NoiseBudget {
         &self.inner.budget
+    }
+    /// The key-switching prime P (log2(Q·P) within the HE-standard bound), if there is room.
+    pub fn special_modulus(&self) -> Option<u64> {
+        self.inner.special.as_ref().map(|s| s.modulus)
     }
     /// Bounds on the noise a server response must hide, for Σ_c w_c × ct_c with
     /// `l1` = Σ_c ‖w_c‖₁ and `l2sq` = Σ_c ‖w_c‖₂² (w_c the centred plaintext coefficients):

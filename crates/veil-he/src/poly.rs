@@ -59,6 +59,51 @@ impl RnsPoly {
         }
     }
 
+    /// `self −= other` (either domain).
+    pub fn sub_assign(&mut self, p: &Params, other: &RnsPoly) {
+        let n = p.degree();
+        for (i, &q) in p.moduli().iter().enumerate() {
+            for (x, &y) in self.data[i * n..(i + 1) * n]
+                .iter_mut()
+                .zip(&other.data[i * n..(i + 1) * n])
+            {
+                *x = crate::math::sub_mod(*x, y, q);
+            }
+        }
+    }
+
+    /// Multiplies every limb by a public constant c_i (either domain).
+    pub fn scale(&mut self, p: &Params, c: &[crate::math::ShoupConst]) {
+        let n = p.degree();
+        for ((limb, &q), ci) in self.data.chunks_exact_mut(n).zip(p.moduli()).zip(c) {
+            for x in limb {
+                *x = ci.mul(*x, q);
+            }
+        }
+    }
+
+    /// X^e · self for 0 ≤ e < 2N, coefficient domain (a signed rotation: X^N = −1).
+    pub fn monomial_mul(&self, p: &Params, e: usize) -> RnsPoly {
+        let n = p.degree();
+        let mut out = RnsPoly::zero(p);
+        for ((src, dst), &q) in self
+            .data
+            .chunks_exact(n)
+            .zip(out.data.chunks_exact_mut(n))
+            .zip(p.moduli())
+        {
+            for (j, &x) in src.iter().enumerate() {
+                let idx = (j + e) % (2 * n);
+                if idx < n {
+                    dst[idx] = x;
+                } else {
+                    dst[idx - n] = crate::math::neg_mod(x, q);
+                }
+            }
+        }
+        out
+    }
+
     pub fn add_assign(&mut self, p: &Params, other: &RnsPoly) {
         let n = p.degree();
         for (i, &q) in p.moduli().iter().enumerate() {

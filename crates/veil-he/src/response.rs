@@ -131,7 +131,7 @@ impl Accumulator {
             p.ring().bits()
         );
         let (tail, worst) = p.product_noise_bounds(self.l1, self.l2sq);
-        p.budget().check(tail, worst)?;
+        p.budget().check(tail + self.extra, worst + self.extra)?;
         pk.reserve_revealed(positions.len())?;
         let inner = p.inner();
         // 1. Fresh encryption of zero under the client's public key.

@@ -11,10 +11,12 @@
 //! | public key | 16-byte seed of pk1, pk0 (NTT domain) in every limb |
 //! | ciphertexts | u32 count, then per ciphertext: 16-byte seed of c1, c0 (NTT domain) in every limb |
 //! | responses | u32 count, then per response: c1 (N values mod p), the needed c0 values (dropped bits) |
+//! | Galois keys | special prime P (u64), u8 level count, 16-byte seed of every a, then per level, digit and limb of Q·P: b (NTT domain) |
 
 use veil_core::wire::{Reader, Writer};
 use veil_core::{ensure, Error, Result, Seed};
 
+use crate::galois::{expand_key_masks, special, GaloisKeys, GALOIS_LEVELS};
 use crate::keys::{expand_uniform_ntt, PublicKey};
 use crate::params::Params;
 use crate::{Response, SeededCiphertext};
@@ -22,6 +24,7 @@ use crate::{Response, SeededCiphertext};
 const KIND_PUBLIC_KEY: u8 = 0x50;
 const KIND_CIPHERTEXTS: u8 = 0x43;
 const KIND_RESPONSES: u8 = 0x52;
+const KIND_GALOIS_KEYS: u8 = 0x47;
 
 fn bits_of(modulus: u64) -> u32 {
     64 - (modulus - 1).leading_zeros()
@@ -139,6 +142,63 @@ pub fn decode_public_key(p: &Params, bytes: &[u8]) -> Result<PublicKey> {
     r.finish()?;
     let pk1_ntt = expand_uniform_ntt(p, &seed).data;
     Ok(PublicKey::new(p, seed, pk0_ntt, pk1_ntt))
+}
+
+/// Upper bound on encoded Galois keys (for `recv_msg` limits).
+pub fn galois_keys_len(p: &Params) -> usize {
+    let limb_bytes = |q: u64| (p.degree() * bits_of(q) as usize).div_ceil(8);
+    let per_digit: usize = p.moduli().iter().map(|&q| limb_bytes(q)).sum::<usize>()
+        + p.special_modulus().map_or(0, limb_bytes);
+    96 + p.limbs() * 8 + GALOIS_LEVELS * p.limbs() * per_digit
+}
+
+pub fn encode_galois_keys(gk: &GaloisKeys) -> Result<Vec<u8>> {
+    let p = gk.params();
+    let pm = special(p)?.modulus;
+    let mut w = Writer::with_capacity(galois_keys_len(p));
+    header(&mut w, KIND_GALOIS_KEYS, p);
+    w.u64(pm).u8(GALOIS_LEVELS as u8);
+    w.bytes(&gk.seed.0);
+    for level in &gk.b {
+        for (idx, chunk) in level.chunks_exact(p.degree()).enumerate() {
+            let m = p.moduli().get(idx % (p.limbs() + 1)).copied().unwrap_or(pm);
+            pack(&mut w, chunk, bits_of(m));
+        }
+    }
+    Ok(w.finish())
+}
+
+pub fn decode_galois_keys(p: &Params, bytes: &[u8]) -> Result<GaloisKeys> {
+    let what = "BFV Galois keys";
+    let mut r = Reader::new(bytes, what);
+    check_header(&mut r, KIND_GALOIS_KEYS, p, what)?;
+    let pm = special(p)?.modulus;
+    ensure!(r.u64()? == pm, Malformed, "{what}: special prime mismatch");
+    let levels = r.u8()? as usize;
+    ensure!(
+        levels == GALOIS_LEVELS,
+        Malformed,
+        "{what}: {levels} levels, expected {GALOIS_LEVELS}"
+    );
+    let seed = Seed(r.array::<16>()?);
+    let l = p.limbs();
+    let mut b = Vec::with_capacity(levels);
+    for _ in 0..levels {
+        let mut level = Vec::with_capacity(l * (l + 1) * p.degree());
+        for idx in 0..l * (l + 1) {
+            let m = p.moduli().get(idx % (l + 1)).copied().unwrap_or(pm);
+            level.extend(unpack(&mut r, p.degree(), bits_of(m), m, what)?);
+        }
+        b.push(level);
+    }
+    r.finish()?;
+    let a = expand_key_masks(p, &seed)?;
+    Ok(GaloisKeys {
+        params: p.clone(),
+        seed,
+        b,
+        a,
+    })
 }
 
 /// Upper bound on an encoded batch of `count` ciphertexts (for `recv_msg` limits).
@@ -270,6 +330,7 @@ mod tests {
             let _ = decode_public_key(&p, &bytes);
             let _ = decode_ciphertexts(&p, &bytes, 1);
             let _ = decode_responses(&p, &bytes, &[1]);
+            let _ = decode_galois_keys(&p, &bytes);
             let mut ct = encode_ciphertexts(&p, &[sk.encrypt(&[1], &mut g).unwrap()]);
             let i = flip % ct.len();
             ct[i] ^= 1 << bit;
@@ -279,6 +340,19 @@ mod tests {
             key[i] ^= 1 << bit;
             let _ = decode_public_key(&p, &key);
         }
+    }
+
+    #[test]
+    fn galois_keys_round_trip_and_strictness() {
+        let (p, sk, _pk, mut g) = setup();
+        let gk = sk.galois_keys(&mut g).unwrap();
+        let bytes = encode_galois_keys(&gk).unwrap();
+        assert!(bytes.len() <= galois_keys_len(&p));
+        let back = decode_galois_keys(&p, &bytes).unwrap();
+        assert_eq!((back.a, back.b), (gk.a.clone(), gk.b.clone()));
+        assert_strict(&bytes, |b| decode_galois_keys(&p, b));
+        let other = Params::new(ParamSet::N8192Q4, p.ring()).unwrap();
+        assert!(decode_galois_keys(&other, &bytes).is_err());
     }
 
     #[test]
