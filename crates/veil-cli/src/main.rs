@@ -1,6 +1,7 @@
 //! The `veil` command: private transformer inference from the terminal.
 
 mod demo;
+mod train_cmd;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -59,6 +60,14 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Fine-tunes a sequence classifier on CPU with the paper's bound loss.
+    Finetune(train_cmd::FinetuneArgs),
+    /// Algorithm 5: replaces GELU, Softmax and both LayerNorms block by block, keeping each change
+    /// whose dev accuracy stays within --max-drop points of the original.
+    Substitute(train_cmd::SubstituteArgs),
+    /// Accuracy of a classifier in f32, in the fixed-point simulator and (--private N) in the real
+    /// two-party protocol, with their agreement.
+    Eval(train_cmd::EvalArgs),
     /// Benchmarks (release build; both parties on this machine over TCP loopback).
     Bench {
         #[command(subcommand)]
@@ -228,6 +237,9 @@ fn run(cli: Cli) -> Result<()> {
             text,
             json,
         } => classify(&connect, &model, file.as_deref(), text, json),
+        Cmd::Finetune(a) => train_cmd::finetune(a),
+        Cmd::Substitute(a) => train_cmd::substitute(a),
+        Cmd::Eval(a) => train_cmd::eval(a),
         Cmd::Bench { what } => bench(what),
     }
 }

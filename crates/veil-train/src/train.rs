@@ -37,6 +37,10 @@ pub struct TrainConfig {
     pub adamw: AdamWConfig,
     /// Save a checkpoint every this many updates (and when the run ends or stops).
     pub checkpoint_every: u64,
+    /// Cap on the number of updates (the schedule warms up and decays over the capped run):
+    /// a time budget for long data sets, e.g. each stage of the substitution workflow.
+    #[serde(default)]
+    pub max_steps: Option<u64>,
 }
 
 impl Default for TrainConfig {
@@ -51,6 +55,7 @@ impl Default for TrainConfig {
             loss: LossWeights::paper(None),
             adamw: AdamWConfig::default(),
             checkpoint_every: 200,
+            max_steps: None,
         }
     }
 }
@@ -78,6 +83,11 @@ impl TrainConfig {
             self.max_grad_norm > 0.0,
             InvalidArgument,
             "gradient clip must be > 0"
+        );
+        ensure!(
+            self.max_steps != Some(0),
+            InvalidArgument,
+            "max steps must be > 0"
         );
         ensure!(
             self.checkpoint_every > 0,
@@ -168,7 +178,8 @@ pub fn train<M: SequenceClassifier>(
     );
     let device = Device::Cpu;
     let batches_per_epoch = data.len().div_ceil(config.batch_size) as u64;
-    let total_steps = batches_per_epoch * config.epochs as u64;
+    let total_steps =
+        (batches_per_epoch * config.epochs as u64).min(config.max_steps.unwrap_or(u64::MAX));
     let schedule = LinearSchedule {
         peak: config.learning_rate,
         warmup: (total_steps as f64 * config.warmup_fraction) as u64,

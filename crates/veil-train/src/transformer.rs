@@ -242,13 +242,43 @@ impl TrainableTransformer {
     }
 }
 
-impl SequenceClassifier for TrainableTransformer {
-    fn forward(&self, batch: &Batch) -> candle_core::Result<ClassifierOutput> {
-        let out = self.transformer.forward(&veil_model::Batch {
-            input_ids: batch.input_ids.clone(),
-            token_type_ids: Some(batch.type_ids.clone()),
-            attention_mask: Some(batch.attention_mask.clone()),
-        })?;
+impl Freeze {
+    /// The hidden state (0: embedding output, i: output of block i − 1) below which nothing is
+    /// trained, if any: the backward pass can stop there. Trainable embeddings under frozen
+    /// blocks still need the gradient through those blocks.
+    fn frozen_through(&self) -> Option<usize> {
+        self.embeddings.then_some(self.blocks_below)
+    }
+}
+
+/// A model being trained under `freeze`: the same forward values, with the autograd graph cut
+/// at the top of the frozen part so backward does no work for parameters that do not move.
+pub struct FrozenView<'a> {
+    model: &'a TrainableTransformer,
+    freeze: Freeze,
+}
+
+impl TrainableTransformer {
+    pub fn frozen_view(&self, freeze: Freeze) -> FrozenView<'_> {
+        FrozenView {
+            model: self,
+            freeze,
+        }
+    }
+
+    fn classify(
+        &self,
+        batch: &Batch,
+        detach_at: Option<usize>,
+    ) -> candle_core::Result<ClassifierOutput> {
+        let out = self.transformer.forward_detached(
+            &veil_model::Batch {
+                input_ids: batch.input_ids.clone(),
+                token_type_ids: Some(batch.type_ids.clone()),
+                attention_mask: Some(batch.attention_mask.clone()),
+            },
+            detach_at,
+        )?;
         let Some(logits) = out.logits else {
             candle_core::bail!("the model has no classifier (num_labels = 0)")
         };
@@ -258,5 +288,17 @@ impl SequenceClassifier for TrainableTransformer {
             logits,
             hidden_states,
         })
+    }
+}
+
+impl SequenceClassifier for TrainableTransformer {
+    fn forward(&self, batch: &Batch) -> candle_core::Result<ClassifierOutput> {
+        self.classify(batch, None)
+    }
+}
+
+impl SequenceClassifier for FrozenView<'_> {
+    fn forward(&self, batch: &Batch) -> candle_core::Result<ClassifierOutput> {
+        self.model.classify(batch, self.freeze.frozen_through())
     }
 }

@@ -201,6 +201,45 @@ fn prepare(
     Ok(PreparedData { labels, train, dev })
 }
 
+/// A labelled file tokenised for the model folder `dir`, with the label set the model was
+/// fine-tuned with (`veil-training.json`), or, for a folder without one, the file's own labels.
+/// For `veil eval`.
+pub fn labelled_examples(
+    dir: &Path,
+    file: &Path,
+    format: Option<DatasetFormat>,
+    max_seq_len: usize,
+) -> Result<(LabelSet, Vec<EncodedExample>)> {
+    let config = folder::load_config(dir)?;
+    let tokenizer = tokenizer_for(dir, max_seq_len, config.max_sequence_len())?;
+    let format = match format {
+        Some(f) => f,
+        None => DatasetFormat::from_path(file)?,
+    };
+    let raw = data::read_file(file, &format)?;
+    let labels = match TrainingRecord::read(dir)? {
+        Some(r) => r.labels,
+        None => LabelSet::from_examples(&raw)?,
+    };
+    let examples = labels
+        .apply(&raw)
+        .map_err(|e| match e {
+            Error::Malformed(m) => Error::Malformed(format!("{}: {m}", file.display())),
+            other => other,
+        })?
+        .into_iter()
+        .map(|e| {
+            let enc = tokenizer.encode(&e.text_a, e.text_b.as_deref())?;
+            Ok(EncodedExample {
+                ids: enc.ids,
+                type_ids: enc.type_ids,
+                label: e.label as u32,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((labels, examples))
+}
+
 fn tokenizer_for(dir: &Path, max_seq_len: usize, model_limit: usize) -> Result<TextTokenizer> {
     ensure!(
         max_seq_len >= 2,
@@ -240,17 +279,24 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
         opts.train.seed,
     )?;
     let freeze_embeddings = default_freeze(&model, opts.freeze_embeddings);
-    let trainable = model.trainable(Freeze {
+    let freeze = Freeze {
         embeddings: freeze_embeddings,
         blocks_below: 0,
-    });
+    };
+    let trainable = model.trainable(freeze);
     let checkpoint_dir = opts.out.join("checkpoint");
     let control = RunControl {
         checkpoint_dir: Some(&checkpoint_dir),
         stop_after: opts.stop_after,
         progress: opts.progress,
     };
-    let summary = train(&model, trainable, &data.train, &opts.train, &control)?;
+    let summary = train(
+        &model.frozen_view(freeze),
+        trainable,
+        &data.train,
+        &opts.train,
+        &control,
+    )?;
     if !summary.finished() {
         return Ok(FinetuneOutcome { summary, dev: None });
     }
@@ -356,7 +402,8 @@ impl SubstitutionTarget for TransformerTarget<'_> {
             progress: self.progress,
             ..Default::default()
         };
-        Ok(train(&self.model, trainable, self.train, &config, &control)?.mean_loss)
+        let view = self.model.frozen_view(freeze);
+        Ok(train(&view, trainable, self.train, &config, &control)?.mean_loss)
     }
 
     fn evaluate(&mut self) -> Result<Evaluation> {

@@ -165,6 +165,17 @@ fn finetune_resumes_after_interruption() {
 }
 
 #[test]
+fn max_steps_caps_the_run() {
+    let fx = Fixture::new();
+    let mut opts = fx.finetune_options("ft");
+    opts.train.max_steps = Some(5); // of 12 epochs × 12 batches
+    let out = finetune(&opts).unwrap();
+    assert_eq!(out.summary.total_steps, 5);
+    assert_eq!(out.summary.steps_done, 5);
+    assert!(out.dev.is_some());
+}
+
+#[test]
 fn finetune_reports_bad_data_with_file_and_line() {
     let fx = Fixture::new();
     std::fs::write(fx.root.join("dev.txt"), "1 good film\n2 what label\n").unwrap();
@@ -354,6 +365,59 @@ fn query_and_key_projections_receive_gradients() {
                 grads.get(var.as_tensor()).is_some(),
                 "{name} has no gradient"
             );
+        }
+    }
+}
+
+#[test]
+fn frozen_view_keeps_values_and_trainable_gradients() {
+    use veil_train::{Batch, SequenceClassifier};
+    let fx = Fixture::new();
+    let (model, _) = TrainableTransformer::load(&fx.root.join("base"), 2, None, 5).unwrap();
+    let tokenizer = veil_model::TextTokenizer::from_folder(&fx.root.join("base"), 32).unwrap();
+    let examples: Vec<EncodedExample> = ["the film was good", "a dull plot", "great"]
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let enc = tokenizer.encode(t, None).unwrap();
+            EncodedExample {
+                ids: enc.ids,
+                type_ids: enc.type_ids,
+                label: (i % 2) as u32,
+            }
+        })
+        .collect();
+    let batch = Batch::new(
+        &examples.iter().collect::<Vec<_>>(),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let freeze = Freeze {
+        embeddings: true,
+        blocks_below: 1,
+    };
+    let view = model.frozen_view(freeze);
+    let full_out = SequenceClassifier::forward(&model, &batch).unwrap();
+    let view_out = view.forward(&batch).unwrap();
+    let values = |t: &candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(values(&full_out.logits), values(&view_out.logits));
+    let loss = |o: &veil_train::ClassifierOutput| {
+        candle_nn::loss::cross_entropy(&o.logits, &batch.labels).unwrap()
+    };
+    let full_grads = loss(&full_out).backward().unwrap();
+    let view_grads = loss(&view_out).backward().unwrap();
+    for (name, var) in model.params() {
+        let frozen = name.starts_with("embeddings.") || name.starts_with("encoder.layer.0.");
+        let g = view_grads.get(var.as_tensor());
+        if frozen {
+            assert!(g.is_none(), "{name}: the frozen part still got a gradient");
+        } else if let Some(full) = full_grads.get(var.as_tensor()) {
+            let (a, b) = (values(full), values(g.expect("trainable gradient")));
+            let gap = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(gap <= 1e-6, "{name}: gradients differ by {gap}");
         }
     }
 }

@@ -1,0 +1,432 @@
+//! `veil finetune`, `veil substitute` and `veil eval`: the command-line faces of veil-train's
+//! workflows, and the three-way evaluation (f32, fixed-point simulator, real two-party protocol).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use veil_core::{ensure, FixedPoint, Result};
+use veil_model::folder;
+use veil_model::sim::FixedModel;
+use veil_net::TcpChannel;
+use veil_private::{ClientConnection, ServerModel};
+use veil_train::data::{Columns, DatasetFormat};
+use veil_train::workflow::labelled_examples;
+use veil_train::{DataOptions, FinetuneOptions, LossWeights, SubstituteOptions, TrainConfig};
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum FormatArg {
+    /// `LABEL SENTENCE` per line (the SST-2 files of this project).
+    Lines,
+    /// GLUE TSV with a header (single sentences and pairs).
+    Glue,
+    /// CSV with a header; name the columns with --text-column/--pair-column/--label-column.
+    Csv,
+}
+
+/// How to read a dataset file.
+#[derive(Args, Clone)]
+pub struct FormatArgs {
+    /// File format; default: `.tsv` → glue, otherwise lines.
+    #[arg(long, value_enum)]
+    format: Option<FormatArg>,
+    /// Text column (CSV; GLUE when its header is not recognised).
+    #[arg(long)]
+    text_column: Option<String>,
+    /// Second-sentence column for pair tasks.
+    #[arg(long)]
+    pair_column: Option<String>,
+    #[arg(long)]
+    label_column: Option<String>,
+    /// Tokens per example after truncation (capped by the model's position table).
+    #[arg(long, default_value_t = 128)]
+    max_seq_len: usize,
+}
+
+impl FormatArgs {
+    fn columns(&self) -> Option<Columns> {
+        self.text_column.as_ref().map(|text| Columns {
+            text_a: text.clone(),
+            text_b: self.pair_column.clone(),
+            label: self.label_column.clone().unwrap_or_else(|| "label".into()),
+        })
+    }
+
+    fn format(&self) -> Result<Option<DatasetFormat>> {
+        Ok(match self.format {
+            None => None,
+            Some(FormatArg::Lines) => Some(DatasetFormat::LabelSentenceLines),
+            Some(FormatArg::Glue) => Some(DatasetFormat::GlueTsv(self.columns())),
+            Some(FormatArg::Csv) => Some(DatasetFormat::Csv(self.columns().ok_or_else(|| {
+                veil_core::Error::InvalidArgument(
+                    "--format csv needs --text-column (and --label-column unless it is \"label\")"
+                        .into(),
+                )
+            })?)),
+        })
+    }
+}
+
+/// Training and development files.
+#[derive(Args, Clone)]
+pub struct DataArgs {
+    #[arg(long)]
+    train: PathBuf,
+    #[arg(long)]
+    dev: PathBuf,
+    #[command(flatten)]
+    format: FormatArgs,
+}
+
+impl DataArgs {
+    fn options(&self) -> Result<DataOptions> {
+        let mut d = DataOptions::new(&self.train, &self.dev);
+        d.format = self.format.format()?;
+        d.max_seq_len = self.format.max_seq_len;
+        Ok(d)
+    }
+}
+
+/// Optimiser and loss settings; unset flags keep the workflow's defaults.
+#[derive(Args, Clone)]
+pub struct TrainArgs {
+    #[arg(long)]
+    epochs: Option<u32>,
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Fraction of the updates spent warming up.
+    #[arg(long)]
+    warmup: Option<f64>,
+    #[arg(long)]
+    max_grad_norm: Option<f64>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Weight α1 of the (size-normalised) decay term of the paper's loss.
+    #[arg(long)]
+    alpha1: Option<f64>,
+    /// Weight α2 of the hidden-state bound term.
+    #[arg(long)]
+    alpha2: Option<f64>,
+    /// Hidden-state bound B of the loss (default ∞; substitute uses the paper's per-stage B).
+    #[arg(long)]
+    bound: Option<f64>,
+    /// Cap on the updates of each run (each stage, for substitute); the schedule follows it.
+    #[arg(long)]
+    max_steps: Option<u64>,
+    #[arg(long)]
+    checkpoint_every: Option<u64>,
+}
+
+/// Overwrites `dst` when the flag was given.
+fn set<T>(dst: &mut T, flag: Option<T>) {
+    if let Some(v) = flag {
+        *dst = v;
+    }
+}
+
+impl TrainArgs {
+    fn apply(&self, c: &mut TrainConfig) {
+        set(&mut c.epochs, self.epochs);
+        set(&mut c.batch_size, self.batch_size);
+        set(&mut c.learning_rate, self.lr);
+        set(&mut c.warmup_fraction, self.warmup);
+        set(&mut c.max_grad_norm, self.max_grad_norm);
+        set(&mut c.seed, self.seed);
+        set(&mut c.checkpoint_every, self.checkpoint_every);
+        let loss: &mut LossWeights = &mut c.loss;
+        set(&mut loss.alpha1, self.alpha1);
+        set(&mut loss.alpha2, self.alpha2);
+        if self.bound.is_some() {
+            loss.bound = self.bound;
+        }
+        if self.max_steps.is_some() {
+            c.max_steps = self.max_steps;
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct FinetuneArgs {
+    /// Hugging Face model folder (or a Veil model folder) to start from.
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Keep only the first N encoder blocks (e.g. 2 for a 2-layer cut).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Freeze the embedding tables (default: yes for public-embedding models).
+    #[arg(long)]
+    freeze_embeddings: Option<bool>,
+    /// Stop after this many updates; running the same command again resumes.
+    #[arg(long)]
+    stop_after: Option<u64>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn finetune(a: FinetuneArgs) -> Result<()> {
+    let started = Instant::now();
+    let mut o = FinetuneOptions::new(&a.model, a.data.options()?, &a.out);
+    a.train.apply(&mut o.train);
+    o.num_layers = a.layers;
+    o.freeze_embeddings = a.freeze_embeddings;
+    o.stop_after = a.stop_after;
+    o.progress = !a.quiet;
+    let out = veil_train::finetune(&o)?;
+    let s = &out.summary;
+    match &out.dev {
+        None => println!(
+            "stopped after {} of {} updates; run the same command again to resume",
+            s.steps_done, s.total_steps
+        ),
+        Some(dev) => println!(
+            "{}",
+            serde_json::json!({
+                "out": a.out, "updates": s.steps_done, "mean_loss": s.mean_loss,
+                "train_accuracy": s.train_accuracy, "dev_accuracy": dev.accuracy,
+                "dev_examples": dev.examples, "max_abs_hidden": dev.max_abs_hidden,
+                "seconds": started.elapsed().as_secs_f64(),
+            })
+        ),
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct SubstituteArgs {
+    /// A fine-tuned classifier folder (the output of `veil finetune`).
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Largest accepted dev-accuracy drop per step, in points (Δα).
+    #[arg(long, default_value_t = 2.0)]
+    max_drop: f64,
+    /// Dev examples run through the fixed-point simulator for the overflow report (0: skip).
+    #[arg(long, default_value_t = 32)]
+    simulate: usize,
+    #[arg(long)]
+    freeze_embeddings: Option<bool>,
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn substitute(a: SubstituteArgs) -> Result<()> {
+    ensure!(
+        a.train.bound.is_none(),
+        InvalidArgument,
+        "substitute sets the bound B per stage (the paper's ∞/32/24/16); --bound does not apply"
+    );
+    ensure!(
+        (0.0..100.0).contains(&a.max_drop),
+        InvalidArgument,
+        "--max-drop is in accuracy points, in [0, 100)"
+    );
+    let started = Instant::now();
+    let mut o = SubstituteOptions::new(&a.model, a.data.options()?, &a.out);
+    a.train.apply(&mut o.train);
+    o.substitution.max_accuracy_drop = a.max_drop / 100.0;
+    o.simulate_examples = a.simulate;
+    o.freeze_embeddings = a.freeze_embeddings;
+    o.progress = !a.quiet;
+    let out = veil_train::substitute(&o)?;
+    let r = &out.report.substitution;
+    println!(
+        "{}",
+        serde_json::json!({
+            "out": a.out,
+            "original_accuracy": r.original.accuracy,
+            "final_accuracy": r.final_evaluation.accuracy,
+            "replaced": veil_train::Operator::ALL.map(|op| (op.label(), r.replaced(op))),
+            "reports": ["substitution.json", "substitution.md", "accuracy.svg"],
+            "seconds": started.elapsed().as_secs_f64(),
+        })
+    );
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// A classifier folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// A labelled file (same formats as finetune).
+    #[arg(long)]
+    data: PathBuf,
+    #[command(flatten)]
+    format: FormatArgs,
+    /// Evaluate only the first N examples.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Also run the first N examples through the real two-party protocol (TCP loopback).
+    #[arg(long, default_value_t = 0)]
+    private: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+fn argmax(v: &[f64]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i)
+}
+
+/// Counts of one evaluated path.
+#[derive(Default)]
+struct Tally {
+    examples: usize,
+    correct: usize,
+}
+
+impl Tally {
+    fn add(&mut self, predicted: usize, label: u32) {
+        self.examples += 1;
+        self.correct += (predicted == label as usize) as usize;
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "examples": self.examples,
+            "correct": self.correct,
+            "accuracy": self.correct as f64 / self.examples.max(1) as f64,
+        })
+    }
+}
+
+/// `veil eval`: accuracy of the f32 model, the fixed-point simulator and (for `--private N`
+/// examples) the two-party protocol, and how often they agree.
+pub fn eval(a: EvalArgs) -> Result<()> {
+    let model = folder::load(&a.model)?;
+    let (labels, mut examples) =
+        labelled_examples(&a.model, &a.data, a.format.format()?, a.format.max_seq_len)?;
+    ensure!(
+        model.config.veil.num_labels == labels.names.len(),
+        InvalidArgument,
+        "the model has {} outputs but the data has {} classes",
+        model.config.veil.num_labels,
+        labels.names.len()
+    );
+    if let Some(n) = a.limit {
+        examples.truncate(n);
+    }
+    ensure!(
+        !examples.is_empty(),
+        InvalidArgument,
+        "no examples to evaluate"
+    );
+    let fp = FixedPoint::default_format();
+    let fixed = FixedModel::encode(&model.transformer, fp)?;
+    let private_n = a.private.min(examples.len());
+    let server = (private_n > 0)
+        .then(|| -> Result<_> {
+            let server = Arc::new(ServerModel::new(fixed.clone())?);
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            let addr = listener.local_addr()?;
+            std::thread::spawn(move || veil_private::serve(listener, server));
+            ClientConnection::connect(TcpChannel::connect(addr)?)
+        })
+        .transpose()?;
+    let mut conn = server;
+    let (mut f32_tally, mut sim_tally, mut private_tally) =
+        (Tally::default(), Tally::default(), Tally::default());
+    let (mut agree_f32_sim, mut agree_sim_private) = (0usize, 0usize);
+    let (mut max_logit_gap, mut private_seconds, mut private_bytes) = (0f64, 0f64, 0u64);
+    let mut sim_warnings = 0usize;
+    for (i, ex) in examples.iter().enumerate() {
+        let f: Vec<f64> = model
+            .transformer
+            .output_f32(&ex.ids, &ex.type_ids)
+            .map_err(|e| veil_core::Error::Other(format!("candle: {e}")))?
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let sim = fixed.forward(&ex.ids, &ex.type_ids)?;
+        sim_warnings += sim.warnings.len();
+        let s = sim.logits_f64(fp).ok_or_else(|| {
+            veil_core::Error::InvalidArgument("the model has no classifier".into())
+        })?;
+        f32_tally.add(argmax(&f), ex.label);
+        sim_tally.add(argmax(&s), ex.label);
+        agree_f32_sim += (argmax(&f) == argmax(&s)) as usize;
+        if let (Some(c), true) = (conn.as_mut(), i < private_n) {
+            let (x, _) = fixed.embed(&ex.ids, &ex.type_ids)?;
+            let (p, report) = c.infer(&x)?;
+            private_tally.add(argmax(&p), ex.label);
+            agree_sim_private += (argmax(&p) == argmax(&s)) as usize;
+            max_logit_gap = p
+                .iter()
+                .zip(&s)
+                .fold(max_logit_gap, |m, (a, b)| m.max((a - b).abs()));
+            let t = report.online.total();
+            private_seconds += t.seconds;
+            private_bytes += t.bytes_sent + t.bytes_received;
+        }
+    }
+    if let Some(c) = conn {
+        c.close()?;
+    }
+    let n = examples.len();
+    let doc = serde_json::json!({
+        "model": a.model, "data": a.data, "labels": labels.names,
+        "f32": f32_tally.json(),
+        "fixed_point": sim_tally.json(),
+        "fixed_point_warnings": sim_warnings,
+        "agreement_f32_fixed": agree_f32_sim as f64 / n as f64,
+        "private": (private_n > 0).then(|| serde_json::json!({
+            "tally": private_tally.json(),
+            "agreement_with_fixed": agree_sim_private as f64 / private_n as f64,
+            "max_abs_logit_difference_vs_fixed": max_logit_gap,
+            "mean_online_seconds": private_seconds / private_n as f64,
+            "mean_online_bytes": private_bytes as f64 / private_n as f64,
+        })),
+    });
+    if a.json {
+        println!("{doc}");
+        return Ok(());
+    }
+    let pct = |t: &Tally| 100.0 * t.correct as f64 / t.examples.max(1) as f64;
+    println!("{} examples of {}", n, a.data.display());
+    println!(
+        "  f32            {:6.2} % ({}/{})",
+        pct(&f32_tally),
+        f32_tally.correct,
+        n
+    );
+    println!(
+        "  fixed point    {:6.2} % ({}/{}), argmax agrees with f32 on {:.2} %, {} simulator warnings",
+        pct(&sim_tally),
+        sim_tally.correct,
+        n,
+        100.0 * agree_f32_sim as f64 / n as f64,
+        sim_warnings
+    );
+    if private_n > 0 {
+        println!(
+            "  private (2PC)  {:6.2} % ({}/{}), argmax agrees with fixed point on {:.2} %, max |Δlogit| {:.2e}; {:.1} s and {:.1} MB online per example",
+            pct(&private_tally),
+            private_tally.correct,
+            private_n,
+            100.0 * agree_sim_private as f64 / private_n as f64,
+            max_logit_gap,
+            private_seconds / private_n as f64,
+            private_bytes as f64 / private_n as f64 / 1e6
+        );
+    }
+    Ok(())
+}
