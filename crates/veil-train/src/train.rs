@@ -144,11 +144,26 @@ fn fingerprint(data: &[EncodedExample]) -> u64 {
     h
 }
 
-fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
+/// Batches sorted together by length: a window of this many batches is sorted by sequence
+/// length before it is cut into batches, so each batch pads to a similar length.
+const BUCKET_BATCHES: usize = 50;
+
+/// The example order of one epoch: a seeded shuffle, then length bucketing (each window of
+/// [`BUCKET_BATCHES`] batches sorted by length and cut into batches), then the full batches
+/// shuffled again so lengths do not trend through the epoch. Padding to the batch's longest
+/// example then wastes far less work (on SST-2 about a third of the tokens otherwise). A
+/// partial batch stays last, so batch `b` always starts at `b · batch_size`.
+fn epoch_order(data: &[EncodedExample], batch_size: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..data.len()).collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ epoch.wrapping_mul(0x9e3779b97f4a7c15));
     order.shuffle(&mut rng);
-    order
+    for window in order.chunks_mut(batch_size * BUCKET_BATCHES) {
+        window.sort_by_key(|&i| data[i].ids.len());
+    }
+    let full = data.len() / batch_size;
+    let mut batches: Vec<&[usize]> = order.chunks(batch_size).collect();
+    batches[..full].shuffle(&mut rng);
+    batches.concat()
 }
 
 /// Number of correct argmax predictions in a batch.
@@ -237,7 +252,7 @@ pub fn train<M: SequenceClassifier>(
     for step in first_step..last_step {
         let epoch = step / batches_per_epoch;
         if epoch != order_epoch {
-            order = epoch_order(data.len(), config.seed, epoch);
+            order = epoch_order(data, config.batch_size, config.seed, epoch);
             order_epoch = epoch;
         }
         let at = (step % batches_per_epoch) as usize * config.batch_size;
@@ -373,6 +388,33 @@ mod tests {
             checkpoint_every: 3,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn epoch_order_is_a_seeded_permutation_with_length_buckets() {
+        let data: Vec<EncodedExample> = (0..1000)
+            .map(|i| EncodedExample {
+                ids: vec![1; 1 + (i * 7919) % 60],
+                type_ids: vec![0; 1 + (i * 7919) % 60],
+                label: 0,
+            })
+            .collect();
+        let order = epoch_order(&data, 8, 1, 0);
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..1000).collect::<Vec<_>>());
+        assert_eq!(order, epoch_order(&data, 8, 1, 0));
+        assert_ne!(order, epoch_order(&data, 8, 1, 1));
+        // Padding work: with buckets, far fewer padded tokens than with a plain shuffle.
+        let padded = |order: &[usize]| -> usize {
+            order
+                .chunks(8)
+                .map(|b| b.len() * b.iter().map(|&i| data[i].ids.len()).max().unwrap())
+                .sum()
+        };
+        let mut plain: Vec<usize> = (0..1000).collect();
+        plain.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
+        assert!(padded(&order) * 10 < padded(&plain) * 7);
     }
 
     #[test]
