@@ -182,6 +182,7 @@ impl NttPlaintext {
 
 /// Σ plaintext_i × ciphertext_i, accumulated in the NTT domain, with the public noise bounds
 /// of what was multiplied in (checked by [`Accumulator::into_response`]).
+#[derive(Clone)]
 pub struct Accumulator {
     pub(crate) c0: RnsPoly,
     pub(crate) c1: RnsPoly,

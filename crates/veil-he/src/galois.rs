@@ -90,7 +90,7 @@ fn automorph_signed(x: &[i64], k: usize) -> Vec<i64> {
     let n = x.len();
     let mut out = vec![0i64; n];
     for (j, &v) in x.iter().enumerate() {
-        let idx = (j * k) % (2 * n);
+        let idx = (j * k) & (2 * n - 1); // N is a power of two
         if idx < n {
             out[idx] = v;
         } else {
@@ -111,7 +111,7 @@ fn automorph(p: &Params, x: &RnsPoly, k: usize) -> RnsPoly {
         .zip(p.moduli())
     {
         for (j, &v) in src.iter().enumerate() {
-            let idx = (j * k) % (2 * n);
+            let idx = (j * k) & (2 * n - 1); // N is a power of two
             if idx < n {
                 dst[idx] = v;
             } else {
@@ -239,8 +239,12 @@ impl GaloisKeys {
             }
             for r in 0..=l {
                 let m = ext_modulus(p, sp, r);
-                for (o, &d) in buf.iter_mut().zip(&digit) {
-                    *o = signed_mod(d, m);
+                if r == i {
+                    buf.copy_from_slice(&c1.data[i * n..(i + 1) * n]);
+                } else {
+                    for (o, &d) in buf.iter_mut().zip(&digit) {
+                        *o = signed_mod(d, m);
+                    }
                 }
                 let plan = ext_plan(p, sp, r);
                 plan.fwd(&mut buf);

@@ -73,15 +73,14 @@ impl PackShape {
     /// Key switches to pack `members` (≤ leaves) ciphertexts: one per merge node with at least
     /// one member below it.
     pub fn key_switches(&self, members: usize) -> usize {
-        fn count(idx: &[usize], members: usize) -> usize {
-            if idx.len() == 1 || idx.iter().all(|&i| i >= members) {
+        // Members are the first leaves: ⌈r/2⌉ of them go to the even subtree, ⌊r/2⌋ to the odd.
+        fn count(members: usize, leaves: usize) -> usize {
+            if members == 0 || leaves == 1 {
                 return 0;
             }
-            let even: Vec<usize> = idx.iter().step_by(2).copied().collect();
-            let odd: Vec<usize> = idx.iter().skip(1).step_by(2).copied().collect();
-            1 + count(&even, members) + count(&odd, members)
+            1 + count(members.div_ceil(2), leaves / 2) + count(members / 2, leaves / 2)
         }
-        count(&(0..self.leaves).collect::<Vec<_>>(), members)
+        count(members.min(self.leaves), self.leaves)
     }
 
     /// Worst-case noise the merge adds: (4^D − 1)/3 key switches' worth, D = log2 leaves.
@@ -162,15 +161,19 @@ impl GaloisKeys {
         }
         let p = &self.params;
         let (mut s0, mut s1) = a.unwrap_or_else(|| (RnsPoly::zero(p), RnsPoly::zero(p)));
-        let (mut t0, mut t1) = (s0.clone(), s1.clone());
-        if let Some((b0, b1)) = b {
-            let (x0, x1) = (b0.monomial_mul(p, u), b1.monomial_mul(p, u));
-            s0.add_assign(p, &x0);
-            s1.add_assign(p, &x1);
-            t0.sub_assign(p, &x0);
-            t1.sub_assign(p, &x1);
-        }
-        let (r0, r1) = self.rotate(u.trailing_zeros() as usize, &t0, &t1);
+        let level = u.trailing_zeros() as usize;
+        let (r0, r1) = match b {
+            Some((b0, b1)) => {
+                let (x0, x1) = (b0.monomial_mul(p, u), b1.monomial_mul(p, u));
+                let (mut t0, mut t1) = (s0.clone(), s1.clone());
+                t0.sub_assign(p, &x0);
+                t1.sub_assign(p, &x1);
+                s0.add_assign(p, &x0);
+                s1.add_assign(p, &x1);
+                self.rotate(level, &t0, &t1)
+            }
+            None => self.rotate(level, &s0, &s1),
+        };
         s0.add_assign(p, &r0);
         s1.add_assign(p, &r1);
         Some((s0, s1))

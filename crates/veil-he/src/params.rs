@@ -436,9 +436,10 @@ impl Params {
     /// Checks a product Σ_c w_c × ct_c against the budget from public data only: `slots` is the
     /// total number of plaintext coefficient slots multiplied in and `max_abs` a public bound on
     /// every |w| (so the outcome never depends on secret values; see [`NoiseBudget::check`]).
-    pub fn check_public_product(&self, slots: f64, max_abs: f64) -> Result<()> {
+    /// `extra` is public worst-case noise added after the products (output packing).
+    pub fn check_public_product(&self, slots: f64, max_abs: f64, extra: f64) -> Result<()> {
         let (tail, worst) = self.product_noise_bounds(slots * max_abs, slots * max_abs * max_abs);
-        self.budget().check(tail, worst)
+        self.budget().check(tail + extra, worst + extra)
     }
 
     /// Bits on the wire of one client ciphertext (its c0 in all limbs; c1 is a 16-byte seed).
@@ -493,13 +494,14 @@ mod tests {
     #[test]
     fn sets_cover_their_workloads_with_public_bounds() {
         let w = Params::new(ParamSet::N8192, ring()).unwrap();
-        w.check_public_product(3072.0 * 64.0, 2f64.powi(16))
+        w.check_public_product(3072.0 * 64.0, 2f64.powi(16), 0.0)
             .unwrap();
         assert!(w
-            .check_public_product(3072.0 * 64.0, 2f64.powi(40))
+            .check_public_product(3072.0 * 64.0, 2f64.powi(40), 0.0)
             .is_err());
         let s = Params::new(ParamSet::N8192Q4, ring()).unwrap();
-        s.check_public_product(128.0 * 64.0, 2f64.powi(40)).unwrap();
+        s.check_public_product(128.0 * 64.0, 2f64.powi(40), 0.0)
+            .unwrap();
     }
 
     #[test]

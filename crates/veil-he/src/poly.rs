@@ -85,6 +85,7 @@ impl RnsPoly {
     /// X^e · self for 0 ≤ e < 2N, coefficient domain (a signed rotation: X^N = −1).
     pub fn monomial_mul(&self, p: &Params, e: usize) -> RnsPoly {
         let n = p.degree();
+        let (shift, flip) = (e % n, e >= n);
         let mut out = RnsPoly::zero(p);
         for ((src, dst), &q) in self
             .data
@@ -92,13 +93,14 @@ impl RnsPoly {
             .zip(out.data.chunks_exact_mut(n))
             .zip(p.moduli())
         {
-            for (j, &x) in src.iter().enumerate() {
-                let idx = (j + e) % (2 * n);
-                if idx < n {
-                    dst[idx] = x;
-                } else {
-                    dst[idx - n] = crate::math::neg_mod(x, q);
-                }
+            // Coefficients j < N − shift move up by `shift`; the rest wrap around with a sign.
+            let (low, high) = src.split_at(n - shift);
+            let neg = |x: u64| crate::math::neg_mod(x, q);
+            for (d, &x) in dst[shift..].iter_mut().zip(low) {
+                *d = if flip { neg(x) } else { x };
+            }
+            for (d, &x) in dst[..shift].iter_mut().zip(high) {
+                *d = if flip { x } else { neg(x) };
             }
         }
         out

@@ -156,7 +156,7 @@ fn responses_reject_bad_layouts() {
 /// the set's flooding check, found by bisection on the public bound.
 fn edge_weight(p: &Params) -> i64 {
     let n = p.degree() as f64;
-    let ok = |b: i64| p.check_public_product(n, b as f64).is_ok();
+    let ok = |b: i64| p.check_public_product(n, b as f64, 0.0).is_ok();
     let max = 1i64 << (p.ring().bits() - 1);
     if ok(max) {
         return max; // every centred ℓ-bit value is accepted (N8192Q4)

@@ -84,7 +84,7 @@ pub fn shared_matmul_server<C: Channel + ?Sized>(
     b1: &[RingTensor],
 ) -> Result<Vec<RingTensor>> {
     let dims = shapes(a1, b1)?;
-    let pk = session.key(SHARED_SET)?;
+    let (pk, gk) = session.keys_for(SHARED_SET)?;
     let p = pk.params();
     let share_bound = 1u64 << (p.ring().bits() - 1);
     let mut mats = Vec::with_capacity(2 * dims.len());
@@ -101,7 +101,7 @@ pub fn shared_matmul_server<C: Channel + ?Sized>(
             add: None,
         })
         .collect();
-    let shares = server_respond(ch, pk, &jobs)?;
+    let shares = server_respond(ch, pk, Some(gk), &jobs)?;
     shares
         .chunks_exact(2)
         .map(|r| r[0].add(&r[1].transpose()?))

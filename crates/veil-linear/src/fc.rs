@@ -129,11 +129,11 @@ pub fn fc_server<C: Channel + ?Sized>(
     fc: &PreparedFc,
     x1: &RingTensor,
 ) -> Result<RingTensor> {
-    let pk = session.key(fc.layer.set)?;
+    let (pk, gk) = session.keys_for(fc.layer.set)?;
     let job = ServerJob {
         matrix: &fc.matrix,
         lhs_share: Some(x1),
         add: fc.bias.as_ref(),
     };
-    Ok(server_respond(ch, pk, &[job])?.remove(0))
+    Ok(server_respond(ch, pk, Some(gk), &[job])?.remove(0))
 }

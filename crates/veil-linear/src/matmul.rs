@@ -20,7 +20,9 @@
 use std::thread;
 
 use veil_core::{ensure, Error, Prg, Result, RingTensor};
-use veil_he::{wire, Accumulator, EvalCiphertext, NttPlaintext, Params, PublicKey, SecretKey};
+use veil_he::{
+    wire, Accumulator, EvalCiphertext, GaloisKeys, NttPlaintext, Params, PublicKey, SecretKey,
+};
 use veil_net::Channel;
 
 use crate::layout::{Blocking, Layout};
@@ -57,7 +59,15 @@ impl PreparedMatrix {
         );
         let layout = Layout::new(params, n, b.shape()[0], b.shape()[1])?;
         let Blocking { k_w, m_w, .. } = layout.blocks;
-        params.check_public_product((layout.k_blocks() * k_w * m_w) as f64, max_abs as f64)?;
+        let packing_noise = match layout.pack_shape() {
+            Some(shape) => shape.noise_bound(params)?,
+            None => 0.0,
+        };
+        params.check_public_product(
+            (layout.k_blocks() * k_w * m_w) as f64,
+            max_abs as f64,
+            packing_noise,
+        )?;
         let ring = b.ring();
         let over = b.data().iter().fold(0u64, |acc, &v| {
             acc | (ring.to_signed(v).unsigned_abs() > max_abs) as u64
@@ -215,12 +225,10 @@ pub fn client_receive<C: Channel + ?Sized>(
     let mut tasks = Vec::new();
     let mut needed = Vec::new();
     for (j, lay) in layouts.iter().enumerate() {
-        for bi in 0..lay.row_blocks() {
-            for bm in 0..lay.col_blocks() {
-                let outs = lay.outputs(bi, bm);
-                needed.push(outs.len());
-                tasks.push((j, outs));
-            }
+        for g in 0..lay.packed_count() {
+            let outs = lay.packed_outputs(g);
+            needed.push(outs.len());
+            tasks.push((j, outs));
         }
     }
     let msg = ch.recv_msg(wire::responses_len(p, &needed))?;
@@ -245,9 +253,13 @@ pub fn client_receive<C: Channel + ?Sized>(
 
 /// Server: receives the ciphertexts of a batch, computes and returns the hardened products,
 /// and outputs its shares R (one n×m matrix per job).
+///
+/// `galois` must be the client's Galois keys for the same parameters when any job's layout
+/// packs its responses.
 pub fn server_respond<C: Channel + ?Sized>(
     ch: &mut C,
     pk: &PublicKey,
+    galois: Option<&GaloisKeys>,
     jobs: &[ServerJob<'_>],
 ) -> Result<Vec<RingTensor>> {
     let p = pk.params();
@@ -274,6 +286,11 @@ pub fn server_respond<C: Channel + ?Sized>(
                 lay.m
             );
         }
+        ensure!(
+            lay.blocks.pack == 1 || galois.is_some_and(|g| g.params().moduli() == p.moduli()),
+            InvalidArgument,
+            "a packed layout needs the client's Galois keys for these parameters"
+        );
         expected += lay.input_count();
     }
     let msg = ch.recv_msg(wire::ciphertexts_len(p, expected))?;
@@ -297,7 +314,8 @@ pub fn server_respond<C: Channel + ?Sized>(
         Ok(ev)
     })?;
 
-    // One task per (job, group of column blocks): each weight block is transformed once and
+    // One task per (job, run of packed groups covering about COLUMN_GROUP column blocks):
+    // responses are column-block major, so each weight block is transformed once per task and
     // used for every row block; grouping column blocks lets one pass over the input
     // ciphertexts feed several accumulators (the inputs are far larger than the cache).
     let mut out_tasks = Vec::new();
@@ -305,75 +323,76 @@ pub fn server_respond<C: Channel + ?Sized>(
     let mut off = 0;
     for (j, job) in jobs.iter().enumerate() {
         in_offset.push(off);
-        off += job.matrix.layout.input_count();
-        let cb = job.matrix.layout.col_blocks();
-        for start in (0..cb).step_by(COLUMN_GROUP) {
-            out_tasks.push((j, start..(start + COLUMN_GROUP).min(cb)));
+        let lay = job.matrix.layout;
+        off += lay.input_count();
+        let per_task = (COLUMN_GROUP * lay.row_blocks()).div_ceil(lay.blocks.pack);
+        for start in (0..lay.packed_count()).step_by(per_task) {
+            out_tasks.push((j, start..(start + per_task).min(lay.packed_count())));
         }
     }
     let results = parallel_map(out_tasks.len(), |t, prg| {
-        let (j, ref cols) = out_tasks[t];
+        let (j, ref groups) = out_tasks[t];
         let job = &jobs[j];
         let lay = job.matrix.layout;
+        let pack = lay.blocks.pack;
+        let all = lay.responses();
+        let members = &all[groups.start * pack..(groups.end * pack).min(all.len())];
         let kb = lay.k_blocks();
-        let mut accs: Vec<Vec<Accumulator>> = cols
-            .clone()
-            .map(|_| (0..lay.row_blocks()).map(|_| Accumulator::new(p)).collect())
-            .collect();
+        let mut accs: Vec<Accumulator> = members.iter().map(|_| Accumulator::new(p)).collect();
         let mut w = NttPlaintext::new(p, &[], job.matrix.max_abs)?;
         for bk in 0..kb {
-            for (bm, col_accs) in cols.clone().zip(accs.iter_mut()) {
+            let mut current = usize::MAX;
+            for (&(bi, bm), acc) in members.iter().zip(accs.iter_mut()) {
                 let idx = bm * kb + bk;
                 let w = match &job.matrix.ntt {
                     Some(cached) => &cached[idx],
                     None => {
-                        w.set(p, &job.matrix.blocks[idx])?;
+                        if current != bm {
+                            w.set(p, &job.matrix.blocks[idx])?;
+                            current = bm;
+                        }
                         &w
                     }
                 };
-                for (bi, acc) in col_accs.iter_mut().enumerate() {
-                    acc.mul_acc(p, &evals[in_offset[j] + bi * kb + bk], w);
-                }
+                acc.mul_acc(p, &evals[in_offset[j] + bi * kb + bk], w);
             }
         }
+        let mut accs = accs.into_iter();
         let mut done = Vec::new();
-        for (bm, col_accs) in cols.clone().zip(accs) {
-            for (bi, acc) in col_accs.into_iter().enumerate() {
-                let outs = lay.outputs(bi, bm);
-                let positions: Vec<usize> = outs.iter().map(|o| o.0).collect();
-                let mut share = Vec::with_capacity(outs.len());
-                let mut add = Vec::with_capacity(outs.len());
-                for &(_, r, c) in &outs {
-                    let rv = prg.ring_elem(ring);
-                    let extra = job.add.map_or(0, |a| a.at2(r, c));
-                    share.push(rv);
-                    add.push(ring.sub(extra, rv));
-                }
-                done.push((bi, bm, acc.into_response(pk, &positions, &add, prg)?, share));
+        for g in groups.clone() {
+            let size = pack.min(all.len() - g * pack);
+            let group: Vec<Accumulator> = accs.by_ref().take(size).collect();
+            let acc = match (lay.pack_shape(), galois) {
+                (Some(shape), Some(gk)) => gk.pack(group, &shape)?,
+                _ => group.into_iter().next().expect("one response per group"),
+            };
+            let outs = lay.packed_outputs(g);
+            let positions: Vec<usize> = outs.iter().map(|o| o.0).collect();
+            let mut share = Vec::with_capacity(outs.len());
+            let mut add = Vec::with_capacity(outs.len());
+            for &(_, r, c) in &outs {
+                let rv = prg.ring_elem(ring);
+                let extra = job.add.map_or(0, |a| a.at2(r, c));
+                share.push((r, c, rv));
+                add.push(ring.sub(extra, rv));
             }
+            done.push((acc.into_response(pk, &positions, &add, prg)?, share));
         }
         Ok((j, done))
     })?;
 
-    // Responses in (job, row block, column block) order, as the client expects.
+    // Responses in (job, packed group) order, as the client expects.
     let mut shares: Vec<RingTensor> = jobs
         .iter()
         .map(|job| RingTensor::zeros(ring, &[job.matrix.layout.n, job.matrix.layout.m]))
         .collect::<Result<_>>()?;
-    let mut by_block = vec![Vec::new(); jobs.len()];
-    for (j, done) in results {
-        for (bi, bm, resp, share) in done {
-            by_block[j].push((bi, bm, (resp, share)));
-        }
-    }
     let mut responses = Vec::new();
-    for (j, mut items) in by_block.into_iter().enumerate() {
-        items.sort_by_key(|(bi, bm, _)| (*bi, *bm));
-        let lay = jobs[j].matrix.layout;
+    for (j, done) in results {
+        let m = jobs[j].matrix.layout.m;
         let data = shares[j].data_mut();
-        for (bi, bm, (resp, share)) in items {
-            for (&(_, r, c), v) in lay.outputs(bi, bm).iter().zip(share) {
-                data[r * lay.m + c] = v;
+        for (resp, share) in done {
+            for (r, c, v) in share {
+                data[r * m + c] = v;
             }
             responses.push(resp);
         }

@@ -1,9 +1,11 @@
 //! Per-connection key material. The client generates one secret key per parameter set
-//! (zeroized on drop) and sends the public keys once at set-up; the server keeps them for the
-//! session and uses them only to re-randomise responses.
+//! (zeroized on drop) and sends, once at set-up, its public key (the server uses it only to
+//! re-randomise responses) and its Galois keys (the server uses them only to pack responses,
+//! [`veil_he::pack`]). Set-up traffic: ≈ 0.2 MB of public keys and ≈ 9 MB of Galois keys
+//! (6 levels × limbs digits × log2(Q·P)·N bits per set), once per session.
 
 use veil_core::{ensure, Error, Prg, Result, Ring};
-use veil_he::{wire, ParamSet, Params, PublicKey, SecretKey};
+use veil_he::{wire, GaloisKeys, ParamSet, Params, PublicKey, SecretKey};
 use veil_net::Channel;
 
 /// The parameter sets a session sets up keys for: model-weight products and share products.
@@ -16,11 +18,11 @@ pub struct ClientSession {
 }
 
 pub struct ServerSession {
-    keys: Vec<(ParamSet, PublicKey)>,
+    keys: Vec<(ParamSet, PublicKey, GaloisKeys)>,
 }
 
 impl ClientSession {
-    /// Generates keys and sends the public keys (one message per set).
+    /// Generates keys and sends the public and Galois keys (two messages per set).
     pub fn setup<C: Channel + ?Sized>(ch: &mut C, ring: Ring) -> Result<Self> {
         let mut prg = Prg::from_os_entropy();
         let mut keys = Vec::new();
@@ -28,6 +30,7 @@ impl ClientSession {
             let params = Params::new(set, ring)?;
             let sk = SecretKey::generate(&params, &mut prg);
             ch.send_msg(&wire::encode_public_key(&sk.public_key(&mut prg)))?;
+            ch.send_msg(&wire::encode_galois_keys(&sk.galois_keys(&mut prg)?)?)?;
             keys.push((set, sk));
         }
         ch.flush()?;
@@ -50,17 +53,24 @@ impl ServerSession {
             let params = Params::new(set, ring)?;
             let max = wire::ciphertexts_len(&params, 1);
             let pk = wire::decode_public_key(&params, &ch.recv_msg(max)?)?;
-            keys.push((set, pk));
+            let gk_max = wire::galois_keys_len(&params);
+            let gk = wire::decode_galois_keys(&params, &ch.recv_msg(gk_max)?)?;
+            keys.push((set, pk, gk));
         }
         ensure!(!keys.is_empty(), InvalidArgument, "no parameter sets");
         Ok(ServerSession { keys })
     }
 
     pub fn key(&self, set: ParamSet) -> Result<&PublicKey> {
+        self.keys_for(set).map(|(pk, _)| pk)
+    }
+
+    /// The public key and Galois keys of a parameter set.
+    pub fn keys_for(&self, set: ParamSet) -> Result<(&PublicKey, &GaloisKeys)> {
         self.keys
             .iter()
-            .find(|(s, _)| *s == set)
-            .map(|(_, k)| k)
+            .find(|(s, _, _)| *s == set)
+            .map(|(_, pk, gk)| (pk, gk))
             .ok_or_else(|| Error::InvalidArgument(format!("no public key for {set:?}")))
     }
 }
