@@ -11,9 +11,10 @@ use veil_core::Result;
 use veil_net::Channel;
 
 use crate::derand::{
-    check_bits, check_values, receiver_pads, recv_corrections, send_corrections, sender_pads,
+    check_bits, check_values, for_receiver_pads, for_sender_pads, recv_corrections,
+    send_corrections,
 };
-use crate::pack::{mask, pack, packed_len, unpack};
+use crate::pack::{mask, packed_len, BitReader, BitWriter};
 use crate::OtSession;
 
 impl OtSession {
@@ -28,13 +29,17 @@ impl OtSession {
         check_values(deltas, bits, "send_arith_cot correlations")?;
         let batch = self.take_send(ch, deltas.len())?;
         let d = recv_corrections(ch, deltas.len())?;
-        let (p0, p1) = sender_pads(&batch, &d);
         let m = mask(bits);
-        let x: Vec<u64> = p0.iter().map(|&p| p as u64 & m).collect();
-        let u: Vec<u64> = (0..deltas.len())
-            .map(|i| x[i].wrapping_add(deltas[i]).wrapping_sub(p1[i] as u64) & m)
-            .collect();
-        ch.send_msg(&pack(&u, bits))?;
+        let mut x = Vec::with_capacity(deltas.len());
+        let mut u = BitWriter::new(deltas.len(), bits);
+        for_sender_pads(&batch, &d, |first, p0, p1| {
+            for ((&delta, a), b) in deltas[first..].iter().zip(p0).zip(p1) {
+                let xi = *a as u64 & m;
+                x.push(xi);
+                u.push(xi.wrapping_add(delta).wrapping_sub(*b as u64));
+            }
+        });
+        ch.send_msg(&u.finish())?;
         ch.flush()?;
         Ok(x)
     }
@@ -50,13 +55,15 @@ impl OtSession {
         let n = choices.len();
         let batch = self.take_recv(ch, n)?;
         send_corrections(ch, &batch, choices.iter().copied())?;
-        let pads = receiver_pads(&batch);
+        // pad_{c_i} first (while the sender works), then + c·u with c as a mask.
+        let mut out = Vec::with_capacity(n);
+        for_receiver_pads(&batch, |_, pads| out.extend(pads.iter().map(|&p| p as u64)));
         let msg = ch.recv_msg_exact(packed_len(n, bits))?;
-        let u = unpack(&msg, n, bits, "arithmetic COT corrections")?;
+        let mut u = BitReader::new(&msg, n, bits, "arithmetic COT corrections")?;
         let m = mask(bits);
-        // y + c·u with c as a mask: no branch on the secret choice.
-        Ok((0..n)
-            .map(|i| (pads[i] as u64).wrapping_add(u[i] & 0u64.wrapping_sub(choices[i] as u64)) & m)
-            .collect())
+        for (o, &c) in out.iter_mut().zip(choices) {
+            *o = o.wrapping_add(u.next_value() & 0u64.wrapping_sub(c as u64)) & m;
+        }
+        Ok(out)
     }
 }

@@ -9,9 +9,10 @@ use veil_core::Result;
 use veil_net::Channel;
 
 use crate::derand::{
-    check_bits, check_values, receiver_pads, recv_corrections, send_corrections, sender_pads,
+    check_bits, check_values, for_receiver_pads, for_sender_pads, recv_corrections,
+    send_corrections,
 };
-use crate::pack::{mask, pack, packed_len, PackedView};
+use crate::pack::{mask, packed_len, BitReader, BitWriter};
 use crate::OtSession;
 
 impl OtSession {
@@ -26,14 +27,15 @@ impl OtSession {
         check_values(msgs.as_flattened(), bits, "send_chosen messages")?;
         let batch = self.take_send(ch, msgs.len())?;
         let d = recv_corrections(ch, msgs.len())?;
-        let (p0, p1) = sender_pads(&batch, &d);
         let m = mask(bits);
-        let mut y = Vec::with_capacity(2 * msgs.len());
-        for (i, pair) in msgs.iter().enumerate() {
-            y.push(pair[0] ^ (p0[i] as u64 & m));
-            y.push(pair[1] ^ (p1[i] as u64 & m));
-        }
-        ch.send_msg(&pack(&y, bits))?;
+        let mut y = BitWriter::new(2 * msgs.len(), bits);
+        for_sender_pads(&batch, &d, |first, p0, p1| {
+            for ((pair, a), b) in msgs[first..].iter().zip(p0).zip(p1) {
+                y.push(pair[0] ^ (*a as u64 & m));
+                y.push(pair[1] ^ (*b as u64 & m));
+            }
+        });
+        ch.send_msg(&y.finish())?;
         ch.flush()
     }
 
@@ -48,16 +50,19 @@ impl OtSession {
         let n = choices.len();
         let batch = self.take_recv(ch, n)?;
         send_corrections(ch, &batch, choices.iter().copied())?;
-        let pads = receiver_pads(&batch);
-        let msg = ch.recv_msg_exact(packed_len(2 * n, bits))?;
-        let y = PackedView::new(&msg, 2 * n, bits, "chosen OT ciphertexts")?;
         let m = mask(bits);
+        // The pads are computed while the sender works; they become the outputs in place.
+        let mut out = Vec::with_capacity(n);
+        for_receiver_pads(&batch, |_, pads| {
+            out.extend(pads.iter().map(|&p| p as u64 & m))
+        });
+        let msg = ch.recv_msg_exact(packed_len(2 * n, bits))?;
+        let mut y = BitReader::new(&msg, 2 * n, bits, "chosen OT ciphertexts")?;
         // Read both ciphertexts and select with a mask: no choice-dependent address.
-        Ok((0..n)
-            .map(|i| {
-                let (y0, y1) = (y.get(2 * i), y.get(2 * i + 1));
-                (y0 ^ ((y0 ^ y1) & 0u64.wrapping_sub(choices[i] as u64))) ^ (pads[i] as u64 & m)
-            })
-            .collect())
+        for (o, &c) in out.iter_mut().zip(choices) {
+            let (y0, y1) = (y.next_value(), y.next_value());
+            *o ^= y0 ^ ((y0 ^ y1) & 0u64.wrapping_sub(c as u64));
+        }
+        Ok(out)
     }
 }

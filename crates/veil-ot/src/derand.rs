@@ -9,6 +9,8 @@ use veil_core::Result;
 use veil_net::Channel;
 use zeroize::Zeroizing;
 
+use crate::ct::bit_mask_128;
+
 use crate::aes_prims::tccr_hash_seq;
 use crate::pack::{pack_bools, unpack_bools};
 use crate::session::{ReceiverBatch, SenderBatch};
@@ -49,29 +51,41 @@ pub(crate) fn recv_corrections<C: Channel>(ch: &mut C, count: usize) -> Result<V
     unpack_bools(&msg, count, "OT choice corrections")
 }
 
-/// Secret scratch that is wiped when dropped.
-pub(crate) type Secret = Zeroizing<Vec<u128>>;
+/// COTs hashed per chunk: the pads live in stack scratch that stays in L1 and is wiped after
+/// use, so no call allocates in proportion to its size.
+pub(crate) const CHUNK: usize = 256;
 
-/// Sender: `(pad_0, pad_1)` for every COT of the batch given the corrections.
-pub(crate) fn sender_pads(batch: &SenderBatch<'_>, d: &[u8]) -> (Secret, Secret) {
-    let x0: Vec<u128> = batch
-        .q
-        .iter()
-        .zip(d)
-        .map(|(&q, &di)| q ^ (batch.delta & 0u128.wrapping_sub(di as u128)))
-        .collect();
-    let x0 = Zeroizing::new(x0);
-    let x1 = Zeroizing::new(x0.iter().map(|&x| x ^ batch.delta).collect::<Vec<_>>());
-    let mut p0 = Zeroizing::new(vec![0u128; x0.len()]);
-    let mut p1 = Zeroizing::new(vec![0u128; x0.len()]);
-    tccr_hash_seq(&x0, batch.index as u128, &mut p0);
-    tccr_hash_seq(&x1, batch.index as u128, &mut p1);
-    (p0, p1)
+/// Sender: `f(first, pad_0, pad_1)` for consecutive chunks of the batch, `first` being the
+/// index of the chunk's first COT.
+pub(crate) fn for_sender_pads(
+    batch: &SenderBatch<'_>,
+    d: &[u8],
+    mut f: impl FnMut(usize, &[u128], &[u128]),
+) {
+    assert_eq!(batch.q.len(), d.len(), "sender pads: corrections length");
+    let mut x = Zeroizing::new([[0u128; CHUNK]; 2]);
+    let mut p = Zeroizing::new([[0u128; CHUNK]; 2]);
+    for (c, (q, d)) in batch.q.chunks(CHUNK).zip(d.chunks(CHUNK)).enumerate() {
+        let n = q.len();
+        for i in 0..n {
+            let x0 = q[i] ^ (batch.delta & bit_mask_128(d[i] as u128));
+            x[0][i] = x0;
+            x[1][i] = x0 ^ batch.delta;
+        }
+        let tweak = batch.index as u128 + (c * CHUNK) as u128;
+        let [p0, p1] = &mut *p;
+        tccr_hash_seq(&x[0][..n], tweak, &mut p0[..n]);
+        tccr_hash_seq(&x[1][..n], tweak, &mut p1[..n]);
+        f(c * CHUNK, &p0[..n], &p1[..n]);
+    }
 }
 
-/// Receiver: `pad_{c_i} = H(t_i, τ_i)`.
-pub(crate) fn receiver_pads(batch: &ReceiverBatch<'_>) -> Secret {
-    let mut p = Zeroizing::new(vec![0u128; batch.t.len()]);
-    tccr_hash_seq(batch.t, batch.index as u128, &mut p);
-    p
+/// Receiver: `f(first, pad)` with `pad_{c_i} = H(t_i, τ_i)` for consecutive chunks.
+pub(crate) fn for_receiver_pads(batch: &ReceiverBatch<'_>, mut f: impl FnMut(usize, &[u128])) {
+    let mut p = Zeroizing::new([0u128; CHUNK]);
+    for (c, t) in batch.t.chunks(CHUNK).enumerate() {
+        let n = t.len();
+        tccr_hash_seq(t, batch.index as u128 + (c * CHUNK) as u128, &mut p[..n]);
+        f(c * CHUNK, &p[..n]);
+    }
 }

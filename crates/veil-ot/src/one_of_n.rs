@@ -22,7 +22,7 @@ use zeroize::Zeroizing;
 use crate::aes_prims::tccr_hash_tweaked;
 use crate::ct::eq_mask;
 use crate::derand::{check_bits, check_values, recv_corrections, send_corrections};
-use crate::pack::{mask, packed_len, BitWriter, PackedView};
+use crate::pack::{mask, packed_len, BitReader, BitWriter};
 use crate::OtSession;
 
 /// Tweak for block `c` of the pad stream of COT `index`: indices stay below 2^64, c above.
@@ -161,36 +161,57 @@ impl OtSession {
         let bit_choices = (0..count * l).map(|k| (choices[k / l] >> (k % l)) & 1 == 1);
         send_corrections(ch, &batch, bit_choices)?;
         let blocks = stream_blocks(n_msgs, bits);
-        let mut inputs = Zeroizing::new(Vec::with_capacity(count * l * blocks));
-        let mut tweaks = Vec::with_capacity(count * l * blocks);
-        for (k, &t) in batch.t.iter().enumerate() {
-            for c in 0..blocks {
-                inputs.push(t);
-                tweaks.push(tweak(batch.index + k as u64, c));
+        // The keys K_c are computed while the sender works and become the outputs in place.
+        let mut out = Vec::with_capacity(count);
+        let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
+        let mut streams = Zeroizing::new(Vec::new());
+        for first in (0..count).step_by(OTS_PER_BATCH) {
+            let last = (first + OTS_PER_BATCH).min(count);
+            inputs.clear();
+            tweaks.clear();
+            for k in first * l..last * l {
+                for c in 0..blocks {
+                    inputs.push(batch.t[k]);
+                    tweaks.push(tweak(batch.index + k as u64, c));
+                }
             }
-        }
-        let mut streams = Zeroizing::new(vec![0u128; inputs.len()]);
-        tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
-        let msg = ch.recv_msg_exact(packed_len(count * n_msgs, bits))?;
-        let y = PackedView::new(&msg, count * n_msgs, bits, "1-of-N OT ciphertexts")?;
-        // The choice is secret: every chunk and every ciphertext of the row is read and the
-        // wanted one kept by a mask, so no address depends on it (O(N·log N) per OT, like the
-        // sender's work).
-        Ok((0..count)
-            .map(|i| {
-                let c = choices[i] as usize;
-                let key = (0..l).fold(0u64, |a, j| {
+            streams.resize(inputs.len(), 0);
+            tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
+            // The choice is secret: every chunk of a stream is read and the wanted one kept by
+            // a mask, so no address depends on it (O(N·log N) per OT, like the sender's work).
+            out.extend(choices[first..last].iter().enumerate().map(|(i, &c)| {
+                let c = c as usize;
+                (0..l).fold(0u64, |key, j| {
                     let k = i * l + j;
                     let stream = &streams[k * blocks..(k + 1) * blocks];
-                    let want = without_bit(c, j);
-                    a ^ (0..n_msgs / 2).fold(0u64, |acc, y| {
-                        acc | (chunk(stream, y, bits) & eq_mask(y, want))
-                    })
-                });
-                let cipher =
-                    (0..n_msgs).fold(0u64, |acc, x| acc | (y.get(i * n_msgs + x) & eq_mask(x, c)));
-                cipher ^ key
-            })
-            .collect())
+                    key ^ select_chunk(stream, without_bit(c, j), n_msgs / 2, bits)
+                })
+            }));
+        }
+        let msg = ch.recv_msg_exact(packed_len(count * n_msgs, bits))?;
+        let mut y = BitReader::new(&msg, count * n_msgs, bits, "1-of-N OT ciphertexts")?;
+        for (o, &c) in out.iter_mut().zip(choices) {
+            *o ^= (0..n_msgs).fold(0u64, |acc, x| {
+                acc | (y.next_value() & eq_mask(x, c as usize))
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Chunk `want` of a pad stream of `chunks` chunks, read without a `want`-dependent address.
+#[inline]
+fn select_chunk(stream: &[u128], want: usize, chunks: usize, bits: u32) -> u64 {
+    if let [single] = stream {
+        let (m, mut s) = (mask(bits), *single);
+        (0..chunks).fold(0u64, |acc, y| {
+            let v = s as u64 & m;
+            s >>= bits;
+            acc | (v & eq_mask(y, want))
+        })
+    } else {
+        (0..chunks).fold(0u64, |acc, y| {
+            acc | (chunk(stream, y, bits) & eq_mask(y, want))
+        })
     }
 }

@@ -1,6 +1,6 @@
 //! Dense bit packing for OT messages: choice-bit corrections and `bits`-bit payloads are sent
 //! with no padding except the last byte's, which must be zero (canonical encoding, so a peer's
-//! stray bits are rejected rather than ignored).
+//! stray bits are rejected rather than ignored). Readers and writers move 64 bits at a time.
 
 use veil_core::{ensure, Result};
 
@@ -18,10 +18,12 @@ pub fn pack(values: &[u64], bits: u32) -> Vec<u8> {
     w.finish()
 }
 
-/// Streaming form of [`pack`], for senders that compute values on the fly.
+/// Streaming form of [`pack`], for senders that compute values on the fly. Bits gather in a
+/// 128-bit accumulator and leave it 64 at a time.
 pub struct BitWriter {
     out: Vec<u8>,
     acc: u128,
+    /// Bits pending in `acc`; below 64 between calls.
     fill: u32,
     bits: u32,
     mask: u64,
@@ -32,7 +34,7 @@ impl BitWriter {
     pub fn new(count: usize, bits: u32) -> Self {
         assert!((1..=64).contains(&bits), "BitWriter: bits = {bits}");
         BitWriter {
-            out: Vec::with_capacity(packed_len(count, bits)),
+            out: Vec::with_capacity(packed_len(count, bits) + 8),
             acc: 0,
             fill: 0,
             bits,
@@ -44,32 +46,35 @@ impl BitWriter {
     pub fn push(&mut self, v: u64) {
         self.acc |= ((v & self.mask) as u128) << self.fill;
         self.fill += self.bits;
-        while self.fill >= 8 {
-            self.out.push(self.acc as u8);
-            self.acc >>= 8;
-            self.fill -= 8;
+        if self.fill >= 64 {
+            self.out.extend_from_slice(&(self.acc as u64).to_le_bytes());
+            self.acc >>= 64;
+            self.fill -= 64;
         }
     }
 
     pub fn finish(mut self) -> Vec<u8> {
-        if self.fill > 0 {
-            self.out.push(self.acc as u8);
-        }
+        let tail = self.fill.div_ceil(8) as usize;
+        self.out.extend_from_slice(&self.acc.to_le_bytes()[..tail]);
         self.out
     }
 }
 
-/// A packed message of `count` values, checked once (length, zero padding) and then read at
-/// any index: receivers that need one value out of N need not unpack all of them.
-pub struct PackedView<'a> {
+/// Sequential reader of a packed message of `count` values, checked once up front (length,
+/// zero padding), then read value by value with no further checks that could fail.
+pub struct BitReader<'a> {
     bytes: &'a [u8],
-    count: usize,
+    pos: usize,
+    acc: u128,
+    fill: u32,
     bits: u32,
+    mask: u64,
+    left: usize,
 }
 
-impl<'a> PackedView<'a> {
+impl<'a> BitReader<'a> {
     pub fn new(bytes: &'a [u8], count: usize, bits: u32, what: &str) -> Result<Self> {
-        assert!((1..=64).contains(&bits), "PackedView: bits = {bits}");
+        assert!((1..=64).contains(&bits), "BitReader: bits = {bits}");
         ensure!(
             bytes.len() == packed_len(count, bits),
             Malformed,
@@ -85,47 +90,48 @@ impl<'a> PackedView<'a> {
                 "{what}: non-zero padding bits"
             );
         }
-        Ok(PackedView { bytes, count, bits })
+        Ok(BitReader {
+            bytes,
+            pos: 0,
+            acc: 0,
+            fill: 0,
+            bits,
+            mask: mask(bits),
+            left: count,
+        })
     }
 
-    /// Value `i` (< count).
+    /// The next value; panics when called more than `count` times (a caller bug).
     #[inline]
-    pub fn get(&self, i: usize) -> u64 {
-        assert!(i < self.count, "PackedView index {i} out of {}", self.count);
-        let pos = i * self.bits as usize;
-        let (start, off) = (pos / 8, pos % 8);
-        let end = (start + 9).min(self.bytes.len());
-        let mut window = [0u8; 16];
-        window[..end - start].copy_from_slice(&self.bytes[start..end]);
-        (u128::from_le_bytes(window) >> off) as u64 & mask(self.bits)
+    pub fn next_value(&mut self) -> u64 {
+        assert!(self.left > 0, "BitReader read past its last value");
+        self.left -= 1;
+        if self.fill < self.bits {
+            // fill < 64 here, so 64 more bits fit in the accumulator.
+            if let Some(word) = self.bytes.get(self.pos..self.pos + 8) {
+                let w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+                self.acc |= (w as u128) << self.fill;
+                self.fill += 64;
+                self.pos += 8;
+            } else {
+                while self.fill < self.bits {
+                    self.acc |= (self.bytes[self.pos] as u128) << self.fill;
+                    self.fill += 8;
+                    self.pos += 1;
+                }
+            }
+        }
+        let v = self.acc as u64 & self.mask;
+        self.acc >>= self.bits;
+        self.fill -= self.bits;
+        v
     }
 }
 
 /// Inverse of [`pack`]: exactly `count` values; the message length and padding are checked.
 pub fn unpack(bytes: &[u8], count: usize, bits: u32, what: &str) -> Result<Vec<u64>> {
-    assert!((1..=64).contains(&bits), "unpack: bits = {bits}");
-    ensure!(
-        bytes.len() == packed_len(count, bits),
-        Malformed,
-        "{what}: {} bytes, expected {}",
-        bytes.len(),
-        packed_len(count, bits)
-    );
-    let mask = mask(bits);
-    let mut out = Vec::with_capacity(count);
-    let (mut acc, mut fill) = (0u128, 0u32);
-    let mut it = bytes.iter();
-    for _ in 0..count {
-        while fill < bits {
-            acc |= (*it.next().expect("length checked") as u128) << fill;
-            fill += 8;
-        }
-        out.push(acc as u64 & mask);
-        acc >>= bits;
-        fill -= bits;
-    }
-    ensure!(acc == 0, Malformed, "{what}: non-zero padding bits");
-    Ok(out)
+    let mut r = BitReader::new(bytes, count, bits, what)?;
+    Ok((0..count).map(|_| r.next_value()).collect())
 }
 
 /// Packs booleans one bit each.
@@ -139,10 +145,8 @@ pub fn pack_bools(bits: impl ExactSizeIterator<Item = bool>) -> Vec<u8> {
 
 /// Inverse of [`pack_bools`], as 0/1 bytes.
 pub fn unpack_bools(bytes: &[u8], count: usize, what: &str) -> Result<Vec<u8>> {
-    Ok(unpack(bytes, count, 1, what)?
-        .into_iter()
-        .map(|b| b as u8)
-        .collect())
+    let mut r = BitReader::new(bytes, count, 1, what)?;
+    Ok((0..count).map(|_| r.next_value() as u8).collect())
 }
 
 pub fn mask(bits: u32) -> u64 {
@@ -170,11 +174,14 @@ mod tests {
 
     proptest! {
         #[test]
-        fn view_reads_every_value(values in proptest::collection::vec(any::<u64>(), 1..60), bits in 1u32..=64) {
-            let bytes = pack(&values, bits);
-            let view = PackedView::new(&bytes, values.len(), bits, "t").unwrap();
-            for (i, v) in values.iter().enumerate() {
-                prop_assert_eq!(view.get(i), v & mask(bits));
+        fn writer_and_reader_agree(values in proptest::collection::vec(any::<u64>(), 1..300), bits in 1u32..=64) {
+            let mut w = BitWriter::new(0, bits);
+            values.iter().for_each(|&v| w.push(v));
+            let bytes = w.finish();
+            prop_assert_eq!(&bytes, &pack(&values, bits));
+            let mut r = BitReader::new(&bytes, values.len(), bits, "t").unwrap();
+            for v in &values {
+                prop_assert_eq!(r.next_value(), v & mask(bits));
             }
         }
     }
@@ -184,8 +191,8 @@ mod tests {
         let bytes3 = pack(&[1, 2, 3], 3);
         let mut dirty3 = bytes3.clone();
         *dirty3.last_mut().unwrap() |= 0x80;
-        assert!(PackedView::new(&dirty3, 3, 3, "t").is_err());
-        assert!(PackedView::new(&bytes3[..1], 3, 3, "t").is_err());
+        assert!(BitReader::new(&dirty3, 3, 3, "t").is_err());
+        assert!(BitReader::new(&bytes3[..1], 3, 3, "t").is_err());
         let bytes = pack(&[1, 2, 3], 3);
         assert!(unpack(&bytes[..1], 3, 3, "t").is_err());
         let mut dirty = bytes.clone();

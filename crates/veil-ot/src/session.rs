@@ -14,6 +14,7 @@ use veil_core::{ensure, Prg, Result};
 use veil_net::{Channel, Role};
 use zeroize::{Zeroize, Zeroizing};
 
+use crate::ferret::table::{reserve_wiping, resize_wiping};
 use crate::ferret::{FerretReceiver, FerretSender};
 use crate::iknp::{IknpReceiver, IknpSender};
 
@@ -86,16 +87,21 @@ fn refill_size(available: usize, need: usize) -> usize {
     (need - available).max(IKNP_MIN_REFILL)
 }
 
-/// Appends `src` to a pool buffer. When the buffer must grow, it moves to the new allocation
-/// by hand and wipes the old one first (a plain `extend` would free it with COTs inside).
+/// Appends `src` to a pool buffer, growing it geometrically with [`reserve_wiping`].
 fn extend_wiping<T: Copy + Zeroize>(v: &mut Vec<T>, src: &[T]) {
-    if v.capacity() - v.len() < src.len() {
-        let mut bigger = Vec::with_capacity((v.len() + src.len()).max(2 * v.capacity()));
-        bigger.extend_from_slice(v);
-        v.zeroize();
-        *v = bigger;
-    }
+    reserve_wiping(v, src.len().max(v.len()));
     v.extend_from_slice(src);
+}
+
+/// Where one silent iteration goes when `left` COTs remain in the pool: the iteration's blocks
+/// are written at `offset` of the spare buffer, and the leftover is copied in front of the
+/// usable part, over the iteration's reserve prefix (`start` blocks, already copied out by the
+/// engine) and, if the leftover is longer, into the `offset` blocks before it. Returns
+/// `(offset, p)`: the new pool is `spare[p..offset + iteration_len]`, leftover first. No COT
+/// of the iteration is copied, and the buffers never need more than `iteration_len + left`.
+fn silent_layout(left: usize, start: usize) -> (usize, usize) {
+    let offset = left.saturating_sub(start);
+    (offset, offset + start - left)
 }
 
 impl SenderPool {
@@ -127,28 +133,26 @@ impl SenderPool {
         if self.available() >= need {
             return Ok(());
         }
-        self.q.drain(..self.pos);
-        self.pos = 0;
         match &mut self.engine {
             SendEngine::Iknp(e) => {
+                self.q.drain(..self.pos);
+                self.pos = 0;
                 let more = Zeroizing::new(e.extend(ch, refill_size(self.q.len(), need))?);
                 extend_wiping(&mut self.q, &more);
             }
             SendEngine::Silent(e) => {
                 while self.q.len() - self.pos < need {
-                    // The iteration fills the spare buffer in place (no fresh 160 MB each
-                    // time); the few COTs left in the pool move into its reserve prefix, which
-                    // the engine has already copied out, and the buffers swap roles.
-                    let start = e.extend(ch, &mut self.spare)?;
+                    // The iteration fills the spare buffer in place, the leftover moves in
+                    // front of its usable part, and the buffers swap roles.
                     let left = self.q.len() - self.pos;
-                    if left <= start {
-                        let p = start - left;
-                        self.spare[p..start].copy_from_slice(&self.q[self.pos..]);
-                        std::mem::swap(&mut self.q, &mut self.spare);
-                        self.pos = p;
-                    } else {
-                        extend_wiping(&mut self.q, &self.spare[start..]);
-                    }
+                    let (offset, p) = silent_layout(left, e.reserve_len());
+                    let end = offset + e.iteration_len();
+                    resize_wiping(&mut self.spare, end);
+                    let start = e.extend_into(ch, &mut self.spare[offset..end])?;
+                    assert_eq!(start, e.reserve_len(), "silent OT reserve length");
+                    self.spare[p..offset + start].copy_from_slice(&self.q[self.pos..]);
+                    std::mem::swap(&mut self.q, &mut self.spare);
+                    self.pos = p;
                 }
             }
         }
@@ -204,11 +208,11 @@ impl ReceiverPool {
         if self.available() >= need {
             return Ok(());
         }
-        self.t.drain(..self.pos);
-        self.bits.drain(..self.pos);
-        self.pos = 0;
         match &mut self.engine {
             RecvEngine::Iknp(e) => {
+                self.t.drain(..self.pos);
+                self.bits.drain(..self.pos);
+                self.pos = 0;
                 let m = refill_size(self.t.len(), need);
                 let choices: Zeroizing<Vec<u8>> =
                     Zeroizing::new((0..m).map(|_| self.prg.bit() as u8).collect());
@@ -218,20 +222,23 @@ impl ReceiverPool {
             }
             RecvEngine::Silent(e) => {
                 while self.t.len() - self.pos < need {
-                    // As for the sender: fill the spare buffers, move the leftover in front.
-                    let start = e.extend(ch, &mut self.spare_t, &mut self.spare_bits)?;
+                    // As for the sender, with the choice bits alongside.
                     let left = self.t.len() - self.pos;
-                    if left <= start {
-                        let p = start - left;
-                        self.spare_t[p..start].copy_from_slice(&self.t[self.pos..]);
-                        self.spare_bits[p..start].copy_from_slice(&self.bits[self.pos..]);
-                        std::mem::swap(&mut self.t, &mut self.spare_t);
-                        std::mem::swap(&mut self.bits, &mut self.spare_bits);
-                        self.pos = p;
-                    } else {
-                        extend_wiping(&mut self.t, &self.spare_t[start..]);
-                        extend_wiping(&mut self.bits, &self.spare_bits[start..]);
-                    }
+                    let (offset, p) = silent_layout(left, e.reserve_len());
+                    let end = offset + e.iteration_len();
+                    resize_wiping(&mut self.spare_t, end);
+                    resize_wiping(&mut self.spare_bits, end);
+                    let start = e.extend_into(
+                        ch,
+                        &mut self.spare_t[offset..end],
+                        &mut self.spare_bits[offset..end],
+                    )?;
+                    assert_eq!(start, e.reserve_len(), "silent OT reserve length");
+                    self.spare_t[p..offset + start].copy_from_slice(&self.t[self.pos..]);
+                    self.spare_bits[p..offset + start].copy_from_slice(&self.bits[self.pos..]);
+                    std::mem::swap(&mut self.t, &mut self.spare_t);
+                    std::mem::swap(&mut self.bits, &mut self.spare_bits);
+                    self.pos = p;
                 }
             }
         }
@@ -357,17 +364,17 @@ impl OtSession {
 
 #[cfg(test)]
 mod tests {
-    use super::extend_wiping;
+    use super::silent_layout;
 
     #[test]
-    fn extend_wiping_keeps_contents_across_growth() {
-        let mut v: Vec<u128> = Vec::new();
-        let mut want = Vec::new();
-        for round in 0..50u128 {
-            let chunk: Vec<u128> = (0..round * 7 + 1).map(|i| i * 1000 + round).collect();
-            extend_wiping(&mut v, &chunk);
-            want.extend_from_slice(&chunk);
-            assert_eq!(v, want);
+    fn silent_layout_puts_the_leftover_right_before_the_usable_part() {
+        let start = 100;
+        for left in [0, 1, 99, 100, 101, 250] {
+            let (offset, p) = silent_layout(left, start);
+            // The leftover ends where the iteration's usable part begins...
+            assert_eq!(p + left, offset + start, "left {left}");
+            // ...and the iteration is written no further out than the leftover needs.
+            assert_eq!(offset, left.saturating_sub(start));
         }
     }
 }

@@ -480,6 +480,9 @@ fn silent_refill_against_a_peer_that_hangs_up_or_sends_garbage() {
             move |_, ch| {
                 if garbage {
                     ch.send_msg(&[0u8; 100])?;
+                    // Stay connected until the client gives up, so it fails on the garbage
+                    // rather than on the hang-up, whatever the threads' timing.
+                    while ch.recv_msg(1 << 24).is_ok() {}
                 }
                 Ok(())
             },

@@ -36,7 +36,7 @@ use crate::pack::{pack_bools, unpack_bools};
 use lpn::{workers, LpnMatrix};
 use params::LpnParams;
 use spcot::{receive_tree, send_tree, SenderLevels, TreeScratch};
-use table::HugeTable;
+use table::{resize_wiping, HugeTable};
 
 /// Tag of Ferret's internal hash tweaks (the session's flavours use tweaks below 2^72).
 const TWEAK_TAG: u128 = 1 << 127;
@@ -100,8 +100,9 @@ fn mpcot_send<C: Channel>(
     level_cots: &[u128],
     tweak: u128,
     prg: &mut Prg,
-    out: &mut Vec<u128>,
+    out: &mut [u128],
 ) -> Result<()> {
+    assert_eq!(out.len(), p.n, "MPCOT output length");
     let depth = p.depth();
     let d = unpack_bools(
         &ch.recv_msg_exact((p.t * depth).div_ceil(8))?,
@@ -110,12 +111,11 @@ fn mpcot_send<C: Channel>(
     )?;
     let roots: Zeroizing<Vec<u128>> =
         Zeroizing::new((0..p.t).map(|_| u128::from_le_bytes(prg.block())).collect());
-    // Every position is overwritten by the bins' leaves, so a reused buffer needs no clearing.
-    out.resize(p.n, 0);
+    // Every position of `out` is overwritten by the bins' leaves.
     let per_tree = 2 * depth + 1;
     let mut msg = vec![0u128; p.t * per_tree];
     std::thread::scope(|s| {
-        let (mut out_rest, mut msg_rest) = (&mut out[..], &mut msg[..]);
+        let (mut out_rest, mut msg_rest) = (out, &mut msg[..]);
         for group in tree_groups(p.t) {
             let out_len = p.bin(group.end - 1).0 + p.bin(group.end - 1).1 - p.bin(group.start).0;
             let (out_g, o) = out_rest.split_at_mut(out_len);
@@ -158,9 +158,13 @@ fn mpcot_receive<C: Channel>(
     level_bits: &[u8],
     tweak: u128,
     prg: &mut Prg,
-    out: &mut Vec<u128>,
-    noise: &mut Vec<u8>,
+    out: &mut [u128],
+    noise: &mut [u8],
 ) -> Result<()> {
+    assert!(
+        out.len() == p.n && noise.len() == p.n,
+        "MPCOT output length"
+    );
     let depth = p.depth();
     let alphas: Zeroizing<Vec<usize>> = Zeroizing::new(
         (0..p.t)
@@ -181,9 +185,8 @@ fn mpcot_receive<C: Channel>(
         .chunks_exact(16)
         .map(|b| u128::from_le_bytes(b.try_into().expect("16 bytes")))
         .collect();
-    out.resize(p.n, 0);
     std::thread::scope(|s| {
-        let mut out_rest = &mut out[..];
+        let mut out_rest = &mut *out;
         for group in tree_groups(p.t) {
             let out_len = p.bin(group.end - 1).0 + p.bin(group.end - 1).1 - p.bin(group.start).0;
             let (out_g, o) = out_rest.split_at_mut(out_len);
@@ -207,9 +210,11 @@ fn mpcot_receive<C: Channel>(
         }
     });
     // The unit vector of each bin, written in full so no address depends on α.
-    noise.clear();
     for (i, &a) in alphas.iter().enumerate() {
-        noise.extend((0..p.bin(i).1).map(|j| (eq_mask(j, a) & 1) as u8));
+        let (start, len) = p.bin(i);
+        for (j, b) in noise[start..start + len].iter_mut().enumerate() {
+            *b = (eq_mask(j, a) & 1) as u8;
+        }
     }
     Ok(())
 }
@@ -223,7 +228,7 @@ fn sender_iteration<C: Channel>(
     base: &[u128],
     iteration: u64,
     prg: &mut Prg,
-    out: &mut Vec<u128>,
+    out: &mut [u128],
 ) -> Result<()> {
     let (lpn_base, levels) = base.split_at(p.k);
     mpcot_send(ch, p, delta, levels, iteration_tweak(iteration), prg, out)?;
@@ -240,8 +245,8 @@ fn receiver_iteration<C: Channel>(
     base_bits: &[u8],
     iteration: u64,
     prg: &mut Prg,
-    out: &mut Vec<u128>,
-    bits: &mut Vec<u8>,
+    out: &mut [u128],
+    bits: &mut [u8],
 ) -> Result<()> {
     let (lpn_base, levels) = base.split_at(p.k);
     let (lpn_bits, level_bits) = base_bits.split_at(p.k);
@@ -274,7 +279,7 @@ impl FerretSender {
         let base = Zeroizing::new(iknp.extend(ch, boot.base_cots())?);
         let delta = iknp.delta();
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
-        let mut out = Vec::new();
+        let mut out = vec![0u128; boot.n];
         sender_iteration(ch, &boot, &boot_matrix, delta, &base, 0, &mut prg, &mut out)?;
         let mut reserve = HugeTable::new(main.base_cots());
         reserve
@@ -298,6 +303,13 @@ impl FerretSender {
     /// One main iteration into `out` (its allocation is reused): returns `start`, the usable
     /// COTs being `out[start..]`.
     pub fn extend<C: Channel>(&mut self, ch: &mut C, out: &mut Vec<u128>) -> Result<usize> {
+        resize_wiping(out, self.iteration_len());
+        self.extend_into(ch, out)
+    }
+
+    /// One main iteration into `out`, of exactly [`Self::iteration_len`] blocks: returns
+    /// `start`, the usable COTs being `out[start..]` (the prefix is the next reserve).
+    pub fn extend_into<C: Channel>(&mut self, ch: &mut C, out: &mut [u128]) -> Result<usize> {
         sender_iteration(
             ch,
             &self.main,
@@ -317,6 +329,16 @@ impl FerretSender {
     /// COTs each main iteration hands out.
     pub fn batch_size(&self) -> usize {
         self.main.n - self.main.base_cots()
+    }
+
+    /// Blocks each main iteration writes (reserve prefix included).
+    pub fn iteration_len(&self) -> usize {
+        self.main.n
+    }
+
+    /// Length of the reserve prefix of each iteration's output.
+    pub fn reserve_len(&self) -> usize {
+        self.reserve.len()
     }
 }
 
@@ -346,7 +368,7 @@ impl FerretReceiver {
             Zeroizing::new((0..boot.base_cots()).map(|_| prg.bit() as u8).collect());
         let base = Zeroizing::new(iknp.extend(ch, &base_bits)?);
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
-        let (mut out, mut bits) = (Vec::new(), Vec::new());
+        let (mut out, mut bits) = (vec![0u128; boot.n], vec![0u8; boot.n]);
         receiver_iteration(
             ch,
             &boot,
@@ -380,6 +402,19 @@ impl FerretReceiver {
         out: &mut Vec<u128>,
         bits: &mut Vec<u8>,
     ) -> Result<usize> {
+        resize_wiping(out, self.iteration_len());
+        resize_wiping(bits, self.iteration_len());
+        self.extend_into(ch, out, bits)
+    }
+
+    /// One main iteration into `out` and `bits`, of exactly [`Self::iteration_len`] entries
+    /// each: returns `start`, the usable COTs being `out[start..]` with choices `bits[start..]`.
+    pub fn extend_into<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        out: &mut [u128],
+        bits: &mut [u8],
+    ) -> Result<usize> {
         receiver_iteration(
             ch,
             &self.main,
@@ -400,6 +435,16 @@ impl FerretReceiver {
 
     pub fn batch_size(&self) -> usize {
         self.main.n - self.main.base_cots()
+    }
+
+    /// Entries each main iteration writes (reserve prefix included).
+    pub fn iteration_len(&self) -> usize {
+        self.main.n
+    }
+
+    /// Length of the reserve prefix of each iteration's output.
+    pub fn reserve_len(&self) -> usize {
+        self.reserve.len()
     }
 }
 
