@@ -12,7 +12,13 @@
 //! * Server: [`EvalCiphertext::expand`], optional [`EvalCiphertext::add_plain`] (its own share),
 //!   [`Accumulator::mul_acc`] with [`NttPlaintext`] weights, then
 //!   [`Accumulator::into_response`] → [`Response`]; client: [`SecretKey::decrypt_response`].
-//! * [`wire`]: canonical bit-packed encodings of all three messages with strict validation.
+//! * Output packing: [`SecretKey::galois_keys`] → [`GaloisKeys`] (sent once per session, at
+//!   modulus Q·P with the set's special prime P, log2(Q·P) ≤ the HE-standard bound);
+//!   [`GaloisKeys::pack`] merges up to `leaves` accumulators whose useful coefficients share a
+//!   power-of-two stride into one ([`pack`]), so one response (one c1) carries the outputs of
+//!   many products. The merge is exact on the kept coefficients; its key-switching noise is
+//!   bounded in the worst case ([`PackShape::noise_bound`]) and carried into the checks below.
+//! * [`wire`]: canonical bit-packed encodings of all four messages with strict validation.
 //!
 //! # Why the response is safe to send (semi-honest client), per session transcript
 //! With secret-key encryption and c1 = a known to the client, the raw product has
@@ -23,6 +29,12 @@
 //! c0' = −c1'·s + Δ·(result) + v. (i) c1' = Σ wᵢaᵢ + (pk1·u + e2) is pseudo-random by RLWE in u
 //! (one sample with uniform pk1), independently of w. (ii) v = X + E with
 //! X = w·(e + ε) + e_pk·u + e1 + e2·s, the noise that depends on the server's secrets.
+//! A packed response is re-randomised and flooded once, after the merge: its c1' is the merged
+//! c1 plus pk1·u + e2 (pseudo-random as before), and X additionally holds the key-switching
+//! noise of the merge (a function of intermediate c1's, hence of w), which is bounded in the
+//! worst case by [`PackShape::noise_bound`] and added to B below, so the argument is unchanged.
+//! The coefficients of a packed ciphertext outside the merged class hold sums of unrelated
+//! coefficients; they are never sent (only the needed c0 coefficients are).
 //!
 //! **Requirement:** the whole transcript a client receives in one session — up to
 //! D = 2^[`SESSION_REVEALED_LOG2`] = 2^28 revealed coefficients (a BERT-Base inference reveals
@@ -41,7 +53,7 @@
 //! 3. Total: 2^-41 + 2^-41 = 2^-40. The simulator samples uniform c1', uniform v in the flood
 //!    range and sets c0'; modulus switching and dropping coefficients are public post-processing.
 //!
-//! B is computed from **public** data only: the plaintext's declared bound max|w| (weights:
+//! B is computed from **public** data only (with packing: + the merge's worst-case noise): the plaintext's declared bound max|w| (weights:
 //! `veil_linear::fc::WEIGHT_BOUND` = 2^16 at f = 13; shares: 2^(ℓ−1)) times its number of slots,
 //! never from secret values; [`NttPlaintext`] refuses coefficients above the bound and
 //! [`Accumulator`] carries the bounds, so [`Accumulator::into_response`] always checks.

@@ -3,10 +3,12 @@
 //!
 //! * [`session`]: the client generates one key per [`veil_he::ParamSet`] in
 //!   [`session::SESSION_SETS`] (N8192 for model weights, N8192Q4 for share operands) and sends
-//!   the public keys once ([`ClientSession::setup`] / [`ServerSession::setup`]). A session may
+//!   the public keys and Galois keys once ([`ClientSession::setup`] / [`ServerSession::setup`];
+//!   ≈ 9.4 MB in all, set-up traffic). A session may
 //!   reveal at most 2^28 output coefficients per key (≈16 BERT-Base inferences); the server
 //!   refuses more (`Error::Insecure`), and the parties then start a new session.
-//! * [`layout`]: Cheetah coefficient packing and the traffic-minimising choice of blocks.
+//! * [`layout`]: Cheetah coefficient packing, response packing ([`veil_he::pack`]: many
+//!   responses share one c1) and the choice of blocks, which prices key switches against bytes.
 //! * [`matmul`]: the batched protocol core (one round trip for any number of products) and
 //!   [`PreparedMatrix`], the server's packed and noise-checked plaintext operand.
 //! * [`fc`]: Y = X·Wᵀ + b on shares for a whole sequence ([`PreparedFc`] is prepared once per

@@ -4,9 +4,9 @@
 //! holds R, a fresh uniform matrix: an additive sharing of A·B + add mod 2^ℓ.
 //!
 //! Flow (one round trip for the whole batch): client → server: the seeded ciphertexts of every
-//! A block; server → client: one hardened response per output block
-//! ([`veil_he::response`]: pk re-randomisation, noise flooding, modulus switching, only the
-//! needed c0 coefficients).
+//! A block; server → client: one hardened response per group of `pack` output blocks (merged
+//! with the client's Galois keys, [`veil_he::pack`]; then [`veil_he::response`]: pk
+//! re-randomisation, noise flooding, modulus switching, only the needed c0 coefficients).
 //!
 //! **Security (semi-honest).** The server sees only BFV ciphertexts under the client's key
 //! (IND-CPA under RLWE, 128-bit parameters). The client sees responses that are simulatable from

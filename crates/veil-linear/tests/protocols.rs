@@ -120,13 +120,13 @@ fn fc_refuses_weights_too_large_to_flood() {
     ));
 }
 
-fn check_shared_products(heads: usize, tcp: bool) {
+fn check_shared_products(heads: usize, (n, k, m): (usize, usize, usize), tcp: bool) {
     let mut g = Prg::from_seed(&Seed([6; 16]));
     let a: Vec<_> = (0..heads)
-        .map(|_| RingTensor::random(ring(), &[16, 8], &mut g).unwrap())
+        .map(|_| RingTensor::random(ring(), &[n, k], &mut g).unwrap())
         .collect();
     let b: Vec<_> = (0..heads)
-        .map(|_| RingTensor::random(ring(), &[8, 11], &mut g).unwrap())
+        .map(|_| RingTensor::random(ring(), &[k, m], &mut g).unwrap())
         .collect();
     let split = |v: &[RingTensor], g: &mut Prg| -> (Vec<_>, Vec<_>) {
         v.iter().map(|t| share(t, g).unwrap()).unzip()
@@ -156,12 +156,20 @@ fn check_shared_products(heads: usize, tcp: bool) {
 
 #[test]
 fn shared_products_per_head_are_exact() {
-    check_shared_products(3, false);
+    check_shared_products(3, (16, 8, 11), false);
+}
+
+/// Attention-sized products of small models (Q·Kᵀ and A·V with head size 8), one token up.
+#[test]
+fn small_attention_products_are_exact() {
+    for shape in [(1, 8, 1), (5, 8, 5), (5, 5, 8), (8, 8, 8), (7, 7, 8)] {
+        check_shared_products(2, shape, false);
+    }
 }
 
 #[test]
 fn shared_products_over_tcp_are_exact() {
-    check_shared_products(1, true);
+    check_shared_products(1, (16, 8, 11), true);
 }
 
 /// A channel that forwards receives but keeps what is sent (to tamper with a real message).
@@ -242,6 +250,43 @@ fn malformed_and_truncated_messages_are_errors() {
     )
     .unwrap();
     assert!(r);
+    // A valid public key followed by truncated Galois keys.
+    let (_, r) = run_two_party(
+        |ch| {
+            let p = veil_he::Params::new(ParamSet::N8192, ring())?;
+            let mut g = Prg::from_seed(&Seed([2; 16]));
+            let sk = veil_he::SecretKey::generate(&p, &mut g);
+            ch.send_msg(&veil_he::wire::encode_public_key(&sk.public_key(&mut g)))?;
+            let gk = veil_he::wire::encode_galois_keys(&sk.galois_keys(&mut g)?)?;
+            ch.send_msg(&gk[..gk.len() - 3])?;
+            Ok(())
+        },
+        |ch| Ok(ServerSession::setup(ch, ring()).is_err()),
+    )
+    .unwrap();
+    assert!(r);
+}
+
+/// A packed layout without the client's Galois keys is refused before anything is received.
+#[test]
+fn packed_layout_needs_galois_keys() {
+    let p = veil_he::Params::new(ParamSet::N8192, ring()).unwrap();
+    let mut g = Prg::from_seed(&Seed([3; 16]));
+    let pk = veil_he::SecretKey::generate(&p, &mut g).public_key(&mut g);
+    let b = small_matrix(&[768, 768], 10, &mut g);
+    let matrix = PreparedMatrix::new(&p, 128, &b, 1 << 16).unwrap();
+    assert!(matrix.layout().blocks.pack > 1);
+    let job = ServerJob {
+        matrix: &matrix,
+        lhs_share: None,
+        add: None,
+    };
+    let (_, r) = run_two_party(
+        |_| Ok(()),
+        |ch| Ok(matmul::server_respond(ch, &pk, None, &[job])),
+    )
+    .unwrap();
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{:?}", r.err());
 }
 
 proptest! {
