@@ -60,6 +60,33 @@ fn chunk(stream: &[u128], y: usize, bits: u32) -> u64 {
     v as u64 & mask(bits)
 }
 
+/// Whether a whole row of N messages fits one 64-bit word (and each pad stream one block):
+/// then the sender builds a row's N pads with word operations instead of N·log N lookups (the
+/// millionaire's 1-of-8 OTs of 1–2 bits).
+fn packed_rows(n_msgs: usize, bits: u32) -> bool {
+    n_msgs * bits as usize <= 64
+}
+
+/// The N pads of one OT packed as a row (pad x at bits x·bits..), from its 2·log N single-block
+/// streams (index 2j + b). Chunk y of stream (j, b) is the pad share of the message x with
+/// x_j = b and x without bit j = y: consecutive runs of 2^j chunks of a stream land in every
+/// other run of 2^j messages.
+fn row_pads(streams: &[u128], l: usize, bits: u32) -> u64 {
+    let half = 1usize << (l - 1);
+    let mut pads = 0u64;
+    for j in 0..l {
+        let width = (1u32 << j) * bits;
+        let run = mask(width);
+        for b in 0..2 {
+            let s = streams[2 * j + b] as u64;
+            for r in 0..(half >> j) as u32 {
+                pads ^= ((s >> (r * width)) & run) << ((2 * r + b as u32) * width);
+            }
+        }
+    }
+    pads
+}
+
 /// OTs hashed per batch: bounds scratch memory to a few MiB whatever N is.
 const OTS_PER_BATCH: usize = 1024;
 
@@ -86,7 +113,13 @@ impl OtSession {
         let batch = self.take_send(ch, count * l)?;
         let d = recv_corrections(ch, count * l)?;
         let blocks = stream_blocks(n_msgs, bits);
-        let mut out = BitWriter::new(table.len(), bits);
+        let packed = packed_rows(n_msgs, bits);
+        // Same bytes either way: a row of N `bits`-bit values is one N·bits-bit value.
+        let mut out = if packed {
+            BitWriter::new(count, n_msgs as u32 * bits)
+        } else {
+            BitWriter::new(table.len(), bits)
+        };
         // The N keys of the current OT; wiped on every exit, early or not.
         let mut pad = Zeroizing::new([0u64; 256]);
         let m = mask(bits);
@@ -110,6 +143,13 @@ impl OtSession {
             streams.resize(inputs.len(), 0);
             tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
             for i in first..last {
+                let row = &table[i * n_msgs..(i + 1) * n_msgs];
+                if packed {
+                    let k = (i - first) * l;
+                    let msgs = row.iter().rev().fold(0u64, |a, &v| (a << bits) | v);
+                    out.push(msgs ^ row_pads(&streams[2 * k..2 * (k + l)], l, bits));
+                    continue;
+                }
                 pad[..n_msgs].fill(0);
                 for j in 0..l {
                     let k = i * l + j - first * l;
@@ -130,8 +170,8 @@ impl OtSession {
                         }
                     }
                 }
-                for (x, p) in pad[..n_msgs].iter().enumerate() {
-                    out.push(table[i * n_msgs + x] ^ p);
+                for (x, p) in row.iter().zip(pad.iter()) {
+                    out.push(x ^ p);
                 }
             }
         }

@@ -14,7 +14,7 @@ use veil_core::{ensure, Prg, Result};
 use veil_net::{Channel, Role};
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::ferret::table::{reserve_wiping, resize_wiping};
+use crate::ferret::table::{reserve_wiping, scratch_wiping};
 use crate::ferret::{FerretReceiver, FerretSender};
 use crate::iknp::{IknpReceiver, IknpSender};
 
@@ -99,6 +99,13 @@ fn extend_wiping<T: Copy + Zeroize>(v: &mut Vec<T>, src: &[T]) {
 /// engine) and, if the leftover is longer, into the `offset` blocks before it. Returns
 /// `(offset, p)`: the new pool is `spare[p..offset + iteration_len]`, leftover first. No COT
 /// of the iteration is copied, and the buffers never need more than `iteration_len + left`.
+/// Capacity of a silent pool buffer when it must grow: the iteration plus room for a leftover
+/// of a quarter iteration, so calls of up to ~2.5 M OTs never grow a buffer twice (each fresh
+/// buffer costs the kernel ~0.1 s of page clearing).
+fn spare_capacity(iteration_len: usize) -> usize {
+    iteration_len + iteration_len / 4
+}
+
 fn silent_layout(left: usize, start: usize) -> (usize, usize) {
     let offset = left.saturating_sub(start);
     (offset, offset + start - left)
@@ -147,7 +154,7 @@ impl SenderPool {
                     let left = self.q.len() - self.pos;
                     let (offset, p) = silent_layout(left, e.reserve_len());
                     let end = offset + e.iteration_len();
-                    resize_wiping(&mut self.spare, end);
+                    scratch_wiping(&mut self.spare, end, spare_capacity(e.iteration_len()));
                     let start = e.extend_into(ch, &mut self.spare[offset..end])?;
                     assert_eq!(start, e.reserve_len(), "silent OT reserve length");
                     self.spare[p..offset + start].copy_from_slice(&self.q[self.pos..]);
@@ -226,8 +233,8 @@ impl ReceiverPool {
                     let left = self.t.len() - self.pos;
                     let (offset, p) = silent_layout(left, e.reserve_len());
                     let end = offset + e.iteration_len();
-                    resize_wiping(&mut self.spare_t, end);
-                    resize_wiping(&mut self.spare_bits, end);
+                    scratch_wiping(&mut self.spare_t, end, spare_capacity(e.iteration_len()));
+                    scratch_wiping(&mut self.spare_bits, end, spare_capacity(e.iteration_len()));
                     let start = e.extend_into(
                         ch,
                         &mut self.spare_t[offset..end],

@@ -139,6 +139,11 @@ fn iknp_chosen_ot_matches_ideal_functionality_both_directions() {
 #[test]
 fn iknp_1_of_n_matches_ideal_functionality_for_every_n() {
     check_1_of_n(Backend::Iknp, 4, 20_000, 2);
+    // The millionaire's leaves: rows of one word (packed path) and the widest such row.
+    check_1_of_n(Backend::Iknp, 3, 5_000, 1);
+    check_1_of_n(Backend::Iknp, 3, 5_000, 2);
+    check_1_of_n(Backend::Iknp, 3, 300, 8);
+    check_1_of_n(Backend::Iknp, 2, 300, 16);
     for log_n in 1..=8 {
         check_1_of_n(
             Backend::Iknp,

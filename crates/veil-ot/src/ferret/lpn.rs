@@ -77,16 +77,17 @@ impl LpnMatrix {
             let first = c * ROWS;
             let idx = &mut idx[..chunk.len() * D];
             self.rows(offset + first, idx);
-            gather_xor(chunk, idx, base);
-            if let Some((out_bits, packed)) = bits.as_mut() {
-                for (b, row) in out_bits[first..first + chunk.len()]
-                    .iter_mut()
-                    .zip(idx.chunks_exact(D))
-                {
-                    let acc = row
-                        .iter()
-                        .fold(0u64, |a, &j| a ^ (packed[j as usize / 64] >> (j % 64)));
-                    *b ^= (acc & 1) as u8;
+            match bits.as_mut() {
+                None => gather_xor(chunk, idx, base, |_, _| {}),
+                Some((out_bits, packed)) => {
+                    let out_bits = &mut out_bits[first..first + chunk.len()];
+                    // The bit lookups hit L1/L2 and overlap the block loads' L3 misses.
+                    gather_xor(chunk, idx, base, |r, row| {
+                        let acc = row
+                            .iter()
+                            .fold(0u64, |a, &j| a ^ (packed[j as usize / 64] >> (j % 64)));
+                        out_bits[r] ^= (acc & 1) as u8;
+                    })
                 }
             }
         }
@@ -143,12 +144,13 @@ impl LpnMatrix {
 /// Rows ahead whose table entries are prefetched: keeps ~40 loads in flight.
 const PREFETCH_ROWS: usize = 8;
 
-/// `out[r] ⊕= ⊕_j base[idx[r·D + j]]`. The table (9.4 MB for the main set) is far larger than
-/// L2, so the loop is bound by L3 latency unless many loads are in flight: prefetch the entries
-/// of a few rows ahead. (Bucketing the indices by table segment was tried and was slower: a
-/// pass would need far more rows than fit in cache to reuse each table line.)
+/// `out[r] ⊕= ⊕_j base[idx[r·D + j]]`, and `also(r, row indices)` for every row. The table
+/// (9.4 MB for the main set) is far larger than L2, so the loop is bound by L3 latency unless
+/// many loads are in flight: prefetch the entries of a few rows ahead. (Bucketing the indices
+/// by table segment was tried and was slower: a pass would need far more rows than fit in
+/// cache to reuse each table line.)
 #[inline]
-fn gather_xor(out: &mut [u128], idx: &[u32], base: &[u128]) {
+fn gather_xor(out: &mut [u128], idx: &[u32], base: &[u128], mut also: impl FnMut(usize, &[u32])) {
     let rows = out.len();
     for r in 0..rows {
         if r + PREFETCH_ROWS < rows {
@@ -156,11 +158,13 @@ fn gather_xor(out: &mut [u128], idx: &[u32], base: &[u128]) {
                 prefetch(&base[j as usize]);
             }
         }
+        let row = &idx[r * D..r * D + D];
         let mut acc = out[r];
-        for &j in &idx[r * D..r * D + D] {
+        for &j in row {
             acc ^= base[j as usize];
         }
         out[r] = acc;
+        also(r, row);
     }
 }
 

@@ -36,7 +36,7 @@ use crate::pack::{pack_bools, unpack_bools};
 use lpn::{workers, LpnMatrix};
 use params::LpnParams;
 use spcot::{receive_tree, send_tree, SenderLevels, TreeScratch};
-use table::{resize_wiping, HugeTable};
+use table::{scratch_wiping, HugeTable};
 
 /// Tag of Ferret's internal hash tweaks (the session's flavours use tweaks below 2^72).
 const TWEAK_TAG: u128 = 1 << 127;
@@ -303,7 +303,7 @@ impl FerretSender {
     /// One main iteration into `out` (its allocation is reused): returns `start`, the usable
     /// COTs being `out[start..]`.
     pub fn extend<C: Channel>(&mut self, ch: &mut C, out: &mut Vec<u128>) -> Result<usize> {
-        resize_wiping(out, self.iteration_len());
+        scratch_wiping(out, self.iteration_len(), 0);
         self.extend_into(ch, out)
     }
 
@@ -402,8 +402,8 @@ impl FerretReceiver {
         out: &mut Vec<u128>,
         bits: &mut Vec<u8>,
     ) -> Result<usize> {
-        resize_wiping(out, self.iteration_len());
-        resize_wiping(bits, self.iteration_len());
+        scratch_wiping(out, self.iteration_len(), 0);
+        scratch_wiping(bits, self.iteration_len(), 0);
         self.extend_into(ch, out, bits)
     }
 

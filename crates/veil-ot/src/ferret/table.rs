@@ -6,10 +6,10 @@
 //!   touch). On the 2-core VM one LPN thread took ~47 instead of ~65 ns per row (noisy, loaded
 //!   machine). Before, the window could miss the last partial huge page and the hint was then
 //!   skipped altogether; the buffer now always holds whole huge pages.
-//! * [`reserve_wiping`]: grows the pools' and iterations' buffers (170 MB per main iteration)
-//!   with the same hint, which turns ~40,000 page faults per buffer into ~80 (fresh pages
-//!   cost ~2× less CPU this way; page faults were 10 % of the CPU of a ReLU on 2^20
-//!   elements), and wipes the old allocation.
+//! * [`reserve_wiping`], [`scratch_wiping`]: grow the pools' and iterations' buffers (170 MB
+//!   per main iteration) with the same hint, which turns ~40,000 page faults per buffer into
+//!   ~80 (fresh pages cost ~2× less CPU this way; page faults were 10 % of the CPU of a ReLU
+//!   on 2^20 elements), and wipe the old allocation.
 //!
 //! Both are only hints: elsewhere, or if the kernel declines, the memory behaves as plain pages.
 
@@ -92,9 +92,21 @@ pub(crate) fn reserve_wiping<T: Copy + Zeroize>(v: &mut Vec<T>, additional: usiz
     *v = bigger;
 }
 
-/// `v.resize(len, 0)` with [`reserve_wiping`]'s growth (shrinking only truncates).
-pub(crate) fn resize_wiping<T: Copy + Zeroize + Default>(v: &mut Vec<T>, len: usize) {
-    reserve_wiping(v, len.saturating_sub(v.len()));
+/// Makes `v` exactly `len` long for a caller that overwrites all of it: when the allocation
+/// is too small, the old contents are wiped and dropped, not copied, and the new allocation
+/// holds at least `min_capacity`, so buffers whose length varies a little grow only once.
+pub(crate) fn scratch_wiping<T: Copy + Zeroize + Default>(
+    v: &mut Vec<T>,
+    len: usize,
+    min_capacity: usize,
+) {
+    if v.capacity() < len {
+        v.zeroize();
+        let cap = len.max(min_capacity);
+        let fresh = Vec::with_capacity(cap);
+        advise_huge(fresh.as_ptr() as usize, cap * std::mem::size_of::<T>());
+        *v = fresh;
+    }
     v.resize(len, T::default());
 }
 
@@ -138,10 +150,12 @@ mod tests {
         reserve_wiping(&mut v, BLOCKS_PER_HUGE * 3);
         assert_eq!(v, want);
         assert!(v.capacity() >= want.len() + BLOCKS_PER_HUGE * 3);
-        resize_wiping(&mut v, 10);
-        assert_eq!(v, want[..10]);
-        resize_wiping(&mut v, 20);
-        assert_eq!(v[..10], want[..10]);
-        assert_eq!(v[10..], [0; 10]);
+        // Within capacity, scratch_wiping keeps the allocation; beyond, it starts afresh.
+        let cap = v.capacity();
+        scratch_wiping(&mut v, 10, 0);
+        assert_eq!((v.len(), v.capacity()), (10, cap));
+        scratch_wiping(&mut v, cap + 1, 2 * cap);
+        assert_eq!(v.len(), cap + 1);
+        assert!(v.capacity() >= 2 * cap);
     }
 }
