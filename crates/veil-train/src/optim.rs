@@ -105,6 +105,11 @@ impl AdamW {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
             };
+            // A parameter's gradient still carries the autograd history of the forward pass it
+            // came from (candle detaches only the gradients of intermediate nodes); moments
+            // built from it would keep every step's graph alive, ~50–90 MB per MiniLM step.
+            let g = g.detach();
+            let g = &g;
             let update = (|| {
                 let m = ((&self.first[i] * c.beta1)? + (g * (1.0 - c.beta1))?)?;
                 let v = ((&self.second[i] * c.beta2)? + (g.sqr()? * (1.0 - c.beta2))?)?;
@@ -237,6 +242,31 @@ mod tests {
         }
         let v: Vec<f32> = x.as_tensor().to_vec1().unwrap();
         assert!((v[0] - 3.0).abs() < 0.05, "{v:?}");
+    }
+
+    /// The moments must not hold on to the graph the gradient came from: otherwise every step's
+    /// forward pass stays alive through them (the run grows by the size of its activations).
+    #[test]
+    fn moments_do_not_keep_the_autograd_graph() {
+        let w = Var::new(&[[0.5f32, -1.0], [2.0, 0.25]], &Device::Cpu).unwrap();
+        // An activation computed from another parameter, as every hidden state is.
+        let u = Var::new(&[[1f32, 2.0]], &Device::Cpu).unwrap();
+        let x = u.as_tensor().affine(2.0, 1.0).unwrap();
+        let loss = x
+            .matmul(w.as_tensor())
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let grads = loss.backward().unwrap();
+        assert!(
+            grads.get(w.as_tensor()).unwrap().track_op(),
+            "candle's parameter gradients carry their graph (if this changes, the detach is moot)"
+        );
+        let mut opt = AdamW::new(vec![("w".into(), w.clone())], AdamWConfig::default()).unwrap();
+        opt.step(&grads, 0.1).unwrap();
+        assert!(!opt.first[0].track_op() && !opt.second[0].track_op());
     }
 
     #[test]
