@@ -31,7 +31,7 @@
 //! * Outside a stated domain the functions still return the same integers as the protocols (the
 //!   formulas are identical), but those integers carry no accuracy promise.
 
-use crate::{ensure, FixedPoint, Result};
+use crate::{ensure, FixedPoint, Result, Ring};
 
 /// exp(x) for x below −EXP_CLAMP is computed as exp(−EXP_CLAMP) ≈ 1.1e-7, which encodes as 0.
 pub const EXP_CLAMP: i64 = 16;
@@ -47,8 +47,64 @@ pub const NEWTON_ITERS: usize = 2;
 pub const MEAN_EXTRA_BITS: u32 = 3;
 /// GELU constants of the tanh form: 0.5·x·(1 + tanh(√(2/π)(x + 0.044715·x³))).
 pub const GELU_CUBIC: f64 = 0.044715;
-/// |x| up to which [`Approx::gelu`] is accurate (and the protocol's truncations have head-room).
-pub const GELU_DOMAIN: f64 = 50.0;
+/// |x| up to which [`Approx::gelu`] is accurate: every representable value (ReLU is exact and
+/// the correction φ vanishes beyond [`GELU_TAIL`]).
+pub const GELU_DOMAIN: f64 = f64::INFINITY;
+/// Max |approx::gelu − reference::gelu| measured by the sweep test at (41, 13).
+pub const GELU_MAX_ERROR: f64 = 1.6e-4;
+/// φ(a) = a − GELU(a) (a ≥ 0) is taken as 0 from a = GELU_TAIL on (φ(4.25) = 2.0e-5).
+pub const GELU_TAIL: f64 = 4.25;
+/// (start, [C_0, C_1, C_2, C_3]): φ(a) ≈ C_0 + C_1·a + C_2·a² + C_3·a³ on [start, next start)
+/// (the last segment ends at GELU_TAIL); weighted least-squares (Lawson) minimax fits, max fit
+/// errors 5.4e-5, 4.4e-5, 3.2e-5, 2.5e-5, 6.3e-5.
+pub const GELU_SEGMENTS: [(f64, [f64; 4]); 5] = [
+    (0.0, [-0.000053490, 0.502963073, -0.424678980, 0.072645321]),
+    (0.6, [-0.000720468, 0.520871493, -0.480092281, 0.118792904]),
+    (1.35, [0.203202711, 0.073767647, -0.150561295, 0.037132580]),
+    (1.95, [0.566448362, -0.490643247, 0.143124396, -0.014033700]),
+    (2.9, [0.254019511, -0.193328734, 0.049116993, -0.004163203]),
+];
+/// Width of the narrow ring GELU's polynomial runs in: a_c·a2 < 2^33 needs head-room 2^(k−2).
+pub const GELU_RING_BITS: u32 = 35;
+/// The segment comparisons are on a_c − t_j, |a_c − t_j| < 2^GELU_CMP_BITS (A·2^f < 2^16).
+pub const GELU_CMP_BITS: u32 = 16;
+/// Extra fractional bits of GELU's polynomial coefficients (V is at f + this many bits).
+pub const GELU_COEF_FRAC: u32 = 22;
+
+/// Public constants of GELU's piecewise polynomial (see [`Approx::gelu`]), ring elements of the
+/// narrow ring except `tail` (full ring).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GeluPlan {
+    pub ring: Ring,
+    /// A = GELU_TAIL at f bits.
+    pub tail: u64,
+    /// t_1 … t_4 at f bits.
+    pub breaks: [u64; GELU_SEGMENTS.len() - 1],
+    /// C_(j,0) at 2f + GELU_COEF_FRAC bits, C_(j,1..3) at GELU_COEF_FRAC bits.
+    pub coef: [[u64; 4]; GELU_SEGMENTS.len()],
+}
+
+impl GeluPlan {
+    /// P_j(a) = C_0 + C_1·a + C_2·a2 + C_3·a3 in the narrow ring (powers at f bits).
+    pub fn poly(&self, j: usize, a: u64, a2: u64, a3: u64) -> u64 {
+        let k = self.ring;
+        let c = &self.coef[j];
+        [(c[1], a), (c[2], a2), (c[3], a3)]
+            .iter()
+            .fold(c[0], |acc, &(ci, p)| k.add(acc, k.mul(ci, p)))
+    }
+}
+
+/// ⌊x / 2^s⌋ on the signed view of the ring `ring`.
+pub fn trunc_in(ring: Ring, x: u64, s: u32) -> u64 {
+    ring.from_signed(ring.to_signed(x) >> s)
+}
+
+/// What the DReLU protocol with the promise |x| < 2^k computes for any x: bit k of x + 2^k
+/// (= [x ≥ 0] when the promise holds; k = ℓ − 1 is the sign bit itself).
+pub fn drelu_bounded(ring: Ring, x: u64, k: u32) -> bool {
+    ring.add(x, 1u64 << k) >> k & 1 == 1
+}
 
 /// The fixed-point format plus the derived parameters every function needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -329,26 +385,70 @@ impl Approx {
         }
     }
 
-    /// GELU, tanh form, as the paper's Algorithm 2 with the cubic term reordered so it cannot
-    /// overflow: x2 = ⌊x·x⌋_f; u = ⌊x2·⌊0.044715·2^f⌉⌋_f; a = ⌊x·u⌋_f (≈ 0.044715·x³);
-    /// b = ⌊(x + a)·⌊√(2/π)·2^f⌉⌋_f; y = ⌊x·(2^f + tanh(b))⌋_(f+1).
-    /// Domain: |x| ≤ GELU_DOMAIN = 50 (the largest product, x·u ≈ 0.044715·x³·2^(2f), must stay
-    /// below 2^(ℓ−2), the head-room the truncation protocols need: |x| < (2^(ℓ−2−2f)/0.044715)^(1/3)
-    /// = 56.8 at (41,13); computing x³ first, as Algorithm 2 does, would overflow at |x| > 20.2,
-    /// and real models exceed that: MiniLM-L6's first FFN reaches 24.5).
-    /// Max error vs f64 (measured over the domain): 4.5e-4 at x ≈ 2.25 (the rounded constants
-    /// 366/8192 and 6536/8192 dominate).
+    /// GELU, tanh form: 0.5·x·(1 + tanh(√(2/π)(x + 0.044715·x³))), evaluated through the identity
+    /// GELU(x) = ReLU(x) − φ(|x|), φ(a) = 0.5·a·(1 − tanh(√(2/π)(a + 0.044715·a³))) = a / (1 +
+    /// e^(2·√(2/π)(a + 0.044715·a³))) (tanh and the cubic are odd). φ is smooth, at most 0.17, and
+    /// below 2.1e-5 from a = [`GELU_TAIL`] on, so it is 0 there and a cubic polynomial on each of
+    /// the five segments [`GELU_SEGMENTS`] of [0, GELU_TAIL) (minimax fits, ≤ 6.3e-5 each).
+    ///
+    /// Steps (exactly the protocol's): r = ReLU(x), a = 2r − x = |x|; c = [a − A ≥ 0]; the clamped
+    /// a_c = a − c·(a − A) ∈ [0, A] always (also for x = −2^(ℓ−1)), so everything after runs in the
+    /// narrow ring Z_(2^[`GELU_RING_BITS`]) on a_c mod 2^k: a2 = ⌊a_c²⌋_f, a3 = ⌊a_c·a2⌋_f; segment
+    /// bits c_j = [a_c ≥ t_j] (DReLU on 2^[`GELU_CMP_BITS`]-bounded values); P_j = Σ_i C_(j,i)·a^i
+    /// with the coefficients at f + [`GELU_COEF_FRAC`] bits; V = P_0 + Σ_j c_j·(P_j − P_(j−1)) −
+    /// c·P_4 (a telescoping selection: only the segment's own polynomial survives, 0 beyond A);
+    /// φ̃ = round(V, GELU_COEF_FRAC), sign-extended to the full ring; y = r − φ̃.
+    /// Domain: every x (ReLU is exact; the tail's φ is below the error bound).
+    /// Max error vs f64 (measured over |x| ≤ 60 and at large |x|): [`GELU_MAX_ERROR`].
     pub fn gelu(&self, x: u64) -> u64 {
         let ring = self.fp.ring;
-        let fp = self.fp;
-        let c_cubic = fp.encode(GELU_CUBIC);
-        let c_sqrt = fp.encode((2.0 / std::f64::consts::PI).sqrt());
-        let x2 = self.mul_trunc(x, x);
-        let u = self.mul_trunc(x2, c_cubic);
-        let a = self.mul_trunc(x, u);
-        let b = self.mul_trunc(ring.add(x, a), c_sqrt);
-        let th = self.tanh(b);
-        self.mul_trunc_by(x, ring.add(th, self.u(self.one())), fp.frac_bits() + 1)
+        let p = self.gelu_plan();
+        let k = p.ring;
+        let f = self.fp.frac_bits();
+        let r = self.relu(x);
+        let a = ring.sub(ring.add(r, r), x);
+        let clamp = !ring.msb(ring.sub(a, p.tail));
+        let ac = if clamp { p.tail } else { k.reduce(a) };
+        let a2 = trunc_in(k, k.mul(ac, ac), f);
+        let a3 = trunc_in(k, k.mul(ac, a2), f);
+        let poly: Vec<u64> = (0..GELU_SEGMENTS.len())
+            .map(|j| p.poly(j, ac, a2, a3))
+            .collect();
+        let mut v = poly[0];
+        for (j, &t) in p.breaks.iter().enumerate() {
+            if drelu_bounded(k, k.sub(ac, t), GELU_CMP_BITS) {
+                v = k.add(v, k.sub(poly[j + 1], poly[j]));
+            }
+        }
+        if clamp {
+            v = k.sub(v, poly[GELU_SEGMENTS.len() - 1]);
+        }
+        let phi = trunc_in(k, k.add(v, 1u64 << (GELU_COEF_FRAC - 1)), GELU_COEF_FRAC);
+        ring.sub(r, ring.from_signed(k.to_signed(phi)))
+    }
+
+    /// The public constants of [`Approx::gelu`] (the protocol selects and scales with them).
+    pub fn gelu_plan(&self) -> GeluPlan {
+        let k = Ring::new(GELU_RING_BITS).expect("GELU ring width");
+        let f = self.fp.frac_bits();
+        let enc = |v: f64, frac: u32| k.from_signed((v * 2f64.powi(frac as i32)).round() as i64);
+        let mut breaks = [0u64; GELU_SEGMENTS.len() - 1];
+        for (b, seg) in breaks.iter_mut().zip(&GELU_SEGMENTS[1..]) {
+            *b = enc(seg.0, f);
+        }
+        let mut coef = [[0u64; 4]; GELU_SEGMENTS.len()];
+        for (c, seg) in coef.iter_mut().zip(&GELU_SEGMENTS) {
+            // C_0 multiplies the constant 2^f, C_1..C_3 the powers at f bits.
+            for (i, &v) in seg.1.iter().enumerate() {
+                c[i] = enc(v, GELU_COEF_FRAC + if i == 0 { f } else { 0 });
+            }
+        }
+        GeluPlan {
+            ring: k,
+            tail: self.fp.encode(GELU_TAIL),
+            breaks,
+            coef,
+        }
     }
 
     /// Mean of n values from the raw sum S: ⌊⌊S / 2^p⌋ · c / 2^(f+3)⌋ with p = ⌊log2 n⌋ and
@@ -849,13 +949,20 @@ mod tests {
     #[test]
     fn gelu_sweep_whole_domain() {
         let a = ax();
-        let (err, at) = max_err(
-            &a,
-            (-(50 << 13)..=(50 << 13)).step_by(3),
-            |x| a.gelu(x),
-            reference::gelu,
-        );
-        assert!(err <= 4.5e-4, "gelu error {err} at {at}");
+        let (err, at) = max_err(&a, -(60 << 13)..=(60 << 13), |x| a.gelu(x), reference::gelu);
+        assert!(err <= GELU_MAX_ERROR, "gelu error {err} at {at}");
+        // Far out, and the ring's extremes: ReLU exactly (the correction is 0 there).
+        let r = a.fp.ring;
+        for x in [
+            1i64 << 20,
+            -(1 << 20),
+            (1 << 39) + 7,
+            -(1 << 40),
+            (1 << 40) - 1,
+        ] {
+            let v = r.from_signed(x);
+            assert_eq!(a.gelu(v), a.relu(v), "gelu({x})");
+        }
     }
 
     fn random_rows(prg: &mut Prg, rows: usize, cols: usize, scale: f64) -> Vec<Vec<f64>> {

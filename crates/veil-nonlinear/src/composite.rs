@@ -3,7 +3,8 @@
 //! the row algorithm of `veil_core::approx` of the same name; with faithful truncation (the
 //! default) the shares open to exactly those integers. Errors against f64 (measured in the
 //! approx tests and re-checked here on BERT-shaped rows):
-//! * GELU (Alg. 2, cubic term as x·(0.044715·x²) so it cannot overflow): ≤ 4.5e-4 for |x| ≤ 50;
+//! * GELU (tanh form of Alg. 2, as ReLU(x) − φ(|x|), φ piecewise cubic on [0, 4.25), 0 beyond):
+//!   ≤ 1.6e-4 for every x;
 //! * Softmax (Alg. 3, max subtraction, public padding mask): ≤ 8e-4 per output (the rounding
 //!   errors of the row's exp values add up in the sum);
 //! * ReLU-normalise: ReLU(x_i) / (Σ_j ReLU(x_j) + ε): ≤ 3e-4;
@@ -19,11 +20,12 @@
 //! The padding mask is public (both parties know the sequence length, as in BERT serving).
 //! Security: semi-honest; compositions of the primitives' protocols.
 
+use veil_core::approx::{GELU_CMP_BITS, GELU_COEF_FRAC};
 use veil_core::{ensure, Result, RingTensor};
 use veil_net::Channel;
 
 use crate::ctx::Ctx;
-use crate::functions::{exp_neg, layer_norm_rsqrt, recip_at, tanh};
+use crate::functions::{exp_neg, layer_norm_rsqrt, recip_at};
 
 /// Row length (last dimension) of a tensor.
 fn row_len(x: &RingTensor) -> Result<usize> {
@@ -46,23 +48,77 @@ fn check_ring<C: Channel>(cx: &Ctx<C>, x: &RingTensor) -> Result<()> {
     Ok(())
 }
 
-/// GELU, tanh form (approx::gelu, Algorithm 2). Label "GELU".
+/// GELU, tanh form, as ReLU(x) − φ(|x|) with φ piecewise cubic (approx::gelu: the clamp to
+/// [0, A], the narrow-ring powers, the segment comparisons and the telescoping selection are the
+/// same steps). Label "GELU".
 pub fn gelu<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor) -> Result<RingTensor> {
     check_ring(cx, x)?;
     let _g = cx.ch.meter().enter("GELU");
     let ring = cx.ring();
-    let fp = cx.ax.fp;
-    let f = fp.frac_bits();
+    let plan = cx.ax.gelu_plan();
+    let k = plan.ring;
+    let f = cx.ax.fp.frac_bits();
     let xs = x.data();
-    let x2 = cx.square(xs)?;
-    let x2 = cx.trunc(&x2, f)?;
-    let u = cx.scale_trunc(&x2, fp.encode(veil_core::approx::GELU_CUBIC), f)?;
-    let a = cx.mul_trunc(xs, &u, f)?;
-    let xa: Vec<u64> = xs.iter().zip(&a).map(|(&u, &v)| ring.add(u, v)).collect();
-    let b = cx.scale_trunc(&xa, fp.encode((2.0 / std::f64::consts::PI).sqrt()), f)?;
-    let mut th = tanh(cx, &b)?;
-    cx.add_public(&mut th, 1u64 << f);
-    let y = cx.mul_trunc(xs, &th, f + 1)?;
+    let n = xs.len();
+    let pos = cx.drelu(xs, None)?;
+    let r = cx.mux(&pos, xs)?;
+    let a: Vec<u64> = r
+        .iter()
+        .zip(xs)
+        .map(|(&p, &v)| ring.sub(ring.add(p, p), v))
+        .collect();
+    // c = [a ≥ A]; a_c = a − c·(a − A), from here on in the narrow ring.
+    let mut over = a.clone();
+    cx.add_public(&mut over, ring.neg(plan.tail));
+    let clamp = cx.drelu(&over, None)?;
+    let over_k: Vec<u64> = over.iter().map(|&v| k.reduce(v)).collect();
+    let cut = cx.mux_in(k, &clamp, &over_k)?;
+    let ac: Vec<u64> = a.iter().zip(&cut).map(|(&v, &c)| k.sub(v, c)).collect();
+    // a_c ≤ A·2^f < 2^16: narrow products (m = 17).
+    let m = GELU_CMP_BITS + 1;
+    let sq = cx.square_narrow_in(k, &ac, m)?;
+    let a2 = cx.trunc_in(k, &sq, f)?;
+    let cube = cx.mul_narrow_in(k, &ac, m, &a2)?;
+    let a3 = cx.trunc_in(k, &cube, f)?;
+    // Segment bits [a_c ≥ t_j], breakpoint-major.
+    let mut diffs = Vec::with_capacity(plan.breaks.len() * n);
+    for &t in &plan.breaks {
+        diffs.extend(
+            ac.iter()
+                .map(|&v| if cx.is_server() { k.sub(v, t) } else { v }),
+        );
+    }
+    let mut bits = cx.drelu_in(k, &diffs, Some(GELU_CMP_BITS))?;
+    bits.extend_from_slice(&clamp);
+    // P_j on shares: the server adds the constant term C_(j,0).
+    let segs = plan.coef.len();
+    let poly: Vec<Vec<u64>> = (0..segs)
+        .map(|j| {
+            (0..n)
+                .map(|i| {
+                    let p = plan.poly(j, ac[i], a2[i], a3[i]);
+                    if cx.is_server() {
+                        p
+                    } else {
+                        k.sub(p, plan.coef[j][0])
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    // Telescoping selection: bit j (< segs − 1) adds P_(j+1) − P_j, the clamp bit subtracts P_last.
+    let mut deltas = Vec::with_capacity(segs * n);
+    for j in 0..segs - 1 {
+        deltas.extend((0..n).map(|i| k.sub(poly[j + 1][i], poly[j][i])));
+    }
+    deltas.extend(poly[segs - 1].iter().map(|&p| k.neg(p)));
+    let picked = cx.mux_in(k, &bits, &deltas)?;
+    let v: Vec<u64> = (0..n)
+        .map(|i| (0..segs).fold(poly[0][i], |acc, j| k.add(acc, picked[j * n + i])))
+        .collect();
+    let phi = cx.round_in(k, &v, GELU_COEF_FRAC)?;
+    let phi = cx.extend(k, &phi)?;
+    let y = r.iter().zip(&phi).map(|(&p, &q)| ring.sub(p, q)).collect();
     RingTensor::from_vec(ring, x.shape(), y)
 }
 
@@ -156,7 +212,9 @@ pub fn softmax<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor, valid: &[bool]) -> R
     let inv_b: Vec<u64> = (0..rows)
         .flat_map(|r| std::iter::repeat_n(inv[r], k))
         .collect();
-    let y = cx.mul_trunc(&e, &inv_b, w)?;
+    // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)).
+    let p = cx.mul_narrow(&e, cx.ax.fp.frac_bits() + 2, &inv_b)?;
+    let y = cx.trunc(&p, w)?;
     for (t, (r, j)) in (0..rows)
         .flat_map(|r| idx.iter().map(move |&j| (r, j)))
         .enumerate()
@@ -196,7 +254,9 @@ pub fn relu_normalise<C: Channel>(
     let inv_b: Vec<u64> = (0..rows)
         .flat_map(|i| std::iter::repeat_n(inv[i], k))
         .collect();
-    let y = cx.mul_trunc(&r, &inv_b, w)?;
+    // ReLU(x_i) ≤ s < 2^norm_bits in the domain: a narrow product.
+    let p = cx.mul_narrow(&r, cx.ax.norm_bits() + 1, &inv_b)?;
+    let y = cx.trunc(&p, w)?;
     let mut out = vec![0u64; x.len()];
     for (t, (i, j)) in (0..rows)
         .flat_map(|i| idx.iter().map(move |&j| (i, j)))
@@ -207,7 +267,11 @@ pub fn relu_normalise<C: Channel>(
     RingTensor::from_vec(ring, x.shape(), out)
 }
 
-/// The server's LayerNorm weights γ, β (raw fixed point at f bits, one per column).
+/// |γ| < 2^GAMMA_BITS (1024) is promised by the server: the product by γ is then driven by
+/// f + GAMMA_BITS + 1 bits of γ instead of ℓ; a larger γ is an error on the server.
+pub const GAMMA_BITS: u32 = 10;
+
+/// The server's LayerNorm weights γ, β (raw fixed point at f bits, one per column), |γ| < 2^GAMMA_BITS.
 pub struct AffineParams<'a> {
     pub gamma: &'a [u64],
     pub beta: &'a [u64],
@@ -265,7 +329,8 @@ fn affine<C: Channel>(
             "β outside the ring"
         );
     }
-    let g = cx.mul_server(v, cols, params.map(|p| p.gamma))?;
+    let g_bits = cx.ax.fp.frac_bits() + GAMMA_BITS + 1;
+    let g = cx.mul_server_narrow(v, cols, params.map(|p| p.gamma), g_bits)?;
     let mut y = cx.trunc(&g, cx.ax.fp.frac_bits())?;
     if let Some(p) = params {
         for (i, yi) in y.iter_mut().enumerate() {
@@ -297,12 +362,14 @@ pub fn layer_norm<C: Channel>(
     let ax = cx.ax;
     let plan = ax.layer_norm_plan(cols, eps);
     // Coarse sum of squares (whole domain) and fine one (exact for small variances).
+    // |d| < 2^(DEV+f) in the domain: narrow squares and product.
+    let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
     let dp = round_if(cx, &d, plan.pre_shift)?;
-    let sq = cx.square(&dp)?;
+    let sq = cx.square_narrow(&dp, dev - plan.pre_shift + 2)?;
     let sq = round_if(cx, &sq, plan.square_shift)?;
     let mut coarse = row_sums(ring, &sq, cols);
     cx.add_public(&mut coarse, plan.coarse.eps_sum);
-    let sq = cx.square(&d)?;
+    let sq = cx.square_narrow(&d, dev + 1)?;
     let mut fine = row_sums(ring, &sq, cols);
     cx.add_public(&mut fine, plan.fine.eps_sum);
     // use_fine = [switch − 1 − S_c ≥ 0]; r = r_c + use_fine·(r_f − r_c).
@@ -324,7 +391,8 @@ pub fn layer_norm<C: Channel>(
         .collect();
     let w = plan.out_frac;
     let r_b: Vec<u64> = (0..d.len()).map(|i| r[i / cols]).collect();
-    let nrm = cx.mul_trunc(&d, &r_b, w)?;
+    let nrm = cx.mul_narrow(&d, dev + 1, &r_b)?;
+    let nrm = cx.trunc(&nrm, w)?;
     let y = affine(cx, &nrm, cols, params)?;
     RingTensor::from_vec(ring, x.shape(), y)
 }

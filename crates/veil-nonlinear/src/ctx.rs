@@ -8,8 +8,11 @@ use veil_ot::OtSession;
 
 use crate::boolean::{bool_to_arith, mux};
 use crate::compare::drelu_values;
-use crate::mul::{mul_server_row, mul_values, square_values};
-use crate::trunc::{truncate_values, TruncMode};
+use crate::mul::{
+    mul_narrow_values, mul_server_row, mul_server_row_narrow, mul_values, square_narrow_values,
+    square_values,
+};
+use crate::trunc::{extend_values, truncate_values, TruncMode};
 
 pub struct Ctx<'a, C: Channel> {
     pub ot: &'a mut OtSession,
@@ -54,32 +57,70 @@ impl<'a, C: Channel> Ctx<'a, C> {
     }
 
     pub fn mul(&mut self, a: &[u64], b: &[u64]) -> Result<Vec<u64>> {
-        mul_values(self.ot, self.ch, self.role, self.ring(), a, b)
+        self.mul_in(self.ring(), a, b)
+    }
+
+    /// Product in another ring (e.g. a narrow one, on shares reduced into it).
+    pub fn mul_in(&mut self, ring: Ring, a: &[u64], b: &[u64]) -> Result<Vec<u64>> {
+        mul_values(self.ot, self.ch, self.role, ring, a, b)
+    }
+
+    /// a·b for a promised |a| < 2^(m−1) ([`mul_narrow_values`]: cheaper, exact under the promise).
+    pub fn mul_narrow(&mut self, a: &[u64], m: u32, b: &[u64]) -> Result<Vec<u64>> {
+        self.mul_narrow_in(self.ring(), a, m, b)
+    }
+
+    pub fn mul_narrow_in(&mut self, ring: Ring, a: &[u64], m: u32, b: &[u64]) -> Result<Vec<u64>> {
+        mul_narrow_values(self.ot, self.ch, self.role, ring, a, m, b)
+    }
+
+    /// a² for a promised |a| < 2^(m−1) ([`square_narrow_values`]).
+    pub fn square_narrow(&mut self, a: &[u64], m: u32) -> Result<Vec<u64>> {
+        self.square_narrow_in(self.ring(), a, m)
+    }
+
+    pub fn square_narrow_in(&mut self, ring: Ring, a: &[u64], m: u32) -> Result<Vec<u64>> {
+        square_narrow_values(self.ot, self.ch, self.role, ring, a, m)
     }
 
     pub fn square(&mut self, a: &[u64]) -> Result<Vec<u64>> {
-        square_values(self.ot, self.ch, self.role, self.ring(), a)
+        self.square_in(self.ring(), a)
+    }
+
+    pub fn square_in(&mut self, ring: Ring, a: &[u64]) -> Result<Vec<u64>> {
+        square_values(self.ot, self.ch, self.role, ring, a)
     }
 
     /// ⌊a / 2^s⌋ with the context's truncation mode.
     pub fn trunc(&mut self, a: &[u64], s: u32) -> Result<Vec<u64>> {
+        self.trunc_in(self.ring(), a, s)
+    }
+
+    /// [`Ctx::trunc`] on shares of `ring`.
+    pub fn trunc_in(&mut self, ring: Ring, a: &[u64], s: u32) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter("Truncation");
-        truncate_values(
-            self.ot,
-            self.ch,
-            self.role,
-            self.ring(),
-            a,
-            s,
-            self.trunc_mode,
-        )
+        truncate_values(self.ot, self.ch, self.role, ring, a, s, self.trunc_mode)
     }
 
     /// ⌊(a + 2^(s−1)) / 2^s⌋ (approx::round).
     pub fn round(&mut self, a: &[u64], s: u32) -> Result<Vec<u64>> {
+        self.round_in(self.ring(), a, s)
+    }
+
+    /// [`Ctx::round`] on shares of `ring`.
+    pub fn round_in(&mut self, ring: Ring, a: &[u64], s: u32) -> Result<Vec<u64>> {
         let mut v = a.to_vec();
-        self.add_public(&mut v, 1u64 << (s - 1));
-        self.trunc(&v, s)
+        if self.is_server() {
+            v.iter_mut()
+                .for_each(|x| *x = ring.add(*x, 1u64 << (s - 1)));
+        }
+        self.trunc_in(ring, &v, s)
+    }
+
+    /// Sign extension of values |x| < 2^(k−2) from the narrow ring `from` to the format's ring.
+    pub fn extend(&mut self, from: Ring, a: &[u64]) -> Result<Vec<u64>> {
+        let _g = self.ch.meter().enter("Extension");
+        extend_values(self.ot, self.ch, self.role, from, self.ring(), a)
     }
 
     pub fn mul_trunc(&mut self, a: &[u64], b: &[u64], s: u32) -> Result<Vec<u64>> {
@@ -100,13 +141,35 @@ impl<'a, C: Channel> Ctx<'a, C> {
         Ok(mul_server_row(self.ot, self.ch, self.role, &t, gamma)?.into_data())
     }
 
+    /// a·γ as [`Ctx::mul_server`] for a γ in [−2^(g−1), 2^(g−1)) ([`mul_server_row_narrow`]).
+    pub fn mul_server_narrow(
+        &mut self,
+        a: &[u64],
+        row: usize,
+        gamma: Option<&[u64]>,
+        g: u32,
+    ) -> Result<Vec<u64>> {
+        let t = RingTensor::from_vec(self.ring(), &[a.len() / row.max(1), row], a.to_vec())?;
+        Ok(mul_server_row_narrow(self.ot, self.ch, self.role, &t, gamma, g)?.into_data())
+    }
+
     pub fn drelu(&mut self, a: &[u64], bound: Option<u32>) -> Result<Vec<bool>> {
+        self.drelu_in(self.ring(), a, bound)
+    }
+
+    /// [`Ctx::drelu`] on shares of `ring` (approx::drelu_bounded for any input).
+    pub fn drelu_in(&mut self, ring: Ring, a: &[u64], bound: Option<u32>) -> Result<Vec<bool>> {
         let _g = self.ch.meter().enter("DReLU");
-        drelu_values(self.ot, self.ch, self.role, self.ring(), a, bound)
+        drelu_values(self.ot, self.ch, self.role, ring, a, bound)
     }
 
     pub fn mux(&mut self, b: &[bool], v: &[u64]) -> Result<Vec<u64>> {
-        mux(self.ot, self.ch, self.role, self.ring(), b, v)
+        self.mux_in(self.ring(), b, v)
+    }
+
+    /// [`Ctx::mux`] on shares of `ring`.
+    pub fn mux_in(&mut self, ring: Ring, b: &[bool], v: &[u64]) -> Result<Vec<u64>> {
+        mux(self.ot, self.ch, self.role, ring, b, v)
     }
 
     pub fn relu(&mut self, a: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {

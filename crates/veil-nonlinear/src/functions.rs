@@ -37,12 +37,13 @@ pub fn exp_neg<C: Channel>(cx: &mut Ctx<C>, x: &[u64], bound: Option<u32>) -> Re
     let mut t = cx.relu(&v, bound)?;
     cx.add_public(&mut t, ring.neg(lo));
     // p = 1 + t + t²/2, then six rounded squarings.
-    let t2 = cx.square(&t)?;
+    // |t| ≤ 2^(f+4) and p ∈ [0, 2^fe]: narrow squares.
+    let t2 = cx.square_narrow(&t, cx.ax.fp.frac_bits() + 6)?;
     let t2 = cx.round(&t2, fe + 1)?;
     let mut p: Vec<u64> = t.iter().zip(&t2).map(|(&a, &b)| ring.add(a, b)).collect();
     cx.add_public(&mut p, 1u64 << fe);
     for _ in 0..veil_core::approx::EXP_SQUARINGS {
-        let sq = cx.square(&p)?;
+        let sq = cx.square_narrow(&p, fe + 2)?;
         p = cx.round(&sq, fe)?;
     }
     cx.round(&p, veil_core::approx::EXP_SQUARINGS)

@@ -16,17 +16,18 @@ use veil_core::{ensure, Result, Ring, RingTensor};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
+use crate::boolean::{and, mux};
 use crate::exchange::{arith_cot_both, low_mask};
 use crate::trunc::TruncMode;
 
 /// Bit positions per COT call: 8 keeps the width overhead small and the calls few (ℓ/8 rounds).
 pub const BUCKET_BITS: u32 = 8;
 
-/// Bit-position buckets [k0, k1) covering 0..ℓ.
-fn buckets(l: u32) -> impl Iterator<Item = (u32, u32)> {
-    (0..l)
+/// Bit-position buckets [k0, k1) covering the `bits` choice-bit positions 0..bits.
+fn buckets(bits: u32) -> impl Iterator<Item = (u32, u32)> {
+    (0..bits)
         .step_by(BUCKET_BITS as usize)
-        .map(move |k0| (k0, (k0 + BUCKET_BITS).min(l)))
+        .map(move |k0| (k0, (k0 + BUCKET_BITS).min(bits)))
 }
 
 /// COT inputs of one bucket: correlations a mod 2^(ℓ−k0) and choice bits b_k, element-major.
@@ -58,7 +59,8 @@ fn accumulate(ring: Ring, acc: &mut [u64], v: &[u64], k0: u32, k1: u32, negate: 
     }
 }
 
-/// Shares of a_client·b_server + a_server·b_client: this party passes its a and b.
+/// Shares of a_client·b_server + a_server·b_client: this party passes its a and b; b's bits
+/// 0..`b_bits` drive the COTs (b < 2^b_bits as an integer).
 fn cross_both<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -66,10 +68,11 @@ fn cross_both<C: Channel>(
     ring: Ring,
     a: &[u64],
     b: &[u64],
+    b_bits: u32,
 ) -> Result<Vec<u64>> {
     let l = ring.bits();
     let mut acc = vec![0u64; a.len()];
-    for (k0, k1) in buckets(l) {
+    for (k0, k1) in buckets(b_bits) {
         let width = l - k0;
         let (deltas, choices) = bucket_inputs(a, b, k0, k1, width);
         let (x, y) = arith_cot_both(ot, ch, role, &deltas, &choices, width)?;
@@ -79,7 +82,8 @@ fn cross_both<C: Channel>(
     Ok(acc)
 }
 
-/// Shares of a·b where `sender` holds a and the other party holds b; this party passes its value.
+/// Shares of a·b where `sender` holds a and the other party holds b (b < 2^b_bits as an
+/// integer); this party passes its value.
 fn cross_one_way<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -87,10 +91,11 @@ fn cross_one_way<C: Channel>(
     ring: Ring,
     mine: &[u64],
     sender: Role,
+    b_bits: u32,
 ) -> Result<Vec<u64>> {
     let l = ring.bits();
     let mut acc = vec![0u64; mine.len()];
-    for (k0, k1) in buckets(l) {
+    for (k0, k1) in buckets(b_bits) {
         let width = l - k0;
         if role == sender {
             let (deltas, _) = bucket_inputs(mine, &[], k0, k1, width);
@@ -133,7 +138,7 @@ pub fn mul_values<C: Channel>(
         b.len()
     );
     let _g = ch.meter().enter("Mul");
-    let mut z = cross_both(ot, ch, role, ring, a, b)?;
+    let mut z = cross_both(ot, ch, role, ring, a, b, ring.bits())?;
     for (zi, (&x, &y)) in z.iter_mut().zip(a.iter().zip(b)) {
         *zi = ring.add(*zi, ring.mul(x, y));
     }
@@ -149,11 +154,138 @@ pub fn square_values<C: Channel>(
     a: &[u64],
 ) -> Result<Vec<u64>> {
     let _g = ch.meter().enter("Mul");
-    let cross = cross_one_way(ot, ch, role, ring, a, Role::Client)?;
+    let cross = cross_one_way(ot, ch, role, ring, a, Role::Client, ring.bits())?;
     Ok(cross
         .iter()
         .zip(a)
         .map(|(&c, &x)| ring.add(ring.add(c, c), ring.mul(x, x)))
+        .collect())
+}
+
+/// A shared value a with |a| < 2^(m−1), re-shared in Z_(2^(m+1)): a' = a + 2^(m−1) ∈ [0, 2^m)
+/// (the server adds the bias), so a' = a'_0 + a'_1 − 2^(m+1)·w with the wrap w = msb(a'_0) ∨
+/// msb(a'_1) (the sign bit of a' is known to be 0). Returns (this party's a', its XOR share of w).
+fn narrow_share<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    a: &[u64],
+    m: u32,
+) -> Result<(Vec<u64>, Vec<bool>)> {
+    let k = m + 1;
+    let an: Vec<u64> = a
+        .iter()
+        .map(|&v| match role {
+            Role::Client => v & low_mask(k),
+            Role::Server => v.wrapping_add(1u64 << (m - 1)) & low_mask(k),
+        })
+        .collect();
+    // w = ¬(¬msb_0 ∧ ¬msb_1): one AND of the parties' private bits.
+    let low: Vec<bool> = an.iter().map(|&v| v >> m & 1 == 0).collect();
+    let none = vec![false; a.len()];
+    let (x, y) = match role {
+        Role::Client => (&low, &none),
+        Role::Server => (&none, &low),
+    };
+    let both = and(ot, ch, role, x, y)?;
+    let w = both
+        .into_iter()
+        .map(|v| v ^ (role == Role::Client))
+        .collect();
+    Ok((an, w))
+}
+
+/// 2^e mod 2^ℓ (0 for e ≥ ℓ).
+fn pow2(ring: Ring, e: u32) -> u64 {
+    if e >= ring.bits() {
+        0
+    } else {
+        1u64 << e
+    }
+}
+
+fn check_narrow(ring: Ring, m: u32) -> Result<()> {
+    ensure!(
+        (2..ring.bits() - 1).contains(&m),
+        InvalidArgument,
+        "narrow width {m} for a {}-bit ring",
+        ring.bits()
+    );
+    Ok(())
+}
+
+/// Shares of a·b mod 2^ℓ element-wise for a promised |a| < 2^(m−1) and any b (SiRNN's
+/// mixed-width product): a' from [`narrow_share`], then a·b = a'_0·b + a'_1·b − 2^(m+1)·w·b −
+/// 2^(m−1)·b: the cross terms are driven by the m + 1 bits of a' instead of ℓ (≈ (m+1)·(ℓ −
+/// (m+1)/2) bits each instead of ℓ²/2), plus one AND and one multiplexer. Exact when the promise
+/// holds; otherwise the result is not a·b. Label "Mul".
+pub fn mul_narrow_values<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    ring: Ring,
+    a: &[u64],
+    m: u32,
+    b: &[u64],
+) -> Result<Vec<u64>> {
+    check_narrow(ring, m)?;
+    ensure!(
+        a.len() == b.len(),
+        InvalidArgument,
+        "mul: {} vs {} values",
+        a.len(),
+        b.len()
+    );
+    let _g = ch.meter().enter("Mul");
+    let (an, w) = narrow_share(ot, ch, role, a, m)?;
+    let wb = mux(ot, ch, role, ring, &w, b)?;
+    let cross = cross_both(ot, ch, role, ring, b, &an, m + 1)?;
+    let bias = 1u64 << (m - 1);
+    Ok((0..a.len())
+        .map(|i| {
+            let own = ring.sub(ring.mul(an[i], b[i]), ring.mul(bias, b[i]));
+            ring.sub(ring.add(cross[i], own), ring.mul(wb[i], 1u64 << (m + 1)))
+        })
+        .collect())
+}
+
+/// Shares of a² mod 2^ℓ for a promised |a| < 2^(m−1): with s = a'_0 + a'_1 = a + c, c = 2^(m+1)·w
+/// + 2^(m−1), a² = s² − 2c·a − c² = s² − w·(2^(m+2)·a + 2^(2m+2) + 2^(2m+1)) − 2^m·a − 2^(2m−2):
+/// one cross term on the m + 1 bits of a'_1, one AND, one multiplexer. Label "Mul".
+pub fn square_narrow_values<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    ring: Ring,
+    a: &[u64],
+    m: u32,
+) -> Result<Vec<u64>> {
+    check_narrow(ring, m)?;
+    let _g = ch.meter().enter("Mul");
+    let (an, w) = narrow_share(ot, ch, role, a, m)?;
+    let server = role == Role::Server;
+    let v: Vec<u64> = a
+        .iter()
+        .map(|&x| {
+            let t = ring.mul(x, 1u64 << (m + 2));
+            if server {
+                ring.add(t, ring.add(pow2(ring, 2 * m + 2), pow2(ring, 2 * m + 1)))
+            } else {
+                t
+            }
+        })
+        .collect();
+    let wv = mux(ot, ch, role, ring, &w, &v)?;
+    let cross = cross_one_way(ot, ch, role, ring, &an, Role::Client, m + 1)?;
+    Ok((0..a.len())
+        .map(|i| {
+            let s2 = ring.add(ring.add(cross[i], cross[i]), ring.mul(an[i], an[i]));
+            let mut r = ring.sub(ring.sub(s2, wv[i]), ring.mul(a[i], 1u64 << m));
+            if server {
+                r = ring.sub(r, pow2(ring, 2 * m - 2));
+            }
+            r
+        })
         .collect())
 }
 
@@ -191,6 +323,33 @@ pub fn mul_server_row<C: Channel>(
     x: &RingTensor,
     gamma: Option<&[u64]>,
 ) -> Result<RingTensor> {
+    server_row_product(ot, ch, role, x, gamma, None)
+}
+
+/// [`mul_server_row`] for a γ the server promises to keep in [−2^(g−1), 2^(g−1)) (signed, g a
+/// public parameter): the server offsets it to γ' = γ + 2^(g−1) ∈ [0, 2^g), so x·γ = x·γ' −
+/// 2^(g−1)·x and the cross term is driven by g bits instead of ℓ. Exact; a γ outside the bound
+/// is an error on the server. Label "Mul".
+pub fn mul_server_row_narrow<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    x: &RingTensor,
+    gamma: Option<&[u64]>,
+    g: u32,
+) -> Result<RingTensor> {
+    check_narrow(x.ring(), g)?;
+    server_row_product(ot, ch, role, x, gamma, Some(g))
+}
+
+fn server_row_product<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    x: &RingTensor,
+    gamma: Option<&[u64]>,
+    narrow: Option<u32>,
+) -> Result<RingTensor> {
     let _g = ch.meter().enter("Mul");
     let ring = x.ring();
     let n = *x.shape().last().unwrap_or(&1);
@@ -199,6 +358,7 @@ pub fn mul_server_row<C: Channel>(
         InvalidArgument,
         "empty rows"
     );
+    let offset = narrow.map_or(0, |g| 1u64 << (g - 1));
     let mine: Vec<u64> = match (role, gamma) {
         (Role::Client, None) => x.data().to_vec(),
         (Role::Server, Some(g)) => {
@@ -213,15 +373,27 @@ pub fn mul_server_row<C: Channel>(
                 InvalidArgument,
                 "γ outside the ring"
             );
-            (0..x.len()).map(|i| g[i % n]).collect()
+            if let Some(bits) = narrow {
+                ensure!(
+                    g.iter()
+                        .all(|&v| (-(offset as i64)..offset as i64).contains(&ring.to_signed(v))),
+                    InvalidArgument,
+                    "γ outside the promised range ±2^{}",
+                    bits - 1
+                );
+            }
+            (0..x.len()).map(|i| ring.add(g[i % n], offset)).collect()
         }
         _ => veil_core::bail!(InvalidArgument, "exactly the server supplies γ"),
     };
-    let mut z = cross_one_way(ot, ch, role, ring, &mine, Role::Client)?;
-    if role == Role::Server {
-        for (i, zi) in z.iter_mut().enumerate() {
-            *zi = ring.add(*zi, ring.mul(x.data()[i], mine[i]));
+    let bits = narrow.unwrap_or(ring.bits());
+    let mut z = cross_one_way(ot, ch, role, ring, &mine, Role::Client, bits)?;
+    for (i, zi) in z.iter_mut().enumerate() {
+        let xi = x.data()[i];
+        if role == Role::Server {
+            *zi = ring.add(*zi, ring.mul(xi, mine[i]));
         }
+        *zi = ring.sub(*zi, ring.mul(xi, offset));
     }
     RingTensor::from_vec(ring, x.shape(), z)
 }

@@ -51,18 +51,7 @@ pub fn truncate_values<C: Channel>(
         Role::Client => x.to_vec(),
         Role::Server => x.iter().map(|&v| ring.add(v, bias)).collect(),
     };
-    // w = 1 − (1 − msb0)(1 − msb1); the product by one COT in Z_{2^s}, client sending.
-    let not_msb: Vec<bool> = xs.iter().map(|&v| !ring.msb(v)).collect();
-    let prod_share: Vec<u64> = match role {
-        Role::Client => {
-            let d: Vec<u64> = not_msb.iter().map(|&b| b as u64).collect();
-            let r = ot.send_arith_cot(ch, &d, s)?;
-            r.into_iter()
-                .map(|v| v.wrapping_neg() & low_mask(s))
-                .collect()
-        }
-        Role::Server => ot.recv_arith_cot(ch, &not_msb, s)?,
-    };
+    let w = wrap_shares(ot, ch, role, ring, &xs, s)?;
     let carry: Vec<u64> = match mode {
         TruncMode::OneBitError => vec![0; x.len()],
         TruncMode::Faithful => {
@@ -81,16 +70,77 @@ pub fn truncate_values<C: Channel>(
     Ok((0..x.len())
         .map(|i| {
             let u = xs[i] >> s;
-            // −2^(ℓ−s)·w share: w_client = 1 − p0, w_server = −p1.
-            let w_share = match role {
-                Role::Client => ring.sub(1, prod_share[i]),
-                Role::Server => ring.neg(prod_share[i]),
-            };
-            let mut r = ring.sub(ring.add(u, carry[i]), ring.mul(top, w_share));
+            let mut r = ring.sub(ring.add(u, carry[i]), ring.mul(top, w[i]));
             if role == Role::Client {
                 r = ring.sub(r, 1u64 << (l - 2 - s));
             }
             r
+        })
+        .collect())
+}
+
+/// Shares mod 2^width of the wrap w = [x0 + x1 ≥ 2^k] of values x = x0 + x1 (ring k) whose sign
+/// bit is known to be 0: then w = msb(x0) ∨ msb(x1) = 1 − (1 − msb0)(1 − msb1), the product by
+/// one arithmetic COT of `width` bits (client sending). Client's share 1 − p0, server's −p1.
+fn wrap_shares<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    ring: Ring,
+    xs: &[u64],
+    width: u32,
+) -> Result<Vec<u64>> {
+    let m = low_mask(width);
+    let not_msb: Vec<bool> = xs.iter().map(|&v| !ring.msb(v)).collect();
+    Ok(match role {
+        Role::Client => {
+            let d: Vec<u64> = not_msb.iter().map(|&b| b as u64).collect();
+            let r = ot.send_arith_cot(ch, &d, width)?;
+            r.into_iter().map(|p| 1u64.wrapping_add(p) & m).collect()
+        }
+        Role::Server => ot
+            .recv_arith_cot(ch, &not_msb, width)?
+            .into_iter()
+            .map(|p| p.wrapping_neg() & m)
+            .collect(),
+    })
+}
+
+/// Sign extension from the narrow ring `from` to `to` (wider) of values with |x| < 2^(k−2)
+/// (k = from.bits()): the server adds 2^(k−2) so the sign bit is known 0, and x = x0 + x1 −
+/// 2^k·w − 2^(k−2) over the integers with w from [`wrap_shares`] (one COT of ℓ − k bits).
+/// Exact. Security: semi-honest; one COT whose output is masked.
+pub fn extend_values<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    from: Ring,
+    to: Ring,
+    x: &[u64],
+) -> Result<Vec<u64>> {
+    let k = from.bits();
+    ensure!(
+        k < to.bits(),
+        InvalidArgument,
+        "extension from {k} to {} bits",
+        to.bits()
+    );
+    let bias = 1u64 << (k - 2);
+    let xs: Vec<u64> = match role {
+        Role::Client => x.iter().map(|&v| from.reduce(v)).collect(),
+        Role::Server => x.iter().map(|&v| from.add(v, bias)).collect(),
+    };
+    let w = wrap_shares(ot, ch, role, from, &xs, to.bits() - k)?;
+    Ok(xs
+        .iter()
+        .zip(&w)
+        .map(|(&v, &wi)| {
+            let r = to.sub(v, to.mul(wi, 1u64 << k));
+            if role == Role::Server {
+                to.sub(r, bias)
+            } else {
+                r
+            }
         })
         .collect())
 }

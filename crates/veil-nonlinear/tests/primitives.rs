@@ -7,6 +7,8 @@ use common::*;
 use proptest::prelude::*;
 use veil_core::{approx::Approx, Prg, Ring, RingTensor};
 use veil_net::Role;
+use veil_nonlinear::mul::{mul_narrow_values, mul_server_row_narrow, square_narrow_values};
+use veil_nonlinear::trunc::extend_values;
 use veil_nonlinear::{
     drelu, millionaire::greater_than, mul, mul_server_row, relu, square, truncate, TruncMode,
 };
@@ -96,6 +98,27 @@ fn bound_outside_ring_is_an_error() {
 }
 
 #[test]
+fn extension_to_a_wider_ring_is_exact() {
+    for (k, l) in [(32u32, 41u32), (35, 41), (35, 64), (40, 41)] {
+        let (from, to) = (Ring::new(k).unwrap(), Ring::new(l).unwrap());
+        let lim = 1i64 << (k - 2);
+        let mut signed: Vec<i64> = vec![0, 1, -1, lim - 1, -lim + 1, -lim];
+        let mut prg = Prg::from_os_entropy();
+        signed.extend((0..200).map(|_| (prg.u64() % (2 * lim as u64)) as i64 - lim));
+        let vals: Vec<u64> = signed.iter().map(|&v| from.from_signed(v)).collect();
+        let x = share_values(from, &vals);
+        let out = run_mem(|ot, ch, role| {
+            let y = extend_values(ot, ch, role, from, to, pick(role, &x).data())?;
+            Ok(RingTensor::from_vec(to, &[vals.len()], y)?)
+        });
+        let got = open(out);
+        for (i, &v) in signed.iter().enumerate() {
+            assert_eq!(to.to_signed(got[i]), v, "extension {k} -> {l} of {v}");
+        }
+    }
+}
+
+#[test]
 fn faithful_truncation_is_floor_and_cheap_is_within_one() {
     let ring = fp().ring;
     let ax = Approx::new(fp()).unwrap();
@@ -157,6 +180,74 @@ proptest! {
         let b: Vec<u64> = a.iter().map(|&v| ring.reduce(v.rotate_left(7) ^ seed)).collect();
         check_products(ring, a, b);
     }
+}
+
+/// Narrow products and squares are exact over the whole promised range |a| < 2^(m−1), any b.
+#[test]
+fn narrow_products_are_exact_within_the_promise() {
+    let mut prg = Prg::from_os_entropy();
+    for (bits, m) in [(41u32, 15u32), (41, 24), (35, 17), (64, 40), (32, 2)] {
+        let ring = Ring::new(bits).unwrap();
+        let lim = 1i64 << (m - 1);
+        let mut signed: Vec<i64> = vec![0, 1, -1, lim - 1, -lim + 1, -lim];
+        signed.extend((0..60).map(|_| (prg.u64() % (2 * lim as u64)) as i64 - lim));
+        let a: Vec<u64> = signed.iter().map(|&v| ring.from_signed(v)).collect();
+        let mut b: Vec<u64> = a.iter().map(|_| ring.reduce(prg.u64())).collect();
+        b[0] = ring.mask();
+        b[1] = 0;
+        let x = share_values(ring, &a);
+        let y = share_values(ring, &b);
+        let out = run_mem(|ot, ch, role| {
+            let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
+            let p = mul_narrow_values(ot, ch, role, ring, xs, m, ys)?;
+            let q = square_narrow_values(ot, ch, role, ring, xs, m)?;
+            let n = p.len();
+            Ok((
+                RingTensor::from_vec(ring, &[n], p)?,
+                RingTensor::from_vec(ring, &[n], q)?,
+            ))
+        });
+        let p = open((out.0 .0, out.1 .0));
+        let q = open((out.0 .1, out.1 .1));
+        for i in 0..a.len() {
+            assert_eq!(p[i], ring.mul(a[i], b[i]), "{bits}/{m}: {} · b", signed[i]);
+            assert_eq!(q[i], ring.mul(a[i], a[i]), "{bits}/{m}: {}²", signed[i]);
+        }
+    }
+}
+
+#[test]
+fn narrow_server_row_is_exact_and_rejects_a_wide_gamma() {
+    let ring = fp().ring;
+    let g = 24u32;
+    let lim = 1i64 << (g - 1);
+    let gamma: Vec<u64> = [0i64, 1, -1, lim - 1, -lim, 12345, -8192]
+        .iter()
+        .map(|&v| ring.from_signed(v))
+        .collect();
+    let n = gamma.len();
+    let vals: Vec<u64> = (0..3 * n as u64)
+        .map(|i| ring.reduce(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+        .collect();
+    let x = share_values(ring, &vals);
+    let out = run_mem(|ot, ch, role| {
+        let xr = pick(role, &x).clone().reshape(&[3, n])?;
+        let gm = (role == Role::Server).then_some(gamma.as_slice());
+        mul_server_row_narrow(ot, ch, role, &xr, gm, g)
+    });
+    let got = open(out);
+    for (i, &v) in vals.iter().enumerate() {
+        assert_eq!(got[i], ring.mul(v, gamma[i % n]));
+    }
+    let wide = vec![ring.from_signed(lim)];
+    let xw = share_values(ring, &[5]);
+    let (c, s) = run_mem(|ot, ch, role| {
+        let xr = pick(role, &xw).clone().reshape(&[1, 1])?;
+        let gm = (role == Role::Server).then_some(wide.as_slice());
+        Ok(mul_server_row_narrow(ot, ch, role, &xr, gm, g).is_err())
+    });
+    assert!(s, "a γ outside ±2^(g−1) must be refused by the server");
+    let _ = c;
 }
 
 #[test]
