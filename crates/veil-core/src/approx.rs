@@ -29,7 +29,11 @@
 //! * Errors below are measured by the tests at the bottom of this file, sweeping each domain at
 //!   the default format (ℓ, f) = (41, 13); 1 ulp = 2^-13 ≈ 1.22e-4.
 //! * Outside a stated domain the functions still return the same integers as the protocols (the
-//!   formulas are identical), but those integers carry no accuracy promise.
+//!   formulas are identical), but those integers carry no accuracy promise — except where a
+//!   protocol uses a narrow (mixed-width) product whose promise is the domain itself: exp_neg
+//!   for x > 0, ReLU-normalise for Σ ReLU + ε ≥ 2^(norm_bits − f) (2048), LayerNorm for
+//!   |x − mean| ≥ 2^LAYER_NORM_DEV_BITS (1024). There the protocols' outputs are unspecified.
+//!   GELU, Softmax, tanh and centre-affine match for every input.
 
 use crate::{ensure, FixedPoint, Result, Ring};
 

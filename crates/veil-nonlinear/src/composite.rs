@@ -15,6 +15,13 @@
 //!   comparison; the 1/n is folded into the public constants of the row's rsqrt;
 //! * centre + affine (x − mean)·γ + β: ≤ 2 ulp·(1 + |γ|).
 //!
+//! Products by a value of known small magnitude use the narrow (mixed-width) product of
+//! [`mod@crate::mul`]: e_i·(1/s) in Softmax (e ∈ [0, 1], always), ReLU(x_i)·(1/s) in ReLU-normalise
+//! (relies on the domain s < 2048), the squares and d·r in LayerNorm (rely on the domain
+//! |x − mean| < 1024), the products by γ (the server promises |γ| < 2^[`GAMMA_BITS`] and errs
+//! otherwise). Outside those domains the shares no longer open to `approx` (GELU and Softmax
+//! still do, for every input).
+//!
 //! Rows are processed together: every round trip carries all rows of the tensor.
 //!
 //! The padding mask is public (both parties know the sequence length, as in BERT serving).

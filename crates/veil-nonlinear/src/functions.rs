@@ -2,7 +2,8 @@
 //!
 //! Each runs, step for step, the algorithm of the same name in `veil_core::approx` (see there for
 //! the method, the domain and the error against f64, measured over the whole domain):
-//! * exp_neg: |error| ≤ 1.02 ulp on x ≤ 0 (clamped below −16);
+//! * exp_neg: |error| ≤ 1.02 ulp on x ≤ 0 (clamped below −16); its squarings are narrow products
+//!   (|p| ≤ 1), so the shares equal `approx` only on that domain;
 //! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24) (values [2^-13, 2048));
 //! * rsqrt:   ≤ 1 ulp + 2^-11 relative on the same domain;
 //! * tanh:    ≤ 2.3 ulp on all x.

@@ -4,10 +4,11 @@
 //!
 //! Layers, bottom up:
 //! * [`boolean`] — AND/select on XOR-shared bits, bit → arithmetic conversion, multiplexer;
-//! * [`millionaire`] — [a > b] for privately held a, b (1-of-16 OT digits + AND tree);
+//! * [`millionaire`] — \[a > b\] for privately held a, b (1-of-16 OT digits + AND tree);
 //! * [`compare`] — DReLU, ReLU (optionally on fewer bits when |x| is bounded);
-//! * [`trunc`] — faithful and 1-bit-error truncation;
-//! * [`mul`] — secret × secret, square, secret × server-private row (COT per bit);
+//! * [`trunc`] — faithful and 1-bit-error truncation, sign extension from a narrow ring;
+//! * [`mod@mul`] — secret × secret, square, secret × server-private row (COT per bit), and their
+//!   narrow variants for an operand of promised small magnitude;
 //! * [`ctx`] — [`Ctx`], one party's handle (OT session, channel, role, format) with the
 //!   primitives on share slices;
 //! * [`functions`] — exp (x ≤ 0), reciprocal, rsqrt, tanh;

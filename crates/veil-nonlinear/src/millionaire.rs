@@ -1,8 +1,8 @@
-//! Millionaire's comparison (CrypTFlow2 / Cheetah style): XOR shares of [a > b] where the client
+//! Millionaire's comparison (CrypTFlow2 / Cheetah style): XOR shares of \[a > b\] where the client
 //! privately holds a and the server privately holds b, both k-bit unsigned integers.
 //!
 //! Both values are cut into m-bit digits (m = 3). For every digit the client, as 1-of-2^m OT
-//! sender, offers the table v ↦ ([a_j > v] ⊕ r_gt, [a_j = v] ⊕ r_eq) and the server selects its
+//! sender, offers the table v ↦ (\[a_j > v\] ⊕ r_gt, [a_j = v] ⊕ r_eq) and the server selects its
 //! digit b_j: this gives XOR shares of gt_j and eq_j (the lowest digit's eq is never used, so its
 //! table carries gt only). A binary tree then combines adjacent digits,
 //! low to high: gt = gt_hi ⊕ (eq_hi ∧ gt_lo), eq = eq_hi ∧ eq_lo (the two ANDs share the choice
@@ -27,7 +27,7 @@ use crate::exchange::low_mask;
 /// IKNP-era costs).
 pub const DIGIT_BITS: u32 = 3;
 
-/// XOR shares of [a > b]: the client passes `mine = a`, the server `mine = b`; values must be
+/// XOR shares of \[a > b\]: the client passes `mine = a`, the server `mine = b`; values must be
 /// below 2^bits (1 ≤ bits ≤ 64).
 pub fn greater_than<C: Channel>(
     ot: &mut OtSession,

@@ -7,10 +7,17 @@
 //! * [`mul`]: x·y, both shared: two cross terms (one per direction, interleaved).
 //! * [`square`]: x·x = x0² + x1² + 2·x0·x1: one cross term.
 //! * [`mul_server_row`]: x·γ with γ known only to the server (LayerNorm's weights): one term.
+//! * Narrow variants, when one operand has a promised small magnitude |a| < 2^(m−1):
+//!   [`mul_narrow_values`], [`square_narrow_values`] re-share a in Z_(2^(m+1)) (SiRNN's
+//!   mixed-width product: the known-zero sign bit makes the wrap one AND of the parties' top
+//!   bits) so only m + 1 bits of a drive COTs; [`mul_server_row_narrow`] offsets a γ promised in
+//!   [−2^(g−1), 2^(g−1)) to [0, 2^g). About (m+1)·(ℓ − m/2) bits per cross term instead of ℓ²/2.
 //!
-//! Products are exact mod 2^ℓ (no truncation here; see [`crate::trunc`]).
+//! Products are exact mod 2^ℓ (no truncation here; see [`crate::trunc`]); the narrow ones while
+//! their promise holds.
 //!
-//! Security: semi-honest; the receiver of each COT learns x + b_k·a with x uniform.
+//! Security: semi-honest; the receiver of each COT learns x + b_k·a with x uniform; the AND and
+//! multiplexer of the narrow variants are the OT-based gates of [`crate::boolean`].
 
 use veil_core::{ensure, Result, Ring, RingTensor};
 use veil_net::{Channel, Role};
@@ -215,8 +222,8 @@ fn check_narrow(ring: Ring, m: u32) -> Result<()> {
 }
 
 /// Shares of a·b mod 2^ℓ element-wise for a promised |a| < 2^(m−1) and any b (SiRNN's
-/// mixed-width product): a' from [`narrow_share`], then a·b = a'_0·b + a'_1·b − 2^(m+1)·w·b −
-/// 2^(m−1)·b: the cross terms are driven by the m + 1 bits of a' instead of ℓ (≈ (m+1)·(ℓ −
+/// mixed-width product): a' re-shared in Z_(2^(m+1)) as in the module doc, then a·b =
+/// a'_0·b + a'_1·b − 2^(m+1)·w·b − 2^(m−1)·b: the cross terms are driven by the m + 1 bits of a' instead of ℓ (≈ (m+1)·(ℓ −
 /// (m+1)/2) bits each instead of ℓ²/2), plus one AND and one multiplexer. Exact when the promise
 /// holds; otherwise the result is not a·b. Label "Mul".
 pub fn mul_narrow_values<C: Channel>(

@@ -108,8 +108,8 @@ fn wrap_shares<C: Channel>(
 
 /// Sign extension from the narrow ring `from` to `to` (wider) of values with |x| < 2^(k−2)
 /// (k = from.bits()): the server adds 2^(k−2) so the sign bit is known 0, and x = x0 + x1 −
-/// 2^k·w − 2^(k−2) over the integers with w from [`wrap_shares`] (one COT of ℓ − k bits).
-/// Exact. Security: semi-honest; one COT whose output is masked.
+/// 2^k·w − 2^(k−2) over the integers with the wrap w from the known-zero sign bit (one COT of
+/// ℓ − k bits). Exact. Security: semi-honest; one COT whose output is masked.
 pub fn extend_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
