@@ -9,6 +9,9 @@
 //! (TCCR with a unique tweak per COT and block). Sender → receiver: `N·bits` bits per OT.
 //! Cost per OT: `2·log_n·⌈N·bits/256⌉` hashes for the sender (8 for the comparison protocol's
 //! N = 16, bits ≤ 16), half that for the receiver. Two flights per call (plus refills).
+//! When a row of N messages fits one word (N·bits ≤ 64: the millionaire's 1-of-8 OTs of 1–2
+//! bits), the sender assembles a row's N pads with word shifts and the receiver selects its
+//! message from one word; the bytes on the wire are the same.
 //!
 //! Why not KK13: KK13 needs a 256-bit-wide OT extension (≥ 256 bits of traffic per OT before
 //! the N·bits payload), while log_n silent COTs cost under log_n bits plus log_n correction
