@@ -58,14 +58,30 @@ impl ClientModel {
 
     /// Private inference of `text`: the decoded output (logits, or the pooled vector of an
     /// embedding model) and its cost report.
+    ///
+    /// `pad_to`: send that many tokens whatever the prompt's length, so the server cannot learn
+    /// it (the padding rows embed token 0 at the following positions and are masked by the
+    /// client in every attention; see `ClientConnection::infer_padded`).
     pub fn run<C: veil_net::Channel>(
         &self,
         conn: &mut ClientConnection<C>,
         text: &str,
+        pad_to: Option<usize>,
     ) -> Result<(Vec<f64>, CostReport)> {
         let enc = self.tokenizer.encode(text, None)?;
-        let (x, _) = self.public.embed(&enc.ids, &enc.type_ids)?;
-        conn.infer(&x)
+        let real = enc.ids.len();
+        let total = pad_to.unwrap_or(real);
+        ensure!(
+            total >= real,
+            InvalidArgument,
+            "the prompt has {real} tokens, more than --pad-to {total}"
+        );
+        let mut ids = enc.ids;
+        let mut types = enc.type_ids;
+        ids.resize(total, 0);
+        types.resize(total, 0);
+        let (x, _) = self.public.embed(&ids, &types)?;
+        conn.infer_padded(&x, real)
     }
 
     /// Class probabilities of `text`.
@@ -73,13 +89,14 @@ impl ClientModel {
         &self,
         conn: &mut ClientConnection<C>,
         text: &str,
+        pad_to: Option<usize>,
     ) -> Result<(Vec<f64>, CostReport)> {
         ensure!(
             self.config.veil.num_labels > 0,
             InvalidArgument,
             "the model has no classifier (it outputs sentence embeddings)"
         );
-        let (logits, report) = self.run(conn, text)?;
+        let (logits, report) = self.run(conn, text, pad_to)?;
         Ok((softmax(&logits), report))
     }
 }
@@ -134,7 +151,12 @@ fn cosine(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// `veil demo`: a server thread and this process's client over TCP loopback.
-pub fn run(model: Option<&Path>, sentences: Vec<String>, json: bool) -> Result<()> {
+pub fn run(
+    model: Option<&Path>,
+    sentences: Vec<String>,
+    pad_to: Option<usize>,
+    json: bool,
+) -> Result<()> {
     let (m, zero_shot) = match model {
         Some(dir) => (folder::load(dir)?, false),
         None => {
@@ -162,17 +184,17 @@ pub fn run(model: Option<&Path>, sentences: Vec<String>, json: bool) -> Result<(
     };
     if !zero_shot {
         for s in &sentences {
-            let (probs, report) = client.classify(&mut conn, s)?;
+            let (probs, report) = client.classify(&mut conn, s, pad_to)?;
             print_result(s, &probs, &report, json);
         }
         return conn.close();
     }
     let anchors: Vec<Vec<f64>> = ANCHORS
         .iter()
-        .map(|a| client.run(&mut conn, a).map(|r| r.0))
+        .map(|a| client.run(&mut conn, a, pad_to).map(|r| r.0))
         .collect::<Result<_>>()?;
     for s in &sentences {
-        let (emb, report) = client.run(&mut conn, s)?;
+        let (emb, report) = client.run(&mut conn, s, pad_to)?;
         let sims: Vec<f64> = anchors.iter().map(|a| cosine(&emb, a)).collect();
         // Cosine similarities → probabilities with the temperature of sentence-transformers'
         // contrastive training (scale 20).

@@ -36,6 +36,10 @@ enum Cmd {
         model: Option<PathBuf>,
         /// Sentences to classify (default: a few built-in ones).
         sentences: Vec<String>,
+        /// Pad every prompt to this many tokens so the server cannot learn its length
+        /// (pooler-head models only).
+        #[arg(long)]
+        pad_to: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -57,6 +61,10 @@ enum Cmd {
         #[arg(long)]
         file: Option<PathBuf>,
         text: Vec<String>,
+        /// Pad every prompt to this many tokens so the server cannot learn its length
+        /// (pooler-head models only).
+        #[arg(long)]
+        pad_to: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -188,6 +196,7 @@ fn classify(
     model: &Path,
     file: Option<&Path>,
     text: Vec<String>,
+    pad_to: Option<usize>,
     json: bool,
 ) -> Result<()> {
     let mut prompts = text;
@@ -207,7 +216,7 @@ fn classify(
     let mut conn = ClientConnection::connect(TcpChannel::connect(connect)?)?;
     client.check_matches(conn.config())?;
     for p in &prompts {
-        let (probs, report) = client.classify(&mut conn, p)?;
+        let (probs, report) = client.classify(&mut conn, p, pad_to)?;
         demo::print_result(p, &probs, &report, json);
     }
     conn.close()
@@ -218,8 +227,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Demo {
             model,
             sentences,
+            pad_to,
             json,
-        } => demo::run(model.as_deref(), sentences, json),
+        } => demo::run(model.as_deref(), sentences, pad_to, json),
         Cmd::Serve { model, listen } => {
             let server = Arc::new(load_server_model(&model)?);
             let listener = TcpListener::bind(&listen)?;
@@ -235,8 +245,9 @@ fn run(cli: Cli) -> Result<()> {
             model,
             file,
             text,
+            pad_to,
             json,
-        } => classify(&connect, &model, file.as_deref(), text, json),
+        } => classify(&connect, &model, file.as_deref(), text, pad_to, json),
         Cmd::Finetune(a) => train_cmd::finetune(a),
         Cmd::Substitute(a) => train_cmd::substitute(a),
         Cmd::Eval(a) => train_cmd::eval(a),

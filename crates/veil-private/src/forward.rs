@@ -20,9 +20,17 @@ use veil_nonlinear::{functions, Ctx, OtSession};
 
 use crate::layers::{LayerId, PreparedLayers, ServerModel};
 
+/// How far below every real attention score the client pushes the scores of padding keys:
+/// far enough that Softmax's exp clamps them to exactly 0 and ReLU-normalise's ReLU zeroes
+/// them (real scores stay far inside ±4096), small enough to stay clear of the ring's range
+/// (2^25 at f = 13 in a 41-bit ring).
+pub const PADDING_KEY_OFFSET: f64 = 4096.0;
+
 /// What only one side has.
 pub enum Side<'a> {
-    Client(&'a ClientSession),
+    /// The client's keys, and how many leading tokens are real: the others are padding that
+    /// hides the true length from the server, masked out by the client alone.
+    Client(&'a ClientSession, usize),
     Server(&'a ServerSession, &'a ServerModel, &'a PreparedLayers),
 }
 
@@ -73,7 +81,7 @@ fn concat_columns(parts: &[RingTensor]) -> Result<RingTensor> {
 impl<'a, C: Channel> Party<'a, C> {
     fn role(&self) -> Role {
         match self.side {
-            Side::Client(_) => Role::Client,
+            Side::Client(..) => Role::Client,
             Side::Server(..) => Role::Server,
         }
     }
@@ -100,7 +108,7 @@ impl<'a, C: Channel> Party<'a, C> {
         let acc = {
             let _g = self.ch.meter().enter("MatMul");
             match &self.side {
-                Side::Client(s) => fc_client(self.ch, s, &id.public(self.cfg, x.shape()[0]), x)?,
+                Side::Client(s, _) => fc_client(self.ch, s, &id.public(self.cfg, x.shape()[0]), x)?,
                 Side::Server(s, _, p) => fc_server(self.ch, s, p.get(id)?, x)?,
             }
         };
@@ -112,7 +120,7 @@ impl<'a, C: Channel> Party<'a, C> {
         let acc = {
             let _g = self.ch.meter().enter("MatMul");
             match &self.side {
-                Side::Client(s) => shared_matmul_client(self.ch, s, a, b)?,
+                Side::Client(s, _) => shared_matmul_client(self.ch, s, a, b)?,
                 Side::Server(s, ..) => shared_matmul_server(self.ch, s, a, b)?,
             }
         };
@@ -138,7 +146,7 @@ impl<'a, C: Channel> Party<'a, C> {
     ) -> Result<RingTensor> {
         let server_norm = match &self.side {
             Side::Server(_, m, _) => Some(pick(m)),
-            Side::Client(_) => None,
+            Side::Client(..) => None,
         };
         let params = server_norm.map(|n| AffineParams {
             gamma: &n.gamma,
@@ -159,6 +167,30 @@ impl<'a, C: Channel> Party<'a, C> {
         }
     }
 
+    /// Client only: subtracts [`PADDING_KEY_OFFSET`] from its share of every score against a
+    /// padding key, a local step the server cannot see. Real queries then attend exactly as
+    /// without padding (their probabilities over the padding are 0), so the real tokens' values
+    /// equal the unpadded run's.
+    fn mask_padding_keys(&self, scores: &mut RingTensor) -> Result<()> {
+        let Side::Client(_, real) = self.side else {
+            return Ok(());
+        };
+        let cols = scores.shape()[1];
+        if real >= cols {
+            return Ok(());
+        }
+        let ring = scores.ring();
+        let offset = ring.neg(self.ax.fp.encode(PADDING_KEY_OFFSET));
+        let mut d = scores.data().to_vec();
+        for row in d.chunks_mut(cols) {
+            for v in &mut row[real..] {
+                *v = ring.add(*v, offset);
+            }
+        }
+        *scores = RingTensor::from_vec(ring, scores.shape(), d)?;
+        Ok(())
+    }
+
     /// One encoder block (sim: `FixedModel::block`).
     fn block(&mut self, i: usize, x: &RingTensor) -> Result<RingTensor> {
         let variant = self.cfg.veil.blocks[i];
@@ -175,7 +207,8 @@ impl<'a, C: Channel> Party<'a, C> {
             kts.push(head(h, hd)?.transpose()?);
             vs.push(head(2 * h, hd)?);
         }
-        let scores = stack_rows(&self.shared_products(&qs, &kts)?)?; // [nh·s, s]
+        let mut scores = stack_rows(&self.shared_products(&qs, &kts)?)?; // [nh·s, s]
+        self.mask_padding_keys(&mut scores)?;
         let valid = vec![true; s];
         let probs = {
             let mut cx = self.cx();

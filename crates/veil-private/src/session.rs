@@ -8,8 +8,9 @@
 //! 4. per inference: client → server `Request` = tag 1 ‖ sequence length (u32); both run
 //!    [`crate::forward`]; server → client its share of the output; tag 0 ends the session.
 //!
-//! What the server learns: the sequence length (the request says it; pad the prompt to hide
-//! it). What the client learns: the output (logits, or the pooled vector of an embedding model).
+//! What the server learns: the sequence length (the request says it). A client hides it by
+//! padding ([`ClientConnection::infer_padded`]): it masks the padding keys itself, so the
+//! server sees only the padded length. What the client learns: the output (logits, or the pooled vector of an embedding model).
 //! In public-embedding mode the client embeds its tokens with the public tables and holds the
 //! whole embedding as its share (the server's share is zero), which hides it perfectly and
 //! costs no traffic.
@@ -22,7 +23,7 @@ use veil_core::approx::Approx;
 use veil_core::wire::{Reader, Writer};
 use veil_core::{bail, ensure, FixedPoint, Result, RingTensor};
 use veil_linear::{ClientSession, ServerSession};
-use veil_model::{EmbeddingMode, ModelConfig};
+use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
 use veil_net::{Channel, Role, TcpChannel};
 use veil_nonlinear::OtSession;
 
@@ -96,6 +97,32 @@ impl<C: Channel> ClientConnection<C> {
     /// fractional bits, computed locally from the public tables). Returns the decoded output
     /// and the cost report of this inference.
     pub fn infer(&mut self, x: &RingTensor) -> Result<(Vec<f64>, CostReport)> {
+        let seq = x.shape().first().copied().unwrap_or(0);
+        self.infer_padded(x, seq)
+    }
+
+    /// [`Self::infer`] on an embedding padded to hide the prompt's length: rows `real_len..`
+    /// are padding (any in-domain embedding rows, e.g. of the tokenizer's padding token at the
+    /// following positions). The server learns only the padded length; the client masks the
+    /// padding keys in every attention on its own, so the output equals the unpadded run's.
+    /// Mean-pooling heads average over the rows and cannot be padded this way (the server's
+    /// share of a padding row is not the client's to remove): refused.
+    pub fn infer_padded(
+        &mut self,
+        x: &RingTensor,
+        real_len: usize,
+    ) -> Result<(Vec<f64>, CostReport)> {
+        let padded = x.shape().first().copied().unwrap_or(0);
+        ensure!(
+            (1..=padded).contains(&real_len),
+            InvalidArgument,
+            "{real_len} real tokens in a sequence of {padded}"
+        );
+        ensure!(
+            real_len == padded || self.cfg.veil.head == HeadKind::Pooler,
+            Unsupported,
+            "padding needs a first-token (pooler) head; this model mean-pools its outputs"
+        );
         ensure!(
             self.cfg.veil.embedding == EmbeddingMode::Public,
             Unsupported,
@@ -125,7 +152,7 @@ impl<C: Channel> ClientConnection<C> {
             ot: &mut self.ot,
             ax: self.ax,
             cfg: &self.cfg,
-            side: Side::Client(&self.lin),
+            side: Side::Client(&self.lin, real_len),
         }
         .encoder_and_head(x)?;
         let y1 = {

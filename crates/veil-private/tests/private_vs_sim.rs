@@ -69,6 +69,67 @@ fn original_operators_match_the_simulator_exactly() {
     assert!(report.online.total().bytes_sent > 0 && report.setup.total().bytes_received > 0);
 }
 
+/// Pads `ids` with `pad` more tokens (the server sees only the padded length) and returns the
+/// private output next to the simulator's on the unpadded sequence.
+fn run_padded(cfg: &ModelConfig, ids: &[u32], pad: usize, seed: u8) -> (Vec<f64>, Vec<f64>) {
+    let (sim_model, server) = models(cfg, seed);
+    let types = vec![0u32; ids.len()];
+    let want = sim_model
+        .forward(ids, &types)
+        .unwrap()
+        .logits
+        .unwrap()
+        .decode(sim_model.fp());
+    let padded: Vec<u32> = ids
+        .iter()
+        .copied()
+        .chain(std::iter::repeat_n(0, pad))
+        .collect();
+    let (x, _) = sim_model.embed(&padded, &vec![0; padded.len()]).unwrap();
+    let ((got, seen_len), ()) = run_two_party(
+        |ch| {
+            let mut c = ClientConnection::connect(ch)?;
+            let (y, _) = c.infer_padded(&x, ids.len())?;
+            c.close()?;
+            Ok((y, padded.len()))
+        },
+        |ch| serve_session(ch, &server),
+    )
+    .unwrap();
+    assert_eq!(seen_len, ids.len() + pad);
+    (got, want)
+}
+
+#[test]
+fn padding_hides_the_length_and_keeps_the_output_exact() {
+    for (variant, seed) in [
+        (BlockVariant::exact(Activation::Gelu), 6),
+        (BlockVariant::friendly(), 7),
+    ] {
+        let cfg = tiny(variant, HeadKind::Pooler, 2);
+        let (got, want) = run_padded(&cfg, &[5, 9, 2], 5, seed);
+        assert_eq!(got, want, "{variant:?}");
+    }
+}
+
+#[test]
+fn padding_is_refused_for_mean_pooling() {
+    let cfg = tiny(BlockVariant::friendly(), HeadKind::MeanPool, 2);
+    let (sim_model, server) = models(&cfg, 8);
+    let (x, _) = sim_model.embed(&[1, 2, 0, 0], &[0; 4]).unwrap();
+    let (err, ()) = run_two_party(
+        |ch| {
+            let mut c = ClientConnection::connect(ch)?;
+            let err = c.infer_padded(&x, 2).unwrap_err();
+            c.close()?;
+            Ok(err)
+        },
+        |ch| serve_session(ch, &server),
+    )
+    .unwrap();
+    assert!(matches!(err, veil_core::Error::Unsupported(_)), "{err}");
+}
+
 #[test]
 fn friendly_operators_match_the_simulator_exactly() {
     let cfg = tiny(BlockVariant::friendly(), HeadKind::Pooler, 3);
