@@ -43,7 +43,7 @@ fn exp_matches_approx_exactly() {
     }));
     for (i, &v) in vals.iter().enumerate() {
         assert_eq!(got[i], a.exp_neg(v), "exp({})", a.fp.decode(v));
-        assert!((a.fp.decode(got[i]) - a.fp.decode(v).exp()).abs() < 1.3e-4);
+        assert!((a.fp.decode(got[i]) - a.fp.decode(v).exp()).abs() < 2.2e-4);
     }
 }
 
