@@ -179,3 +179,55 @@ pub fn save(
     }
     Ok(())
 }
+
+/// Prefix of the tensors an overlay leaves to its base model.
+const PUBLIC_PREFIX: &str = "embeddings.";
+
+/// Writes the trained part of a public-embedding model to `path`, for shipping without the
+/// public tables: every tensor of `model` except `embeddings.*`, as f16 safetensors (half the
+/// size; the rounding, ≤ 2^-11 relative, is far below the fixed-point step of inference).
+pub fn save_overlay(model: &Transformer, path: &Path) -> Result<()> {
+    let tensors: HashMap<String, Tensor> = model
+        .named
+        .iter()
+        .filter(|(name, _)| !name.starts_with(PUBLIC_PREFIX))
+        .map(|(name, t)| Ok((name.clone(), t.to_dtype(DType::F16)?)))
+        .collect::<candle_core::Result<_>>()
+        .map_err(candle_context("converting the overlay to f16"))?;
+    candle_core::safetensors::save(&tensors, path).map_err(candle_context("writing the overlay"))
+}
+
+/// A model assembled from a base folder (its public embedding tables and tokenizer) and an
+/// overlay made by [`save_overlay`] with its `config.json`: how a fine-tuned model whose
+/// embeddings stayed frozen ships in a few megabytes. Every tensor the config needs outside
+/// the embeddings must come from the overlay.
+pub fn load_overlay(base: &Path, config_json: &str, overlay: &[u8]) -> Result<Model> {
+    let config = ModelConfig::from_json(config_json)?;
+    let mut weights: HashMap<String, Tensor> = load_weights(base, &config)?
+        .into_iter()
+        .filter(|(name, _)| name.starts_with(PUBLIC_PREFIX))
+        .collect();
+    let trained = candle_core::safetensors::load_buffer(overlay, &Device::Cpu)
+        .map_err(|e| Error::Malformed(format!("model overlay: {e}")))?;
+    for (name, t) in trained {
+        if name.starts_with(PUBLIC_PREFIX) {
+            bail!(
+                Malformed,
+                "model overlay carries the public tensor {name:?}"
+            );
+        }
+        let t = t
+            .to_dtype(DType::F32)
+            .map_err(candle_context("model overlay"))?;
+        weights.insert(name, t);
+    }
+    let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
+    let transformer = Transformer::new(&config, vb)
+        .map_err(candle_context("assembling the model from its overlay"))?;
+    let tokenizer = TextTokenizer::from_folder(base, config.max_sequence_len().min(512))?;
+    Ok(Model {
+        config,
+        transformer,
+        tokenizer: Some(tokenizer),
+    })
+}

@@ -303,3 +303,56 @@ fn too_long_inputs_are_rejected() {
     let long = Batch::single(&[5; 39], &[0; 39], &Device::Cpu).unwrap();
     assert!(t.forward(&long).is_err());
 }
+
+#[test]
+fn overlay_ships_the_trained_part_and_reassembles_with_the_base_tables() {
+    // Base: an embedding model; tuned: a classifier with the same embedding tables.
+    let base_cfg = tiny_config(Architecture::Bert, HeadKind::MeanPool, 0);
+    let base = tiny_folder("overlay-base", &base_cfg);
+    let tuned_cfg = tiny_config(Architecture::Bert, HeadKind::Pooler, 2);
+    let mut tuned = random_transformer(&tuned_cfg, [8; 16]).unwrap();
+    let base_model = folder::load(&base).unwrap();
+    let tables: HashMap<String, Tensor> = base_model
+        .transformer
+        .named
+        .iter()
+        .filter(|(n, _)| n.starts_with("embeddings."))
+        .cloned()
+        .collect();
+    tuned.named.retain(|(n, _)| !n.starts_with("embeddings."));
+    tuned.named.extend(tables.clone());
+    let out = temp_dir("overlay-out");
+    let path = out.join("overlay.safetensors");
+    folder::save_overlay(&tuned, &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let m = folder::load_overlay(&base, &tuned_cfg.to_json(), &bytes).unwrap();
+    assert_eq!(m.config, tuned_cfg);
+    let get = |t: &veil_model::Transformer, name: &str| -> Tensor {
+        t.named.iter().find(|(n, _)| n == name).unwrap().1.clone()
+    };
+    // The tables come from the base exactly, the trained part within f16 rounding.
+    let w = "embeddings.word_embeddings.weight";
+    assert_eq!(max_abs_diff(&get(&m.transformer, w), &tables[w]), 0.0);
+    let q = "encoder.layer.1.attention.self.query.weight";
+    let gap = max_abs_diff(&get(&m.transformer, q), &get(&tuned, q));
+    assert!(gap > 0.0 && gap < 1e-3, "f16 rounding {gap}");
+    let ids = m
+        .tokenizer
+        .as_ref()
+        .unwrap()
+        .encode("the movie was great", None)
+        .unwrap();
+    assert_eq!(
+        m.transformer
+            .output_f32(&ids.ids, &ids.type_ids)
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // A broken overlay is an error that says so.
+    let err = folder::load_overlay(&base, &tuned_cfg.to_json(), &bytes[..bytes.len() / 2])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("overlay"), "{err}");
+}
