@@ -102,10 +102,14 @@ impl GaloisKeys {
             accs.len(),
             shape.leaves
         );
+        // (L·N)^-1: L^-1 for the merge, N^-1 the inverse transform's normalisation.
         let linv: Vec<ShoupConst> = p
             .moduli()
             .iter()
-            .map(|&q| ShoupConst::new(inv_mod(shape.leaves as u64 % q, q), q))
+            .map(|&q| {
+                let ln = (shape.leaves as u128 * n as u128 % q as u128) as u64;
+                ShoupConst::new(inv_mod(ln, q), q)
+            })
             .collect();
         let (mut l1, mut l2sq, mut extra) = (0f64, 0f64, 0f64);
         let mut members: Vec<Option<Ct>> = Vec::with_capacity(shape.leaves);
@@ -119,8 +123,7 @@ impl GaloisKeys {
             } = acc;
             (l1, l2sq, extra) = (l1.max(a1), l2sq.max(a2), extra.max(e));
             for c in [&mut c0, &mut c1] {
-                c.scale(p, &linv);
-                c.intt(p);
+                c.intt_scaled(p, &linv);
                 if shape.offset > 0 {
                     *c = c.monomial_mul(p, 2 * n - shape.offset);
                 }

@@ -72,10 +72,19 @@ impl RnsPoly {
         }
     }
 
-    /// Multiplies every limb by a public constant c_i (either domain).
-    pub fn scale(&mut self, p: &Params, c: &[crate::math::ShoupConst]) {
+    /// Inverse transform whose 1/N normalisation is replaced by a multiplication by the public
+    /// constant c_i of each limb (which must include N^-1): one pass instead of two when the
+    /// result is scaled anyway.
+    pub fn intt_scaled(&mut self, p: &Params, c: &[crate::math::ShoupConst]) {
         let n = p.degree();
-        for ((limb, &q), ci) in self.data.chunks_exact_mut(n).zip(p.moduli()).zip(c) {
+        for (((limb, plan), &q), ci) in self
+            .data
+            .chunks_exact_mut(n)
+            .zip(&p.inner().plans)
+            .zip(p.moduli())
+            .zip(c)
+        {
+            plan.inv(limb);
             for x in limb {
                 *x = ci.mul(*x, q);
             }

@@ -17,6 +17,7 @@
 //! ([`veil_he`] crate docs); and the decoded values are masked by R.
 //! **Error:** none: results are exact mod 2^ℓ (the noise budget is checked for the worst case).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 
 use veil_core::{ensure, Error, Prg, Result, RingTensor};
@@ -138,35 +139,43 @@ fn workers() -> usize {
         .min(8)
 }
 
-/// Maps `f` over `0..count` on the available cores; `f` gets its own PRG per worker.
+/// Maps `f` over `0..count` on the available cores; `f` gets its own PRG per worker. Workers
+/// take the next index from a shared counter rather than a fixed chunk each, so on a shared
+/// machine a descheduled worker does not leave the other idle at the end.
 fn parallel_map<T: Send>(
     count: usize,
     f: impl Fn(usize, &mut Prg) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
-    let w = workers().min(count.max(1));
-    let chunk = count.div_ceil(w.max(1)).max(1);
-    let f = &f;
-    thread::scope(|s| {
-        let handles: Vec<_> = (0..count)
-            .step_by(chunk)
-            .map(|start| {
+    let w = workers().min(count).max(1);
+    let next = AtomicUsize::new(0);
+    let (f, next) = (&f, &next);
+    let mut done: Vec<(usize, T)> = thread::scope(|s| {
+        let handles: Vec<_> = (0..w)
+            .map(|_| {
                 s.spawn(move || {
                     let mut prg = Prg::from_os_entropy();
-                    (start..(start + chunk).min(count))
-                        .map(|i| f(i, &mut prg))
-                        .collect::<Result<Vec<T>>>()
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= count {
+                            return Ok(out);
+                        }
+                        out.push((i, f(i, &mut prg)?));
+                    }
                 })
             })
             .collect();
-        let mut out = Vec::with_capacity(count);
+        let mut all = Vec::with_capacity(count);
         for h in handles {
-            out.extend(
-                h.join()
-                    .map_err(|_| Error::Other("matmul worker panicked".into()))??,
-            );
+            let part: Result<Vec<(usize, T)>> = h
+                .join()
+                .map_err(|_| Error::Other("matmul worker panicked".into()))?;
+            all.extend(part?);
         }
-        Ok(out)
-    })
+        Ok::<_, Error>(all)
+    })?;
+    done.sort_unstable_by_key(|&(i, _)| i);
+    Ok(done.into_iter().map(|(_, v)| v).collect())
 }
 
 fn check_lhs(layout: &Layout, a: &RingTensor, who: &str) -> Result<()> {
