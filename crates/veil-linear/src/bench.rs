@@ -4,6 +4,7 @@
 //! the one-off costs: key set-up (`setup_s`, `setup_bytes`) and weight preparation (`prepare_s`).
 //! Every result is also checked exactly against the plaintext product (`exact`).
 
+use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
 use serde_json::{json, Value};
@@ -11,9 +12,10 @@ use veil_core::{reconstruct, share, Prg, Result, Ring, RingTensor};
 use veil_he::ParamSet;
 use veil_net::{run_two_party_tcp, Channel, Role};
 
+use crate::matmul::{client_receive, client_send};
 use crate::{
-    fc_client, fc_server, shared_matmul_client, shared_matmul_server, ClientSession, FcLayer,
-    PreparedFc, ServerSession,
+    fc_server, shared_matmul_client, shared_matmul_server, ClientSession, FcLayer, PreparedFc,
+    ServerSession,
 };
 
 const LABEL: &str = "MatMul";
@@ -121,24 +123,46 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
     let fc = PreparedFc::new(layer, &w, Some(&b))?;
     let prepare_s = prep.elapsed().as_secs_f64();
     let cpu0 = process_cpu_seconds();
+    // CPU per party: the online flow is sequential (client encrypts while the server waits,
+    // server computes while the client waits, client decodes after the server is done), so
+    // process CPU sampled at the phase boundaries splits by party (to within the hand-over).
+    let start = Barrier::new(2);
+    let server_done = Mutex::new(None);
     let (client, y1) = run_two_party_tcp(
         |ch| {
             let (s, su) = setup_metered(ch, |ch| ClientSession::setup(ch, ring))?;
+            start.wait();
             let _g = ch.meter().enter(LABEL);
             let t = Instant::now();
-            let y0 = fc_client(ch, &s, &layer, &x0)?;
+            let (sk, lay) = (s.key(layer.set)?, *fc.matrix().layout());
+            let c0 = process_cpu_seconds();
+            client_send(ch, sk, &[lay], &[&x0])?;
+            let c1 = process_cpu_seconds();
+            let y0 = client_receive(ch, sk, &[lay])?.remove(0);
+            let c3 = process_cpu_seconds();
             let dt = t.elapsed().as_secs_f64();
             drop(_g);
-            Ok((y0, measure(ch, dt, &su)))
+            Ok((y0, measure(ch, dt, &su), [c0, c1, c3]))
         },
         |ch| {
             let (s, _) = setup_metered(ch, |ch| ServerSession::setup(ch, ring))?;
+            start.wait();
             let _g = ch.meter().enter(LABEL);
-            fc_server(ch, &s, &fc, &x1)
+            let y1 = fc_server(ch, &s, &fc, &x1);
+            *server_done.lock().expect("no panics while held") = process_cpu_seconds();
+            y1
         },
     )?;
+    let (y0, m, [c0, c1, c3]) = client;
+    let c2 = server_done.into_inner().ok().flatten();
+    let diff =
+        |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| ((b - a) * 100.0).round() / 100.0);
+    let cpu_parties = json!({
+        "client_encrypt": diff(c0, c1),
+        "server": diff(c1, c2),
+        "client_decrypt": diff(c2, c3),
+    });
     let cpu_s = cpu0.zip(process_cpu_seconds()).map(|(a, b)| b - a);
-    let (y0, m) = client;
     let mut want = x.matmul(&w.transpose()?)?;
     for (i, v) in want.data_mut().iter_mut().enumerate() {
         *v = ring.add(*v, b.data()[i % out]);
@@ -150,6 +174,7 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
         json!({
             "prepare_s": prepare_s,
             "cpu_s_both_parties_incl_setup": cpu_s,
+            "cpu_s_online_by_party": cpu_parties,
             "param_set": format!("{:?}", layer.set),
             "blocking": format!("{:?}", fc.matrix().layout().blocks),
             "ntt_weights_cached": fc.matrix().is_ntt_cached(),
