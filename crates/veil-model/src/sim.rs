@@ -189,6 +189,13 @@ pub fn gelu_domain(_fp: FixedPoint) -> f64 {
 }
 
 /// |x − mean| up to which `approx::layer_norm_row` is accurate (2^`approx::LAYER_NORM_DEV_BITS`).
+/// The ReLU-normalise row sums Σ ReLU(x) + ε the reciprocal is exact on: below 2^(norm_bits − f)
+/// (2048 at ℓ = 41, f = 13); the protocol equals `approx` only inside it.
+pub fn relu_normalise_domain(fp: FixedPoint) -> f64 {
+    let bits = veil_core::approx::Approx::new(fp).map_or(0, |a| a.norm_bits());
+    2f64.powi(bits as i32 - fp.frac_bits() as i32)
+}
+
 pub fn layer_norm_domain(_fp: FixedPoint) -> f64 {
     (1u64 << veil_core::approx::LAYER_NORM_DEV_BITS) as f64
 }
@@ -367,8 +374,8 @@ impl FixedModel {
             }
             if r.out_of_domain > 0 {
                 warnings.push(format!(
-                    "block {}: {} GELU/LayerNorm inputs outside the approximation domain (max |x - mean| into LayerNorm {:.1}, domain {:.1}; GELU domain |x| <= {:.1})",
-                    r.block, r.out_of_domain, r.max_abs_norm_deviation, layer_norm_domain(fp), gelu_domain(fp)
+                    "block {}: {} GELU/LayerNorm inputs or ReLU-normalise rows outside the approximation domain (max |x - mean| into LayerNorm {:.1}, domain {:.1}; GELU domain |x| <= {:.1}; ReLU-normalise row sums < {:.1})",
+                    r.block, r.out_of_domain, r.max_abs_norm_deviation, layer_norm_domain(fp), gelu_domain(fp), relu_normalise_domain(fp)
                 ));
             }
         }
@@ -439,7 +446,12 @@ impl FixedModel {
             for row in scores.chunks(s) {
                 probs.extend(match b.variant.attention {
                     AttentionNorm::Softmax => self.approx.softmax_row(row, &valid),
-                    AttentionNorm::ReluNormalise => self.approx.relu_normalise_row(row, &valid),
+                    AttentionNorm::ReluNormalise => {
+                        if self.relu_normalise_sum(row) >= relu_normalise_domain(self.fp()) {
+                            t.report.out_of_domain += 1;
+                        }
+                        self.approx.relu_normalise_row(row, &valid)
+                    }
                 });
             }
             // ctx_h = P · V_h: transpose V_h so its columns become rows.
@@ -527,6 +539,14 @@ impl FixedModel {
     /// out[i][j] = ⌊(Σ_k a[i][k]·b[j][k] (+ bias[j] at 2f)) / 2^f⌋ with a [m, k], b [n, k] given
     /// row-major; the exact accumulator is checked against the ring bound before reduction.
     #[allow(clippy::too_many_arguments)]
+    /// Σ ReLU(x) + ε over a row of attention scores, in real units (all columns are valid in
+    /// the simulator's unpadded rows).
+    fn relu_normalise_sum(&self, row: &[u64]) -> f64 {
+        let fp = self.fp();
+        let sum: f64 = row.iter().map(|&v| fp.decode(v).max(0.0)).sum();
+        sum + fp.decode(self.approx.relu_normalise_eps())
+    }
+
     fn matmul_rows(
         &self,
         a: &[u64],

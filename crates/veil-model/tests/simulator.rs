@@ -137,6 +137,13 @@ fn simulator_reports_wrapping_values() {
     assert!(!sim.warnings.is_empty());
     assert!(sim.warnings.iter().any(|w| w.contains("wrapped")));
     assert_eq!(sim.reports[1].accumulator_bound, 16384.0);
+    // The blocks are friendly (no GELU, no exact LayerNorm): an out-of-domain count can only be
+    // a ReLU-normalise row whose sum left the reciprocal's exact domain.
+    assert!(
+        sim.reports.iter().any(|r| r.out_of_domain > 0),
+        "{:?}",
+        sim.reports
+    );
 }
 
 #[test]

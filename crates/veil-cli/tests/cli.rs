@@ -1,0 +1,129 @@
+//! The `veil` binary end to end on a tiny model: fine-tune from the command line, evaluate the
+//! result in f32, in the fixed-point simulator and through the real two-party protocol (whose
+//! logits must equal the simulator's exactly), and refuse bad arguments with a clear message.
+
+use std::path::Path;
+use std::process::Command;
+
+use veil_model::{folder, random, Architecture, HeadKind, ModelConfig};
+
+const WORDS: [&str; 11] = [
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "great", "bad", "awful", "the", "film",
+];
+
+fn tiny_folder(dir: &Path) {
+    let cfg = ModelConfig::new(
+        Architecture::Bert,
+        WORDS.len(),
+        16,
+        1,
+        2,
+        32,
+        16,
+        HeadKind::Pooler,
+        0,
+    )
+    .unwrap();
+    let model = random::random_transformer_with_std(&cfg, [3; 16], 0.1).unwrap();
+    folder::save(dir, &model, None).unwrap();
+    std::fs::write(dir.join("vocab.txt"), WORDS.join("\n")).unwrap();
+}
+
+fn data_file(path: &Path) {
+    let lines: Vec<String> = (0..40)
+        .map(|i| {
+            let (label, cue) = if i % 2 == 0 {
+                (1, ["good", "great"][i % 4 / 2])
+            } else {
+                (0, ["bad", "awful"][i % 4 / 2])
+            };
+            format!("{label} the film {cue}")
+        })
+        .collect();
+    std::fs::write(path, lines.join("\n")).unwrap();
+}
+
+fn veil(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(args)
+        .output()
+        .expect("the veil binary runs")
+}
+
+#[test]
+fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, tuned, data) = (
+        tmp.path().join("base"),
+        tmp.path().join("tuned"),
+        tmp.path().join("data.txt"),
+    );
+    tiny_folder(&base);
+    data_file(&data);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let out = veil(&[
+        "finetune",
+        "--model",
+        &s(&base),
+        "--train",
+        &s(&data),
+        "--dev",
+        &s(&data),
+        "--out",
+        &s(&tuned),
+        "--epochs",
+        "3",
+        "--batch-size",
+        "8",
+        "--lr",
+        "3e-3",
+        "--alpha1",
+        "0",
+        "--quiet",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["updates"], 15);
+
+    let out = veil(&[
+        "eval",
+        "--model",
+        &s(&tuned),
+        "--data",
+        &s(&data),
+        "--private",
+        "2",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["f32"]["examples"], 40);
+    assert_eq!(r["private"]["tally"]["examples"], 2);
+    assert_eq!(r["private"]["agreement_with_fixed"], 1.0);
+    assert_eq!(r["private"]["max_abs_logit_difference_vs_fixed"], 0.0);
+    assert!(r["agreement_f32_fixed"].as_f64().unwrap() >= 0.9, "{r}");
+}
+
+#[test]
+fn bad_arguments_get_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("nope");
+    let m = missing.to_str().unwrap();
+    let out = veil(&["eval", "--model", m, "--data", m]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("veil:") && err.contains("nope"), "{err}");
+    let out = veil(&[
+        "finetune", "--model", m, "--train", m, "--dev", m, "--out", m, "--format", "csv",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--text-column"));
+}
