@@ -158,46 +158,54 @@ struct PreparedData {
     dev: Vec<EncodedExample>,
 }
 
+/// Reads a dataset file in `format`, or in the format its extension implies.
+fn read_dataset(path: &Path, format: Option<&DatasetFormat>) -> Result<Vec<data::RawExample>> {
+    let format = match format {
+        Some(f) => f.clone(),
+        None => DatasetFormat::from_path(path)?,
+    };
+    data::read_file(path, &format)
+}
+
+/// Applies `labels` to the examples read from `path` (label errors name the file) and tokenises
+/// them.
+fn encode_labelled(
+    labels: &LabelSet,
+    raw: &[data::RawExample],
+    path: &Path,
+    tokenizer: &TextTokenizer,
+) -> Result<Vec<EncodedExample>> {
+    labels
+        .apply(raw)
+        .map_err(|e| match e {
+            Error::Malformed(m) => Error::Malformed(format!("{}: {m}", path.display())),
+            other => other,
+        })?
+        .into_iter()
+        .map(|e| {
+            let enc = tokenizer.encode(&e.text_a, e.text_b.as_deref())?;
+            Ok(EncodedExample {
+                ids: enc.ids,
+                type_ids: enc.type_ids,
+                label: e.label as u32,
+            })
+        })
+        .collect()
+}
+
 fn prepare(
     opts: &DataOptions,
     labels: Option<LabelSet>,
     tokenizer: &TextTokenizer,
 ) -> Result<PreparedData> {
-    let read = |path: &Path| {
-        let format = match &opts.format {
-            Some(f) => f.clone(),
-            None => DatasetFormat::from_path(path)?,
-        };
-        data::read_file(path, &format)
-    };
-    let train_raw = read(&opts.train)?;
-    let dev_raw = read(&opts.dev)?;
+    let train_raw = read_dataset(&opts.train, opts.format.as_ref())?;
+    let dev_raw = read_dataset(&opts.dev, opts.format.as_ref())?;
     let labels = match labels {
         Some(l) => l,
         None => LabelSet::from_examples(&train_raw)?,
     };
-    let with_file = |path: &Path| {
-        let path = path.display().to_string();
-        move |e: Error| match e {
-            Error::Malformed(m) => Error::Malformed(format!("{path}: {m}")),
-            other => other,
-        }
-    };
-    let encode = |examples: Vec<data::Example>| -> Result<Vec<EncodedExample>> {
-        examples
-            .into_iter()
-            .map(|e| {
-                let enc = tokenizer.encode(&e.text_a, e.text_b.as_deref())?;
-                Ok(EncodedExample {
-                    ids: enc.ids,
-                    type_ids: enc.type_ids,
-                    label: e.label as u32,
-                })
-            })
-            .collect()
-    };
-    let train = encode(labels.apply(&train_raw).map_err(with_file(&opts.train))?)?;
-    let dev = encode(labels.apply(&dev_raw).map_err(with_file(&opts.dev))?)?;
+    let train = encode_labelled(&labels, &train_raw, &opts.train, tokenizer)?;
+    let dev = encode_labelled(&labels, &dev_raw, &opts.dev, tokenizer)?;
     Ok(PreparedData { labels, train, dev })
 }
 
@@ -212,31 +220,12 @@ pub fn labelled_examples(
 ) -> Result<(LabelSet, Vec<EncodedExample>)> {
     let config = folder::load_config(dir)?;
     let tokenizer = tokenizer_for(dir, max_seq_len, config.max_sequence_len())?;
-    let format = match format {
-        Some(f) => f,
-        None => DatasetFormat::from_path(file)?,
-    };
-    let raw = data::read_file(file, &format)?;
+    let raw = read_dataset(file, format.as_ref())?;
     let labels = match TrainingRecord::read(dir)? {
         Some(r) => r.labels,
         None => LabelSet::from_examples(&raw)?,
     };
-    let examples = labels
-        .apply(&raw)
-        .map_err(|e| match e {
-            Error::Malformed(m) => Error::Malformed(format!("{}: {m}", file.display())),
-            other => other,
-        })?
-        .into_iter()
-        .map(|e| {
-            let enc = tokenizer.encode(&e.text_a, e.text_b.as_deref())?;
-            Ok(EncodedExample {
-                ids: enc.ids,
-                type_ids: enc.type_ids,
-                label: e.label as u32,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let examples = encode_labelled(&labels, &raw, file, &tokenizer)?;
     Ok((labels, examples))
 }
 
