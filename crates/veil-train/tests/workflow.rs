@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use veil_model::config::Architecture;
 use veil_model::{folder, random, HeadKind, ModelConfig};
 use veil_train::transformer::{Freeze, TrainableTransformer};
-use veil_train::workflow::{TrainingRecord, RECORD_FILE};
+use veil_train::workflow::{labelled_examples, TrainingRecord, RECORD_FILE};
 use veil_train::{
     evaluate, finetune, substitute, train, DataOptions, EncodedExample, FinetuneOptions,
     LossWeights, Operator, RunControl, SubstituteOptions, TrainConfig,
@@ -190,20 +190,9 @@ fn training_steps_reduce_the_loss_and_respect_frozen_blocks() {
     let fx = Fixture::new();
     let (model, info) = TrainableTransformer::load(&fx.root.join("base"), 2, None, 3).unwrap();
     assert_eq!(info.initialised.len(), 2); // classifier weight and bias
-    let tokenizer = veil_model::TextTokenizer::from_folder(&fx.root.join("base"), 32).unwrap();
-    let data: Vec<EncodedExample> = std::fs::read_to_string(fx.root.join("train.txt"))
+    let data = labelled_examples(&fx.root.join("base"), &fx.root.join("train.txt"), None, 32)
         .unwrap()
-        .lines()
-        .map(|l| {
-            let (label, text) = l.split_once(' ').unwrap();
-            let enc = tokenizer.encode(text, None).unwrap();
-            EncodedExample {
-                ids: enc.ids,
-                type_ids: enc.type_ids,
-                label: label.parse().unwrap(),
-            }
-        })
-        .collect();
+        .1;
     let before = model.parameter_values().unwrap();
     let config = TrainConfig {
         epochs: 1,
@@ -305,20 +294,9 @@ fn substitute_writes_a_model_that_loads_with_its_variants() {
     // The reloaded model reproduces the reported final accuracy.
     let (reloaded, info) = TrainableTransformer::load(&fx.root.join("sub"), 2, None, 0).unwrap();
     assert!(info.initialised.is_empty());
-    let tokenizer = veil_model::TextTokenizer::from_folder(&fx.root.join("sub"), 128).unwrap();
-    let dev: Vec<EncodedExample> = std::fs::read_to_string(fx.root.join("dev.txt"))
+    let dev = labelled_examples(&fx.root.join("sub"), &fx.root.join("dev.txt"), None, 128)
         .unwrap()
-        .lines()
-        .map(|l| {
-            let (label, text) = l.split_once(' ').unwrap();
-            let enc = tokenizer.encode(text, None).unwrap();
-            EncodedExample {
-                ids: enc.ids,
-                type_ids: enc.type_ids,
-                label: label.parse().unwrap(),
-            }
-        })
-        .collect();
+        .1;
     let again = evaluate(&reloaded, &dev, 64).unwrap();
     assert!((again.accuracy - report.final_evaluation.accuracy).abs() < 1e-9);
 
