@@ -171,24 +171,21 @@ impl<'a, C: Channel> Party<'a, C> {
     /// padding key, a local step the server cannot see. Real queries then attend exactly as
     /// without padding (their probabilities over the padding are 0), so the real tokens' values
     /// equal the unpadded run's.
-    fn mask_padding_keys(&self, scores: &mut RingTensor) -> Result<()> {
+    fn mask_padding_keys(&self, scores: &mut RingTensor) {
         let Side::Client(_, real) = self.side else {
-            return Ok(());
+            return;
         };
         let cols = scores.shape()[1];
         if real >= cols {
-            return Ok(());
+            return;
         }
         let ring = scores.ring();
         let offset = ring.neg(self.ax.fp.encode(PADDING_KEY_OFFSET));
-        let mut d = scores.data().to_vec();
-        for row in d.chunks_mut(cols) {
+        for row in scores.data_mut().chunks_mut(cols) {
             for v in &mut row[real..] {
                 *v = ring.add(*v, offset);
             }
         }
-        *scores = RingTensor::from_vec(ring, scores.shape(), d)?;
-        Ok(())
     }
 
     /// One encoder block (sim: `FixedModel::block`).
@@ -208,7 +205,7 @@ impl<'a, C: Channel> Party<'a, C> {
             vs.push(head(2 * h, hd)?);
         }
         let mut scores = stack_rows(&self.shared_products(&qs, &kts)?)?; // [nh·s, s]
-        self.mask_padding_keys(&mut scores)?;
+        self.mask_padding_keys(&mut scores);
         let valid = vec![true; s];
         let probs = {
             let mut cx = self.cx();
