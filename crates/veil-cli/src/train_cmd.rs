@@ -333,7 +333,8 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&model.transformer, fp)?;
     let private_n = a.private.min(examples.len());
-    let server = (private_n > 0)
+    // A server thread over loopback and this process's client, only when private runs are asked.
+    let mut conn = (private_n > 0)
         .then(|| -> Result<_> {
             let server = Arc::new(ServerModel::new(fixed.clone())?);
             let listener = TcpListener::bind("127.0.0.1:0")?;
@@ -342,7 +343,6 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             ClientConnection::connect(TcpChannel::connect(addr)?)
         })
         .transpose()?;
-    let mut conn = server;
     let (mut f32_tally, mut sim_tally, mut private_tally) =
         (Tally::default(), Tally::default(), Tally::default());
     let (mut agree_f32_sim, mut agree_sim_private) = (0usize, 0usize);
