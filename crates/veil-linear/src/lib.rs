@@ -13,6 +13,7 @@
 //!   [`PreparedMatrix`], the server's packed and noise-checked plaintext operand.
 //! * [`fc`]: Y = X·Wᵀ + b on shares for a whole sequence ([`PreparedFc`] is prepared once per
 //!   model); output at scale 2^{2f}, truncation is the caller's next step.
+//! * [`lookup`]: private table lookup (one-hot baseline and batch PIR) for private embeddings.
 //! * [`cross`]: per-head products of two shared matrices (Q·Kᵀ, A·V) via cross terms.
 //! * [`mod@bench`]: the benchmark of the issue (`cargo run --release -p veil-linear --example bench`).
 //!
@@ -32,7 +33,9 @@ pub use matmul::{PreparedMatrix, ServerJob};
 pub use session::{ClientSession, ServerSession};
 pub mod cross;
 pub mod fc;
+pub mod lookup;
 
 pub use cross::{shared_matmul_client, shared_matmul_server};
 pub use fc::{fc_client, fc_server, FcLayer, PreparedFc};
+pub use lookup::{lookup_client, lookup_server, LookupMethod, LookupShape, PreparedLookup};
 pub mod bench;
