@@ -1,6 +1,7 @@
 //! The `veil` binary end to end on a tiny model: fine-tune from the command line, evaluate the
 //! result in f32, in the fixed-point simulator and through the real two-party protocol (whose
-//! logits must equal the simulator's exactly), and refuse bad arguments with a clear message.
+//! logits must stay within the one-bit-error truncation's bound of the simulator's), and refuse
+//! bad arguments with a clear message.
 
 use std::path::Path;
 use std::process::Command;
@@ -108,7 +109,11 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
     assert_eq!(r["f32"]["examples"], 40);
     assert_eq!(r["private"]["tally"]["examples"], 2);
     assert_eq!(r["private"]["agreement_with_fixed"], 1.0);
-    assert_eq!(r["private"]["max_abs_logit_difference_vs_fixed"], 0.0);
+    // The default truncation after products may read one ulp low per product output.
+    let dev = r["private"]["max_abs_logit_difference_vs_fixed"]
+        .as_f64()
+        .unwrap();
+    assert!(dev <= 0.02, "2PC logits {dev} away from the simulator's");
     assert!(r["agreement_f32_fixed"].as_f64().unwrap() >= 0.9, "{r}");
 }
 

@@ -6,7 +6,7 @@
 //! [`ModelConfig::to_json`] writes a config HF can read back, with the `"veil"` object added;
 //! a folder without `"veil"` gets the original operators in every block.
 
-use crate::variants::{Activation, BlockVariant, EmbeddingMode, HeadKind};
+use crate::variants::{Activation, BlockVariant, EmbeddingMode, HeadKind, ProductTruncation};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use veil_core::{bail, ensure, Result};
@@ -57,6 +57,9 @@ impl Architecture {
 pub struct VeilSettings {
     #[serde(default)]
     pub embedding: EmbeddingMode,
+    /// Truncation after products in the private pass (not a property of the weights).
+    #[serde(default)]
+    pub product_truncation: ProductTruncation,
     pub head: HeadKind,
     /// Output width of the classifier on top of the head; 0 = no classifier (the pooled vector
     /// is the output, as for sentence embeddings).
@@ -123,6 +126,7 @@ impl ModelConfig {
             hidden_act: Activation::Gelu,
             veil: VeilSettings {
                 embedding: EmbeddingMode::Public,
+                product_truncation: ProductTruncation::default(),
                 head,
                 num_labels,
                 blocks: vec![BlockVariant::exact(Activation::Gelu); num_layers],
@@ -348,6 +352,7 @@ fn default_settings(
     };
     Ok(VeilSettings {
         embedding: EmbeddingMode::Public,
+        product_truncation: ProductTruncation::default(),
         head: if is_classifier {
             HeadKind::Pooler
         } else {

@@ -66,6 +66,7 @@ pub use nn::{Batch, ForwardOutput, Transformer};
 pub use tokenize::{Encoded, TextTokenizer};
 pub use variants::{
     Activation, AttentionNorm, BlockVariant, EmbeddingMode, HeadKind, LayerNormKind,
+    ProductTruncation,
 };
 
 /// Turns a candle error into a Veil error with context (candle's message names the tensor).

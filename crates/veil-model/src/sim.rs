@@ -391,8 +391,8 @@ impl FixedModel {
         })
     }
 
-    /// MPNet's bias as [heads][seq·seq] at f bits.
-    fn position_bias(&self, seq: usize) -> Option<Vec<Vec<u64>>> {
+    /// MPNet's bias as [heads][seq·seq] at f bits (None for other architectures).
+    pub fn position_bias(&self, seq: usize) -> Option<Vec<Vec<u64>>> {
         let table = self.relative_attention_bias.as_ref()?;
         let heads = self.config.num_heads;
         let buckets = self.config.relative_attention_num_buckets;

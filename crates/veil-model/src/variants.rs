@@ -105,6 +105,20 @@ pub enum EmbeddingMode {
     Private,
 }
 
+/// How the private pass truncates after each linear or attention product (the simulator always
+/// computes the faithful ⌊x / 2^f⌋). A deployment choice the server announces in the config it
+/// sends, so both parties run the same protocol.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProductTruncation {
+    /// Exactly ⌊x / 2^f⌋: the private result equals the simulator's integers.
+    Faithful,
+    /// ⌊x / 2^f⌋ or one ulp (2^−f) less, per product output: one COT per element instead of a
+    /// comparison on f bits (Cheetah's default), about 10× cheaper.
+    #[default]
+    OneBitError,
+}
+
 /// What turns the last hidden states into the model output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,6 +1,11 @@
 //! The encoder and head on shares: one code path for both parties, mirroring
-//! `veil_model::sim::FixedModel::forward` step by step, so the private result equals the
-//! simulator's integers (every truncation is the faithful one).
+//! `veil_model::sim::FixedModel::forward` step by step.
+//!
+//! **Error bound.** With [`ProductTruncation::Faithful`] the private result equals the
+//! simulator's integers. With [`ProductTruncation::OneBitError`] (the default) every output of a
+//! linear or attention product may be one ulp (2^−f) below the simulator's; every other step is
+//! bit-exact, so the only deviation is these one-sided 1-ulp errors carried through the later
+//! layers (measured on the default model in `tests/`; far below the fixed-point error itself).
 //!
 //! Role-specific steps are confined to [`Party::linear`] (client encrypts, server multiplies),
 //! the server-private LayerNorm parameters, and the final reveal of the output to the client.
@@ -13,10 +18,11 @@ use veil_core::{ensure, Result, RingTensor};
 use veil_linear::{fc_client, fc_server, shared_matmul_client, shared_matmul_server};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::sim::FixedNorm;
+use veil_model::ProductTruncation;
 use veil_model::{Activation, AttentionNorm, HeadKind, LayerNormKind, ModelConfig};
 use veil_net::{Channel, Role};
 use veil_nonlinear::composite::{self, AffineParams};
-use veil_nonlinear::{functions, Ctx, OtSession};
+use veil_nonlinear::{functions, Ctx, OtSession, TruncMode};
 
 use crate::layers::{LayerId, PreparedLayers, ServerModel};
 
@@ -95,11 +101,17 @@ impl<'a, C: Channel> Party<'a, C> {
         RingTensor::from_vec(like.ring(), like.shape(), data)
     }
 
-    /// ⌊x / 2^f⌋ on shares (faithful).
+    /// ⌊x / 2^f⌋ on the shares of a product, as the config's [`ProductTruncation`] says.
     fn truncate(&mut self, x: &RingTensor) -> Result<RingTensor> {
         let _g = self.ch.meter().enter("Truncation");
         let f = self.ax.fp.frac_bits();
-        let y = self.cx().trunc(x.data(), f)?;
+        let mode = match self.cfg.veil.product_truncation {
+            ProductTruncation::Faithful => TruncMode::Faithful,
+            ProductTruncation::OneBitError => TruncMode::OneBitError,
+        };
+        let mut cx = self.cx();
+        cx.trunc_mode = mode;
+        let y = cx.trunc(x.data(), f)?;
         self.tensor(x, y)
     }
 
@@ -188,8 +200,23 @@ impl<'a, C: Channel> Party<'a, C> {
         }
     }
 
+    /// Server only: adds MPNet's relative-position bias ([heads][seq·seq], a public function of
+    /// the positions applied to the server's private table) to its own share of the scores.
+    fn add_position_bias(&self, scores: &mut RingTensor, bias: Option<&[Vec<u64>]>) {
+        let Some(bias) = bias else { return };
+        let ring = scores.ring();
+        for (v, &b) in scores.data_mut().iter_mut().zip(bias.iter().flatten()) {
+            *v = ring.add(*v, b);
+        }
+    }
+
     /// One encoder block (sim: `FixedModel::block`).
-    fn block(&mut self, i: usize, x: &RingTensor) -> Result<RingTensor> {
+    fn block(
+        &mut self,
+        i: usize,
+        x: &RingTensor,
+        position_bias: Option<&[Vec<u64>]>,
+    ) -> Result<RingTensor> {
         let variant = self.cfg.veil.blocks[i];
         let (s, h) = (x.shape()[0], x.shape()[1]);
         let nh = self.cfg.num_heads;
@@ -206,6 +233,7 @@ impl<'a, C: Channel> Party<'a, C> {
         }
         let mut scores = stack_rows(&self.shared_products(&qs, &kts)?)?; // [nh·s, s]
         self.mask_padding_keys(&mut scores);
+        self.add_position_bias(&mut scores, position_bias);
         let valid = vec![true; s];
         let probs = {
             let mut cx = self.cx();
@@ -288,9 +316,13 @@ impl<'a, C: Channel> Party<'a, C> {
             x.shape(),
             self.cfg.hidden_size
         );
+        let position_bias = match &self.side {
+            Side::Server(_, m, _) => m.fixed.position_bias(x.shape()[0]),
+            Side::Client(..) => None,
+        };
         let mut h = x.clone();
         for i in 0..self.cfg.num_layers {
-            h = self.block(i, &h)?;
+            h = self.block(i, &h, position_bias.as_deref())?;
         }
         self.head(&h)
     }

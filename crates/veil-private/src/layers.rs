@@ -89,11 +89,6 @@ pub struct ServerModel {
 
 impl ServerModel {
     pub fn new(fixed: FixedModel) -> Result<Self> {
-        ensure!(
-            fixed.relative_attention_bias.is_none(),
-            Unsupported,
-            "private inference of MPNet's relative-position bias is not built yet"
-        );
         // The client follows the public config alone, so the weights must match it exactly.
         let cfg = &fixed.config;
         ensure!(

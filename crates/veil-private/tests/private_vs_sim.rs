@@ -1,6 +1,7 @@
 //! The private forward pass against its oracle, the fixed-point simulator: for tiny random models
-//! of every variant, the logits the client reconstructs must equal the simulator's integers
-//! exactly (every truncation in the protocol is the faithful one).
+//! of every variant (BERT and MPNet blocks), the logits the client reconstructs must equal the
+//! simulator's integers exactly when every truncation is the faithful one, and stay within the
+//! stated bound with the default one-bit-error truncation after products.
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -8,14 +9,27 @@ use std::sync::Arc;
 use veil_core::{FixedPoint, RingTensor};
 use veil_model::random::random_transformer_with_std;
 use veil_model::sim::FixedModel;
-use veil_model::{Activation, Architecture, BlockVariant, HeadKind, ModelConfig};
+use veil_model::{
+    Activation, Architecture, BlockVariant, HeadKind, ModelConfig, ProductTruncation,
+};
 use veil_net::{run_two_party, Channel, TcpChannel};
 use veil_private::{serve_session, ClientConnection, ServerModel};
 
-fn tiny(variant: BlockVariant, head: HeadKind, labels: usize) -> ModelConfig {
-    let mut cfg = ModelConfig::new(Architecture::Bert, 50, 16, 2, 2, 32, 16, head, labels).unwrap();
+fn tiny_of(
+    arch: Architecture,
+    variant: BlockVariant,
+    head: HeadKind,
+    labels: usize,
+) -> ModelConfig {
+    let mut cfg = ModelConfig::new(arch, 50, 16, 2, 2, 32, 16, head, labels).unwrap();
     cfg.veil.blocks = vec![variant; 2];
+    cfg.veil.product_truncation = ProductTruncation::Faithful;
     cfg
+}
+
+/// A two-block BERT whose private pass is exact (faithful truncations).
+fn tiny(variant: BlockVariant, head: HeadKind, labels: usize) -> ModelConfig {
+    tiny_of(Architecture::Bert, variant, head, labels)
 }
 
 fn models(cfg: &ModelConfig, seed: u8) -> (FixedModel, ServerModel) {
@@ -139,6 +153,62 @@ fn friendly_operators_match_the_simulator_exactly() {
         assert!(
             report.online.per_op.contains_key(op),
             "no cost line for {op}"
+        );
+    }
+}
+
+#[test]
+fn mpnet_relative_position_bias_matches_the_simulator_exactly() {
+    for (variant, head, seed) in [
+        (
+            BlockVariant::exact(Activation::Gelu),
+            HeadKind::MeanPool,
+            11,
+        ),
+        (BlockVariant::friendly(), HeadKind::Pooler, 12),
+    ] {
+        let cfg = tiny_of(Architecture::MpNet, variant, head, 2);
+        let (sim_model, _) = models(&cfg, seed);
+        assert!(
+            sim_model.relative_attention_bias.is_some(),
+            "the random MPNet has no bias table: the test would not test it"
+        );
+        let (got, want, _) = run(&cfg, &[2, 9, 4, 4, 7, 1], seed);
+        assert_eq!(got, want, "{variant:?}");
+    }
+}
+
+/// The stated bound of one-bit-error truncation, in output units: each product output may be
+/// one ulp (2^-13) low; through two random blocks the logits move by far less than this.
+const ONE_BIT_ERROR_BOUND: f64 = 0.02;
+
+#[test]
+fn one_bit_error_truncation_stays_within_its_bound() {
+    for (variant, seed) in [
+        (BlockVariant::exact(Activation::Gelu), 13),
+        (BlockVariant::friendly(), 14),
+    ] {
+        let mut cfg = tiny(variant, HeadKind::Pooler, 3);
+        cfg.veil.product_truncation = ProductTruncation::OneBitError;
+        let (got, want, report) = run(&cfg, &[3, 8, 1, 12, 40, 2, 2, 9], seed);
+        assert_eq!(got.len(), want.len());
+        let dev = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
+        assert!(dev <= ONE_BIT_ERROR_BOUND, "{variant:?}: deviation {dev}");
+        let faithful = {
+            let mut c = cfg.clone();
+            c.veil.product_truncation = ProductTruncation::Faithful;
+            run(&c, &[3, 8, 1, 12, 40, 2, 2, 9], seed).2
+        };
+        let cost = |r: &veil_private::CostReport| r.online.per_op["Truncation"].bytes_sent;
+        assert!(
+            cost(&report) < cost(&faithful),
+            "one-bit-error truncation is not cheaper: {} vs {} bytes",
+            cost(&report),
+            cost(&faithful)
         );
     }
 }
