@@ -14,7 +14,7 @@ use veil_core::{ensure, Prg, Result};
 use veil_net::{Channel, Role};
 use zeroize::{Zeroize, Zeroizing};
 
-use crate::ferret::table::{reserve_wiping, scratch_wiping};
+use crate::ferret::table::PoolBuf;
 use crate::ferret::{FerretReceiver, FerretSender};
 use crate::iknp::{IknpReceiver, IknpSender};
 
@@ -45,27 +45,27 @@ enum RecvEngine {
     Silent(Box<FerretReceiver>),
 }
 
-/// COTs this party sends: `q_i`, with the receiver holding `q_i ⊕ r_i·Δ`.
+/// COTs this party sends: `q_i`, with the receiver holding `q_i ⊕ r_i·Δ`. The unconsumed ones
+/// are `q[pos..end]`.
 struct SenderPool {
     engine: SendEngine,
     delta: u128,
-    q: Vec<u128>,
+    q: PoolBuf<u128>,
     pos: usize,
+    end: usize,
     consumed: u64,
-    /// Silent COT's second output buffer, reused across iterations.
-    spare: Vec<u128>,
 }
 
 /// COTs this party receives: choice bits `r_i` and `t_i = q_i ⊕ r_i·Δ`.
+/// The unconsumed ones are `t[pos..end]`, `bits[pos..end]`.
 struct ReceiverPool {
     engine: RecvEngine,
-    t: Vec<u128>,
-    bits: Vec<u8>,
+    t: PoolBuf<u128>,
+    bits: PoolBuf<u8>,
     pos: usize,
+    end: usize,
     consumed: u64,
     prg: Prg,
-    spare_t: Vec<u128>,
-    spare_bits: Vec<u8>,
 }
 
 /// A run of random COTs handed to a flavour (sender side).
@@ -87,28 +87,16 @@ fn refill_size(available: usize, need: usize) -> usize {
     (need - available).max(IKNP_MIN_REFILL)
 }
 
-/// Appends `src` to a pool buffer, growing it geometrically with [`reserve_wiping`].
-fn extend_wiping<T: Copy + Zeroize>(v: &mut Vec<T>, src: &[T]) {
-    reserve_wiping(v, src.len().max(v.len()));
-    v.extend_from_slice(src);
-}
-
-/// Where one silent iteration goes when `left` COTs remain in the pool: the iteration's blocks
-/// are written at `offset` of the spare buffer, and the leftover is copied in front of the
-/// usable part, over the iteration's reserve prefix (`start` blocks, already copied out by the
-/// engine) and, if the leftover is longer, into the `offset` blocks before it. Returns
-/// `(offset, p)`: the new pool is `spare[p..offset + iteration_len]`, leftover first. No COT
-/// of the iteration is copied, and the buffers never need more than `iteration_len + left`.
-/// Capacity of a silent pool buffer when it must grow: the iteration plus room for a leftover
-/// of a quarter iteration, so calls of up to ~2.5 M OTs never grow a buffer twice (each fresh
+/// Capacity of a silent pool buffer: the iteration plus room for a leftover of a quarter
+/// iteration, so calls of up to ~2.5 M OTs never grow the buffer a second time (each fresh
 /// buffer costs the kernel ~0.1 s of page clearing).
-fn spare_capacity(iteration_len: usize) -> usize {
+fn silent_capacity(iteration_len: usize) -> usize {
     iteration_len + iteration_len / 4
 }
 
-fn silent_layout(left: usize, start: usize) -> (usize, usize) {
-    let offset = left.saturating_sub(start);
-    (offset, offset + start - left)
+/// Capacity of a grown IKNP pool buffer (geometric growth: repeated refills rarely allocate).
+fn iknp_capacity(len: usize) -> usize {
+    2 * len
 }
 
 impl SenderPool {
@@ -125,15 +113,15 @@ impl SenderPool {
         Ok(SenderPool {
             engine,
             delta,
-            q,
+            end: q.len(),
+            q: PoolBuf::from_vec(q),
             pos,
             consumed: 0,
-            spare: Vec::new(),
         })
     }
 
     fn available(&self) -> usize {
-        self.q.len() - self.pos
+        self.end - self.pos
     }
 
     fn ensure<C: Channel>(&mut self, ch: &mut C, need: usize) -> Result<()> {
@@ -142,24 +130,26 @@ impl SenderPool {
         }
         match &mut self.engine {
             SendEngine::Iknp(e) => {
-                self.q.drain(..self.pos);
-                self.pos = 0;
-                let more = Zeroizing::new(e.extend(ch, refill_size(self.q.len(), need))?);
-                extend_wiping(&mut self.q, &more);
+                let left = self.end - self.pos;
+                let more = Zeroizing::new(e.extend(ch, refill_size(left, need))?);
+                let len = left + more.len();
+                let live = self.pos..self.end;
+                let out = self.q.make_room(live, 0, len, iknp_capacity(len));
+                out[left..].copy_from_slice(&more);
+                (self.pos, self.end) = (0, len);
             }
             SendEngine::Silent(e) => {
-                while self.q.len() - self.pos < need {
-                    // The iteration fills the spare buffer in place, the leftover moves in
-                    // front of its usable part, and the buffers swap roles.
-                    let left = self.q.len() - self.pos;
-                    let (offset, p) = silent_layout(left, e.reserve_len());
-                    let end = offset + e.iteration_len();
-                    scratch_wiping(&mut self.spare, end, spare_capacity(e.iteration_len()));
-                    let start = e.extend_into(ch, &mut self.spare[offset..end])?;
+                while self.end - self.pos < need {
+                    // The leftover moves behind the iteration's place in the same buffer, the
+                    // iteration overwrites the consumed COTs, and its usable part followed by
+                    // the leftover is the new pool (both parties lay it out the same way).
+                    let (n, left) = (e.iteration_len(), self.end - self.pos);
+                    let live = self.pos..self.end;
+                    let out = self.q.make_room(live, n, n + left, silent_capacity(n));
+                    (self.pos, self.end) = (n, n + left);
+                    let start = e.extend_into(ch, &mut out[..n])?;
                     assert_eq!(start, e.reserve_len(), "silent OT reserve length");
-                    self.spare[p..offset + start].copy_from_slice(&self.q[self.pos..]);
-                    std::mem::swap(&mut self.q, &mut self.spare);
-                    self.pos = p;
+                    self.pos = start;
                 }
             }
         }
@@ -179,7 +169,7 @@ impl SenderPool {
         self.consumed += n as u64;
         Ok(SenderBatch {
             delta: self.delta,
-            q: &self.q[start..start + n],
+            q: &self.q.as_slice()[start..start + n],
             index,
         })
     }
@@ -197,18 +187,17 @@ impl ReceiverPool {
         };
         Ok(ReceiverPool {
             engine,
-            t,
-            bits,
+            end: t.len(),
+            t: PoolBuf::from_vec(t),
+            bits: PoolBuf::from_vec(bits),
             pos,
             consumed: 0,
             prg: Prg::from_os_entropy(),
-            spare_t: Vec::new(),
-            spare_bits: Vec::new(),
         })
     }
 
     fn available(&self) -> usize {
-        self.t.len() - self.pos
+        self.end - self.pos
     }
 
     fn ensure<C: Channel>(&mut self, ch: &mut C, need: usize) -> Result<()> {
@@ -217,35 +206,31 @@ impl ReceiverPool {
         }
         match &mut self.engine {
             RecvEngine::Iknp(e) => {
-                self.t.drain(..self.pos);
-                self.bits.drain(..self.pos);
-                self.pos = 0;
-                let m = refill_size(self.t.len(), need);
+                let left = self.end - self.pos;
+                let m = refill_size(left, need);
                 let choices: Zeroizing<Vec<u8>> =
                     Zeroizing::new((0..m).map(|_| self.prg.bit() as u8).collect());
                 let more = Zeroizing::new(e.extend(ch, &choices)?);
-                extend_wiping(&mut self.t, &more);
-                extend_wiping(&mut self.bits, &choices);
+                let (len, live) = (left + m, self.pos..self.end);
+                let t = self.t.make_room(live.clone(), 0, len, iknp_capacity(len));
+                t[left..].copy_from_slice(&more);
+                let bits = self.bits.make_room(live, 0, len, iknp_capacity(len));
+                bits[left..].copy_from_slice(&choices);
+                (self.pos, self.end) = (0, len);
             }
             RecvEngine::Silent(e) => {
-                while self.t.len() - self.pos < need {
+                while self.end - self.pos < need {
                     // As for the sender, with the choice bits alongside.
-                    let left = self.t.len() - self.pos;
-                    let (offset, p) = silent_layout(left, e.reserve_len());
-                    let end = offset + e.iteration_len();
-                    scratch_wiping(&mut self.spare_t, end, spare_capacity(e.iteration_len()));
-                    scratch_wiping(&mut self.spare_bits, end, spare_capacity(e.iteration_len()));
-                    let start = e.extend_into(
-                        ch,
-                        &mut self.spare_t[offset..end],
-                        &mut self.spare_bits[offset..end],
-                    )?;
+                    let (n, left) = (e.iteration_len(), self.end - self.pos);
+                    let live = self.pos..self.end;
+                    let t = self
+                        .t
+                        .make_room(live.clone(), n, n + left, silent_capacity(n));
+                    let bits = self.bits.make_room(live, n, n + left, silent_capacity(n));
+                    (self.pos, self.end) = (n, n + left);
+                    let start = e.extend_into(ch, &mut t[..n], &mut bits[..n])?;
                     assert_eq!(start, e.reserve_len(), "silent OT reserve length");
-                    self.spare_t[p..offset + start].copy_from_slice(&self.t[self.pos..]);
-                    self.spare_bits[p..offset + start].copy_from_slice(&self.bits[self.pos..]);
-                    std::mem::swap(&mut self.t, &mut self.spare_t);
-                    std::mem::swap(&mut self.bits, &mut self.spare_bits);
-                    self.pos = p;
+                    self.pos = start;
                 }
             }
         }
@@ -264,27 +249,17 @@ impl ReceiverPool {
         let index = self.consumed;
         self.consumed += n as u64;
         Ok(ReceiverBatch {
-            t: &self.t[start..start + n],
-            bits: &self.bits[start..start + n],
+            t: &self.t.as_slice()[start..start + n],
+            bits: &self.bits.as_slice()[start..start + n],
             index,
         })
     }
 }
 
+/// The pool buffers wipe themselves ([`PoolBuf`]).
 impl Drop for SenderPool {
     fn drop(&mut self) {
         self.delta.zeroize();
-        self.q.zeroize();
-        self.spare.zeroize();
-    }
-}
-
-impl Drop for ReceiverPool {
-    fn drop(&mut self) {
-        self.t.zeroize();
-        self.bits.zeroize();
-        self.spare_t.zeroize();
-        self.spare_bits.zeroize();
     }
 }
 
@@ -366,22 +341,5 @@ impl OtSession {
         n: usize,
     ) -> Result<ReceiverBatch<'_>> {
         self.receiver.take(ch, n)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::silent_layout;
-
-    #[test]
-    fn silent_layout_puts_the_leftover_right_before_the_usable_part() {
-        let start = 100;
-        for left in [0, 1, 99, 100, 101, 250] {
-            let (offset, p) = silent_layout(left, start);
-            // The leftover ends where the iteration's usable part begins...
-            assert_eq!(p + left, offset + start, "left {left}");
-            // ...and the iteration is written no further out than the leftover needs.
-            assert_eq!(offset, left.saturating_sub(start));
-        }
     }
 }

@@ -361,7 +361,7 @@ fn garbage_during_setup_is_an_error() {
 }
 
 /// Drains each pool to 1000 COTs, then takes 6000: the refill (a second main iteration in each
-/// direction) moves the 1000 in front of the new batch, and the random OTs span the seam.
+/// direction) moves the 1000 behind the new batch, and the random OTs span the seam.
 fn drain_then_refill(s: &mut OtSession, ch: &mut MemChannel) -> Result<()> {
     let server = s.role() == Role::Server;
     let (send_left, recv_left) = s.available();

@@ -6,14 +6,16 @@
 //!   touch). On the 2-core VM one LPN thread took ~47 instead of ~65 ns per row (noisy, loaded
 //!   machine). Before, the window could miss the last partial huge page and the hint was then
 //!   skipped altogether; the buffer now always holds whole huge pages.
-//! * [`reserve_wiping`], [`scratch_wiping`]: grow the pools' and iterations' buffers (170 MB
-//!   per main iteration) with the same hint, which turns ~40,000 page faults per buffer into
-//!   ~80 (fresh pages cost ~2× less CPU this way; page faults were 10 % of the CPU of a ReLU
-//!   on 2^20 elements), and wipe the old allocation.
+//! * [`PoolBuf`]: the one buffer of a session's COT pool (170 MB per main iteration), reused
+//!   by every refill. Grown buffers get the same hint, which turns ~40,000 page faults per
+//!   buffer into ~80 (page faults were 10 % of the CPU of a ReLU on 2^20 elements), and are
+//!   allocated zeroed, so the kernel's fresh zero pages are not cleared a second time and
+//!   pages that are never written are never touched, not even when the buffer is wiped.
+//! * [`scratch_wiping`]: the same for the caller-owned buffers of the engines' `Vec` API.
 //!
 //! Both are only hints: elsewhere, or if the kernel declines, the memory behaves as plain pages.
 
-use zeroize::Zeroize;
+use zeroize::{DefaultIsZeroes, Zeroize};
 
 /// 2 MiB, the x86_64 huge-page size.
 const HUGE: usize = 2 << 20;
@@ -76,20 +78,67 @@ fn advise_huge(addr: usize, bytes: usize) {
     }
 }
 
-/// Makes room for exactly `additional` more elements in `v` (callers that append repeatedly
-/// ask for more to amortise). When the buffer must move, the
-/// new allocation is advised for huge pages before its first touch and the old one is wiped
-/// (a plain `reserve` would free it with COTs inside).
-pub(crate) fn reserve_wiping<T: Copy + Zeroize>(v: &mut Vec<T>, additional: usize) {
-    if v.capacity() - v.len() >= additional {
-        return;
+/// A pool buffer of COT entries (blocks or choice bits), one allocation serving every refill.
+/// `buf` is fully initialised (allocated zeroed); entries at and beyond `written` have never
+/// held a COT, so wiping stops there and never faults in pages that were not used.
+pub(crate) struct PoolBuf<T: DefaultIsZeroes> {
+    buf: Vec<T>,
+    written: usize,
+}
+
+impl<T: DefaultIsZeroes> PoolBuf<T> {
+    /// Takes over `v`, all of which may hold COTs.
+    pub(crate) fn from_vec(v: Vec<T>) -> Self {
+        let written = v.len();
+        PoolBuf { buf: v, written }
     }
-    let cap = v.len() + additional;
-    let mut bigger = Vec::with_capacity(cap);
-    advise_huge(bigger.as_ptr() as usize, cap * std::mem::size_of::<T>());
-    bigger.extend_from_slice(v);
-    v.zeroize();
-    *v = bigger;
+
+    pub(crate) fn as_slice(&self) -> &[T] {
+        &self.buf
+    }
+
+    /// Prepares the buffer for a refill that writes all of `[0, len)`: the live entries
+    /// `live` move to start at `at` (`at + live.len() <= len`), and the caller then fills the
+    /// rest of `[0, len)`. When the buffer is too short, a new one of at least `min_capacity`
+    /// entries replaces it (huge pages advised before the first touch) and the old one is
+    /// wiped. Returns `[0, len)`.
+    pub(crate) fn make_room(
+        &mut self,
+        live: std::ops::Range<usize>,
+        at: usize,
+        len: usize,
+        min_capacity: usize,
+    ) -> &mut [T] {
+        assert!(
+            live.end <= self.written && at + live.len() <= len,
+            "pool buffer layout"
+        );
+        if self.buf.len() < len {
+            let cap = len.max(min_capacity);
+            let mut fresh = vec![T::default(); cap];
+            advise_huge(fresh.as_ptr() as usize, cap * std::mem::size_of::<T>());
+            fresh[at..at + live.len()].copy_from_slice(&self.buf[live]);
+            self.wipe();
+            *self = PoolBuf {
+                buf: fresh,
+                written: len,
+            };
+        } else {
+            self.buf.copy_within(live, at);
+            self.written = self.written.max(len);
+        }
+        &mut self.buf[..len]
+    }
+
+    fn wipe(&mut self) {
+        self.buf[..self.written].zeroize();
+    }
+}
+
+impl<T: DefaultIsZeroes> Drop for PoolBuf<T> {
+    fn drop(&mut self) {
+        self.wipe();
+    }
 }
 
 /// Makes `v` exactly `len` long for a caller that overwrites all of it: when the allocation
@@ -134,23 +183,28 @@ mod tests {
     }
 
     #[test]
-    fn reserve_wiping_keeps_contents_across_growth() {
-        let mut v: Vec<u128> = Vec::new();
-        let mut want = Vec::new();
-        for round in 0..50u128 {
-            let chunk: Vec<u128> = (0..round * 7 + 1).map(|i| i * 1000 + round).collect();
-            let more = chunk.len().max(v.len());
-            reserve_wiping(&mut v, more);
-            let cap = v.capacity();
-            v.extend_from_slice(&chunk);
-            assert_eq!(v.capacity(), cap, "no second reallocation");
-            want.extend_from_slice(&chunk);
-            assert_eq!(v, want);
-        }
-        reserve_wiping(&mut v, BLOCKS_PER_HUGE * 3);
-        assert_eq!(v, want);
-        assert!(v.capacity() >= want.len() + BLOCKS_PER_HUGE * 3);
-        // Within capacity, scratch_wiping keeps the allocation; beyond, it starts afresh.
+    fn pool_buf_moves_live_entries_and_grows_once() {
+        let mut b = PoolBuf::from_vec((0..100u128).collect());
+        // In place: the live tail moves behind a fresh region of 50.
+        let out = b.make_room(90..100, 50, 60, 0);
+        assert_eq!(out.len(), 60);
+        assert_eq!(&out[50..60], &(90..100u128).collect::<Vec<_>>()[..]);
+        out[..50].fill(7);
+        assert_eq!(b.as_slice().len(), 100);
+        assert_eq!(b.written, 100);
+        // Growing keeps the live entries (here overlapping their new place) and the capacity.
+        let out = b.make_room(45..60, 40, 300, 1000);
+        assert_eq!(out[40..45], [7; 5]);
+        assert_eq!(&out[45..55], &(90..100u128).collect::<Vec<_>>()[..]);
+        assert_eq!(b.as_slice().len(), 1000);
+        assert_eq!(b.written, 300);
+        // A shorter refill leaves the buffer, and what must be wiped, as it was.
+        b.make_room(0..0, 0, 10, 0);
+        assert_eq!((b.as_slice().len(), b.written), (1000, 300));
+        b.wipe();
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+        // scratch_wiping keeps a large enough allocation and starts afresh beyond it.
+        let mut v: Vec<u128> = vec![1; 20];
         let cap = v.capacity();
         scratch_wiping(&mut v, 10, 0);
         assert_eq!((v.len(), v.capacity()), (10, cap));
