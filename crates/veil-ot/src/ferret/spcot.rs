@@ -21,9 +21,11 @@ pub const MAX_DEPTH: usize = 16;
 /// Parents expanded per AES batch.
 const EXPAND_BATCH: usize = 64;
 
-/// Expands `nodes[..width]` into `next[..2·width]` (children of node j at 2j, 2j+1).
-fn expand_level(nodes: &[u128], next: &mut [u128]) {
+/// Expands `nodes` into `next` (children of node j at 2j, 2j+1, `next.len() = 2·nodes.len()`)
+/// and returns the XOR of all left children and of all right children.
+fn expand_level(nodes: &[u128], next: &mut [u128]) -> [u128; 2] {
     let (mut left, mut right) = ([0u128; EXPAND_BATCH], [0u128; EXPAND_BATCH]);
+    let mut sums = [0u128; 2];
     for (parents, children) in nodes
         .chunks(EXPAND_BATCH)
         .zip(next.chunks_mut(2 * EXPAND_BATCH))
@@ -33,17 +35,36 @@ fn expand_level(nodes: &[u128], next: &mut [u128]) {
         for i in 0..m {
             children[2 * i] = left[i];
             children[2 * i + 1] = right[i];
+            sums[0] ^= left[i];
+            sums[1] ^= right[i];
         }
     }
+    sums
 }
 
-fn parity_sums(level: &[u128]) -> [u128; 2] {
-    let mut k = [0u128; 2];
-    for pair in level.chunks_exact(2) {
-        k[0] ^= pair[0];
-        k[1] ^= pair[1];
+/// Expands the tree level by level from `scratch.a[0]`; the last level is written to `leaves`
+/// directly when it fills them exactly (the published parameter sets have full trees), else
+/// to the scratch and copied. `visit(l, level, sums)` sees each level right after its
+/// expansion, with its left/right sums, and may change it before the next expansion.
+fn expand_tree(
+    depth: usize,
+    leaves: &mut [u128],
+    scratch: &mut TreeScratch,
+    mut visit: impl FnMut(usize, &mut [u128], [u128; 2]),
+) {
+    let (mut cur, mut next) = (&mut scratch.a, &mut scratch.b);
+    for l in 0..depth {
+        let width = 1 << l;
+        if l + 1 == depth && leaves.len() == 2 * width {
+            let sums = expand_level(&cur[..width], leaves);
+            visit(l, leaves, sums);
+            return;
+        }
+        let sums = expand_level(&cur[..width], &mut next[..2 * width]);
+        std::mem::swap(&mut cur, &mut next);
+        visit(l, &mut cur[..2 * width], sums);
     }
-    k
+    leaves.copy_from_slice(&cur[..leaves.len()]);
 }
 
 /// Scratch space for one tree: two ping-pong buffers of `2^depth` nodes.
@@ -92,8 +113,7 @@ pub fn send_tree(
         "send_tree: depth"
     );
     assert_eq!(msg.len(), 2 * depth + 1, "send_tree: message size");
-    let (mut cur, mut next) = (&mut scratch.a, &mut scratch.b);
-    cur[0] = root;
+    scratch.a[0] = root;
     // Both pads of every level are secrets (one is the receiver's, one must stay hidden).
     let mut pads_in = Zeroizing::new([0u128; 2 * MAX_DEPTH]);
     for l in 0..depth {
@@ -109,15 +129,10 @@ pub fn send_tree(
         &tweaks[..2 * depth],
         &mut pads[..2 * depth],
     );
-    for l in 0..depth {
-        let width = 1 << l;
-        expand_level(&cur[..width], &mut next[..2 * width]);
-        std::mem::swap(&mut cur, &mut next);
-        let k = parity_sums(&cur[..2 * width]);
+    expand_tree(depth, leaves, scratch, |l, _, k| {
         msg[2 * l] = k[0] ^ pads[2 * l];
         msg[2 * l + 1] = k[1] ^ pads[2 * l + 1];
-    }
-    leaves.copy_from_slice(&cur[..leaves.len()]);
+    });
     msg[2 * depth] = leaves.iter().fold(levels.delta, |a, &v| a ^ v);
 }
 
@@ -139,36 +154,36 @@ pub fn receive_tree(
     );
     let mut known = Zeroizing::new([0u128; MAX_DEPTH]);
     tccr_hash_seq(t, tweak, &mut known[..depth]);
-    let (mut cur, mut next) = (&mut scratch.a, &mut scratch.b);
-    cur[0] = 0;
-    // α is this party's secret: every level scans all nodes with masks, so neither branches
-    // nor addresses depend on it (the scans cost less than the level's AES expansion).
-    for l in 0..depth {
-        let width = 1 << l;
-        expand_level(&cur[..width], &mut next[..2 * width]);
-        std::mem::swap(&mut cur, &mut next);
+    // The receiver does not know the root: it expands 0 in its place, and at every level it
+    // zeroes the node on the path to α, so the two nodes of the next level below it (the
+    // next path node and its sibling) are always G(0), a public pair.
+    let zero_children = {
+        let (mut l, mut r) = ([0u128], [0u128]);
+        ggm_expand(&[0], &mut l, &mut r);
+        [l[0], r[0]]
+    };
+    scratch.a[0] = 0;
+    // α is this party's secret: selections use masks, and every level is rewritten in full
+    // with masks, so neither branches nor addresses depend on it (the pass costs less than
+    // the level's AES expansion).
+    expand_tree(depth, w, scratch, |l, level, sums| {
         let bit = ((alpha >> (depth - 1 - l)) & 1) as u128;
+        let on = bit_mask_128(bit);
         let path = alpha >> (depth - 1 - l);
         let sibling = path ^ 1;
-        // K_{¬α_l} = msg[2l + ¬α_l] ⊕ H(t_l): select between the two without an index.
-        let k = known[l] ^ (msg[2 * l + 1] & !bit_mask_128(bit)) ^ (msg[2 * l] & bit_mask_128(bit));
-        // XOR of the sibling's parity class, all correct except the sibling slot itself.
-        let class = bit_mask_128(bit ^ 1);
-        let mut others = 0u128;
-        for (j, &v) in cur[..2 * width].iter().enumerate() {
-            let in_class = class ^ bit_mask_128(j as u128 & 1) ^ u128::MAX;
-            others ^= v & in_class & !eq_mask_128(j, sibling);
-        }
-        let fixed = k ^ others;
-        for (j, v) in cur[..2 * width].iter_mut().enumerate() {
+        // K_{¬α_l} = msg[2l + ¬α_l] ⊕ H(t_l): the XOR of the sibling's parity class.
+        let k = known[l] ^ (msg[2 * l + 1] & !on) ^ (msg[2 * l] & on);
+        // That class as expanded, minus its wrong member: the sibling slot, holding G(0)'s
+        // child of the sibling's side.
+        let expanded = ((sums[1] ^ zero_children[1]) & !on) | ((sums[0] ^ zero_children[0]) & on);
+        let fixed = k ^ expanded;
+        for (j, v) in level.iter_mut().enumerate() {
             let (is_sibling, is_path) = (eq_mask_128(j, sibling), eq_mask_128(j, path));
             *v = (fixed & is_sibling) | (*v & !is_sibling & !is_path);
         }
-    }
-    w.copy_from_slice(&cur[..w.len()]);
-    let rest = w.iter().enumerate().fold(msg[2 * depth], |a, (i, &v)| {
-        a ^ (v & !eq_mask_128(i, alpha))
     });
+    // w[α] is 0 now, so the XOR of all leaves is the XOR of the others.
+    let rest = w.iter().fold(msg[2 * depth], |a, &v| a ^ v);
     for (i, v) in w.iter_mut().enumerate() {
         let is_alpha = eq_mask_128(i, alpha);
         *v = (rest & is_alpha) | (*v & !is_alpha);
