@@ -114,6 +114,21 @@ enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// The extra cost of private-embedding mode: the embedding layer on shares (HE lookup of
+    /// the private tables by private token ids, then the embedding LayerNorm).
+    Embedding {
+        #[arg(long, default_value_t = 768)]
+        width: usize,
+        /// onehot (one-hot × table) or pir (batch PIR, the default of `veil serve`).
+        #[arg(long, default_value = "pir")]
+        method: String,
+        #[arg(long, default_value_t = 30522)]
+        vocab: usize,
+        #[arg(long, default_value_t = 128)]
+        seq: usize,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -160,6 +175,17 @@ fn bench(what: BenchCmd) -> Result<()> {
             veil_nonlinear::bench::run_streaming(scale, None, &mut |v| {
                 print_records(&[v.clone()], json)
             })?
+        }
+        BenchCmd::Embedding {
+            width,
+            method,
+            vocab,
+            seq,
+            json,
+        } => {
+            let method = veil_linear::LookupMethod::parse(&method)?;
+            let v = veil_private::bench::bench_embedding(vocab, width, seq, method)?;
+            print_records(&[v], json);
         }
         BenchCmd::Model {
             shape,

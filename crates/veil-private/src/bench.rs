@@ -1,16 +1,21 @@
 //! Whole-model cost benchmark: a seeded random model of a paper shape (private-inference cost
 //! does not depend on weight values), both parties in two threads over TCP loopback, one private
 //! inference of `seq` random tokens. Returns the cost report (online and set-up apart).
+//! [`bench_embedding`]: the extra cost of private-embedding mode at the BERT vocabulary.
 
 use std::time::Instant;
 
 use serde_json::{json, Value};
+use veil_core::approx::Approx;
 use veil_core::{FixedPoint, Prg, Result};
+use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::random::{random_transformer, Preset};
 use veil_model::sim::FixedModel;
 use veil_model::{Activation, BlockVariant, ModelConfig};
-use veil_net::run_two_party_tcp;
+use veil_net::{run_two_party_tcp, Channel, Role};
+use veil_nonlinear::OtSession;
 
+use crate::embedding::{embed_client, embed_server, ServerEmbedding, LABEL};
 use crate::{serve_session, ClientConnection, CostReport, ServerModel};
 
 /// Which operators the benchmark model uses in every block.
@@ -81,5 +86,88 @@ pub fn run_model_json(preset: Preset, variant: Variant, seq: usize) -> Result<Va
     v["variant"] = json!(variant.name());
     v["seq"] = json!(seq);
     v["weight_preparation_s"] = json!(prepare_s);
+    Ok(v)
+}
+
+/// The extra online cost of private-embedding mode: the embedding layer (lookup of `seq`
+/// random ids of a `vocab`-row word table and a 2-row type table at `width`, position rows, the
+/// embedding LayerNorm on shares) with `method`, both parties over TCP loopback, on a seeded
+/// random model (one encoder layer, which is not run). JSON: the "Embedding" line (`time_s`,
+/// bytes each way, `rounds`), its lookup and LayerNorm parts, and the one-off table
+/// preparation apart. The result is checked exactly against the simulator's embedding.
+pub fn bench_embedding(
+    vocab: usize,
+    width: usize,
+    seq: usize,
+    method: LookupMethod,
+) -> Result<Value> {
+    use veil_model::{Architecture, EmbeddingMode, HeadKind};
+    let mut cfg = ModelConfig::new(
+        Architecture::Bert,
+        vocab,
+        width,
+        1,
+        (width / 64).max(1),
+        4 * width,
+        seq.max(512),
+        HeadKind::Pooler,
+        2,
+    )?;
+    cfg.veil.embedding = EmbeddingMode::Private;
+    let fp = FixedPoint::default_format();
+    let fixed = FixedModel::encode(&random_transformer(&cfg, [9; 16])?, fp)?;
+    let mut prg = Prg::from_os_entropy();
+    let ids: Vec<u32> = (0..seq).map(|_| prg.below(vocab as u64) as u32).collect();
+    let types: Vec<u32> = (0..seq).map(|_| prg.below(2) as u32).collect();
+    let t = Instant::now();
+    let emb = ServerEmbedding::new(&fixed, method)?;
+    let prepared = emb.prepared(seq)?;
+    let prepare_s = t.elapsed().as_secs_f64();
+    let ax = Approx::new(fp)?;
+    let ring = fp.ring;
+    let ((y0, stats, time_s), y1) = run_two_party_tcp(
+        |ch| {
+            let lin = ClientSession::setup(ch, ring)?;
+            let mut ot = OtSession::setup(ch, Role::Client)?;
+            ch.meter().reset();
+            let t = Instant::now();
+            let y = embed_client(ch, &mut ot, ax, &cfg, &lin, method, &ids, &types)?;
+            let dt = t.elapsed().as_secs_f64();
+            Ok((y, (ch.meter().by_class(), ch.meter().snapshot()), dt))
+        },
+        |ch| {
+            let lin = ServerSession::setup(ch, ring)?;
+            let mut ot = OtSession::setup(ch, Role::Server)?;
+            embed_server(ch, &mut ot, ax, &lin, &fixed, &emb, seq)
+        },
+    )?;
+    let (want, _) = fixed.embed(&ids, &types)?;
+    let exact = y0.add(&y1)? == want;
+    let line = |s: Option<&veil_net::LabelStats>| {
+        let s = s.cloned().unwrap_or_default();
+        json!({
+            "time_s": s.seconds,
+            "bytes_client_to_server": s.client_to_server(Role::Client),
+            "bytes_server_to_client": s.server_to_client(Role::Client),
+            "rounds": s.rounds(),
+        })
+    };
+    let (classes, labels) = stats;
+    let mut v = line(classes.get(LABEL));
+    v["time_s"] = json!(time_s);
+    v["lookup"] = line(labels.get(LABEL));
+    v["layer_norm"] = line(labels.get("LayerNorm"));
+    v["method"] = json!(method.name());
+    v["vocab"] = json!(vocab);
+    v["width"] = json!(width);
+    v["seq"] = json!(seq);
+    v["batch_plan"] = json!(prepared
+        .batch_plans()
+        .iter()
+        .map(|p| format!("{} parts × {} slots", p.parts, p.slots))
+        .collect::<Vec<_>>());
+    v["table_preparation_s"] = json!(prepare_s);
+    v["ntt_tables_cached"] = json!(prepared.is_ntt_cached());
+    v["exact"] = json!(exact);
     Ok(v)
 }

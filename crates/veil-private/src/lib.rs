@@ -2,6 +2,8 @@
 //! shares, between a client holding the prompt and a server holding the weights.
 //!
 //! * [`layers`] — the server's model with its linear layers prepared for HE per sequence length;
+//! * [`embedding`] — private-embedding mode: HE lookup of the server's tables by the client's
+//!   token ids, position rows added by the server, embedding LayerNorm on shares;
 //! * [`forward`] — every encoder block and the head on shares, one code path for both parties,
 //!   computing exactly the integers of `veil_model::sim` (the fixed-point simulator);
 //! * [`session`] — handshake, set-up, per-inference messages, and a multi-client TCP server;
@@ -14,6 +16,7 @@
 //! simulator's — the private output equals the simulator's integers.
 
 pub mod bench;
+pub mod embedding;
 pub mod forward;
 pub mod layers;
 pub mod report;
@@ -21,4 +24,4 @@ pub mod session;
 
 pub use layers::ServerModel;
 pub use report::CostReport;
-pub use session::{serve, serve_session, ClientConnection};
+pub use session::{serve, serve_session, serve_session_with, serve_with, ClientConnection};

@@ -2,7 +2,9 @@
 //!
 //! Wire protocol (every message length-prefixed and size-limited, see `veil_net::Channel`):
 //! 1. client → server `Hello` = "VEIL" ‖ version (u32);
-//! 2. server → client the model's public `config.json` (architecture and operator variants);
+//! 2. server → client the model's public `config.json` (architecture and operator variants),
+//!    and in private-embedding mode one byte naming the lookup method
+//!    ([`veil_linear::LookupMethod::tag`]);
 //! 3. set-up: the client's BFV public keys (veil-linear), base OTs and the first silent-COT
 //!    bootstrap (veil-ot);
 //! 4. per inference: client → server `Request` = tag 1 ‖ sequence length (u32); both run
@@ -13,7 +15,8 @@
 //! server sees only the padded length. What the client learns: the output (logits, or the pooled vector of an embedding model).
 //! In public-embedding mode the client embeds its tokens with the public tables and holds the
 //! whole embedding as its share (the server's share is zero), which hides it perfectly and
-//! costs no traffic.
+//! costs no traffic. In private-embedding mode the client sends nothing but encrypted queries:
+//! [`ClientConnection::infer_ids`] runs [`crate::embedding`] first (cost line "Embedding").
 
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
@@ -22,11 +25,12 @@ use std::time::Duration;
 use veil_core::approx::Approx;
 use veil_core::wire::{Reader, Writer};
 use veil_core::{bail, ensure, FixedPoint, Result, RingTensor};
-use veil_linear::{ClientSession, ServerSession};
+use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
 use veil_net::{Channel, Role, TcpChannel};
 use veil_nonlinear::OtSession;
 
+use crate::embedding::{embed_client, embed_server, ServerEmbedding, DEFAULT_METHOD};
 use crate::forward::{Party, Side};
 use crate::layers::ServerModel;
 use crate::report::{CostReport, PhaseCost};
@@ -56,6 +60,14 @@ pub struct ClientConnection<C: Channel> {
     ot: OtSession,
     ax: Approx,
     setup: PhaseCost,
+    /// The lookup method the server announced (private-embedding mode only).
+    lookup: Option<LookupMethod>,
+}
+
+/// What the client feeds the encoder: its own embedding (public mode) or token ids.
+enum Input<'a> {
+    Embedded(&'a RingTensor),
+    Ids(&'a [u32], &'a [u32]),
 }
 
 impl<C: Channel> ClientConnection<C> {
@@ -63,6 +75,7 @@ impl<C: Channel> ClientConnection<C> {
     pub fn connect(mut ch: C) -> Result<Self> {
         ch.meter().reset();
         let cfg;
+        let lookup;
         let ax = Approx::new(session_format())?;
         let (lin, ot) = {
             let _g = ch.meter().enter("Setup");
@@ -73,6 +86,12 @@ impl<C: Channel> ClientConnection<C> {
             let text = std::str::from_utf8(&text)
                 .map_err(|_| veil_core::Error::Malformed("server config is not UTF-8".into()))?;
             cfg = ModelConfig::from_json(text)?;
+            lookup = match cfg.veil.embedding {
+                EmbeddingMode::Private => Some(LookupMethod::from_tag(
+                    *ch.recv_msg_exact(1)?.first().expect("one byte"),
+                )?),
+                EmbeddingMode::Public => None,
+            };
             let lin = ClientSession::setup(&mut ch, ax.fp.ring)?;
             let ot = OtSession::setup(&mut ch, Role::Client)?;
             (lin, ot)
@@ -85,6 +104,7 @@ impl<C: Channel> ClientConnection<C> {
             ot,
             ax,
             setup,
+            lookup,
         })
     }
 
@@ -124,9 +144,9 @@ impl<C: Channel> ClientConnection<C> {
             "padding needs a first-token (pooler) head; this model mean-pools its outputs"
         );
         ensure!(
-            self.cfg.veil.embedding == EmbeddingMode::Public,
+            self.lookup.is_none(),
             Unsupported,
-            "private-embedding mode (HE lookup of a private table) is not built yet"
+            "this model uses private embeddings: pass token ids (infer_ids)"
         );
         ensure!(
             x.ring() == self.ax.fp.ring
@@ -137,7 +157,44 @@ impl<C: Channel> ClientConnection<C> {
             x.shape(),
             self.cfg.hidden_size
         );
-        let seq = x.shape()[0];
+        self.run(Input::Embedded(x), real_len)
+    }
+
+    /// Private-embedding mode: one private inference on token ids (the tables stay with the
+    /// server, the ids with the client). Returns the decoded output and the cost report.
+    pub fn infer_ids(&mut self, ids: &[u32], type_ids: &[u32]) -> Result<(Vec<f64>, CostReport)> {
+        self.infer_ids_padded(ids, type_ids, ids.len())
+    }
+
+    /// [`Self::infer_ids`] on ids padded to hide the length: `ids[real_len..]` are padding
+    /// tokens (see [`Self::infer_padded`]).
+    pub fn infer_ids_padded(
+        &mut self,
+        ids: &[u32],
+        type_ids: &[u32],
+        real_len: usize,
+    ) -> Result<(Vec<f64>, CostReport)> {
+        ensure!(
+            self.lookup.is_some(),
+            Unsupported,
+            "this model uses public embeddings: embed the tokens locally and call infer"
+        );
+        self.cfg.check_input(ids, type_ids)?;
+        ensure!(
+            (1..=ids.len()).contains(&real_len)
+                && (real_len == ids.len() || self.cfg.veil.head == HeadKind::Pooler),
+            InvalidArgument,
+            "{real_len} real tokens in a sequence of {} (padding needs a pooler head)",
+            ids.len()
+        );
+        self.run(Input::Ids(ids, type_ids), real_len)
+    }
+
+    fn run(&mut self, input: Input<'_>, real_len: usize) -> Result<(Vec<f64>, CostReport)> {
+        let seq = match input {
+            Input::Embedded(x) => x.shape()[0],
+            Input::Ids(ids, _) => ids.len(),
+        };
         ensure!(
             (1..=self.cfg.max_sequence_len()).contains(&seq),
             InvalidArgument,
@@ -147,6 +204,24 @@ impl<C: Channel> ClientConnection<C> {
         let mut w = Writer::new();
         w.u8(TAG_INFER).u32(seq as u32);
         self.ch.send_msg(&w.finish())?;
+        let embedded;
+        let x = match (input, self.lookup) {
+            (Input::Embedded(x), _) => x,
+            (Input::Ids(ids, types), Some(method)) => {
+                embedded = embed_client(
+                    &mut self.ch,
+                    &mut self.ot,
+                    self.ax,
+                    &self.cfg,
+                    &self.lin,
+                    method,
+                    ids,
+                    types,
+                )?;
+                &embedded
+            }
+            (Input::Ids(..), None) => unreachable!("checked by infer_ids_padded"),
+        };
         let y0 = Party {
             ch: &mut self.ch,
             ot: &mut self.ot,
@@ -181,7 +256,27 @@ impl<C: Channel> ClientConnection<C> {
 }
 
 /// Serves one session on `ch` until the client says goodbye or fails.
-pub fn serve_session<C: Channel>(mut ch: C, model: &ServerModel) -> Result<()> {
+pub fn serve_session<C: Channel>(ch: C, model: &ServerModel) -> Result<()> {
+    let emb = match model.config().veil.embedding {
+        EmbeddingMode::Private => Some(ServerEmbedding::new(&model.fixed, DEFAULT_METHOD)?),
+        EmbeddingMode::Public => None,
+    };
+    serve_session_with(ch, model, emb.as_ref())
+}
+
+/// [`serve_session`] with the embedding layer given (shared across sessions; required in
+/// private-embedding mode, where it also fixes the lookup method).
+pub fn serve_session_with<C: Channel>(
+    mut ch: C,
+    model: &ServerModel,
+    emb: Option<&ServerEmbedding>,
+) -> Result<()> {
+    let private = model.config().veil.embedding == EmbeddingMode::Private;
+    ensure!(
+        private == emb.is_some(),
+        InvalidArgument,
+        "an embedding layer is needed exactly in private-embedding mode"
+    );
     let ax = Approx::new(session_format())?;
     ensure!(
         model.fixed.fp() == ax.fp,
@@ -199,6 +294,9 @@ pub fn serve_session<C: Channel>(mut ch: C, model: &ServerModel) -> Result<()> {
         "client speaks protocol version {v}, server {VERSION}"
     );
     ch.send_msg(model.config().to_json().as_bytes())?;
+    if let Some(e) = emb {
+        ch.send_msg(&[e.method().tag()])?;
+    }
     let lin = ServerSession::setup(&mut ch, ax.fp.ring)?;
     let mut ot = OtSession::setup(&mut ch, Role::Server)?;
     loop {
@@ -226,7 +324,10 @@ pub fn serve_session<C: Channel>(mut ch: C, model: &ServerModel) -> Result<()> {
             cfg.max_sequence_len()
         );
         let prepared = model.prepared(seq)?;
-        let x1 = RingTensor::zeros(ax.fp.ring, &[seq, cfg.hidden_size])?;
+        let x1 = match emb {
+            Some(e) => embed_server(&mut ch, &mut ot, ax, &lin, &model.fixed, e, seq)?,
+            None => RingTensor::zeros(ax.fp.ring, &[seq, cfg.hidden_size])?,
+        };
         let y1 = Party {
             ch: &mut ch,
             ot: &mut ot,
@@ -249,6 +350,20 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Accepts clients forever, one thread per session; a failing session is logged and dropped,
 /// the others go on.
 pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
+    serve_with(listener, model, DEFAULT_METHOD)
+}
+
+/// [`serve`] with the lookup method of private-embedding mode chosen (the tables are prepared
+/// once per sequence length and shared by all sessions).
+pub fn serve_with(
+    listener: TcpListener,
+    model: Arc<ServerModel>,
+    method: LookupMethod,
+) -> Result<()> {
+    let emb = match model.config().veil.embedding {
+        EmbeddingMode::Private => Some(Arc::new(ServerEmbedding::new(&model.fixed, method)?)),
+        EmbeddingMode::Public => None,
+    };
     for stream in listener.incoming() {
         let stream: TcpStream = match stream {
             Ok(s) => s,
@@ -258,6 +373,7 @@ pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
             }
         };
         let model = model.clone();
+        let emb = emb.clone();
         std::thread::spawn(move || {
             let peer = stream
                 .peer_addr()
@@ -265,7 +381,7 @@ pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
                 .unwrap_or_else(|_| "?".into());
             let res = TcpChannel::from_stream(stream).and_then(|mut ch| {
                 ch.set_timeout(Some(IDLE_TIMEOUT))?;
-                serve_session(ch, &model)
+                serve_session_with(ch, &model, emb.as_deref())
             });
             match res {
                 Ok(()) => eprintln!("veil serve: session with {peer} ended"),

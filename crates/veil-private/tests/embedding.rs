@@ -1,0 +1,160 @@
+//! Private-embedding mode end to end: tiny random models whose config says
+//! `EmbeddingMode::Private`, the client holding only token ids and the server the tables. The
+//! logits the client reconstructs must equal the fixed-point simulator's (`FixedModel::forward`,
+//! which looks the rows up in fixed point and runs the embedding LayerNorm) exactly, for both
+//! lookup methods, and the cost report must show the embedding on its own line.
+
+use veil_core::{Error, FixedPoint, RingTensor};
+use veil_linear::LookupMethod;
+use veil_model::random::random_transformer_with_std;
+use veil_model::sim::FixedModel;
+use veil_model::{
+    Activation, Architecture, BlockVariant, EmbeddingMode, HeadKind, ModelConfig, ProductTruncation,
+};
+use veil_net::run_two_party;
+use veil_private::embedding::ServerEmbedding;
+use veil_private::{serve_session_with, ClientConnection, ServerModel};
+
+fn tiny(arch: Architecture, variant: BlockVariant) -> ModelConfig {
+    // Vocabulary 60 > 2 × the sequence lengths below, so the batched method hashes the table.
+    let mut cfg = ModelConfig::new(arch, 60, 16, 2, 2, 32, 24, HeadKind::Pooler, 2).unwrap();
+    cfg.veil.blocks = vec![variant; 2];
+    cfg.veil.product_truncation = ProductTruncation::Faithful;
+    cfg.veil.embedding = EmbeddingMode::Private;
+    cfg
+}
+
+fn models(cfg: &ModelConfig, seed: u8) -> (FixedModel, ServerModel) {
+    let fp = FixedPoint::default_format();
+    let t = random_transformer_with_std(cfg, [seed; 16], 0.2).unwrap();
+    let fixed = FixedModel::encode(&t, fp).unwrap();
+    (fixed.clone(), ServerModel::new(fixed).unwrap())
+}
+
+/// Both methods (the batched one on two inputs, one of them with repeated ids), BERT with two
+/// token types and RoBERTa (offset positions); one session per case.
+#[test]
+fn private_embedding_matches_the_simulator_exactly() {
+    let a = (vec![0u32, 59, 7, 7, 31], vec![0u32, 0, 0, 1, 1]);
+    let b = (vec![12u32, 3, 59, 40, 0, 1, 58, 20, 20, 5], vec![0u32; 10]);
+    let cases = [
+        (
+            Architecture::Bert,
+            BlockVariant::exact(Activation::Gelu),
+            LookupMethod::OneHot,
+            vec![a.clone()],
+        ),
+        (
+            Architecture::Bert,
+            BlockVariant::exact(Activation::Gelu),
+            LookupMethod::Batched,
+            vec![a, b.clone()],
+        ),
+        (
+            Architecture::Roberta,
+            BlockVariant::friendly(),
+            LookupMethod::Batched,
+            vec![b],
+        ),
+    ];
+    for (arch, variant, method, inputs) in cases {
+        let cfg = tiny(arch, variant);
+        let (sim, server) = models(&cfg, 1);
+        let want: Vec<Vec<f64>> = inputs
+            .iter()
+            .map(|(ids, t)| {
+                sim.forward(ids, t)
+                    .unwrap()
+                    .logits
+                    .unwrap()
+                    .decode(sim.fp())
+            })
+            .collect();
+        let emb = ServerEmbedding::new(&server.fixed, method).unwrap();
+        let (got, ()) = run_two_party(
+            |ch| {
+                let mut c = ClientConnection::connect(ch)?;
+                let mut out = Vec::new();
+                for (ids, t) in &inputs {
+                    out.push(c.infer_ids(ids, t)?);
+                }
+                c.close()?;
+                Ok(out)
+            },
+            |ch| serve_session_with(ch, &server, Some(&emb)),
+        )
+        .unwrap();
+        for ((y, report), w) in got.iter().zip(&want) {
+            assert_eq!(y, w, "{arch:?} {method:?}");
+            let e = &report.online.per_op["Embedding"];
+            assert!(e.bytes_sent > 0 && e.bytes_received > 0);
+        }
+    }
+}
+
+/// Padding in private mode: the server sees only the padded length, the output equals the
+/// unpadded simulation.
+#[test]
+fn padded_private_embedding_keeps_the_output() {
+    let cfg = tiny(Architecture::Bert, BlockVariant::friendly());
+    let (sim, server) = models(&cfg, 3);
+    let ids = [4u32, 9, 2];
+    let want = sim
+        .forward(&ids, &[0; 3])
+        .unwrap()
+        .logits
+        .unwrap()
+        .decode(sim.fp());
+    let padded = [4u32, 9, 2, 0, 0, 0];
+    let emb = ServerEmbedding::new(&server.fixed, LookupMethod::Batched).unwrap();
+    let (got, ()) = run_two_party(
+        |ch| {
+            let mut c = ClientConnection::connect(ch)?;
+            let (y, _) = c.infer_ids_padded(&padded, &[0; 6], 3)?;
+            c.close()?;
+            Ok(y)
+        },
+        |ch| serve_session_with(ch, &server, Some(&emb)),
+    )
+    .unwrap();
+    assert_eq!(got, want);
+}
+
+/// Wrong calls are refused before anything is sent, so the session stays usable: an embedding
+/// instead of ids, out-of-range ids, a mismatched type-id count. A server given no embedding
+/// layer for a private model refuses to start.
+#[test]
+fn bad_private_inputs_are_errors_and_the_session_survives() {
+    let cfg = tiny(Architecture::Bert, BlockVariant::friendly());
+    let (sim, server) = models(&cfg, 4);
+    let want = sim
+        .forward(&[1, 2], &[0, 0])
+        .unwrap()
+        .logits
+        .unwrap()
+        .decode(sim.fp());
+    let emb = ServerEmbedding::new(&server.fixed, LookupMethod::Batched).unwrap();
+    let x = RingTensor::zeros(sim.fp().ring, &[2, 16]).unwrap();
+    let (got, ()) = run_two_party(
+        |ch| {
+            let mut c = ClientConnection::connect(ch)?;
+            let e1 = c.infer(&x).unwrap_err();
+            let e2 = c.infer_ids(&[1, 60], &[0, 0]).unwrap_err();
+            let e3 = c.infer_ids(&[1, 2], &[0]).unwrap_err();
+            let e4 = c.infer_ids(&[1, 2], &[0, 2]).unwrap_err();
+            let (y, _) = c.infer_ids(&[1, 2], &[0, 0])?;
+            c.close()?;
+            Ok((vec![e1, e2, e3, e4], y))
+        },
+        |ch| serve_session_with(ch, &server, Some(&emb)),
+    )
+    .unwrap();
+    assert!(matches!(got.0[0], Error::Unsupported(_)), "{}", got.0[0]);
+    for e in &got.0[1..] {
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+    assert_eq!(got.1, want);
+    let (c, s) = veil_net::mem_pair();
+    drop(c);
+    assert!(serve_session_with(s, &server, None).is_err());
+}
