@@ -52,6 +52,11 @@ pub const RECIP_EXTRA_BITS: u32 = 2;
 /// ≤ 8.6% (recip) and ≤ 2.3% (rsqrt); two quadratic steps bring it to ≤ 5.5e-5 and ≤ 1e-6, below
 /// the fixed-point resolution of the outputs (each further step would cost two products).
 pub const NEWTON_ITERS: usize = 2;
+/// The private pass promises |x| < 2^RELU_DOMAIN_BITS (8192) for every ReLU input (the GELU
+/// substitute's FFN activations and ReLU-normalise's scores, including the client's padding-key
+/// offset of −4096): its comparisons then run on f + 13 bits instead of ℓ − 1, and [`Approx::relu`]
+/// is what the protocol computes only inside this domain (the simulator counts inputs outside it).
+pub const RELU_DOMAIN_BITS: u32 = 13;
 /// Extra bits of the 1/n constant in [`Approx::mean_of_sum`].
 pub const MEAN_EXTRA_BITS: u32 = 3;
 /// GELU constants of the tanh form: 0.5·x·(1 + tanh(√(2/π)(x + 0.044715·x³))).
@@ -179,6 +184,12 @@ impl Approx {
     /// [2^-13, 2048)). They normalise by comparing against 2^1 … 2^(norm_bits−1).
     pub fn norm_bits(&self) -> u32 {
         self.norm_bits
+    }
+
+    /// Bits k of the raw bound |x| < 2^k promised for ReLU inputs ([`RELU_DOMAIN_BITS`] above
+    /// the fraction, at most the whole ring).
+    pub fn relu_bound_bits(&self) -> u32 {
+        (self.fp.frac_bits() + RELU_DOMAIN_BITS).min(self.fp.ring.bits() - 1)
     }
 
     /// ⌊x / 2^s⌋ on the signed view.

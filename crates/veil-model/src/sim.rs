@@ -178,8 +178,8 @@ pub struct BlockReport {
     pub wrapped: usize,
     /// Largest |x − mean(x)| entering an exact LayerNorm (its square must fit the ring).
     pub max_abs_norm_deviation: f64,
-    /// GELU / LayerNorm inputs outside the domains `approx` is accurate on
-    /// ([`gelu_domain`], [`layer_norm_domain`]).
+    /// GELU / LayerNorm / ReLU inputs outside the domains `approx` is accurate on
+    /// ([`gelu_domain`], [`layer_norm_domain`], [`relu_domain`]).
     pub out_of_domain: usize,
 }
 
@@ -194,6 +194,12 @@ pub fn gelu_domain(_fp: FixedPoint) -> f64 {
 pub fn relu_normalise_domain(fp: FixedPoint) -> f64 {
     let bits = veil_core::approx::Approx::new(fp).map_or(0, |a| a.norm_bits());
     2f64.powi(bits as i32 - fp.frac_bits() as i32)
+}
+
+/// |x| below which the private ReLU (of the FFN and of ReLU-normalise) is exact
+/// (2^`approx::RELU_DOMAIN_BITS`).
+pub fn relu_domain(_fp: FixedPoint) -> f64 {
+    (1u64 << veil_core::approx::RELU_DOMAIN_BITS) as f64
 }
 
 pub fn layer_norm_domain(_fp: FixedPoint) -> f64 {
@@ -374,8 +380,8 @@ impl FixedModel {
             }
             if r.out_of_domain > 0 {
                 warnings.push(format!(
-                    "block {}: {} GELU/LayerNorm inputs or ReLU-normalise rows outside the approximation domain (max |x - mean| into LayerNorm {:.1}, domain {:.1}; GELU domain |x| <= {:.1}; ReLU-normalise row sums < {:.1})",
-                    r.block, r.out_of_domain, r.max_abs_norm_deviation, layer_norm_domain(fp), gelu_domain(fp), relu_normalise_domain(fp)
+                    "block {}: {} GELU/ReLU/LayerNorm inputs or ReLU-normalise rows outside the approximation domain (max |x - mean| into LayerNorm {:.1}, domain {:.1}; GELU domain |x| <= {:.1}; ReLU domain |x| < {:.1}; ReLU-normalise row sums < {:.1})",
+                    r.block, r.out_of_domain, r.max_abs_norm_deviation, layer_norm_domain(fp), gelu_domain(fp), relu_domain(fp), relu_normalise_domain(fp)
                 ));
             }
         }
@@ -450,6 +456,7 @@ impl FixedModel {
                         if self.relu_normalise_sum(row) >= relu_normalise_domain(self.fp()) {
                             t.report.out_of_domain += 1;
                         }
+                        t.report.out_of_domain += self.outside_relu_domain(row);
                         self.approx.relu_normalise_row(row, &valid)
                     }
                 });
@@ -471,7 +478,10 @@ impl FixedModel {
         let mut f = self.linear(&y, &b.intermediate, t)?;
         for v in f.data_mut() {
             *v = match b.variant.activation {
-                Activation::Relu => self.approx.relu(*v),
+                Activation::Relu => {
+                    t.report.out_of_domain += self.outside_relu_domain(std::slice::from_ref(v));
+                    self.approx.relu(*v)
+                }
                 Activation::Gelu => {
                     if self.fp().decode(*v).abs() > gelu_domain(self.fp()) {
                         t.report.out_of_domain += 1;
@@ -541,6 +551,14 @@ impl FixedModel {
     #[allow(clippy::too_many_arguments)]
     /// Σ ReLU(x) + ε over a row of attention scores, in real units (all columns are valid in
     /// the simulator's unpadded rows).
+    /// How many of `xs` lie outside [`relu_domain`].
+    fn outside_relu_domain(&self, xs: &[u64]) -> usize {
+        let fp = self.fp();
+        xs.iter()
+            .filter(|&&v| fp.decode(v).abs() >= relu_domain(fp))
+            .count()
+    }
+
     fn relu_normalise_sum(&self, row: &[u64]) -> f64 {
         let fp = self.fp();
         let sum: f64 = row.iter().map(|&v| fp.decode(v).max(0.0)).sum();

@@ -244,7 +244,8 @@ impl<'a, C: Channel> Party<'a, C> {
                 }
                 AttentionNorm::ReluNormalise => {
                     let _g = cx.ch.meter().enter("ReLU-normalise");
-                    composite::relu_normalise(&mut cx, &scores, &valid, None)?
+                    let k = cx.ax.relu_bound_bits();
+                    composite::relu_normalise(&mut cx, &scores, &valid, Some(k))?
                 }
             }
         };
@@ -270,7 +271,8 @@ impl<'a, C: Channel> Party<'a, C> {
                 }
                 Activation::Relu => {
                     let _g = cx.ch.meter().enter("ReLU");
-                    composite::relu(&mut cx, &inter, None)?
+                    let k = cx.ax.relu_bound_bits();
+                    composite::relu(&mut cx, &inter, Some(k))?
                 }
             }
         };
