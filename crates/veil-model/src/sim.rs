@@ -25,7 +25,7 @@
 
 use crate::candle_context;
 use crate::config::ModelConfig;
-use crate::nn::{Batch, Block, Head, Norm, Transformer};
+use crate::nn::{Batch, Block, Embeddings, Head, Norm, Transformer};
 use crate::variants::{Activation, AttentionNorm, EmbeddingMode, HeadKind, LayerNormKind};
 use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
@@ -226,6 +226,27 @@ impl SimOutput {
     }
 }
 
+/// The encoder input in public-embedding mode: the f32 embedding output (after its LayerNorm)
+/// of one unpadded sequence, encoded at `fp`. All the client computes, from public tables only.
+pub fn public_embedding(
+    config: &ModelConfig,
+    tables: &Embeddings,
+    ids: &[u32],
+    type_ids: &[u32],
+    fp: FixedPoint,
+) -> Result<RingTensor> {
+    let batch = Batch::single(ids, type_ids, &Device::Cpu).map_err(candle_context("batch"))?;
+    let (x, _) = tables
+        .embed(config, &batch)
+        .map_err(candle_context("embedding"))?;
+    let v: Vec<f64> = to_vec2(&x.squeeze(0).map_err(candle_context("embedding"))?)?
+        .concat()
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    RingTensor::encode(fp, &[ids.len(), config.hidden_size], &v)
+}
+
 /// Collects the statistics of one block while it runs.
 struct Tracker {
     bound: i64,
@@ -306,13 +327,7 @@ impl FixedModel {
         let mut tracker = Tracker::new(fp, 0);
         let x = match self.config.veil.embedding {
             EmbeddingMode::Public => {
-                let (x, _) = model.embed(&batch).map_err(candle_context("embedding"))?;
-                let v: Vec<f64> = to_vec2(&x.squeeze(0).map_err(candle_context("embedding"))?)?
-                    .concat()
-                    .iter()
-                    .map(|&v| v as f64)
-                    .collect();
-                RingTensor::encode(fp, &[ids.len(), h], &v)?
+                public_embedding(&self.config, &model.embeddings, ids, type_ids, fp)?
             }
             EmbeddingMode::Private => {
                 let e = &model.embeddings;

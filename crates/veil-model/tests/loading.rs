@@ -356,3 +356,71 @@ fn overlay_ships_the_trained_part_and_reassembles_with_the_base_tables() {
         .to_string();
     assert!(err.contains("overlay"), "{err}");
 }
+
+#[test]
+fn client_bundle_holds_only_public_parts_and_embeds_like_the_full_model() {
+    use veil_core::FixedPoint;
+    use veil_model::client::{save_bundle, ClientBundle, TABLES_FILE};
+    use veil_model::sim::FixedModel;
+    let fp = FixedPoint::default_format();
+    for arch in [
+        Architecture::Bert,
+        Architecture::Roberta,
+        Architecture::MpNet,
+    ] {
+        let cfg = tiny_config(arch, HeadKind::Pooler, 2);
+        let full = folder::load(&tiny_folder(&format!("bundle-src-{arch:?}"), &cfg)).unwrap();
+        let dir = temp_dir(&format!("bundle-{arch:?}"));
+        save_bundle(&full, &dir).unwrap();
+        // Only config, tokenizer and embedding tables were written.
+        let tables = candle_core::safetensors::load(dir.join(TABLES_FILE), &Device::Cpu).unwrap();
+        assert!(!tables.is_empty());
+        assert!(
+            tables.keys().all(|k| k.starts_with("embeddings.")),
+            "{:?}",
+            tables.keys()
+        );
+        assert!(!dir.join("model.safetensors").exists());
+        let bundle = ClientBundle::open(&dir).unwrap();
+        assert_eq!(bundle.config, full.config);
+        let enc = bundle
+            .tokenizer
+            .encode("the movie was great", None)
+            .unwrap();
+        let got = bundle.embed(&enc.ids, &enc.type_ids, fp).unwrap();
+        let sim = FixedModel::encode(&full.transformer, fp).unwrap();
+        let (want, _) = sim.embed(&enc.ids, &enc.type_ids).unwrap();
+        assert_eq!(got, want, "{arch:?}");
+    }
+}
+
+#[test]
+fn client_bundle_refuses_private_tables_and_weights() {
+    use veil_model::client::{save_bundle, ClientBundle, TABLES_FILE};
+    let cfg = tiny_config(Architecture::Bert, HeadKind::Pooler, 2);
+    let src = tiny_folder("bundle-bad-src", &cfg);
+    // A folder with weights is not a bundle.
+    assert!(ClientBundle::load(&src).is_err());
+    // A bundle whose table file carries a non-public tensor is refused.
+    let full = folder::load(&src).unwrap();
+    let dir = temp_dir("bundle-bad");
+    save_bundle(&full, &dir).unwrap();
+    let mut t = candle_core::safetensors::load(dir.join(TABLES_FILE), &Device::Cpu).unwrap();
+    t.insert(
+        "encoder.layer.0.output.dense.weight".into(),
+        Tensor::zeros((2, 2), candle_core::DType::F32, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&t, dir.join(TABLES_FILE)).unwrap();
+    let err = ClientBundle::load(&dir).err().expect("refused");
+    assert!(err.to_string().contains("not a public table"), "{err}");
+    // Private-embedding mode: no tables at all, and embedding on the client is an error.
+    let mut model = folder::load(&src).unwrap();
+    model.config.veil.embedding = EmbeddingMode::Private;
+    let dir = temp_dir("bundle-private");
+    save_bundle(&model, &dir).unwrap();
+    assert!(!dir.join(TABLES_FILE).exists());
+    let b = ClientBundle::load(&dir).unwrap();
+    assert!(b
+        .embed(&[2, 5, 3], &[0; 3], veil_core::FixedPoint::default_format())
+        .is_err());
+}

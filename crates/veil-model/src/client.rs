@@ -1,0 +1,139 @@
+//! The client's bundle: everything a client needs to run a private inference and nothing of the
+//! server's — the public `config.json` (shape, operator variants, embedding mode), the tokenizer
+//! and, in public-embedding mode, the public embedding tables (`public.safetensors`, the
+//! `embeddings.*` tensors: word, position, token-type tables and their LayerNorm, which
+//! fine-tuning froze). No encoder, pooler or classifier weight is written, and loading refuses a
+//! bundle that carries one. In private-embedding mode the tables are the server's too: the bundle
+//! holds no tensor at all.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
+
+use crate::candle_context;
+use crate::config::ModelConfig;
+use crate::folder::{load_config, Model};
+use crate::nn::Embeddings;
+use crate::sim::public_embedding;
+use crate::tokenize::TextTokenizer;
+use crate::variants::EmbeddingMode;
+
+/// File of the public tables inside a bundle.
+pub const TABLES_FILE: &str = "public.safetensors";
+/// Prefix of the tensors a bundle may carry.
+const PUBLIC_PREFIX: &str = "embeddings.";
+
+/// A loaded client bundle.
+pub struct ClientBundle {
+    pub config: ModelConfig,
+    pub tokenizer: TextTokenizer,
+    /// The public tables (public-embedding mode only).
+    tables: Option<Embeddings>,
+}
+
+fn has_weights(dir: &Path) -> bool {
+    dir.join("model.safetensors").is_file() || dir.join("pytorch_model.bin").is_file()
+}
+
+/// Writes the client bundle of `model` into `dir` (created if missing).
+pub fn save_bundle(model: &Model, dir: &Path) -> Result<()> {
+    let tokenizer = model
+        .tokenizer
+        .as_ref()
+        .ok_or_else(|| Error::InvalidArgument("the model has no tokenizer to bundle".into()))?;
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.json"), model.config.to_json())?;
+    tokenizer.save(&dir.join("tokenizer.json"))?;
+    if model.config.veil.embedding == EmbeddingMode::Public {
+        let tables: HashMap<String, Tensor> = model
+            .transformer
+            .named
+            .iter()
+            .filter(|(name, _)| name.starts_with(PUBLIC_PREFIX))
+            .map(|(name, t)| (name.clone(), t.clone()))
+            .collect();
+        candle_core::safetensors::save(&tables, dir.join(TABLES_FILE))
+            .map_err(candle_context("writing the public tables"))?;
+    }
+    Ok(())
+}
+
+impl ClientBundle {
+    /// Reads a bundle written by [`save_bundle`].
+    pub fn load(dir: &Path) -> Result<Self> {
+        ensure!(
+            !has_weights(dir),
+            InvalidArgument,
+            "{} holds model weights: it is a model folder, not a client bundle",
+            dir.display()
+        );
+        let config = load_config(dir)?;
+        let tokenizer = TextTokenizer::from_folder(dir, config.max_sequence_len().min(512))?;
+        let path = dir.join(TABLES_FILE);
+        let tables = match config.veil.embedding {
+            EmbeddingMode::Private => None,
+            EmbeddingMode::Public => {
+                let tensors = candle_core::safetensors::load(&path, &Device::Cpu)
+                    .map_err(|e| Error::Malformed(format!("{}: {e}", path.display())))?;
+                if let Some(name) = tensors.keys().find(|n| !n.starts_with(PUBLIC_PREFIX)) {
+                    bail!(
+                        Malformed,
+                        "{}: carries {name:?}, which is not a public table",
+                        path.display()
+                    );
+                }
+                let vb = VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu);
+                Some(
+                    Embeddings::new(&config, vb.pp("embeddings"))
+                        .map_err(candle_context(&format!("{}", path.display())))?,
+                )
+            }
+        };
+        Ok(ClientBundle {
+            config,
+            tokenizer,
+            tables,
+        })
+    }
+
+    /// A bundle, or the bundle part of a full model folder (a client that has the whole folder,
+    /// e.g. in tests, uses only this part).
+    pub fn open(dir: &Path) -> Result<Self> {
+        if has_weights(dir) {
+            Self::from_model(&crate::folder::load(dir)?)
+        } else {
+            Self::load(dir)
+        }
+    }
+
+    /// The bundle part of a full model (what a client holding the whole folder uses).
+    pub fn from_model(model: &Model) -> Result<Self> {
+        let tokenizer = model
+            .tokenizer
+            .clone()
+            .ok_or_else(|| Error::InvalidArgument("the model folder has no tokenizer".into()))?;
+        let tables = (model.config.veil.embedding == EmbeddingMode::Public)
+            .then(|| model.transformer.embeddings.clone());
+        Ok(ClientBundle {
+            config: model.config.clone(),
+            tokenizer,
+            tables,
+        })
+    }
+
+    /// The encoder input of one sequence in public-embedding mode, at `fp`
+    /// ([`public_embedding`]); an error in private-embedding mode, where the tables are the
+    /// server's.
+    pub fn embed(&self, ids: &[u32], type_ids: &[u32], fp: FixedPoint) -> Result<RingTensor> {
+        let Some(tables) = &self.tables else {
+            bail!(
+                InvalidArgument,
+                "private-embedding model: the client holds no tables, the lookup is private"
+            )
+        };
+        public_embedding(&self.config, tables, ids, type_ids, fp)
+    }
+}
