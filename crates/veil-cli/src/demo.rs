@@ -7,8 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use veil_core::{ensure, FixedPoint, Result};
+use veil_model::client::ClientBundle;
 use veil_model::sim::FixedModel;
-use veil_model::{folder, ModelConfig, TextTokenizer};
+use veil_model::{folder, EmbeddingMode, ModelConfig};
 use veil_net::TcpChannel;
 use veil_private::{ClientConnection, CostReport, ServerModel};
 
@@ -20,36 +21,30 @@ fn softmax(x: &[f64]) -> Vec<f64> {
     e.iter().map(|v| v / s).collect()
 }
 
-/// What the client holds: the public configuration, the tokenizer and the public embedding
-/// tables (in this version loaded from a full model folder; only the embedding part is used).
+/// What the client holds: its bundle (public configuration, tokenizer and, in public-embedding
+/// mode, the public embedding tables; see `veil_model::client`), from a bundle folder written by
+/// `veil export-client` or the public part of a full model folder.
 pub struct ClientModel {
-    config: ModelConfig,
-    tokenizer: TextTokenizer,
-    public: FixedModel,
+    bundle: ClientBundle,
 }
 
 impl ClientModel {
     pub fn load(dir: &Path) -> Result<Self> {
-        let m = folder::load(dir)?;
-        Self::from_model(m)
+        Ok(ClientModel {
+            bundle: ClientBundle::open(dir)?,
+        })
     }
 
-    fn from_model(m: folder::Model) -> Result<Self> {
-        let tokenizer = m.tokenizer.clone().ok_or_else(|| {
-            veil_core::Error::InvalidArgument("the model folder has no tokenizer".into())
-        })?;
-        let public = FixedModel::encode(&m.transformer, FixedPoint::default_format())?;
+    fn from_model(m: &folder::Model) -> Result<Self> {
         Ok(ClientModel {
-            config: m.config,
-            tokenizer,
-            public,
+            bundle: ClientBundle::from_model(m)?,
         })
     }
 
     /// The server must serve the architecture the client's tables belong to.
     pub fn check_matches(&self, server: &ModelConfig) -> Result<()> {
         ensure!(
-            *server == self.config,
+            *server == self.bundle.config,
             InvalidArgument,
             "the server's model configuration differs from the client's model folder"
         );
@@ -68,7 +63,7 @@ impl ClientModel {
         text: &str,
         pad_to: Option<usize>,
     ) -> Result<(Vec<f64>, CostReport)> {
-        let enc = self.tokenizer.encode(text, None)?;
+        let enc = self.bundle.tokenizer.encode(text, None)?;
         let real = enc.ids.len();
         let total = pad_to.unwrap_or(real);
         ensure!(
@@ -80,8 +75,15 @@ impl ClientModel {
         let mut types = enc.type_ids;
         ids.resize(total, 0);
         types.resize(total, 0);
-        let (x, _) = self.public.embed(&ids, &types)?;
-        conn.infer_padded(&x, real)
+        match self.bundle.config.veil.embedding {
+            EmbeddingMode::Public => {
+                let x = self
+                    .bundle
+                    .embed(&ids, &types, FixedPoint::default_format())?;
+                conn.infer_padded(&x, real)
+            }
+            EmbeddingMode::Private => conn.infer_ids_padded(&ids, &types, real),
+        }
     }
 
     /// Class probabilities of `text`.
@@ -92,7 +94,7 @@ impl ClientModel {
         pad_to: Option<usize>,
     ) -> Result<(Vec<f64>, CostReport)> {
         ensure!(
-            self.config.veil.num_labels > 0,
+            self.bundle.config.veil.num_labels > 0,
             InvalidArgument,
             "the model has no classifier (it outputs sentence embeddings)"
         );
@@ -163,7 +165,7 @@ pub fn run(
         &m.transformer,
         FixedPoint::default_format(),
     )?)?);
-    let client = ClientModel::from_model(m)?;
+    let client = ClientModel::from_model(&m)?;
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     std::thread::spawn(move || veil_private::serve(listener, server));

@@ -50,8 +50,17 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1:7878")]
         listen: String,
     },
+    /// Writes the client bundle of a model folder: config, tokenizer and (public-embedding
+    /// mode) the public embedding tables, no weight of the server's. What `veil classify
+    /// --model` needs on the client's machine.
+    ExportClient {
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Classifies text privately against a `veil serve` server. The client needs the model's
-    /// public part (config, tokenizer, public embedding tables) in a local folder.
+    /// public part in a local folder: a bundle from `veil export-client` (or the full folder).
     Classify {
         #[arg(long, default_value = "127.0.0.1:7878")]
         connect: String,
@@ -274,6 +283,20 @@ fn run(cli: Cli) -> Result<()> {
             pad_to,
             json,
         } => classify(&connect, &model, file.as_deref(), text, pad_to, json),
+        Cmd::ExportClient { model, out } => {
+            let m = veil_model::folder::load(&model)?;
+            veil_model::client::save_bundle(&m, &out)?;
+            eprintln!(
+                "veil export-client: wrote {} (config, tokenizer{})",
+                out.display(),
+                if m.config.veil.embedding == veil_model::EmbeddingMode::Public {
+                    ", public embedding tables"
+                } else {
+                    ""
+                }
+            );
+            Ok(())
+        }
         Cmd::Finetune(a) => train_cmd::finetune(a),
         Cmd::Substitute(a) => train_cmd::substitute(a),
         Cmd::Eval(a) => train_cmd::eval(a),

@@ -132,3 +132,98 @@ fn bad_arguments_get_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--text-column"));
 }
+
+/// A server process that is killed when the test ends, however it ends.
+struct ServerProcess(std::process::Child);
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn client_bundle_classifies_against_a_served_model_without_its_weights() {
+    let root = std::env::temp_dir().join(format!("veil-cli-bundle-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (full, bundle) = (root.join("model"), root.join("client"));
+    let cfg = ModelConfig::new(
+        Architecture::Bert,
+        WORDS.len(),
+        16,
+        1,
+        2,
+        32,
+        16,
+        HeadKind::Pooler,
+        2,
+    )
+    .unwrap();
+    let model = random::random_transformer_with_std(&cfg, [5; 16], 0.1).unwrap();
+    folder::save(&full, &model, None).unwrap();
+    std::fs::write(full.join("vocab.txt"), WORDS.join("\n")).unwrap();
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+
+    let out = veil(&["export-client", "--model", &s(&full), "--out", &s(&bundle)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(bundle.join("public.safetensors").is_file() && bundle.join("config.json").is_file());
+    assert!(!bundle.join("model.safetensors").exists());
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _server = ServerProcess(
+        Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args(["serve", "--model", &s(&full), "--listen", &addr])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never listened"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let probs = |client: &Path| -> Vec<f64> {
+        let out = veil(&[
+            "classify",
+            "--connect",
+            &addr,
+            "--model",
+            &s(client),
+            "--json",
+            "the film good",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        r["probabilities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_f64().unwrap())
+            .collect()
+    };
+    let (from_bundle, from_folder) = (probs(&bundle), probs(&full));
+    assert_eq!(from_bundle.len(), 2);
+    for (a, b) in from_bundle.iter().zip(&from_folder) {
+        assert!(
+            (a - b).abs() < 0.01,
+            "bundle {from_bundle:?} vs folder {from_folder:?}"
+        );
+    }
+}
