@@ -1,6 +1,6 @@
 //! Private table lookup on shares: the client holds row indices (token ids), the server holds
 //! tables (vocabulary × width, fixed point); afterwards they hold additive shares mod 2^ℓ of
-//! Σ_tables table[id] for every query row. Used by private-embedding mode.
+//! Σ_tables `table[id]` for every query row. Used by private-embedding mode.
 //!
 //! Two methods, both on the batched Π_MatMul of [`crate::matmul`] (one round trip in all):
 //!
@@ -382,7 +382,7 @@ impl PreparedLookup {
 }
 
 /// Client: `ids[j]` are the query rows' indices into table j (one per query, each < vocab_j).
-/// Returns the client's share (queries × width) of Σ_j table_j[ids[j]].
+/// Returns the client's share (queries × width) of `Σ_j table_j[ids[j]]`.
 pub fn lookup_client<C: Channel + ?Sized>(
     ch: &mut C,
     session: &ClientSession,
