@@ -12,11 +12,14 @@ use std::collections::HashMap;
 
 use veil_core::{FixedPoint, Ring, RingTensor};
 use veil_he::{ParamSet, Params};
+use veil_linear::lookup::LookupMethod;
 use veil_model::random::random_transformer_with_std;
 use veil_model::sim::FixedModel;
+use veil_model::EmbeddingMode;
 use veil_model::{Activation, Architecture, BlockVariant, HeadKind, ModelConfig};
 use veil_net::{run_two_party, Channel, Meter};
-use veil_private::{serve_session, ClientConnection, ServerModel};
+use veil_private::embedding::ServerEmbedding;
+use veil_private::{serve_session_with, ClientConnection, ServerModel};
 
 /// Consecutive entries that make a match.
 const RUN: usize = 3;
@@ -242,7 +245,7 @@ fn find(stream: &[u8], targets: &Targets, ring: Ring) -> Option<String> {
     })
 }
 
-fn config() -> ModelConfig {
+fn config(embedding: EmbeddingMode) -> ModelConfig {
     let mut cfg = ModelConfig::new(
         Architecture::Bert,
         60,
@@ -256,6 +259,7 @@ fn config() -> ModelConfig {
     )
     .unwrap();
     cfg.veil.blocks = vec![BlockVariant::exact(Activation::Gelu)];
+    cfg.veil.embedding = embedding;
     cfg
 }
 
@@ -288,7 +292,7 @@ fn weight_targets(fixed: &FixedModel) -> Targets {
     }
     // The float weights the model was loaded from, in their own f32 values.
     for (name, tensor) in &fixed.float.named {
-        if name.starts_with("embeddings.") {
+        if name.starts_with("embeddings.") && fixed.config.veil.embedding == EmbeddingMode::Public {
             continue; // public in this mode
         }
         let v: Vec<f32> = tensor.flatten_all().unwrap().to_vec1().unwrap();
@@ -307,11 +311,28 @@ fn weight_targets(fixed: &FixedModel) -> Targets {
 
 #[test]
 fn transcripts_carry_no_inputs_activations_or_weights_in_the_clear() {
-    let cfg = config();
+    check_transcripts(EmbeddingMode::Public, LookupMethod::Batched);
+}
+
+#[test]
+fn private_embedding_transcripts_carry_no_ids_or_tables_in_the_clear() {
+    for method in [LookupMethod::Batched, LookupMethod::OneHot] {
+        check_transcripts(EmbeddingMode::Private, method);
+    }
+}
+
+/// One whole inference in `mode`; in private-embedding mode the client sends its token ids to
+/// the HE lookup (`method`) and the tables join the server's secrets.
+fn check_transcripts(mode: EmbeddingMode, method: LookupMethod) {
+    let cfg = config(mode);
     let fp = FixedPoint::default_format();
     let t = random_transformer_with_std(&cfg, [9; 16], 0.2).unwrap();
     let fixed = FixedModel::encode(&t, fp).unwrap();
     let server = ServerModel::new(fixed.clone()).unwrap();
+    let emb = match mode {
+        EmbeddingMode::Private => Some(ServerEmbedding::new(&fixed, method).unwrap()),
+        EmbeddingMode::Public => None,
+    };
     let ids = [11u32, 37, 5, 52, 23, 41];
     let types = vec![0u32; ids.len()];
     let sim = fixed.forward(&ids, &types).unwrap();
@@ -325,11 +346,14 @@ fn transcripts_carry_no_inputs_activations_or_weights_in_the_clear() {
                 received: Vec::new(),
             };
             let mut conn = ClientConnection::connect(&mut rec)?;
-            conn.infer(&x)?;
+            match mode {
+                EmbeddingMode::Public => conn.infer(&x)?,
+                EmbeddingMode::Private => conn.infer_ids(&ids, &types)?,
+            };
             conn.close()?;
             Ok((rec.sent, rec.received))
         },
-        |ch| serve_session(ch, &server),
+        |ch| serve_session_with(ch, &server, emb.as_ref()),
     )
     .unwrap();
     assert!(to_server.len() > 100_000 && to_client.len() > 100_000);
@@ -362,7 +386,7 @@ fn transcripts_carry_no_inputs_activations_or_weights_in_the_clear() {
         for w in id_bytes.windows(RUN * width).step_by(width) {
             assert!(
                 !to_server.windows(w.len()).any(|s| s == w),
-                "token ids found as {width}-byte integers"
+                "{mode:?}: token ids found as {width}-byte integers"
             );
         }
     }
@@ -377,7 +401,7 @@ fn transcripts_carry_no_inputs_activations_or_weights_in_the_clear() {
 fn the_scanner_finds_planted_leaks_in_every_encoding() {
     let fp = FixedPoint::default_format();
     let ring = fp.ring;
-    let t = random_transformer_with_std(&config(), [9; 16], 0.2).unwrap();
+    let t = random_transformer_with_std(&config(EmbeddingMode::Public), [9; 16], 0.2).unwrap();
     let fixed = FixedModel::encode(&t, fp).unwrap();
     let targets = weight_targets(&fixed);
     let w = &fixed.blocks[0].intermediate.weight;
