@@ -137,10 +137,14 @@ impl Embeddings {
 /// Position ids: BERT counts from 0; RoBERTa/MPNet from pad+1 over real tokens, padding
 /// positions get pad (HF `create_position_ids_from_input_ids`).
 pub fn position_ids(config: &ModelConfig, mask: &[Vec<f32>], device: &Device) -> Result<Tensor> {
+    Tensor::new(position_id_rows(config, mask), device)
+}
+
+/// [`position_ids`] as plain integers.
+pub fn position_id_rows(config: &ModelConfig, mask: &[Vec<f32>]) -> Vec<Vec<u32>> {
     let offset = config.architecture.position_offset(config.pad_token_id) as u32;
     let pad = config.pad_token_id;
-    let rows: Vec<Vec<u32>> = mask
-        .iter()
+    mask.iter()
         .map(|row| {
             let mut seen = 0u32;
             row.iter()
@@ -155,8 +159,7 @@ pub fn position_ids(config: &ModelConfig, mask: &[Vec<f32>], device: &Device) ->
                 })
                 .collect()
         })
-        .collect();
-    Tensor::new(rows, device)
+        .collect()
 }
 
 /// One encoder block: self-attention, LN1, FFN, LN2 (post-norm, as in BERT).

@@ -28,7 +28,7 @@ use veil_core::{ensure, Error, Result, RingTensor};
 use veil_linear::lookup::{lookup_client, lookup_server, LookupShape};
 use veil_linear::{ClientSession, LookupMethod, PreparedLookup, ServerSession};
 use veil_model::sim::FixedModel;
-use veil_model::{Architecture, ModelConfig};
+use veil_model::ModelConfig;
 use veil_net::{Channel, Role};
 use veil_nonlinear::composite::{self, AffineParams};
 use veil_nonlinear::{Ctx, OtSession};
@@ -60,13 +60,12 @@ pub fn lookup_shape(cfg: &ModelConfig, seq: usize) -> LookupShape {
     }
 }
 
-/// Position ids of an all-real sequence of `seq` tokens (as `Transformer::position_ids`).
+/// Position ids of an all-real sequence of `seq` tokens.
 fn position_ids(cfg: &ModelConfig, seq: usize) -> Vec<usize> {
-    let offset = cfg.architecture.position_offset(cfg.pad_token_id);
-    match cfg.architecture {
-        Architecture::Bert => (0..seq).collect(),
-        _ => (offset..offset + seq).collect(),
-    }
+    veil_model::nn::position_id_rows(cfg, &[vec![1.0; seq]])[0]
+        .iter()
+        .map(|&p| p as usize)
+        .collect()
 }
 
 /// The model's embedding tables encoded at f bits: word, token type (if any), position.

@@ -2,10 +2,12 @@
 //! `veil_model::sim::FixedModel::forward` step by step.
 //!
 //! **Error bound.** With [`ProductTruncation::Faithful`] the private result equals the
-//! simulator's integers. With [`ProductTruncation::OneBitError`] (the default) every output of a
-//! linear or attention product may be one ulp (2^−f) below the simulator's; every other step is
-//! bit-exact, so the only deviation is these one-sided 1-ulp errors carried through the later
-//! layers (measured on the default model in `tests/`; far below the fixed-point error itself).
+//! simulator's integers. With [`ProductTruncation::OneBitError`] (the default) every truncation
+//! after a linear or attention product, and every truncation inside the friendly operators
+//! (ReLU-normalise's reciprocal and row scaling, centring's mean and γ product), may come out one
+//! ulp (2^−f) below the simulator's; GELU, Softmax and LayerNorm stay bit-exact. The deviation is
+//! these one-sided 1-ulp errors carried through the later layers (bounded in `tests/`; far below
+//! the fixed-point error itself).
 //!
 //! Role-specific steps are confined to [`Party::linear`] (client encrypts, server multiplies),
 //! the server-private LayerNorm parameters, and the final reveal of the output to the client.
@@ -101,16 +103,29 @@ impl<'a, C: Channel> Party<'a, C> {
         RingTensor::from_vec(like.ring(), like.shape(), data)
     }
 
+    /// The truncation the config's [`ProductTruncation`] asks for.
+    fn product_trunc_mode(&self) -> TruncMode {
+        match self.cfg.veil.product_truncation {
+            ProductTruncation::Faithful => TruncMode::Faithful,
+            ProductTruncation::OneBitError => TruncMode::OneBitError,
+        }
+    }
+
+    /// A context whose truncations follow [`Self::product_trunc_mode`]: for truncations after
+    /// products, and for the friendly operators, whose truncations all come after a product
+    /// (row scaling, γ, the mean).
+    fn policy_cx(&mut self) -> Ctx<'_, C> {
+        let mode = self.product_trunc_mode();
+        let mut cx = self.cx();
+        cx.trunc_mode = mode;
+        cx
+    }
+
     /// ⌊x / 2^f⌋ on the shares of a product, as the config's [`ProductTruncation`] says.
     fn truncate(&mut self, x: &RingTensor) -> Result<RingTensor> {
         let _g = self.ch.meter().enter("Truncation");
         let f = self.ax.fp.frac_bits();
-        let mode = match self.cfg.veil.product_truncation {
-            ProductTruncation::Faithful => TruncMode::Faithful,
-            ProductTruncation::OneBitError => TruncMode::OneBitError,
-        };
-        let mut cx = self.cx();
-        cx.trunc_mode = mode;
+        let mut cx = self.policy_cx();
         let y = cx.trunc(x.data(), f)?;
         self.tensor(x, y)
     }
@@ -166,7 +181,11 @@ impl<'a, C: Channel> Party<'a, C> {
         });
         let eps = self.cfg.layer_norm_eps;
         let role = self.role();
+        let policy = self.product_trunc_mode();
         let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
+        if kind == LayerNormKind::Centring {
+            cx.trunc_mode = policy;
+        }
         match kind {
             LayerNormKind::Exact => {
                 let _g = cx.ch.meter().enter("LayerNorm");
@@ -236,7 +255,10 @@ impl<'a, C: Channel> Party<'a, C> {
         self.add_position_bias(&mut scores, position_bias);
         let valid = vec![true; s];
         let probs = {
-            let mut cx = self.cx();
+            let mut cx = match variant.attention {
+                AttentionNorm::Softmax => self.cx(),
+                AttentionNorm::ReluNormalise => self.policy_cx(),
+            };
             match variant.attention {
                 AttentionNorm::Softmax => {
                     let _g = cx.ch.meter().enter("Softmax");
