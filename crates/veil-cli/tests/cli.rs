@@ -12,7 +12,8 @@ const WORDS: [&str; 11] = [
     "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "great", "bad", "awful", "the", "film",
 ];
 
-fn tiny_folder(dir: &Path) {
+/// A one-block random BERT with `labels` classifier outputs (0: none) and the WORDS vocabulary.
+fn tiny_folder(dir: &Path, labels: usize, seed: u8) {
     let cfg = ModelConfig::new(
         Architecture::Bert,
         WORDS.len(),
@@ -22,10 +23,10 @@ fn tiny_folder(dir: &Path) {
         32,
         16,
         HeadKind::Pooler,
-        0,
+        labels,
     )
     .unwrap();
-    let model = random::random_transformer_with_std(&cfg, [3; 16], 0.1).unwrap();
+    let model = random::random_transformer_with_std(&cfg, [seed; 16], 0.1).unwrap();
     folder::save(dir, &model, None).unwrap();
     std::fs::write(dir.join("vocab.txt"), WORDS.join("\n")).unwrap();
 }
@@ -59,7 +60,7 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
         tmp.path().join("tuned"),
         tmp.path().join("data.txt"),
     );
-    tiny_folder(&base);
+    tiny_folder(&base, 0, 3);
     data_file(&data);
     let s = |p: &Path| p.to_str().unwrap().to_string();
     let out = veil(&[
@@ -148,21 +149,7 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
     let root = std::env::temp_dir().join(format!("veil-cli-bundle-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let (full, bundle) = (root.join("model"), root.join("client"));
-    let cfg = ModelConfig::new(
-        Architecture::Bert,
-        WORDS.len(),
-        16,
-        1,
-        2,
-        32,
-        16,
-        HeadKind::Pooler,
-        2,
-    )
-    .unwrap();
-    let model = random::random_transformer_with_std(&cfg, [5; 16], 0.1).unwrap();
-    folder::save(&full, &model, None).unwrap();
-    std::fs::write(full.join("vocab.txt"), WORDS.join("\n")).unwrap();
+    tiny_folder(&full, 2, 5);
     let s = |p: &Path| p.to_str().unwrap().to_string();
 
     let out = veil(&["export-client", "--model", &s(&full), "--out", &s(&bundle)]);

@@ -381,6 +381,21 @@ impl PreparedLookup {
     }
 }
 
+/// Adds the one-hot product's output (the last response, when the plan has small tables) into
+/// `out` and returns the hashed parts' outputs.
+fn take_onehot_output<'a>(
+    plan: &Plan,
+    outs: &'a [RingTensor],
+    out: &mut RingTensor,
+) -> Result<&'a [RingTensor]> {
+    if plan.onehot.is_empty() {
+        return Ok(outs);
+    }
+    let (last, parts) = outs.split_last().expect("one-hot output");
+    out.add_in_place(last)?;
+    Ok(parts)
+}
+
 /// Client: `ids[j]` are the query rows' indices into table j (one per query, each < vocab_j).
 /// Returns the client's share (queries × width) of `Σ_j table_j[ids[j]]`.
 pub fn lookup_client<C: Channel + ?Sized>(
@@ -475,12 +490,7 @@ pub fn lookup_client_with_plan<C: Channel + ?Sized>(
     }
     let outs = client_receive(ch, sk, &lays)?;
     let mut out = RingTensor::zeros(ring, &[q, w])?;
-    let parts_out = if plan.onehot.is_empty() {
-        &outs[..]
-    } else {
-        out.add_in_place(outs.last().expect("one-hot output"))?;
-        &outs[..outs.len() - 1]
-    };
+    let parts_out = take_onehot_output(&plan, &outs, &mut out)?;
     if let Some(lay) = routing_lay {
         let routed = client_receive(ch, shared_sk, &[lay])?.remove(0);
         let slots = stack_slot_results(&plan, parts_out, ring, w)?;
@@ -595,12 +605,7 @@ pub fn lookup_server<C: Channel + ?Sized>(
     let outs = server_respond(ch, pk, Some(gk), &jobs)?;
     let plan = &prepared.plan;
     let mut out = RingTensor::zeros(ring, &[q, w])?;
-    let parts_out = if plan.onehot.is_empty() {
-        &outs[..]
-    } else {
-        out.add_in_place(outs.last().expect("one-hot output"))?;
-        &outs[..outs.len() - 1]
-    };
+    let parts_out = take_onehot_output(plan, &outs, &mut out)?;
     if !plan.hashed.is_empty() {
         let (spk, sgk) = session.keys_for(SHARED_SET)?;
         let slots = stack_slot_results(plan, parts_out, ring, w)?;
