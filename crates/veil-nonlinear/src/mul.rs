@@ -128,6 +128,18 @@ fn check_same(x: &RingTensor, y: &RingTensor) -> Result<()> {
     Ok(())
 }
 
+/// Elementwise products need operands of equal length.
+fn same_len(a: &[u64], b: &[u64]) -> Result<()> {
+    ensure!(
+        a.len() == b.len(),
+        InvalidArgument,
+        "mul: {} vs {} values",
+        a.len(),
+        b.len()
+    );
+    Ok(())
+}
+
 /// Shares of a·b mod 2^ℓ element-wise, on this party's raw shares.
 pub fn mul_values<C: Channel>(
     ot: &mut OtSession,
@@ -137,13 +149,7 @@ pub fn mul_values<C: Channel>(
     a: &[u64],
     b: &[u64],
 ) -> Result<Vec<u64>> {
-    ensure!(
-        a.len() == b.len(),
-        InvalidArgument,
-        "mul: {} vs {} values",
-        a.len(),
-        b.len()
-    );
+    same_len(a, b)?;
     let _g = ch.meter().enter("Mul");
     let mut z = cross_both(ot, ch, role, ring, a, b, ring.bits())?;
     for (zi, (&x, &y)) in z.iter_mut().zip(a.iter().zip(b)) {
@@ -236,13 +242,7 @@ pub fn mul_narrow_values<C: Channel>(
     b: &[u64],
 ) -> Result<Vec<u64>> {
     check_narrow(ring, m)?;
-    ensure!(
-        a.len() == b.len(),
-        InvalidArgument,
-        "mul: {} vs {} values",
-        a.len(),
-        b.len()
-    );
+    same_len(a, b)?;
     let _g = ch.meter().enter("Mul");
     let (an, w) = narrow_share(ot, ch, role, a, m)?;
     let wb = mux(ot, ch, role, ring, &w, b)?;
