@@ -15,7 +15,7 @@ use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
 
 use crate::candle_context;
 use crate::config::ModelConfig;
-use crate::folder::{load_config, Model};
+use crate::folder::{has_weights, load_config, load_tokenizer, Model, PUBLIC_PREFIX};
 use crate::nn::Embeddings;
 use crate::sim::public_embedding;
 use crate::tokenize::TextTokenizer;
@@ -23,8 +23,6 @@ use crate::variants::EmbeddingMode;
 
 /// File of the public tables inside a bundle.
 pub const TABLES_FILE: &str = "public.safetensors";
-/// Prefix of the tensors a bundle may carry.
-const PUBLIC_PREFIX: &str = "embeddings.";
 
 /// A loaded client bundle.
 pub struct ClientBundle {
@@ -32,10 +30,6 @@ pub struct ClientBundle {
     pub tokenizer: TextTokenizer,
     /// The public tables (public-embedding mode only).
     tables: Option<Embeddings>,
-}
-
-fn has_weights(dir: &Path) -> bool {
-    dir.join("model.safetensors").is_file() || dir.join("pytorch_model.bin").is_file()
 }
 
 /// Writes the client bundle of `model` into `dir` (created if missing).
@@ -71,7 +65,7 @@ impl ClientBundle {
             dir.display()
         );
         let config = load_config(dir)?;
-        let tokenizer = TextTokenizer::from_folder(dir, config.max_sequence_len().min(512))?;
+        let tokenizer = load_tokenizer(dir, &config)?;
         let path = dir.join(TABLES_FILE);
         let tables = match config.veil.embedding {
             EmbeddingMode::Private => None,

@@ -86,10 +86,23 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig> {
     ModelConfig::from_json(&text)
 }
 
+/// Weight files a model folder may hold, in order of preference.
+const WEIGHT_FILES: [&str; 2] = ["model.safetensors", "pytorch_model.bin"];
+
+/// Whether `dir` holds model weights.
+pub(crate) fn has_weights(dir: &Path) -> bool {
+    WEIGHT_FILES.iter().any(|f| dir.join(f).is_file())
+}
+
+/// The tokenizer of `dir`, truncating to what `config` can take.
+pub(crate) fn load_tokenizer(dir: &Path, config: &ModelConfig) -> Result<TextTokenizer> {
+    TextTokenizer::from_folder(dir, config.max_sequence_len().min(512))
+}
+
 /// Reads the weights of `dir` with the task-model prefix stripped.
 pub fn load_weights(dir: &Path, config: &ModelConfig) -> Result<HashMap<String, Tensor>> {
-    let st = dir.join("model.safetensors");
-    let pt = dir.join("pytorch_model.bin");
+    let st = dir.join(WEIGHT_FILES[0]);
+    let pt = dir.join(WEIGHT_FILES[1]);
     let raw: Vec<(String, Tensor)> = if st.is_file() {
         candle_core::safetensors::load(&st, &Device::Cpu)
             .map_err(|e| Error::Malformed(format!("{}: {e}", st.display())))?
@@ -131,10 +144,7 @@ pub fn load_with_config(dir: &Path, config: ModelConfig) -> Result<Model> {
     )))?;
     let has_tokenizer = dir.join("tokenizer.json").is_file() || dir.join("vocab.txt").is_file();
     let tokenizer = if has_tokenizer {
-        Some(TextTokenizer::from_folder(
-            dir,
-            config.max_sequence_len().min(512),
-        )?)
+        Some(load_tokenizer(dir, &config)?)
     } else {
         None
     };
@@ -180,8 +190,9 @@ pub fn save(
     Ok(())
 }
 
-/// Prefix of the tensors an overlay leaves to its base model.
-const PUBLIC_PREFIX: &str = "embeddings.";
+/// Prefix of the public tensors (embedding tables and their LayerNorm): what an overlay leaves
+/// to its base model and all a client bundle carries.
+pub(crate) const PUBLIC_PREFIX: &str = "embeddings.";
 
 /// Writes the trained part of a public-embedding model to `path`, for shipping without the
 /// public tables: every tensor of `model` except `embeddings.*`, as f16 safetensors (half the
@@ -224,7 +235,7 @@ pub fn load_overlay(base: &Path, config_json: &str, overlay: &[u8]) -> Result<Mo
     let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
     let transformer = Transformer::new(&config, vb)
         .map_err(candle_context("assembling the model from its overlay"))?;
-    let tokenizer = TextTokenizer::from_folder(base, config.max_sequence_len().min(512))?;
+    let tokenizer = load_tokenizer(base, &config)?;
     Ok(Model {
         config,
         transformer,
