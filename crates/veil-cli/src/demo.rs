@@ -6,11 +6,12 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;
 
-use veil_core::{ensure, FixedPoint, Result};
+use veil_core::{ensure, Result};
 use veil_model::client::ClientBundle;
 use veil_model::sim::FixedModel;
 use veil_model::{folder, EmbeddingMode, ModelConfig};
 use veil_net::TcpChannel;
+use veil_private::session::session_format;
 use veil_private::{ClientConnection, CostReport, ServerModel};
 
 /// exp-normalise in f64 (client-side, on the revealed logits).
@@ -77,9 +78,7 @@ impl ClientModel {
         types.resize(total, 0);
         match self.bundle.config.veil.embedding {
             EmbeddingMode::Public => {
-                let x = self
-                    .bundle
-                    .embed(&ids, &types, FixedPoint::default_format())?;
+                let x = self.bundle.embed(&ids, &types, session_format())?;
                 conn.infer_padded(&x, real)
             }
             EmbeddingMode::Private => conn.infer_ids_padded(&ids, &types, real),
@@ -163,7 +162,7 @@ pub fn run(
     };
     let server = Arc::new(ServerModel::new(FixedModel::encode(
         &m.transformer,
-        FixedPoint::default_format(),
+        session_format(),
     )?)?);
     let client = ClientModel::from_model(&m)?;
     let listener = TcpListener::bind("127.0.0.1:0")?;

@@ -52,6 +52,17 @@ fn veil(args: &[&str]) -> std::process::Output {
         .expect("the veil binary runs")
 }
 
+/// Runs `veil args`, which must succeed, and returns its standard output.
+fn veil_ok(args: &[&str]) -> Vec<u8> {
+    let out = veil(args);
+    assert!(
+        out.status.success(),
+        "veil {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 #[test]
 fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
     let tmp = tempfile::tempdir().unwrap();
@@ -63,7 +74,7 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
     tiny_folder(&base, 0, 3);
     data_file(&data);
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    let out = veil(&[
+    let out = veil_ok(&[
         "finetune",
         "--model",
         &s(&base),
@@ -83,15 +94,10 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
         "0",
         "--quiet",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(report["updates"], 15);
 
-    let out = veil(&[
+    let out = veil_ok(&[
         "eval",
         "--model",
         &s(&tuned),
@@ -101,12 +107,7 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
         "2",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(r["f32"]["examples"], 40);
     assert_eq!(r["private"]["tally"]["examples"], 2);
     assert_eq!(r["private"]["agreement_with_fixed"], 1.0);
@@ -146,18 +147,12 @@ impl Drop for ServerProcess {
 
 #[test]
 fn client_bundle_classifies_against_a_served_model_without_its_weights() {
-    let root = std::env::temp_dir().join(format!("veil-cli-bundle-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&root);
-    let (full, bundle) = (root.join("model"), root.join("client"));
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, bundle) = (tmp.path().join("model"), tmp.path().join("client"));
     tiny_folder(&full, 2, 5);
     let s = |p: &Path| p.to_str().unwrap().to_string();
 
-    let out = veil(&["export-client", "--model", &s(&full), "--out", &s(&bundle)]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    veil_ok(&["export-client", "--model", &s(&full), "--out", &s(&bundle)]);
     assert!(bundle.join("public.safetensors").is_file() && bundle.join("config.json").is_file());
     assert!(!bundle.join("model.safetensors").exists());
 
@@ -183,7 +178,7 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
     let probs = |client: &Path| -> Vec<f64> {
-        let out = veil(&[
+        let out = veil_ok(&[
             "classify",
             "--connect",
             &addr,
@@ -192,12 +187,7 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
             "--json",
             "the film good",
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let r: serde_json::Value = serde_json::from_slice(&out).unwrap();
         r["probabilities"]
             .as_array()
             .unwrap()

@@ -254,21 +254,17 @@ impl<'a, C: Channel> Party<'a, C> {
         self.mask_padding_keys(&mut scores);
         self.add_position_bias(&mut scores, position_bias);
         let valid = vec![true; s];
-        let probs = {
-            let mut cx = match variant.attention {
-                AttentionNorm::Softmax => self.cx(),
-                AttentionNorm::ReluNormalise => self.policy_cx(),
-            };
-            match variant.attention {
-                AttentionNorm::Softmax => {
-                    let _g = cx.ch.meter().enter("Softmax");
-                    composite::softmax(&mut cx, &scores, &valid)?
-                }
-                AttentionNorm::ReluNormalise => {
-                    let _g = cx.ch.meter().enter("ReLU-normalise");
-                    let k = cx.ax.relu_bound_bits();
-                    composite::relu_normalise(&mut cx, &scores, &valid, Some(k))?
-                }
+        let probs = match variant.attention {
+            AttentionNorm::Softmax => {
+                let mut cx = self.cx();
+                let _g = cx.ch.meter().enter("Softmax");
+                composite::softmax(&mut cx, &scores, &valid)?
+            }
+            AttentionNorm::ReluNormalise => {
+                let mut cx = self.policy_cx();
+                let _g = cx.ch.meter().enter("ReLU-normalise");
+                let k = cx.ax.relu_bound_bits();
+                composite::relu_normalise(&mut cx, &scores, &valid, Some(k))?
             }
         };
         let ps: Vec<RingTensor> = (0..nh)
