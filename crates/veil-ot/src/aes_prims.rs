@@ -5,8 +5,9 @@
 //!   `(q, q ⊕ Δ)` into independent-looking pads: `H(q ⊕ Δ, τ)` is pseudo-random given `q`, as long
 //!   as Δ is secret and every tweak is used once. Every caller passes a unique tweak.
 //! * [`AesCtr`] — AES-128 in counter mode keyed by a secret seed: the column PRG of IKNP.
-//! * [`ggm_expand`] — the length-doubling PRG of the GGM trees, `s ↦ (π₀(s) ⊕ s, π₁(s) ⊕ s)`
-//!   with two fixed-key permutations (Davies–Meyer style, secure in the ideal-permutation model).
+//! * [`ccr_hash`] — the circular-correlation-robust hash `H(x) = π'(σ(x)) ⊕ σ(x)` of
+//!   Guo–Katz–Wang–Yu (S&P'20, §7.3), with `σ(x_hi ‖ x_lo) = (x_hi ⊕ x_lo) ‖ x_hi` a linear
+//!   orthomorphism and π' a second fixed-key AES: the node function of the Half-Tree trees.
 //!
 //! All batch functions hand whole slices to `encrypt_blocks`, which the `aes` crate pipelines
 //! 8 blocks at a time over AES-NI when the CPU has it.
@@ -21,8 +22,7 @@ compile_error!("veil-ot reinterprets u128 blocks as AES blocks and assumes littl
 
 /// Public, arbitrary keys for the fixed-key permutations (hex digits of π, e and √2).
 const PI_KEY: u128 = 0x243f6a8885a308d313198a2e03707344;
-const GGM_LEFT_KEY: u128 = 0xb7e151628aed2a6abf7158809cf4f3c7;
-const GGM_RIGHT_KEY: u128 = 0x6a09e667f3bcc908b2fb1366ea957d3d;
+const CCR_KEY: u128 = 0xb7e151628aed2a6abf7158809cf4f3c7;
 
 fn fixed(key: u128, cell: &'static OnceLock<Aes128>) -> &'static Aes128 {
     cell.get_or_init(|| Aes128::new(&key.to_le_bytes().into()))
@@ -33,14 +33,9 @@ fn pi() -> &'static Aes128 {
     fixed(PI_KEY, &C)
 }
 
-fn ggm_left() -> &'static Aes128 {
+fn ccr_pi() -> &'static Aes128 {
     static C: OnceLock<Aes128> = OnceLock::new();
-    fixed(GGM_LEFT_KEY, &C)
-}
-
-fn ggm_right() -> &'static Aes128 {
-    static C: OnceLock<Aes128> = OnceLock::new();
-    fixed(GGM_RIGHT_KEY, &C)
+    fixed(CCR_KEY, &C)
 }
 
 /// Encrypts `data` in place, viewing each `u128` as one AES block.
@@ -109,20 +104,25 @@ pub fn tccr_hash(x: u128, tweak: u128) -> u128 {
     out[0]
 }
 
-/// GGM length-doubling PRG on a batch: `left[i], right[i] = G(parents[i])`.
-pub fn ggm_expand(parents: &[u128], left: &mut [u128], right: &mut [u128]) {
-    let n = parents.len();
-    assert!(
-        left.len() == n && right.len() == n,
-        "ggm_expand: length mismatch"
-    );
-    left.copy_from_slice(parents);
-    right.copy_from_slice(parents);
-    encrypt_in_place(ggm_left(), left);
-    encrypt_in_place(ggm_right(), right);
-    for i in 0..n {
-        left[i] ^= parents[i];
-        right[i] ^= parents[i];
+/// The orthomorphism σ(x_hi ‖ x_lo) = (x_hi ⊕ x_lo) ‖ x_hi.
+#[inline]
+fn sigma(x: u128) -> u128 {
+    ((x ^ (x >> 64)) << 64) | (x >> 64)
+}
+
+/// `out[i] = H(x[i])` for the circular-correlation-robust hash (equal lengths).
+pub fn ccr_hash(x: &[u128], out: &mut [u128]) {
+    assert_eq!(x.len(), out.len(), "ccr_hash: length mismatch");
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = sigma(v);
+    }
+    let mut saved = [0u128; BATCH];
+    for os in out.chunks_mut(BATCH) {
+        saved[..os.len()].copy_from_slice(os);
+        encrypt_in_place(ccr_pi(), os);
+        for (o, s) in os.iter_mut().zip(&saved) {
+            *o ^= s;
+        }
     }
 }
 
@@ -187,13 +187,24 @@ mod tests {
     }
 
     #[test]
-    fn ggm_children_differ() {
-        let p = [1u128, 2, 3];
-        let (mut l, mut r) = ([0u128; 3], [0u128; 3]);
-        ggm_expand(&p, &mut l, &mut r);
-        for i in 0..3 {
-            assert_ne!(l[i], r[i]);
-            assert_ne!(l[i], p[i]);
+    fn sigma_is_an_orthomorphism_and_the_hash_is_batch_invariant() {
+        let x: Vec<u128> = (0..150u128)
+            .map(|i| i.wrapping_mul(0x9e3779b97f4a7c15_f39cc0605cedc834))
+            .collect();
+        for &v in &x {
+            // σ and σ(x) ⊕ x are both invertible linear maps: check on the halves.
+            let (s, d) = (sigma(v), sigma(v) ^ v);
+            let (hi, lo) = (v >> 64, v & u64::MAX as u128);
+            assert_eq!((s >> 64, s & u64::MAX as u128), (hi ^ lo, hi));
+            assert_eq!((d >> 64, d & u64::MAX as u128), (lo, hi ^ lo));
+        }
+        let mut all = vec![0u128; 150];
+        ccr_hash(&x, &mut all);
+        for (i, &v) in x.iter().enumerate() {
+            let mut one = [0u128];
+            ccr_hash(&[v], &mut one);
+            assert_eq!(all[i], one[0]);
+            assert_ne!(one[0], v);
         }
     }
 }

@@ -2,11 +2,11 @@
 //! derived flavours the non-linear protocols consume through [`OtSession`].
 //!
 //! Layers, bottom up:
-//! * [`aes_prims`] — fixed-key AES hash (TCCR), AES-CTR column PRG, GGM PRG;
+//! * [`aes_prims`] — fixed-key AES hashes (TCCR, CCR), AES-CTR column PRG;
 //! * [`base_ot`] — Chou–Orlandi OT on Ristretto, for the 128 IKNP seeds;
 //! * [`iknp`] + [`transpose`] — IKNP extension producing Δ-correlated OT (128 bits/COT);
-//! * [`ferret`] — silent COT: GGM single-point COTs, regular-noise LPN, bootstrap loop
-//!   (≈ 0.45 bits/COT);
+//! * [`ferret`] — silent COT: Half-Tree single-point COTs, regular-noise LPN, bootstrap loop
+//!   (≈ 0.39 bits/COT);
 //! * [`session`] — COT pools per direction, refilled on demand, and the flavours on top:
 //!   [`chosen`] (1-of-2), [`one_of_n`] (1-of-2^k), [`arith`] (additive COT in Z_{2^k}),
 //!   [`random_bits`] (random bit-OT);

@@ -25,7 +25,7 @@ pub enum Backend {
     /// amount needed (at least 2^16), one flight each.
     Iknp,
     /// Ferret silent COT (bootstrapped from IKNP): under 0.5 bit per COT; refills by one main
-    /// iteration (10,001,981 COTs, two flights). Set-up costs one bootstrap iteration.
+    /// iteration (5,945,536 COTs, one flight). Set-up costs one bootstrap iteration.
     Silent,
 }
 
@@ -87,11 +87,13 @@ fn refill_size(available: usize, need: usize) -> usize {
     (need - available).max(IKNP_MIN_REFILL)
 }
 
-/// Capacity of a silent pool buffer: the iteration plus room for a leftover of a quarter
-/// iteration, so calls of up to ~2.5 M OTs never grow the buffer a second time (each fresh
-/// buffer costs the kernel ~0.1 s of page clearing).
-fn silent_capacity(iteration_len: usize) -> usize {
-    iteration_len + iteration_len / 4
+/// Capacity of a silent pool buffer that must hold `need` COTs: the iteration plus room for a
+/// leftover of a quarter iteration, so calls of up to ~1.5 M OTs never grow the buffer a second
+/// time, and at least `need` plus one iteration, so a call needing several iterations grows it
+/// once, not at every iteration (each fresh buffer costs the kernel page clearing: ~0.1 s per
+/// 100 MB).
+fn silent_capacity(iteration_len: usize, need: usize) -> usize {
+    (iteration_len + iteration_len / 4).max(need + iteration_len)
 }
 
 /// Capacity of a grown IKNP pool buffer (geometric growth: repeated refills rarely allocate).
@@ -145,7 +147,9 @@ impl SenderPool {
                     // the leftover is the new pool (both parties lay it out the same way).
                     let (n, left) = (e.iteration_len(), self.end - self.pos);
                     let live = self.pos..self.end;
-                    let out = self.q.make_room(live, n, n + left, silent_capacity(n));
+                    let out = self
+                        .q
+                        .make_room(live, n, n + left, silent_capacity(n, need));
                     (self.pos, self.end) = (n, n + left);
                     let start = e.extend_into(ch, &mut out[..n])?;
                     assert_eq!(start, e.reserve_len(), "silent OT reserve length");
@@ -223,10 +227,9 @@ impl ReceiverPool {
                     // As for the sender, with the choice bits alongside.
                     let (n, left) = (e.iteration_len(), self.end - self.pos);
                     let live = self.pos..self.end;
-                    let t = self
-                        .t
-                        .make_room(live.clone(), n, n + left, silent_capacity(n));
-                    let bits = self.bits.make_room(live, n, n + left, silent_capacity(n));
+                    let cap = silent_capacity(n, need);
+                    let t = self.t.make_room(live.clone(), n, n + left, cap);
+                    let bits = self.bits.make_room(live, n, n + left, cap);
                     (self.pos, self.end) = (n, n + left);
                     let start = e.extend_into(ch, &mut t[..n], &mut bits[..n])?;
                     assert_eq!(start, e.reserve_len(), "silent OT reserve length");

@@ -2,24 +2,25 @@
 //!
 //! One iteration with LPN parameters (n, k, t) turns `k + t·depth` COTs (the *reserve*) into n
 //! fresh COTs with the same Δ:
-//! 1. **MPCOT** ([`spcot`]): t GGM-tree single-point COTs, one per bin of the regular noise;
+//! 1. **MPCOT** ([`spcot`]): t Half-Tree single-point COTs, one per bin of the regular noise,
+//!    each fed by `depth` reserve COTs whose choice bits fix the receiver's punctured position;
 //!    the receiver's noise vector e has one 1 per bin at a uniformly random position.
 //! 2. **LPN** ([`lpn`]): both parties add `A·(reserve)` with the public sparse matrix A, so the
 //!    receiver's choice vector becomes `e ⊕ A·r`, pseudo-random under regular-noise LPN.
 //!
 //! The first reserve comes from IKNP through a smaller *bootstrap* iteration; afterwards each
 //! main iteration keeps its first `k + t·depth` outputs as the next reserve and hands out the
-//! rest (10,001,981 COTs per main iteration). Parameters and their sources: [`params`].
+//! rest (5,945,536 COTs per main iteration). Parameters and their sources: [`params`].
 //!
-//! Traffic per iteration: receiver → sender `t·depth` correction bits; sender → receiver
-//! `t·(2·depth + 1)` blocks (≈ 0.45 bits per output COT for the main set). Two flights per
-//! iteration (plus one 16-byte flight at set-up carrying the public matrix seed).
+//! Traffic per iteration: `t·depth` blocks from sender to receiver in one flight (≈ 0.39 bit per
+//! usable COT for the main set); the receiver sends nothing (plus one 16-byte flight at set-up
+//! carrying the public matrix seed).
 //!
 //! Security: semi-honest, 128-bit computational (regular-noise LPN with the published
-//! parameters, AES as PRG
-//! and TCCR hash). No consistency check: that is only needed against a malicious party, and
-//! this version claims no malicious security. Δ, reserves, roots and punctured indices are
-//! zeroized on drop.
+//! parameters; the Half-Tree trees in the random-permutation model for fixed-key AES). No
+//! consistency check: that is only needed against a malicious party, and this version claims
+//! no malicious security. Δ, reserves and roots are zeroized on drop, punctured indices
+//! after each iteration.
 
 pub mod lpn;
 pub mod params;
@@ -32,18 +33,10 @@ use zeroize::{Zeroize, Zeroizing};
 
 use crate::ct::eq_mask;
 use crate::iknp::{IknpReceiver, IknpSender};
-use crate::pack::{pack_bools, unpack_bools};
 use lpn::{workers, LpnMatrix};
 use params::LpnParams;
-use spcot::{receive_tree, send_tree, SenderLevels, TreeScratch};
+use spcot::{receive_tree, send_tree};
 use table::{scratch_wiping, HugeTable};
-
-/// Tag of Ferret's internal hash tweaks (the session's flavours use tweaks below 2^72).
-const TWEAK_TAG: u128 = 1 << 127;
-
-fn iteration_tweak(iteration: u64) -> u128 {
-    TWEAK_TAG | ((iteration as u128) << 40)
-}
 
 /// Checks that `boot` can seed `main` and that `main` sustains itself.
 fn check_params(boot: &LpnParams, main: &LpnParams) {
@@ -51,7 +44,12 @@ fn check_params(boot: &LpnParams, main: &LpnParams) {
         boot.n >= main.base_cots() && main.n > main.base_cots(),
         "LPN parameter sets cannot bootstrap"
     );
-    assert!(main.depth() <= spcot::MAX_DEPTH && boot.depth() <= spcot::MAX_DEPTH);
+    for p in [boot, main] {
+        assert!(
+            p.depth() <= spcot::MAX_DEPTH && p.n == p.t << p.depth(),
+            "LPN parameter set without full trees"
+        );
+    }
 }
 
 /// Splits `0..t` trees into one contiguous range per worker.
@@ -66,7 +64,6 @@ pub struct FerretSender {
     main: LpnParams,
     matrix: LpnMatrix,
     reserve: HugeTable,
-    iteration: u64,
     prg: Prg,
 }
 
@@ -76,8 +73,6 @@ pub struct FerretReceiver {
     matrix: LpnMatrix,
     reserve: HugeTable,
     reserve_bits: Vec<u8>,
-    iteration: u64,
-    prg: Prg,
 }
 
 impl Drop for FerretSender {
@@ -98,47 +93,29 @@ fn mpcot_send<C: Channel>(
     p: &LpnParams,
     delta: u128,
     level_cots: &[u128],
-    tweak: u128,
     prg: &mut Prg,
     out: &mut [u128],
 ) -> Result<()> {
     assert_eq!(out.len(), p.n, "MPCOT output length");
     let depth = p.depth();
-    let d = unpack_bools(
-        &ch.recv_msg_exact((p.t * depth).div_ceil(8))?,
-        p.t * depth,
-        "silent OT corrections",
-    )?;
     let roots: Zeroizing<Vec<u128>> =
         Zeroizing::new((0..p.t).map(|_| u128::from_le_bytes(prg.block())).collect());
-    // Every position of `out` is overwritten by the bins' leaves.
-    let per_tree = 2 * depth + 1;
-    let mut msg = vec![0u128; p.t * per_tree];
+    let mut msg = vec![0u128; p.t * depth];
     std::thread::scope(|s| {
         let (mut out_rest, mut msg_rest) = (out, &mut msg[..]);
         for group in tree_groups(p.t) {
-            let out_len = p.bin(group.end - 1).0 + p.bin(group.end - 1).1 - p.bin(group.start).0;
-            let (out_g, o) = out_rest.split_at_mut(out_len);
-            let (msg_g, m) = msg_rest.split_at_mut(group.len() * per_tree);
+            let (out_g, o) = out_rest.split_at_mut(group.len() << depth);
+            let (msg_g, m) = msg_rest.split_at_mut(group.len() * depth);
             (out_rest, msg_rest) = (o, m);
-            let (d, roots) = (&d, &roots);
+            let roots = &roots;
             s.spawn(move || {
-                let mut scratch = TreeScratch::new(depth);
-                let base = p.bin(group.start).0;
-                for (j, i) in group.clone().enumerate() {
-                    let (start, len) = p.bin(i);
-                    let levels = SenderLevels {
-                        delta,
-                        q: &level_cots[i * depth..(i + 1) * depth],
-                        d: &d[i * depth..(i + 1) * depth],
-                        tweak: tweak + (i * depth) as u128,
-                    };
+                for (j, i) in group.enumerate() {
                     send_tree(
                         roots[i],
-                        &levels,
-                        &mut out_g[start - base..start - base + len],
-                        &mut msg_g[j * per_tree..(j + 1) * per_tree],
-                        &mut scratch,
+                        delta,
+                        &level_cots[i * depth..(i + 1) * depth],
+                        &mut out_g[j << depth..(j + 1) << depth],
+                        &mut msg_g[j * depth..(j + 1) * depth],
                     );
                 }
             });
@@ -149,15 +126,11 @@ fn mpcot_send<C: Channel>(
     ch.flush()
 }
 
-/// Receiver's MPCOT: returns the blocks and the noise vector (one 1 per bin).
-#[allow(clippy::too_many_arguments)] // one iteration's state, passed explicitly
 fn mpcot_receive<C: Channel>(
     ch: &mut C,
     p: &LpnParams,
     level_t: &[u128],
     level_bits: &[u8],
-    tweak: u128,
-    prg: &mut Prg,
     out: &mut [u128],
     noise: &mut [u8],
 ) -> Result<()> {
@@ -166,92 +139,67 @@ fn mpcot_receive<C: Channel>(
         "MPCOT output length"
     );
     let depth = p.depth();
-    let alphas: Zeroizing<Vec<usize>> = Zeroizing::new(
-        (0..p.t)
-            .map(|i| prg.below(p.bin(i).1 as u64) as usize)
-            .collect(),
-    );
-    // Level l of tree i must deliver K_{¬α_l}: correction = ¬α_l ⊕ r.
-    let corrections = (0..p.t * depth).map(|x| {
-        let (i, l) = (x / depth, x % depth);
-        let alpha_bit = (alphas[i] >> (depth - 1 - l)) & 1 == 1;
-        !alpha_bit ^ (level_bits[x] == 1)
-    });
-    ch.send_msg(&pack_bools(corrections))?;
-    ch.flush()?;
-    let per_tree = 2 * depth + 1;
-    let bytes = ch.recv_msg_exact(p.t * per_tree * 16)?;
+    let bytes = ch.recv_msg_exact(p.t * depth * 16)?;
     let msg: Vec<u128> = bytes
         .chunks_exact(16)
         .map(|b| u128::from_le_bytes(b.try_into().expect("16 bytes")))
         .collect();
+    let mut holes: Zeroizing<Vec<usize>> = Zeroizing::new(vec![0; p.t]);
     std::thread::scope(|s| {
-        let mut out_rest = &mut *out;
+        let (mut out_rest, mut holes_rest) = (&mut *out, &mut holes[..]);
         for group in tree_groups(p.t) {
-            let out_len = p.bin(group.end - 1).0 + p.bin(group.end - 1).1 - p.bin(group.start).0;
-            let (out_g, o) = out_rest.split_at_mut(out_len);
-            out_rest = o;
-            let (msg, alphas) = (&msg, &alphas);
+            let (out_g, o) = out_rest.split_at_mut(group.len() << depth);
+            let (holes_g, h) = holes_rest.split_at_mut(group.len());
+            (out_rest, holes_rest) = (o, h);
+            let msg = &msg;
             s.spawn(move || {
-                let mut scratch = TreeScratch::new(depth);
-                let base = p.bin(group.start).0;
-                for i in group {
-                    let (start, len) = p.bin(i);
-                    receive_tree(
-                        alphas[i],
-                        &level_t[i * depth..(i + 1) * depth],
-                        tweak + (i * depth) as u128,
-                        &msg[i * per_tree..(i + 1) * per_tree],
-                        &mut out_g[start - base..start - base + len],
-                        &mut scratch,
+                for (j, i) in group.enumerate() {
+                    let levels = i * depth..(i + 1) * depth;
+                    holes_g[j] = receive_tree(
+                        &level_t[levels.clone()],
+                        &level_bits[levels.clone()],
+                        &msg[levels],
+                        &mut out_g[j << depth..(j + 1) << depth],
                     );
                 }
             });
         }
     });
-    // The unit vector of each bin, written in full so no address depends on α.
-    for (i, &a) in alphas.iter().enumerate() {
-        let (start, len) = p.bin(i);
-        for (j, b) in noise[start..start + len].iter_mut().enumerate() {
-            *b = (eq_mask(j, a) & 1) as u8;
+    for (bin, &hole) in noise.chunks_exact_mut(1 << depth).zip(holes.iter()) {
+        for (j, b) in bin.iter_mut().enumerate() {
+            *b = (eq_mask(j, hole) & 1) as u8;
         }
     }
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)] // one iteration's state, passed explicitly
 fn sender_iteration<C: Channel>(
     ch: &mut C,
     p: &LpnParams,
     matrix: &LpnMatrix,
     delta: u128,
     base: &[u128],
-    iteration: u64,
     prg: &mut Prg,
     out: &mut [u128],
 ) -> Result<()> {
     let (lpn_base, levels) = base.split_at(p.k);
-    mpcot_send(ch, p, delta, levels, iteration_tweak(iteration), prg, out)?;
+    mpcot_send(ch, p, delta, levels, prg, out)?;
     matrix.encode(out, lpn_base);
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)] // one iteration's state, passed explicitly
 fn receiver_iteration<C: Channel>(
     ch: &mut C,
     p: &LpnParams,
     matrix: &LpnMatrix,
     base: &[u128],
     base_bits: &[u8],
-    iteration: u64,
-    prg: &mut Prg,
     out: &mut [u128],
     bits: &mut [u8],
 ) -> Result<()> {
     let (lpn_base, levels) = base.split_at(p.k);
     let (lpn_bits, level_bits) = base_bits.split_at(p.k);
-    let tweak = iteration_tweak(iteration);
-    mpcot_receive(ch, p, levels, level_bits, tweak, prg, out, bits)?;
+    mpcot_receive(ch, p, levels, level_bits, out, bits)?;
     matrix.encode_with_bits(out, bits, lpn_base, lpn_bits);
     Ok(())
 }
@@ -280,7 +228,7 @@ impl FerretSender {
         let delta = iknp.delta();
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
         let mut out = vec![0u128; boot.n];
-        sender_iteration(ch, &boot, &boot_matrix, delta, &base, 0, &mut prg, &mut out)?;
+        sender_iteration(ch, &boot, &boot_matrix, delta, &base, &mut prg, &mut out)?;
         let mut reserve = HugeTable::new(main.base_cots());
         reserve
             .as_mut_slice()
@@ -290,7 +238,6 @@ impl FerretSender {
             main,
             matrix: LpnMatrix::new(seed, 1, main.k),
             reserve,
-            iteration: 1,
             prg,
         };
         Ok((sender, out, main.base_cots()))
@@ -316,11 +263,9 @@ impl FerretSender {
             &self.matrix,
             self.delta,
             self.reserve.as_slice(),
-            self.iteration,
             &mut self.prg,
             out,
         )?;
-        self.iteration += 1;
         let r = self.reserve.len();
         self.reserve.as_mut_slice().copy_from_slice(&out[..r]);
         Ok(r)
@@ -375,8 +320,6 @@ impl FerretReceiver {
             &boot_matrix,
             &base,
             &base_bits,
-            0,
-            &mut prg,
             &mut out,
             &mut bits,
         )?;
@@ -388,8 +331,6 @@ impl FerretReceiver {
             matrix: LpnMatrix::new(seed, 1, main.k),
             reserve,
             reserve_bits: bits[..r].to_vec(),
-            iteration: 1,
-            prg,
         };
         Ok((receiver, out, bits, r))
     }
@@ -421,12 +362,9 @@ impl FerretReceiver {
             &self.matrix,
             self.reserve.as_slice(),
             &self.reserve_bits,
-            self.iteration,
-            &mut self.prg,
             out,
             bits,
         )?;
-        self.iteration += 1;
         let r = self.reserve.len();
         self.reserve.as_mut_slice().copy_from_slice(&out[..r]);
         self.reserve_bits.copy_from_slice(&bits[..r]);
@@ -460,7 +398,7 @@ mod tests {
         t: 16,
     };
     const TEST_MAIN: LpnParams = LpnParams {
-        n: 20_000,
+        n: 50 << 9,
         k: 2_000,
         t: 50,
     };
@@ -521,41 +459,5 @@ mod tests {
     #[test]
     fn published_parameters_one_main_iteration() {
         run(params::BOOTSTRAP, params::MAIN, 1);
-    }
-
-    #[test]
-    fn single_tree_punctures_exactly_alpha() {
-        let depth = 4;
-        let mut prg = Prg::from_os_entropy();
-        let delta = u128::from_le_bytes(prg.block());
-        for len in [2usize, 9, 16] {
-            for alpha in 0..len {
-                // Ideal level COTs with receiver choice ¬α_l and zero corrections.
-                let r: Vec<u8> = (0..depth)
-                    .map(|l| 1 - ((alpha >> (depth - 1 - l)) & 1) as u8)
-                    .collect();
-                let q: Vec<u128> = (0..depth)
-                    .map(|_| u128::from_le_bytes(prg.block()))
-                    .collect();
-                let t: Vec<u128> = (0..depth)
-                    .map(|l| q[l] ^ if r[l] == 1 { delta } else { 0 })
-                    .collect();
-                let levels = SenderLevels {
-                    delta,
-                    q: &q,
-                    d: &vec![0; depth],
-                    tweak: 77,
-                };
-                let (mut v, mut w) = (vec![0u128; len], vec![0u128; len]);
-                let mut msg = vec![0u128; 2 * depth + 1];
-                let mut scratch = TreeScratch::new(depth);
-                send_tree(5, &levels, &mut v, &mut msg, &mut scratch);
-                receive_tree(alpha, &t, 77, &msg, &mut w, &mut scratch);
-                for i in 0..len {
-                    let want = if i == alpha { v[i] ^ delta } else { v[i] };
-                    assert_eq!(w[i], want, "len {len} alpha {alpha} leaf {i}");
-                }
-            }
-        }
     }
 }

@@ -1,34 +1,27 @@
 //! Regular-noise LPN parameter sets for 128-bit security (LPN over F_2, D = 10 non-zeros per
-//! row of the public matrix, noise with exactly one 1 per bin).
+//! row of the public matrix, noise with exactly one 1 per bin of 2^depth outputs).
 //!
-//! Both sets come from one file, the Ferret authors' implementation:
-//! `emp-toolkit/emp-ot`, `emp-ot/ferret/constants.h`, as introduced in commit c19691e
-//! ("Deal with parameters", 2020-09-28) and unchanged up to 3b21d63 (2021-05-24):
-//! * **main** — `N_REG/K_REG/T_REG/BIN_SZ_REG`: n = 10,608,640, k = 589,824, t = 1,295,
-//!   bins of 2^13 = 8,192 outputs (n = t·2^13 exactly, full GGM trees of depth 13);
-//! * **bootstrap** — `N_PRE_REG/K_PRE_REG/T_PRE_REG/BIN_SZ_PRE_REG`: n = 649,728,
-//!   k = 36,288, t = 1,269, bins of 2^9 = 512 (depth 9).
+//! Both sets are the Ferret authors' current ones: `emp-toolkit/emp-ot`, `emp-ot/tuning.h`
+//! (`ferret_b12` and `ferret_b10`, given there as (t, log2 k, depth)), introduced in commit
+//! dcbafff (2026-05-09) with this justification: k is a power of two and t "the largest value
+//! clearing 128-bit security across all 11 attacks in the regular-LPN-over-F_2 estimator"
+//! (the hybrid attack is the binding one):
+//! * **main** — `ferret_b12`: t = 1,520, k = 2^18 = 262,144, depth 12, n = t·2^12 = 6,225,920;
+//! * **bootstrap** — `ferret_b10`: t = 850, k = 2^16 = 65,536, depth 10, n = 870,400.
 //!
-//! Not used, and why: the sets with k = 588,160 (e.g. n = 10,616,092, t = 1,324, which mpz's
-//! `mpz-ot-core/src/ferret/mod.rs` cites as Ferret's Table 2) are for *uniform* (exact)
-//! noise; regular noise needs its own set. The set (n = 10,805,248, k = 589,760, t = 1,319),
-//! also in Wolverine and swanky (`ocelot/src/svole/svole_ext/lpn_params.rs`,
-//! `LPN_EXTEND_LARGE` in `ocelot/src/svole/wykw/svole.rs`), is emp-ot's first Ferret main set
-//! (commit 66567cf, 2020-09-05, with the same bootstrap set); the Ferret authors replaced it by
-//! the one above in c19691e, so this crate follows their later choice. Both are regular-noise
-//! sets published for 128-bit security and both bootstrap from the same set.
-//!
-//! Cross-check against later attacks (an indication, not an estimate for this exact set):
-//! emp-ot's commit 7a7e8c7 (2026, `emp-ot/ot_extension/ferret/constants.h`) reports, with the
-//! regular-LPN estimator and the hybrid / ISD / algebraic attacks, 138.5 bits for k = 2^19,
-//! t = 1,280, n = 10,485,760; the main set here has a larger k (security grows with k) and
-//! an n only 1.2% larger (the binding hybrid attack gets easier as n grows at fixed k).
+//! Why b12 and not b13 (n = 15.6 M, k = 2^19, the default there): the LPN step reads k-entry
+//! tables at random, and at k = 2^18 (4 MiB) it runs ≈ 1.7× faster per output on this machine
+//! than at k = 589,824 (`cargo run --release -p veil-ot --example bench`); a 6.2 M-COT iteration
+//! also wastes less at the end of a short session. With the Half-Tree trees ([`super::spcot`]:
+//! one block per level) b12 costs t·depth·128 / (n − k − t·depth) ≈ 0.39 bit per usable COT,
+//! less than the 0.45 bit of the set used before (emp-ot's older `N_REG` set, n = 10,608,640,
+//! k = 589,824, t = 1,295, with classic GGM trees).
 //!
 //! An iteration with parameters (n, k, t) consumes `k + t·depth` COTs and produces n: the
-//! main iteration needs 589,824 + 1,295·13 = 606,659 (emp-ot adds 128 more for the malicious
-//! consistency check, which this semi-honest version omits) and hands out 10,001,981; the
-//! bootstrap iteration (fed by IKNP: 36,288 + 1,269·9 = 47,709 COTs) yields the main
-//! iteration's first reserve plus 43,069 spare COTs.
+//! main iteration needs 262,144 + 1,520·12 = 280,384 (emp-ot adds 128 more for the malicious
+//! consistency check, which this semi-honest version omits) and hands out 5,945,536; the
+//! bootstrap iteration (fed by IKNP: 65,536 + 850·10 = 74,036 COTs) yields the main
+//! iteration's first reserve plus 590,016 spare COTs.
 
 /// One LPN parameter set with regular noise: n outputs split into t bins, one noise bit each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,18 +34,18 @@ pub struct LpnParams {
     pub t: usize,
 }
 
-/// Main iteration (emp-ot `N_REG/K_REG/T_REG`, regular noise, 128-bit security).
+/// Main iteration (emp-ot `ferret_b12`, regular noise, 128-bit security).
 pub const MAIN: LpnParams = LpnParams {
-    n: 10_608_640,
-    k: 589_824,
-    t: 1_295,
+    n: 1_520 << 12,
+    k: 1 << 18,
+    t: 1_520,
 };
 
-/// Bootstrap iteration (emp-ot `N_PRE_REG/K_PRE_REG/T_PRE_REG`, regular noise, 128-bit).
+/// Bootstrap iteration (emp-ot `ferret_b10`, regular noise, 128-bit security).
 pub const BOOTSTRAP: LpnParams = LpnParams {
-    n: 649_728,
-    k: 36_288,
-    t: 1_269,
+    n: 850 << 10,
+    k: 1 << 16,
+    t: 850,
 };
 
 impl LpnParams {
@@ -90,14 +83,14 @@ mod tests {
             }
             assert_eq!(next, p.n);
         }
-        assert_eq!(MAIN.depth(), 13);
-        assert_eq!(BOOTSTRAP.depth(), 9);
+        assert_eq!(MAIN.depth(), 12);
+        assert_eq!(BOOTSTRAP.depth(), 10);
         // Regular noise as published: every bin is a full tree of 2^depth leaves.
         for p in [MAIN, BOOTSTRAP] {
             assert_eq!(p.n, p.t << p.depth());
         }
-        assert_eq!(MAIN.base_cots(), 606_659);
-        assert_eq!(BOOTSTRAP.base_cots(), 47_709);
+        assert_eq!((MAIN.n, MAIN.base_cots()), (6_225_920, 280_384));
+        assert_eq!((BOOTSTRAP.n, BOOTSTRAP.base_cots()), (870_400, 74_036));
         // Each iteration must leave a surplus, and bootstrap must cover main's reserve.
         assert!(MAIN.n > MAIN.base_cots());
         assert!(BOOTSTRAP.n >= MAIN.base_cots());

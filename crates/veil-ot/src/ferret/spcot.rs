@@ -1,191 +1,221 @@
-//! Single-point COT from a GGM tree (punctured PRF), semi-honest, as in Ferret §4.
+//! Single-point COT from a correlated GGM tree: the Half-Tree construction of Guo, Yang, Wang,
+//! Zhang, Xie, Liu and Zhao (EUROCRYPT 2023, ePrint 2022/1431, Fig. 3 and §4), semi-honest.
 //!
-//! The sender expands a random root with the AES length-doubling PRG ([`ggm_expand`]) to
-//! `2^depth` leaves, of which the bin uses the first `len`. For every level it computes the XOR
-//! `K_0` of all left children and `K_1` of all right children; the receiver, whose punctured
-//! index is α, learns `K_{¬α_l}` through a chosen OT on a COT (Beaver derandomisation), which
-//! is exactly what it needs to rebuild every node off the path to α.
-//! Finally the sender sends `c = Δ ⊕ ⊕_i v_i`, so the receiver gets `w_α = v_α ⊕ Δ` and
-//! `w_i = v_i` elsewhere: a COT whose choice vector is the unit vector at α.
+//! The sender's tree is built under the global COT offset Δ: the two nodes of level 1 are
+//! `(k, k ⊕ Δ)` for a random `k`, and every node `x` has children `left = H(x)`,
+//! `right = x ⊕ H(x)` with `H` the circular-correlation-robust hash [`ccr_hash`]. Since the
+//! children of `x` XOR to `x`, every level XORs to Δ, so with `K_0` the XOR of a level's left
+//! children its right children XOR to `K_0 ⊕ Δ`. One random COT per level then suffices: the
+//! sender sends `c_l = K_0 ⊕ q_l`, and the receiver, whose COT gives `t_l = q_l ⊕ b_l·Δ`,
+//! learns `c_l ⊕ t_l = K_{b_l}`. The punctured path is therefore *defined* by the COT choice
+//! bits, `α_l = ¬b_l`, which is what Ferret's regular noise needs (a uniform position in each
+//! full bin), so the receiver sends nothing. From `K_{¬α_l}` it rebuilds the sibling of its path
+//! node at every level and with it every leaf but the path's. The leaves XOR to Δ, so the
+//! receiver's XOR of all other leaves is `v_α ⊕ Δ`: a COT whose choice vector is the unit vector
+//! at α, with no final correction message. Cost per tree: `depth` blocks from sender to receiver
+//! and one fixed-key AES call per node (the classic GGM tree needs `2·depth + 1` blocks, a
+//! correction bit per level back, and two AES calls per node).
 //!
-//! Semi-honest only: no consistency check (a malicious sender could send inconsistent sums).
+//! Leaf layout (as in emp-ot's `cggm.h`): each level is expanded in place, left children over
+//! their parents and right children in the upper half, so the leaf of path `α` (MSB first) sits
+//! at index `bit_reverse(α)`. Consumers only need to know where the punctured leaf is.
+//!
+//! Security: semi-honest, in the random-permutation model for the fixed-key AES inside `H`
+//! (Half-Tree, Theorem 4.3 and §4.2); no consistency check, so no malicious security.
+//! The receiver's path never drives a branch or an address: its per-level writes are masked
+//! passes over the whole level.
 
-use zeroize::{Zeroize, Zeroizing};
-
-use crate::aes_prims::{ggm_expand, tccr_hash_seq, tccr_hash_tweaked};
+use crate::aes_prims::ccr_hash;
 use crate::ct::{bit_mask_128, eq_mask_128};
 
 /// Deepest tree supported (65,536 leaves per bin).
 pub const MAX_DEPTH: usize = 16;
 
-/// Parents expanded per AES batch.
+/// Parents hashed per AES batch.
 const EXPAND_BATCH: usize = 64;
 
-/// Expands `nodes` into `next` (children of node j at 2j, 2j+1, `next.len() = 2·nodes.len()`)
-/// and returns the XOR of all left children and of all right children.
-fn expand_level(nodes: &[u128], next: &mut [u128]) -> [u128; 2] {
-    let (mut left, mut right) = ([0u128; EXPAND_BATCH], [0u128; EXPAND_BATCH]);
+/// Expands the `n` parents in `nodes[..n]` in place: the left child of parent `j` replaces it
+/// and its right child goes to `nodes[n + j]`. Returns the XOR of the left children and the XOR
+/// of the right children.
+fn expand_level(nodes: &mut [u128], n: usize) -> [u128; 2] {
+    let mut left = [0u128; EXPAND_BATCH];
     let mut sums = [0u128; 2];
-    for (parents, children) in nodes
-        .chunks(EXPAND_BATCH)
-        .zip(next.chunks_mut(2 * EXPAND_BATCH))
+    let (parents, rights) = nodes[..2 * n].split_at_mut(n);
+    for (ps, rs) in parents
+        .chunks_mut(EXPAND_BATCH)
+        .zip(rights.chunks_mut(EXPAND_BATCH))
     {
-        let m = parents.len();
-        ggm_expand(parents, &mut left[..m], &mut right[..m]);
+        let m = ps.len();
+        ccr_hash(ps, &mut left[..m]);
         for i in 0..m {
-            children[2 * i] = left[i];
-            children[2 * i + 1] = right[i];
+            let right = ps[i] ^ left[i];
+            rs[i] = right;
+            ps[i] = left[i];
             sums[0] ^= left[i];
-            sums[1] ^= right[i];
+            sums[1] ^= right;
         }
     }
     sums
 }
 
-/// Expands the tree level by level from `scratch.a[0]`; the last level is written to `leaves`
-/// directly when it fills them exactly (the published parameter sets have full trees), else
-/// to the scratch and copied. `visit(l, level, sums)` sees each level right after its
-/// expansion, with its left/right sums, and may change it before the next expansion.
-fn expand_tree(
-    depth: usize,
-    leaves: &mut [u128],
-    scratch: &mut TreeScratch,
-    mut visit: impl FnMut(usize, &mut [u128], [u128; 2]),
-) {
-    let (mut cur, mut next) = (&mut scratch.a, &mut scratch.b);
-    for l in 0..depth {
-        let width = 1 << l;
-        if l + 1 == depth && leaves.len() == 2 * width {
-            let sums = expand_level(&cur[..width], leaves);
-            visit(l, leaves, sums);
-            return;
-        }
-        let sums = expand_level(&cur[..width], &mut next[..2 * width]);
-        std::mem::swap(&mut cur, &mut next);
-        visit(l, &mut cur[..2 * width], sums);
-    }
-    leaves.copy_from_slice(&cur[..leaves.len()]);
+/// Index of the leaf of path `path` (`depth` bits, MSB = level 1) in the in-place layout.
+pub fn leaf_index(path: usize, depth: usize) -> usize {
+    (path.reverse_bits() >> (usize::BITS as usize - depth)) & ((1 << depth) - 1)
 }
 
-/// Scratch space for one tree: two ping-pong buffers of `2^depth` nodes.
-pub struct TreeScratch {
-    a: Vec<u128>,
-    b: Vec<u128>,
-}
-
-impl TreeScratch {
-    pub fn new(depth: usize) -> Self {
-        TreeScratch {
-            a: vec![0; 1 << depth],
-            b: vec![0; 1 << depth],
-        }
-    }
-}
-
-impl Drop for TreeScratch {
-    fn drop(&mut self) {
-        self.a.zeroize();
-        self.b.zeroize();
-    }
-}
-
-/// The sender's view of one tree's level COTs: `q[l]`, Δ, the receiver's corrections `d[l]`
-/// and the tweak of level 0.
-pub struct SenderLevels<'a> {
-    pub delta: u128,
-    pub q: &'a [u128],
-    pub d: &'a [u8],
-    pub tweak: u128,
-}
-
-/// Sender: expands `root`, writes the bin's leaves to `leaves` and the message (2 blocks per
-/// level, then `c`) to `msg` (length `2·depth + 1`).
-pub fn send_tree(
-    root: u128,
-    levels: &SenderLevels<'_>,
-    leaves: &mut [u128],
-    msg: &mut [u128],
-    scratch: &mut TreeScratch,
-) {
-    let depth = levels.q.len();
+/// Sender: builds the tree of `root` into `leaves` (exactly `2^depth`) and writes the level
+/// messages `c_l = K_0(l) ⊕ q_l` to `msg` (one block per level COT `q_l`).
+pub fn send_tree(root: u128, delta: u128, q: &[u128], leaves: &mut [u128], msg: &mut [u128]) {
+    let depth = q.len();
     assert!(
-        depth <= MAX_DEPTH && levels.d.len() == depth,
-        "send_tree: depth"
+        (1..=MAX_DEPTH).contains(&depth) && leaves.len() == 1 << depth && msg.len() == depth,
+        "send_tree: shape"
     );
-    assert_eq!(msg.len(), 2 * depth + 1, "send_tree: message size");
-    scratch.a[0] = root;
-    // Both pads of every level are secrets (one is the receiver's, one must stay hidden).
-    let mut pads_in = Zeroizing::new([0u128; 2 * MAX_DEPTH]);
-    for l in 0..depth {
-        let d = levels.d[l] as u128;
-        pads_in[2 * l] = levels.q[l] ^ (levels.delta & 0u128.wrapping_sub(d));
-        pads_in[2 * l + 1] = pads_in[2 * l] ^ levels.delta;
+    leaves[0] = root;
+    leaves[1] = root ^ delta;
+    msg[0] = root ^ q[0];
+    for l in 1..depth {
+        let [k0, _] = expand_level(leaves, 1 << l);
+        msg[l] = k0 ^ q[l];
     }
-    // Both pads of level l share the tweak of that level's COT.
-    let tweaks: [u128; 2 * MAX_DEPTH] = std::array::from_fn(|i| levels.tweak + (i / 2) as u128);
-    let mut pads = Zeroizing::new([0u128; 2 * MAX_DEPTH]);
-    tccr_hash_tweaked(
-        &pads_in[..2 * depth],
-        &tweaks[..2 * depth],
-        &mut pads[..2 * depth],
-    );
-    expand_tree(depth, leaves, scratch, |l, _, k| {
-        msg[2 * l] = k[0] ^ pads[2 * l];
-        msg[2 * l + 1] = k[1] ^ pads[2 * l + 1];
-    });
-    msg[2 * depth] = leaves.iter().fold(levels.delta, |a, &v| a ^ v);
 }
 
-/// Receiver: from its level COTs `t[l]` (with choice `¬α_l`) and the sender's message,
-/// rebuilds the leaves into `w`, with `w[alpha] = v_alpha ⊕ Δ`.
-pub fn receive_tree(
-    alpha: usize,
-    t: &[u128],
-    tweak: u128,
-    msg: &[u128],
-    w: &mut [u128],
-    scratch: &mut TreeScratch,
-) {
+/// Receiver: from its level COTs `t_l` with choice bits `b_l` and the sender's `msg`, rebuilds
+/// the leaves into `w` (exactly `2^depth`) so that `w[i] = v_i` except at the punctured leaf
+/// `leaf_index(α)`, `α_l = ¬b_l`, where `w = v ⊕ Δ`. Returns that index (a secret).
+pub fn receive_tree(t: &[u128], bits: &[u8], msg: &[u128], w: &mut [u128]) -> usize {
     let depth = t.len();
-    assert!(depth <= MAX_DEPTH, "receive_tree: depth");
     assert!(
-        alpha < w.len() && msg.len() == 2 * depth + 1,
+        (1..=MAX_DEPTH).contains(&depth)
+            && bits.len() == depth
+            && msg.len() == depth
+            && w.len() == 1 << depth,
         "receive_tree: shape"
     );
-    let mut known = Zeroizing::new([0u128; MAX_DEPTH]);
-    tccr_hash_seq(t, tweak, &mut known[..depth]);
-    // The receiver does not know the root: it expands 0 in its place, and at every level it
-    // zeroes the node on the path to α, so the two nodes of the next level below it (the
-    // next path node and its sibling) are always G(0), a public pair.
-    let zero_children = {
-        let (mut l, mut r) = ([0u128], [0u128]);
-        ggm_expand(&[0], &mut l, &mut r);
-        [l[0], r[0]]
+    let alpha_bit = |l: usize| (1 ^ bits[l] & 1) as usize;
+    // The path node of every level holds 0; its children are then both H(0), a public value.
+    let junk = {
+        let mut h = [0u128];
+        ccr_hash(&[0], &mut h);
+        h[0]
     };
-    scratch.a[0] = 0;
-    // α is this party's secret: selections use masks, and every level is rewritten in full
-    // with masks, so neither branches nor addresses depend on it (the pass costs less than
-    // the level's AES expansion).
-    expand_tree(depth, w, scratch, |l, level, sums| {
-        let bit = ((alpha >> (depth - 1 - l)) & 1) as u128;
-        let on = bit_mask_128(bit);
-        let path = alpha >> (depth - 1 - l);
-        let sibling = path ^ 1;
-        // K_{¬α_l} = msg[2l + ¬α_l] ⊕ H(t_l): the XOR of the sibling's parity class.
-        let k = known[l] ^ (msg[2 * l + 1] & !on) ^ (msg[2 * l] & on);
-        // That class as expanded, minus its wrong member: the sibling slot, holding G(0)'s
-        // child of the sibling's side.
-        let expanded = ((sums[1] ^ zero_children[1]) & !on) | ((sums[0] ^ zero_children[0]) & on);
-        let fixed = k ^ expanded;
-        for (j, v) in level.iter_mut().enumerate() {
-            let (is_sibling, is_path) = (eq_mask_128(j, sibling), eq_mask_128(j, path));
-            *v = (fixed & is_sibling) | (*v & !is_sibling & !is_path);
+    // Level 1: the path node is at α_1, its sibling K_{¬α_1}.
+    let on = bit_mask_128(alpha_bit(0) as u128);
+    let known = msg[0] ^ t[0];
+    w[0] = known & on;
+    w[1] = known & !on;
+    let mut path = alpha_bit(0);
+    for l in 1..depth {
+        let half = 1 << l;
+        let a = alpha_bit(l);
+        let on = bit_mask_128(a as u128);
+        let sums = expand_level(w, half);
+        // The sibling's side (¬α_l) as expanded includes the junk child of the path node.
+        let side = (sums[0] & on) | (sums[1] & !on);
+        let sibling = side ^ junk ^ msg[l] ^ t[l];
+        let (path_child, sibling_child) = (path + a * half, path + (1 - a) * half);
+        for (j, v) in w[..2 * half].iter_mut().enumerate() {
+            let (is_sibling, is_path) = (eq_mask_128(j, sibling_child), eq_mask_128(j, path_child));
+            *v = (sibling & is_sibling) | (*v & !is_sibling & !is_path);
         }
-    });
-    // w[α] is 0 now, so the XOR of all leaves is the XOR of the others.
-    let rest = w.iter().fold(msg[2 * depth], |a, &v| a ^ v);
+        path = path_child;
+    }
+    // w[path] is 0, so the XOR of all leaves is the XOR of the others: v_α ⊕ Δ.
+    let rest = w.iter().fold(0, |a, &v| a ^ v);
     for (i, v) in w.iter_mut().enumerate() {
-        let is_alpha = eq_mask_128(i, alpha);
+        let is_alpha = eq_mask_128(i, path);
         *v = (rest & is_alpha) | (*v & !is_alpha);
+    }
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use veil_core::Prg;
+
+    #[test]
+    fn leaf_index_reverses_the_path_bits() {
+        assert_eq!(leaf_index(0b001, 3), 0b100);
+        assert_eq!(leaf_index(0b110, 3), 0b011);
+        assert_eq!(leaf_index(1, 1), 1);
+        for p in 0..256 {
+            assert_eq!(leaf_index(leaf_index(p, 8), 8), p);
+        }
+    }
+
+    #[test]
+    fn every_level_of_the_sender_tree_xors_to_delta() {
+        let mut prg = Prg::from_os_entropy();
+        let delta = u128::from_le_bytes(prg.block());
+        let mut nodes = vec![0u128; 64];
+        nodes[0] = 12345;
+        nodes[1] = 12345 ^ delta;
+        for l in 1..6 {
+            let [k0, k1] = expand_level(&mut nodes, 1 << l);
+            assert_eq!(k0 ^ k1, delta, "level {l}");
+            assert_eq!(nodes[..2 << l].iter().fold(0, |a, &v| a ^ v), delta);
+        }
+    }
+
+    #[test]
+    fn single_tree_punctures_exactly_the_path_of_the_choice_bits() {
+        let mut prg = Prg::from_os_entropy();
+        let delta = u128::from_le_bytes(prg.block());
+        for depth in [1usize, 2, 4] {
+            let len = 1 << depth;
+            for alpha in 0..len {
+                // Ideal level COTs with choice bits b_l = ¬α_l.
+                let bits: Vec<u8> = (0..depth)
+                    .map(|l| 1 - ((alpha >> (depth - 1 - l)) & 1) as u8)
+                    .collect();
+                let q: Vec<u128> = (0..depth)
+                    .map(|_| u128::from_le_bytes(prg.block()))
+                    .collect();
+                let t: Vec<u128> = (0..depth)
+                    .map(|l| q[l] ^ if bits[l] == 1 { delta } else { 0 })
+                    .collect();
+                let (mut v, mut w) = (vec![0u128; len], vec![0u128; len]);
+                let mut msg = vec![0u128; depth];
+                send_tree(
+                    u128::from_le_bytes(prg.block()),
+                    delta,
+                    &q,
+                    &mut v,
+                    &mut msg,
+                );
+                let hole = receive_tree(&t, &bits, &msg, &mut w);
+                assert_eq!(hole, leaf_index(alpha, depth));
+                for i in 0..len {
+                    let want = if i == hole { v[i] ^ delta } else { v[i] };
+                    assert_eq!(w[i], want, "depth {depth} alpha {alpha} leaf {i}");
+                }
+                // The leaves are distinct and not the root's correlation in the clear.
+                let mut sorted = v.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                assert_eq!(sorted.len(), len);
+            }
+        }
+    }
+
+    #[test]
+    fn a_wrong_level_message_breaks_the_correlation() {
+        let mut prg = Prg::from_os_entropy();
+        let delta = u128::from_le_bytes(prg.block());
+        let depth = 3;
+        let bits = vec![1u8, 0, 1];
+        let q: Vec<u128> = (0..depth)
+            .map(|_| u128::from_le_bytes(prg.block()))
+            .collect();
+        let t: Vec<u128> = (0..depth)
+            .map(|l| q[l] ^ if bits[l] == 1 { delta } else { 0 })
+            .collect();
+        let (mut v, mut w) = (vec![0u128; 8], vec![0u128; 8]);
+        let mut msg = vec![0u128; depth];
+        send_tree(9, delta, &q, &mut v, &mut msg);
+        msg[1] ^= 1;
+        let hole = receive_tree(&t, &bits, &msg, &mut w);
+        assert!((0..8).any(|i| w[i] != if i == hole { v[i] ^ delta } else { v[i] }));
     }
 }
