@@ -112,21 +112,24 @@ fn leaf<C: Channel>(
     let bits = 1 + with_eq as u32;
     match role {
         Role::Client => {
-            let mut prg = Prg::from_os_entropy();
-            let size = 1u64 << w;
-            let mut table = Vec::with_capacity(digit.len() << w);
-            let mut mine = Vec::with_capacity(digit.len());
-            for &a in digit {
-                let rg = prg.bit();
-                let re = with_eq && prg.bit();
-                mine.push((rg, re));
-                table.extend((0..size).map(|v| {
-                    let eq = with_eq && (re ^ (a == v));
-                    ((rg ^ (a > v)) as u64) | (eq as u64) << 1
-                }));
+            // One random byte per digit: bit 0 masks gt, bit 1 masks eq (drawn in one call:
+            // a PRG call per bit cost more than the table itself).
+            let mut masks = vec![0u8; digit.len()];
+            Prg::from_os_entropy().fill(&mut masks);
+            let eq_bit = with_eq as u64;
+            let mut table = vec![0u64; digit.len() << w];
+            for ((row, &a), &r) in table.chunks_exact_mut(1 << w).zip(digit).zip(&masks) {
+                let (rg, re) = ((r & 1) as u64, (r >> 1) as u64 & eq_bit);
+                for (v, e) in row.iter_mut().enumerate() {
+                    let v = v as u64;
+                    *e = (rg ^ (a > v) as u64) | (re ^ ((a == v) as u64 & eq_bit)) << 1;
+                }
             }
             ot.send_1_of_n(ch, w, &table, bits)?;
-            Ok(mine)
+            Ok(masks
+                .into_iter()
+                .map(|r| (r & 1 == 1, (r >> 1) as u64 & eq_bit == 1))
+                .collect())
         }
         Role::Server => {
             let choices: Vec<u8> = digit.iter().map(|&b| b as u8).collect();
