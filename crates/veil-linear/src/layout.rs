@@ -19,8 +19,7 @@
 //! responses)·|c1 at p| + n·m·|c0 coefficient|; the input count is n·k·m_w/N and the response
 //! count n·m/(n_w·m_w·L). Packing costs key switches (L − 1 per full group), which the search
 //! prices at [`KEY_SWITCH_BITS`] each (scaled by limbs·(limbs+1)/12, the transforms one switch
-//! takes): a switch costs about as much CPU as sending that many bits takes on a fast link, so
-//! the search trades traffic for server time instead of minimising traffic alone. It is
+//! takes), so it trades traffic for server time instead of minimising traffic alone. It is
 //! exhaustive over (n_w, k_w, L), cheap, and depends only on public shapes and parameters, so
 //! both parties derive the same layout. Ties go to fewer polynomial products.
 
@@ -28,7 +27,14 @@ use veil_core::{ensure, Result, RingTensor};
 use veil_he::{PackShape, Params, GALOIS_LEVELS};
 
 /// Price of one key switch at three RNS limbs, in bits of traffic (see the module docs).
-pub const KEY_SWITCH_BITS: u128 = 64_000;
+///
+/// A switch takes ≈ 0.65 ms of server CPU on the project machine (N = 8192): the time that
+/// 65 kbit take on the WAN of the cost report (100 Mbps) and 2 Mbit on its LAN (3 Gbps). The
+/// price sits between the two (their geometric mean is ≈ 360 kbit). Measured on BERT-Tiny
+/// substituted (`veil bench model`, 2026-11-22, 3 alternating runs each): 64 kbit gave
+/// 59.0 MB and a median 5.26 s, 400 kbit 92.2 MB and 4.34 s, 640 kbit (no packing at all)
+/// 114.3 MB and 4.29 s; the modelled WAN time grows by 2 % from 64 to 400 kbit.
+pub const KEY_SWITCH_BITS: u128 = 400_000;
 
 /// Block sizes of one matrix product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -299,20 +305,25 @@ mod tests {
         }
     }
 
-    /// The BERT-Base shapes pack their responses (the point of the Galois keys).
+    /// The BERT fully connected shapes pack their responses (the point of the Galois keys);
+    /// the attention products, at four limbs where a switch costs 5/3 as much, do not.
     #[test]
-    fn bert_shapes_pack_responses() {
-        for set in [ParamSet::N8192, ParamSet::N8192Q4] {
-            let p = Params::new(set, Ring::new(41).unwrap()).unwrap();
-            for (n, k, m) in [
-                (128, 768, 768),
-                (128, 3072, 768),
-                (128, 64, 128),
-                (128, 128, 64),
-            ] {
-                let lay = Layout::new(&p, n, k, m).unwrap();
-                assert!(lay.blocks.pack >= 16, "{set:?} {n}x{k}x{m}: {lay:?}");
-            }
+    fn bert_fc_shapes_pack_responses_and_attention_shapes_do_not() {
+        let ring = Ring::new(41).unwrap();
+        let p = Params::new(ParamSet::N8192, ring).unwrap();
+        for (n, k, m) in [
+            (128, 768, 768),
+            (128, 3072, 768),
+            (128, 768, 3072),
+            (128, 128, 512),
+        ] {
+            let lay = Layout::new(&p, n, k, m).unwrap();
+            assert!(lay.blocks.pack >= 8, "{n}x{k}x{m}: {lay:?}");
+        }
+        let q4 = Params::new(ParamSet::N8192Q4, ring).unwrap();
+        for (n, k, m) in [(128, 64, 128), (128, 128, 64)] {
+            let lay = Layout::new(&q4, n, k, m).unwrap();
+            assert_eq!(lay.blocks.pack, 1, "{n}x{k}x{m}: {lay:?}");
         }
     }
 
