@@ -49,6 +49,8 @@ struct Measured {
     out: RingTensor,
     seconds: f64,
     stats: LabelStats,
+    /// Per innermost label.
+    labels: std::collections::BTreeMap<String, LabelStats>,
     /// COTs consumed (sending + receiving), valid when no pool refill happened during the run.
     cots: usize,
 }
@@ -77,6 +79,7 @@ fn run_op(x: &RingTensor, op: &Op, precompute: Option<usize>) -> Result<(Measure
             out,
             seconds,
             stats: ch.meter().total(),
+            labels: ch.meter().snapshot(),
             cots: before.0.saturating_sub(after.0) + before.1.saturating_sub(after.1),
         })
     };
@@ -125,6 +128,15 @@ fn measure(
         .fold(0.0, f64::max);
     let bytes = c.stats.bytes_sent + c.stats.bytes_received;
     let n = x.len();
+    // Where the bits go: the innermost label of each byte (the client's meter sees both directions).
+    let split: serde_json::Map<String, Value> = c
+        .labels
+        .iter()
+        .map(|(k, v)| {
+            let bits = (v.bytes_sent + v.bytes_received) as f64 * 8.0 / n as f64;
+            (k.clone(), json!((bits * 10.0).round() / 10.0))
+        })
+        .collect();
     let (online, cots) = online_cost(slice, op)?;
     (out.report)(&json!({
         "op": name,
@@ -138,6 +150,7 @@ fn measure(
         "max_abs_error": err,
         "online_bits_per_element": online,
         "cots_per_element": cots,
+        "split_bits_per_element": split,
     }));
     Ok(())
 }
@@ -297,6 +310,11 @@ pub fn run_streaming(
         composite::relu_normalise(cx, x, &valid, Some(20))
     };
     let rn_ref = rowwise(cols, |r| reference::relu_normalise(r, &valid, eps));
+    // The whole-model pass's configuration: ReLU inputs promised |x| < 2^RELU_DOMAIN_BITS.
+    let model_bound = Approx::new(fp)?.relu_bound_bits();
+    let rn_model = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
+        composite::relu_normalise(cx, x, &valid, Some(model_bound))
+    };
     measure(
         &mut out,
         "ReLU-normalise",
@@ -311,6 +329,14 @@ pub fn run_streaming(
         &att,
         &head(&att, 2)?,
         &cheap(&rn20),
+        &rn_ref,
+    )?;
+    measure(
+        &mut out,
+        "ReLU-normalise (whole-model: |x| < 2^13, 1-bit trunc)",
+        &att,
+        &head(&att, 2)?,
+        &cheap(&rn_model),
         &rn_ref,
     )?;
 

@@ -9,8 +9,8 @@ use veil_ot::OtSession;
 use crate::boolean::{bool_to_arith, mux};
 use crate::compare::drelu_values;
 use crate::mul::{
-    mul_narrow_values, mul_server_row, mul_server_row_narrow, mul_values, square_narrow_values,
-    square_values,
+    mul_narrow_high_values, mul_narrow_values, mul_server_row, mul_server_row_narrow, mul_values,
+    square_narrow_values, square_values,
 };
 use crate::trunc::{extend_values, truncate_values, TruncMode};
 
@@ -72,6 +72,44 @@ impl<'a, C: Channel> Ctx<'a, C> {
 
     pub fn mul_narrow_in(&mut self, ring: Ring, a: &[u64], m: u32, b: &[u64]) -> Result<Vec<u64>> {
         mul_narrow_values(self.ot, self.ch, self.role, ring, a, m, b)
+    }
+
+    /// ⌊a·b / 2^s⌋ for a promised |a| < 2^(m−1) and |a·b| / 2^s < 2^(out−2).
+    /// * `Faithful`: [`Ctx::mul_narrow`] then the faithful truncation (exactly `approx`).
+    /// * `OneBitError`: the product's high part only ([`mul_narrow_high_values`], COTs of
+    ///   n = out + g + 1 bits instead of up to ℓ) at g guard bits below 2^s, where g makes its
+    ///   error e < 2^g; then a 1-bit-error truncation by g and a sign extension to ℓ. Result
+    ///   ⌊a·b / 2^s⌋ − c, c ∈ {0, 1, 2}: one-sided error ≤ 2 ulp (the plain 1-bit-error path: 1).
+    ///   Needs |a·b| < 2^(ℓ−2).
+    pub fn mul_narrow_trunc(
+        &mut self,
+        a: &[u64],
+        m: u32,
+        b: &[u64],
+        s: u32,
+        out: u32,
+    ) -> Result<Vec<u64>> {
+        let l = self.ring().bits();
+        // e ≤ 2·min(m + 1, t) + 1 < 2^g for t ≤ s.
+        let g = 32 - (2 * (m + 1).min(s) + 1).leading_zeros();
+        if self.trunc_mode == TruncMode::Faithful || s <= g {
+            let p = self.mul_narrow(a, m, b)?;
+            return self.trunc(&p, s);
+        }
+        let t = s - g;
+        let n = (out + g + 1).min(l - t);
+        // The truncation and extension need a share ring of at least RingBits::MIN bits: the
+        // n-bit value sits in the top bits of a k-bit ring.
+        let k = n.max(veil_core::RingBits::MIN);
+        if k >= l {
+            let p = self.mul_narrow(a, m, b)?;
+            return self.trunc(&p, s);
+        }
+        let hi = mul_narrow_high_values(self.ot, self.ch, self.role, self.ring(), a, m, b, t, n)?;
+        let kr = Ring::new(k)?;
+        let up: Vec<u64> = hi.iter().map(|&v| kr.reduce(v << (k - n))).collect();
+        let y = self.trunc_in(kr, &up, g + k - n)?;
+        self.extend(kr, &y)
     }
 
     /// a² for a promised |a| < 2^(m−1) ([`square_narrow_values`]).

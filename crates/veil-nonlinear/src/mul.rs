@@ -13,6 +13,10 @@
 //!   bits) so only m + 1 bits of a drive COTs; [`mul_server_row_narrow`] offsets a γ promised in
 //!   [−2^(g−1), 2^(g−1)) to [0, 2^g). About (m+1)·(ℓ − m/2) bits per cross term instead of ℓ²/2.
 //!
+//! * [`mul_narrow_high_values`]: only ⌊a·b / 2^t⌋ mod 2^n (up to a small one-sided error): bit k
+//!   of a COT's correlation below 2^t is dropped by the sender, so every COT carries n bits
+//!   instead of ℓ − k (a product and the truncation after it, fused; used by the 1-bit-error mode).
+//!
 //! Products are exact mod 2^ℓ (no truncation here; see [`crate::trunc`]); the narrow ones while
 //! their promise holds.
 //!
@@ -37,13 +41,73 @@ fn buckets(bits: u32) -> impl Iterator<Item = (u32, u32)> {
         .map(move |k0| (k0, (k0 + BUCKET_BITS).min(bits)))
 }
 
-/// COT inputs of one bucket: correlations a mod 2^(ℓ−k0) and choice bits b_k, element-major.
-fn bucket_inputs(a: &[u64], b: &[u64], k0: u32, k1: u32, width: u32) -> (Vec<u64>, Vec<bool>) {
+/// What a cross term's COTs deliver: shares mod 2^n of Σ_k b_k·h_k(a) with h_k(a) =
+/// ⌊(a·2^k mod 2^ℓ) / 2^t⌋, i.e. of ⌊a·b / 2^t⌋ − e with 0 ≤ e < (positions k < t with b_k set):
+/// the high part of the product, computed without its low bits. t = 0, n = ℓ is the exact
+/// product mod 2^ℓ. Bit k ≥ t only needs a mod 2^(n−k+t), bit k < t a correlation of n bits.
+#[derive(Clone, Copy)]
+struct Scale {
+    ring: Ring,
+    t: u32,
+    n: u32,
+}
+
+impl Scale {
+    fn exact(ring: Ring) -> Self {
+        Scale {
+            ring,
+            t: 0,
+            n: ring.bits(),
+        }
+    }
+
+    /// COT width of the bucket starting at k0 (0: every term vanishes mod 2^n).
+    fn width(&self, k0: u32) -> u32 {
+        self.n.saturating_sub(k0.saturating_sub(self.t))
+    }
+
+    /// Correlation of bit k (reduced to the bucket's width by the caller).
+    fn corr(&self, a: u64, k: u32) -> u64 {
+        if k < self.t {
+            self.ring.mul(a, 1u64 << k) >> self.t
+        } else {
+            a
+        }
+    }
+
+    /// Weight of bit k's COT output mod 2^n.
+    fn weight(&self, k: u32) -> u64 {
+        if k < self.t {
+            1
+        } else {
+            1u64 << (k - self.t)
+        }
+    }
+
+    /// ⌊v / 2^t⌋ mod 2^n of a local ring value.
+    fn high(&self, v: u64) -> u64 {
+        (v >> self.t) & low_mask(self.n)
+    }
+
+    fn add(&self, a: u64, b: u64) -> u64 {
+        a.wrapping_add(b) & low_mask(self.n)
+    }
+}
+
+/// COT inputs of one bucket: correlations h_k(a) mod 2^width and choice bits b_k, element-major.
+fn bucket_inputs(
+    sc: Scale,
+    a: &[u64],
+    b: &[u64],
+    k0: u32,
+    k1: u32,
+    width: u32,
+) -> (Vec<u64>, Vec<bool>) {
     let per = (k1 - k0) as usize;
     let mut deltas = Vec::with_capacity(a.len() * per);
     let mut choices = Vec::with_capacity(b.len() * per);
     for &ai in a {
-        deltas.extend(std::iter::repeat_n(ai & low_mask(width), per));
+        deltas.extend((k0..k1).map(|k| sc.corr(ai, k) & low_mask(width)));
     }
     for &bi in b {
         choices.extend((k0..k1).map(|k| bi >> k & 1 == 1));
@@ -51,45 +115,43 @@ fn bucket_inputs(a: &[u64], b: &[u64], k0: u32, k1: u32, width: u32) -> (Vec<u64
     (deltas, choices)
 }
 
-/// Adds Σ_k 2^k·(sign·v_{i,k}) into `acc`.
-fn accumulate(ring: Ring, acc: &mut [u64], v: &[u64], k0: u32, k1: u32, negate: bool) {
+/// Adds Σ_k weight_k·(sign·v_{i,k}) into `acc` (mod 2^n).
+fn accumulate(sc: Scale, acc: &mut [u64], v: &[u64], k0: u32, k1: u32, negate: bool) {
     let per = (k1 - k0) as usize;
     for (i, a) in acc.iter_mut().enumerate() {
         for (j, k) in (k0..k1).enumerate() {
-            let t = ring.mul(v[i * per + j], 1u64 << k);
-            *a = if negate {
-                ring.sub(*a, t)
-            } else {
-                ring.add(*a, t)
-            };
+            let t = v[i * per + j].wrapping_mul(sc.weight(k));
+            *a = sc.add(*a, if negate { t.wrapping_neg() } else { t });
         }
     }
 }
 
-/// Shares of a_client·b_server + a_server·b_client: this party passes its a and b; b's bits
-/// 0..`b_bits` drive the COTs (b < 2^b_bits as an integer).
+/// Shares (mod 2^n of `sc`) of a_client·b_server + a_server·b_client: this party passes its a and
+/// b; b's bits 0..`b_bits` drive the COTs (b < 2^b_bits as an integer).
 fn cross_both<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
-    ring: Ring,
+    sc: Scale,
     a: &[u64],
     b: &[u64],
     b_bits: u32,
 ) -> Result<Vec<u64>> {
-    let l = ring.bits();
     let mut acc = vec![0u64; a.len()];
     for (k0, k1) in buckets(b_bits) {
-        let width = l - k0;
-        let (deltas, choices) = bucket_inputs(a, b, k0, k1, width);
+        let width = sc.width(k0);
+        if width == 0 {
+            break;
+        }
+        let (deltas, choices) = bucket_inputs(sc, a, b, k0, k1, width);
         let (x, y) = arith_cot_both(ot, ch, role, &deltas, &choices, width)?;
-        accumulate(ring, &mut acc, &x, k0, k1, true);
-        accumulate(ring, &mut acc, &y, k0, k1, false);
+        accumulate(sc, &mut acc, &x, k0, k1, true);
+        accumulate(sc, &mut acc, &y, k0, k1, false);
     }
     Ok(acc)
 }
 
-/// Shares of a·b where `sender` holds a and the other party holds b (b < 2^b_bits as an
+/// Shares of a·b mod 2^ℓ where `sender` holds a and the other party holds b (b < 2^b_bits as an
 /// integer); this party passes its value.
 fn cross_one_way<C: Channel>(
     ot: &mut OtSession,
@@ -100,18 +162,18 @@ fn cross_one_way<C: Channel>(
     sender: Role,
     b_bits: u32,
 ) -> Result<Vec<u64>> {
-    let l = ring.bits();
+    let sc = Scale::exact(ring);
     let mut acc = vec![0u64; mine.len()];
     for (k0, k1) in buckets(b_bits) {
-        let width = l - k0;
+        let width = sc.width(k0);
         if role == sender {
-            let (deltas, _) = bucket_inputs(mine, &[], k0, k1, width);
+            let (deltas, _) = bucket_inputs(sc, mine, &[], k0, k1, width);
             let x = ot.send_arith_cot(ch, &deltas, width)?;
-            accumulate(ring, &mut acc, &x, k0, k1, true);
+            accumulate(sc, &mut acc, &x, k0, k1, true);
         } else {
-            let (_, choices) = bucket_inputs(&[], mine, k0, k1, width);
+            let (_, choices) = bucket_inputs(sc, &[], mine, k0, k1, width);
             let y = ot.recv_arith_cot(ch, &choices, width)?;
-            accumulate(ring, &mut acc, &y, k0, k1, false);
+            accumulate(sc, &mut acc, &y, k0, k1, false);
         }
     }
     Ok(acc)
@@ -151,7 +213,7 @@ pub fn mul_values<C: Channel>(
 ) -> Result<Vec<u64>> {
     same_len(a, b)?;
     let _g = ch.meter().enter("Mul");
-    let mut z = cross_both(ot, ch, role, ring, a, b, ring.bits())?;
+    let mut z = cross_both(ot, ch, role, Scale::exact(ring), a, b, ring.bits())?;
     for (zi, (&x, &y)) in z.iter_mut().zip(a.iter().zip(b)) {
         *zi = ring.add(*zi, ring.mul(x, y));
     }
@@ -229,9 +291,9 @@ fn check_narrow(ring: Ring, m: u32) -> Result<()> {
 
 /// Shares of a·b mod 2^ℓ element-wise for a promised |a| < 2^(m−1) and any b (SiRNN's
 /// mixed-width product): a' re-shared in Z_(2^(m+1)) as in the module doc, then a·b =
-/// a'_0·b + a'_1·b − 2^(m+1)·w·b − 2^(m−1)·b: the cross terms are driven by the m + 1 bits of a' instead of ℓ (≈ (m+1)·(ℓ −
-/// (m+1)/2) bits each instead of ℓ²/2), plus one AND and one multiplexer. Exact when the promise
-/// holds; otherwise the result is not a·b. Label "Mul".
+/// a'_0·b + a'_1·b − 2^(m+1)·w·b − 2^(m−1)·b: the cross terms are driven by the m + 1 bits of a'
+/// instead of ℓ (≈ (m+1)·(ℓ − (m+1)/2) bits each instead of ℓ²/2), plus one AND and one
+/// multiplexer. Exact when the promise holds; otherwise the result is not a·b. Label "Mul".
 pub fn mul_narrow_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -241,23 +303,63 @@ pub fn mul_narrow_values<C: Channel>(
     m: u32,
     b: &[u64],
 ) -> Result<Vec<u64>> {
+    mul_narrow_scaled(ot, ch, role, Scale::exact(ring), a, m, b)
+}
+
+/// [`mul_narrow_values`] delivering only the high part: shares mod 2^n (raw, in [0, 2^n)) of
+/// ⌊a·b / 2^t⌋ − e with 0 ≤ e ≤ 2·min(m + 1, t) + 1 (each of the two local terms and each COT
+/// at a position below t drops its fraction), for n + t ≤ ℓ. Every COT then carries n bits
+/// instead of up to ℓ: a product followed by a truncation, fused, at a one-sided error of a few
+/// units of 2^t (callers compute at a few guard bits below the wanted scale). Label "Mul".
+#[allow(clippy::too_many_arguments)]
+pub fn mul_narrow_high_values<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    ring: Ring,
+    a: &[u64],
+    m: u32,
+    b: &[u64],
+    t: u32,
+    n: u32,
+) -> Result<Vec<u64>> {
+    ensure!(
+        n >= 1 && n + t <= ring.bits(),
+        InvalidArgument,
+        "high part of {n} bits above 2^{t} in a {}-bit ring",
+        ring.bits()
+    );
+    mul_narrow_scaled(ot, ch, role, Scale { ring, t, n }, a, m, b)
+}
+
+fn mul_narrow_scaled<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    sc: Scale,
+    a: &[u64],
+    m: u32,
+    b: &[u64],
+) -> Result<Vec<u64>> {
+    let ring = sc.ring;
     check_narrow(ring, m)?;
     same_len(a, b)?;
     let _g = ch.meter().enter("Mul");
     let (an, w) = narrow_share(ot, ch, role, a, m)?;
     let wb = mux(ot, ch, role, ring, &w, b)?;
-    let cross = cross_both(ot, ch, role, ring, b, &an, m + 1)?;
+    let cross = cross_both(ot, ch, role, sc, b, &an, m + 1)?;
     let bias = 1u64 << (m - 1);
     Ok((0..a.len())
         .map(|i| {
             let own = ring.sub(ring.mul(an[i], b[i]), ring.mul(bias, b[i]));
-            ring.sub(ring.add(cross[i], own), ring.mul(wb[i], 1u64 << (m + 1)))
+            let own = ring.sub(own, ring.mul(wb[i], 1u64 << (m + 1)));
+            sc.add(cross[i], sc.high(own))
         })
         .collect())
 }
 
-/// Shares of a² mod 2^ℓ for a promised |a| < 2^(m−1): with s = a'_0 + a'_1 = a + c, c = 2^(m+1)·w
-/// + 2^(m−1), a² = s² − 2c·a − c² = s² − w·(2^(m+2)·a + 2^(2m+2) + 2^(2m+1)) − 2^m·a − 2^(2m−2):
+/// Shares of a² mod 2^ℓ for a promised |a| < 2^(m−1): with s = a'_0 + a'_1 = a + c, c =
+/// 2^(m−1) + 2^(m+1)·w, a² = s² − 2c·a − c² = s² − w·(2^(m+2)·a + 2^(2m+2) + 2^(2m+1)) − 2^m·a − 2^(2m−2):
 /// one cross term on the m + 1 bits of a'_1, one AND, one multiplexer. Label "Mul".
 pub fn square_narrow_values<C: Channel>(
     ot: &mut OtSession,

@@ -7,10 +7,12 @@ use common::*;
 use proptest::prelude::*;
 use veil_core::{approx::Approx, Prg, Ring, RingTensor};
 use veil_net::Role;
-use veil_nonlinear::mul::{mul_narrow_values, mul_server_row_narrow, square_narrow_values};
+use veil_nonlinear::mul::{
+    mul_narrow_high_values, mul_narrow_values, mul_server_row_narrow, square_narrow_values,
+};
 use veil_nonlinear::trunc::extend_values;
 use veil_nonlinear::{
-    drelu, millionaire::greater_than, mul, mul_server_row, relu, square, truncate, TruncMode,
+    drelu, millionaire::greater_than, mul, mul_server_row, relu, square, truncate, Ctx, TruncMode,
 };
 
 #[test]
@@ -212,6 +214,70 @@ fn narrow_products_are_exact_within_the_promise() {
         for i in 0..a.len() {
             assert_eq!(p[i], ring.mul(a[i], b[i]), "{bits}/{m}: {} · b", signed[i]);
             assert_eq!(q[i], ring.mul(a[i], a[i]), "{bits}/{m}: {}²", signed[i]);
+        }
+    }
+}
+
+/// The high part of a narrow product is ⌊a·b / 2^t⌋ − e mod 2^n with 0 ≤ e ≤ 2·min(m+1, t) + 1,
+/// and the fused product-truncation of the 1-bit-error mode is ⌊a·b / 2^s⌋ − {0, 1, 2} (the
+/// faithful mode exactly ⌊a·b / 2^s⌋), for operands at the edges of their promises.
+#[test]
+fn fused_product_truncation_is_within_its_bound() {
+    let mut prg = Prg::from_os_entropy();
+    let ring = fp().ring;
+    let ax = Approx::new(fp()).unwrap();
+    // (m, s, out): ReLU-normalise's, Softmax's and LayerNorm's shapes.
+    for (m, s, out) in [(25u32, 24u32, 16u32), (15, 24, 16), (24, 19, 22)] {
+        let lim = 1i64 << (m - 1);
+        let blim = 1i64 << (s + out - 2 - (m - 1));
+        let mut sa: Vec<i64> = vec![0, 1, -1, lim - 1, -lim + 1, lim - 1, -lim + 1, 0];
+        let mut sb: Vec<i64> = vec![blim - 1, blim - 1, -blim + 1, blim - 1, blim - 1, 0, 1, -1];
+        for _ in 0..200 {
+            sa.push((prg.u64() % (2 * lim as u64)) as i64 - lim);
+            sb.push((prg.u64() % (2 * blim as u64)) as i64 - blim);
+        }
+        let a: Vec<u64> = sa.iter().map(|&v| ring.from_signed(v)).collect();
+        let b: Vec<u64> = sb.iter().map(|&v| ring.from_signed(v)).collect();
+        let (x, y) = (share_values(ring, &a), share_values(ring, &b));
+        let g = 32 - (2 * (m + 1).min(s) + 1).leading_zeros();
+        let (t, n) = (s - g, (out + g + 1).min(ring.bits() - (s - g)));
+        let out2 = run_mem(|ot, ch, role| {
+            let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
+            let hi = mul_narrow_high_values(ot, ch, role, ring, xs, m, ys, t, n)?;
+            let mut cx = Ctx::new(ot, ch, role, ax);
+            let exact = cx.mul_narrow_trunc(xs, m, ys, s, out)?;
+            cx.trunc_mode = TruncMode::OneBitError;
+            let cheap = cx.mul_narrow_trunc(xs, m, ys, s, out)?;
+            Ok((hi, exact, cheap))
+        });
+        let (c, sv) = out2;
+        for i in 0..a.len() {
+            let p = sa[i] as i128 * sb[i] as i128;
+            let want_hi = (p >> t) as i64;
+            let hi =
+                (c.0[i].wrapping_add(sv.0[i]).wrapping_sub(want_hi as u64)) & ((1u64 << n) - 1);
+            let e = ((1u64 << n) - hi) & ((1u64 << n) - 1);
+            assert!(
+                e <= 2 * (m + 1).min(t) as u64 + 1,
+                "m={m} t={t}: high part of {}·{} off by {e}",
+                sa[i],
+                sb[i]
+            );
+            let want = (p >> s) as i64;
+            assert_eq!(
+                ring.to_signed(ring.add(c.1[i], sv.1[i])),
+                want,
+                "faithful {}·{} >> {s}",
+                sa[i],
+                sb[i]
+            );
+            let d = want - ring.to_signed(ring.add(c.2[i], sv.2[i]));
+            assert!(
+                (0..=2).contains(&d),
+                "fused {}·{} >> {s} off by {d}",
+                sa[i],
+                sb[i]
+            );
         }
     }
 }
