@@ -23,11 +23,13 @@
 //! still do, for every input).
 //!
 //! With 1-bit-error truncation (`TruncMode::OneBitError`) the shares no longer open to `approx`:
-//! each truncation may land 1 ulp low, and the final products of Softmax, ReLU-normalise and
-//! LayerNorm's d·r are fused with their truncation ([`Ctx::mul_narrow_trunc`]: only the high part
-//! of the product is computed, COTs of f + 10 bits instead of up to ℓ) and land up to 2 ulp low.
+//! each truncation may land 1 ulp low, and the final products of Softmax, ReLU-normalise,
+//! LayerNorm's d·r and the products by γ are fused with their truncation
+//! ([`Ctx::mul_narrow_trunc`], [`Ctx::mul_server_trunc`]: only the high part of the product is
+//! computed, each COT carrying n ≤ ℓ − t bits instead of up to ℓ) and land up to 2 ulp low.
 //! Tested bounds in that mode: ReLU-normalise 3e-4 + 3 ulp, LayerNorm (2e-3 + 3 ulp)·(1 + |γ|),
-//! Softmax 4e-3 (exp's squarings amplify its low truncations on outputs near 1).
+//! centre + affine 4 ulp·(1 + |γ|), Softmax 4e-3 (exp's squarings amplify its low truncations on
+//! outputs near 1).
 //!
 //! Rows are processed together: every round trip carries all rows of the tensor.
 //!
@@ -344,8 +346,9 @@ fn affine<C: Channel>(
         );
     }
     let g_bits = cx.ax.fp.frac_bits() + GAMMA_BITS + 1;
-    let g = cx.mul_server_narrow(v, cols, params.map(|p| p.gamma), g_bits)?;
-    let mut y = cx.trunc(&g, cx.ax.fp.frac_bits())?;
+    // No bound on v·γ beyond the ring's head-room: the high part keeps ℓ − f bits.
+    let (f, l) = (cx.ax.fp.frac_bits(), ring.bits());
+    let mut y = cx.mul_server_trunc(v, cols, params.map(|p| p.gamma), g_bits, f, l - f)?;
     if let Some(p) = params {
         for (i, yi) in y.iter_mut().enumerate() {
             *yi = ring.add(*yi, p.beta[i % cols]);

@@ -9,8 +9,8 @@ use veil_ot::OtSession;
 use crate::boolean::{bool_to_arith, mux};
 use crate::compare::drelu_values;
 use crate::mul::{
-    mul_narrow_high_values, mul_narrow_values, mul_server_row, mul_server_row_narrow, mul_values,
-    square_narrow_values, square_values,
+    mul_narrow_high_values, mul_narrow_values, mul_server_row, mul_server_row_high,
+    mul_server_row_narrow, mul_values, square_narrow_values, square_values,
 };
 use crate::trunc::{extend_values, truncate_values, TruncMode};
 
@@ -76,11 +76,8 @@ impl<'a, C: Channel> Ctx<'a, C> {
 
     /// ⌊a·b / 2^s⌋ for a promised |a| < 2^(m−1) and |a·b| / 2^s < 2^(out−2).
     /// * `Faithful`: [`Ctx::mul_narrow`] then the faithful truncation (exactly `approx`).
-    /// * `OneBitError`: the product's high part only ([`mul_narrow_high_values`], COTs of
-    ///   n = out + g + 1 bits instead of up to ℓ) at g guard bits below 2^s, where g makes its
-    ///   error e < 2^g; then a 1-bit-error truncation by g and a sign extension to ℓ. Result
-    ///   ⌊a·b / 2^s⌋ − c, c ∈ {0, 1, 2}: one-sided error ≤ 2 ulp (the plain 1-bit-error path: 1).
-    ///   Needs |a·b| < 2^(ℓ−2).
+    /// * `OneBitError`: the product's high part only ([`mul_narrow_high_values`]), see
+    ///   [`Ctx::fused_trunc`]: ⌊a·b / 2^s⌋ − c, c ∈ {0, 1, 2}.
     pub fn mul_narrow_trunc(
         &mut self,
         a: &[u64],
@@ -89,12 +86,63 @@ impl<'a, C: Channel> Ctx<'a, C> {
         s: u32,
         out: u32,
     ) -> Result<Vec<u64>> {
+        let (ot_ring, role) = (self.ring(), self.role);
+        self.fused_trunc(
+            s,
+            out,
+            2 * (m + 1).min(s) + 1,
+            |cx| {
+                let p = cx.mul_narrow(a, m, b)?;
+                cx.trunc(&p, s)
+            },
+            |cx, t, n| mul_narrow_high_values(cx.ot, cx.ch, role, ot_ring, a, m, b, t, n),
+        )
+    }
+
+    /// ⌊a·γ / 2^s⌋ for the server's γ ∈ [−2^(g−1), 2^(g−1)) broadcast over rows of `row`
+    /// ([`Ctx::mul_server_narrow`]), |a·γ| / 2^s < 2^(out−2); modes as [`Ctx::mul_narrow_trunc`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn mul_server_trunc(
+        &mut self,
+        a: &[u64],
+        row: usize,
+        gamma: Option<&[u64]>,
+        g: u32,
+        s: u32,
+        out: u32,
+    ) -> Result<Vec<u64>> {
+        let role = self.role;
+        let t = RingTensor::from_vec(self.ring(), &[a.len() / row.max(1), row], a.to_vec())?;
+        self.fused_trunc(
+            s,
+            out,
+            g.min(s) + 1,
+            |cx| {
+                let p = cx.mul_server_narrow(a, row, gamma, g)?;
+                cx.trunc(&p, s)
+            },
+            |cx, sh, n| mul_server_row_high(cx.ot, cx.ch, role, &t, gamma, g, sh, n),
+        )
+    }
+
+    /// A product followed by a truncation by s, result |·| < 2^(out−2). `Faithful` (or too
+    /// small an s) runs `exact`. `OneBitError` runs `high(t, n)`, the product's high part
+    /// ⌊P / 2^t⌋ − e mod 2^n with 0 ≤ e ≤ `max_err` < 2^g, at g guard bits below 2^s (t = s − g)
+    /// on n = out + g + 1 bits (at most ℓ − t): its COTs carry n bits instead of up to ℓ. Then a
+    /// 1-bit-error truncation by g and a sign extension to ℓ. Result ⌊P / 2^s⌋ − c, c ∈ {0, 1, 2}:
+    /// one-sided error ≤ 2 ulp (the plain 1-bit-error truncation: 1). Needs |P| < 2^(ℓ−2).
+    fn fused_trunc(
+        &mut self,
+        s: u32,
+        out: u32,
+        max_err: u32,
+        exact: impl FnOnce(&mut Self) -> Result<Vec<u64>>,
+        high: impl FnOnce(&mut Self, u32, u32) -> Result<Vec<u64>>,
+    ) -> Result<Vec<u64>> {
         let l = self.ring().bits();
-        // e ≤ 2·min(m + 1, t) + 1 < 2^g for t ≤ s.
-        let g = 32 - (2 * (m + 1).min(s) + 1).leading_zeros();
+        let g = 32 - max_err.leading_zeros();
         if self.trunc_mode == TruncMode::Faithful || s <= g {
-            let p = self.mul_narrow(a, m, b)?;
-            return self.trunc(&p, s);
+            return exact(self);
         }
         let t = s - g;
         let n = (out + g + 1).min(l - t);
@@ -102,10 +150,9 @@ impl<'a, C: Channel> Ctx<'a, C> {
         // n-bit value sits in the top bits of a k-bit ring.
         let k = n.max(veil_core::RingBits::MIN);
         if k >= l {
-            let p = self.mul_narrow(a, m, b)?;
-            return self.trunc(&p, s);
+            return exact(self);
         }
-        let hi = mul_narrow_high_values(self.ot, self.ch, self.role, self.ring(), a, m, b, t, n)?;
+        let hi = high(self, t, n)?;
         let kr = Ring::new(k)?;
         let up: Vec<u64> = hi.iter().map(|&v| kr.reduce(v << (k - n))).collect();
         let y = self.trunc_in(kr, &up, g + k - n)?;

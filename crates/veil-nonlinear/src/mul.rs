@@ -151,21 +151,23 @@ fn cross_both<C: Channel>(
     Ok(acc)
 }
 
-/// Shares of a·b mod 2^ℓ where `sender` holds a and the other party holds b (b < 2^b_bits as an
-/// integer); this party passes its value.
+/// Shares (mod 2^n of `sc`) of a·b where `sender` holds a and the other party holds b
+/// (b < 2^b_bits as an integer); this party passes its value.
 fn cross_one_way<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
-    ring: Ring,
+    sc: Scale,
     mine: &[u64],
     sender: Role,
     b_bits: u32,
 ) -> Result<Vec<u64>> {
-    let sc = Scale::exact(ring);
     let mut acc = vec![0u64; mine.len()];
     for (k0, k1) in buckets(b_bits) {
         let width = sc.width(k0);
+        if width == 0 {
+            break;
+        }
         if role == sender {
             let (deltas, _) = bucket_inputs(sc, mine, &[], k0, k1, width);
             let x = ot.send_arith_cot(ch, &deltas, width)?;
@@ -229,7 +231,15 @@ pub fn square_values<C: Channel>(
     a: &[u64],
 ) -> Result<Vec<u64>> {
     let _g = ch.meter().enter("Mul");
-    let cross = cross_one_way(ot, ch, role, ring, a, Role::Client, ring.bits())?;
+    let cross = cross_one_way(
+        ot,
+        ch,
+        role,
+        Scale::exact(ring),
+        a,
+        Role::Client,
+        ring.bits(),
+    )?;
     Ok(cross
         .iter()
         .zip(a)
@@ -323,13 +333,18 @@ pub fn mul_narrow_high_values<C: Channel>(
     t: u32,
     n: u32,
 ) -> Result<Vec<u64>> {
+    check_high(ring, t, n)?;
+    mul_narrow_scaled(ot, ch, role, Scale { ring, t, n }, a, m, b)
+}
+
+fn check_high(ring: Ring, t: u32, n: u32) -> Result<()> {
     ensure!(
         n >= 1 && n + t <= ring.bits(),
         InvalidArgument,
         "high part of {n} bits above 2^{t} in a {}-bit ring",
         ring.bits()
     );
-    mul_narrow_scaled(ot, ch, role, Scale { ring, t, n }, a, m, b)
+    Ok(())
 }
 
 fn mul_narrow_scaled<C: Channel>(
@@ -385,7 +400,7 @@ pub fn square_narrow_values<C: Channel>(
         })
         .collect();
     let wv = mux(ot, ch, role, ring, &w, &v)?;
-    let cross = cross_one_way(ot, ch, role, ring, &an, Role::Client, m + 1)?;
+    let cross = cross_one_way(ot, ch, role, Scale::exact(ring), &an, Role::Client, m + 1)?;
     Ok((0..a.len())
         .map(|i| {
             let s2 = ring.add(ring.add(cross[i], cross[i]), ring.mul(an[i], an[i]));
@@ -432,7 +447,8 @@ pub fn mul_server_row<C: Channel>(
     x: &RingTensor,
     gamma: Option<&[u64]>,
 ) -> Result<RingTensor> {
-    server_row_product(ot, ch, role, x, gamma, None)
+    let z = server_row_product(ot, ch, role, x, gamma, None, Scale::exact(x.ring()))?;
+    RingTensor::from_vec(x.ring(), x.shape(), z)
 }
 
 /// [`mul_server_row`] for a γ the server promises to keep in [−2^(g−1), 2^(g−1)) (signed, g a
@@ -448,7 +464,28 @@ pub fn mul_server_row_narrow<C: Channel>(
     g: u32,
 ) -> Result<RingTensor> {
     check_narrow(x.ring(), g)?;
-    server_row_product(ot, ch, role, x, gamma, Some(g))
+    let z = server_row_product(ot, ch, role, x, gamma, Some(g), Scale::exact(x.ring()))?;
+    RingTensor::from_vec(x.ring(), x.shape(), z)
+}
+
+/// [`mul_server_row_narrow`] delivering only the high part, as [`mul_narrow_high_values`]:
+/// shares mod 2^n (raw, in [0, 2^n)) of ⌊x·γ / 2^t⌋ − e with 0 ≤ e ≤ min(g, t) + 1, for
+/// n + t ≤ ℓ. Label "Mul".
+#[allow(clippy::too_many_arguments)]
+pub fn mul_server_row_high<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    x: &RingTensor,
+    gamma: Option<&[u64]>,
+    g: u32,
+    t: u32,
+    n: u32,
+) -> Result<Vec<u64>> {
+    let ring = x.ring();
+    check_narrow(ring, g)?;
+    check_high(ring, t, n)?;
+    server_row_product(ot, ch, role, x, gamma, Some(g), Scale { ring, t, n })
 }
 
 fn server_row_product<C: Channel>(
@@ -458,7 +495,8 @@ fn server_row_product<C: Channel>(
     x: &RingTensor,
     gamma: Option<&[u64]>,
     narrow: Option<u32>,
-) -> Result<RingTensor> {
+    sc: Scale,
+) -> Result<Vec<u64>> {
     let _g = ch.meter().enter("Mul");
     let ring = x.ring();
     let n = *x.shape().last().unwrap_or(&1);
@@ -496,15 +534,16 @@ fn server_row_product<C: Channel>(
         _ => veil_core::bail!(InvalidArgument, "exactly the server supplies γ"),
     };
     let bits = narrow.unwrap_or(ring.bits());
-    let mut z = cross_one_way(ot, ch, role, ring, &mine, Role::Client, bits)?;
+    let mut z = cross_one_way(ot, ch, role, sc, &mine, Role::Client, bits)?;
     for (i, zi) in z.iter_mut().enumerate() {
         let xi = x.data()[i];
+        let mut own = ring.neg(ring.mul(xi, offset));
         if role == Role::Server {
-            *zi = ring.add(*zi, ring.mul(xi, mine[i]));
+            own = ring.add(own, ring.mul(xi, mine[i]));
         }
-        *zi = ring.sub(*zi, ring.mul(xi, offset));
+        *zi = sc.add(*zi, sc.high(own));
     }
-    RingTensor::from_vec(ring, x.shape(), z)
+    Ok(z)
 }
 
 /// ⌊x·y / 2^s⌋: [`mul`] then a truncation (assumes |x·y| < 2^(ℓ−2) as integers).

@@ -315,7 +315,7 @@ fn row_max_is_exact_including_ties_and_padding() {
 /// With 1-bit-error truncation (the whole-model default) the shares no longer open to the
 /// simulator, but stay within the stated f64 bounds plus 3 ulp (the fused final products of
 /// Softmax, ReLU-normalise and LayerNorm's d·r land up to 2 ulp low, the other truncations 1);
-/// Softmax within 4e-3.
+/// Softmax within 4e-3, centre-affine within 4 ulp·(1 + |γ|).
 #[test]
 fn one_bit_error_mode_stays_within_the_f64_bounds() {
     let a = ax();
@@ -346,11 +346,13 @@ fn one_bit_error_mode_stays_within_the_f64_bounds() {
         };
         let params = (role == Role::Server).then_some(&p);
         let l = composite::layer_norm(&mut cx, pick(role, &hs), params, eps)?;
-        Ok((s, r, l))
+        let c = composite::centre_affine(&mut cx, pick(role, &hs), params)?;
+        Ok((s, r, l, c))
     });
     let s = open((out.0 .0, out.1 .0));
     let r = open((out.0 .1, out.1 .1));
     let l = open((out.0 .2, out.1 .2));
+    let c = open((out.0 .3, out.1 .3));
     let rn_eps = a.fp.decode(a.relu_normalise_eps());
     for (row, raw) in x.data().chunks(cols).enumerate() {
         let q: Vec<f64> = raw.iter().map(|&v| a.fp.decode(v)).collect();
@@ -372,7 +374,13 @@ fn one_bit_error_mode_stays_within_the_f64_bounds() {
     for (row, raw) in hid.data().chunks(768).enumerate() {
         let q: Vec<f64> = raw.iter().map(|&v| a.fp.decode(v)).collect();
         let wl = reference::layer_norm(&q, &gq, &bq, eps);
+        let wc = reference::centre_affine(&q, &gq, &bq);
         for j in 0..768 {
+            let ec = (a.fp.decode(c[row * 768 + j]) - wc[j]).abs();
+            assert!(
+                ec <= 4.0 * ulp * (1.0 + gq[j].abs()),
+                "centre-affine error {ec}"
+            );
             let e = (a.fp.decode(l[row * 768 + j]) - wl[j]).abs();
             assert!(
                 e <= (2e-3 + 3.0 * ulp) * (1.0 + gq[j].abs()),

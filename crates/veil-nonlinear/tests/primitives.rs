@@ -282,6 +282,45 @@ fn fused_product_truncation_is_within_its_bound() {
     }
 }
 
+/// The fused product-truncation by the server's γ (LayerNorm's affine step): ⌊x·γ / 2^13⌋ − {0, 1, 2}
+/// in the 1-bit-error mode, exact in the faithful one, for x and γ at the edges of their ranges.
+#[test]
+fn fused_server_row_truncation_is_within_its_bound() {
+    let mut prg = Prg::from_os_entropy();
+    let ring = fp().ring;
+    let ax = Approx::new(fp()).unwrap();
+    let (g, s, cols) = (24u32, 13u32, 16usize);
+    let glim = 1i64 << (g - 1);
+    let xlim = 1i64 << (ring.bits() - 2 - (g - 1));
+    let mut sg: Vec<i64> = vec![glim - 1, -glim, 0, 1, -1, glim - 1];
+    sg.extend((sg.len()..cols).map(|_| (prg.u64() % (2 * glim as u64)) as i64 - glim));
+    let mut sx: Vec<i64> = vec![xlim - 1, xlim - 1, -xlim + 1, 7, -7, -xlim + 1];
+    sx.extend((sx.len()..cols * 12).map(|_| (prg.u64() % (2 * xlim as u64)) as i64 - xlim));
+    let gamma: Vec<u64> = sg.iter().map(|&v| ring.from_signed(v)).collect();
+    let a: Vec<u64> = sx.iter().map(|&v| ring.from_signed(v)).collect();
+    let x = share_values(ring, &a);
+    let (c, sv) = run_mem(|ot, ch, role| {
+        let xs = pick(role, &x).data();
+        let gm = (role == Role::Server).then_some(gamma.as_slice());
+        let mut cx = Ctx::new(ot, ch, role, ax);
+        let exact = cx.mul_server_trunc(xs, cols, gm, g, s, ring.bits() - s)?;
+        cx.trunc_mode = TruncMode::OneBitError;
+        let cheap = cx.mul_server_trunc(xs, cols, gm, g, s, ring.bits() - s)?;
+        Ok((exact, cheap))
+    });
+    for i in 0..a.len() {
+        let want = ((sx[i] as i128 * sg[i % cols] as i128) >> s) as i64;
+        assert_eq!(ring.to_signed(ring.add(c.0[i], sv.0[i])), want, "faithful");
+        let d = want - ring.to_signed(ring.add(c.1[i], sv.1[i]));
+        assert!(
+            (0..=2).contains(&d),
+            "fused {}·{} off by {d}",
+            sx[i],
+            sg[i % cols]
+        );
+    }
+}
+
 #[test]
 fn narrow_server_row_is_exact_and_rejects_a_wide_gamma() {
     let ring = fp().ring;
