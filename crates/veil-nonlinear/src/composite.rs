@@ -29,7 +29,8 @@
 //! computed, each COT carrying n ≤ ℓ − t bits instead of up to ℓ) and land up to 2 ulp low.
 //! Tested bounds in that mode: ReLU-normalise 3e-4 + 3 ulp, LayerNorm (2e-3 + 3 ulp)·(1 + |γ|),
 //! centre + affine 4 ulp·(1 + |γ|), Softmax 4e-3 (exp's squarings amplify its low truncations on
-//! outputs near 1).
+//! outputs near 1). LayerNorm's two sums of squares come in that mode from one square of d in a
+//! 64-bit ring (the fine sum exact as before, the coarse one finer than the faithful path's).
 //!
 //! Rows are processed together: every round trip carries all rows of the tensor.
 //!
@@ -42,6 +43,7 @@ use veil_net::Channel;
 
 use crate::ctx::Ctx;
 use crate::functions::{exp_neg, layer_norm_rsqrt, recip_at};
+use crate::TruncMode;
 
 /// Row length (last dimension) of a tensor.
 fn row_len(x: &RingTensor) -> Result<usize> {
@@ -381,13 +383,17 @@ pub fn layer_norm<C: Channel>(
     // Coarse sum of squares (whole domain) and fine one (exact for small variances).
     // |d| < 2^(DEV+f) in the domain: narrow squares and product.
     let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
-    let dp = round_if(cx, &d, plan.pre_shift)?;
-    let sq = cx.square_narrow(&dp, dev - plan.pre_shift + 2)?;
-    let sq = round_if(cx, &sq, plan.square_shift)?;
-    let mut coarse = row_sums(ring, &sq, cols);
+    let (mut coarse, mut fine) = if cx.trunc_mode == TruncMode::Faithful {
+        let dp = round_if(cx, &d, plan.pre_shift)?;
+        let sq = cx.square_narrow(&dp, dev - plan.pre_shift + 2)?;
+        let sq = round_if(cx, &sq, plan.square_shift)?;
+        let coarse = row_sums(ring, &sq, cols);
+        let sq = cx.square_narrow(&d, dev + 1)?;
+        (coarse, row_sums(ring, &sq, cols))
+    } else {
+        wide_square_sums(cx, &d, cols, dev, plan.coarse.frac)?
+    };
     cx.add_public(&mut coarse, plan.coarse.eps_sum);
-    let sq = cx.square_narrow(&d, dev + 1)?;
-    let mut fine = row_sums(ring, &sq, cols);
     cx.add_public(&mut fine, plan.fine.eps_sum);
     // use_fine = [switch − 1 − S_c ≥ 0]; r = r_c + use_fine·(r_f − r_c).
     let mut diff: Vec<u64> = coarse.iter().map(|&v| ring.neg(v)).collect();
@@ -412,6 +418,33 @@ pub fn layer_norm<C: Channel>(
     let nrm = cx.mul_narrow_trunc(&d, dev + 1, &r_b, w, ring.bits() - w)?;
     let y = affine(cx, &nrm, cols, params)?;
     RingTensor::from_vec(ring, x.shape(), y)
+}
+
+/// The 1-bit-error mode's sums of squares, from one square instead of two: d (|d| < 2^dev) is
+/// extended to a 64-bit ring, where Σd² < 2^(2·dev + ⌈log2 n⌉) ≤ 2^62 is exact. The fine sum is
+/// its low ℓ bits (the faithful path's value), the coarse one ⌊Σd² / 2^(2f − g_c)⌋ per row (1 ulp
+/// low at most; the faithful path rounds each d and d² instead, which is coarser).
+fn wide_square_sums<C: Channel>(
+    cx: &mut Ctx<C>,
+    d: &[u64],
+    cols: usize,
+    dev: u32,
+    coarse_frac: u32,
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    let ring = cx.ring();
+    let log_n = usize::BITS - (cols - 1).leading_zeros();
+    ensure!(
+        2 * dev + log_n <= 62,
+        InvalidArgument,
+        "rows of {cols} too long for the 64-bit sum of squares"
+    );
+    let wide = veil_core::Ring::new(64)?;
+    let d64 = cx.extend_to(ring, wide, d)?;
+    let sq = cx.square_narrow_in(wide, &d64, dev + 1)?;
+    let sums = row_sums(wide, &sq, cols);
+    let fine = sums.iter().map(|&v| ring.reduce(v)).collect();
+    let coarse = cx.trunc_in(wide, &sums, 2 * cx.ax.fp.frac_bits() - coarse_frac)?;
+    Ok((coarse.iter().map(|&v| ring.reduce(v)).collect(), fine))
 }
 
 /// Σ of each row of `cols` values.

@@ -204,8 +204,13 @@ impl<'a, C: Channel> Ctx<'a, C> {
 
     /// Sign extension of values |x| < 2^(k−2) from the narrow ring `from` to the format's ring.
     pub fn extend(&mut self, from: Ring, a: &[u64]) -> Result<Vec<u64>> {
+        self.extend_to(from, self.ring(), a)
+    }
+
+    /// Sign extension of values |x| < 2^(k−2) from the ring `from` to the wider ring `to`.
+    pub fn extend_to(&mut self, from: Ring, to: Ring, a: &[u64]) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter("Extension");
-        extend_values(self.ot, self.ch, self.role, from, self.ring(), a)
+        extend_values(self.ot, self.ch, self.role, from, to, a)
     }
 
     pub fn mul_trunc(&mut self, a: &[u64], b: &[u64], s: u32) -> Result<Vec<u64>> {

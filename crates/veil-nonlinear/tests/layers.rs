@@ -162,7 +162,8 @@ fn layer_norm_input(cols: usize, rows: &[(f64, usize, f64)]) -> RingTensor {
 fn layer_norm_with_large_deviations_equals_simulator() {
     let a = ax();
     let cols = 768;
-    // Coarse path (outliers up to ±1000, |x − mean| < 1024) and fine path (small variances).
+    // Coarse path (outliers up to ±1000, |x − mean| < 1024) and fine path (small variances);
+    // with 1-bit-error truncation (one 64-bit square for both sums) within the bound + 3 ulp.
     let x = layer_norm_input(
         cols,
         &[
@@ -184,9 +185,14 @@ fn layer_norm_with_large_deviations_equals_simulator() {
             beta: beta.data(),
         };
         let params = (role == Role::Server).then_some(&p);
-        composite::layer_norm(&mut cx, pick(role, &sh), params, eps)
+        let exact = composite::layer_norm(&mut cx, pick(role, &sh), params, eps)?;
+        cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
+        let cheap = composite::layer_norm(&mut cx, pick(role, &sh), params, eps)?;
+        Ok((exact, cheap))
     });
-    let l = open(out);
+    let l = open((out.0 .0, out.1 .0));
+    let lc = open((out.0 .1, out.1 .1));
+    let ulp = 1.0 / (1u64 << a.fp.frac_bits()) as f64;
     let gq = gamma.decode(a.fp);
     let bq = beta.decode(a.fp);
     for (row, raw) in x.data().chunks(cols).enumerate() {
@@ -202,6 +208,11 @@ fn layer_norm_with_large_deviations_equals_simulator() {
             assert!(
                 err <= bound * gq[j].abs() + 2.5e-4,
                 "row {row}: error {err}"
+            );
+            let err = (a.fp.decode(lc[row * cols + j]) - want[j]).abs();
+            assert!(
+                err <= bound * gq[j].abs() + 2.5e-4 + 3.0 * ulp * (1.0 + gq[j].abs()),
+                "row {row}, 1-bit-error truncation: error {err}"
             );
         }
     }
