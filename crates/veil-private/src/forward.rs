@@ -3,11 +3,12 @@
 //!
 //! **Error bound.** With [`ProductTruncation::Faithful`] the private result equals the
 //! simulator's integers. With [`ProductTruncation::OneBitError`] (the default) every truncation
-//! after a linear or attention product, and every truncation inside the friendly operators
-//! (ReLU-normalise's reciprocal and row scaling, centring's mean and γ product), may come out one
-//! ulp (2^−f) below the simulator's; GELU, Softmax and LayerNorm stay bit-exact. The deviation is
-//! these one-sided 1-ulp errors carried through the later layers (bounded in `tests/`; far below
-//! the fixed-point error itself).
+//! after a linear or attention product may come out one ulp (2^−f) below the simulator's, and
+//! Softmax, ReLU-normalise, LayerNorm and centring run their truncations in the 1-bit-error mode
+//! of `veil_nonlinear` (products fused with their truncation, at most 2 ulp low each; the
+//! operators' own bounds in that mode are in `veil_nonlinear::composite`); GELU stays bit-exact.
+//! The deviation is these one-sided errors carried through the later layers (bounded in
+//! `tests/`; far below the fixed-point error itself).
 //!
 //! Role-specific steps are confined to [`Party::linear`] (client encrypts, server multiplies),
 //! the server-private LayerNorm parameters, and the final reveal of the output to the client.
@@ -183,9 +184,7 @@ impl<'a, C: Channel> Party<'a, C> {
         let role = self.role();
         let policy = self.product_trunc_mode();
         let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
-        if kind == LayerNormKind::Centring {
-            cx.trunc_mode = policy;
-        }
+        cx.trunc_mode = policy;
         match kind {
             LayerNormKind::Exact => {
                 let _g = cx.ch.meter().enter("LayerNorm");
@@ -256,7 +255,7 @@ impl<'a, C: Channel> Party<'a, C> {
         let valid = vec![true; s];
         let probs = match variant.attention {
             AttentionNorm::Softmax => {
-                let mut cx = self.cx();
+                let mut cx = self.policy_cx();
                 let _g = cx.ch.meter().enter("Softmax");
                 composite::softmax(&mut cx, &scores, &valid)?
             }
