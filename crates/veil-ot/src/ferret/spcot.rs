@@ -134,6 +134,20 @@ mod tests {
     use super::*;
     use veil_core::Prg;
 
+    /// Random level COTs with the given choice bits: the sender's q and the receiver's t.
+    fn ideal_level_cots(prg: &mut Prg, delta: u128, bits: &[u8]) -> (Vec<u128>, Vec<u128>) {
+        let q: Vec<u128> = bits
+            .iter()
+            .map(|_| u128::from_le_bytes(prg.block()))
+            .collect();
+        let t = q
+            .iter()
+            .zip(bits)
+            .map(|(&q, &b)| q ^ if b == 1 { delta } else { 0 })
+            .collect();
+        (q, t)
+    }
+
     #[test]
     fn leaf_index_reverses_the_path_bits() {
         assert_eq!(leaf_index(0b001, 3), 0b100);
@@ -169,12 +183,7 @@ mod tests {
                 let bits: Vec<u8> = (0..depth)
                     .map(|l| 1 - ((alpha >> (depth - 1 - l)) & 1) as u8)
                     .collect();
-                let q: Vec<u128> = (0..depth)
-                    .map(|_| u128::from_le_bytes(prg.block()))
-                    .collect();
-                let t: Vec<u128> = (0..depth)
-                    .map(|l| q[l] ^ if bits[l] == 1 { delta } else { 0 })
-                    .collect();
+                let (q, t) = ideal_level_cots(&mut prg, delta, &bits);
                 let (mut v, mut w) = (vec![0u128; len], vec![0u128; len]);
                 let mut msg = vec![0u128; depth];
                 send_tree(
@@ -205,12 +214,7 @@ mod tests {
         let delta = u128::from_le_bytes(prg.block());
         let depth = 3;
         let bits = vec![1u8, 0, 1];
-        let q: Vec<u128> = (0..depth)
-            .map(|_| u128::from_le_bytes(prg.block()))
-            .collect();
-        let t: Vec<u128> = (0..depth)
-            .map(|l| q[l] ^ if bits[l] == 1 { delta } else { 0 })
-            .collect();
+        let (q, t) = ideal_level_cots(&mut prg, delta, &bits);
         let (mut v, mut w) = (vec![0u128; 8], vec![0u128; 8]);
         let mut msg = vec![0u128; depth];
         send_tree(9, delta, &q, &mut v, &mut msg);
