@@ -112,7 +112,6 @@ impl<'a, C: Channel> Ctx<'a, C> {
         out: u32,
     ) -> Result<Vec<u64>> {
         let role = self.role;
-        let t = RingTensor::from_vec(self.ring(), &[a.len() / row.max(1), row], a.to_vec())?;
         self.fused_trunc(
             s,
             out,
@@ -121,7 +120,10 @@ impl<'a, C: Channel> Ctx<'a, C> {
                 let p = cx.mul_server_narrow(a, row, gamma, g)?;
                 cx.trunc(&p, s)
             },
-            |cx, sh, n| mul_server_row_high(cx.ot, cx.ch, role, &t, gamma, g, sh, n),
+            |cx, sh, n| {
+                let x = RingTensor::from_vec(cx.ring(), &[a.len() / row.max(1), row], a.to_vec())?;
+                mul_server_row_high(cx.ot, cx.ch, role, &x, gamma, g, sh, n)
+            },
         )
     }
 

@@ -113,8 +113,8 @@ impl<'a, C: Channel> Party<'a, C> {
     }
 
     /// A context whose truncations follow [`Self::product_trunc_mode`]: for truncations after
-    /// products, and for the friendly operators, whose truncations all come after a product
-    /// (row scaling, γ, the mean).
+    /// products, and for every operator but GELU (Softmax, LayerNorm and the friendly ones, whose
+    /// truncations all come after a product).
     fn policy_cx(&mut self) -> Ctx<'_, C> {
         let mode = self.product_trunc_mode();
         let mut cx = self.cx();
@@ -253,17 +253,18 @@ impl<'a, C: Channel> Party<'a, C> {
         self.mask_padding_keys(&mut scores);
         self.add_position_bias(&mut scores, position_bias);
         let valid = vec![true; s];
-        let probs = match variant.attention {
-            AttentionNorm::Softmax => {
-                let mut cx = self.policy_cx();
-                let _g = cx.ch.meter().enter("Softmax");
-                composite::softmax(&mut cx, &scores, &valid)?
-            }
-            AttentionNorm::ReluNormalise => {
-                let mut cx = self.policy_cx();
-                let _g = cx.ch.meter().enter("ReLU-normalise");
-                let k = cx.ax.relu_bound_bits();
-                composite::relu_normalise(&mut cx, &scores, &valid, Some(k))?
+        let probs = {
+            let mut cx = self.policy_cx();
+            match variant.attention {
+                AttentionNorm::Softmax => {
+                    let _g = cx.ch.meter().enter("Softmax");
+                    composite::softmax(&mut cx, &scores, &valid)?
+                }
+                AttentionNorm::ReluNormalise => {
+                    let _g = cx.ch.meter().enter("ReLU-normalise");
+                    let k = cx.ax.relu_bound_bits();
+                    composite::relu_normalise(&mut cx, &scores, &valid, Some(k))?
+                }
             }
         };
         let ps: Vec<RingTensor> = (0..nh)
