@@ -30,7 +30,7 @@
 //! Tested bounds in that mode: ReLU-normalise 3e-4 + 3 ulp, LayerNorm (2e-3 + 3 ulp)·(1 + |γ|),
 //! centre + affine 4 ulp·(1 + |γ|), Softmax 4e-3 (exp's squarings amplify its low truncations on
 //! outputs near 1). LayerNorm's two sums of squares come in that mode from one square of d in a
-//! 64-bit ring (the fine sum exact as before, the coarse one finer than the faithful path's).
+//! wide ring (the fine sum exact as before, the coarse one finer than the faithful path's).
 //!
 //! Rows are processed together: every round trip carries all rows of the tensor.
 //!
@@ -421,7 +421,9 @@ pub fn layer_norm<C: Channel>(
 }
 
 /// The 1-bit-error mode's sums of squares, from one square instead of two: d (|d| < 2^dev) is
-/// extended to a 64-bit ring, where Σd² < 2^(2·dev + ⌈log2 n⌉) ≤ 2^62 is exact. The fine sum is
+/// extended to a ring of k = 2·dev + ⌈log2 n⌉ + 2 ≤ 64 bits (58 for BERT rows at (41, 13)), the
+/// narrowest (and at least ℓ) where Σd² < 2^(k−2) is exact and can be truncated: every COT of the square is
+/// k − j bits wide instead of 64 − j, so the narrowest ring is the cheapest. The fine sum is
 /// its low ℓ bits (the faithful path's value), the coarse one ⌊Σd² / 2^(2f − g_c)⌋ per row (1 ulp
 /// low at most; the faithful path rounds each d and d² instead, which is coarser).
 fn wide_square_sums<C: Channel>(
@@ -436,11 +438,12 @@ fn wide_square_sums<C: Channel>(
     ensure!(
         2 * dev + log_n <= 62,
         InvalidArgument,
-        "rows of {cols} too long for the 64-bit sum of squares"
+        "rows of {cols} too long for a sum of squares in at most 64 bits"
     );
-    let wide = veil_core::Ring::new(64)?;
-    let d64 = cx.extend_to(ring, wide, d)?;
-    let sq = cx.square_narrow_in(wide, &d64, dev + 1)?;
+    // At least ℓ bits: the fine sum is the wide sum's low ℓ bits.
+    let wide = veil_core::Ring::new((2 * dev + log_n + 2).max(ring.bits()))?;
+    let dw = cx.extend_to(ring, wide, d)?;
+    let sq = cx.square_narrow_in(wide, &dw, dev + 1)?;
     let sums = row_sums(wide, &sq, cols);
     let fine = sums.iter().map(|&v| ring.reduce(v)).collect();
     let coarse = cx.trunc_in(wide, &sums, 2 * cx.ax.fp.frac_bits() - coarse_frac)?;

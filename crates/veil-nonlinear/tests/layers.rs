@@ -341,7 +341,13 @@ fn one_bit_error_mode_stays_within_the_f64_bounds() {
     xd[2 * cols..].copy_from_slice(tiny.data());
     x = RingTensor::from_vec(a.fp.ring, x.shape(), xd).unwrap();
     let valid: Vec<bool> = (0..cols).map(|j| j < 100).collect();
-    let hid = random_tensor(&[2, 768], 4.0);
+    // LayerNorm rows: two near the fine/coarse switch (var ≈ 5.3) and one of large deviations,
+    // whose variance comes from the coarse (high) part of the wide sum of squares.
+    let mut hid = random_tensor(&[3, 768], 4.0);
+    let wide = random_tensor(&[1, 768], 300.0);
+    let mut hd = hid.data().to_vec();
+    hd[2 * 768..].copy_from_slice(wide.data());
+    hid = RingTensor::from_vec(a.fp.ring, hid.shape(), hd).unwrap();
     let gamma = random_tensor(&[768], 2.0);
     let beta = random_tensor(&[768], 1.0);
     let (sh, hs) = (split(&x), split(&hid));
