@@ -2,20 +2,21 @@
 //! privately holds a and the server privately holds b, both k-bit unsigned integers.
 //!
 //! Both values are cut into m-bit digits (m = 3). For every digit the client, as 1-of-2^m OT
-//! sender, offers the table v ↦ (\[a_j > v\] ⊕ r_gt, [a_j = v] ⊕ r_eq) and the server selects its
-//! digit b_j: this gives XOR shares of gt_j and eq_j (the lowest digit's eq is never used, so its
-//! table carries gt only). A binary tree then combines adjacent digits,
+//! sender, offers the table v ↦ (\[a_j > v\], [a_j = v]) and the server selects its digit b_j
+//! in the shared-output OT (veil-ot `send_1_of_n_shared`: the client's masks are derived from the
+//! OT keys, so entry 0 is never sent): this gives XOR shares of gt_j and eq_j (the lowest digit's
+//! eq is never used, so its table carries gt only). A binary tree then combines adjacent digits,
 //! low to high: gt = gt_hi ⊕ (eq_hi ∧ gt_lo), eq = eq_hi ∧ eq_lo (the two ANDs share the choice
 //! bit eq_hi, so one 2-bit OT per direction does both).
 //!
-//! Cost per comparison of k bits (d = ⌈k/3⌉ digits): d 1-of-8 OTs of 2-bit messages (16 bits
+//! Cost per comparison of k bits (d = ⌈k/3⌉ digits): d 1-of-8 OTs of 2-bit messages (14 bits
 //! and 3 choice bits each), d − 1 combine gates (one 2-bit chosen OT per direction each, 10 bits);
-//! at k = 40 about 370 bits and 68 COTs. Rounds: 2 + 4·⌈log2 d⌉ flights.
+//! at k = 40 about 340 bits and 68 COTs. Rounds: 2 + 4·⌈log2 d⌉ flights.
 //!
 //! Security: semi-honest; the server's view is OT outputs masked by the client's fresh bits, the
 //! client's view is OT sender transcripts (see veil-ot).
 
-use veil_core::{ensure, Prg, Result};
+use veil_core::{ensure, Result};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
@@ -112,28 +113,23 @@ fn leaf<C: Channel>(
     let bits = 1 + with_eq as u32;
     match role {
         Role::Client => {
-            // One random byte per digit: bit 0 masks gt, bit 1 masks eq (drawn in one call:
-            // a PRG call per bit cost more than the table itself).
-            let mut masks = vec![0u8; digit.len()];
-            Prg::from_os_entropy().fill(&mut masks);
             let eq_bit = with_eq as u64;
             let mut table = vec![0u64; digit.len() << w];
-            for ((row, &a), &r) in table.chunks_exact_mut(1 << w).zip(digit).zip(&masks) {
-                let (rg, re) = ((r & 1) as u64, (r >> 1) as u64 & eq_bit);
+            for (row, &a) in table.chunks_exact_mut(1 << w).zip(digit) {
                 for (v, e) in row.iter_mut().enumerate() {
                     let v = v as u64;
-                    *e = (rg ^ (a > v) as u64) | (re ^ ((a == v) as u64 & eq_bit)) << 1;
+                    *e = (a > v) as u64 | ((a == v) as u64 & eq_bit) << 1;
                 }
             }
-            ot.send_1_of_n(ch, w, &table, bits)?;
+            let masks = ot.send_1_of_n_shared(ch, w, &table, bits)?;
             Ok(masks
                 .into_iter()
-                .map(|r| (r & 1 == 1, (r >> 1) as u64 & eq_bit == 1))
+                .map(|r| (r & 1 == 1, r >> 1 & 1 == 1))
                 .collect())
         }
         Role::Server => {
             let choices: Vec<u8> = digit.iter().map(|&b| b as u8).collect();
-            let got = ot.recv_1_of_n(ch, w, &choices, bits)?;
+            let got = ot.recv_1_of_n_shared(ch, w, &choices, bits)?;
             Ok(got
                 .into_iter()
                 .map(|v| (v & 1 == 1, v >> 1 & 1 == 1))

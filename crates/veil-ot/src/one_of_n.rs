@@ -13,6 +13,13 @@
 //! bits), the sender assembles a row's N pads with word shifts and the receiver selects its
 //! message from one word; the bytes on the wire are the same.
 //!
+//! Shared-output variant ([`OtSession::send_1_of_n_shared`]): the sender's output share is derived
+//! from the keys, r = m_0 ⊕ K_0, and the rows sent are m_x ⊕ r ⊕ K_x for x ≥ 1 only (the one for
+//! x = 0 is zero by construction), so the receiver gets m_c ⊕ r: XOR shares of m_c for
+//! (N − 1)·bits bits instead of N·bits. r is pseudo-random to the receiver (K_0 is unknown to it
+//! unless c = 0, and then its output K_0 is independent of the messages); the other masks
+//! K_0 ⊕ K_x stay jointly pseudo-random. The millionaire's leaves need exactly these shares.
+//!
 //! Why not KK13: KK13 needs a 256-bit-wide OT extension (≥ 256 bits of traffic per OT before
 //! the N·bits payload), while log_n silent COTs cost under log_n bits plus log_n correction
 //! bits, so this construction sends less whenever COTs are silent.
@@ -102,6 +109,30 @@ impl OtSession {
         table: &[u64],
         bits: u32,
     ) -> Result<()> {
+        self.send_rows(ch, log_n, table, bits, false).map(drop)
+    }
+
+    /// 1-out-of-N OT with XOR-shared output (module doc): returns this sender's share r_i of
+    /// each OT; the receiver's [`OtSession::recv_1_of_n_shared`] returns `table[i][c_i] ⊕ r_i`.
+    pub fn send_1_of_n_shared<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        log_n: u32,
+        table: &[u64],
+        bits: u32,
+    ) -> Result<Vec<u64>> {
+        self.send_rows(ch, log_n, table, bits, true)
+    }
+
+    /// The sender of both variants; `shared`: derive r from K_0 and skip the zero row x = 0.
+    fn send_rows<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        log_n: u32,
+        table: &[u64],
+        bits: u32,
+        shared: bool,
+    ) -> Result<Vec<u64>> {
         let n_msgs = check_log_n(log_n)?;
         check_bits(bits)?;
         ensure!(
@@ -117,12 +148,14 @@ impl OtSession {
         let d = recv_corrections(ch, count * l)?;
         let blocks = stream_blocks(n_msgs, bits);
         let packed = packed_rows(n_msgs, bits);
-        // Same bytes either way: a row of N `bits`-bit values is one N·bits-bit value.
+        let sent = n_msgs - shared as usize;
+        // Same bytes either way: a row of `sent` `bits`-bit values is one sent·bits-bit value.
         let mut out = if packed {
-            BitWriter::new(count, n_msgs as u32 * bits)
+            BitWriter::new(count, sent as u32 * bits)
         } else {
-            BitWriter::new(table.len(), bits)
+            BitWriter::new(count * sent, bits)
         };
+        let mut shares = Vec::with_capacity(if shared { count } else { 0 });
         // The N keys of the current OT; wiped on every exit, early or not.
         let mut pad = Zeroizing::new([0u64; 256]);
         let m = mask(bits);
@@ -150,7 +183,15 @@ impl OtSession {
                 if packed {
                     let k = (i - first) * l;
                     let msgs = row.iter().rev().fold(0u64, |a, &v| (a << bits) | v);
-                    out.push(msgs ^ row_pads(&streams[2 * k..2 * (k + l)], l, bits));
+                    let masked = msgs ^ row_pads(&streams[2 * k..2 * (k + l)], l, bits);
+                    if shared {
+                        let r = masked & m;
+                        let spread = (0..n_msgs).fold(0u64, |a, _| (a << bits) | r);
+                        shares.push(r);
+                        out.push((masked ^ spread) >> bits);
+                    } else {
+                        out.push(masked);
+                    }
                     continue;
                 }
                 pad[..n_msgs].fill(0);
@@ -173,13 +214,18 @@ impl OtSession {
                         }
                     }
                 }
-                for (x, p) in row.iter().zip(pad.iter()) {
-                    out.push(x ^ p);
+                let r = if shared { row[0] ^ pad[0] } else { 0 };
+                for (x, p) in row.iter().zip(pad.iter()).skip(shared as usize) {
+                    out.push(x ^ p ^ r);
+                }
+                if shared {
+                    shares.push(r);
                 }
             }
         }
         ch.send_msg(&out.finish())?;
-        ch.flush()
+        ch.flush()?;
+        Ok(shares)
     }
 
     /// 1-out-of-N OT receiver: one choice < N per OT; returns `table[i][choice_i]`.
@@ -189,6 +235,28 @@ impl OtSession {
         log_n: u32,
         choices: &[u8],
         bits: u32,
+    ) -> Result<Vec<u64>> {
+        self.recv_rows(ch, log_n, choices, bits, false)
+    }
+
+    /// Receiver of [`OtSession::send_1_of_n_shared`]: returns `table[i][choice_i] ⊕ r_i`.
+    pub fn recv_1_of_n_shared<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        log_n: u32,
+        choices: &[u8],
+        bits: u32,
+    ) -> Result<Vec<u64>> {
+        self.recv_rows(ch, log_n, choices, bits, true)
+    }
+
+    fn recv_rows<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        log_n: u32,
+        choices: &[u8],
+        bits: u32,
+        shared: bool,
     ) -> Result<Vec<u64>> {
         let n_msgs = check_log_n(log_n)?;
         check_bits(bits)?;
@@ -231,10 +299,13 @@ impl OtSession {
                 })
             }));
         }
-        let msg = ch.recv_msg_exact(packed_len(count * n_msgs, bits))?;
-        let mut y = BitReader::new(&msg, count * n_msgs, bits, "1-of-N OT ciphertexts")?;
+        // In the shared variant row x = 0 is zero and not sent: K_0 alone is the output for c = 0.
+        let first_sent = shared as usize;
+        let sent = count * (n_msgs - first_sent);
+        let msg = ch.recv_msg_exact(packed_len(sent, bits))?;
+        let mut y = BitReader::new(&msg, sent, bits, "1-of-N OT ciphertexts")?;
         for (o, &c) in out.iter_mut().zip(choices) {
-            *o ^= (0..n_msgs).fold(0u64, |acc, x| {
+            *o ^= (first_sent..n_msgs).fold(0u64, |acc, x| {
                 acc | (y.next_value() & eq_mask(x, c as usize))
             });
         }

@@ -103,6 +103,32 @@ fn check_1_of_n(backend: Backend, log_n: u32, count: usize, bits: u32) {
     }
 }
 
+/// The shared-output variant: the sender's share r_i (< 2^bits) XOR the receiver's output is
+/// the chosen message, for every choice including 0 (whose row is never sent).
+fn check_1_of_n_shared(backend: Backend, log_n: u32, count: usize, bits: u32) {
+    let n = 1usize << log_n;
+    let table = random_values(count * n, bits);
+    let mut p = Prg::from_os_entropy();
+    let mut choices: Vec<u8> = (0..count).map(|_| p.below(n as u64) as u8).collect();
+    choices[0] = 0;
+    let (t, c) = (table.clone(), choices.clone());
+    let (got, shares) = with_sessions(
+        backend,
+        move |s, ch| s.recv_1_of_n_shared(ch, log_n, &c, bits),
+        move |s, ch| s.send_1_of_n_shared(ch, log_n, &t, bits),
+    )
+    .unwrap();
+    assert_eq!(shares.len(), count);
+    for i in 0..count {
+        assert_eq!(shares[i] & !mask(bits), 0, "share {i} exceeds {bits} bits");
+        assert_eq!(
+            got[i] ^ shares[i],
+            table[i * n + choices[i] as usize],
+            "log_n {log_n} shared OT {i}"
+        );
+    }
+}
+
 fn check_arith(backend: Backend, n: usize, bits: u32) {
     let deltas = random_values(n, bits);
     let choices = random_bools(n);
@@ -146,6 +172,21 @@ fn iknp_1_of_n_matches_ideal_functionality_for_every_n() {
     check_1_of_n(Backend::Iknp, 2, 300, 16);
     for log_n in 1..=8 {
         check_1_of_n(
+            Backend::Iknp,
+            log_n,
+            300,
+            if log_n % 2 == 0 { 64 } else { 5 },
+        );
+    }
+}
+
+#[test]
+fn shared_1_of_n_matches_ideal_functionality() {
+    // The millionaire's leaves (packed rows) and wider, unpacked rows.
+    check_1_of_n_shared(Backend::Iknp, 3, 5_000, 1);
+    check_1_of_n_shared(Backend::Iknp, 3, 5_000, 2);
+    for log_n in 1..=8 {
+        check_1_of_n_shared(
             Backend::Iknp,
             log_n,
             300,
