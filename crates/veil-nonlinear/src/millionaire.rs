@@ -114,14 +114,13 @@ fn leaf<C: Channel>(
     match role {
         Role::Client => {
             let eq_bit = with_eq as u64;
-            let mut table = vec![0u64; digit.len() << w];
-            for (row, &a) in table.chunks_exact_mut(1 << w).zip(digit) {
+            let masks = ot.send_1_of_n_shared(ch, w, digit.len(), bits, |i, row| {
+                let a = digit[i];
                 for (v, e) in row.iter_mut().enumerate() {
                     let v = v as u64;
                     *e = (a > v) as u64 | ((a == v) as u64 & eq_bit) << 1;
                 }
-            }
-            let masks = ot.send_1_of_n_shared(ch, w, &table, bits)?;
+            })?;
             Ok(masks
                 .into_iter()
                 .map(|r| (r & 1 == 1, r >> 1 & 1 == 1))

@@ -109,19 +109,36 @@ impl OtSession {
         table: &[u64],
         bits: u32,
     ) -> Result<()> {
-        self.send_rows(ch, log_n, table, bits, false).map(drop)
+        let n_msgs = check_log_n(log_n)?;
+        ensure!(
+            table.len().is_multiple_of(n_msgs),
+            InvalidArgument,
+            "1-of-N table length {} is not a multiple of N = {n_msgs}",
+            table.len()
+        );
+        // Checked before any traffic, so a bad table leaves the session usable.
+        check_values(table, bits, "send_1_of_n table")?;
+        let count = table.len() / n_msgs;
+        self.send_rows(ch, log_n, count, bits, false, |i, row| {
+            row.copy_from_slice(&table[i * n_msgs..(i + 1) * n_msgs])
+        })
+        .map(drop)
     }
 
-    /// 1-out-of-N OT with XOR-shared output (module doc): returns this sender's share r_i of
-    /// each OT; the receiver's [`OtSession::recv_1_of_n_shared`] returns `table[i][c_i] ⊕ r_i`.
+    /// 1-out-of-N OT with XOR-shared output (module doc) on `count` OTs whose N messages
+    /// (< 2^bits) `fill_row(i, row)` writes on demand, so no count × N table is ever allocated.
+    /// A message of more than `bits` bits is a caller bug: an error that leaves this session
+    /// out of step with the peer. Returns this sender's share r_i of each OT; the receiver's
+    /// [`OtSession::recv_1_of_n_shared`] returns `row_i[c_i] ⊕ r_i`.
     pub fn send_1_of_n_shared<C: Channel>(
         &mut self,
         ch: &mut C,
         log_n: u32,
-        table: &[u64],
+        count: usize,
         bits: u32,
+        fill_row: impl FnMut(usize, &mut [u64]),
     ) -> Result<Vec<u64>> {
-        self.send_rows(ch, log_n, table, bits, true)
+        self.send_rows(ch, log_n, count, bits, true, fill_row)
     }
 
     /// The sender of both variants; `shared`: derive r from K_0 and skip the zero row x = 0.
@@ -129,20 +146,13 @@ impl OtSession {
         &mut self,
         ch: &mut C,
         log_n: u32,
-        table: &[u64],
+        count: usize,
         bits: u32,
         shared: bool,
+        mut fill_row: impl FnMut(usize, &mut [u64]),
     ) -> Result<Vec<u64>> {
         let n_msgs = check_log_n(log_n)?;
         check_bits(bits)?;
-        ensure!(
-            table.len().is_multiple_of(n_msgs),
-            InvalidArgument,
-            "1-of-N table length {} is not a multiple of N = {n_msgs}",
-            table.len()
-        );
-        check_values(table, bits, "send_1_of_n table")?;
-        let count = table.len() / n_msgs;
         let l = log_n as usize;
         let batch = self.take_send(ch, count * l)?;
         let d = recv_corrections(ch, count * l)?;
@@ -158,6 +168,7 @@ impl OtSession {
         let mut shares = Vec::with_capacity(if shared { count } else { 0 });
         // The N keys of the current OT; wiped on every exit, early or not.
         let mut pad = Zeroizing::new([0u64; 256]);
+        let mut row = Zeroizing::new(vec![0u64; n_msgs]);
         let m = mask(bits);
         let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
         let mut streams = Zeroizing::new(Vec::new());
@@ -179,7 +190,8 @@ impl OtSession {
             streams.resize(inputs.len(), 0);
             tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
             for i in first..last {
-                let row = &table[i * n_msgs..(i + 1) * n_msgs];
+                fill_row(i, &mut row[..]);
+                check_values(&row, bits, "1-of-N message")?;
                 if packed {
                     let k = (i - first) * l;
                     let msgs = row.iter().rev().fold(0u64, |a, &v| (a << bits) | v);

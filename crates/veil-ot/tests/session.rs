@@ -115,7 +115,11 @@ fn check_1_of_n_shared(backend: Backend, log_n: u32, count: usize, bits: u32) {
     let (got, shares) = with_sessions(
         backend,
         move |s, ch| s.recv_1_of_n_shared(ch, log_n, &c, bits),
-        move |s, ch| s.send_1_of_n_shared(ch, log_n, &t, bits),
+        move |s, ch| {
+            s.send_1_of_n_shared(ch, log_n, count, bits, |i, row| {
+                row.copy_from_slice(&t[i * n..(i + 1) * n])
+            })
+        },
     )
     .unwrap();
     assert_eq!(shares.len(), count);
