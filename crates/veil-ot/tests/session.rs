@@ -82,30 +82,10 @@ fn check_chosen(backend: Backend, n: usize, bits: u32) {
     }
 }
 
-fn check_1_of_n(backend: Backend, log_n: u32, count: usize, bits: u32) {
-    let n = 1usize << log_n;
-    let table = random_values(count * n, bits);
-    let mut p = Prg::from_os_entropy();
-    let choices: Vec<u8> = (0..count).map(|_| p.below(n as u64) as u8).collect();
-    let (t, c) = (table.clone(), choices.clone());
-    let (got, ()) = with_sessions(
-        backend,
-        move |s, ch| s.recv_1_of_n(ch, log_n, &c, bits),
-        move |s, ch| s.send_1_of_n(ch, log_n, &t, bits),
-    )
-    .unwrap();
-    for i in 0..count {
-        assert_eq!(
-            got[i],
-            table[i * n + choices[i] as usize],
-            "log_n {log_n} OT {i}"
-        );
-    }
-}
-
-/// The shared-output variant: the sender's share r_i (< 2^bits) XOR the receiver's output is
-/// the chosen message, for every choice including 0 (whose row is never sent).
-fn check_1_of_n_shared(backend: Backend, log_n: u32, count: usize, bits: u32) {
+/// Checks 1-of-N against its ideal functionality. `shared`: the shared-output variant, where the
+/// sender's share r_i (< 2^bits) XOR the receiver's output is the chosen message, for every choice
+/// including 0 (whose row is never sent); otherwise the receiver gets the message itself.
+fn check_1_of_n(backend: Backend, log_n: u32, count: usize, bits: u32, shared: bool) {
     let n = 1usize << log_n;
     let table = random_values(count * n, bits);
     let mut p = Prg::from_os_entropy();
@@ -114,11 +94,15 @@ fn check_1_of_n_shared(backend: Backend, log_n: u32, count: usize, bits: u32) {
     let (t, c) = (table.clone(), choices.clone());
     let (got, shares) = with_sessions(
         backend,
-        move |s, ch| s.recv_1_of_n_shared(ch, log_n, &c, bits),
-        move |s, ch| {
-            s.send_1_of_n_shared(ch, log_n, count, bits, |i, row| {
+        move |s, ch| match shared {
+            true => s.recv_1_of_n_shared(ch, log_n, &c, bits),
+            false => s.recv_1_of_n(ch, log_n, &c, bits),
+        },
+        move |s, ch| match shared {
+            true => s.send_1_of_n_shared(ch, log_n, count, bits, |i, row| {
                 row.copy_from_slice(&t[i * n..(i + 1) * n])
-            })
+            }),
+            false => s.send_1_of_n(ch, log_n, &t, bits).map(|()| vec![0; count]),
         },
     )
     .unwrap();
@@ -128,7 +112,7 @@ fn check_1_of_n_shared(backend: Backend, log_n: u32, count: usize, bits: u32) {
         assert_eq!(
             got[i] ^ shares[i],
             table[i * n + choices[i] as usize],
-            "log_n {log_n} shared OT {i}"
+            "log_n {log_n} OT {i} (shared: {shared})"
         );
     }
 }
@@ -168,18 +152,19 @@ fn iknp_chosen_ot_matches_ideal_functionality_both_directions() {
 
 #[test]
 fn iknp_1_of_n_matches_ideal_functionality_for_every_n() {
-    check_1_of_n(Backend::Iknp, 4, 20_000, 2);
+    check_1_of_n(Backend::Iknp, 4, 20_000, 2, false);
     // The millionaire's leaves: rows of one word (packed path) and the widest such row.
-    check_1_of_n(Backend::Iknp, 3, 5_000, 1);
-    check_1_of_n(Backend::Iknp, 3, 5_000, 2);
-    check_1_of_n(Backend::Iknp, 3, 300, 8);
-    check_1_of_n(Backend::Iknp, 2, 300, 16);
+    check_1_of_n(Backend::Iknp, 3, 5_000, 1, false);
+    check_1_of_n(Backend::Iknp, 3, 5_000, 2, false);
+    check_1_of_n(Backend::Iknp, 3, 300, 8, false);
+    check_1_of_n(Backend::Iknp, 2, 300, 16, false);
     for log_n in 1..=8 {
         check_1_of_n(
             Backend::Iknp,
             log_n,
             300,
             if log_n % 2 == 0 { 64 } else { 5 },
+            false,
         );
     }
 }
@@ -187,14 +172,15 @@ fn iknp_1_of_n_matches_ideal_functionality_for_every_n() {
 #[test]
 fn shared_1_of_n_matches_ideal_functionality() {
     // The millionaire's leaves (packed rows) and wider, unpacked rows.
-    check_1_of_n_shared(Backend::Iknp, 3, 5_000, 1);
-    check_1_of_n_shared(Backend::Iknp, 3, 5_000, 2);
+    check_1_of_n(Backend::Iknp, 3, 5_000, 1, true);
+    check_1_of_n(Backend::Iknp, 3, 5_000, 2, true);
     for log_n in 1..=8 {
-        check_1_of_n_shared(
+        check_1_of_n(
             Backend::Iknp,
             log_n,
             300,
             if log_n % 2 == 0 { 64 } else { 5 },
+            true,
         );
     }
 }
@@ -364,6 +350,38 @@ fn bad_sender_messages_are_errors_not_panics() {
     ));
     // Garbage of the right length decodes to garbage messages: no error is possible, no panic.
     assert!(receiver_against_bad_sender(Some(vec![0xa5; 12])).is_ok());
+}
+
+/// The shared-output 1-of-4 receiver (3 OTs of 8 bits: 3 × 3 rows = 9 bytes) against a sender
+/// that replies with `reply`.
+fn shared_receiver_against_bad_sender(reply: Vec<u8>) -> Result<Vec<u64>> {
+    let (r, ()) = with_sessions(
+        Backend::Iknp,
+        |s, ch| {
+            s.precompute(ch, 6)?;
+            s.recv_1_of_n_shared(ch, 2, &[0, 3, 1], 8)
+        },
+        move |s, ch| {
+            s.precompute(ch, 6)?;
+            let _corrections = ch.recv_msg(1 << 10)?;
+            ch.send_msg(&reply)
+        },
+    )?;
+    Ok(r)
+}
+
+#[test]
+fn bad_shared_1_of_n_messages_are_errors_not_panics() {
+    assert!(matches!(
+        shared_receiver_against_bad_sender(vec![0; 8]),
+        Err(Error::Malformed(_))
+    ));
+    // The plain variant's length (row 0 included) is too long here.
+    assert!(matches!(
+        shared_receiver_against_bad_sender(vec![0; 12]),
+        Err(Error::TooLarge { .. })
+    ));
+    assert!(shared_receiver_against_bad_sender(vec![0x5a; 9]).is_ok());
 }
 
 #[test]
