@@ -158,31 +158,23 @@ fn iknp_1_of_n_matches_ideal_functionality_for_every_n() {
     check_1_of_n(Backend::Iknp, 3, 5_000, 2, false);
     check_1_of_n(Backend::Iknp, 3, 300, 8, false);
     check_1_of_n(Backend::Iknp, 2, 300, 16, false);
-    for log_n in 1..=8 {
+    // Every N, both variants.
+    for (log_n, shared) in (1..=8).flat_map(|l| [(l, false), (l, true)]) {
         check_1_of_n(
             Backend::Iknp,
             log_n,
             300,
             if log_n % 2 == 0 { 64 } else { 5 },
-            false,
+            shared,
         );
     }
 }
 
 #[test]
 fn shared_1_of_n_matches_ideal_functionality() {
-    // The millionaire's leaves (packed rows) and wider, unpacked rows.
+    // The millionaire's leaves (packed rows); every N is in the test above.
     check_1_of_n(Backend::Iknp, 3, 5_000, 1, true);
     check_1_of_n(Backend::Iknp, 3, 5_000, 2, true);
-    for log_n in 1..=8 {
-        check_1_of_n(
-            Backend::Iknp,
-            log_n,
-            300,
-            if log_n % 2 == 0 { 64 } else { 5 },
-            true,
-        );
-    }
 }
 
 #[test]
