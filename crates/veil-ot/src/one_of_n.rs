@@ -120,7 +120,8 @@ impl OtSession {
         check_values(table, bits, "send_1_of_n table")?;
         let count = table.len() / n_msgs;
         self.send_rows(ch, log_n, count, bits, false, |i, row| {
-            row.copy_from_slice(&table[i * n_msgs..(i + 1) * n_msgs])
+            row.copy_from_slice(&table[i * n_msgs..(i + 1) * n_msgs]);
+            Ok(())
         })
         .map(drop)
     }
@@ -136,12 +137,16 @@ impl OtSession {
         log_n: u32,
         count: usize,
         bits: u32,
-        fill_row: impl FnMut(usize, &mut [u64]),
+        mut fill_row: impl FnMut(usize, &mut [u64]),
     ) -> Result<Vec<u64>> {
-        self.send_rows(ch, log_n, count, bits, true, fill_row)
+        self.send_rows(ch, log_n, count, bits, true, |i, row| {
+            fill_row(i, row);
+            check_values(row, bits, "1-of-N message")
+        })
     }
 
     /// The sender of both variants; `shared`: derive r from K_0 and skip the zero row x = 0.
+    /// `next_row(i, row)` writes OT i's messages, already checked to fit `bits`.
     fn send_rows<C: Channel>(
         &mut self,
         ch: &mut C,
@@ -149,7 +154,7 @@ impl OtSession {
         count: usize,
         bits: u32,
         shared: bool,
-        mut fill_row: impl FnMut(usize, &mut [u64]),
+        mut next_row: impl FnMut(usize, &mut [u64]) -> Result<()>,
     ) -> Result<Vec<u64>> {
         let n_msgs = check_log_n(log_n)?;
         check_bits(bits)?;
@@ -170,6 +175,11 @@ impl OtSession {
         let mut pad = Zeroizing::new([0u64; 256]);
         let mut row = Zeroizing::new(vec![0u64; n_msgs]);
         let m = mask(bits);
+        // 1 in every message slot of a packed row: r·ones copies r (< 2^bits) into all N slots.
+        let ones = match packed {
+            true => (0..n_msgs).fold(0u64, |a, _| (a << bits) | 1),
+            false => 0,
+        };
         let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
         let mut streams = Zeroizing::new(Vec::new());
         for first in (0..count).step_by(OTS_PER_BATCH) {
@@ -190,17 +200,15 @@ impl OtSession {
             streams.resize(inputs.len(), 0);
             tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
             for i in first..last {
-                fill_row(i, &mut row[..]);
-                check_values(&row, bits, "1-of-N message")?;
+                next_row(i, &mut row[..])?;
                 if packed {
                     let k = (i - first) * l;
                     let msgs = row.iter().rev().fold(0u64, |a, &v| (a << bits) | v);
                     let masked = msgs ^ row_pads(&streams[2 * k..2 * (k + l)], l, bits);
                     if shared {
                         let r = masked & m;
-                        let spread = (0..n_msgs).fold(0u64, |a, _| (a << bits) | r);
                         shares.push(r);
-                        out.push((masked ^ spread) >> bits);
+                        out.push((masked ^ r * ones) >> bits);
                     } else {
                         out.push(masked);
                     }
@@ -251,7 +259,7 @@ impl OtSession {
         self.recv_rows(ch, log_n, choices, bits, false)
     }
 
-    /// Receiver of [`OtSession::send_1_of_n_shared`]: returns `table[i][choice_i] ⊕ r_i`.
+    /// Receiver of [`OtSession::send_1_of_n_shared`]: returns `row_i[choice_i] ⊕ r_i`.
     pub fn recv_1_of_n_shared<C: Channel>(
         &mut self,
         ch: &mut C,
