@@ -7,14 +7,15 @@
 //! Security: semi-honest; each party only ever sees OT outputs masked by the peer's fresh
 //! randomness (uniform XOR masks or the uniform x of an arithmetic COT).
 
-use veil_core::{ensure, Prg, Result, Ring};
+use veil_core::{ensure, Result, Ring};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::exchange::{arith_cot_both, chosen_both, low_mask};
+use crate::exchange::{arith_cot_both, binary_cot_both, low_mask};
 
 /// XOR shares of `a_i ? d_i : 0` for shared bits a and shared `width`-bit words d
-/// (a ∧ every bit of d). One chosen OT of `width` bits per element in each direction.
+/// (a ∧ every bit of d): (a0 ⊕ a1)·(d0 ⊕ d1) = a_mine·d_mine ⊕ a_peer·d_mine ⊕ a_mine·d_peer, the
+/// cross terms by one binary COT of `width` bits per element in each direction.
 pub fn and_select<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -31,17 +32,11 @@ pub fn and_select<C: Channel>(
         d.len()
     );
     let m = low_mask(width);
-    let mut prg = Prg::from_os_entropy();
-    let masks: Vec<u64> = (0..a.len()).map(|_| prg.u64() & m).collect();
-    // The peer's choice bit selects between r and r ⊕ d_mine: it learns r ⊕ a_peer·d_mine.
-    let msgs: Vec<[u64; 2]> = masks
-        .iter()
-        .zip(d)
-        .map(|(&r, &di)| [r, r ^ (di & m)])
-        .collect();
-    let got = chosen_both(ot, ch, role, &msgs, a, width)?;
+    let mine: Vec<u64> = d.iter().map(|&v| v & m).collect();
+    // The peer's choice bit selects row 0 or d_mine: the two outputs XOR to a_peer·d_mine.
+    let (r, got) = binary_cot_both(ot, ch, role, &mine, a, width)?;
     Ok((0..a.len())
-        .map(|i| (if a[i] { d[i] & m } else { 0 }) ^ masks[i] ^ got[i])
+        .map(|i| (if a[i] { mine[i] } else { 0 }) ^ r[i] ^ got[i])
         .collect())
 }
 

@@ -29,25 +29,35 @@ pub(crate) fn arith_cot_both<C: Channel>(
     }
 }
 
-/// Chosen-message 1-of-2 OTs in both directions: this party sends `msgs` and receives with
-/// `choices`. Returns the received messages. Four flights.
-pub(crate) fn chosen_both<C: Channel>(
+/// Binary correlated OTs in both directions, from veil-ot's shared-output 1-of-2 OT: this party
+/// offers the rows (0, d_i) and gets its XOR share r_i; as receiver with `choices` it gets
+/// r'_i ⊕ c_i·d'_i. Returns (r, received). `width` + 1 bits per OT instead of the 2·`width` + 1
+/// of a chosen-message OT. Four flights.
+pub(crate) fn binary_cot_both<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
-    msgs: &[[u64; 2]],
+    d: &[u64],
     choices: &[bool],
-    bits: u32,
-) -> Result<Vec<u64>> {
+    width: u32,
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    let picks: Vec<u8> = choices.iter().map(|&c| c as u8).collect();
+    let send = |ot: &mut OtSession, ch: &mut C| {
+        ot.send_1_of_n_shared(ch, 1, d.len(), width, |i, row| {
+            row[0] = 0;
+            row[1] = d[i];
+        })
+    };
     match role {
         Role::Client => {
-            ot.send_chosen(ch, msgs, bits)?;
-            ot.recv_chosen(ch, choices, bits)
+            let r = send(ot, ch)?;
+            let got = ot.recv_1_of_n_shared(ch, 1, &picks, width)?;
+            Ok((r, got))
         }
         Role::Server => {
-            let got = ot.recv_chosen(ch, choices, bits)?;
-            ot.send_chosen(ch, msgs, bits)?;
-            Ok(got)
+            let got = ot.recv_1_of_n_shared(ch, 1, &picks, width)?;
+            let r = send(ot, ch)?;
+            Ok((r, got))
         }
     }
 }

@@ -51,7 +51,10 @@ pub fn exp_neg<C: Channel>(cx: &mut Ctx<C>, x: &[u64], bound: Option<u32>) -> Re
     cx.round(&p, veil_core::approx::EXP_SQUARINGS)
 }
 
-/// Newton for 1/m on m ∈ [1/2, 1] at F = newton_frac bits (approx::newton_recip).
+/// Newton for 1/m on m ∈ [1/2, 1] at F = newton_frac bits (approx::newton_recip). Every value
+/// stays below 2^(F+1) (y0 = 2.914 − 2m and the iterates approach 1/m ≤ 2 from below, m·y ≈ 1),
+/// so the products are narrow ones with a bit of margin: |m| ≤ 2^F (tanh reaches m = 1),
+/// |y| < 2^(F+2).
 fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     let ring = cx.ring();
     let fr = cx.ax.newton_frac();
@@ -59,10 +62,10 @@ fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     let mut y: Vec<u64> = m.iter().map(|&v| ring.neg(ring.add(v, v))).collect();
     cx.add_public(&mut y, c0);
     for _ in 0..veil_core::approx::NEWTON_ITERS {
-        let my = cx.mul_trunc(m, &y, fr)?;
+        let my = cx.mul_narrow_trunc(m, fr + 2, &y, fr, fr + 3)?;
         let mut u: Vec<u64> = my.iter().map(|&v| ring.neg(v)).collect();
         cx.add_public(&mut u, 2u64 << fr);
-        y = cx.mul_trunc(&y, &u, fr)?;
+        y = cx.mul_narrow_trunc(&y, fr + 3, &u, fr, fr + 3)?;
     }
     Ok(y)
 }
@@ -89,7 +92,14 @@ fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
 
 /// Arithmetic shares of the one-hot class h_e of each s over classes e = lo … hi (element-major:
 /// h[i·(hi−lo+1) + e − lo]): class e holds s ∈ [2^(e−1), 2^e), clamped to the range.
-fn class_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64], lo: u32, hi: u32) -> Result<Vec<u64>> {
+/// `bound`: a promise |s − 2^j| < 2^b for the comparisons (drelu_bounded semantics otherwise).
+fn class_onehot<C: Channel>(
+    cx: &mut Ctx<C>,
+    s: &[u64],
+    lo: u32,
+    hi: u32,
+    bound: Option<u32>,
+) -> Result<Vec<u64>> {
     let ring = cx.ring();
     let k = (hi - lo) as usize;
     let mut diffs = Vec::with_capacity(s.len() * k);
@@ -102,7 +112,7 @@ fn class_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64], lo: u32, hi: u32) -> Res
             });
         }
     }
-    let bits = cx.drelu(&diffs, None)?;
+    let bits = cx.drelu(&diffs, bound)?;
     let c = cx.b2a(&bits)?;
     let one = if cx.is_server() { 1 } else { 0 };
     let mut h = Vec::with_capacity(s.len() * (k + 1));
@@ -142,16 +152,22 @@ fn select(
         .collect()
 }
 
-/// 1/s with the output at `out_frac` fractional bits (approx::recip_at).
+/// 1/s with the output at `out_frac` fractional bits (approx::recip_at), on the domain
+/// s ∈ [1, 2^K) (K = norm_bits): the class comparisons run on K bits and the products are
+/// narrow (s < 2^K, g = 2^(K−e) < 2^K, m < 2^F, y < 2^(F+2)); outside the domain the shares open
+/// to unspecified values.
 pub fn recip_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
     let _g = cx.ch.meter().enter("Recip");
     let ax = cx.ax;
     let k = ax.norm_bits();
-    let h = class_onehot(cx, s, 1, k)?;
+    let fr = ax.newton_frac();
+    let h = class_onehot(cx, s, 1, k, Some(k))?;
     let g = select(cx, &h, 1, k, |e| ax.norm_scale(e));
-    let m = cx.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
+    let m = cx.mul_narrow_trunc(s, k + 1, &g, k - fr, fr + 2)?;
     let y = newton_recip(cx, &m)?;
-    cx.mul_trunc(&y, &g, ax.recip_out_shift(out_frac))
+    let shift = ax.recip_out_shift(out_frac);
+    // y·g < 2^(F+1+K−1): the result has F + K − shift bits.
+    cx.mul_narrow_trunc(&y, fr + 3, &g, shift, fr + k - shift + 2)
 }
 
 /// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at).
@@ -159,7 +175,7 @@ pub fn rsqrt_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result
     let _g = cx.ch.meter().enter("Rsqrt");
     let ax = cx.ax;
     let k = ax.norm_bits();
-    let h = class_onehot(cx, s, 1, k)?;
+    let h = class_onehot(cx, s, 1, k, None)?;
     let g = select(cx, &h, 1, k, |e| ax.norm_scale(e));
     let big_g = select(cx, &h, 1, k, |e| ax.rsqrt_out_scale(e, out_frac));
     let m = cx.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
@@ -179,7 +195,7 @@ pub fn layer_norm_rsqrt<C: Channel>(
     let _g = cx.ch.meter().enter("Rsqrt");
     let ax = cx.ax;
     let (lo, hi) = (sum.class_min, sum.class_max);
-    let h = class_onehot(cx, s, lo, hi)?;
+    let h = class_onehot(cx, s, lo, hi, None)?;
     let g = select(cx, &h, lo, hi, |e| 1u64 << (hi - e));
     let m = cx.mul_trunc(s, &g, hi - ax.newton_frac())?;
     let y = newton_rsqrt(cx, &m)?;
