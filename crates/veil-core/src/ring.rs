@@ -38,6 +38,23 @@ impl Ring {
         Ok(Self::from_bits(RingBits::new(bits)?))
     }
 
+    /// A protocol-internal ring of 1..=64 bits (narrow shares, e.g. a multiplexer whose values
+    /// are known to be small). The share format itself is always a [`RingBits`] ring.
+    pub fn narrow(bits: u32) -> Result<Self> {
+        ensure!(
+            (1..=RingBits::MAX).contains(&bits),
+            InvalidArgument,
+            "narrow ring bit width {bits} outside 1..={}",
+            RingBits::MAX
+        );
+        let mask = if bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        Ok(Ring { bits, mask })
+    }
+
     pub fn from_bits(bits: RingBits) -> Self {
         let b = bits.get();
         let mask = if b == 64 { u64::MAX } else { (1u64 << b) - 1 };
@@ -129,6 +146,9 @@ mod tests {
         assert!(Ring::new(65).is_err());
         assert!(Ring::new(32).is_ok());
         assert!(Ring::new(64).is_ok());
+        assert!(Ring::narrow(0).is_err());
+        assert!(Ring::narrow(65).is_err());
+        assert_eq!(Ring::narrow(7).unwrap().mask(), 127);
     }
 
     #[test]

@@ -27,7 +27,8 @@
 //! LayerNorm's d·r and the products by γ are fused with their truncation
 //! ([`Ctx::mul_narrow_trunc`], [`Ctx::mul_server_trunc`]: only the high part of the product is
 //! computed, each COT carrying n ≤ ℓ − t bits instead of up to ℓ) and land up to 2 ulp low.
-//! Tested bounds in that mode: ReLU-normalise 3e-4 + 3 ulp, LayerNorm (2e-3 + 3 ulp)·(1 + |γ|),
+//! Tested bounds in that mode: ReLU-normalise 3e-4 + 3 ulp, LayerNorm (2e-3 + 3 ulp)·(1 + |γ|)
+//! plus the mean's error (≤ 2 ulp, in every d_i) times |γ|/σ, which matters for tiny variances;
 //! centre + affine 4 ulp·(1 + |γ|), Softmax 4e-3 (exp's squarings amplify its low truncations on
 //! outputs near 1). LayerNorm's two sums of squares come in that mode from one square of d in a
 //! wide ring (the fine sum exact as before, the coarse one finer than the faithful path's).
@@ -43,6 +44,7 @@ use veil_net::Channel;
 
 use crate::ctx::Ctx;
 use crate::functions::{exp_neg, layer_norm_rsqrt, recip_at};
+use crate::mul::Narrow;
 use crate::TruncMode;
 
 /// Row length (last dimension) of a tensor.
@@ -94,9 +96,9 @@ pub fn gelu<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor) -> Result<RingTensor> {
     let ac: Vec<u64> = a.iter().zip(&cut).map(|(&v, &c)| k.sub(v, c)).collect();
     // a_c ≤ A·2^f < 2^16: narrow products (m = 17).
     let m = GELU_CMP_BITS + 1;
-    let sq = cx.square_narrow_in(k, &ac, m)?;
+    let sq = cx.square_narrow_in(k, &ac, Narrow::signed(m))?;
     let a2 = cx.trunc_in(k, &sq, f)?;
-    let cube = cx.mul_narrow_in(k, &ac, m, &a2)?;
+    let cube = cx.mul_narrow_in(k, &ac, Narrow::signed(m), &a2)?;
     let a3 = cx.trunc_in(k, &cube, f)?;
     // Segment bits [a_c ≥ t_j], breakpoint-major.
     let mut diffs = Vec::with_capacity(plan.breaks.len() * n);
@@ -230,9 +232,9 @@ pub fn softmax<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor, valid: &[bool]) -> R
     let inv_b: Vec<u64> = (0..rows)
         .flat_map(|r| std::iter::repeat_n(inv[r], k))
         .collect();
-    // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1 has f + 1 bits.
+    // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1 is below 2^(f+1).
     let f = cx.ax.fp.frac_bits();
-    let y = cx.mul_narrow_trunc(&e, f + 2, &inv_b, w, f + 3)?;
+    let y = cx.mul_narrow_trunc(&e, Narrow::signed(f + 2), &inv_b, w, f + 2)?;
     for (t, (r, j)) in (0..rows)
         .flat_map(|r| idx.iter().map(move |&j| (r, j)))
         .enumerate()
@@ -262,19 +264,34 @@ pub fn relu_normalise<C: Channel>(
     let sel: Vec<u64> = (0..rows)
         .flat_map(|r| idx.iter().map(move |&j| xs[r * cols + j]))
         .collect();
-    let r = cx.relu(&sel, bound)?;
+    // In the domain s < 2^K (K = norm_bits) every ReLU(x_i) < 2^K: selected in a ring of K + 2
+    // bits (the multiplexer's COTs are that wide instead of ℓ), summed there, and the row sums
+    // extended to ℓ (|s| < 2^K = 2^(K+2−2)).
+    let nb = cx.ax.norm_bits();
+    let kr = veil_core::Ring::narrow(nb + 2)?;
+    let r = {
+        let _g = cx.ch.meter().enter("ReLU");
+        let pos = cx.drelu(&sel, bound)?;
+        let low: Vec<u64> = sel.iter().map(|&v| kr.reduce(v)).collect();
+        cx.mux_in(kr, &pos, &low)?
+    };
     let mut sums: Vec<u64> = (0..rows)
-        .map(|i| r[i * k..(i + 1) * k].iter().fold(0, |a, &v| ring.add(a, v)))
+        .map(|i| r[i * k..(i + 1) * k].iter().fold(0, |a, &v| kr.add(a, v)))
         .collect();
-    cx.add_public(&mut sums, cx.ax.relu_normalise_eps());
+    let eps = cx.ax.relu_normalise_eps();
+    if cx.is_server() {
+        sums.iter_mut().for_each(|v| *v = kr.add(*v, eps));
+    }
+    let sums = cx.extend(kr, &sums)?;
     let w = cx.ax.wide_recip_frac();
     let inv = recip_at(cx, &sums, w)?;
     let inv_b: Vec<u64> = (0..rows)
         .flat_map(|i| std::iter::repeat_n(inv[i], k))
         .collect();
-    // ReLU(x_i) ≤ s < 2^norm_bits in the domain: a narrow product; the output y ≤ 1 has f + 1 bits.
+    // ReLU(x_i) ≤ s < 2^norm_bits in the domain: a narrow product; the output y ≤ 1 + 2^-10 (the
+    // reciprocal's error) is below 2^(f+1).
     let f = cx.ax.fp.frac_bits();
-    let y = cx.mul_narrow_trunc(&r, cx.ax.norm_bits() + 1, &inv_b, w, f + 3)?;
+    let y = cx.mul_narrow_trunc(&r, Narrow::unsigned(nb), &inv_b, w, f + 2)?;
     let mut out = vec![0u64; x.len()];
     for (t, (i, j)) in (0..rows)
         .flat_map(|i| idx.iter().map(move |&j| (i, j)))
@@ -385,10 +402,10 @@ pub fn layer_norm<C: Channel>(
     let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
     let (mut coarse, mut fine) = if cx.trunc_mode == TruncMode::Faithful {
         let dp = round_if(cx, &d, plan.pre_shift)?;
-        let sq = cx.square_narrow(&dp, dev - plan.pre_shift + 2)?;
+        let sq = cx.square_narrow(&dp, Narrow::signed(dev - plan.pre_shift + 2))?;
         let sq = round_if(cx, &sq, plan.square_shift)?;
         let coarse = row_sums(ring, &sq, cols);
-        let sq = cx.square_narrow(&d, dev + 1)?;
+        let sq = cx.square_narrow(&d, Narrow::signed(dev + 1))?;
         (coarse, row_sums(ring, &sq, cols))
     } else {
         wide_square_sums(cx, &d, cols, dev, plan.coarse.frac)?
@@ -414,10 +431,24 @@ pub fn layer_norm<C: Channel>(
         .collect();
     let w = plan.out_frac;
     let r_b: Vec<u64> = (0..d.len()).map(|i| r[i / cols]).collect();
-    // |d·r| < 2^(ℓ−2) by the choice of w: the truncated value has ℓ − w bits with its sign.
-    let nrm = cx.mul_narrow_trunc(&d, dev + 1, &r_b, w, ring.bits() - w)?;
+    // |d·r| < 2^(ℓ−2) by the choice of w, and the normalised value |d_i·r| ≤ √n·1.01
+    // (|d_i| ≤ √(Σd²), the rsqrt's error well below 1 %) is below 2^(f + normalised_bits).
+    let out = ax.fp.frac_bits() + normalised_bits(cols) + 1;
+    let nrm = cx.mul_narrow_trunc(
+        &d,
+        Narrow::signed(dev + 1),
+        &r_b,
+        w,
+        out.min(ring.bits() - w),
+    )?;
     let y = affine(cx, &nrm, cols, params)?;
     RingTensor::from_vec(ring, x.shape(), y)
+}
+
+/// Integer bits of the largest normalised LayerNorm value: |d_i|/σ ≤ √n, times 1.01 for the
+/// rsqrt's error.
+fn normalised_bits(n: usize) -> u32 {
+    ((n as f64).sqrt() * 1.01).log2().ceil().max(0.0) as u32
 }
 
 /// The 1-bit-error mode's sums of squares, from one square instead of two: d (|d| < 2^dev) is
@@ -443,7 +474,7 @@ fn wide_square_sums<C: Channel>(
     // At least ℓ bits: the fine sum is the wide sum's low ℓ bits.
     let wide = veil_core::Ring::new((2 * dev + log_n + 2).max(ring.bits()))?;
     let dw = cx.extend_to(ring, wide, d)?;
-    let sq = cx.square_narrow_in(wide, &dw, dev + 1)?;
+    let sq = cx.square_narrow_in(wide, &dw, Narrow::signed(dev + 1))?;
     let sums = row_sums(wide, &sq, cols);
     let fine = sums.iter().map(|&v| ring.reduce(v)).collect();
     let coarse = cx.trunc_in(wide, &sums, 2 * cx.ax.fp.frac_bits() - coarse_frac)?;

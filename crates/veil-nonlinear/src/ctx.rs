@@ -10,7 +10,7 @@ use crate::boolean::{bool_to_arith, mux};
 use crate::compare::drelu_values;
 use crate::mul::{
     mul_narrow_high_values, mul_narrow_values, mul_server_row, mul_server_row_high,
-    mul_server_row_narrow, mul_values, square_narrow_values, square_values,
+    mul_server_row_narrow, mul_values, square_narrow_values, square_values, Narrow,
 };
 use crate::trunc::{extend_values, truncate_values, TruncMode};
 
@@ -65,23 +65,30 @@ impl<'a, C: Channel> Ctx<'a, C> {
         mul_values(self.ot, self.ch, self.role, ring, a, b)
     }
 
-    /// a·b for a promised |a| < 2^(m−1) ([`mul_narrow_values`]: cheaper, exact under the promise).
-    pub fn mul_narrow(&mut self, a: &[u64], m: u32, b: &[u64]) -> Result<Vec<u64>> {
-        self.mul_narrow_in(self.ring(), a, m, b)
+    /// a·b for a narrow a ([`mul_narrow_values`]: cheaper, exact under the promise).
+    pub fn mul_narrow(&mut self, a: &[u64], nw: Narrow, b: &[u64]) -> Result<Vec<u64>> {
+        self.mul_narrow_in(self.ring(), a, nw, b)
     }
 
-    pub fn mul_narrow_in(&mut self, ring: Ring, a: &[u64], m: u32, b: &[u64]) -> Result<Vec<u64>> {
-        mul_narrow_values(self.ot, self.ch, self.role, ring, a, m, b)
+    pub fn mul_narrow_in(
+        &mut self,
+        ring: Ring,
+        a: &[u64],
+        nw: Narrow,
+        b: &[u64],
+    ) -> Result<Vec<u64>> {
+        mul_narrow_values(self.ot, self.ch, self.role, ring, a, nw, b)
     }
 
-    /// ⌊a·b / 2^s⌋ for a promised |a| < 2^(m−1) and |a·b| / 2^s < 2^(out−2).
+    /// ⌊a·b / 2^s⌋ for a narrow a (promise `nw`, m = its bits) and a·b / 2^s ∈ (1 − 2^(out−1),
+    /// 2^(out−1)).
     /// * `Faithful`: [`Ctx::mul_narrow`] then the faithful truncation (exactly `approx`).
     /// * `OneBitError`: the product's high part only ([`mul_narrow_high_values`]), see
     ///   [`Ctx::fused_trunc`]: ⌊a·b / 2^s⌋ − c, c ∈ {0, 1, 2}.
     pub fn mul_narrow_trunc(
         &mut self,
         a: &[u64],
-        m: u32,
+        nw: Narrow,
         b: &[u64],
         s: u32,
         out: u32,
@@ -90,17 +97,18 @@ impl<'a, C: Channel> Ctx<'a, C> {
         self.fused_trunc(
             s,
             out,
-            2 * (m + 1).min(s) + 1,
+            2 * (nw.bits() + 1).min(s) + 1,
             |cx| {
-                let p = cx.mul_narrow(a, m, b)?;
+                let p = cx.mul_narrow(a, nw, b)?;
                 cx.trunc(&p, s)
             },
-            |cx, t, n| mul_narrow_high_values(cx.ot, cx.ch, role, ot_ring, a, m, b, t, n),
+            |cx, t, n| mul_narrow_high_values(cx.ot, cx.ch, role, ot_ring, a, nw, b, t, n),
         )
     }
 
     /// ⌊a·γ / 2^s⌋ for the server's γ ∈ [−2^(g−1), 2^(g−1)) broadcast over rows of `row`
-    /// ([`Ctx::mul_server_narrow`]), |a·γ| / 2^s < 2^(out−2); modes as [`Ctx::mul_narrow_trunc`].
+    /// ([`Ctx::mul_server_narrow`]), a·γ / 2^s ∈ (1 − 2^(out−1), 2^(out−1)); modes as
+    /// [`Ctx::mul_narrow_trunc`].
     #[allow(clippy::too_many_arguments)]
     pub fn mul_server_trunc(
         &mut self,
@@ -127,12 +135,14 @@ impl<'a, C: Channel> Ctx<'a, C> {
         )
     }
 
-    /// A product followed by a truncation by s, result |·| < 2^(out−2). `Faithful` (or too
-    /// small an s) runs `exact`. `OneBitError` runs `high(t, n)`, the product's high part
-    /// ⌊P / 2^t⌋ − e mod 2^n with 0 ≤ e ≤ `max_err` < 2^g, at g guard bits below 2^s (t = s − g)
-    /// on n = out + g + 1 bits (at most ℓ − t): its COTs carry n bits instead of up to ℓ. Then a
-    /// 1-bit-error truncation by g and a sign extension to ℓ. Result ⌊P / 2^s⌋ − c, c ∈ {0, 1, 2}:
-    /// one-sided error ≤ 2 ulp (the plain 1-bit-error truncation: 1). Needs |P| < 2^(ℓ−2).
+    /// A product P followed by a truncation by s, for P / 2^s ∈ (1 − 2^(out−1), 2^(out−1)).
+    /// `Faithful` (or too small an s) runs `exact`. `OneBitError` runs `high(t, n)`, the
+    /// product's high part ⌊P / 2^t⌋ − e mod 2^n with 0 ≤ e ≤ `max_err` < 2^g, at g guard bits
+    /// below 2^s (t = s − g) on n = out + g + 1 bits (at most ℓ − t): its COTs carry n bits
+    /// instead of up to ℓ. ⌊P / 2^t⌋ − e then lies in (−2^(n−2), 2^(n−2)), the head-room the
+    /// 1-bit-error truncation by g needs; a sign extension to ℓ follows. Result ⌊P / 2^s⌋ − c,
+    /// c ∈ {0, 1, 2}: one-sided error ≤ 2 ulp (the plain 1-bit-error truncation: 1). Needs
+    /// |P| < 2^(ℓ−2).
     fn fused_trunc(
         &mut self,
         s: u32,
@@ -161,13 +171,13 @@ impl<'a, C: Channel> Ctx<'a, C> {
         self.extend(kr, &y)
     }
 
-    /// a² for a promised |a| < 2^(m−1) ([`square_narrow_values`]).
-    pub fn square_narrow(&mut self, a: &[u64], m: u32) -> Result<Vec<u64>> {
-        self.square_narrow_in(self.ring(), a, m)
+    /// a² for a narrow a ([`square_narrow_values`]).
+    pub fn square_narrow(&mut self, a: &[u64], nw: Narrow) -> Result<Vec<u64>> {
+        self.square_narrow_in(self.ring(), a, nw)
     }
 
-    pub fn square_narrow_in(&mut self, ring: Ring, a: &[u64], m: u32) -> Result<Vec<u64>> {
-        square_narrow_values(self.ot, self.ch, self.role, ring, a, m)
+    pub fn square_narrow_in(&mut self, ring: Ring, a: &[u64], nw: Narrow) -> Result<Vec<u64>> {
+        square_narrow_values(self.ot, self.ch, self.role, ring, a, nw)
     }
 
     pub fn square(&mut self, a: &[u64]) -> Result<Vec<u64>> {

@@ -25,6 +25,7 @@ use veil_core::Result;
 use veil_net::Channel;
 
 use crate::ctx::Ctx;
+use crate::mul::Narrow;
 
 /// exp(x) for x ≤ 0 (approx::exp_neg). `bound`: a promise |x + 16| < 2^k for a cheaper clamp.
 pub fn exp_neg<C: Channel>(cx: &mut Ctx<C>, x: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
@@ -39,13 +40,13 @@ pub fn exp_neg<C: Channel>(cx: &mut Ctx<C>, x: &[u64], bound: Option<u32>) -> Re
     cx.add_public(&mut t, ring.neg(lo));
     // p = 1 + t + (31/64)·t², then five rounded squarings.
     // |t| ≤ 2^(f+4) and p ∈ [0, 2^fe]: narrow squares.
-    let t2 = cx.square_narrow(&t, cx.ax.fp.frac_bits() + 6)?;
+    let t2 = cx.square_narrow(&t, Narrow::signed(cx.ax.fp.frac_bits() + 6))?;
     let q: Vec<u64> = t2.iter().map(|&v| ring.mul(v, EXP_QUAD_NUM)).collect();
     let t2 = cx.round(&q, fe + EXP_QUAD_SHIFT)?;
     let mut p: Vec<u64> = t.iter().zip(&t2).map(|(&a, &b)| ring.add(a, b)).collect();
     cx.add_public(&mut p, 1u64 << fe);
     for _ in 0..veil_core::approx::EXP_SQUARINGS {
-        let sq = cx.square_narrow(&p, fe + 2)?;
+        let sq = cx.square_narrow(&p, Narrow::signed(fe + 2))?;
         p = cx.round(&sq, fe)?;
     }
     cx.round(&p, veil_core::approx::EXP_SQUARINGS)
@@ -53,8 +54,8 @@ pub fn exp_neg<C: Channel>(cx: &mut Ctx<C>, x: &[u64], bound: Option<u32>) -> Re
 
 /// Newton for 1/m on m ∈ [1/2, 1] at F = newton_frac bits (approx::newton_recip). Every value
 /// stays below 2^(F+1) (y0 = 2.914 − 2m and the iterates approach 1/m ≤ 2 from below, m·y ≈ 1),
-/// so the products are narrow ones with a bit of margin: |m| ≤ 2^F (tanh reaches m = 1),
-/// |y| < 2^(F+2).
+/// so the products are narrow ones, unsigned, with a bit of margin: 0 < m ≤ 2^F (tanh reaches
+/// m = 1), 0 < y < 2^(F+2).
 fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     let ring = cx.ring();
     let fr = cx.ax.newton_frac();
@@ -62,10 +63,10 @@ fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     let mut y: Vec<u64> = m.iter().map(|&v| ring.neg(ring.add(v, v))).collect();
     cx.add_public(&mut y, c0);
     for _ in 0..veil_core::approx::NEWTON_ITERS {
-        let my = cx.mul_narrow_trunc(m, fr + 2, &y, fr, fr + 3)?;
+        let my = cx.mul_narrow_trunc(m, Narrow::unsigned(fr + 1), &y, fr, fr + 2)?;
         let mut u: Vec<u64> = my.iter().map(|&v| ring.neg(v)).collect();
         cx.add_public(&mut u, 2u64 << fr);
-        y = cx.mul_narrow_trunc(&y, fr + 3, &u, fr, fr + 3)?;
+        y = cx.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &u, fr, fr + 2)?;
     }
     Ok(y)
 }
@@ -163,11 +164,11 @@ pub fn recip_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result
     let fr = ax.newton_frac();
     let h = class_onehot(cx, s, 1, k, Some(k))?;
     let g = select(cx, &h, 1, k, |e| ax.norm_scale(e));
-    let m = cx.mul_narrow_trunc(s, k + 1, &g, k - fr, fr + 2)?;
+    let m = cx.mul_narrow_trunc(s, Narrow::unsigned(k), &g, k - fr, fr + 1)?;
     let y = newton_recip(cx, &m)?;
     let shift = ax.recip_out_shift(out_frac);
-    // y·g < 2^(F+1+K−1): the result has F + K − shift bits.
-    cx.mul_narrow_trunc(&y, fr + 3, &g, shift, fr + k - shift + 2)
+    // y·g < 2^(F+1+K−1): the result is below 2^(F+K−shift).
+    cx.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &g, shift, fr + k - shift + 1)
 }
 
 /// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at).

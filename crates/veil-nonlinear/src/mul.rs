@@ -247,22 +247,56 @@ pub fn square_values<C: Channel>(
         .collect())
 }
 
-/// A shared value a with |a| < 2^(m−1), re-shared in Z_(2^(m+1)): a' = a + 2^(m−1) ∈ [0, 2^m)
+/// The promise on a narrow operand a: a' = a + bias lies in [0, 2^m), so a' is re-shared in
+/// Z_(2^(m+1)) and drives m + 1 COTs per cross term instead of ℓ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Narrow {
+    m: u32,
+    signed: bool,
+}
+
+impl Narrow {
+    /// |a| < 2^(m−1) (bias 2^(m−1)).
+    pub fn signed(m: u32) -> Self {
+        Narrow { m, signed: true }
+    }
+
+    /// 0 ≤ a < 2^m (no bias): one COT per cross term fewer than a signed promise of the same
+    /// magnitude.
+    pub fn unsigned(m: u32) -> Self {
+        Narrow { m, signed: false }
+    }
+
+    /// Bits of a' (the share ring has one more).
+    pub fn bits(&self) -> u32 {
+        self.m
+    }
+
+    fn bias(&self) -> u64 {
+        if self.signed {
+            1u64 << (self.m - 1)
+        } else {
+            0
+        }
+    }
+}
+
+/// A shared value a under the promise `nw`, re-shared in Z_(2^(m+1)): a' = a + bias ∈ [0, 2^m)
 /// (the server adds the bias), so a' = a'_0 + a'_1 − 2^(m+1)·w with the wrap w = msb(a'_0) ∨
-/// msb(a'_1) (the sign bit of a' is known to be 0). Returns (this party's a', its XOR share of w).
+/// msb(a'_1) (the top bit of a' is known to be 0). Returns (this party's a', its XOR share of w).
 fn narrow_share<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
     a: &[u64],
-    m: u32,
+    nw: Narrow,
 ) -> Result<(Vec<u64>, Vec<bool>)> {
-    let k = m + 1;
+    let (m, k) = (nw.m, nw.m + 1);
     let an: Vec<u64> = a
         .iter()
         .map(|&v| match role {
             Role::Client => v & low_mask(k),
-            Role::Server => v.wrapping_add(1u64 << (m - 1)) & low_mask(k),
+            Role::Server => v.wrapping_add(nw.bias()) & low_mask(k),
         })
         .collect();
     // w = ¬(¬msb_0 ∧ ¬msb_1): one AND of the parties' private bits.
@@ -289,19 +323,20 @@ fn pow2(ring: Ring, e: u32) -> u64 {
     }
 }
 
-fn check_narrow(ring: Ring, m: u32) -> Result<()> {
+fn check_narrow(ring: Ring, nw: Narrow) -> Result<()> {
     ensure!(
-        (2..ring.bits() - 1).contains(&m),
+        (2..ring.bits() - 1).contains(&nw.m),
         InvalidArgument,
-        "narrow width {m} for a {}-bit ring",
+        "narrow width {} for a {}-bit ring",
+        nw.m,
         ring.bits()
     );
     Ok(())
 }
 
-/// Shares of a·b mod 2^ℓ element-wise for a promised |a| < 2^(m−1) and any b (SiRNN's
+/// Shares of a·b mod 2^ℓ element-wise for a narrow a (promise `nw`) and any b (SiRNN's
 /// mixed-width product): a' re-shared in Z_(2^(m+1)) as in the module doc, then a·b =
-/// a'_0·b + a'_1·b − 2^(m+1)·w·b − 2^(m−1)·b: the cross terms are driven by the m + 1 bits of a'
+/// a'_0·b + a'_1·b − 2^(m+1)·w·b − bias·b: the cross terms are driven by the m + 1 bits of a'
 /// instead of ℓ (≈ (m+1)·(ℓ − (m+1)/2) bits each instead of ℓ²/2), plus one AND and one
 /// multiplexer. Exact when the promise holds; otherwise the result is not a·b. Label "Mul".
 pub fn mul_narrow_values<C: Channel>(
@@ -310,10 +345,10 @@ pub fn mul_narrow_values<C: Channel>(
     role: Role,
     ring: Ring,
     a: &[u64],
-    m: u32,
+    nw: Narrow,
     b: &[u64],
 ) -> Result<Vec<u64>> {
-    mul_narrow_scaled(ot, ch, role, Scale::exact(ring), a, m, b)
+    mul_narrow_scaled(ot, ch, role, Scale::exact(ring), a, nw, b)
 }
 
 /// [`mul_narrow_values`] delivering only the high part: shares mod 2^n (raw, in [0, 2^n)) of
@@ -328,13 +363,13 @@ pub fn mul_narrow_high_values<C: Channel>(
     role: Role,
     ring: Ring,
     a: &[u64],
-    m: u32,
+    nw: Narrow,
     b: &[u64],
     t: u32,
     n: u32,
 ) -> Result<Vec<u64>> {
     check_high(ring, t, n)?;
-    mul_narrow_scaled(ot, ch, role, Scale { ring, t, n }, a, m, b)
+    mul_narrow_scaled(ot, ch, role, Scale { ring, t, n }, a, nw, b)
 }
 
 fn check_high(ring: Ring, t: u32, n: u32) -> Result<()> {
@@ -347,53 +382,77 @@ fn check_high(ring: Ring, t: u32, n: u32) -> Result<()> {
     Ok(())
 }
 
+/// Shares of w·b·2^(m+1), as far as the result's bits t..t+n see it: only b mod 2^(t+n−m−1)
+/// matters, so the multiplexer runs in that ring (none at all when the term vanishes).
+fn wrap_term<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    sc: Scale,
+    w: &[bool],
+    b: &[u64],
+    m: u32,
+) -> Result<Vec<u64>> {
+    let ring = sc.ring;
+    let Some(bits) = (sc.t + sc.n).checked_sub(m + 1).filter(|&k| k > 0) else {
+        return Ok(vec![0; b.len()]);
+    };
+    let mux_ring = Ring::narrow(bits)?;
+    let low: Vec<u64> = b.iter().map(|&v| mux_ring.reduce(v)).collect();
+    let wb = mux(ot, ch, role, mux_ring, w, &low)?;
+    Ok(wb.iter().map(|&v| ring.mul(v, pow2(ring, m + 1))).collect())
+}
+
 fn mul_narrow_scaled<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
     sc: Scale,
     a: &[u64],
-    m: u32,
+    nw: Narrow,
     b: &[u64],
 ) -> Result<Vec<u64>> {
     let ring = sc.ring;
-    check_narrow(ring, m)?;
+    check_narrow(ring, nw)?;
     same_len(a, b)?;
     let _g = ch.meter().enter("Mul");
-    let (an, w) = narrow_share(ot, ch, role, a, m)?;
-    let wb = mux(ot, ch, role, ring, &w, b)?;
+    let m = nw.m;
+    let (an, w) = narrow_share(ot, ch, role, a, nw)?;
+    let wb = wrap_term(ot, ch, role, sc, &w, b, m)?;
     let cross = cross_both(ot, ch, role, sc, b, &an, m + 1)?;
-    let bias = 1u64 << (m - 1);
+    let bias = nw.bias();
     Ok((0..a.len())
         .map(|i| {
             let own = ring.sub(ring.mul(an[i], b[i]), ring.mul(bias, b[i]));
-            let own = ring.sub(own, ring.mul(wb[i], 1u64 << (m + 1)));
-            sc.add(cross[i], sc.high(own))
+            sc.add(cross[i], sc.high(ring.sub(own, wb[i])))
         })
         .collect())
 }
 
-/// Shares of a² mod 2^ℓ for a promised |a| < 2^(m−1): with s = a'_0 + a'_1 = a + c, c =
-/// 2^(m−1) + 2^(m+1)·w, a² = s² − 2c·a − c² = s² − w·(2^(m+2)·a + 2^(2m+2) + 2^(2m+1)) − 2^m·a − 2^(2m−2):
-/// one cross term on the m + 1 bits of a'_1, one AND, one multiplexer. Label "Mul".
+/// Shares of a² mod 2^ℓ for a narrow a (promise `nw`): with s = a'_0 + a'_1 = a + c,
+/// c = bias + 2^(m+1)·w, a² = s² − 2c·a − c² = s² − w·(2^(m+2)·a + 2^(2m+2) + 2^(m+2)·bias)
+/// − 2·bias·a − bias²: one cross term on the m + 1 bits of a'_1, one AND, one multiplexer.
+/// Label "Mul".
 pub fn square_narrow_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
     ring: Ring,
     a: &[u64],
-    m: u32,
+    nw: Narrow,
 ) -> Result<Vec<u64>> {
-    check_narrow(ring, m)?;
+    check_narrow(ring, nw)?;
     let _g = ch.meter().enter("Mul");
-    let (an, w) = narrow_share(ot, ch, role, a, m)?;
+    let (m, bias) = (nw.m, nw.bias());
+    let (an, w) = narrow_share(ot, ch, role, a, nw)?;
     let server = role == Role::Server;
     let v: Vec<u64> = a
         .iter()
         .map(|&x| {
-            let t = ring.mul(x, 1u64 << (m + 2));
+            let t = ring.mul(x, pow2(ring, m + 2));
             if server {
-                ring.add(t, ring.add(pow2(ring, 2 * m + 2), pow2(ring, 2 * m + 1)))
+                let c = ring.add(pow2(ring, 2 * m + 2), ring.mul(pow2(ring, m + 2), bias));
+                ring.add(t, c)
             } else {
                 t
             }
@@ -404,9 +463,10 @@ pub fn square_narrow_values<C: Channel>(
     Ok((0..a.len())
         .map(|i| {
             let s2 = ring.add(ring.add(cross[i], cross[i]), ring.mul(an[i], an[i]));
-            let mut r = ring.sub(ring.sub(s2, wv[i]), ring.mul(a[i], 1u64 << m));
+            let two_bias_a = ring.mul(a[i], ring.add(bias, bias));
+            let mut r = ring.sub(ring.sub(s2, wv[i]), two_bias_a);
             if server {
-                r = ring.sub(r, pow2(ring, 2 * m - 2));
+                r = ring.sub(r, ring.mul(bias, bias));
             }
             r
         })
@@ -463,7 +523,7 @@ pub fn mul_server_row_narrow<C: Channel>(
     gamma: Option<&[u64]>,
     g: u32,
 ) -> Result<RingTensor> {
-    check_narrow(x.ring(), g)?;
+    check_narrow(x.ring(), Narrow::signed(g))?;
     let z = server_row_product(ot, ch, role, x, gamma, Some(g), Scale::exact(x.ring()))?;
     RingTensor::from_vec(x.ring(), x.shape(), z)
 }
@@ -483,7 +543,7 @@ pub fn mul_server_row_high<C: Channel>(
     n: u32,
 ) -> Result<Vec<u64>> {
     let ring = x.ring();
-    check_narrow(ring, g)?;
+    check_narrow(ring, Narrow::signed(g))?;
     check_high(ring, t, n)?;
     server_row_product(ot, ch, role, x, gamma, Some(g), Scale { ring, t, n })
 }

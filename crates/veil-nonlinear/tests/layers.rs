@@ -210,8 +210,10 @@ fn layer_norm_with_large_deviations_equals_simulator() {
                 "row {row}: error {err}"
             );
             let err = (a.fp.decode(lc[row * cols + j]) - want[j]).abs();
+            // The 1-bit-error mean may be 2 ulp low: every d_i is, amplified by 1/σ.
+            let mean_err = 2.0 * ulp * gq[j].abs() / (var + eps).sqrt();
             assert!(
-                err <= bound * gq[j].abs() + 2.5e-4 + 3.0 * ulp * (1.0 + gq[j].abs()),
+                err <= bound * gq[j].abs() + 2.5e-4 + 3.0 * ulp * (1.0 + gq[j].abs()) + mean_err,
                 "row {row}, 1-bit-error truncation: error {err}"
             );
         }

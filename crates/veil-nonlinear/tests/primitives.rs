@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use veil_core::{approx::Approx, Prg, Ring, RingTensor};
 use veil_net::Role;
 use veil_nonlinear::mul::{
-    mul_narrow_high_values, mul_narrow_values, mul_server_row_narrow, square_narrow_values,
+    mul_narrow_high_values, mul_narrow_values, mul_server_row_narrow, square_narrow_values, Narrow,
 };
 use veil_nonlinear::trunc::extend_values;
 use veil_nonlinear::{
@@ -184,37 +184,54 @@ proptest! {
     }
 }
 
-/// Narrow products and squares are exact over the whole promised range |a| < 2^(m−1), any b.
+/// Narrow products and squares are exact over the whole promised range, any b: |a| < 2^(m−1)
+/// for a signed promise, 0 ≤ a < 2^(m−1) for an unsigned one of m − 1 bits (same share ring).
 #[test]
 fn narrow_products_are_exact_within_the_promise() {
     let mut prg = Prg::from_os_entropy();
-    for (bits, m) in [(41u32, 15u32), (41, 24), (35, 17), (64, 40), (32, 2)] {
+    for (bits, m) in [(41u32, 15u32), (41, 24), (35, 17), (64, 40), (32, 3)] {
         let ring = Ring::new(bits).unwrap();
         let lim = 1i64 << (m - 1);
         let mut signed: Vec<i64> = vec![0, 1, -1, lim - 1, -lim + 1, -lim];
         signed.extend((0..60).map(|_| (prg.u64() % (2 * lim as u64)) as i64 - lim));
-        let a: Vec<u64> = signed.iter().map(|&v| ring.from_signed(v)).collect();
-        let mut b: Vec<u64> = a.iter().map(|_| ring.reduce(prg.u64())).collect();
-        b[0] = ring.mask();
-        b[1] = 0;
-        let x = share_values(ring, &a);
-        let y = share_values(ring, &b);
-        let out = run_mem(|ot, ch, role| {
-            let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
-            let p = mul_narrow_values(ot, ch, role, ring, xs, m, ys)?;
-            let q = square_narrow_values(ot, ch, role, ring, xs, m)?;
-            let n = p.len();
-            Ok((
-                RingTensor::from_vec(ring, &[n], p)?,
-                RingTensor::from_vec(ring, &[n], q)?,
-            ))
-        });
-        let p = open((out.0 .0, out.1 .0));
-        let q = open((out.0 .1, out.1 .1));
-        for i in 0..a.len() {
-            assert_eq!(p[i], ring.mul(a[i], b[i]), "{bits}/{m}: {} · b", signed[i]);
-            assert_eq!(q[i], ring.mul(a[i], a[i]), "{bits}/{m}: {}²", signed[i]);
+        let mut unsigned: Vec<i64> = vec![0, 1, lim - 1, lim - 2];
+        unsigned.extend((0..60).map(|_| (prg.u64() % lim as u64) as i64));
+        for (nw, vals) in [
+            (Narrow::signed(m), signed.clone()),
+            (Narrow::unsigned(m - 1), unsigned),
+        ] {
+            check_narrow_product(&mut prg, ring, nw, &vals);
         }
+    }
+}
+
+fn check_narrow_product(prg: &mut Prg, ring: Ring, nw: Narrow, vals: &[i64]) {
+    let a: Vec<u64> = vals.iter().map(|&v| ring.from_signed(v)).collect();
+    let mut b: Vec<u64> = a.iter().map(|_| ring.reduce(prg.u64())).collect();
+    b[0] = ring.mask();
+    b[1] = 0;
+    let x = share_values(ring, &a);
+    let y = share_values(ring, &b);
+    let out = run_mem(|ot, ch, role| {
+        let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
+        let p = mul_narrow_values(ot, ch, role, ring, xs, nw, ys)?;
+        let q = square_narrow_values(ot, ch, role, ring, xs, nw)?;
+        let n = p.len();
+        Ok((
+            RingTensor::from_vec(ring, &[n], p)?,
+            RingTensor::from_vec(ring, &[n], q)?,
+        ))
+    });
+    let p = open((out.0 .0, out.1 .0));
+    let q = open((out.0 .1, out.1 .1));
+    for i in 0..a.len() {
+        assert_eq!(
+            p[i],
+            ring.mul(a[i], b[i]),
+            "{ring:?} {nw:?}: {} · b",
+            vals[i]
+        );
+        assert_eq!(q[i], ring.mul(a[i], a[i]), "{ring:?} {nw:?}: {}²", vals[i]);
     }
 }
 
@@ -227,13 +244,39 @@ fn fused_product_truncation_is_within_its_bound() {
     let ring = fp().ring;
     let ax = Approx::new(fp()).unwrap();
     // (m, s, out): ReLU-normalise's, Softmax's and LayerNorm's shapes.
-    for (m, s, out) in [(25u32, 24u32, 16u32), (15, 24, 16), (24, 19, 22)] {
-        let lim = 1i64 << (m - 1);
-        let blim = 1i64 << (s + out - 2 - (m - 1));
-        let mut sa: Vec<i64> = vec![0, 1, -1, lim - 1, -lim + 1, lim - 1, -lim + 1, 0];
-        let mut sb: Vec<i64> = vec![blim - 1, blim - 1, -blim + 1, blim - 1, blim - 1, 0, 1, -1];
+    // Unsigned: ReLU-normalise's ReLU outputs 0 ≤ r < 2^24.
+    for (signed, m, s, out) in [
+        (true, 25u32, 24u32, 16u32),
+        (false, 24, 24, 16),
+        (true, 15, 24, 16),
+        (true, 24, 19, 22),
+    ] {
+        let nw = if signed {
+            Narrow::signed(m)
+        } else {
+            Narrow::unsigned(m)
+        };
+        // |a| < 2^mag.
+        let mag = if signed { m - 1 } else { m };
+        let lim = 1i64 << mag;
+        let blim = 1i64 << (s + out - 2 - mag);
+        let (mut sa, mut sb): (Vec<i64>, Vec<i64>) = if signed {
+            (
+                vec![0, 1, -1, lim - 1, -lim + 1, lim - 1, -lim + 1, 0],
+                vec![blim - 1, blim - 1, -blim + 1, blim - 1, blim - 1, 0, 1, -1],
+            )
+        } else {
+            (
+                vec![0, 1, lim - 1, lim - 1, lim - 2, 0],
+                vec![blim - 1, -blim + 1, blim - 1, -blim + 1, 1, -1],
+            )
+        };
         for _ in 0..200 {
-            sa.push((prg.u64() % (2 * lim as u64)) as i64 - lim);
+            sa.push(if signed {
+                (prg.u64() % (2 * lim as u64)) as i64 - lim
+            } else {
+                (prg.u64() % lim as u64) as i64
+            });
             sb.push((prg.u64() % (2 * blim as u64)) as i64 - blim);
         }
         let a: Vec<u64> = sa.iter().map(|&v| ring.from_signed(v)).collect();
@@ -243,11 +286,11 @@ fn fused_product_truncation_is_within_its_bound() {
         let (t, n) = (s - g, (out + g + 1).min(ring.bits() - (s - g)));
         let out2 = run_mem(|ot, ch, role| {
             let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
-            let hi = mul_narrow_high_values(ot, ch, role, ring, xs, m, ys, t, n)?;
+            let hi = mul_narrow_high_values(ot, ch, role, ring, xs, nw, ys, t, n)?;
             let mut cx = Ctx::new(ot, ch, role, ax);
-            let exact = cx.mul_narrow_trunc(xs, m, ys, s, out)?;
+            let exact = cx.mul_narrow_trunc(xs, nw, ys, s, out)?;
             cx.trunc_mode = TruncMode::OneBitError;
-            let cheap = cx.mul_narrow_trunc(xs, m, ys, s, out)?;
+            let cheap = cx.mul_narrow_trunc(xs, nw, ys, s, out)?;
             Ok((hi, exact, cheap))
         });
         let (c, sv) = out2;
