@@ -80,11 +80,10 @@ impl<'a, C: Channel> Ctx<'a, C> {
         mul_narrow_values(self.ot, self.ch, self.role, ring, a, nw, b)
     }
 
-    /// ⌊a·b / 2^s⌋ for a narrow a (promise `nw`, m = its bits) and a·b / 2^s ∈ (1 − 2^(out−1),
-    /// 2^(out−1)).
+    /// ⌊a·b / 2^s⌋ for a narrow a (promise `nw`, m = its bits) and |a·b| / 2^s < 2^(out−1) − 1.
     /// * `Faithful`: [`Ctx::mul_narrow`] then the faithful truncation (exactly `approx`).
     /// * `OneBitError`: the product's high part only ([`mul_narrow_high_values`]), see
-    ///   [`Ctx::fused_trunc`]: ⌊a·b / 2^s⌋ − c, c ∈ {0, 1, 2}.
+    ///   [`Ctx::fused_trunc`]: ⌊a·b / 2^s⌋ + c, c ∈ {−2, −1, 0, 1}.
     pub fn mul_narrow_trunc(
         &mut self,
         a: &[u64],
@@ -97,7 +96,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         self.fused_trunc(
             s,
             out,
-            2 * (nw.bits() + 1).min(s) + 1,
+            (nw.bits() + 1).min(s) + 1,
             |cx| {
                 let p = cx.mul_narrow(a, nw, b)?;
                 cx.trunc(&p, s)
@@ -107,7 +106,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
     }
 
     /// ⌊a·γ / 2^s⌋ for the server's γ ∈ [−2^(g−1), 2^(g−1)) broadcast over rows of `row`
-    /// ([`Ctx::mul_server_narrow`]), a·γ / 2^s ∈ (1 − 2^(out−1), 2^(out−1)); modes as
+    /// ([`Ctx::mul_server_narrow`]), |a·γ| / 2^s < 2^(out−1) − 1; modes as
     /// [`Ctx::mul_narrow_trunc`].
     #[allow(clippy::too_many_arguments)]
     pub fn mul_server_trunc(
@@ -123,7 +122,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         self.fused_trunc(
             s,
             out,
-            g.min(s) + 1,
+            (g.min(s) + 2).div_ceil(2),
             |cx| {
                 let p = cx.mul_server_narrow(a, row, gamma, g)?;
                 cx.trunc(&p, s)
@@ -135,13 +134,13 @@ impl<'a, C: Channel> Ctx<'a, C> {
         )
     }
 
-    /// A product P followed by a truncation by s, for P / 2^s ∈ (1 − 2^(out−1), 2^(out−1)).
-    /// `Faithful` (or too small an s) runs `exact`. `OneBitError` runs `high(t, n)`, the
-    /// product's high part ⌊P / 2^t⌋ − e mod 2^n with 0 ≤ e ≤ `max_err` < 2^g, at g guard bits
-    /// below 2^s (t = s − g) on n = out + g + 1 bits (at most ℓ − t): its COTs carry n bits
-    /// instead of up to ℓ. ⌊P / 2^t⌋ − e then lies in (−2^(n−2), 2^(n−2)), the head-room the
-    /// 1-bit-error truncation by g needs; a sign extension to ℓ follows. Result ⌊P / 2^s⌋ − c,
-    /// c ∈ {0, 1, 2}: one-sided error ≤ 2 ulp (the plain 1-bit-error truncation: 1). Needs
+    /// A product P followed by a truncation by s, for |P| / 2^s < 2^(out−1) − 1. `Faithful` (or
+    /// too small an s) runs `exact`. `OneBitError` runs `high(t, n)`, the product's high part
+    /// P / 2^t + e mod 2^n with |e| ≤ `max_err` < 2^g, at g guard bits below 2^s (t = s − g) on
+    /// n = out + g + 1 bits (at most ℓ − t): its COTs carry n bits instead of up to ℓ. That
+    /// value lies in (−2^(n−2), 2^(n−2)), the head-room the 1-bit-error truncation by g needs;
+    /// a sign extension to ℓ follows. Result ⌊P / 2^s⌋ + c, c ∈ {−2, −1, 0, 1}: |e| / 2^g < 1
+    /// moves the floor by at most one either way, the truncation by one down. Needs
     /// |P| < 2^(ℓ−2).
     fn fused_trunc(
         &mut self,

@@ -66,7 +66,7 @@ fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
         let my = cx.mul_narrow_trunc(m, Narrow::unsigned(fr + 1), &y, fr, fr + 2)?;
         let mut u: Vec<u64> = my.iter().map(|&v| ring.neg(v)).collect();
         cx.add_public(&mut u, 2u64 << fr);
-        y = cx.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &u, fr, fr + 2)?;
+        y = cx.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &u, fr, fr + 3)?;
     }
     Ok(y)
 }
@@ -164,11 +164,11 @@ pub fn recip_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result
     let fr = ax.newton_frac();
     let h = class_onehot(cx, s, 1, k, Some(k))?;
     let g = select(cx, &h, 1, k, |e| ax.norm_scale(e));
-    let m = cx.mul_narrow_trunc(s, Narrow::unsigned(k), &g, k - fr, fr + 1)?;
+    let m = cx.mul_narrow_trunc(s, Narrow::unsigned(k), &g, k - fr, fr + 2)?;
     let y = newton_recip(cx, &m)?;
     let shift = ax.recip_out_shift(out_frac);
     // y·g < 2^(F+1+K−1): the result is below 2^(F+K−shift).
-    cx.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &g, shift, fr + k - shift + 1)
+    cx.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &g, shift, fr + k - shift + 2)
 }
 
 /// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at).

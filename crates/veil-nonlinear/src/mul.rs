@@ -13,8 +13,8 @@
 //!   bits) so only m + 1 bits of a drive COTs; [`mul_server_row_narrow`] offsets a γ promised in
 //!   [−2^(g−1), 2^(g−1)) to [0, 2^g). About (m+1)·(ℓ − m/2) bits per cross term instead of ℓ²/2.
 //!
-//! * [`mul_narrow_high_values`]: only ⌊a·b / 2^t⌋ mod 2^n (up to a small one-sided error): bit k
-//!   of a COT's correlation below 2^t is dropped by the sender, so every COT carries n bits
+//! * [`mul_narrow_high_values`]: only a·b / 2^t mod 2^n (up to a small centred error): the
+//!   sender rounds a COT's correlation to a multiple of 2^t, so every COT carries n bits
 //!   instead of ℓ − k (a product and the truncation after it, fused; used by the 1-bit-error mode).
 //!
 //! Products are exact mod 2^ℓ (no truncation here; see [`crate::trunc`]); the narrow ones while
@@ -42,9 +42,11 @@ fn buckets(bits: u32) -> impl Iterator<Item = (u32, u32)> {
 }
 
 /// What a cross term's COTs deliver: shares mod 2^n of Σ_k b_k·h_k(a) with h_k(a) =
-/// ⌊(a·2^k mod 2^ℓ) / 2^t⌋, i.e. of ⌊a·b / 2^t⌋ − e with 0 ≤ e < (positions k < t with b_k set):
-/// the high part of the product, computed without its low bits. t = 0, n = ℓ is the exact
-/// product mod 2^ℓ. Bit k ≥ t only needs a mod 2^(n−k+t), bit k < t a correlation of n bits.
+/// round((a·2^k mod 2^ℓ) / 2^t), i.e. of a·b / 2^t + e with |e| ≤ (positions k < t with b_k
+/// set) / 2: the high part of the product, computed without its low bits. Rounding (not
+/// flooring) keeps the error centred, so the guard bits above it cover half as much. t = 0,
+/// n = ℓ is the exact product mod 2^ℓ. Bit k ≥ t only needs a mod 2^(n−k+t), bit k < t a
+/// correlation of n bits.
 #[derive(Clone, Copy)]
 struct Scale {
     ring: Ring,
@@ -69,10 +71,15 @@ impl Scale {
     /// Correlation of bit k (reduced to the bucket's width by the caller).
     fn corr(&self, a: u64, k: u32) -> u64 {
         if k < self.t {
-            self.ring.mul(a, 1u64 << k) >> self.t
+            self.round_high(self.ring.mul(a, 1u64 << k))
         } else {
             a
         }
+    }
+
+    /// round(v / 2^t) for a value v < 2^ℓ (t > 0).
+    fn round_high(&self, v: u64) -> u64 {
+        ((v as u128 + (1u128 << (self.t - 1))) >> self.t) as u64
     }
 
     /// Weight of bit k's COT output mod 2^n.
@@ -84,9 +91,10 @@ impl Scale {
         }
     }
 
-    /// ⌊v / 2^t⌋ mod 2^n of a local ring value.
+    /// round(v / 2^t) mod 2^n of a local ring value (v itself for t = 0).
     fn high(&self, v: u64) -> u64 {
-        (v >> self.t) & low_mask(self.n)
+        let h = if self.t == 0 { v } else { self.round_high(v) };
+        h & low_mask(self.n)
     }
 
     fn add(&self, a: u64, b: u64) -> u64 {
@@ -352,9 +360,9 @@ pub fn mul_narrow_values<C: Channel>(
 }
 
 /// [`mul_narrow_values`] delivering only the high part: shares mod 2^n (raw, in [0, 2^n)) of
-/// ⌊a·b / 2^t⌋ − e with 0 ≤ e ≤ 2·min(m + 1, t) + 1 (each of the two local terms and each COT
-/// at a position below t drops its fraction), for n + t ≤ ℓ. Every COT then carries n bits
-/// instead of up to ℓ: a product followed by a truncation, fused, at a one-sided error of a few
+/// a·b / 2^t + e with |e| ≤ min(m + 1, t) + 1 (each of the two local terms and each COT at a
+/// position below t rounds off at most half a unit), for n + t ≤ ℓ. Every COT then carries n
+/// bits instead of up to ℓ: a product followed by a truncation, fused, at an error of a few
 /// units of 2^t (callers compute at a few guard bits below the wanted scale). Label "Mul".
 #[allow(clippy::too_many_arguments)]
 pub fn mul_narrow_high_values<C: Channel>(
@@ -529,7 +537,7 @@ pub fn mul_server_row_narrow<C: Channel>(
 }
 
 /// [`mul_server_row_narrow`] delivering only the high part, as [`mul_narrow_high_values`]:
-/// shares mod 2^n (raw, in [0, 2^n)) of ⌊x·γ / 2^t⌋ − e with 0 ≤ e ≤ min(g, t) + 1, for
+/// shares mod 2^n (raw, in [0, 2^n)) of x·γ / 2^t + e with |e| ≤ (min(g, t) + 2) / 2, for
 /// n + t ≤ ℓ. Label "Mul".
 #[allow(clippy::too_many_arguments)]
 pub fn mul_server_row_high<C: Channel>(
