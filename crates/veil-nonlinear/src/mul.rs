@@ -28,7 +28,7 @@ use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
 use crate::boolean::{and, mux};
-use crate::exchange::{arith_cot_both, low_mask};
+use crate::exchange::{cot_both, low_mask, Corr};
 use crate::trunc::TruncMode;
 
 /// Bit positions per COT call: 8 keeps the width overhead small and the calls few (ℓ/8 rounds).
@@ -152,7 +152,7 @@ fn cross_both<C: Channel>(
             break;
         }
         let (deltas, choices) = bucket_inputs(sc, a, b, k0, k1, width);
-        let (x, y) = arith_cot_both(ot, ch, role, &deltas, &choices, width)?;
+        let (x, y) = cot_both(ot, ch, role, Corr::Arith, &deltas, &choices, width)?;
         accumulate(sc, &mut acc, &x, k0, k1, true);
         accumulate(sc, &mut acc, &y, k0, k1, false);
     }

@@ -117,23 +117,30 @@ fn check_1_of_n(backend: Backend, log_n: u32, count: usize, bits: u32, shared: b
     }
 }
 
-fn check_arith(backend: Backend, n: usize, bits: u32) {
+/// The arithmetic (`xor` false) or binary COT against its ideal functionality.
+fn check_cot(backend: Backend, n: usize, bits: u32, xor: bool) {
     let deltas = random_values(n, bits);
     let choices = random_bools(n);
     let (d, c) = (deltas.clone(), choices.clone());
     let (y, x) = with_sessions(
         backend,
-        move |s, ch| s.recv_arith_cot(ch, &c, bits),
-        move |s, ch| s.send_arith_cot(ch, &d, bits),
+        move |s, ch| match xor {
+            true => s.recv_xor_cot(ch, &c, bits),
+            false => s.recv_arith_cot(ch, &c, bits),
+        },
+        move |s, ch| match xor {
+            true => s.send_xor_cot(ch, &d, bits),
+            false => s.send_arith_cot(ch, &d, bits),
+        },
     )
     .unwrap();
     for i in 0..n {
-        let want = if choices[i] {
-            x[i].wrapping_add(deltas[i]) & mask(bits)
-        } else {
-            x[i]
+        let want = match (choices[i], xor) {
+            (false, _) => x[i],
+            (true, false) => x[i].wrapping_add(deltas[i]) & mask(bits),
+            (true, true) => x[i] ^ deltas[i],
         };
-        assert_eq!(y[i], want, "arith COT {i}");
+        assert_eq!(y[i], want, "COT {i} (xor: {xor})");
         assert_eq!(x[i] & !mask(bits), 0);
     }
     // x must be uniform: its low and top bits are balanced.
@@ -178,10 +185,13 @@ fn shared_1_of_n_matches_ideal_functionality() {
 }
 
 #[test]
-fn iknp_arith_cot_matches_ideal_functionality() {
-    check_arith(Backend::Iknp, 100_000, 41);
-    check_arith(Backend::Iknp, 10_000, 64);
-    check_arith(Backend::Iknp, 10_000, 1);
+fn iknp_arith_and_xor_cots_match_ideal_functionality() {
+    for xor in [false, true] {
+        check_cot(Backend::Iknp, 100_000, 41, xor);
+        check_cot(Backend::Iknp, 10_000, 64, xor);
+        check_cot(Backend::Iknp, 10_000, 2, xor);
+        check_cot(Backend::Iknp, 10_000, 1, xor);
+    }
 }
 
 /// Records what the wrapped channel receives, to look at ciphertexts on the wire.
