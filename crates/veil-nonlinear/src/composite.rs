@@ -26,7 +26,7 @@
 //! each truncation may land 1 ulp low, and the final products of Softmax, ReLU-normalise,
 //! LayerNorm's d·r and the products by γ are fused with their truncation
 //! ([`Ctx::mul_narrow_trunc`], [`Ctx::mul_server_trunc`]: only the high part of the product is
-//! computed, each COT carrying n ≤ ℓ − t bits instead of up to ℓ) and land within −2 … +1 ulp.
+//! computed, each COT carrying n ≤ ℓ − t bits instead of up to ℓ) and land within −3 … +2 ulp.
 //! Tested bounds in that mode: ReLU-normalise 3e-4 + 3 ulp, LayerNorm (2e-3 + 3 ulp)·(1 + |γ|)
 //! plus the mean's error (≤ 2 ulp, in every d_i) times |γ|/σ, which matters for tiny variances;
 //! centre + affine 4 ulp·(1 + |γ|), Softmax 4e-3 (exp's squarings amplify its low truncations on

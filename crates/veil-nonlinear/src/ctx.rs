@@ -80,10 +80,10 @@ impl<'a, C: Channel> Ctx<'a, C> {
         mul_narrow_values(self.ot, self.ch, self.role, ring, a, nw, b)
     }
 
-    /// ⌊a·b / 2^s⌋ for a narrow a (promise `nw`, m = its bits) and |a·b| / 2^s < 2^(out−1) − 1.
+    /// ⌊a·b / 2^s⌋ for a narrow a (promise `nw`, m = its bits) and |a·b| / 2^s < 2^(out−1) − 2.
     /// * `Faithful`: [`Ctx::mul_narrow`] then the faithful truncation (exactly `approx`).
     /// * `OneBitError`: the product's high part only ([`mul_narrow_high_values`]), see
-    ///   [`Ctx::fused_trunc`]: ⌊a·b / 2^s⌋ + c, c ∈ {−2, −1, 0, 1}.
+    ///   [`Ctx::fused_trunc`]: ⌊a·b / 2^s⌋ + c, c ∈ {−3, …, 2}.
     pub fn mul_narrow_trunc(
         &mut self,
         a: &[u64],
@@ -106,7 +106,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
     }
 
     /// ⌊a·γ / 2^s⌋ for the server's γ ∈ [−2^(g−1), 2^(g−1)) broadcast over rows of `row`
-    /// ([`Ctx::mul_server_narrow`]), |a·γ| / 2^s < 2^(out−1) − 1; modes as
+    /// ([`Ctx::mul_server_narrow`]), |a·γ| / 2^s < 2^(out−1) − 2; modes as
     /// [`Ctx::mul_narrow_trunc`].
     #[allow(clippy::too_many_arguments)]
     pub fn mul_server_trunc(
@@ -134,13 +134,14 @@ impl<'a, C: Channel> Ctx<'a, C> {
         )
     }
 
-    /// A product P followed by a truncation by s, for |P| / 2^s < 2^(out−1) − 1. `Faithful` (or
+    /// A product P followed by a truncation by s, for |P| / 2^s < 2^(out−1) − 2. `Faithful` (or
     /// too small an s) runs `exact`. `OneBitError` runs `high(t, n)`, the product's high part
-    /// P / 2^t + e mod 2^n with |e| ≤ `max_err` < 2^g, at g guard bits below 2^s (t = s − g) on
-    /// n = out + g + 1 bits (at most ℓ − t): its COTs carry n bits instead of up to ℓ. That
+    /// P / 2^t + e mod 2^n with |e| ≤ `max_err` < 2^(g+1), at g guard bits below 2^s (t = s − g)
+    /// on n = out + g + 1 bits (at most ℓ − t): its COTs carry n bits instead of up to ℓ. That
     /// value lies in (−2^(n−2), 2^(n−2)), the head-room the 1-bit-error truncation by g needs;
-    /// a sign extension to ℓ follows. Result ⌊P / 2^s⌋ + c, c ∈ {−2, −1, 0, 1}: |e| / 2^g < 1
-    /// moves the floor by at most one either way, the truncation by one down. Needs
+    /// a sign extension to ℓ follows. Result ⌊P / 2^s⌋ + c, c ∈ {−3, …, 2}: |e| / 2^g < 2 moves
+    /// the floor by at most two either way, the truncation by one down. The worst case needs
+    /// most rounding errors of one sign; typically |e| / 2^g is a fraction of an ulp. Needs
     /// |P| < 2^(ℓ−2).
     fn fused_trunc(
         &mut self,
@@ -151,7 +152,8 @@ impl<'a, C: Channel> Ctx<'a, C> {
         high: impl FnOnce(&mut Self, u32, u32) -> Result<Vec<u64>>,
     ) -> Result<Vec<u64>> {
         let l = self.ring().bits();
-        let g = 32 - max_err.leading_zeros();
+        // 2^(g+1) > max_err: |e| / 2^g < 2.
+        let g = (32 - max_err.leading_zeros()).saturating_sub(1).max(1);
         if self.trunc_mode == TruncMode::Faithful || s <= g {
             return exact(self);
         }

@@ -236,7 +236,7 @@ fn check_narrow_product(prg: &mut Prg, ring: Ring, nw: Narrow, vals: &[i64]) {
 }
 
 /// The high part of a narrow product is a·b / 2^t + e mod 2^n with |e| ≤ min(m+1, t) + 1, and
-/// the fused product-truncation of the 1-bit-error mode is ⌊a·b / 2^s⌋ + {−2, −1, 0, 1} (the
+/// the fused product-truncation of the 1-bit-error mode is ⌊a·b / 2^s⌋ + {−3, …, 2} (the
 /// faithful mode exactly ⌊a·b / 2^s⌋), for operands at the edges of their promises.
 #[test]
 fn fused_product_truncation_is_within_its_bound() {
@@ -282,7 +282,7 @@ fn fused_product_truncation_is_within_its_bound() {
         let a: Vec<u64> = sa.iter().map(|&v| ring.from_signed(v)).collect();
         let b: Vec<u64> = sb.iter().map(|&v| ring.from_signed(v)).collect();
         let (x, y) = (share_values(ring, &a), share_values(ring, &b));
-        let g = 32 - ((m + 1).min(s) + 1).leading_zeros();
+        let g = (32 - ((m + 1).min(s) + 1).leading_zeros()) - 1;
         let (t, n) = (s - g, (out + g + 1).min(ring.bits() - (s - g)));
         let out2 = run_mem(|ot, ch, role| {
             let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
@@ -317,7 +317,7 @@ fn fused_product_truncation_is_within_its_bound() {
             );
             let d = want - ring.to_signed(ring.add(c.2[i], sv.2[i]));
             assert!(
-                (-1..=2).contains(&d),
+                (-2..=3).contains(&d),
                 "fused {}·{} >> {s} off by {d}",
                 sa[i],
                 sb[i]
@@ -327,7 +327,7 @@ fn fused_product_truncation_is_within_its_bound() {
 }
 
 /// The fused product-truncation by the server's γ (LayerNorm's affine step): ⌊x·γ / 2^13⌋ +
-/// {−2, −1, 0, 1} in the 1-bit-error mode, exact in the faithful one, for x and γ at the edges of their ranges.
+/// {−3, …, 2} in the 1-bit-error mode, exact in the faithful one, for x and γ at the edges of their ranges.
 #[test]
 fn fused_server_row_truncation_is_within_its_bound() {
     let mut prg = Prg::from_os_entropy();
@@ -357,7 +357,7 @@ fn fused_server_row_truncation_is_within_its_bound() {
         assert_eq!(ring.to_signed(ring.add(c.0[i], sv.0[i])), want, "faithful");
         let d = want - ring.to_signed(ring.add(c.1[i], sv.1[i]));
         assert!(
-            (-1..=2).contains(&d),
+            (-2..=3).contains(&d),
             "fused {}·{} off by {d}",
             sx[i],
             sg[i % cols]
