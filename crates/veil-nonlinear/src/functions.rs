@@ -93,28 +93,35 @@ fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
 
 /// Arithmetic shares of the one-hot class h_e of each s over classes e = lo … hi (element-major:
 /// h[i·(hi−lo+1) + e − lo]): class e holds s ∈ [2^(e−1), 2^e), clamped to the range.
-/// `bound`: a promise |s − 2^j| < 2^b for the comparisons (drelu_bounded semantics otherwise).
+/// `domain`: a promise s ∈ [0, 2^b) (b ≥ hi), under which the thresholds [s ≥ 2^j] come from
+/// one bit decomposition of s instead of one comparison each.
 fn class_onehot<C: Channel>(
     cx: &mut Ctx<C>,
     s: &[u64],
     lo: u32,
     hi: u32,
-    bound: Option<u32>,
+    domain: Option<u32>,
 ) -> Result<Vec<u64>> {
-    let ring = cx.ring();
     let k = (hi - lo) as usize;
-    let mut diffs = Vec::with_capacity(s.len() * k);
-    for &v in s {
-        for j in lo..hi {
-            diffs.push(if cx.is_server() {
-                ring.sub(v, 1u64 << j)
-            } else {
-                v
-            });
+    let bits = match domain {
+        Some(b) => thresholds_from_bits(cx, s, lo, hi, b)?,
+        None => {
+            let ring = cx.ring();
+            let mut diffs = Vec::with_capacity(s.len() * k);
+            for &v in s {
+                for j in lo..hi {
+                    diffs.push(if cx.is_server() {
+                        ring.sub(v, 1u64 << j)
+                    } else {
+                        v
+                    });
+                }
+            }
+            cx.drelu(&diffs, None)?
         }
-    }
-    let bits = cx.drelu(&diffs, bound)?;
+    };
     let c = cx.b2a(&bits)?;
+    let ring = cx.ring();
     let one = if cx.is_server() { 1 } else { 0 };
     let mut h = Vec::with_capacity(s.len() * (k + 1));
     for i in 0..s.len() {
@@ -133,6 +140,31 @@ fn class_onehot<C: Channel>(
         }
     }
     Ok(h)
+}
+
+/// XOR shares of [s ≥ 2^j] for j = lo … hi − 1 (element-major) for s ∈ [0, 2^b): the bits of s
+/// (its shares reduced mod 2^b add up to s exactly), then OR_{i ≥ j} s_i. Label "Compare".
+fn thresholds_from_bits<C: Channel>(
+    cx: &mut Ctx<C>,
+    s: &[u64],
+    lo: u32,
+    hi: u32,
+    b: u32,
+) -> Result<Vec<bool>> {
+    veil_core::ensure!(
+        hi <= b && b <= 62,
+        InvalidArgument,
+        "thresholds up to 2^{hi} of values below 2^{b}"
+    );
+    let _g = cx.ch.meter().enter("Compare");
+    let mask = (1u64 << b) - 1;
+    let mine: Vec<u64> = s.iter().map(|&v| v & mask).collect();
+    let bits = crate::bits::sum_bits(cx.ot, cx.ch, cx.role, &mine, b)?;
+    let any = crate::bits::suffix_or(cx.ot, cx.ch, cx.role, &bits, b as usize)?;
+    Ok(any
+        .chunks(b as usize)
+        .flat_map(|row| row[lo as usize..hi as usize].iter().copied())
+        .collect())
 }
 
 /// Σ_e h_e·const(e) over classes lo … hi: selects a public constant per element by its class.
@@ -154,9 +186,9 @@ fn select(
 }
 
 /// 1/s with the output at `out_frac` fractional bits (approx::recip_at), on the domain
-/// s ∈ [1, 2^K) (K = norm_bits): the class comparisons run on K bits and the products are
-/// narrow (s < 2^K, g = 2^(K−e) < 2^K, m < 2^F, y < 2^(F+2)); outside the domain the shares open
-/// to unspecified values.
+/// s ∈ [1, 2^K) (K = norm_bits): the class thresholds come from one bit decomposition of s and
+/// the products are narrow (s < 2^K, g = 2^(K−e) < 2^K, m < 2^F, y < 2^(F+2)); outside the
+/// domain the shares open to unspecified values.
 pub fn recip_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
     let _g = cx.ch.meter().enter("Recip");
     let ax = cx.ax;

@@ -4,6 +4,7 @@
 //!
 //! Layers, bottom up:
 //! * [`boolean`] — AND/select on XOR-shared bits, bit → arithmetic conversion, multiplexer;
+//! * [`bits`] — bit decomposition of a sum of private values, suffix ORs (prefix networks);
 //! * [`millionaire`] — \[a > b\] for privately held a, b (1-of-16 OT digits + AND tree);
 //! * [`compare`] — DReLU, ReLU (optionally on fewer bits when |x| is bounded);
 //! * [`trunc`] — faithful and 1-bit-error truncation, sign extension from a narrow ring;
@@ -22,6 +23,7 @@
 //! input and output.
 
 pub mod bench;
+pub mod bits;
 pub mod boolean;
 pub mod compare;
 pub mod composite;

@@ -465,3 +465,45 @@ fn empty_inputs_give_empty_outputs() {
     });
     assert_eq!(out, (0, 0));
 }
+
+/// Bit decomposition of a + b mod 2^k for private a, b (carries across every position, the
+/// extremes, k = 1 and 64), and suffix ORs of the bits, against plain integer arithmetic.
+#[test]
+fn sum_bits_and_suffix_or_match_integers() {
+    let mut prg = Prg::from_os_entropy();
+    for k in [1u32, 2, 7, 24, 41, 64] {
+        let m = if k == 64 { u64::MAX } else { (1u64 << k) - 1 };
+        let mut a: Vec<u64> = vec![0, m, m, 1, 0, m >> 1];
+        let mut b: Vec<u64> = vec![0, 1, m, m, m, 1];
+        for _ in 0..100 {
+            a.push(prg.u64() & m);
+            b.push(prg.u64() & m);
+        }
+        let (ac, bc) = (a.clone(), b.clone());
+        let out = run_mem(move |ot, ch, role| {
+            let mine = if role == Role::Client { &ac } else { &bc };
+            let bits = veil_nonlinear::bits::sum_bits(ot, ch, role, mine, k)?;
+            let any = veil_nonlinear::bits::suffix_or(ot, ch, role, &bits, k as usize)?;
+            Ok((bits, any))
+        });
+        let bits = open_bits((out.0 .0, out.1 .0));
+        let any = open_bits((out.0 .1, out.1 .1));
+        let ku = k as usize;
+        for i in 0..a.len() {
+            let s = a[i].wrapping_add(b[i]) & m;
+            for j in 0..ku {
+                assert_eq!(bits[i * ku + j], s >> j & 1 == 1, "k={k} {}+{} bit {j}", a[i], b[i]);
+                assert_eq!(any[i * ku + j], s >> j != 0, "k={k} {}+{} OR from {j}", a[i], b[i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn sum_bits_rejects_wide_inputs() {
+    let out = run_mem(|ot, ch, role| {
+        let mine = if role == Role::Client { vec![1u64 << 5] } else { vec![0] };
+        Ok(veil_nonlinear::bits::sum_bits(ot, ch, role, &mine, 5).is_err())
+    });
+    assert!(out.0, "an input above 2^k is refused before any traffic");
+}
