@@ -34,7 +34,7 @@ pub fn and_select<C: Channel>(
     let m = low_mask(width);
     let mine: Vec<u64> = d.iter().map(|&v| v & m).collect();
     // The peer's choice bit selects row 0 or d_mine: the two outputs XOR to a_peer·d_mine.
-    let (r, got) = cot_both(ot, ch, role, Corr::Xor, &mine, a, width)?;
+    let (r, got) = cot_both(ot, ch, role, Corr::Xor, &mine, a, &[width])?;
     Ok((0..a.len())
         .map(|i| (if a[i] { mine[i] } else { 0 }) ^ r[i] ^ got[i])
         .collect())
@@ -104,7 +104,7 @@ pub fn mux<C: Channel>(
         .zip(v)
         .map(|(&bi, &vi)| if bi { ring.neg(vi) } else { vi })
         .collect();
-    let (x, y) = cot_both(ot, ch, role, Corr::Arith, &deltas, b, ring.bits())?;
+    let (x, y) = cot_both(ot, ch, role, Corr::Arith, &deltas, b, &[ring.bits()])?;
     Ok((0..b.len())
         .map(|i| {
             let own = if b[i] { v[i] } else { 0 };

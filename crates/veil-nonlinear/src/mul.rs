@@ -2,8 +2,8 @@
 //!
 //! A cross term a·b, a held by one party and b by the other, is Σ_k 2^k·b_k·a: one arithmetic COT
 //! per bit b_k of b with correlation a. Bit k only needs a mod 2^(ℓ−k) (the factor 2^k kills the
-//! rest), so COTs are grouped in buckets of [`BUCKET_BITS`] bit positions, each bucket sent at the
-//! width of its lowest position: about ℓ²/2 + ℓ·BUCKET_BITS/2 bits per cross term instead of ℓ².
+//! rest), so every COT is sent at its own position's width: about ℓ²/2 bits per cross term
+//! instead of ℓ². COTs go out in buckets of [`BUCKET_BITS`] positions (one call each).
 //! * [`mul`]: x·y, both shared: two cross terms (one per direction, interleaved).
 //! * [`square`]: x·x = x0² + x1² + 2·x0·x1: one cross term.
 //! * [`mul_server_row`]: x·γ with γ known only to the server (LayerNorm's weights): one term.
@@ -31,7 +31,7 @@ use crate::boolean::{and, mux};
 use crate::exchange::{cot_both, low_mask, Corr};
 use crate::trunc::TruncMode;
 
-/// Bit positions per COT call: 8 keeps the width overhead small and the calls few (ℓ/8 rounds).
+/// Bit positions per COT call: 8 keeps the calls few (ℓ/8 rounds).
 pub const BUCKET_BITS: u32 = 8;
 
 /// Bit-position buckets [k0, k1) covering the `bits` choice-bit positions 0..bits.
@@ -63,12 +63,22 @@ impl Scale {
         }
     }
 
-    /// COT width of the bucket starting at k0 (0: every term vanishes mod 2^n).
-    fn width(&self, k0: u32) -> u32 {
-        self.n.saturating_sub(k0.saturating_sub(self.t))
+    /// COT width of bit position k (0: its term vanishes mod 2^n).
+    fn width(&self, k: u32) -> u32 {
+        self.n.saturating_sub(k.saturating_sub(self.t))
     }
 
-    /// Correlation of bit k (reduced to the bucket's width by the caller).
+    /// Positions below this one have a non-zero width.
+    fn live_bits(&self, bits: u32) -> u32 {
+        bits.min(self.t + self.n)
+    }
+
+    /// Widths of the positions k0 … k1 − 1 (all non-zero).
+    fn widths(&self, k0: u32, k1: u32) -> Vec<u32> {
+        (k0..k1).map(|k| self.width(k)).collect()
+    }
+
+    /// Correlation of bit k (reduced to its width by the caller).
     fn corr(&self, a: u64, k: u32) -> u64 {
         if k < self.t {
             self.round_high(self.ring.mul(a, 1u64 << k))
@@ -102,20 +112,14 @@ impl Scale {
     }
 }
 
-/// COT inputs of one bucket: correlations h_k(a) mod 2^width and choice bits b_k, element-major.
-fn bucket_inputs(
-    sc: Scale,
-    a: &[u64],
-    b: &[u64],
-    k0: u32,
-    k1: u32,
-    width: u32,
-) -> (Vec<u64>, Vec<bool>) {
+/// COT inputs of one bucket: correlations h_k(a) mod 2^width(k) and choice bits b_k,
+/// element-major.
+fn bucket_inputs(sc: Scale, a: &[u64], b: &[u64], k0: u32, k1: u32) -> (Vec<u64>, Vec<bool>) {
     let per = (k1 - k0) as usize;
     let mut deltas = Vec::with_capacity(a.len() * per);
     let mut choices = Vec::with_capacity(b.len() * per);
     for &ai in a {
-        deltas.extend((k0..k1).map(|k| sc.corr(ai, k) & low_mask(width)));
+        deltas.extend((k0..k1).map(|k| sc.corr(ai, k) & low_mask(sc.width(k))));
     }
     for &bi in b {
         choices.extend((k0..k1).map(|k| bi >> k & 1 == 1));
@@ -146,13 +150,10 @@ fn cross_both<C: Channel>(
     b_bits: u32,
 ) -> Result<Vec<u64>> {
     let mut acc = vec![0u64; a.len()];
-    for (k0, k1) in buckets(b_bits) {
-        let width = sc.width(k0);
-        if width == 0 {
-            break;
-        }
-        let (deltas, choices) = bucket_inputs(sc, a, b, k0, k1, width);
-        let (x, y) = cot_both(ot, ch, role, Corr::Arith, &deltas, &choices, width)?;
+    for (k0, k1) in buckets(sc.live_bits(b_bits)) {
+        let (deltas, choices) = bucket_inputs(sc, a, b, k0, k1);
+        let widths = sc.widths(k0, k1);
+        let (x, y) = cot_both(ot, ch, role, Corr::Arith, &deltas, &choices, &widths)?;
         accumulate(sc, &mut acc, &x, k0, k1, true);
         accumulate(sc, &mut acc, &y, k0, k1, false);
     }
@@ -171,18 +172,15 @@ fn cross_one_way<C: Channel>(
     b_bits: u32,
 ) -> Result<Vec<u64>> {
     let mut acc = vec![0u64; mine.len()];
-    for (k0, k1) in buckets(b_bits) {
-        let width = sc.width(k0);
-        if width == 0 {
-            break;
-        }
+    for (k0, k1) in buckets(sc.live_bits(b_bits)) {
+        let widths = sc.widths(k0, k1);
         if role == sender {
-            let (deltas, _) = bucket_inputs(sc, mine, &[], k0, k1, width);
-            let x = ot.send_arith_cot(ch, &deltas, width)?;
+            let (deltas, _) = bucket_inputs(sc, mine, &[], k0, k1);
+            let x = ot.send_arith_cot_widths(ch, &deltas, &widths)?;
             accumulate(sc, &mut acc, &x, k0, k1, true);
         } else {
-            let (_, choices) = bucket_inputs(sc, &[], mine, k0, k1, width);
-            let y = ot.recv_arith_cot(ch, &choices, width)?;
+            let (_, choices) = bucket_inputs(sc, &[], mine, k0, k1);
+            let y = ot.recv_arith_cot_widths(ch, &choices, &widths)?;
             accumulate(sc, &mut acc, &y, k0, k1, false);
         }
     }

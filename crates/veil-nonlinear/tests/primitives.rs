@@ -492,8 +492,20 @@ fn sum_bits_and_suffix_or_match_integers() {
         for i in 0..a.len() {
             let s = a[i].wrapping_add(b[i]) & m;
             for j in 0..ku {
-                assert_eq!(bits[i * ku + j], s >> j & 1 == 1, "k={k} {}+{} bit {j}", a[i], b[i]);
-                assert_eq!(any[i * ku + j], s >> j != 0, "k={k} {}+{} OR from {j}", a[i], b[i]);
+                assert_eq!(
+                    bits[i * ku + j],
+                    s >> j & 1 == 1,
+                    "k={k} {}+{} bit {j}",
+                    a[i],
+                    b[i]
+                );
+                assert_eq!(
+                    any[i * ku + j],
+                    s >> j != 0,
+                    "k={k} {}+{} OR from {j}",
+                    a[i],
+                    b[i]
+                );
             }
         }
     }
@@ -502,7 +514,11 @@ fn sum_bits_and_suffix_or_match_integers() {
 #[test]
 fn sum_bits_rejects_wide_inputs() {
     let out = run_mem(|ot, ch, role| {
-        let mine = if role == Role::Client { vec![1u64 << 5] } else { vec![0] };
+        let mine = if role == Role::Client {
+            vec![1u64 << 5]
+        } else {
+            vec![0]
+        };
         Ok(veil_nonlinear::bits::sum_bits(ot, ch, role, &mine, 5).is_err())
     });
     assert!(out.0, "an input above 2^k is refused before any traffic");

@@ -17,7 +17,7 @@ use crate::derand::{
     check_bits, check_values, for_receiver_pads, for_sender_pads, recv_corrections,
     send_corrections,
 };
-use crate::pack::{mask, packed_len, BitReader, BitWriter};
+use crate::pack::{mask, BitReader, BitWriter};
 use crate::OtSession;
 
 /// The group a COT's correlation lives in.
@@ -53,7 +53,7 @@ impl OtSession {
         deltas: &[u64],
         bits: u32,
     ) -> Result<Vec<u64>> {
-        self.send_cot(ch, deltas, bits, Group::Add)
+        self.send_cot(ch, deltas, &[bits], Group::Add)
     }
 
     /// Arithmetic COT receiver: returns `y_i = x_i + c_i·δ_i mod 2^bits`.
@@ -63,7 +63,29 @@ impl OtSession {
         choices: &[bool],
         bits: u32,
     ) -> Result<Vec<u64>> {
-        self.recv_cot(ch, choices, bits, Group::Add)
+        self.recv_cot(ch, choices, &[bits], Group::Add)
+    }
+
+    /// Arithmetic COTs of different widths in one call: COT i works in Z_(2^w) with
+    /// w = `widths[i mod widths.len()]` (a product's bit positions need fewer bits the higher
+    /// they are), so each costs its own width instead of the widest.
+    pub fn send_arith_cot_widths<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        deltas: &[u64],
+        widths: &[u32],
+    ) -> Result<Vec<u64>> {
+        self.send_cot(ch, deltas, widths, Group::Add)
+    }
+
+    /// Receiver of [`OtSession::send_arith_cot_widths`] (the same `widths`).
+    pub fn recv_arith_cot_widths<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        choices: &[bool],
+        widths: &[u32],
+    ) -> Result<Vec<u64>> {
+        self.recv_cot(ch, choices, widths, Group::Add)
     }
 
     /// Binary COT sender: correlations `δ_i < 2^bits`; returns `x_i`.
@@ -73,7 +95,7 @@ impl OtSession {
         deltas: &[u64],
         bits: u32,
     ) -> Result<Vec<u64>> {
-        self.send_cot(ch, deltas, bits, Group::Xor)
+        self.send_cot(ch, deltas, &[bits], Group::Xor)
     }
 
     /// Binary COT receiver: returns `y_i = x_i ⊕ c_i·δ_i`.
@@ -83,31 +105,36 @@ impl OtSession {
         choices: &[bool],
         bits: u32,
     ) -> Result<Vec<u64>> {
-        self.recv_cot(ch, choices, bits, Group::Xor)
+        self.recv_cot(ch, choices, &[bits], Group::Xor)
     }
 
     fn send_cot<C: Channel>(
         &mut self,
         ch: &mut C,
         deltas: &[u64],
-        bits: u32,
+        widths: &[u32],
         group: Group,
     ) -> Result<Vec<u64>> {
-        check_bits(bits)?;
-        check_values(deltas, bits, "COT correlations")?;
+        let total = total_bits(deltas.len(), widths)?;
+        for (i, &d) in deltas.iter().enumerate() {
+            check_values(&[d], widths[i % widths.len()], "COT correlations")?;
+        }
         let batch = self.take_send(ch, deltas.len())?;
         let d = recv_corrections(ch, deltas.len())?;
-        let m = mask(bits);
         let mut x = Vec::with_capacity(deltas.len());
-        let mut u = BitWriter::new(deltas.len(), bits);
+        let mut u = BitWriter::new(0, 1);
+        let mut ws = widths.iter().cycle();
         for_sender_pads(&batch, &d, |first, p0, p1| {
             for ((&delta, a), b) in deltas[first..].iter().zip(p0).zip(p1) {
-                let xi = *a as u64 & m;
+                let w = *ws.next().expect("cycle");
+                let xi = *a as u64 & mask(w);
                 x.push(xi);
-                u.push(group.op(group.op(xi, delta), group.inv(*b as u64)));
+                u.push_bits(group.op(group.op(xi, delta), group.inv(*b as u64)), w);
             }
         });
-        ch.send_msg(&u.finish())?;
+        let msg = u.finish();
+        assert_eq!(msg.len(), total.div_ceil(8), "COT message length");
+        ch.send_msg(&msg)?;
         ch.flush()?;
         Ok(x)
     }
@@ -116,22 +143,32 @@ impl OtSession {
         &mut self,
         ch: &mut C,
         choices: &[bool],
-        bits: u32,
+        widths: &[u32],
         group: Group,
     ) -> Result<Vec<u64>> {
-        check_bits(bits)?;
         let n = choices.len();
+        let total = total_bits(n, widths)?;
         let batch = self.take_recv(ch, n)?;
         send_corrections(ch, &batch, choices.iter().copied())?;
         // pad_{c_i} first (while the sender works), then ∘ c·u with c as a mask.
         let mut out = Vec::with_capacity(n);
         for_receiver_pads(&batch, |_, pads| out.extend(pads.iter().map(|&p| p as u64)));
-        let msg = ch.recv_msg_exact(packed_len(n, bits))?;
-        let mut u = BitReader::new(&msg, n, bits, "COT corrections")?;
-        let m = mask(bits);
-        for (o, &c) in out.iter_mut().zip(choices) {
-            *o = group.op(*o, u.next_value() & 0u64.wrapping_sub(c as u64)) & m;
+        let msg = ch.recv_msg_exact(total.div_ceil(8))?;
+        let mut u = BitReader::with_total_bits(&msg, total, "COT corrections")?;
+        for ((o, &c), &w) in out.iter_mut().zip(choices).zip(widths.iter().cycle()) {
+            *o = group.op(*o, u.next_bits(w) & 0u64.wrapping_sub(c as u64)) & mask(w);
         }
         Ok(out)
     }
+}
+
+/// Payload bits of `count` COTs cycling through `widths` (each checked to be 1..=64).
+fn total_bits(count: usize, widths: &[u32]) -> Result<usize> {
+    veil_core::ensure!(!widths.is_empty(), InvalidArgument, "COT widths are empty");
+    for &w in widths {
+        check_bits(w)?;
+    }
+    let per: usize = widths.iter().map(|&w| w as usize).sum();
+    let (full, rest) = (count / widths.len(), count % widths.len());
+    Ok(full * per + widths[..rest].iter().map(|&w| w as usize).sum::<usize>())
 }

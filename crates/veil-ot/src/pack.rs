@@ -44,8 +44,15 @@ impl BitWriter {
 
     #[inline]
     pub fn push(&mut self, v: u64) {
-        self.acc |= ((v & self.mask) as u128) << self.fill;
-        self.fill += self.bits;
+        self.push_bits(v & self.mask, self.bits);
+    }
+
+    /// Appends the low `bits` bits of v (1 ≤ bits ≤ 64), whatever the writer's own width: for
+    /// messages whose values have different widths.
+    #[inline]
+    pub fn push_bits(&mut self, v: u64, bits: u32) {
+        self.acc |= ((v & mask(bits)) as u128) << self.fill;
+        self.fill += bits;
         if self.fill >= 64 {
             self.out.extend_from_slice(&(self.acc as u64).to_le_bytes());
             self.acc >>= 64;
@@ -68,21 +75,28 @@ pub struct BitReader<'a> {
     acc: u128,
     fill: u32,
     bits: u32,
-    mask: u64,
+    /// Payload bits not yet read.
     left: usize,
 }
 
 impl<'a> BitReader<'a> {
     pub fn new(bytes: &'a [u8], count: usize, bits: u32, what: &str) -> Result<Self> {
         assert!((1..=64).contains(&bits), "BitReader: bits = {bits}");
+        let mut r = Self::with_total_bits(bytes, count * bits as usize, what)?;
+        r.bits = bits;
+        Ok(r)
+    }
+
+    /// A reader of a message of `total` payload bits, read with [`BitReader::next_bits`].
+    pub fn with_total_bits(bytes: &'a [u8], total: usize, what: &str) -> Result<Self> {
         ensure!(
-            bytes.len() == packed_len(count, bits),
+            bytes.len() == total.div_ceil(8),
             Malformed,
             "{what}: {} bytes, expected {}",
             bytes.len(),
-            packed_len(count, bits)
+            total.div_ceil(8)
         );
-        let used = (count * bits as usize) % 8;
+        let used = total % 8;
         if used > 0 {
             ensure!(
                 bytes[bytes.len() - 1] >> used == 0,
@@ -95,18 +109,27 @@ impl<'a> BitReader<'a> {
             pos: 0,
             acc: 0,
             fill: 0,
-            bits,
-            mask: mask(bits),
-            left: count,
+            bits: 0,
+            left: total,
         })
     }
 
-    /// The next value; panics when called more than `count` times (a caller bug).
+    /// The next value of the reader's width; panics when called more than `count` times (a
+    /// caller bug).
     #[inline]
     pub fn next_value(&mut self) -> u64 {
-        assert!(self.left > 0, "BitReader read past its last value");
-        self.left -= 1;
-        if self.fill < self.bits {
+        self.next_bits(self.bits)
+    }
+
+    /// The next `bits` bits (1 ≤ bits ≤ 64); panics past the end of the message (a caller bug).
+    #[inline]
+    pub fn next_bits(&mut self, bits: u32) -> u64 {
+        assert!(
+            (1..=64).contains(&bits) && self.left >= bits as usize,
+            "BitReader read past its last value"
+        );
+        self.left -= bits as usize;
+        if self.fill < bits {
             // fill < 64 here, so 64 more bits fit in the accumulator.
             if let Some(word) = self.bytes.get(self.pos..self.pos + 8) {
                 let w = u64::from_le_bytes(word.try_into().expect("8 bytes"));
@@ -114,16 +137,16 @@ impl<'a> BitReader<'a> {
                 self.fill += 64;
                 self.pos += 8;
             } else {
-                while self.fill < self.bits {
+                while self.fill < bits {
                     self.acc |= (self.bytes[self.pos] as u128) << self.fill;
                     self.fill += 8;
                     self.pos += 1;
                 }
             }
         }
-        let v = self.acc as u64 & self.mask;
-        self.acc >>= self.bits;
-        self.fill -= self.bits;
+        let v = self.acc as u64 & mask(bits);
+        self.acc >>= bits;
+        self.fill -= bits;
         v
     }
 }
@@ -183,6 +206,21 @@ mod tests {
             for v in &values {
                 prop_assert_eq!(r.next_value(), v & mask(bits));
             }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn mixed_widths_round_trip(values in proptest::collection::vec((any::<u64>(), 1u32..=64), 1..300)) {
+            let mut w = BitWriter::new(0, 1);
+            values.iter().for_each(|&(v, b)| w.push_bits(v, b));
+            let bytes = w.finish();
+            let total: usize = values.iter().map(|&(_, b)| b as usize).sum();
+            let mut r = BitReader::with_total_bits(&bytes, total, "t").unwrap();
+            for &(v, b) in &values {
+                prop_assert_eq!(r.next_bits(b), v & mask(b));
+            }
+            prop_assert!(BitReader::with_total_bits(&bytes, total + 8, "t").is_err());
         }
     }
 
