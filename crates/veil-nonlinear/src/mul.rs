@@ -388,7 +388,7 @@ fn check_high(ring: Ring, t: u32, n: u32) -> Result<()> {
     Ok(())
 }
 
-/// Shares of w·b·2^(m+1), as far as the result's bits t..t+n see it: only b mod 2^(t+n−m−1)
+/// Shares of w·b·2^shift, as far as the result's bits t..t+n see it: only b mod 2^(t+n−shift)
 /// matters, so the multiplexer runs in that ring (none at all when the term vanishes).
 fn wrap_term<C: Channel>(
     ot: &mut OtSession,
@@ -397,16 +397,16 @@ fn wrap_term<C: Channel>(
     sc: Scale,
     w: &[bool],
     b: &[u64],
-    m: u32,
+    shift: u32,
 ) -> Result<Vec<u64>> {
     let ring = sc.ring;
-    let Some(bits) = (sc.t + sc.n).checked_sub(m + 1).filter(|&k| k > 0) else {
+    let Some(bits) = (sc.t + sc.n).checked_sub(shift).filter(|&k| k > 0) else {
         return Ok(vec![0; b.len()]);
     };
     let mux_ring = Ring::narrow(bits)?;
     let low: Vec<u64> = b.iter().map(|&v| mux_ring.reduce(v)).collect();
     let wb = mux(ot, ch, role, mux_ring, w, &low)?;
-    Ok(wb.iter().map(|&v| ring.mul(v, pow2(ring, m + 1))).collect())
+    Ok(wb.iter().map(|&v| ring.mul(v, pow2(ring, shift))).collect())
 }
 
 fn mul_narrow_scaled<C: Channel>(
@@ -424,7 +424,7 @@ fn mul_narrow_scaled<C: Channel>(
     let _g = ch.meter().enter("Mul");
     let m = nw.m;
     let (an, w) = narrow_share(ot, ch, role, a, nw)?;
-    let wb = wrap_term(ot, ch, role, sc, &w, b, m)?;
+    let wb = wrap_term(ot, ch, role, sc, &w, b, m + 1)?;
     let cross = cross_both(ot, ch, role, sc, b, &an, m + 1)?;
     let bias = nw.bias();
     Ok((0..a.len())
@@ -451,20 +451,19 @@ pub fn square_narrow_values<C: Channel>(
     let _g = ch.meter().enter("Mul");
     let (m, bias) = (nw.m, nw.bias());
     let (an, w) = narrow_share(ot, ch, role, a, nw)?;
+    // w·(2^(m+2)·a + 2^(2m+2) + 2^(m+2)·bias) = 2^(m+2)·w·(a + 2^m + bias).
     let server = role == Role::Server;
     let v: Vec<u64> = a
         .iter()
         .map(|&x| {
-            let t = ring.mul(x, pow2(ring, m + 2));
             if server {
-                let c = ring.add(pow2(ring, 2 * m + 2), ring.mul(pow2(ring, m + 2), bias));
-                ring.add(t, c)
+                ring.add(x, ring.add(pow2(ring, m), bias))
             } else {
-                t
+                x
             }
         })
         .collect();
-    let wv = mux(ot, ch, role, ring, &w, &v)?;
+    let wv = wrap_term(ot, ch, role, Scale::exact(ring), &w, &v, m + 2)?;
     let cross = cross_one_way(ot, ch, role, Scale::exact(ring), &an, Role::Client, m + 1)?;
     Ok((0..a.len())
         .map(|i| {
