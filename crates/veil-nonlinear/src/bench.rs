@@ -325,6 +325,14 @@ pub fn run_streaming(
     )?;
     measure(
         &mut out,
+        "ReLU-normalise (1-bit trunc)",
+        &att,
+        &head(&att, 2)?,
+        &cheap(&rn),
+        &rn_ref,
+    )?;
+    measure(
+        &mut out,
         "ReLU-normalise (|x| < 2^20, 1-bit trunc)",
         &att,
         &head(&att, 2)?,
