@@ -71,7 +71,9 @@ fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     Ok(y)
 }
 
-/// Newton for 1/√m on m ∈ [1/2, 1) (approx::newton_rsqrt).
+/// Newton for 1/√m on m ∈ [1/2, 1) (approx::newton_rsqrt). Narrow products: 0 ≤ m < 2^F
+/// (LayerNorm's sums below the variance floor give m < 1/2), and |y| < 2^(F+3) (y < 4.03·2^F
+/// there, y0 ≤ 1.79·2^F otherwise).
 fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     let ring = cx.ring();
     let fr = cx.ax.newton_frac();
@@ -80,13 +82,15 @@ fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     let bm = cx.scale_trunc(m, (b * sc).round() as u64, fr)?;
     let mut y: Vec<u64> = bm.iter().map(|&v| ring.neg(v)).collect();
     cx.add_public(&mut y, (a * sc).round() as u64);
+    let y_nw = Narrow::signed(fr + 4);
     for _ in 0..veil_core::approx::NEWTON_ITERS {
-        let y2 = cx.square(&y)?;
+        let y2 = cx.square_narrow(&y, y_nw)?;
         let y2 = cx.trunc(&y2, fr)?;
-        let my2 = cx.mul_trunc(m, &y2, fr)?;
+        // m·y² < 2^F·16.3.
+        let my2 = cx.mul_narrow_trunc(m, Narrow::unsigned(fr), &y2, fr, fr + 6)?;
         let mut u: Vec<u64> = my2.iter().map(|&v| ring.neg(v)).collect();
         cx.add_public(&mut u, 3u64 << fr);
-        y = cx.mul_trunc(&y, &u, fr + 1)?;
+        y = cx.mul_narrow_trunc(&y, y_nw, &u, fr + 1, fr + 4)?;
     }
     Ok(y)
 }
@@ -228,9 +232,18 @@ pub fn layer_norm_rsqrt<C: Channel>(
     let _g = cx.ch.meter().enter("Rsqrt");
     let ax = cx.ax;
     let (lo, hi) = (sum.class_min, sum.class_max);
-    let h = class_onehot(cx, s, lo, hi, None)?;
+    // S ∈ [0, 2^hi) whenever its root is used: the coarse sum always, the fine sum when it is
+    // picked (below the switch); a wrapped fine sum of a coarse row gives a root that is dropped.
+    let h = class_onehot(cx, s, lo, hi, Some(cx.ring().bits() - 1))?;
     let g = select(cx, &h, lo, hi, |e| 1u64 << (hi - e));
-    let m = cx.mul_trunc(s, &g, hi - ax.newton_frac())?;
+    // g = 2^(hi−e) ≤ 2^(hi−lo) and m = S·g / 2^(hi−F) < 2^F.
+    let m = cx.mul_narrow_trunc(
+        &g,
+        Narrow::unsigned(hi - lo + 1),
+        s,
+        hi - ax.newton_frac(),
+        ax.newton_frac() + 2,
+    )?;
     let y = newton_rsqrt(cx, &m)?;
     let a = select(cx, &h, lo, hi, |e| {
         ax.layer_norm_class_consts(plan, sum, e).0
@@ -238,7 +251,13 @@ pub fn layer_norm_rsqrt<C: Channel>(
     let b = select(cx, &h, lo, hi, |e| {
         ax.layer_norm_class_consts(plan, sum, e).1
     });
-    let r1 = cx.mul_trunc(&y, &a, sum.scale_shift)?;
+    let r1 = cx.mul_narrow_trunc(
+        &y,
+        Narrow::signed(ax.newton_frac() + 4),
+        &a,
+        sum.scale_shift,
+        cx.ring().bits() - sum.scale_shift,
+    )?;
     cx.mul(&r1, &b)
 }
 
