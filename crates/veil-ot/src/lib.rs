@@ -8,7 +8,8 @@
 //! * [`ferret`] — silent COT: Half-Tree single-point COTs, regular-noise LPN, bootstrap loop
 //!   (≈ 0.39 bits/COT);
 //! * [`session`] — COT pools per direction, refilled on demand, and the flavours on top:
-//!   [`chosen`] (1-of-2), [`one_of_n`] (1-of-2^k), [`arith`] (additive COT in Z_{2^k}),
+//!   [`chosen`] (1-of-2), [`one_of_n`] (1-of-2^k), [`arith`] (additive COT in Z_{2^k}, one width
+//!   or a cycling pattern of widths, and binary COT with an XOR correlation),
 //!   [`random_bits`] (random bit-OT);
 //! * [`mod@bench`] — the benchmark over TCP loopback.
 //!
