@@ -102,7 +102,7 @@ pub fn suffix_or<C: Channel>(
     k: usize,
 ) -> Result<Vec<bool>> {
     ensure!(
-        k > 0 && x.len() % k == 0,
+        k > 0 && x.len().is_multiple_of(k),
         InvalidArgument,
         "suffix OR over rows of {k} of {} bits",
         x.len()

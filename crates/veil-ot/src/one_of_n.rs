@@ -208,7 +208,7 @@ impl OtSession {
                     if shared {
                         let r = masked & m;
                         shares.push(r);
-                        out.push((masked ^ r * ones) >> bits);
+                        out.push((masked ^ (r * ones)) >> bits);
                     } else {
                         out.push(masked);
                     }
