@@ -80,7 +80,8 @@ impl<'a, C: Channel> Ctx<'a, C> {
         mul_narrow_values(self.ot, self.ch, self.role, ring, a, nw, b)
     }
 
-    /// ⌊a·b / 2^s⌋ for a narrow a (promise `nw`, m = its bits) and |a·b| / 2^s < 2^(out−1) − 2.
+    /// ⌊a·b / 2^s⌋ for a narrow a (promise `nw`, m = its bits), |a·b| < 2^(ℓ−2) and
+    /// |a·b| / 2^s < 2^(out−1) − 2.
     /// * `Faithful`: [`Ctx::mul_narrow`] then the faithful truncation (exactly `approx`).
     /// * `OneBitError`: the product's high part only ([`mul_narrow_high_values`]), see
     ///   [`Ctx::fused_trunc`]: ⌊a·b / 2^s⌋ + c, c ∈ {−3, …, 2}.
@@ -106,7 +107,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
     }
 
     /// ⌊a·γ / 2^s⌋ for the server's γ ∈ [−2^(g−1), 2^(g−1)) broadcast over rows of `row`
-    /// ([`Ctx::mul_server_narrow`]), |a·γ| / 2^s < 2^(out−1) − 2; modes as
+    /// ([`Ctx::mul_server_narrow`]), |a·γ| < 2^(ℓ−2) and |a·γ| / 2^s < 2^(out−1) − 2; modes as
     /// [`Ctx::mul_narrow_trunc`].
     #[allow(clippy::too_many_arguments)]
     pub fn mul_server_trunc(

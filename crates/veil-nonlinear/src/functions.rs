@@ -54,8 +54,8 @@ pub fn exp_neg<C: Channel>(cx: &mut Ctx<C>, x: &[u64], bound: Option<u32>) -> Re
 
 /// Newton for 1/m on m ∈ [1/2, 1] at F = newton_frac bits (approx::newton_recip). Every value
 /// stays below 2^(F+1) (y0 = 2.914 − 2m and the iterates approach 1/m ≤ 2 from below, m·y ≈ 1),
-/// so the products are narrow ones, unsigned, with a bit of margin: 0 < m ≤ 2^F (tanh reaches
-/// m = 1), 0 < y < 2^(F+2).
+/// so the products are narrow ones, unsigned, with a bit of margin: 0 < m < 2^(F+1) (tanh
+/// reaches m = 1, and a fused normalisation may land m a few units above 2^F), 0 < y < 2^(F+2).
 fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     let ring = cx.ring();
     let fr = cx.ax.newton_frac();
@@ -71,9 +71,10 @@ fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     Ok(y)
 }
 
-/// Newton for 1/√m on m ∈ [1/2, 1) (approx::newton_rsqrt). Narrow products: 0 ≤ m < 2^F
-/// (LayerNorm's sums below the variance floor give m < 1/2), and |y| < 2^(F+3) (y < 4.03·2^F
-/// there, y0 ≤ 1.79·2^F otherwise).
+/// Newton for 1/√m on m ∈ [1/2, 1) (approx::newton_rsqrt). Narrow products: |m| < 2^(F+1) (a
+/// fused normalisation lands m within −3 … +2 of its value in [0, 2^F]: LayerNorm's sums below
+/// the variance floor give m near 0, the top of a class m near 2^F), and |y| < 2^(F+3)
+/// (y < 4.03·2^F below the floor, y0 ≤ 1.79·2^F otherwise).
 fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
     let ring = cx.ring();
     let fr = cx.ax.newton_frac();
@@ -87,7 +88,7 @@ fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
         let y2 = cx.square_narrow(&y, y_nw)?;
         let y2 = cx.trunc(&y2, fr)?;
         // m·y² < 2^F·16.3.
-        let my2 = cx.mul_narrow_trunc(m, Narrow::unsigned(fr), &y2, fr, fr + 6)?;
+        let my2 = cx.mul_narrow_trunc(m, Narrow::signed(fr + 2), &y2, fr, fr + 6)?;
         let mut u: Vec<u64> = my2.iter().map(|&v| ring.neg(v)).collect();
         cx.add_public(&mut u, 3u64 << fr);
         y = cx.mul_narrow_trunc(&y, y_nw, &u, fr + 1, fr + 4)?;
@@ -190,17 +191,18 @@ fn select(
 }
 
 /// 1/s with the output at `out_frac` fractional bits (approx::recip_at), on the domain
-/// s ∈ [1, 2^K) (K = norm_bits): the class thresholds come from one bit decomposition of s and
-/// the products are narrow (s < 2^K, g = 2^(K−e) < 2^K, m < 2^F, y < 2^(F+2)); outside the
-/// domain the shares open to unspecified values.
+/// s ∈ [1, 2^K] (K = norm_bits; s = 2^K is Softmax's sum over 2048 equal scores, clamped to
+/// class K as in `approx`): the class thresholds come from one bit decomposition of s on K + 1
+/// bits and the products are narrow (s ≤ 2^K, g = 2^(K−e) < 2^K, m ≤ 2^F + 2, y < 2^(F+2));
+/// outside the domain the shares open to unspecified values.
 pub fn recip_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
     let _g = cx.ch.meter().enter("Recip");
     let ax = cx.ax;
     let k = ax.norm_bits();
     let fr = ax.newton_frac();
-    let h = class_onehot(cx, s, 1, k, Some(k))?;
+    let h = class_onehot(cx, s, 1, k, Some(k + 1))?;
     let g = select(cx, &h, 1, k, |e| ax.norm_scale(e));
-    let m = cx.mul_narrow_trunc(s, Narrow::unsigned(k), &g, k - fr, fr + 2)?;
+    let m = cx.mul_narrow_trunc(s, Narrow::unsigned(k + 1), &g, k - fr, fr + 2)?;
     let y = newton_recip(cx, &m)?;
     let shift = ax.recip_out_shift(out_frac);
     // y·g < 2^(F+1+K−1): the result is below 2^(F+K−shift).

@@ -52,7 +52,8 @@ fn recip_and_rsqrt_match_approx_exactly() {
     let a = ax();
     let ring = a.fp.ring;
     let k = a.norm_bits() as i64;
-    let mut edges = vec![1i64, 2, 3, (1 << k) - 1, 8192];
+    // 2^K: Softmax's sum over 2048 equal scores (the top of the domain, clamped to class K).
+    let mut edges = vec![1i64, 2, 3, (1 << k) - 1, 1 << k, 8192];
     for j in [5i64, 13, 20] {
         edges.extend([(1 << j) - 1, 1 << j, (1 << j) + 1]);
     }
@@ -75,6 +76,38 @@ fn recip_and_rsqrt_match_approx_exactly() {
         assert_eq!(r[i], a.recip(v), "recip({})", a.fp.decode(v));
         assert_eq!(rw[i], a.recip_at(v, w), "wide recip({})", a.fp.decode(v));
         assert_eq!(q[i], a.rsqrt(v), "rsqrt({})", a.fp.decode(v));
+    }
+}
+
+/// The reciprocal in the 1-bit-error mode (fused Newton products, rounded high parts) stays
+/// within 2^-11 relative (+ 4 ulp) of 1/s over its whole domain [1, 2^K], edges included.
+#[test]
+fn recip_in_the_one_bit_mode_stays_close_to_the_exact_value() {
+    let a = ax();
+    let ring = a.fp.ring;
+    let k = a.norm_bits() as i64;
+    let mut edges = vec![1i64, 2, 3, (1 << k) - 1, 1 << k];
+    for j in [5i64, 13, 20] {
+        edges.extend([(1 << j) - 1, 1 << j, (1 << j) + 1]);
+    }
+    let vals = sample(ring, 1, 1 << k, 60, &edges);
+    let x = share_values(ring, &vals);
+    let w = a.wide_recip_frac();
+    let got = open(run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
+        let r = functions::recip_at(&mut cx, pick(role, &x).data(), w)?;
+        veil_core::RingTensor::from_vec(ring, &[r.len()], r)
+    }));
+    let scale = (1u64 << w) as f64;
+    for (i, &v) in vals.iter().enumerate() {
+        let want = (1u64 << a.fp.frac_bits()) as f64 / v as f64;
+        let have = ring.to_signed(got[i]) as f64 / scale;
+        assert!(
+            (have - want).abs() <= want * 2f64.powi(-11) + 4.0 / scale,
+            "1/{} = {want}, got {have}",
+            a.fp.decode(v)
+        );
     }
 }
 

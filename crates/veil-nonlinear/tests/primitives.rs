@@ -247,19 +247,20 @@ fn fused_product_truncation_is_within_its_bound() {
     // Unsigned: ReLU-normalise's ReLU outputs 0 ≤ r < 2^24.
     for (signed, m, s, out) in [
         (true, 25u32, 24u32, 16u32),
-        (false, 24, 24, 16),
+        (false, 24, 24, 15),
         (true, 15, 24, 16),
         (true, 24, 19, 22),
+        (true, 24, 19, 19),
     ] {
         let nw = if signed {
             Narrow::signed(m)
         } else {
             Narrow::unsigned(m)
         };
-        // |a| < 2^mag.
+        // |a| < 2^mag; b reaches the contract's edge |a·b| / 2^s → 2^(out−1) − 3 (and |a·b| < 2^39).
         let mag = if signed { m - 1 } else { m };
         let lim = 1i64 << mag;
-        let blim = 1i64 << (s + out - 2 - mag);
+        let blim = ((((1i64 << (out - 1)) - 3) << s) >> mag).min(1i64 << (39 - mag));
         let (mut sa, mut sb): (Vec<i64>, Vec<i64>) = if signed {
             (
                 vec![0, 1, -1, lim - 1, -lim + 1, lim - 1, -lim + 1, 0],

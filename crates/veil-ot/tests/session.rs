@@ -426,6 +426,38 @@ fn bad_shared_1_of_n_messages_are_errors_not_panics() {
     assert!(shared_receiver_against_bad_sender(vec![0x5a; 9]).is_ok());
 }
 
+/// A multi-width COT receiver (widths 7 and 3 for 3 COTs: 17 bits, 3 bytes with 7 zero padding
+/// bits) facing a sender's reply of the wrong length or with stray padding bits.
+fn widths_receiver_against_bad_sender(reply: Vec<u8>) -> Result<Vec<u64>> {
+    let (r, ()) = with_sessions(
+        Backend::Iknp,
+        |s, ch| {
+            s.precompute(ch, 3)?;
+            s.recv_arith_cot_widths(ch, &[true, false, true], &[7, 3])
+        },
+        move |s, ch| {
+            s.precompute(ch, 3)?;
+            let _corrections = ch.recv_msg(1 << 10)?;
+            ch.send_msg(&reply)
+        },
+    )?;
+    Ok(r)
+}
+
+#[test]
+fn bad_multi_width_cot_messages_are_errors_not_panics() {
+    assert!(matches!(
+        widths_receiver_against_bad_sender(vec![0; 2]),
+        Err(Error::Malformed(_))
+    ));
+    assert!(matches!(
+        widths_receiver_against_bad_sender(vec![0, 0, 0x80]),
+        Err(Error::Malformed(_))
+    ));
+    assert!(widths_receiver_against_bad_sender(vec![0; 4]).is_err());
+    assert!(widths_receiver_against_bad_sender(vec![0xff, 0xff, 0x01]).is_ok());
+}
+
 #[test]
 fn bad_receiver_messages_are_errors_not_panics() {
     // 5 OTs need 5 correction bits: 1 byte with zero padding bits 5..7.
