@@ -4,7 +4,7 @@
 //! the method, the domain and the error against f64, measured over the whole domain):
 //! * exp_neg: |error| ≤ 1.79 ulp on x ≤ 0 (clamped below −16); its squarings are narrow products
 //!   (|p| ≤ 1), so the shares equal `approx` only on that domain;
-//! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24) (values [2^-13, 2048));
+//! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24] (values [2^-13, 2048]);
 //! * rsqrt:   ≤ 1 ulp + 2^-11 relative on the same domain;
 //! * tanh:    ≤ 2.7 ulp on all x.
 //! * layer_norm_rsqrt: LayerNorm's √n/√S over the class range of its plan (see
