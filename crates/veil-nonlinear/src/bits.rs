@@ -13,7 +13,7 @@ use veil_core::{ensure, Result};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::boolean::{and, and_select};
+use crate::boolean::{and_private, and_select};
 
 /// Sklansky prefix over rows of `k` (generate, propagate) pairs, in place: afterwards entry i
 /// holds (G, P) of the span 0 … i, where (G_hi, P_hi) ∘ (G_lo, P_lo) = (G_hi ⊕ P_hi ∧ G_lo,
@@ -78,13 +78,8 @@ pub fn sum_bits<C: Channel>(
         .iter()
         .flat_map(|&v| (0..k).map(move |j| v >> j & 1 == 1))
         .collect();
-    // Generate a_i ∧ b_i: one party's bits against the other's (its own input is 0).
-    let none = vec![false; own.len()];
-    let (x, y) = match role {
-        Role::Client => (&own, &none),
-        Role::Server => (&none, &own),
-    };
-    let mut g = and(ot, ch, role, x, y)?;
+    // Generate a_i ∧ b_i: the client's bits against the server's.
+    let mut g = and_private(ot, ch, role, &own)?;
     let mut p = own.clone();
     prefix(ot, ch, role, &mut g, &mut p, k)?;
     // Bit j = a_j ⊕ b_j ⊕ carry into j, the carry being G of the span 0 … j−1.

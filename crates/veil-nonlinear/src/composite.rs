@@ -278,10 +278,7 @@ pub fn relu_normalise<C: Channel>(
     let mut sums: Vec<u64> = (0..rows)
         .map(|i| r[i * k..(i + 1) * k].iter().fold(0, |a, &v| kr.add(a, v)))
         .collect();
-    let eps = cx.ax.relu_normalise_eps();
-    if cx.is_server() {
-        sums.iter_mut().for_each(|v| *v = kr.add(*v, eps));
-    }
+    cx.add_public_in(kr, &mut sums, cx.ax.relu_normalise_eps());
     let sums = cx.extend(kr, &sums)?;
     let w = cx.ax.wide_recip_frac();
     let inv = recip_at(cx, &sums, w)?;

@@ -45,9 +45,13 @@ impl<'a, C: Channel> Ctx<'a, C> {
 
     /// Adds a public constant to the shared values (the server adds it to its share).
     pub fn add_public(&self, v: &mut [u64], c: u64) {
+        self.add_public_in(self.ring(), v, c);
+    }
+
+    /// [`Ctx::add_public`] on shares of `ring`.
+    pub fn add_public_in(&self, ring: Ring, v: &mut [u64], c: u64) {
         if self.is_server() {
-            let r = self.ring();
-            v.iter_mut().for_each(|x| *x = r.add(*x, c));
+            v.iter_mut().for_each(|x| *x = ring.add(*x, c));
         }
     }
 
@@ -209,10 +213,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
     /// [`Ctx::round`] on shares of `ring`.
     pub fn round_in(&mut self, ring: Ring, a: &[u64], s: u32) -> Result<Vec<u64>> {
         let mut v = a.to_vec();
-        if self.is_server() {
-            v.iter_mut()
-                .for_each(|x| *x = ring.add(*x, 1u64 << (s - 1)));
-        }
+        self.add_public_in(ring, &mut v, 1u64 << (s - 1));
         self.trunc_in(ring, &v, s)
     }
 

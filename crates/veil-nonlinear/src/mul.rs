@@ -27,7 +27,7 @@ use veil_core::{ensure, Result, Ring, RingTensor};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::boolean::{and, mux};
+use crate::boolean::{and_private, mux};
 use crate::exchange::{cot_both, low_mask, Corr};
 use crate::trunc::TruncMode;
 
@@ -307,12 +307,7 @@ fn narrow_share<C: Channel>(
         .collect();
     // w = ¬(¬msb_0 ∧ ¬msb_1): one AND of the parties' private bits.
     let low: Vec<bool> = an.iter().map(|&v| v >> m & 1 == 0).collect();
-    let none = vec![false; a.len()];
-    let (x, y) = match role {
-        Role::Client => (&low, &none),
-        Role::Server => (&none, &low),
-    };
-    let both = and(ot, ch, role, x, y)?;
+    let both = and_private(ot, ch, role, &low)?;
     let w = both
         .into_iter()
         .map(|v| v ^ (role == Role::Client))
