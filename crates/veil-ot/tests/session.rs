@@ -356,60 +356,66 @@ fn invalid_arguments_are_errors() {
 }
 
 /// After set-up, the peer replies to a chosen OT with `reply` (or hangs up if `None`).
-fn receiver_against_bad_sender(reply: Option<Vec<u8>>) -> Result<Vec<u64>> {
-    let (r, ()) = with_sessions(
-        Backend::Iknp,
-        |s, ch| {
-            s.precompute(ch, 3)?;
-            s.recv_chosen(ch, &[true, false, true], 16)
-        },
-        move |s, ch| {
-            s.precompute(ch, 3)?;
-            let _corrections = ch.recv_msg(1 << 10)?;
-            if let Some(bytes) = reply {
-                ch.send_msg(&bytes)?;
-            }
-            Ok(())
-        },
-    )?;
-    Ok(r)
+fn chosen_receiver_against_bad_sender(reply: Option<Vec<u8>>) -> Result<Vec<u64>> {
+    receiver_against_bad_sender(
+        3,
+        |s, ch| s.recv_chosen(ch, &[true, false, true], 16),
+        reply,
+    )
 }
 
 #[test]
 fn bad_sender_messages_are_errors_not_panics() {
     // Correct length is 3 OTs × 2 × 16 bits = 12 bytes.
     assert!(matches!(
-        receiver_against_bad_sender(Some(vec![0; 11])),
+        chosen_receiver_against_bad_sender(Some(vec![0; 11])),
         Err(Error::Malformed(_))
     ));
     assert!(matches!(
-        receiver_against_bad_sender(Some(vec![0; 13])),
+        chosen_receiver_against_bad_sender(Some(vec![0; 13])),
         Err(Error::TooLarge { .. })
     ));
     assert!(matches!(
-        receiver_against_bad_sender(None),
+        chosen_receiver_against_bad_sender(None),
         Err(Error::Disconnected)
     ));
     // Garbage of the right length decodes to garbage messages: no error is possible, no panic.
-    assert!(receiver_against_bad_sender(Some(vec![0xa5; 12])).is_ok());
+    assert!(chosen_receiver_against_bad_sender(Some(vec![0xa5; 12])).is_ok());
+}
+
+/// A receiver (`recv`, after pre-generating `cots` COTs) facing a sender that reads the choice
+/// corrections and replies with `reply` instead of its message (or hangs up if `None`).
+fn receiver_against_bad_sender(
+    cots: usize,
+    recv: impl FnOnce(&mut OtSession, &mut MemChannel) -> Result<Vec<u64>> + Send,
+    reply: Option<Vec<u8>>,
+) -> Result<Vec<u64>> {
+    let (r, ()) = with_sessions(
+        Backend::Iknp,
+        move |s, ch| {
+            s.precompute(ch, cots)?;
+            recv(s, ch)
+        },
+        move |s, ch| {
+            s.precompute(ch, cots)?;
+            let _corrections = ch.recv_msg(1 << 10)?;
+            match reply {
+                Some(bytes) => ch.send_msg(&bytes),
+                None => Ok(()),
+            }
+        },
+    )?;
+    Ok(r)
 }
 
 /// The shared-output 1-of-4 receiver (3 OTs of 8 bits: 3 × 3 rows = 9 bytes) against a sender
 /// that replies with `reply`.
 fn shared_receiver_against_bad_sender(reply: Vec<u8>) -> Result<Vec<u64>> {
-    let (r, ()) = with_sessions(
-        Backend::Iknp,
-        |s, ch| {
-            s.precompute(ch, 6)?;
-            s.recv_1_of_n_shared(ch, 2, &[0, 3, 1], 8)
-        },
-        move |s, ch| {
-            s.precompute(ch, 6)?;
-            let _corrections = ch.recv_msg(1 << 10)?;
-            ch.send_msg(&reply)
-        },
-    )?;
-    Ok(r)
+    receiver_against_bad_sender(
+        6,
+        |s, ch| s.recv_1_of_n_shared(ch, 2, &[0, 3, 1], 8),
+        Some(reply),
+    )
 }
 
 #[test]
@@ -429,19 +435,11 @@ fn bad_shared_1_of_n_messages_are_errors_not_panics() {
 /// A multi-width COT receiver (widths 7 and 3 for 3 COTs: 17 bits, 3 bytes with 7 zero padding
 /// bits) facing a sender's reply of the wrong length or with stray padding bits.
 fn widths_receiver_against_bad_sender(reply: Vec<u8>) -> Result<Vec<u64>> {
-    let (r, ()) = with_sessions(
-        Backend::Iknp,
-        |s, ch| {
-            s.precompute(ch, 3)?;
-            s.recv_arith_cot_widths(ch, &[true, false, true], &[7, 3])
-        },
-        move |s, ch| {
-            s.precompute(ch, 3)?;
-            let _corrections = ch.recv_msg(1 << 10)?;
-            ch.send_msg(&reply)
-        },
-    )?;
-    Ok(r)
+    receiver_against_bad_sender(
+        3,
+        |s, ch| s.recv_arith_cot_widths(ch, &[true, false, true], &[7, 3]),
+        Some(reply),
+    )
 }
 
 #[test]
