@@ -211,4 +211,16 @@ impl Accumulator {
         self.l1 += slots * m;
         self.l2sq += slots * m * m;
     }
+
+    /// Multiplies the accumulated product by the monomial X^e (0 ≤ e < 2N): a signed rotation of
+    /// its coefficients, so members whose useful coefficients sit on different residues can be
+    /// aligned for [`crate::GaloisKeys::pack`]. Exact; the noise and its bounds are unchanged.
+    pub fn mul_monomial(&mut self, p: &Params, e: usize) {
+        assert!(e < 2 * p.degree(), "monomial exponent {e} ≥ 2N");
+        for c in [&mut self.c0, &mut self.c1] {
+            c.intt(p);
+            *c = c.monomial_mul(p, e);
+            c.ntt(p);
+        }
+    }
 }

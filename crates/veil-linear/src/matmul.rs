@@ -142,7 +142,7 @@ fn workers() -> usize {
 /// Maps `f` over `0..count` on the available cores; `f` gets its own PRG per worker. Workers
 /// take the next index from a shared counter rather than a fixed chunk each, so on a shared
 /// machine a descheduled worker does not leave the other idle at the end.
-fn parallel_map<T: Send>(
+pub fn parallel_map<T: Send>(
     count: usize,
     f: impl Fn(usize, &mut Prg) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {

@@ -24,9 +24,14 @@ pub struct ServerSession {
 impl ClientSession {
     /// Generates keys and sends the public and Galois keys (two messages per set).
     pub fn setup<C: Channel + ?Sized>(ch: &mut C, ring: Ring) -> Result<Self> {
+        Self::setup_for(ch, ring, &SESSION_SETS)
+    }
+
+    /// [`ClientSession::setup`] for the given sets only (the server must name the same).
+    pub fn setup_for<C: Channel + ?Sized>(ch: &mut C, ring: Ring, sets: &[ParamSet]) -> Result<Self> {
         let mut prg = Prg::from_os_entropy();
         let mut keys = Vec::new();
-        for set in SESSION_SETS {
+        for &set in sets {
             let params = Params::new(set, ring)?;
             let sk = SecretKey::generate(&params, &mut prg);
             ch.send_msg(&wire::encode_public_key(&sk.public_key(&mut prg)))?;
@@ -48,8 +53,13 @@ impl ClientSession {
 
 impl ServerSession {
     pub fn setup<C: Channel + ?Sized>(ch: &mut C, ring: Ring) -> Result<Self> {
+        Self::setup_for(ch, ring, &SESSION_SETS)
+    }
+
+    /// [`ServerSession::setup`] for the given sets only.
+    pub fn setup_for<C: Channel + ?Sized>(ch: &mut C, ring: Ring, sets: &[ParamSet]) -> Result<Self> {
         let mut keys = Vec::new();
-        for set in SESSION_SETS {
+        for &set in sets {
             let params = Params::new(set, ring)?;
             let max = wire::ciphertexts_len(&params, 1);
             let pk = wire::decode_public_key(&params, &ch.recv_msg(max)?)?;

@@ -21,7 +21,9 @@ use veil_net::{run_two_party_tcp, Channel, LabelStats, Role, TcpChannel};
 use veil_ot::OtSession;
 
 use crate::composite::{self, AffineParams};
+use crate::ctx::HeKeys;
 use crate::{Ctx, TruncMode};
+use veil_linear::{ClientSession, ServerSession};
 
 /// Forwards each result as it arrives (the long full-size runs show progress), running only the
 /// operators whose name contains `only` (all when `None`).
@@ -57,7 +59,14 @@ struct Measured {
 
 /// Runs `op` on shares of `x`; with `precompute = Some(n)` the COT pools are filled with n per
 /// direction first (outside the measurement).
-fn run_op(x: &RingTensor, op: &Op, precompute: Option<usize>) -> Result<(Measured, Measured)> {
+/// With `he`, the parties also set up the BFV keys of share products (set-up excluded too) and
+/// the context carries them.
+fn run_op(
+    x: &RingTensor,
+    op: &Op,
+    precompute: Option<usize>,
+    he: bool,
+) -> Result<(Measured, Measured)> {
     let ax = Approx::new(FixedPoint::default_format())?;
     let (x0, x1) = share(x, &mut Prg::from_os_entropy())?;
     let party = |ch: &mut TcpChannel, role: Role, xs: &RingTensor| -> Result<Measured> {
@@ -65,11 +74,23 @@ fn run_op(x: &RingTensor, op: &Op, precompute: Option<usize>) -> Result<(Measure
         if let Some(n) = precompute {
             ot.precompute(ch, n)?;
         }
+        let sets = [veil_linear::cross::SHARED_SET];
+        let (client, server) = match (he, role) {
+            (false, _) => (None, None),
+            (true, Role::Client) => (Some(ClientSession::setup_for(ch, x.ring(), &sets)?), None),
+            (true, Role::Server) => (None, Some(ServerSession::setup_for(ch, x.ring(), &sets)?)),
+        };
         let before = ot.available();
         ch.meter().reset();
         let t = Instant::now();
         let out = {
             let mut cx = Ctx::new(&mut ot, ch, role, ax);
+            if let Some(s) = &client {
+                cx = cx.with_he(HeKeys::client(s)?)?;
+            }
+            if let Some(s) = &server {
+                cx = cx.with_he(HeKeys::server(s)?)?;
+            }
             op(&mut cx, xs)?
         };
         ch.flush()?;
@@ -92,11 +113,11 @@ fn run_op(x: &RingTensor, op: &Op, precompute: Option<usize>) -> Result<(Measure
 /// Online traffic and COT consumption per element on `slice`: the op runs after pre-generating
 /// n and then 4n COTs per direction; a refill during a run would add traffic, so equal traffic
 /// and consumption in both runs prove neither refilled. Otherwise n grows.
-fn online_cost(slice: &RingTensor, op: &Op) -> Result<(f64, f64)> {
+fn online_cost(slice: &RingTensor, op: &Op, he: bool) -> Result<(f64, f64)> {
     let mut n = 1usize << 20;
     loop {
-        let (a, _) = run_op(slice, op, Some(n))?;
-        let (b, _) = run_op(slice, op, Some(4 * n))?;
+        let (a, _) = run_op(slice, op, Some(n), he)?;
+        let (b, _) = run_op(slice, op, Some(4 * n), he)?;
         let bytes = |m: &Measured| m.stats.bytes_sent + m.stats.bytes_received;
         if bytes(&a) == bytes(&b) && a.cots == b.cots {
             let m = slice.len() as f64;
@@ -114,11 +135,34 @@ fn measure(
     op: &Op,
     reference: &dyn Fn(&[f64]) -> Vec<f64>,
 ) -> Result<()> {
+    measure_in(out, name, (x, slice), op, reference, false)
+}
+
+/// [`measure`] with the share-product BFV keys in the context.
+fn measure_he(
+    out: &mut Reporter,
+    name: &str,
+    x: &RingTensor,
+    slice: &RingTensor,
+    op: &Op,
+    reference: &dyn Fn(&[f64]) -> Vec<f64>,
+) -> Result<()> {
+    measure_in(out, name, (x, slice), op, reference, true)
+}
+
+fn measure_in(
+    out: &mut Reporter,
+    name: &str,
+    (x, slice): (&RingTensor, &RingTensor),
+    op: &Op,
+    reference: &dyn Fn(&[f64]) -> Vec<f64>,
+    he: bool,
+) -> Result<()> {
     if !out.wants(name) {
         return Ok(());
     }
     let fp = FixedPoint::default_format();
-    let (c, s) = run_op(x, op, None)?;
+    let (c, s) = run_op(x, op, None, he)?;
     let y = c.out.add(&s.out)?.decode(fp);
     let want = reference(&x.decode(fp));
     let err = y
@@ -137,7 +181,7 @@ fn measure(
             (k.clone(), json!((bits * 10.0).round() / 10.0))
         })
         .collect();
-    let (online, cots) = online_cost(slice, op)?;
+    let (online, cots) = online_cost(slice, op, he)?;
     (out.report)(&json!({
         "op": name,
         "elements": n,
@@ -373,9 +417,25 @@ pub fn run_streaming(
         &ln,
         &ln_ref,
     )?;
-    measure(
+    measure_he(
         &mut out,
         "LayerNorm (1-bit trunc)",
+        &hid,
+        &head(&hid, 8)?,
+        &cheap(&ln),
+        &ln_ref,
+    )?;
+    measure_he(
+        &mut out,
+        "LayerNorm (outliers ±221, ±900, 1-bit trunc)",
+        &outl,
+        &head(&outl, 8)?,
+        &cheap(&ln),
+        &ln_ref,
+    )?;
+    measure(
+        &mut out,
+        "LayerNorm (1-bit trunc, COTs only)",
         &hid,
         &head(&hid, 1)?,
         &cheap(&ln),

@@ -44,6 +44,7 @@ use veil_net::Channel;
 
 use crate::ctx::Ctx;
 use crate::functions::{exp_neg, layer_norm_rsqrt, recip_at};
+use crate::norm_he;
 use crate::mul::Narrow;
 use crate::TruncMode;
 
@@ -400,6 +401,13 @@ pub fn layer_norm<C: Channel>(
     // Coarse sum of squares (whole domain) and fine one (exact for small variances).
     // |d| < 2^(DEV+f) in the domain: narrow squares and product.
     let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
+    // With HE keys (1-bit mode), the client's narrow share of d goes encrypted once and serves
+    // the sum of squares and d·r (crate::norm_he).
+    let he = if cx.trunc_mode == TruncMode::OneBitError && norm_he::fits(cols) {
+        norm_he::open(cx, &d, Narrow::signed(dev + 1), cols)?
+    } else {
+        None
+    };
     let (mut coarse, mut fine) = if cx.trunc_mode == TruncMode::Faithful {
         let dp = round_if(cx, &d, plan.pre_shift)?;
         let sq = cx.square_narrow(&dp, Narrow::signed(dev - plan.pre_shift + 2))?;
@@ -408,7 +416,16 @@ pub fn layer_norm<C: Channel>(
         let sq = cx.square_narrow(&d, Narrow::signed(dev + 1))?;
         (coarse, row_sums(ring, &sq, cols))
     } else {
-        wide_square_sums(cx, &d, cols, dev, plan.coarse.frac)?
+        let wide = wide_ring(ring, cols, dev)?;
+        let sums = match &he {
+            Some(h) => h.square_sums(cx, wide)?,
+            None => {
+                let dw = cx.extend_to(ring, wide, &d)?;
+                let sq = cx.square_narrow_in(wide, &dw, Narrow::signed(dev + 1))?;
+                row_sums(wide, &sq, cols)
+            }
+        };
+        split_sums(cx, wide, &sums, plan.coarse.frac)?
     };
     cx.add_public(&mut coarse, plan.coarse.eps_sum);
     cx.add_public(&mut fine, plan.fine.eps_sum);
@@ -434,13 +451,11 @@ pub fn layer_norm<C: Channel>(
     // |d·r| < 2^(ℓ−2) by the choice of w, and the normalised value |d_i·r| ≤ √n·1.01
     // (|d_i| ≤ √(Σd²), the rsqrt's error well below 1 %) is below 2^(f + normalised_bits).
     let out = ax.fp.frac_bits() + normalised_bits(cols) + 1;
-    let nrm = cx.mul_narrow_trunc(
-        &d,
-        Narrow::signed(dev + 1),
-        &r_b,
-        w,
-        out.min(ring.bits() - w),
-    )?;
+    let out = out.min(ring.bits() - w);
+    let nrm = match &he {
+        Some(h) => h.mul_rows_trunc(cx, &r, w, out)?,
+        None => cx.mul_narrow_trunc(&d, Narrow::signed(dev + 1), &r_b, w, out)?,
+    };
     // |nrm·γ| < 2^(normalised_bits + GAMMA_BITS) in value.
     let out = ax.fp.frac_bits() + normalised_bits(cols) + GAMMA_BITS + 2;
     let y = affine(
@@ -459,20 +474,13 @@ fn normalised_bits(n: usize) -> u32 {
     ((n as f64).sqrt() * 1.01).log2().ceil().max(0.0) as u32
 }
 
-/// The 1-bit-error mode's sums of squares, from one square instead of two: d (|d| < 2^dev) is
-/// extended to a ring of k = 2·dev + ⌈log2 n⌉ + 2 ≤ 64 bits (58 for BERT rows at (41, 13)), the
-/// narrowest (and at least ℓ) where Σd² < 2^(k−2) is exact and can be truncated: every COT of the square is
-/// k − j bits wide instead of 64 − j, so the narrowest ring is the cheapest. The fine sum is
-/// its low ℓ bits (the faithful path's value), the coarse one ⌊Σd² / 2^(2f − g_c)⌋ per row (1 ulp
-/// low at most; the faithful path rounds each d and d² instead, which is coarser).
-fn wide_square_sums<C: Channel>(
-    cx: &mut Ctx<C>,
-    d: &[u64],
-    cols: usize,
-    dev: u32,
-    coarse_frac: u32,
-) -> Result<(Vec<u64>, Vec<u64>)> {
-    let ring = cx.ring();
+/// The 1-bit-error mode's sums of squares come from one exact sum Σd² in a ring of
+/// W = 2·dev + ⌈log2 n⌉ + 2 ≤ 64 bits (58 for BERT rows at (41, 13)), the narrowest (and at
+/// least ℓ) where Σd² < 2^(W−2) is exact and can be truncated (on COTs every square's COT is
+/// W − j bits wide, so the narrowest ring is the cheapest). The fine sum is its low ℓ bits (the
+/// faithful path's value), the coarse one ⌊Σd² / 2^(2f − g_c)⌋ per row (1 ulp low at most; the
+/// faithful path rounds each d and d² instead, which is coarser).
+fn wide_ring(ring: veil_core::Ring, cols: usize, dev: u32) -> Result<veil_core::Ring> {
     let log_n = usize::BITS - (cols - 1).leading_zeros();
     ensure!(
         2 * dev + log_n <= 62,
@@ -480,12 +488,19 @@ fn wide_square_sums<C: Channel>(
         "rows of {cols} too long for a sum of squares in at most 64 bits"
     );
     // At least ℓ bits: the fine sum is the wide sum's low ℓ bits.
-    let wide = veil_core::Ring::new((2 * dev + log_n + 2).max(ring.bits()))?;
-    let dw = cx.extend_to(ring, wide, d)?;
-    let sq = cx.square_narrow_in(wide, &dw, Narrow::signed(dev + 1))?;
-    let sums = row_sums(wide, &sq, cols);
+    veil_core::Ring::new((2 * dev + log_n + 2).max(ring.bits()))
+}
+
+/// (coarse, fine) from the wide sums of squares ([`wide_ring`]).
+fn split_sums<C: Channel>(
+    cx: &mut Ctx<C>,
+    wide: veil_core::Ring,
+    sums: &[u64],
+    coarse_frac: u32,
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    let ring = cx.ring();
     let fine = sums.iter().map(|&v| ring.reduce(v)).collect();
-    let coarse = cx.trunc_in(wide, &sums, 2 * cx.ax.fp.frac_bits() - coarse_frac)?;
+    let coarse = cx.trunc_in(wide, sums, 2 * cx.ax.fp.frac_bits() - coarse_frac)?;
     Ok((coarse.iter().map(|&v| ring.reduce(v)).collect(), fine))
 }
 

@@ -21,6 +21,38 @@ pub struct Ctx<'a, C: Channel> {
     pub ax: Approx,
     /// Truncation used inside the function protocols: `Faithful` reproduces `approx` exactly.
     pub trunc_mode: TruncMode,
+    /// BFV keys for the row-wise HE products ([`crate::rows`]); without them every product
+    /// runs on COTs.
+    pub he: Option<HeKeys<'a>>,
+}
+
+/// This party's BFV keys (veil-he, plaintext modulus 2^ℓ of the context's ring; share operands
+/// need a set that floods ℓ-bit plaintexts, `ParamSet::N8192Q4`).
+#[derive(Clone, Copy)]
+pub enum HeKeys<'a> {
+    Client(&'a veil_he::SecretKey),
+    /// The client's public key (re-randomisation) and Galois keys (response packing).
+    Server(&'a veil_he::PublicKey, &'a veil_he::GaloisKeys),
+}
+
+impl<'a> HeKeys<'a> {
+    /// The share-product keys ([`veil_linear::cross::SHARED_SET`]) of the client's linear session.
+    pub fn client(s: &'a veil_linear::ClientSession) -> Result<Self> {
+        Ok(HeKeys::Client(s.key(veil_linear::cross::SHARED_SET)?))
+    }
+
+    /// The server's side of [`HeKeys::client`].
+    pub fn server(s: &'a veil_linear::ServerSession) -> Result<Self> {
+        let (pk, gk) = s.keys_for(veil_linear::cross::SHARED_SET)?;
+        Ok(HeKeys::Server(pk, gk))
+    }
+
+    fn params(&self) -> &veil_he::Params {
+        match self {
+            HeKeys::Client(sk) => sk.params(),
+            HeKeys::Server(pk, _) => pk.params(),
+        }
+    }
 }
 
 impl<'a, C: Channel> Ctx<'a, C> {
@@ -32,7 +64,30 @@ impl<'a, C: Channel> Ctx<'a, C> {
             role,
             ax,
             trunc_mode: TruncMode::Faithful,
+            he: None,
         }
+    }
+
+    /// Adds BFV keys (this party's side) for the row-wise HE products. The keys' plaintext ring
+    /// must be the format's ring and the key must belong to this party's role.
+    pub fn with_he(mut self, keys: HeKeys<'a>) -> Result<Self> {
+        veil_core::ensure!(
+            keys.params().ring() == self.ring(),
+            InvalidArgument,
+            "HE keys for Z_2^{} in a context over Z_2^{}",
+            keys.params().ring().bits(),
+            self.ring().bits()
+        );
+        veil_core::ensure!(
+            matches!(
+                (self.role, keys),
+                (Role::Client, HeKeys::Client(_)) | (Role::Server, HeKeys::Server(..))
+            ),
+            InvalidArgument,
+            "HE keys of the other party's role"
+        );
+        self.he = Some(keys);
+        Ok(self)
     }
 
     pub fn ring(&self) -> Ring {
@@ -148,7 +203,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
     /// the floor by at most two either way, the truncation by one down. The worst case needs
     /// most rounding errors of one sign; typically |e| / 2^g is a fraction of an ulp. Needs
     /// |P| < 2^(ℓ−2).
-    fn fused_trunc(
+    pub(crate) fn fused_trunc(
         &mut self,
         s: u32,
         out: u32,

@@ -10,6 +10,8 @@
 //! * [`trunc`] — faithful and 1-bit-error truncation, sign extension from a narrow ring;
 //! * [`mod@mul`] — secret × secret, square, secret × server-private row (COT per bit), and their
 //!   narrow variants for an operand of promised small magnitude;
+//! * [`rows`] — per-row inner products and row × per-row-scalar products on BFV (`veil-he`),
+//!   used by LayerNorm when the context has HE keys ([`ctx::HeKeys`]);
 //! * [`ctx`] — [`Ctx`], one party's handle (OT session, channel, role, format) with the
 //!   primitives on share slices;
 //! * [`functions`] — exp (x ≤ 0), reciprocal, rsqrt, tanh;
@@ -32,6 +34,8 @@ mod exchange;
 pub mod functions;
 pub mod millionaire;
 pub mod mul;
+mod norm_he;
+pub mod rows;
 pub mod trunc;
 
 pub use compare::{drelu, relu};

@@ -48,14 +48,14 @@ fn buckets(bits: u32) -> impl Iterator<Item = (u32, u32)> {
 /// n = ℓ is the exact product mod 2^ℓ. Bit k ≥ t only needs a mod 2^(n−k+t), bit k < t a
 /// correlation of n bits.
 #[derive(Clone, Copy)]
-struct Scale {
-    ring: Ring,
-    t: u32,
-    n: u32,
+pub(crate) struct Scale {
+    pub(crate) ring: Ring,
+    pub(crate) t: u32,
+    pub(crate) n: u32,
 }
 
 impl Scale {
-    fn exact(ring: Ring) -> Self {
+    pub(crate) fn exact(ring: Ring) -> Self {
         Scale {
             ring,
             t: 0,
@@ -278,7 +278,7 @@ impl Narrow {
         self.m
     }
 
-    fn bias(&self) -> u64 {
+    pub(crate) fn bias(&self) -> u64 {
         if self.signed {
             1u64 << (self.m - 1)
         } else {
@@ -290,7 +290,7 @@ impl Narrow {
 /// A shared value a under the promise `nw`, re-shared in Z_(2^(m+1)): a' = a + bias ∈ [0, 2^m)
 /// (the server adds the bias), so a' = a'_0 + a'_1 − 2^(m+1)·w with the wrap w = msb(a'_0) ∨
 /// msb(a'_1) (the top bit of a' is known to be 0). Returns (this party's a', its XOR share of w).
-fn narrow_share<C: Channel>(
+pub(crate) fn narrow_share<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -385,7 +385,7 @@ fn check_high(ring: Ring, t: u32, n: u32) -> Result<()> {
 
 /// Shares of w·b·2^shift, as far as the result's bits t..t+n see it: only b mod 2^(t+n−shift)
 /// matters, so the multiplexer runs in that ring (none at all when the term vanishes).
-fn wrap_term<C: Channel>(
+pub(crate) fn wrap_term<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -426,6 +426,43 @@ fn mul_narrow_scaled<C: Channel>(
         .map(|i| {
             let own = ring.sub(ring.mul(an[i], b[i]), ring.mul(bias, b[i]));
             sc.add(cross[i], sc.high(ring.sub(own, wb[i])))
+        })
+        .collect())
+}
+
+/// [`mul_narrow_high_values`] from a narrow share already taken ([`narrow_share`]: this party's
+/// a' and XOR share of the wrap w) with the cross term a'_client·b_server supplied by the caller
+/// as shares mod 2^ℓ (`given`, e.g. from [`crate::rows`]): only a'_server·b_client runs on COTs,
+/// the server's a' choosing. Shares mod 2^n of a·b / 2^t + e with |e| ≤ ⌈min(m + 1, t)/2⌉ + 1
+/// (one direction's COTs below t, one rounding of each party's local part). Label "Mul".
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mul_narrow_high_given<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    sc: Scale,
+    (an, w): (&[u64], &[bool]),
+    nw: Narrow,
+    b: &[u64],
+    given: &[u64],
+) -> Result<Vec<u64>> {
+    let ring = sc.ring;
+    check_narrow(ring, nw)?;
+    check_high(ring, sc.t, sc.n)?;
+    same_len(an, b)?;
+    same_len(an, given)?;
+    ensure!(w.len() == an.len(), InvalidArgument, "one wrap bit per value");
+    let _g = ch.meter().enter("Mul");
+    let m = nw.m;
+    let wb = wrap_term(ot, ch, role, sc, w, b, m + 1)?;
+    let mine = if role == Role::Client { b } else { an };
+    let cross = cross_one_way(ot, ch, role, sc, mine, Role::Client, m + 1)?;
+    let bias = nw.bias();
+    Ok((0..an.len())
+        .map(|i| {
+            let own = ring.sub(ring.mul(an[i], b[i]), ring.mul(bias, b[i]));
+            let own = ring.sub(ring.add(own, given[i]), wb[i]);
+            sc.add(cross[i], sc.high(own))
         })
         .collect())
 }

@@ -1,0 +1,367 @@
+//! Row-wise products on BFV (`veil_he`, plaintext modulus 2^ℓ) for the products whose result is
+//! one value per row, or whose second factor is one value per row: LayerNorm's sum of squares
+//! (per-row inner products of the two parties' shares) and its d·r (every row times its own
+//! scalar). OT products pay one COT per bit of one factor per element; here the client's
+//! operand crosses the wire once, encrypted, and serves both products.
+//!
+//! # Layout
+//! The client encrypts a [rows, cols] matrix U in the stride layout: with R the largest power of
+//! two ≤ 2^[`GALOIS_LEVELS`] with R·cols ≤ N, ciphertext c holds rows cR … cR + R − 1, row k's
+//! value j at coefficient R·j + k.
+//! * **Inner product of row k with a server vector v**: the plaintext Σ_j v_j·X^−(Rj+k) puts
+//!   Σ_j U_kj·v_j at coefficient 0. No other pair reaches it: (row k', index j') lands there only
+//!   if R(j' − j) + k' − k ≡ 0 (mod N), i.e. k' = k and j' ≡ j (mod N/R), and |j' − j| < cols ≤
+//!   N/R. Each (row, vector) product is one member; members are packed 64 to a response
+//!   ([`veil_he::pack`]), so a response carries 64 inner products for one c1.
+//! * **Row k times a scalar s_k**: the ciphertext times the constant s_k, rotated by X^−k, holds
+//!   U_kj·s_k at coefficients R·j; the R rows of a ciphertext pack into one response with row k's
+//!   products at R·j + k.
+//!
+//! # Security and error
+//! Semi-honest, as veil-he's products: the server sees seeded RLWE ciphertexts under the client's
+//! key; the client sees only re-randomised, noise-flooded responses carrying result + mask at
+//! the coefficients it needs, the server keeping −mask (uniform in Z_2^ℓ) as its share. Every
+//! plaintext is multiplied in under a public bound (a vector's declared bound, 2^(ℓ−1) for a
+//! share scalar), which is what the flooding check of [`veil_he::Accumulator::into_response`]
+//! uses. Results are exact mod 2^ℓ.
+
+use veil_core::{ensure, Prg, Result, Ring};
+use veil_he::{
+    wire, Accumulator, EvalCiphertext, GaloisKeys, NttPlaintext, PackShape, Params, PublicKey,
+    SecretKey, GALOIS_LEVELS,
+};
+use veil_linear::matmul::parallel_map;
+use veil_net::Channel;
+
+/// Inner-product members per packed response.
+const PACK: usize = 1 << GALOIS_LEVELS;
+
+/// The stride layout of a [rows, cols] matrix (module docs).
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    rows: usize,
+    cols: usize,
+    /// R: rows per ciphertext, also the coefficient stride.
+    stride: usize,
+    n: usize,
+}
+
+impl Layout {
+    fn new(p: &Params, rows: usize, cols: usize) -> Result<Self> {
+        let n = p.degree();
+        ensure!(
+            rows > 0 && cols > 0 && 2 * cols <= n,
+            InvalidArgument,
+            "HE row products need 0 < cols ≤ N/2 = {} (got {rows} rows of {cols})",
+            n / 2
+        );
+        let stride = (n / cols).min(PACK);
+        let stride = 1usize << (usize::BITS - 1 - stride.leading_zeros());
+        Ok(Layout {
+            rows,
+            cols,
+            stride,
+            n,
+        })
+    }
+
+    fn ciphertexts(&self) -> usize {
+        self.rows.div_ceil(self.stride)
+    }
+
+    fn rows_in(&self, c: usize) -> usize {
+        (self.rows - c * self.stride).min(self.stride)
+    }
+
+    /// The plaintext of ciphertext c.
+    fn poly(&self, u: &[u64], c: usize) -> Vec<u64> {
+        let mut m = vec![0u64; self.n];
+        for k in 0..self.rows_in(c) {
+            let row = &u[(c * self.stride + k) * self.cols..][..self.cols];
+            for (j, &x) in row.iter().enumerate() {
+                m[self.stride * j + k] = x;
+            }
+        }
+        m
+    }
+
+    /// Leaves of the packing of `members` ≥ 2 members (a power of two).
+    fn leaves(members: usize) -> usize {
+        members.next_power_of_two().max(2)
+    }
+
+    /// Groups of inner-product members, in order: (first member, count).
+    fn dot_groups(members: usize) -> impl Iterator<Item = (usize, usize)> {
+        (0..members)
+            .step_by(PACK)
+            .map(move |s| (s, (members - s).min(PACK)))
+    }
+
+    /// Coefficients of a packed inner-product response of `count` members.
+    fn dot_positions(count: usize) -> Vec<usize> {
+        if count == 1 {
+            return vec![0];
+        }
+        let step = PACK / Self::leaves(count);
+        (0..count).map(|r| step * r).collect()
+    }
+
+    /// Coefficients of ciphertext c's row-scaled response, row-major (row k, then j).
+    fn scaled_positions(&self, c: usize) -> Vec<usize> {
+        let rows = self.rows_in(c);
+        let step = if rows == 1 {
+            0
+        } else {
+            self.stride / Self::leaves(rows)
+        };
+        (0..rows)
+            .flat_map(|k| (0..self.cols).map(move |j| self.stride * j + step * k))
+            .collect()
+    }
+}
+
+/// The client's side: its encrypted matrix is on the server; it decrypts the results.
+pub struct RowsClient<'k> {
+    sk: &'k SecretKey,
+    lay: Layout,
+}
+
+/// The server's side: the client's expanded ciphertexts, and the keys to answer.
+pub struct RowsServer<'k> {
+    pk: &'k PublicKey,
+    gk: &'k GaloisKeys,
+    lay: Layout,
+    cts: Vec<EvalCiphertext>,
+}
+
+/// Client: encrypts U ([rows, cols], values in Z_2^ℓ) and sends it (one message).
+pub fn client_open<'k, C: Channel>(
+    ch: &mut C,
+    sk: &'k SecretKey,
+    u: &[u64],
+    rows: usize,
+    cols: usize,
+) -> Result<RowsClient<'k>> {
+    let p = sk.params();
+    let lay = Layout::new(p, rows, cols)?;
+    ensure!(
+        u.len() == rows * cols,
+        InvalidArgument,
+        "{} values for {rows} rows of {cols}",
+        u.len()
+    );
+    let cts = parallel_map(lay.ciphertexts(), |c, prg| sk.encrypt(&lay.poly(u, c), prg))?;
+    ch.send_msg(&wire::encode_ciphertexts(p, &cts))?;
+    ch.flush()?;
+    Ok(RowsClient { sk, lay })
+}
+
+/// Server: receives the client's encrypted [rows, cols] matrix.
+pub fn server_open<'k, C: Channel>(
+    ch: &mut C,
+    pk: &'k PublicKey,
+    gk: &'k GaloisKeys,
+    rows: usize,
+    cols: usize,
+) -> Result<RowsServer<'k>> {
+    let p = pk.params();
+    ensure!(
+        gk.params().moduli() == p.moduli(),
+        InvalidArgument,
+        "public and Galois keys of different parameters"
+    );
+    let lay = Layout::new(p, rows, cols)?;
+    let count = lay.ciphertexts();
+    let msg = ch.recv_msg(wire::ciphertexts_len(p, count))?;
+    let cts = wire::decode_ciphertexts(p, &msg, count)?
+        .iter()
+        .map(|ct| EvalCiphertext::expand(p, ct))
+        .collect();
+    Ok(RowsServer { pk, gk, lay, cts })
+}
+
+impl RowsClient<'_> {
+    fn receive<C: Channel>(&self, ch: &mut C, positions: &[Vec<usize>]) -> Result<Vec<Vec<u64>>> {
+        let p = self.sk.params();
+        let needed: Vec<usize> = positions.iter().map(Vec::len).collect();
+        let msg = ch.recv_msg(wire::responses_len(p, &needed))?;
+        let responses = wire::decode_responses(p, &msg, &needed)?;
+        parallel_map(responses.len(), |g, _| {
+            self.sk.decrypt_response(&responses[g], &positions[g])
+        })
+    }
+
+    /// Shares of Σ_j U_kj·v_kj for each of the server's `vectors` (plane-major: [vector][row]).
+    pub fn inner_products<C: Channel>(&self, ch: &mut C, vectors: usize) -> Result<Vec<Vec<u64>>> {
+        let members = vectors * self.lay.rows;
+        let positions: Vec<Vec<usize>> = Layout::dot_groups(members)
+            .map(|(_, count)| Layout::dot_positions(count))
+            .collect();
+        let flat: Vec<u64> = self.receive(ch, &positions)?.concat();
+        Ok(flat.chunks(self.lay.rows).map(<[u64]>::to_vec).collect())
+    }
+
+    /// Shares of U_kj·s_k for the server's per-row scalars s (row-major, like U).
+    pub fn row_scaled<C: Channel>(&self, ch: &mut C) -> Result<Vec<u64>> {
+        let positions: Vec<Vec<usize>> = (0..self.lay.ciphertexts())
+            .map(|c| self.lay.scaled_positions(c))
+            .collect();
+        Ok(self.receive(ch, &positions)?.concat())
+    }
+}
+
+impl RowsServer<'_> {
+    fn params(&self) -> &Params {
+        self.pk.params()
+    }
+
+    fn ring(&self) -> Ring {
+        self.params().ring()
+    }
+
+    /// Packs `members` (all with their useful coefficients on `positions`' residue), hardens
+    /// the result and draws the masks: returns (response, this party's shares).
+    fn respond(
+        &self,
+        members: Vec<Accumulator>,
+        shape: Option<PackShape>,
+        positions: &[usize],
+        prg: &mut Prg,
+    ) -> Result<(veil_he::Response, Vec<u64>)> {
+        let acc = match shape {
+            Some(s) => self.gk.pack(members, &s)?,
+            None => members.into_iter().next().expect("one member"),
+        };
+        let ring = self.ring();
+        let masks: Vec<u64> = (0..positions.len()).map(|_| prg.ring_elem(ring)).collect();
+        let response = acc.into_response(self.pk, positions, &masks, prg)?;
+        Ok((response, masks.iter().map(|&m| ring.neg(m)).collect()))
+    }
+
+    fn send<C: Channel>(
+        &self,
+        ch: &mut C,
+        parts: Vec<(veil_he::Response, Vec<u64>)>,
+    ) -> Result<Vec<u64>> {
+        let (responses, shares): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+        ch.send_msg(&wire::encode_responses(self.params(), &responses))?;
+        ch.flush()?;
+        Ok(shares.concat())
+    }
+
+    /// The server's side of [`RowsClient::inner_products`]: `vectors[i]` is a [rows, cols] matrix
+    /// (row k's vector is its row k) of signed values with |v| ≤ `bound` (a public bound).
+    pub fn inner_products<C: Channel>(
+        &self,
+        ch: &mut C,
+        vectors: &[Vec<i64>],
+        bound: u64,
+    ) -> Result<Vec<Vec<u64>>> {
+        let lay = self.lay;
+        let (rows, cols, n, r) = (lay.rows, lay.cols, lay.n, lay.stride);
+        ensure!(
+            vectors.iter().all(|v| v.len() == rows * cols),
+            InvalidArgument,
+            "inner-product vectors must be {rows}×{cols}"
+        );
+        let p = self.params();
+        let members = vectors.len() * rows;
+        let groups: Vec<(usize, usize)> = Layout::dot_groups(members).collect();
+        let parts = parallel_map(groups.len(), |g, prg| {
+            let (first, count) = groups[g];
+            let mut accs = Vec::with_capacity(count);
+            for member in first..first + count {
+                let (plane, row) = (member / rows, member % rows);
+                let (c, k) = (row / r, row % r);
+                // Σ_j v_j·X^−(Rj+k): X^−e = −X^(N−e) for 0 < e < N.
+                let mut coeffs = vec![0i64; n];
+                for (j, &v) in vectors[plane][row * cols..][..cols].iter().enumerate() {
+                    let e = r * j + k;
+                    if e == 0 {
+                        coeffs[0] = v;
+                    } else {
+                        coeffs[n - e] = -v;
+                    }
+                }
+                let pt = NttPlaintext::new(p, &coeffs, bound)?;
+                let mut acc = Accumulator::new(p);
+                acc.mul_acc(p, &self.cts[c], &pt);
+                accs.push(acc);
+            }
+            let shape = (count > 1)
+                .then(|| PackShape::new(PACK, Layout::leaves(count), 0))
+                .transpose()?;
+            self.respond(accs, shape, &Layout::dot_positions(count), prg)
+        })?;
+        let flat = self.send(ch, parts)?;
+        Ok(flat.chunks(rows).map(<[u64]>::to_vec).collect())
+    }
+
+    /// The server's side of [`RowsClient::row_scaled`]: one scalar per row (a ring element).
+    pub fn row_scaled<C: Channel>(&self, ch: &mut C, s: &[u64]) -> Result<Vec<u64>> {
+        let lay = self.lay;
+        ensure!(
+            s.len() == lay.rows,
+            InvalidArgument,
+            "{} scalars for {} rows",
+            s.len(),
+            lay.rows
+        );
+        let (p, ring) = (self.params(), self.ring());
+        let bound = 1u64 << (ring.bits() - 1);
+        let parts = parallel_map(lay.ciphertexts(), |c, prg| {
+            let rows = lay.rows_in(c);
+            let mut accs = Vec::with_capacity(rows);
+            for k in 0..rows {
+                let pt = NttPlaintext::new(p, &[ring.to_signed(s[c * lay.stride + k])], bound)?;
+                let mut acc = Accumulator::new(p);
+                acc.mul_acc(p, &self.cts[c], &pt);
+                if k > 0 {
+                    acc.mul_monomial(p, 2 * lay.n - k);
+                }
+                accs.push(acc);
+            }
+            let shape = (rows > 1)
+                .then(|| PackShape::new(lay.stride, Layout::leaves(rows), 0))
+                .transpose()?;
+            self.respond(accs, shape, &lay.scaled_positions(c), prg)
+        })?;
+        self.send(ch, parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stride_fits_rows_into_the_degree() {
+        let p = Params::new(veil_he::ParamSet::N8192Q4, Ring::new(41).unwrap()).unwrap();
+        for (cols, stride) in [(768, 8), (128, 64), (1, 64), (4096, 2), (3000, 2)] {
+            let lay = Layout::new(&p, 5, cols).unwrap();
+            assert_eq!(lay.stride, stride, "cols {cols}");
+            assert!(lay.stride * cols <= 8192);
+        }
+        assert!(Layout::new(&p, 5, 4097).is_err());
+        assert!(Layout::new(&p, 0, 8).is_err());
+    }
+
+    #[test]
+    fn positions_are_distinct_and_in_range() {
+        let p = Params::new(veil_he::ParamSet::N8192Q4, Ring::new(41).unwrap()).unwrap();
+        let lay = Layout::new(&p, 13, 768).unwrap();
+        for c in 0..lay.ciphertexts() {
+            let mut pos = lay.scaled_positions(c);
+            assert_eq!(pos.len(), lay.rows_in(c) * 768);
+            pos.sort_unstable();
+            pos.dedup();
+            assert_eq!(pos.len(), lay.rows_in(c) * 768);
+            assert!(pos.iter().all(|&x| x < 8192));
+        }
+        for count in 1..=PACK {
+            let pos = Layout::dot_positions(count);
+            assert_eq!(pos.len(), count);
+            assert!(pos.windows(2).all(|w| w[0] < w[1]) && pos[count - 1] < PACK);
+        }
+    }
+}
