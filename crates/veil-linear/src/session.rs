@@ -28,7 +28,11 @@ impl ClientSession {
     }
 
     /// [`ClientSession::setup`] for the given sets only (the server must name the same).
-    pub fn setup_for<C: Channel + ?Sized>(ch: &mut C, ring: Ring, sets: &[ParamSet]) -> Result<Self> {
+    pub fn setup_for<C: Channel + ?Sized>(
+        ch: &mut C,
+        ring: Ring,
+        sets: &[ParamSet],
+    ) -> Result<Self> {
         let mut prg = Prg::from_os_entropy();
         let mut keys = Vec::new();
         for &set in sets {
@@ -57,7 +61,11 @@ impl ServerSession {
     }
 
     /// [`ServerSession::setup`] for the given sets only.
-    pub fn setup_for<C: Channel + ?Sized>(ch: &mut C, ring: Ring, sets: &[ParamSet]) -> Result<Self> {
+    pub fn setup_for<C: Channel + ?Sized>(
+        ch: &mut C,
+        ring: Ring,
+        sets: &[ParamSet],
+    ) -> Result<Self> {
         let mut keys = Vec::new();
         for &set in sets {
             let params = Params::new(set, ring)?;

@@ -44,8 +44,8 @@ use veil_net::Channel;
 
 use crate::ctx::Ctx;
 use crate::functions::{exp_neg, layer_norm_rsqrt, recip_at};
-use crate::norm_he;
 use crate::mul::Narrow;
+use crate::norm_he;
 use crate::TruncMode;
 
 /// Row length (last dimension) of a tensor.

@@ -451,7 +451,11 @@ pub(crate) fn mul_narrow_high_given<C: Channel>(
     check_high(ring, sc.t, sc.n)?;
     same_len(an, b)?;
     same_len(an, given)?;
-    ensure!(w.len() == an.len(), InvalidArgument, "one wrap bit per value");
+    ensure!(
+        w.len() == an.len(),
+        InvalidArgument,
+        "one wrap bit per value"
+    );
     let _g = ch.meter().enter("Mul");
     let m = nw.m;
     let wb = wrap_term(ot, ch, role, sc, w, b, m + 1)?;

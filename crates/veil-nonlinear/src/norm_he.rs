@@ -130,7 +130,9 @@ impl NormHe<'_> {
         );
         let b = plane_bits(ring, m, cols)?;
         // Planes whose weight 2^(b·i) leaves more than ℓ bits of W need the extension.
-        let ext = (0..).take_while(|&i| wb - (b * i).min(wb) > ring.bits()).count();
+        let ext = (0..)
+            .take_while(|&i| wb - (b * i).min(wb) > ring.bits())
+            .count();
         let centre = 1u64 << m;
         let sums = match &self.side {
             Side::Client(c) => c.inner_products(cx.ch, ext + 1)?,
@@ -254,13 +256,30 @@ mod tests {
 
     #[test]
     fn planes_recompose_with_bounded_digits() {
-        for &v in &[0i64, 1, -1, 31, 32, -32, -33, (1 << 24) - 1, -(1 << 24), 123_456_789 % (1 << 24)] {
+        for &v in &[
+            0i64,
+            1,
+            -1,
+            31,
+            32,
+            -32,
+            -33,
+            (1 << 24) - 1,
+            -(1 << 24),
+            123_456_789 % (1 << 24),
+        ] {
             for (b, ext) in [(6u32, 3usize), (5, 4), (8, 0)] {
                 let p = planes(v, b, ext);
                 assert_eq!(p.len(), ext + 1);
-                let back: i64 = p.iter().enumerate().map(|(i, &d)| d << (b * i as u32)).sum();
+                let back: i64 = p
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| d << (b * i as u32))
+                    .sum();
                 assert_eq!(back, v, "v {v} b {b}");
-                assert!(p[..ext].iter().all(|&d| (-(1 << (b - 1))..(1 << (b - 1))).contains(&d)));
+                assert!(p[..ext]
+                    .iter()
+                    .all(|&d| (-(1 << (b - 1))..(1 << (b - 1))).contains(&d)));
             }
         }
     }

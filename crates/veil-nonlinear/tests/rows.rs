@@ -1,0 +1,288 @@
+//! The row-wise HE products (`veil_nonlinear::rows`) against their ideal functionality (integer
+//! arithmetic mod 2^ℓ), LayerNorm with HE keys against f64, and bad messages on both sides.
+
+mod common;
+
+use common::*;
+use veil_core::{approx::reference, Prg, Ring, RingTensor};
+use veil_linear::{cross::SHARED_SET, ClientSession, ServerSession};
+use veil_net::{run_two_party, Channel, MemChannel, Role};
+use veil_nonlinear::composite::{self, AffineParams};
+use veil_nonlinear::ctx::HeKeys;
+use veil_nonlinear::rows::{client_open, server_open};
+use veil_nonlinear::{Ctx, TruncMode};
+
+fn ring() -> Ring {
+    fp().ring
+}
+
+enum Keys {
+    Client(ClientSession),
+    Server(ServerSession),
+}
+
+fn keys<C: Channel>(ch: &mut C, role: Role) -> veil_core::Result<Keys> {
+    Ok(match role {
+        Role::Client => Keys::Client(ClientSession::setup_for(ch, ring(), &[SHARED_SET])?),
+        Role::Server => Keys::Server(ServerSession::setup_for(ch, ring(), &[SHARED_SET])?),
+    })
+}
+
+fn he(k: &Keys) -> HeKeys<'_> {
+    match k {
+        Keys::Client(s) => HeKeys::client(s).unwrap(),
+        Keys::Server(s) => HeKeys::server(s).unwrap(),
+    }
+}
+
+fn random_ring(n: usize) -> Vec<u64> {
+    let mut prg = Prg::from_os_entropy();
+    (0..n).map(|_| prg.ring_elem(ring())).collect()
+}
+
+/// Client matrix u (any ring values), server vectors (signed, |v| ≤ bound) and scalars: both
+/// products open to the integers mod 2^ℓ.
+fn check_products(rows: usize, cols: usize, planes: usize, bound: i64) {
+    let r = ring();
+    let mut prg = Prg::from_os_entropy();
+    let mut u = random_ring(rows * cols);
+    // Edges: the ring's extremes and zero in the first row.
+    for (j, e) in [0u64, 1, r.from_signed(-1), 1 << 40, (1 << 40) - 1]
+        .iter()
+        .enumerate()
+    {
+        if j < cols {
+            u[j] = *e;
+        }
+    }
+    let vectors: Vec<Vec<i64>> = (0..planes)
+        .map(|_| {
+            (0..rows * cols)
+                .map(|i| match i % 7 {
+                    0 => bound,
+                    1 => -bound,
+                    _ => (prg.below(2 * bound as u64 + 1) as i64) - bound,
+                })
+                .collect()
+        })
+        .collect();
+    let scalars = random_ring(rows);
+    let (c, s) = run_two_party(
+        |ch: &mut MemChannel| {
+            let k = keys(ch, Role::Client)?;
+            let Keys::Client(sess) = &k else {
+                unreachable!()
+            };
+            let rc = client_open(ch, sess.key(SHARED_SET)?, &u, rows, cols)?;
+            Ok((rc.inner_products(ch, planes)?, rc.row_scaled(ch)?))
+        },
+        |ch: &mut MemChannel| {
+            let k = keys(ch, Role::Server)?;
+            let Keys::Server(sess) = &k else {
+                unreachable!()
+            };
+            let (pk, gk) = sess.keys_for(SHARED_SET)?;
+            let rs = server_open(ch, pk, gk, rows, cols)?;
+            Ok((
+                rs.inner_products(ch, &vectors, bound as u64)?,
+                rs.row_scaled(ch, &scalars)?,
+            ))
+        },
+    )
+    .expect("protocol run");
+    for (p, plane) in vectors.iter().enumerate() {
+        for row in 0..rows {
+            let want = (0..cols).fold(0u64, |acc, j| {
+                let v = r.from_signed(plane[row * cols + j]);
+                r.add(acc, r.mul(u[row * cols + j], v))
+            });
+            assert_eq!(r.add(c.0[p][row], s.0[p][row]), want, "plane {p} row {row}");
+        }
+    }
+    for i in 0..rows * cols {
+        let want = r.mul(u[i], scalars[i / cols]);
+        assert_eq!(r.add(c.1[i], s.1[i]), want, "element {i}");
+    }
+}
+
+#[test]
+fn row_products_match_integers_bert_rows() {
+    // 8 rows fill one ciphertext at stride 8; 13 leave a partial one.
+    check_products(13, 768, 2, 32);
+}
+
+#[test]
+fn row_products_match_integers_other_shapes() {
+    // Stride 64 (BERT-Tiny rows), a single row, odd widths, and 65 members (two packed groups).
+    check_products(3, 128, 1, 1 << 20);
+    check_products(1, 5, 3, 1);
+    check_products(65, 3, 1, 7);
+}
+
+#[test]
+fn bad_messages_are_errors_not_panics() {
+    let rows = 2;
+    let cols = 16;
+    let u = random_ring(rows * cols);
+    // Server: a truncated, a garbage, an empty and an over-long request.
+    for bad in 0..4 {
+        let (_, refused) = run_two_party(
+            |ch: &mut MemChannel| {
+                let k = keys(ch, Role::Client)?;
+                let Keys::Client(sess) = &k else {
+                    unreachable!()
+                };
+                let sk = sess.key(SHARED_SET)?;
+                let ct = sk.encrypt(&[1, 2, 3], &mut Prg::from_os_entropy())?;
+                let valid = veil_he::wire::encode_ciphertexts(sk.params(), &[ct]);
+                let msg = match bad {
+                    0 => valid[..valid.len() / 2].to_vec(),
+                    1 => vec![0xA5; valid.len()],
+                    2 => Vec::new(),
+                    _ => [valid.clone(), valid].concat(),
+                };
+                ch.send_msg(&msg)?;
+                ch.flush()
+            },
+            |ch: &mut MemChannel| {
+                let k = keys(ch, Role::Server)?;
+                let Keys::Server(sess) = &k else {
+                    unreachable!()
+                };
+                let (pk, gk) = sess.keys_for(SHARED_SET)?;
+                Ok(server_open(ch, pk, gk, rows, cols).is_err())
+            },
+        )
+        .expect("run");
+        assert!(refused, "damaged request {bad} accepted");
+    }
+    // Client: a garbage response, then a peer that hangs up; the server refuses wrong shapes
+    // and out-of-bound plaintexts before sending anything.
+    let (c, _) = run_two_party(
+        |ch: &mut MemChannel| {
+            let k = keys(ch, Role::Client)?;
+            let Keys::Client(sess) = &k else {
+                unreachable!()
+            };
+            let rc = client_open(ch, sess.key(SHARED_SET)?, &u, rows, cols)?;
+            let garbage = rc.inner_products(ch, 1).is_err();
+            let hung_up = rc.row_scaled(ch).is_err();
+            Ok((garbage, hung_up))
+        },
+        |ch: &mut MemChannel| {
+            let k = keys(ch, Role::Server)?;
+            let Keys::Server(sess) = &k else {
+                unreachable!()
+            };
+            let (pk, gk) = sess.keys_for(SHARED_SET)?;
+            let rs = server_open(ch, pk, gk, rows, cols)?;
+            assert!(rs.inner_products(ch, &[vec![0; 3]], 1).is_err());
+            assert!(rs.row_scaled(ch, &[1]).is_err());
+            assert!(rs.inner_products(ch, &[vec![5; rows * cols]], 4).is_err());
+            ch.send_msg(&[7u8; 100])?;
+            ch.flush()
+        },
+    )
+    .expect("run");
+    assert!(c.0, "garbage response accepted");
+    assert!(c.1, "a response from a closed channel");
+}
+
+/// LayerNorm in the 1-bit mode with HE keys: coarse (outliers to ±1000) and fine (tiny
+/// variance) rows within the bound the COT path is tested to.
+#[test]
+fn layer_norm_with_he_keys_within_bound() {
+    let a = veil_core::approx::Approx::new(fp()).unwrap();
+    let cols = 768;
+    let mut prg = Prg::from_os_entropy();
+    let spec = [
+        (1.0, 1, 221.0),
+        (2.0, 3, 1000.0),
+        (300.0, 0, 0.0),
+        (0.02, 0, 0.0),
+        (3.0, 0, 0.0),
+    ];
+    let mut v = Vec::new();
+    for &(std, outliers, outlier) in &spec {
+        for j in 0..cols {
+            let x = (prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * std * 1.7;
+            v.push(if j < outliers {
+                if j % 2 == 0 {
+                    outlier
+                } else {
+                    -outlier
+                }
+            } else {
+                x
+            });
+        }
+    }
+    let x = RingTensor::encode(fp(), &[spec.len(), cols], &v).unwrap();
+    let gamma = RingTensor::encode(
+        fp(),
+        &[cols],
+        &(0..cols)
+            .map(|j| 2.0 - (j % 9) as f64 * 0.45)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let beta = RingTensor::encode(
+        fp(),
+        &[cols],
+        &(0..cols)
+            .map(|j| (j % 5) as f64 * 0.3 - 0.6)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let sh = veil_core::share(&x, &mut Prg::from_os_entropy()).unwrap();
+    let eps = 1e-12;
+    let out = run_mem(|ot, ch, role| {
+        let k = keys(ch, role)?;
+        let mut cx = Ctx::new(ot, ch, role, a).with_he(he(&k))?;
+        cx.trunc_mode = TruncMode::OneBitError;
+        let p = AffineParams {
+            gamma: gamma.data(),
+            beta: beta.data(),
+        };
+        let params = (role == Role::Server).then_some(&p);
+        composite::layer_norm(&mut cx, pick(role, &sh), params, eps)
+    });
+    let y = open(out);
+    let ulp = 1.0 / (1u64 << a.fp.frac_bits()) as f64;
+    let (gq, bq) = (gamma.decode(a.fp), beta.decode(a.fp));
+    for (row, raw) in x.data().chunks(cols).enumerate() {
+        let q: Vec<f64> = raw.iter().map(|&v| a.fp.decode(v)).collect();
+        let mu = q.iter().sum::<f64>() / cols as f64;
+        let var = q.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / cols as f64;
+        let bound = veil_core::approx::layer_norm_error_bound(var + eps);
+        let want = reference::layer_norm(&q, &gq, &bq, eps);
+        for j in 0..cols {
+            let err = (a.fp.decode(y[row * cols + j]) - want[j]).abs();
+            let mean_err = 2.0 * ulp * gq[j].abs() / (var + eps).sqrt();
+            assert!(
+                err <= bound * gq[j].abs() + 2.5e-4 + 3.0 * ulp * (1.0 + gq[j].abs()) + mean_err,
+                "row {row} col {j}: error {err}"
+            );
+        }
+    }
+}
+
+/// HE keys of the wrong role or ring are refused when the context is built.
+#[test]
+fn he_keys_must_match_role_and_ring() {
+    let a = veil_core::approx::Approx::new(fp()).unwrap();
+    let narrow =
+        veil_core::approx::Approx::new(veil_core::FixedPoint::new(44, 13).unwrap()).unwrap();
+    let (c, s) = run_mem(|ot, ch, role| {
+        let k = keys(ch, role)?;
+        let other = match role {
+            Role::Client => Role::Server,
+            Role::Server => Role::Client,
+        };
+        let ok = Ctx::new(ot, ch, role, a).with_he(he(&k)).is_ok();
+        let wrong_role = Ctx::new(ot, ch, other, a).with_he(he(&k)).is_err();
+        let wrong_ring = Ctx::new(ot, ch, role, narrow).with_he(he(&k)).is_err();
+        Ok(ok && wrong_role && wrong_ring)
+    });
+    assert!(c && s);
+}
