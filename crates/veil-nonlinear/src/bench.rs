@@ -9,6 +9,10 @@
 //! on a slice of its input after pre-generating enough COTs: `online_bits_per_element` is the
 //! traffic of that run and `cots_per_element` the COTs it consumed (both directions), so the cost
 //! under any COT engine is online + cots × (engine bits per COT).
+//!
+//! `he_keys` says whether the context carried the share-product BFV keys (set up outside the
+//! measurement, like the OT session): LayerNorm's 1-bit-error rows use them for the sum of
+//! squares and d·r; its HE traffic is in the totals (label "LayerNorm").
 
 use std::time::Instant;
 
@@ -195,6 +199,7 @@ fn measure_in(
         "online_bits_per_element": online,
         "cots_per_element": cots,
         "split_bits_per_element": split,
+        "he_keys": he,
     }));
     Ok(())
 }

@@ -32,6 +32,9 @@
 //! centre + affine 4 ulp·(1 + |γ|), Softmax 4e-3 (exp's squarings amplify its low truncations on
 //! outputs near 1). LayerNorm's two sums of squares come in that mode from one square of d in a
 //! wide ring (the fine sum exact as before, the coarse one finer than the faithful path's).
+//! When the context has HE keys ([`Ctx::with_he`]), that mode computes the sum of squares and
+//! the client-side cross term of d·r on BFV ([`crate::rows`]): same values for the sums, the
+//! same −3 … +2 ulp contract for d·r, about half the traffic.
 //!
 //! Rows are processed together: every round trip carries all rows of the tensor.
 //!
@@ -403,7 +406,7 @@ pub fn layer_norm<C: Channel>(
     let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
     // With HE keys (1-bit mode), the client's narrow share of d goes encrypted once and serves
     // the sum of squares and d·r (crate::norm_he).
-    let he = if cx.trunc_mode == TruncMode::OneBitError && norm_he::fits(cols) {
+    let he = if cx.trunc_mode == TruncMode::OneBitError {
         norm_he::open(cx, &d, Narrow::signed(dev + 1), cols)?
     } else {
         None

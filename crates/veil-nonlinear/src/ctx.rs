@@ -47,7 +47,7 @@ impl<'a> HeKeys<'a> {
         Ok(HeKeys::Server(pk, gk))
     }
 
-    fn params(&self) -> &veil_he::Params {
+    pub(crate) fn params(&self) -> &veil_he::Params {
         match self {
             HeKeys::Client(sk) => sk.params(),
             HeKeys::Server(pk, _) => pk.params(),

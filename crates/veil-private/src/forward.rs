@@ -25,6 +25,7 @@ use veil_model::ProductTruncation;
 use veil_model::{Activation, AttentionNorm, HeadKind, LayerNormKind, ModelConfig};
 use veil_net::{Channel, Role};
 use veil_nonlinear::composite::{self, AffineParams};
+use veil_nonlinear::ctx::HeKeys;
 use veil_nonlinear::{functions, Ctx, OtSession, TruncMode};
 
 use crate::layers::{LayerId, PreparedLayers, ServerModel};
@@ -183,7 +184,13 @@ impl<'a, C: Channel> Party<'a, C> {
         let eps = self.cfg.layer_norm_eps;
         let role = self.role();
         let policy = self.product_trunc_mode();
-        let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
+        // The share-product HE keys let LayerNorm's 1-bit-error path run its sum of squares and
+        // d·r on BFV (veil_nonlinear::rows).
+        let keys = match &self.side {
+            Side::Client(s, _) => HeKeys::client(s)?,
+            Side::Server(s, ..) => HeKeys::server(s)?,
+        };
+        let mut cx = Ctx::new(self.ot, self.ch, role, self.ax).with_he(keys)?;
         cx.trunc_mode = policy;
         match kind {
             LayerNormKind::Exact => {
