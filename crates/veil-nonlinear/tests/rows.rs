@@ -119,6 +119,16 @@ fn row_products_match_integers_other_shapes() {
     check_products(65, 3, 1, 7);
 }
 
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(6))]
+    /// Any shape the layout takes: partial ciphertexts, strides from 2 to 64, several planes,
+    /// bounds from 1 to 2^30.
+    #[test]
+    fn row_products_any_shape(rows in 1usize..20, cols in 1usize..300, planes in 1usize..3, bits in 0u32..31) {
+        check_products(rows, cols, planes, 1i64 << bits);
+    }
+}
+
 #[test]
 fn bad_messages_are_errors_not_panics() {
     let rows = 2;
