@@ -213,6 +213,33 @@ fn one_bit_error_truncation_stays_within_its_bound() {
     }
 }
 
+/// Rows of 512 values take LayerNorm's HE path (veil_nonlinear::rows) in the 1-bit mode: the
+/// session's share-product keys reach it, and the logits stay within the same bound.
+#[test]
+fn layer_norm_on_he_rows_stays_within_its_bound() {
+    let mut cfg = ModelConfig::new(
+        Architecture::Bert,
+        50,
+        512,
+        1,
+        2,
+        64,
+        16,
+        HeadKind::Pooler,
+        3,
+    )
+    .unwrap();
+    cfg.veil.blocks = vec![BlockVariant::exact(Activation::Gelu)];
+    cfg.veil.product_truncation = ProductTruncation::OneBitError;
+    let (got, want, _) = run(&cfg, &[3, 8, 1, 12], 21);
+    let dev = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(dev <= ONE_BIT_ERROR_BOUND, "deviation {dev}");
+}
+
 #[test]
 fn mixed_variants_mean_pooling_and_single_token() {
     let mut cfg = tiny(BlockVariant::exact(Activation::Relu), HeadKind::MeanPool, 2);
