@@ -406,20 +406,15 @@ pub fn layer_norm<C: Channel>(
     let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
     // With HE keys (1-bit mode), the client's narrow share of d goes encrypted once and serves
     // the sum of squares and d·r (crate::norm_he).
-    let he = if cx.trunc_mode == TruncMode::OneBitError {
-        norm_he::open(cx, &d, Narrow::signed(dev + 1), cols)?
-    } else {
-        None
+    let wide = match cx.trunc_mode {
+        TruncMode::OneBitError => Some(wide_ring(ring, cols, dev)?),
+        TruncMode::Faithful => None,
     };
-    let (mut coarse, mut fine) = if cx.trunc_mode == TruncMode::Faithful {
-        let dp = round_if(cx, &d, plan.pre_shift)?;
-        let sq = cx.square_narrow(&dp, Narrow::signed(dev - plan.pre_shift + 2))?;
-        let sq = round_if(cx, &sq, plan.square_shift)?;
-        let coarse = row_sums(ring, &sq, cols);
-        let sq = cx.square_narrow(&d, Narrow::signed(dev + 1))?;
-        (coarse, row_sums(ring, &sq, cols))
-    } else {
-        let wide = wide_ring(ring, cols, dev)?;
+    let he = match wide {
+        Some(w) => norm_he::open(cx, &d, Narrow::signed(dev + 1), cols, w)?,
+        None => None,
+    };
+    let (mut coarse, mut fine) = if let Some(wide) = wide {
         let sums = match &he {
             Some(h) => h.square_sums(cx, wide)?,
             None => {
@@ -429,6 +424,13 @@ pub fn layer_norm<C: Channel>(
             }
         };
         split_sums(cx, wide, &sums, plan.coarse.frac)?
+    } else {
+        let dp = round_if(cx, &d, plan.pre_shift)?;
+        let sq = cx.square_narrow(&dp, Narrow::signed(dev - plan.pre_shift + 2))?;
+        let sq = round_if(cx, &sq, plan.square_shift)?;
+        let coarse = row_sums(ring, &sq, cols);
+        let sq = cx.square_narrow(&d, Narrow::signed(dev + 1))?;
+        (coarse, row_sums(ring, &sq, cols))
     };
     cx.add_public(&mut coarse, plan.coarse.eps_sum);
     cx.add_public(&mut fine, plan.fine.eps_sum);

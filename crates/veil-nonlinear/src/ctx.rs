@@ -69,7 +69,10 @@ impl<'a, C: Channel> Ctx<'a, C> {
     }
 
     /// Adds BFV keys (this party's side) for the row-wise HE products. The keys' plaintext ring
-    /// must be the format's ring and the key must belong to this party's role.
+    /// must be the format's ring and the key must belong to this party's role. Like the format,
+    /// this is part of the protocol both parties run: give both contexts keys or neither (the
+    /// operators pick their path from it, so a mismatch desynchronises the transcript, which then
+    /// fails with a message-size or decoding error).
     pub fn with_he(mut self, keys: HeKeys<'a>) -> Result<Self> {
         veil_core::ensure!(
             keys.params().ring() == self.ring(),

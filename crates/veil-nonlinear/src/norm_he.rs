@@ -47,19 +47,28 @@ pub(crate) struct NormHe<'k> {
 /// 100 Mbit/s link; a row of 128 (BERT-Tiny) only ≈ 24 kB, 2 ms, so short rows stay on COTs.
 pub(crate) const HE_MIN_COLS: usize = 512;
 
-/// Takes the narrow share of d (promise `nw`) and sends the client's encrypted centred share.
-/// `None` (nothing sent) without HE keys, for rows shorter than [`HE_MIN_COLS`], or for rows
-/// longer than N/2, which the stride layout cannot hold ([`crate::rows`]); those run on COTs.
+/// Takes the narrow share of d (promise `nw`) and sends the client's encrypted centred share,
+/// for sums of squares in the ring `wide`. `None` (nothing sent; the caller runs the COT path)
+/// without HE keys, for rows shorter than [`HE_MIN_COLS`], for rows longer than N/2 (the stride
+/// layout of [`crate::rows`] cannot hold them), and for formats too narrow for the planes
+/// ([`plane_bits`]) or the wide ring (W − m > ℓ). All of it is public, so both parties decide
+/// alike.
 pub(crate) fn open<'k, C: Channel>(
     cx: &mut Ctx<'k, C>,
     d: &[u64],
     nw: Narrow,
     cols: usize,
+    wide: Ring,
 ) -> Result<Option<NormHe<'k>>> {
     let Some(keys) = cx.he else {
         return Ok(None);
     };
-    if cols < HE_MIN_COLS || 2 * cols > keys.params().degree() {
+    let (ring, m) = (cx.ring(), nw.bits());
+    let fits = cols >= HE_MIN_COLS
+        && 2 * cols <= keys.params().degree()
+        && plane_bits(ring, m, cols).is_ok()
+        && (ring.bits()..=ring.bits() + m).contains(&wide.bits());
+    if !fits {
         return Ok(None);
     }
     ensure!(
@@ -70,8 +79,7 @@ pub(crate) fn open<'k, C: Channel>(
     );
     let rows = d.len() / cols;
     let (an, w) = narrow_share(cx.ot, cx.ch, cx.role, d, nw)?;
-    let ring = cx.ring();
-    let centre = 1u64 << nw.bits();
+    let centre = 1u64 << m;
     let side = match keys {
         HeKeys::Client(sk) => {
             let u: Vec<u64> = an.iter().map(|&a| ring.sub(a, centre)).collect();
@@ -90,12 +98,12 @@ pub(crate) fn open<'k, C: Channel>(
 }
 
 /// Plane width b: the largest with n·2^m·2^(b−1) < 2^(ℓ−2), so a plane's inner product can be
-/// sign-extended.
+/// sign-extended; an error when even b = 1 (digits −1, 0) is too wide.
 fn plane_bits(ring: Ring, m: u32, cols: usize) -> Result<u32> {
     let room = (ring.bits() - 2) as f64 - m as f64 - (cols as f64).log2();
     let b = (room.ceil() as i64).min(32);
     ensure!(
-        b >= 2,
+        b >= 1,
         InvalidArgument,
         "rows of {cols} too long for HE inner products of {m}-bit values in Z_2^{}",
         ring.bits()

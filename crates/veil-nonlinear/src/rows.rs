@@ -25,8 +25,10 @@
 //! share scalar), which is what the flooding check of [`veil_he::Accumulator::into_response`]
 //! uses. Results are exact mod 2^ℓ. Every coefficient revealed counts against the key's session
 //! budget (`veil_he::params::SESSION_REVEALED_LOG2`): a row × scalar product reveals rows·cols, the
-//! inner products rows per vector (LayerNorm on BERT-Base: ≈ 2^21.2 per inference on the
-//! share-product key, whose other products reveal ≈ 2^21.8).
+//! inner products rows per vector. LayerNorm on BERT-Base reveals ≈ 2^21.2 per inference on the
+//! share-product key, whose attention products reveal ≈ 2^21.8: ≈ 2^22.5 in all, ≈ 44 inferences
+//! per session; the model-weight key reveals more per inference (≈ 2^23.3 for the FC outputs), so
+//! the session's limit does not move.
 
 use veil_core::{ensure, Prg, Result, Ring};
 use veil_he::{

@@ -4,7 +4,10 @@
 mod common;
 
 use common::*;
-use veil_core::{approx::reference, Prg, Ring, RingTensor};
+use veil_core::{
+    approx::{reference, Approx},
+    FixedPoint, Prg, Ring, RingTensor,
+};
 use veil_linear::{cross::SHARED_SET, ClientSession, ServerSession};
 use veil_net::{run_two_party, Channel, MemChannel, Role};
 use veil_nonlinear::composite::{self, AffineParams};
@@ -22,9 +25,13 @@ enum Keys {
 }
 
 fn keys<C: Channel>(ch: &mut C, role: Role) -> veil_core::Result<Keys> {
+    keys_in(ch, role, ring())
+}
+
+fn keys_in<C: Channel>(ch: &mut C, role: Role, r: Ring) -> veil_core::Result<Keys> {
     Ok(match role {
-        Role::Client => Keys::Client(ClientSession::setup_for(ch, ring(), &[SHARED_SET])?),
-        Role::Server => Keys::Server(ServerSession::setup_for(ch, ring(), &[SHARED_SET])?),
+        Role::Client => Keys::Client(ClientSession::setup_for(ch, r, &[SHARED_SET])?),
+        Role::Server => Keys::Server(ServerSession::setup_for(ch, r, &[SHARED_SET])?),
     })
 }
 
@@ -198,12 +205,9 @@ fn bad_messages_are_errors_not_panics() {
     assert!(c.1, "a response from a closed channel");
 }
 
-/// LayerNorm in the 1-bit mode with HE keys: coarse (outliers to ±1000) and fine (tiny
-/// variance) rows within the bound the COT path is tested to.
-#[test]
-fn layer_norm_with_he_keys_within_bound() {
-    let a = veil_core::approx::Approx::new(fp()).unwrap();
-    let cols = 768;
+/// LayerNorm inputs: per row (std, outlier count, outlier magnitude); γ in [−1.6, 2], β in
+/// [−0.6, 0.6].
+fn layer_norm_case(format: FixedPoint, cols: usize) -> (RingTensor, RingTensor, RingTensor) {
     let mut prg = Prg::from_os_entropy();
     let spec = [
         (1.0, 1, 221.0),
@@ -216,64 +220,111 @@ fn layer_norm_with_he_keys_within_bound() {
     for &(std, outliers, outlier) in &spec {
         for j in 0..cols {
             let x = (prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * std * 1.7;
-            v.push(if j < outliers {
-                if j % 2 == 0 {
-                    outlier
-                } else {
-                    -outlier
-                }
-            } else {
-                x
-            });
+            let o = if j % 2 == 0 { outlier } else { -outlier };
+            v.push(if j < outliers { o } else { x });
         }
     }
-    let x = RingTensor::encode(fp(), &[spec.len(), cols], &v).unwrap();
-    let gamma = RingTensor::encode(
-        fp(),
-        &[cols],
-        &(0..cols)
-            .map(|j| 2.0 - (j % 9) as f64 * 0.45)
-            .collect::<Vec<_>>(),
+    let row = |f: &dyn Fn(usize) -> f64| {
+        let vals: Vec<f64> = (0..cols).map(f).collect();
+        RingTensor::encode(format, &[cols], &vals).unwrap()
+    };
+    (
+        RingTensor::encode(format, &[spec.len(), cols], &v).unwrap(),
+        row(&|j| 2.0 - (j % 9) as f64 * 0.4),
+        row(&|j| (j % 5) as f64 * 0.3 - 0.6),
     )
-    .unwrap();
-    let beta = RingTensor::encode(
-        fp(),
-        &[cols],
-        &(0..cols)
-            .map(|j| (j % 5) as f64 * 0.3 - 0.6)
-            .collect::<Vec<_>>(),
-    )
-    .unwrap();
-    let sh = veil_core::share(&x, &mut Prg::from_os_entropy()).unwrap();
-    let eps = 1e-12;
-    let out = run_mem(|ot, ch, role| {
-        let k = keys(ch, role)?;
-        let mut cx = Ctx::new(ot, ch, role, a).with_he(he(&k))?;
+}
+
+/// Opened 1-bit-mode LayerNorm of x, with or without HE keys.
+fn layer_norm_run(
+    format: FixedPoint,
+    x: &RingTensor,
+    gamma: &RingTensor,
+    beta: &RingTensor,
+    with_keys: bool,
+) -> Vec<u64> {
+    let a = Approx::new(format).unwrap();
+    let sh = veil_core::share(x, &mut Prg::from_os_entropy()).unwrap();
+    open(run_mem(|ot, ch, role| {
+        let k = keys_in(ch, role, format.ring)?;
+        let mut cx = Ctx::new(ot, ch, role, a);
+        if with_keys {
+            cx = cx.with_he(he(&k))?;
+        }
         cx.trunc_mode = TruncMode::OneBitError;
         let p = AffineParams {
             gamma: gamma.data(),
             beta: beta.data(),
         };
         let params = (role == Role::Server).then_some(&p);
-        composite::layer_norm(&mut cx, pick(role, &sh), params, eps)
-    });
-    let y = open(out);
-    let ulp = 1.0 / (1u64 << a.fp.frac_bits()) as f64;
-    let (gq, bq) = (gamma.decode(a.fp), beta.decode(a.fp));
+        composite::layer_norm(&mut cx, pick(role, &sh), params, 1e-12)
+    }))
+}
+
+/// |y − f64 LayerNorm| per value, with the row's variance.
+fn layer_norm_errors(
+    format: FixedPoint,
+    x: &RingTensor,
+    gamma: &RingTensor,
+    beta: &RingTensor,
+    y: &[u64],
+) -> Vec<(f64, f64, usize)> {
+    let cols = gamma.len();
+    let (gq, bq) = (gamma.decode(format), beta.decode(format));
+    let mut out = Vec::new();
     for (row, raw) in x.data().chunks(cols).enumerate() {
-        let q: Vec<f64> = raw.iter().map(|&v| a.fp.decode(v)).collect();
+        let q: Vec<f64> = raw.iter().map(|&v| format.decode(v)).collect();
         let mu = q.iter().sum::<f64>() / cols as f64;
         let var = q.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / cols as f64;
-        let bound = veil_core::approx::layer_norm_error_bound(var + eps);
-        let want = reference::layer_norm(&q, &gq, &bq, eps);
+        let want = reference::layer_norm(&q, &gq, &bq, 1e-12);
         for j in 0..cols {
-            let err = (a.fp.decode(y[row * cols + j]) - want[j]).abs();
-            let mean_err = 2.0 * ulp * gq[j].abs() / (var + eps).sqrt();
-            assert!(
-                err <= bound * gq[j].abs() + 2.5e-4 + 3.0 * ulp * (1.0 + gq[j].abs()) + mean_err,
-                "row {row} col {j}: error {err}"
-            );
+            out.push(((format.decode(y[row * cols + j]) - want[j]).abs(), var, j));
         }
+    }
+    out
+}
+
+/// LayerNorm in the 1-bit mode with HE keys: coarse (outliers to ±1000) and fine (tiny
+/// variance) rows within the bound the COT path is tested to.
+#[test]
+fn layer_norm_with_he_keys_within_bound() {
+    let format = fp();
+    let (x, gamma, beta) = layer_norm_case(format, 768);
+    let y = layer_norm_run(format, &x, &gamma, &beta, true);
+    let ulp = 1.0 / (1u64 << format.frac_bits()) as f64;
+    let gq = gamma.decode(format);
+    for (err, var, j) in layer_norm_errors(format, &x, &gamma, &beta, &y) {
+        let eps = 1e-12;
+        let bound = veil_core::approx::layer_norm_error_bound(var + eps);
+        let mean_err = 2.0 * ulp * gq[j].abs() / (var + eps).sqrt();
+        assert!(
+            err <= bound * gq[j].abs() + 2.5e-4 + 3.0 * ulp * (1.0 + gq[j].abs()) + mean_err,
+            "col {j}, variance {var}: error {err}"
+        );
+    }
+}
+
+/// The narrowest format approx takes, (33, 9): rows of 1,024 still fit one-bit planes and are
+/// as accurate as the COT path; rows of 2,048 leave no room for a plane and fall back to COTs
+/// instead of failing.
+#[test]
+fn layer_norm_with_he_keys_in_a_narrow_format() {
+    let format = FixedPoint::new(33, 9).unwrap();
+    let ulp = 1.0 / (1u64 << format.frac_bits()) as f64;
+    for cols in [1024, 2048] {
+        let (x, gamma, beta) = layer_norm_case(format, cols);
+        let max = |y: &[u64]| {
+            layer_norm_errors(format, &x, &gamma, &beta, y)
+                .iter()
+                .map(|e| e.0)
+                .fold(0.0, f64::max)
+        };
+        let he = max(&layer_norm_run(format, &x, &gamma, &beta, true));
+        let cot = max(&layer_norm_run(format, &x, &gamma, &beta, false));
+        assert!(
+            he <= cot + 6.0 * ulp * 3.0,
+            "cols {cols}: HE error {he}, COT error {cot}"
+        );
     }
 }
 
