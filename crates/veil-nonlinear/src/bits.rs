@@ -41,7 +41,7 @@ fn prefix<C: Channel>(
                 words.push(g[r * k + j] as u64 | (p[r * k + j] as u64) << 1);
             }
         }
-        let got = and_select(ot, ch, role, &sel, &words, 2)?;
+        let got = and_select(ot, ch, role, &sel, &words, &[2])?;
         for r in 0..rows {
             for (t, &(i, _)) in pairs.iter().enumerate() {
                 let v = got[r * pairs.len() + t];

@@ -14,28 +14,33 @@ use veil_ot::OtSession;
 
 use crate::exchange::{cot_both, low_mask, Corr};
 
-/// XOR shares of `a_i ? d_i : 0` for shared bits a and shared `width`-bit words d
-/// (a ∧ every bit of d): (a0 ⊕ a1)·(d0 ⊕ d1) = a_mine·d_mine ⊕ a_peer·d_mine ⊕ a_mine·d_peer, the
-/// cross terms by one binary COT of `width` bits per element in each direction.
+/// XOR shares of `a_i ? d_i : 0` for shared bits a and shared words d (a ∧ every bit of d), word
+/// i of `widths[i mod widths.len()]` bits: (a0 ⊕ a1)·(d0 ⊕ d1) = a_mine·d_mine ⊕ a_peer·d_mine ⊕
+/// a_mine·d_peer, the cross terms by one binary COT of the word's width per element in each
+/// direction.
 pub fn and_select<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
     a: &[bool],
     d: &[u64],
-    width: u32,
+    widths: &[u32],
 ) -> Result<Vec<u64>> {
     ensure!(
-        a.len() == d.len(),
+        a.len() == d.len() && !widths.is_empty(),
         InvalidArgument,
-        "and_select: {} bits vs {} words",
+        "and_select: {} bits vs {} words ({} widths)",
         a.len(),
-        d.len()
+        d.len(),
+        widths.len()
     );
-    let m = low_mask(width);
-    let mine: Vec<u64> = d.iter().map(|&v| v & m).collect();
+    let mine: Vec<u64> = d
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| v & low_mask(widths[i % widths.len()]))
+        .collect();
     // The peer's choice bit selects row 0 or d_mine: the two outputs XOR to a_peer·d_mine.
-    let (r, got) = cot_both(ot, ch, role, Corr::Xor, &mine, a, &[width])?;
+    let (r, got) = cot_both(ot, ch, role, Corr::Xor, &mine, a, widths)?;
     Ok((0..a.len())
         .map(|i| (if a[i] { mine[i] } else { 0 }) ^ r[i] ^ got[i])
         .collect())

@@ -17,8 +17,7 @@ pub(crate) enum Corr {
 
 /// COTs in both directions: this party sends correlations `deltas` (gets `x`) and receives with
 /// `choices` (gets `y = x' ∘ c·δ'`, ∘ the group's operation). Returns (x, y). COT i is
-/// `widths[i mod widths.len()]` bits wide (one width for XOR) and costs that + 1 bits per
-/// direction. Four flights.
+/// `widths[i mod widths.len()]` bits wide and costs that + 1 bits per direction. Four flights.
 pub(crate) fn cot_both<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -28,18 +27,13 @@ pub(crate) fn cot_both<C: Channel>(
     choices: &[bool],
     widths: &[u32],
 ) -> Result<(Vec<u64>, Vec<u64>)> {
-    veil_core::ensure!(
-        corr == Corr::Arith || widths.len() == 1,
-        InvalidArgument,
-        "XOR COTs take one width"
-    );
     let send = |ot: &mut OtSession, ch: &mut C| match corr {
         Corr::Arith => ot.send_arith_cot_widths(ch, deltas, widths),
-        Corr::Xor => ot.send_xor_cot(ch, deltas, widths[0]),
+        Corr::Xor => ot.send_xor_cot_widths(ch, deltas, widths),
     };
     let recv = |ot: &mut OtSession, ch: &mut C| match corr {
         Corr::Arith => ot.recv_arith_cot_widths(ch, choices, widths),
-        Corr::Xor => ot.recv_xor_cot(ch, choices, widths[0]),
+        Corr::Xor => ot.recv_xor_cot_widths(ch, choices, widths),
     };
     match role {
         Role::Client => {

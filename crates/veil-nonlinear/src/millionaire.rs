@@ -7,11 +7,13 @@
 //! OT keys, so entry 0 is never sent): this gives XOR shares of gt_j and eq_j (the lowest digit's
 //! eq is never used, so its table carries gt only). A binary tree then combines adjacent digits,
 //! low to high: gt = gt_hi ⊕ (eq_hi ∧ gt_lo), eq = eq_hi ∧ eq_lo (the two ANDs share the choice
-//! bit eq_hi, so one 2-bit OT per direction does both).
+//! bit eq_hi, so one 2-bit binary COT per direction does both). The lowest node's eq is never
+//! used, and neither is any eq of the last level: those gates select gt alone (1-bit COTs).
 //!
-//! Cost per comparison of k bits (d = ⌈k/3⌉ digits): d 1-of-8 OTs of 2-bit messages (14 bits
-//! and 3 choice bits each), d − 1 combine gates (one 2-bit chosen OT per direction each, 10 bits);
-//! at k = 40 about 340 bits and 68 COTs. Rounds: 2 + 4·⌈log2 d⌉ flights.
+//! Cost per comparison of k bits (d = ⌈k/3⌉ digits): d 1-of-8 shared-output OTs (7 entries of 2
+//! bits, 1 for the lowest digit, and 3 choice bits each), d − 1 combine gates of 3 bits per
+//! direction (2 on the lowest spine and at the last level); at k = 40 about 290 bits and 68 COTs.
+//! Rounds: 2 + 4·⌈log2 d⌉ flights.
 //!
 //! Security: semi-honest; the server's view is OT outputs masked by the client's fresh bits, the
 //! client's view is OT sender transcripts (see veil-ot).
@@ -63,27 +65,30 @@ pub fn greater_than<C: Channel>(
         nodes.push(leaf(ot, ch, role, &dig, w, j > 0)?);
     }
     while nodes.len() > 1 {
-        let last_level = nodes.len() == 2;
         let pairs = nodes.len() / 2;
+        // Element-major, so the widths form one pattern per element: the lowest pair's eq is
+        // never used (the lowest digit has none, and its node stays the lowest), so it only
+        // needs gt, as does every pair of the last level.
+        let widths: Vec<u32> = (0..pairs)
+            .map(|t| if t == 0 || nodes.len() == 2 { 1 } else { 2 })
+            .collect();
         let mut a = Vec::with_capacity(pairs * n);
         let mut d = Vec::with_capacity(pairs * n);
-        for t in 0..pairs {
-            let (lo, hi) = (&nodes[2 * t], &nodes[2 * t + 1]);
-            for i in 0..n {
+        for i in 0..n {
+            for t in 0..pairs {
+                let (lo, hi) = (&nodes[2 * t], &nodes[2 * t + 1]);
                 a.push(hi[i].1);
                 d.push(lo[i].0 as u64 | (lo[i].1 as u64) << 1);
             }
         }
-        let width = if last_level { 1 } else { 2 };
-        let d: Vec<u64> = d.into_iter().map(|v| v & low_mask(width)).collect();
-        let prod = and_select(ot, ch, role, &a, &d, width)?;
+        let prod = and_select(ot, ch, role, &a, &d, &widths)?;
         let mut next = Vec::with_capacity(nodes.len().div_ceil(2));
         for t in 0..pairs {
             let hi = &nodes[2 * t + 1];
             next.push(
                 (0..n)
                     .map(|i| {
-                        let p = prod[t * n + i];
+                        let p = prod[i * pairs + t];
                         (hi[i].0 ^ (p & 1 == 1), p >> 1 & 1 == 1)
                     })
                     .collect(),

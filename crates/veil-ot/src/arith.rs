@@ -95,7 +95,7 @@ impl OtSession {
         deltas: &[u64],
         bits: u32,
     ) -> Result<Vec<u64>> {
-        self.send_cot(ch, deltas, &[bits], Group::Xor)
+        self.send_xor_cot_widths(ch, deltas, &[bits])
     }
 
     /// Binary COT receiver: returns `y_i = x_i ⊕ c_i·δ_i`.
@@ -105,7 +105,28 @@ impl OtSession {
         choices: &[bool],
         bits: u32,
     ) -> Result<Vec<u64>> {
-        self.recv_cot(ch, choices, &[bits], Group::Xor)
+        self.recv_xor_cot_widths(ch, choices, &[bits])
+    }
+
+    /// [`OtSession::send_xor_cot`] with COT i `widths[i mod widths.len()]` bits wide, as
+    /// [`OtSession::send_arith_cot_widths`].
+    pub fn send_xor_cot_widths<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        deltas: &[u64],
+        widths: &[u32],
+    ) -> Result<Vec<u64>> {
+        self.send_cot(ch, deltas, widths, Group::Xor)
+    }
+
+    /// Receiver of [`OtSession::send_xor_cot_widths`] (the same `widths`).
+    pub fn recv_xor_cot_widths<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        choices: &[bool],
+        widths: &[u32],
+    ) -> Result<Vec<u64>> {
+        self.recv_cot(ch, choices, widths, Group::Xor)
     }
 
     fn send_cot<C: Channel>(

@@ -184,32 +184,45 @@ fn shared_1_of_n_matches_ideal_functionality() {
     check_1_of_n(Backend::Iknp, 3, 5_000, 2, true);
 }
 
-/// Arithmetic COTs whose widths cycle through a pattern (a product's bit positions), for counts
-/// that do and do not fill the last cycle.
+/// Arithmetic and binary COTs whose widths cycle through a pattern (a product's bit positions,
+/// a comparison tree's gates), for counts that do and do not fill the last cycle.
 #[test]
-fn arith_cot_with_cycling_widths_matches_ideal_functionality() {
+fn cots_with_cycling_widths_match_ideal_functionality() {
     let widths = [41u32, 33, 7, 1, 64];
-    for n in [0usize, 3, 5, 10_001] {
-        let deltas: Vec<u64> = (0..n)
-            .map(|i| random_values(1, widths[i % widths.len()])[0])
-            .collect();
-        let choices = random_bools(n);
-        let (d, c) = (deltas.clone(), choices.clone());
-        let (y, x) = with_sessions(
-            Backend::Iknp,
-            move |s, ch| s.recv_arith_cot_widths(ch, &c, &widths),
-            move |s, ch| s.send_arith_cot_widths(ch, &d, &widths),
-        )
-        .unwrap();
-        for i in 0..n {
-            let m = mask(widths[i % widths.len()]);
-            assert_eq!(x[i] & !m, 0, "x {i} exceeds its width");
-            let want = if choices[i] {
-                x[i].wrapping_add(deltas[i]) & m
-            } else {
-                x[i]
-            };
-            assert_eq!(y[i], want, "COT {i} of width {}", widths[i % widths.len()]);
+    for xor in [false, true] {
+        for n in [0usize, 3, 5, 10_001] {
+            let deltas: Vec<u64> = (0..n)
+                .map(|i| random_values(1, widths[i % widths.len()])[0])
+                .collect();
+            let choices = random_bools(n);
+            let (d, c) = (deltas.clone(), choices.clone());
+            let (y, x) = with_sessions(
+                Backend::Iknp,
+                move |s, ch| match xor {
+                    false => s.recv_arith_cot_widths(ch, &c, &widths),
+                    true => s.recv_xor_cot_widths(ch, &c, &widths),
+                },
+                move |s, ch| match xor {
+                    false => s.send_arith_cot_widths(ch, &d, &widths),
+                    true => s.send_xor_cot_widths(ch, &d, &widths),
+                },
+            )
+            .unwrap();
+            for i in 0..n {
+                let m = mask(widths[i % widths.len()]);
+                assert_eq!(x[i] & !m, 0, "x {i} exceeds its width");
+                let want = match (choices[i], xor) {
+                    (false, _) => x[i],
+                    (true, false) => x[i].wrapping_add(deltas[i]) & m,
+                    (true, true) => x[i] ^ deltas[i],
+                };
+                assert_eq!(
+                    y[i],
+                    want,
+                    "COT {i} of width {} (xor {xor})",
+                    widths[i % widths.len()]
+                );
+            }
         }
     }
     // A correlation wider than its slot is refused before any traffic.
