@@ -142,18 +142,7 @@ fn measure(
     measure_in(out, name, (x, slice), op, reference, false)
 }
 
-/// [`measure`] with the share-product BFV keys in the context.
-fn measure_he(
-    out: &mut Reporter,
-    name: &str,
-    x: &RingTensor,
-    slice: &RingTensor,
-    op: &Op,
-    reference: &dyn Fn(&[f64]) -> Vec<f64>,
-) -> Result<()> {
-    measure_in(out, name, (x, slice), op, reference, true)
-}
-
+/// [`measure`], with the share-product BFV keys in the context when `he`.
 fn measure_in(
     out: &mut Reporter,
     name: &str,
@@ -422,21 +411,22 @@ pub fn run_streaming(
         &ln,
         &ln_ref,
     )?;
-    measure_he(
+    let he = true;
+    measure_in(
         &mut out,
         "LayerNorm (1-bit trunc)",
-        &hid,
-        &head(&hid, 8)?,
+        (&hid, &head(&hid, 8)?),
         &cheap(&ln),
         &ln_ref,
+        he,
     )?;
-    measure_he(
+    measure_in(
         &mut out,
         "LayerNorm (outliers ±221, ±900, 1-bit trunc)",
-        &outl,
-        &head(&outl, 8)?,
+        (&outl, &head(&outl, 8)?),
         &cheap(&ln),
         &ln_ref,
+        he,
     )?;
     measure(
         &mut out,

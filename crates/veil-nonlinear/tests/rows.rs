@@ -35,6 +35,14 @@ fn keys_in<C: Channel>(ch: &mut C, role: Role, r: Ring) -> veil_core::Result<Key
     })
 }
 
+fn client_session<C: Channel>(ch: &mut C) -> veil_core::Result<ClientSession> {
+    ClientSession::setup_for(ch, ring(), &[SHARED_SET])
+}
+
+fn server_session<C: Channel>(ch: &mut C) -> veil_core::Result<ServerSession> {
+    ServerSession::setup_for(ch, ring(), &[SHARED_SET])
+}
+
 fn he(k: &Keys) -> HeKeys<'_> {
     match k {
         Keys::Client(s) => HeKeys::client(s).unwrap(),
@@ -76,18 +84,12 @@ fn check_products(rows: usize, cols: usize, planes: usize, bound: i64) {
     let scalars = random_ring(rows);
     let (c, s) = run_two_party(
         |ch: &mut MemChannel| {
-            let k = keys(ch, Role::Client)?;
-            let Keys::Client(sess) = &k else {
-                unreachable!()
-            };
+            let sess = client_session(ch)?;
             let rc = client_open(ch, sess.key(SHARED_SET)?, &u, rows, cols)?;
             Ok((rc.inner_products(ch, planes)?, rc.row_scaled(ch)?))
         },
         |ch: &mut MemChannel| {
-            let k = keys(ch, Role::Server)?;
-            let Keys::Server(sess) = &k else {
-                unreachable!()
-            };
+            let sess = server_session(ch)?;
             let (pk, gk) = sess.keys_for(SHARED_SET)?;
             let rs = server_open(ch, pk, gk, rows, cols)?;
             Ok((
@@ -145,10 +147,7 @@ fn bad_messages_are_errors_not_panics() {
     for bad in 0..4 {
         let (_, refused) = run_two_party(
             |ch: &mut MemChannel| {
-                let k = keys(ch, Role::Client)?;
-                let Keys::Client(sess) = &k else {
-                    unreachable!()
-                };
+                let sess = client_session(ch)?;
                 let sk = sess.key(SHARED_SET)?;
                 let ct = sk.encrypt(&[1, 2, 3], &mut Prg::from_os_entropy())?;
                 let valid = veil_he::wire::encode_ciphertexts(sk.params(), &[ct]);
@@ -162,10 +161,7 @@ fn bad_messages_are_errors_not_panics() {
                 ch.flush()
             },
             |ch: &mut MemChannel| {
-                let k = keys(ch, Role::Server)?;
-                let Keys::Server(sess) = &k else {
-                    unreachable!()
-                };
+                let sess = server_session(ch)?;
                 let (pk, gk) = sess.keys_for(SHARED_SET)?;
                 Ok(server_open(ch, pk, gk, rows, cols).is_err())
             },
@@ -177,20 +173,14 @@ fn bad_messages_are_errors_not_panics() {
     // and out-of-bound plaintexts before sending anything.
     let (c, _) = run_two_party(
         |ch: &mut MemChannel| {
-            let k = keys(ch, Role::Client)?;
-            let Keys::Client(sess) = &k else {
-                unreachable!()
-            };
+            let sess = client_session(ch)?;
             let rc = client_open(ch, sess.key(SHARED_SET)?, &u, rows, cols)?;
             let garbage = rc.inner_products(ch, 1).is_err();
             let hung_up = rc.row_scaled(ch).is_err();
             Ok((garbage, hung_up))
         },
         |ch: &mut MemChannel| {
-            let k = keys(ch, Role::Server)?;
-            let Keys::Server(sess) = &k else {
-                unreachable!()
-            };
+            let sess = server_session(ch)?;
             let (pk, gk) = sess.keys_for(SHARED_SET)?;
             let rs = server_open(ch, pk, gk, rows, cols)?;
             assert!(rs.inner_products(ch, &[vec![0; 3]], 1).is_err());
