@@ -681,7 +681,7 @@ impl Approx {
         (n as f64).sqrt() * 2f64.powf(ex)
     }
 
-    /// The public constants of class e: (A_e, 2^b_e) with G_e·2^c ≈ A_e·2^b_e, A_e < 2^21 (so
+    /// The public constants of class e: (A_e, 2^b_e) with G_e·2^c ≈ A_e·2^b_e, A_e < 2^(ℓ−F−5) (2^21 at (41, 13), so
     /// y·A_e fits the ring) and A_e ≥ 2^12 (12 significant bits at every class).
     pub fn layer_norm_class_consts(
         &self,
@@ -691,10 +691,17 @@ impl Approx {
     ) -> (u64, u64) {
         let g = self.layer_norm_scale(plan.n, sum.frac, plan.out_frac, e)
             * 2f64.powi(sum.scale_shift as i32);
-        let b = (g.log2() - LAYER_NORM_SCALE_MAX_BITS as f64)
+        let b = (g.log2() - self.layer_norm_scale_max_bits() as f64)
             .ceil()
             .max(0.0) as u32;
         ((g / 2f64.powi(b as i32)).round() as u64, 1u64 << b)
+    }
+
+    /// A_e < 2^this: y < 2^(F+2.01), so y·A_e < 2^(ℓ−2.99), inside the fused product's contract
+    /// |y·A_e| < 2^(ℓ−2) in every format (21 at (41, 13); a fixed 21 overflowed it at ℓ < 41, e.g.
+    /// (33, 9)). f + 8 at the narrowest ring `Approx::new` accepts (ℓ = 2f + 15).
+    fn layer_norm_scale_max_bits(&self) -> u32 {
+        self.fp.ring.bits() - self.newton_frac - 5
     }
 
     /// Class of the raw sum S: its bit length clamped to [class_min, class_max].
@@ -752,10 +759,9 @@ pub const RSQRT_GUESS: (f64, f64) = (1.7877, 0.81);
 pub const LAYER_NORM_DEV_BITS: u32 = 10;
 /// LayerNorm's domain for the variance: var + ε ≥ 2^-LAYER_NORM_VAR_FLOOR_BITS.
 pub const LAYER_NORM_VAR_FLOOR_BITS: u32 = 13;
-/// The selected output constants A_e of LayerNorm's rsqrt keep at least this many bits ...
+/// The selected output constants A_e of LayerNorm's rsqrt keep at least this many bits (and stay
+/// below 2^[`Approx::layer_norm_scale_max_bits`]).
 const LAYER_NORM_SCALE_BITS: u32 = 12;
-/// ... and stay below 2^LAYER_NORM_SCALE_MAX_BITS (y < 2^(F+2.01), so y·A_e < 2^(ℓ−2) at F = 15).
-const LAYER_NORM_SCALE_MAX_BITS: u32 = 21;
 
 /// Max error of LayerNorm's normalised value (x − μ)/√(var + ε) vs f64 on a row in the domain
 /// (the output then adds ≤ 1 ulp + |γ|·this): 2.5e-3 (output quantisation at W bits,
