@@ -416,7 +416,7 @@ pub fn layer_norm<C: Channel>(
     };
     let (mut coarse, mut fine) = if let Some(wide) = wide {
         let sums = match &he {
-            Some(h) => h.square_sums(cx, wide)?,
+            Some(h) => h.square_sums(cx)?,
             None => {
                 let dw = cx.extend_to(ring, wide, &d)?;
                 let sq = cx.square_narrow_in(wide, &dw, Narrow::signed(dev + 1))?;

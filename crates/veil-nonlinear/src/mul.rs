@@ -421,13 +421,29 @@ fn mul_narrow_scaled<C: Channel>(
     let (an, w) = narrow_share(ot, ch, role, a, nw)?;
     let wb = wrap_term(ot, ch, role, sc, &w, b, m + 1)?;
     let cross = cross_both(ot, ch, role, sc, b, &an, m + 1)?;
-    let bias = nw.bias();
-    Ok((0..a.len())
+    Ok(narrow_product(sc, &an, nw, b, &wb, &cross, None))
+}
+
+/// This party's share of the high part of a·b = a'_c·b + a'_s·b − 2^(m+1)·w·b − bias·b: its own
+/// a'·b − bias·b − (wrap term) plus `given` (an exact cross term it holds, mod 2^ℓ), rounded once
+/// to the high part, plus its share `cross` of the COT cross terms (already high parts).
+fn narrow_product(
+    sc: Scale,
+    an: &[u64],
+    nw: Narrow,
+    b: &[u64],
+    wb: &[u64],
+    cross: &[u64],
+    given: Option<&[u64]>,
+) -> Vec<u64> {
+    let (ring, bias) = (sc.ring, nw.bias());
+    (0..an.len())
         .map(|i| {
             let own = ring.sub(ring.mul(an[i], b[i]), ring.mul(bias, b[i]));
+            let own = ring.add(own, given.map_or(0, |g| g[i]));
             sc.add(cross[i], sc.high(ring.sub(own, wb[i])))
         })
-        .collect())
+        .collect()
 }
 
 /// [`mul_narrow_high_values`] from a narrow share already taken ([`narrow_share`]: this party's
@@ -461,14 +477,7 @@ pub(crate) fn mul_narrow_high_given<C: Channel>(
     let wb = wrap_term(ot, ch, role, sc, w, b, m + 1)?;
     let mine = if role == Role::Client { b } else { an };
     let cross = cross_one_way(ot, ch, role, sc, mine, Role::Client, m + 1)?;
-    let bias = nw.bias();
-    Ok((0..an.len())
-        .map(|i| {
-            let own = ring.sub(ring.mul(an[i], b[i]), ring.mul(bias, b[i]));
-            let own = ring.sub(ring.add(own, given[i]), wb[i]);
-            sc.add(cross[i], sc.high(own))
-        })
-        .collect())
+    Ok(narrow_product(sc, an, nw, b, &wb, &cross, Some(given)))
 }
 
 /// Shares of a² mod 2^ℓ for a narrow a (promise `nw`): with s = a'_0 + a'_1 = a + c,
@@ -485,27 +494,58 @@ pub fn square_narrow_values<C: Channel>(
 ) -> Result<Vec<u64>> {
     check_narrow(ring, nw)?;
     let _g = ch.meter().enter("Mul");
-    let (m, bias) = (nw.m, nw.bias());
     let (an, w) = narrow_share(ot, ch, role, a, nw)?;
-    // w·(2^(m+2)·a + 2^(2m+2) + 2^(m+2)·bias) = 2^(m+2)·w·(a + 2^m + bias).
+    let own = square_own_terms(ot, ch, role, ring, (a, ring), (&an, &w), nw)?;
+    let cross = cross_one_way(
+        ot,
+        ch,
+        role,
+        Scale::exact(ring),
+        &an,
+        Role::Client,
+        nw.m + 1,
+    )?;
+    Ok((0..a.len())
+        .map(|i| ring.add(own[i], ring.add(cross[i], cross[i])))
+        .collect())
+}
+
+/// Everything of a narrow square a² but its cross term 2·a'_c·a'_s, per element, as shares in
+/// `ring`: a'² − w·2^(m+2)·(a + 2^m + bias) − 2·bias·a − bias² (the wrap term is a multiplexer).
+/// The shares of a may live in a narrower ring `a_ring` while ring.bits() − m ≤ a_ring.bits()
+/// (the terms see a only through 2^m·a and 2^(m+2)·a). Shared by [`square_narrow_values`] and
+/// LayerNorm's HE sum of squares, which supplies the cross term per row.
+pub(crate) fn square_own_terms<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    ring: Ring,
+    (a, a_ring): (&[u64], Ring),
+    (an, w): (&[u64], &[bool]),
+    nw: Narrow,
+) -> Result<Vec<u64>> {
+    let (m, bias) = (nw.m, nw.bias());
+    ensure!(
+        ring.bits() <= a_ring.bits() + m,
+        InvalidArgument,
+        "a square in Z_2^{} of values shared in Z_2^{}",
+        ring.bits(),
+        a_ring.bits()
+    );
     let server = role == Role::Server;
+    // w·(2^(m+2)·a + 2^(2m+2) + 2^(m+2)·bias) = 2^(m+2)·w·(a + 2^m + bias).
     let v: Vec<u64> = a
         .iter()
-        .map(|&x| {
-            if server {
-                ring.add(x, ring.add(pow2(ring, m), bias))
-            } else {
-                x
-            }
+        .map(|&x| match server {
+            true => a_ring.add(x, a_ring.add(pow2(a_ring, m), bias)),
+            false => x,
         })
         .collect();
-    let wv = wrap_term(ot, ch, role, Scale::exact(ring), &w, &v, m + 2)?;
-    let cross = cross_one_way(ot, ch, role, Scale::exact(ring), &an, Role::Client, m + 1)?;
+    let wv = wrap_term(ot, ch, role, Scale::exact(ring), w, &v, m + 2)?;
     Ok((0..a.len())
         .map(|i| {
-            let s2 = ring.add(ring.add(cross[i], cross[i]), ring.mul(an[i], an[i]));
             let two_bias_a = ring.mul(a[i], ring.add(bias, bias));
-            let mut r = ring.sub(ring.sub(s2, wv[i]), two_bias_a);
+            let mut r = ring.sub(ring.sub(ring.mul(an[i], an[i]), wv[i]), two_bias_a);
             if server {
                 r = ring.sub(r, ring.mul(bias, bias));
             }

@@ -22,7 +22,7 @@ use veil_core::{ensure, Result, Ring};
 use veil_net::Channel;
 
 use crate::ctx::{Ctx, HeKeys};
-use crate::mul::{mul_narrow_high_given, narrow_share, wrap_term, Narrow, Scale};
+use crate::mul::{mul_narrow_high_given, narrow_share, square_own_terms, Narrow, Scale};
 use crate::rows::{client_open, server_open, RowsClient, RowsServer};
 
 enum Side<'k> {
@@ -38,6 +38,8 @@ pub(crate) struct NormHe<'k> {
     w: Vec<bool>,
     nw: Narrow,
     cols: usize,
+    /// The ring of the sums of squares (checked by [`open`]).
+    wide: Ring,
     side: Side<'k>,
 }
 
@@ -93,6 +95,7 @@ pub(crate) fn open<'k, C: Channel>(
         w,
         nw,
         cols,
+        wide,
         side,
     }))
 }
@@ -130,17 +133,11 @@ impl NormHe<'_> {
         self.an.len() / self.cols
     }
 
-    /// Shares mod 2^W of Σ_j d_j² per row, for a wide ring with W − m ≤ ℓ (module docs).
-    pub(crate) fn square_sums<C: Channel>(&self, cx: &mut Ctx<C>, wide: Ring) -> Result<Vec<u64>> {
-        let ring = cx.ring();
-        let (m, bias, cols, rows) = (self.nw.bits(), self.nw.bias(), self.cols, self.rows());
+    /// Shares mod 2^W of Σ_j d_j² per row, W the wide ring given to [`open`] (module docs).
+    pub(crate) fn square_sums<C: Channel>(&self, cx: &mut Ctx<C>) -> Result<Vec<u64>> {
+        let (ring, wide) = (cx.ring(), self.wide);
+        let (m, cols, rows) = (self.nw.bits(), self.cols, self.rows());
         let wb = wide.bits();
-        ensure!(
-            wb >= ring.bits() && wb - m <= ring.bits(),
-            InvalidArgument,
-            "a {wb}-bit sum of squares of {m}-bit values needs more than Z_2^{}",
-            ring.bits()
-        );
         let b = plane_bits(ring, m, cols)?;
         // Planes whose weight 2^(b·i) leaves more than ℓ bits of W need the extension.
         let ext = (0..)
@@ -170,38 +167,30 @@ impl NormHe<'_> {
                 *c = wide.add(*c, wide.mul(p, weight));
             }
         }
-        // The wrap terms: w·(a + 2^m + bias)·2^(m+2) per element, a multiplexer.
-        let mut vals = self.d.clone();
-        cx.add_public_in(ring, &mut vals, ring.add(centre, bias));
-        let wv = wrap_term(
+        // a² = 2·a'_c·a'_s + everything else (per element); 2·a'_c·a'_s summed per row is
+        // 2·(Σ u·v + 2^m·Σ(u + v) + n·2^2m).
+        let own = square_own_terms(
             cx.ot,
             cx.ch,
             cx.role,
-            Scale::exact(wide),
-            &self.w,
-            &vals,
-            m + 2,
+            wide,
+            (&self.d, ring),
+            (&self.an, &self.w),
+            self.nw,
         )?;
         let server = cx.is_server();
         Ok((0..rows)
             .map(|r| {
                 let span = r * cols..(r + 1) * cols;
-                let mut own = 0u64;
-                for j in span {
-                    let a = self.an[j];
-                    // s² = a'_c² + a'_s² + 2·a'_c·a'_s; a² = s² − wrap − 2·bias·a − bias².
-                    own = wide.add(own, wide.mul(a, a));
-                    own = wide.add(own, wide.mul(2 * centre, wide.sub(a, centre)));
-                    own = wide.sub(own, wv[j]);
-                    own = wide.sub(own, wide.mul(2 * bias, self.d[j]));
+                let mut sum = wide.mul(2, cross[r]);
+                for (&o, &a) in own[span.clone()].iter().zip(&self.an[span]) {
+                    sum = wide.add(sum, o);
+                    sum = wide.add(sum, wide.mul(2 * centre, wide.sub(a, centre)));
                 }
-                own = wide.add(own, wide.mul(2, cross[r]));
                 if server {
-                    let n = cols as u64;
-                    own = wide.add(own, wide.mul(2 * n, wide.mul(centre, centre)));
-                    own = wide.sub(own, wide.mul(n, wide.mul(bias, bias)));
+                    sum = wide.add(sum, wide.mul(2 * cols as u64, wide.mul(centre, centre)));
                 }
-                own
+                sum
             })
             .collect())
     }
