@@ -182,7 +182,7 @@ fn bench(what: BenchCmd) -> Result<()> {
                 veil_nonlinear::bench::Scale::Full
             };
             veil_nonlinear::bench::run_streaming(scale, None, &mut |v| {
-                print_records(&[v.clone()], json)
+                print_records(std::slice::from_ref(v), json)
             })?
         }
         BenchCmd::Embedding {

@@ -457,7 +457,7 @@ impl FixedModel {
             };
             let (qh, kh, vh) = (cols(&q), cols(&k), cols(&v));
             // scores[i][j] = ⌊q_i · k_j / 2^f⌋ (+ bias): rows of K are the "weights".
-            let mut scores = self.matmul_rows(&qh, &kh, s, dh, s, None, t);
+            let mut scores = self.matmul_rows(&qh, &kh, (s, dh, s), None, t);
             if let Some(pb) = position_bias {
                 for (sc, &p) in scores.iter_mut().zip(&pb[head]) {
                     *sc = ring.add(*sc, p);
@@ -481,7 +481,7 @@ impl FixedModel {
                 .flat_map(|c| (0..s).map(move |r| (r, c)))
                 .map(|(r, c)| vh[r * dh + c])
                 .collect();
-            let ch = self.matmul_rows(&probs, &vt, s, s, dh, None, t);
+            let ch = self.matmul_rows(&probs, &vt, (s, s, dh), None, t);
             for i in 0..s {
                 ctx[i * h + head * dh..i * h + (head + 1) * dh]
                     .copy_from_slice(&ch[i * dh..(i + 1) * dh]);
@@ -552,9 +552,7 @@ impl FixedModel {
         let out = self.matmul_rows(
             x.data(),
             l.weight.data(),
-            rows,
-            inner,
-            l.out_dim(),
+            (rows, inner, l.out_dim()),
             Some(l.bias.data()),
             t,
         );
@@ -584,9 +582,7 @@ impl FixedModel {
         &self,
         a: &[u64],
         b: &[u64],
-        m: usize,
-        k: usize,
-        n: usize,
+        (m, k, n): (usize, usize, usize),
         bias: Option<&[u64]>,
         t: &mut Tracker,
     ) -> Vec<u64> {

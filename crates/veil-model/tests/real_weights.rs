@@ -17,7 +17,7 @@ fn minilm_dir() -> Option<PathBuf> {
     DIR.get_or_init(|| match fetch::minilm_l6() {
         Ok(d) => Some(d),
         Err(e) if fetch::is_unreachable(&e) => {
-            eprintln!("SKIPPED: {e}");
+            veil_core::skip_unless_ci(&e.to_string());
             None
         }
         Err(e) => panic!("fetching MiniLM-L6 failed: {e}"),
@@ -356,7 +356,7 @@ fn train_embeddings(model: &Model, texts: &[&str]) -> Vec<Vec<f32>> {
 #[test]
 fn sst2_dev_accuracy_of_mean_pooled_minilm() {
     let Some(dir) = data::sst2_dir() else {
-        eprintln!("SKIPPED: shared/data/sst2 not found beside the repository");
+        veil_core::skip_unless_ci("shared/data/sst2 not found beside the repository");
         return;
     };
     let Some(model) = minilm() else { return };
@@ -404,7 +404,7 @@ fn sst2_dev_accuracy_of_mean_pooled_minilm() {
 fn mpnet_base_real_weights_run() {
     let dir = match fetch::mpnet_base() {
         Ok(d) => d,
-        Err(e) if fetch::is_unreachable(&e) => return eprintln!("SKIPPED: {e}"),
+        Err(e) if fetch::is_unreachable(&e) => return veil_core::skip_unless_ci(&e.to_string()),
         Err(e) => panic!("fetching MPNet failed: {e}"),
     };
     let model = folder::load(&dir).unwrap();

@@ -15,7 +15,7 @@ fn minilm_cut(blocks: usize) -> Option<Model> {
     let dir = match fetch::minilm_l6() {
         Ok(d) => d,
         Err(e) if fetch::is_unreachable(&e) => {
-            eprintln!("SKIPPED: {e}");
+            veil_core::skip_unless_ci(&e.to_string());
             return None;
         }
         Err(e) => panic!("fetching MiniLM-L6 failed: {e}"),

@@ -323,10 +323,10 @@ mod tests {
 
     #[test]
     fn real_sst2_files_parse() {
-        let dir = Path::new("/work/shared/data/sst2");
-        if !dir.exists() {
-            return; // the data folder is machine-local; CI machines may not have it
-        }
+        let Some(dir) = veil_model::data::sst2_dir() else {
+            veil_core::skip_unless_ci("shared/data/sst2 not found beside the repository");
+            return;
+        };
         let train = read_file(
             &dir.join("stsa.binary.train"),
             &DatasetFormat::LabelSentenceLines,
