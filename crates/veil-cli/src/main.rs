@@ -30,8 +30,9 @@ struct Cli {
 enum Cmd {
     /// Starts a server and a client over loopback and classifies a few sentences privately.
     Demo {
-        /// A model folder with a classifier; default: MiniLM-L6 from PyPI as a private sentence
-        /// encoder with zero-shot sentiment anchors.
+        /// A model folder with a classifier; default: the built-in SST-2 sentiment model
+        /// (all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned and made privacy-friendly; its public
+        /// tables come from PyPI once).
         #[arg(long)]
         model: Option<PathBuf>,
         /// Sentences to classify (default: a few built-in ones).
@@ -49,6 +50,11 @@ enum Cmd {
         model: PathBuf,
         #[arg(long, default_value = "127.0.0.1:7878")]
         listen: String,
+        /// Memory for NTT-domain weights, in MiB: layers whose transformed weights fit are
+        /// served without per-request weight transforms (short-prompt cuts first). The
+        /// coefficient-form weights are kept regardless; nothing grows with prompt lengths.
+        #[arg(long, default_value_t = veil_private::layers::DEFAULT_NTT_BUDGET_BYTES >> 20)]
+        ntt_budget_mib: usize,
     },
     /// Writes the client bundle of a model folder: config, tokenizer and (public-embedding
     /// mode) the public embedding tables, no weight of the server's. What `veil classify
@@ -163,12 +169,12 @@ fn print_records(records: &[serde_json::Value], json: bool) {
     }
 }
 
-fn load_server_model(dir: &Path) -> Result<ServerModel> {
+fn load_server_model(dir: &Path, ntt_budget_bytes: usize) -> Result<ServerModel> {
     let model = veil_model::folder::load(dir)?;
-    ServerModel::new(FixedModel::encode(
-        &model.transformer,
-        FixedPoint::default_format(),
-    )?)
+    ServerModel::with_ntt_budget(
+        FixedModel::encode(&model.transformer, FixedPoint::default_format())?,
+        ntt_budget_bytes,
+    )
 }
 
 fn bench(what: BenchCmd) -> Result<()> {
@@ -265,8 +271,19 @@ fn run(cli: Cli) -> Result<()> {
             pad_to,
             json,
         } => demo::run(model.as_deref(), sentences, pad_to, json),
-        Cmd::Serve { model, listen } => {
-            let server = Arc::new(load_server_model(&model)?);
+        Cmd::Serve {
+            model,
+            listen,
+            ntt_budget_mib,
+        } => {
+            let server = Arc::new(load_server_model(&model, ntt_budget_mib << 20)?);
+            let prepared = server.prepared();
+            eprintln!(
+                "veil serve: prepared weights {:.1} MiB, of which NTT-domain {:.1} MiB \
+                 (budget {ntt_budget_mib} MiB); the same for every prompt length",
+                prepared.prepared_bytes() as f64 / (1 << 20) as f64,
+                prepared.ntt_cached_bytes()? as f64 / (1 << 20) as f64,
+            );
             let listener = TcpListener::bind(&listen)?;
             eprintln!(
                 "veil serve: {} on {}",

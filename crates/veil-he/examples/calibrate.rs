@@ -51,6 +51,17 @@ fn main() -> veil_core::Result<()> {
         let ks = time(200, || {
             gk.pack(vec![small.clone(), small.clone()], &shape).unwrap()
         });
+        let shape16 = PackShape::new(64, 16, 63)?;
+        let pack16 = time(20, || gk.pack(vec![small.clone(); 16], &shape16).unwrap());
+        let key_switch = (pack16 - ks) / 14.0;
+        let resp = small
+            .clone()
+            .into_response(&pk, &positions, &add, &mut prg)?;
+        let decrypt = time(200, || sk.decrypt_response(&resp, &positions).unwrap());
+        println!(
+            "{set:?}: key switch (marginal, pack of 16 vs 2) {key_switch:.1} µs, \
+             decrypt {decrypt:.1} µs"
+        );
         println!(
             "{set:?} limbs {}: encrypt {encrypt:.1} µs, expand {expand:.1}, add_plain {add_plain:.1}, \
              weight NTT {weight_ntt:.1}, product {product:.2}, response {response:.1}, \

@@ -46,8 +46,8 @@ fn shapes(a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<(usize, usize, usize
 fn layouts(p: &Params, dims: &[(usize, usize, usize)]) -> Result<Vec<Layout>> {
     let mut out = Vec::with_capacity(2 * dims.len());
     for &(n, k, m) in dims {
-        out.push(Layout::new(p, n, k, m)?);
-        out.push(Layout::new(p, m, k, n)?);
+        out.push(Layout::search(p, n, k, m)?);
+        out.push(Layout::search(p, m, k, n)?);
     }
     Ok(out)
 }
@@ -87,16 +87,19 @@ pub fn shared_matmul_server<C: Channel + ?Sized>(
     let (pk, gk) = session.keys_for(SHARED_SET)?;
     let p = pk.params();
     let share_bound = 1u64 << (p.ring().bits() - 1);
+    let lays = layouts(p, &dims)?;
     let mut mats = Vec::with_capacity(2 * dims.len());
-    for ((a, b), &(n, _, m)) in a1.iter().zip(b1).zip(&dims) {
-        mats.push(PreparedMatrix::new(p, n, b, share_bound)?);
-        mats.push(PreparedMatrix::new(p, m, &a.transpose()?, share_bound)?);
+    for (a, b) in a1.iter().zip(b1) {
+        mats.push(PreparedMatrix::new(p, b, share_bound)?);
+        mats.push(PreparedMatrix::new(p, &a.transpose()?, share_bound)?);
     }
     let jobs: Vec<ServerJob<'_>> = mats
         .iter()
         .enumerate()
-        .map(|(i, matrix)| ServerJob {
+        .zip(lays)
+        .map(|((i, matrix), layout)| ServerJob {
             matrix,
+            layout,
             lhs_share: (i % 2 == 0).then(|| &a1[i / 2]),
             add: None,
         })

@@ -9,14 +9,12 @@
 //! **Security and error:** as [`crate::matmul`] (exact mod 2^ℓ; the weights' size is checked
 //! against the flooding budget when the layer is prepared, through the public bound [`WEIGHT_BOUND`]).
 
-use veil_core::{ensure, Result, Ring, RingTensor};
+use veil_core::{ensure, Result, RingTensor};
 use veil_he::{ParamSet, Params};
 use veil_net::Channel;
 
-use crate::layout::Layout;
-use crate::matmul::{
-    client_receive, client_send, server_respond, PreparedMatrix, ServerJob, NTT_CACHE_BYTES,
-};
+use crate::layout::{Layout, WeightBlocking};
+use crate::matmul::{client_receive, client_send, server_respond, PreparedMatrix, ServerJob};
 use crate::session::{ClientSession, ServerSession};
 
 /// Public bound on |w·2^f| for FC weights (|w| ≤ 8 at f = 13; trained BERT weights are far
@@ -27,7 +25,11 @@ pub const WEIGHT_BOUND: u64 = 1 << 16;
 /// Public description of an FC layer as both parties see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FcLayer {
+    /// Rows of this request.
     pub seq: usize,
+    /// The most rows any request may have (the model's sequence limit; 1 for a pooled head):
+    /// the weights are cut once for every length up to it.
+    pub max_seq: usize,
     pub in_features: usize,
     pub out_features: usize,
     /// [`ParamSet::N8192`] suits fixed-point model weights; see [`veil_he::ParamSet`].
@@ -35,69 +37,79 @@ pub struct FcLayer {
 }
 
 impl FcLayer {
-    fn layout(&self, ring: Ring) -> Result<(Params, Layout)> {
-        let p = Params::new(self.set, ring)?;
-        let lay = Layout::new(&p, self.seq, self.in_features, self.out_features)?;
-        Ok((p, lay))
+    /// The layout of this request, from the public shape alone (both parties).
+    pub fn layout(&self, p: &Params) -> Result<Layout> {
+        let (k, m) = (self.in_features, self.out_features);
+        let wb = WeightBlocking::for_rows(p, self.seq, self.max_seq, k, m)?;
+        Layout::for_weights(p, self.seq, k, m, wb)
+    }
+
+    /// Every cut a request can use ([`WeightBlocking::all_for`]).
+    pub fn cuts(&self, p: &Params) -> Result<Vec<WeightBlocking>> {
+        WeightBlocking::all_for(p, self.max_seq, self.in_features, self.out_features)
     }
 }
 
-/// The server's layer, prepared once per model and reused across sessions.
+/// The server's layer, prepared once per model: serves every request of 1..=max_seq rows.
 pub struct PreparedFc {
     layer: FcLayer,
     matrix: PreparedMatrix,
-    /// b broadcast over the sequence ([seq, out]), or none.
+    /// b (length out), or none.
     bias: Option<RingTensor>,
 }
 
 impl PreparedFc {
-    /// `weight` is out × in at scale 2^f; `bias` has length out, at scale 2^{2f}. Caches the
-    /// NTT-domain weights when they fit [`NTT_CACHE_BYTES`].
+    /// `weight` is out × in at scale 2^f; `bias` has length out, at scale 2^{2f}. `layer.seq`
+    /// is ignored (every length up to `layer.max_seq` is served). The NTT-domain weights are
+    /// not cached; see [`PreparedFc::cache_ntt`].
     pub fn new(layer: FcLayer, weight: &RingTensor, bias: Option<&RingTensor>) -> Result<Self> {
-        Self::with_cache_budget(layer, weight, bias, NTT_CACHE_BYTES)
-    }
-
-    /// As [`PreparedFc::new`] with an explicit NTT-cache budget in bytes (0 disables it).
-    pub fn with_cache_budget(
-        layer: FcLayer,
-        weight: &RingTensor,
-        bias: Option<&RingTensor>,
-        cache_bytes: usize,
-    ) -> Result<Self> {
         ensure!(
             weight.shape() == [layer.out_features, layer.in_features],
             InvalidArgument,
             "weight shape {:?} does not match layer {layer:?}",
             weight.shape()
         );
-        let (p, _) = layer.layout(weight.ring())?;
-        let matrix = PreparedMatrix::new(&p, layer.seq, &weight.transpose()?, WEIGHT_BOUND)?
-            .with_ntt_cache(cache_bytes)?;
-        let bias = match bias {
-            Some(b) => {
-                ensure!(
-                    b.shape() == [layer.out_features] && b.ring() == weight.ring(),
-                    InvalidArgument,
-                    "bias shape {:?}, expected [{}]",
-                    b.shape(),
-                    layer.out_features
-                );
-                let rows: Vec<u64> = (0..layer.seq)
-                    .flat_map(|_| b.data().iter().copied())
-                    .collect();
-                Some(RingTensor::from_vec(
-                    b.ring(),
-                    &[layer.seq, layer.out_features],
-                    rows,
-                )?)
-            }
-            None => None,
-        };
+        let p = Params::new(layer.set, weight.ring())?;
+        let matrix = PreparedMatrix::new(&p, &weight.transpose()?, WEIGHT_BOUND)?;
+        if let Some(b) = bias {
+            ensure!(
+                b.shape() == [layer.out_features] && b.ring() == weight.ring(),
+                InvalidArgument,
+                "bias shape {:?}, expected [{}]",
+                b.shape(),
+                layer.out_features
+            );
+        }
         Ok(PreparedFc {
             layer,
             matrix,
-            bias,
+            bias: bias.cloned(),
         })
+    }
+
+    /// Bytes the NTT form of every cut would take, per cut.
+    pub fn ntt_bytes(&self) -> Result<Vec<(WeightBlocking, usize)>> {
+        let p = self.matrix.params().clone();
+        self.layer
+            .cuts(&p)?
+            .into_iter()
+            .map(|c| Ok((c, self.matrix.ntt_bytes(c)?)))
+            .collect()
+    }
+
+    /// Keeps the NTT-domain weights of `cut` (no weight transforms for requests using it).
+    pub fn cache_ntt(&mut self, cut: WeightBlocking) -> Result<()> {
+        self.matrix.cache_ntt(cut)
+    }
+
+    /// Bytes of NTT-domain weights kept.
+    pub fn ntt_cached_bytes(&self) -> Result<usize> {
+        Ok(self
+            .ntt_bytes()?
+            .into_iter()
+            .filter(|(c, _)| self.matrix.is_ntt_cached(*c))
+            .map(|(_, b)| b)
+            .sum())
     }
 
     pub fn layer(&self) -> &FcLayer {
@@ -106,6 +118,11 @@ impl PreparedFc {
 
     pub fn matrix(&self) -> &PreparedMatrix {
         &self.matrix
+    }
+
+    /// Bytes held: the weight blocks (and their NTT form when cached) and the bias.
+    pub fn prepared_bytes(&self) -> usize {
+        self.matrix.prepared_bytes() + self.bias.as_ref().map_or(0, |b| b.data().len() * 8)
     }
 }
 
@@ -117,12 +134,13 @@ pub fn fc_client<C: Channel + ?Sized>(
     x0: &RingTensor,
 ) -> Result<RingTensor> {
     let sk = session.key(layer.set)?;
-    let (_, lay) = layer.layout(x0.ring())?;
+    let lay = layer.layout(sk.params())?;
     client_send(ch, sk, &[lay], &[x0])?;
     Ok(client_receive(ch, sk, &[lay])?.remove(0))
 }
 
-/// Server side: returns the server's share of X·Wᵀ + b (scale 2^{2f}).
+/// Server side: returns the server's share of X·Wᵀ + b (scale 2^{2f}) for X of any
+/// 1..=max_seq rows.
 pub fn fc_server<C: Channel + ?Sized>(
     ch: &mut C,
     session: &ServerSession,
@@ -130,10 +148,28 @@ pub fn fc_server<C: Channel + ?Sized>(
     x1: &RingTensor,
 ) -> Result<RingTensor> {
     let (pk, gk) = session.keys_for(fc.layer.set)?;
+    let rows = x1.shape().first().copied().unwrap_or(0);
+    let layout = FcLayer {
+        seq: rows,
+        ..fc.layer
+    }
+    .layout(pk.params())?;
+    let bias = match &fc.bias {
+        Some(b) => {
+            let data: Vec<u64> = (0..rows).flat_map(|_| b.data().iter().copied()).collect();
+            Some(RingTensor::from_vec(
+                b.ring(),
+                &[rows, fc.layer.out_features],
+                data,
+            )?)
+        }
+        None => None,
+    };
     let job = ServerJob {
         matrix: &fc.matrix,
+        layout,
         lhs_share: Some(x1),
-        add: fc.bias.as_ref(),
+        add: bias.as_ref(),
     };
     Ok(server_respond(ch, pk, Some(gk), &[job])?.remove(0))
 }

@@ -15,26 +15,23 @@
 //! pos − (k_w − 1) + (k_w/L)·r, and only those coefficients' c0 are sent, so L responses
 //! cost one c1 instead of L.
 //!
-//! **Choice of blocks.** Traffic is (#input ciphertexts)·|c0 in all limbs| + (#packed
-//! responses)·|c1 at p| + n·m·|c0 coefficient|; the input count is n·k·m_w/N and the response
-//! count n·m/(n_w·m_w·L). Packing costs key switches (L − 1 per full group), which the search
-//! prices at [`KEY_SWITCH_BITS`] each (scaled by limbs·(limbs+1)/12, the transforms one switch
-//! takes), so it trades traffic for server time instead of minimising traffic alone. It is
-//! exhaustive over (n_w, k_w, L), cheap, and depends only on public shapes and parameters, so
-//! both parties derive the same layout. Ties go to fewer polynomial products.
+//! **Choice of blocks.** The weight side of a block, (k_w, m_w), fixes how B is cut into
+//! polynomials; only n_w depends on the number of rows. A matrix the server keeps (model
+//! weights) is therefore cut independently of the request, into a form that serves every
+//! n: a request of n rows takes n_w = min(n, ⌊N/(k_w·m_w)⌋) and its own response packing
+//! ([`Layout::for_weights`]). A kept matrix has two cuts ([`WeightBlocking::for_rows`]): one
+//! priced for short prompts (≤ [`SHORT_ROWS`] rows: dense weight polynomials, one row block, so
+//! the work falls with n) and one for long prompts (priced at [`LONG_REFERENCE_ROWS`]: sparser
+//! polynomials, fewer input ciphertexts). A one-off operand (a share in an attention product)
+//! is cut for its n alone ([`Layout::search`]). Every candidate is priced with [`crate::cost`]:
+//! server and client CPU time of every HE operation plus traffic. The search depends only on
+//! public shapes and parameters, so both parties derive the same layout; ties go to fewer
+//! polynomial products.
 
 use veil_core::{ensure, Result, RingTensor};
 use veil_he::{PackShape, Params, GALOIS_LEVELS};
 
-/// Price of one key switch at three RNS limbs, in bits of traffic (see the module docs).
-///
-/// A switch takes ≈ 0.65 ms of server CPU on the project machine (N = 8192): the time that
-/// 65 kbit take on the WAN of the cost report (100 Mbps) and 2 Mbit on its LAN (3 Gbps). The
-/// price sits between the two (their geometric mean is ≈ 360 kbit). Measured on BERT-Tiny
-/// substituted (`veil bench model`, 2026-11-22, 3 alternating runs each): 64 kbit gave
-/// 59.0 MB and a median 5.26 s, 400 kbit 92.2 MB and 4.34 s, 640 kbit (no packing at all)
-/// 114.3 MB and 4.29 s; the modelled WAN time grows by 2 % from 64 to 400 kbit.
-pub const KEY_SWITCH_BITS: u128 = 400_000;
+use crate::cost::{OpCounts, Price};
 
 /// Block sizes of one matrix product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +41,15 @@ pub struct Blocking {
     pub m_w: usize,
     /// Responses merged into one packed ciphertext (1: no packing).
     pub pack: usize,
+}
+
+impl From<Blocking> for WeightBlocking {
+    fn from(b: Blocking) -> Self {
+        WeightBlocking {
+            k_w: b.k_w,
+            m_w: b.m_w,
+        }
+    }
 }
 
 /// Shape and packing of A (n×k) · B (k×m).
@@ -58,53 +64,180 @@ pub struct Layout {
 /// Products larger than this are refused (bounds memory a peer's shape can make us allocate).
 pub const MAX_DIM: usize = 1 << 16;
 
-impl Layout {
-    pub fn new(p: &Params, n: usize, k: usize, m: usize) -> Result<Self> {
+/// How a kept plaintext matrix (k×m) is cut into polynomials: blocks of k_w × m_w entries,
+/// independent of the number of rows it will be multiplied with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WeightBlocking {
+    pub k_w: usize,
+    pub m_w: usize,
+}
+
+/// Requests of at most this many rows use a kept matrix's short-prompt cut; longer ones its
+/// long-prompt cut ([`WeightBlocking::for_rows`]).
+pub const SHORT_ROWS: usize = 16;
+
+/// The row count the long-prompt cut is priced at (capped at the matrix's row limit).
+pub const LONG_REFERENCE_ROWS: usize = 128;
+
+fn check_dims(n: usize, k: usize, m: usize) -> Result<()> {
+    ensure!(
+        (1..=MAX_DIM).contains(&n) && (1..=MAX_DIM).contains(&k) && (1..=MAX_DIM).contains(&m),
+        InvalidArgument,
+        "matrix product {n}×{k}·{k}×{m}: every dimension must be in 1..={MAX_DIM}"
+    );
+    Ok(())
+}
+
+/// Block widths worth trying for a dimension of `total` under a cap: the smallest width for
+/// each block count (wider only adds padding) and the powers of two (which can pack).
+fn widths(total: usize, cap: usize) -> Vec<usize> {
+    let cap = cap.min(total);
+    let mut out: Vec<usize> = (1..=total)
+        .map(|blocks| total.div_ceil(blocks))
+        .chain((0..usize::BITS).map(|b| 1usize << b))
+        .filter(|&w| (1..=cap).contains(&w))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+impl WeightBlocking {
+    /// The cheapest cut of a k×m matrix for products with `n` rows (see the module docs).
+    pub fn search(p: &Params, n: usize, k: usize, m: usize) -> Result<Self> {
+        Ok(Layout::search(p, n, k, m)?.weight_blocking())
+    }
+
+    /// The cut a kept matrix uses for a request of `rows` rows when requests have at most
+    /// `max_rows`: one cut for short prompts (priced at [`SHORT_ROWS`]) and one for longer
+    /// ones (priced at [`LONG_REFERENCE_ROWS`]), so a server keeps at most two cuts' NTT forms
+    /// however many lengths it serves.
+    pub fn for_rows(p: &Params, rows: usize, max_rows: usize, k: usize, m: usize) -> Result<Self> {
         ensure!(
-            (1..=MAX_DIM).contains(&n) && (1..=MAX_DIM).contains(&k) && (1..=MAX_DIM).contains(&m),
+            (1..=max_rows).contains(&rows),
             InvalidArgument,
-            "matrix product {n}×{k}·{k}×{m}: every dimension must be in 1..={MAX_DIM}"
+            "{rows} rows outside 1..={max_rows}"
         );
+        let reference = if rows <= SHORT_ROWS {
+            SHORT_ROWS
+        } else {
+            LONG_REFERENCE_ROWS
+        };
+        Self::search(p, reference.min(max_rows), k, m)
+    }
+
+    /// The distinct cuts [`WeightBlocking::for_rows`] can return up to `max_rows`.
+    pub fn all_for(p: &Params, max_rows: usize, k: usize, m: usize) -> Result<Vec<Self>> {
+        let mut cuts = vec![Self::for_rows(p, 1, max_rows, k, m)?];
+        if max_rows > SHORT_ROWS {
+            cuts.push(Self::for_rows(p, max_rows, max_rows, k, m)?);
+        }
+        cuts.dedup();
+        Ok(cuts)
+    }
+}
+
+impl Layout {
+    /// The cheapest layout of a one-off product A (n×k) · B (k×m) (B cut for this n alone).
+    pub fn search(p: &Params, n: usize, k: usize, m: usize) -> Result<Self> {
+        check_dims(n, k, m)?;
         let big_n = p.degree();
-        let ct_bits = p.ciphertext_bits() as u128;
-        let c1_bits = p.response_bits(0) as u128;
-        let c0_bits = p.response_bits(1) as u128 - c1_bits;
-        let limbs = p.limbs() as u128;
-        let ks_bits = KEY_SWITCH_BITS * limbs * (limbs + 1) / 12;
-        let can_pack = p.special_modulus().is_some();
-        let mut best: Option<((u128, u128), Blocking)> = None;
-        for n_w in 1..=n.min(big_n) {
-            for k_w in 1..=k.min(big_n / n_w) {
-                let m_w = m.min(big_n / (n_w * k_w));
-                let (rb, kb, mb) = (n.div_ceil(n_w), k.div_ceil(k_w), m.div_ceil(m_w));
-                let packable = can_pack && k_w.is_power_of_two() && k_w <= 1 << GALOIS_LEVELS;
-                let max_pack = if packable { k_w.min(rb * mb) } else { 1 };
-                let mut pack = 1;
-                while pack <= max_pack.max(1) {
-                    let groups = (rb * mb).div_ceil(pack) as u128;
-                    let switches = groups * (pack as u128 - 1);
-                    let bits = (rb * kb) as u128 * ct_bits
-                        + groups * c1_bits
-                        + (n * m) as u128 * c0_bits
-                        + switches * ks_bits;
-                    let cost = (bits, (rb * kb * mb) as u128);
-                    if best.is_none_or(|(c, _)| cost < c) {
-                        best = Some((
-                            cost,
-                            Blocking {
-                                n_w,
-                                k_w,
-                                m_w,
-                                pack,
-                            },
-                        ));
-                    }
-                    pack *= 2;
+        let mut best: Option<((f64, usize), Layout)> = None;
+        for k_w in widths(k, big_n) {
+            for m_w in widths(m, big_n / k_w) {
+                let (lay, price) = Self::best_packing(p, n, k, m, WeightBlocking { k_w, m_w });
+                let key = (price.seconds(), lay.counts().products);
+                if best.is_none_or(|(c, _)| key < c) {
+                    best = Some((key, lay));
                 }
             }
         }
-        let blocks = best.expect("at least one blocking").1;
-        Ok(Layout { n, k, m, blocks })
+        Ok(best.expect("at least one blocking").1)
+    }
+
+    /// The layout of n rows against a matrix cut as `wb`: as many rows per block as fit, and
+    /// the cheapest response packing.
+    pub fn for_weights(
+        p: &Params,
+        n: usize,
+        k: usize,
+        m: usize,
+        wb: WeightBlocking,
+    ) -> Result<Self> {
+        check_dims(n, k, m)?;
+        ensure!(
+            (1..=k).contains(&wb.k_w) && (1..=m).contains(&wb.m_w) && wb.k_w * wb.m_w <= p.degree(),
+            InvalidArgument,
+            "weight blocking {wb:?} does not fit {k}×{m} at N = {}",
+            p.degree()
+        );
+        Ok(Self::best_packing(p, n, k, m, wb).0)
+    }
+
+    fn best_packing(
+        p: &Params,
+        n: usize,
+        k: usize,
+        m: usize,
+        wb: WeightBlocking,
+    ) -> (Layout, Price) {
+        let WeightBlocking { k_w, m_w } = wb;
+        let n_w = n.min(p.degree() / (k_w * m_w));
+        let mut lay = Layout {
+            n,
+            k,
+            m,
+            blocks: Blocking {
+                n_w,
+                k_w,
+                m_w,
+                pack: 1,
+            },
+        };
+        let packable =
+            p.special_modulus().is_some() && k_w.is_power_of_two() && k_w <= 1 << GALOIS_LEVELS;
+        let max_pack = if packable {
+            k_w.min(lay.output_count().next_power_of_two())
+        } else {
+            1
+        };
+        let mut best = (lay, lay.counts().price(p));
+        let mut pack = 2;
+        while pack <= max_pack {
+            lay.blocks.pack = pack;
+            let price = lay.counts().price(p);
+            if price.seconds() < best.1.seconds() {
+                best = (lay, price);
+            }
+            pack *= 2;
+        }
+        best
+    }
+
+    /// Operation counts of this layout, weights not cached ([`crate::cost`]).
+    pub fn counts(&self) -> OpCounts {
+        let outputs = self.output_count();
+        let pack = self.blocks.pack;
+        let key_switches = match self.pack_shape() {
+            Some(shape) => {
+                let full = outputs / pack;
+                full * shape.key_switches(pack) + shape.key_switches(outputs % pack)
+            }
+            None => 0,
+        };
+        OpCounts {
+            inputs: self.input_count(),
+            weight_ntts: self.k_blocks() * self.col_blocks(),
+            products: self.input_count() * self.col_blocks(),
+            key_switches,
+            responses: self.packed_count(),
+            outputs: self.n * self.m,
+        }
+    }
+
+    /// The weight side of this layout.
+    pub fn weight_blocking(&self) -> WeightBlocking {
+        self.blocks.into()
     }
 
     /// Responses in wire order: column block major, row block minor (a packed group then
@@ -233,7 +366,7 @@ mod tests {
             (128, 768, 768),
             (1, 1, 1),
         ] {
-            let lay = Layout::new(&p, n, k, m).unwrap();
+            let lay = Layout::search(&p, n, k, m).unwrap();
             let b = lay.blocks;
             assert!(b.n_w * b.k_w * b.m_w <= big_n);
             let a_t = RingTensor::random(ring, &[n, k], &mut g).unwrap();
@@ -272,7 +405,7 @@ mod tests {
         let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
         let mut lays: Vec<Layout> = [(128, 40, 70), (39, 79, 39), (128, 768, 768), (5, 7, 3)]
             .iter()
-            .map(|&(n, k, m)| Layout::new(&p, n, k, m).unwrap())
+            .map(|&(n, k, m)| Layout::search(&p, n, k, m).unwrap())
             .collect();
         lays.push(Layout {
             n: 150,
@@ -305,34 +438,85 @@ mod tests {
         }
     }
 
-    /// The BERT fully connected shapes pack their responses (the point of the Galois keys);
-    /// the attention products, at four limbs where a switch costs 5/3 as much, do not.
+    /// Prints the chosen blockings of the BERT shapes (for the docs):
+    /// `cargo test -p veil-linear --release layout::tests::print_choices -- --ignored --nocapture`.
     #[test]
-    fn bert_fc_shapes_pack_responses_and_attention_shapes_do_not() {
+    #[ignore = "prints the search's choices"]
+    fn print_choices() {
         let ring = Ring::new(41).unwrap();
         let p = Params::new(ParamSet::N8192, ring).unwrap();
-        for (n, k, m) in [
-            (128, 768, 768),
-            (128, 3072, 768),
-            (128, 768, 3072),
-            (128, 128, 512),
+        for (k, m, max) in [
+            (768, 768, 512),
+            (768, 2304, 512),
+            (768, 3072, 512),
+            (3072, 768, 512),
+            (384, 384, 512),
+            (384, 1152, 512),
+            (384, 1536, 512),
+            (1536, 384, 512),
+            (128, 384, 512),
+            (128, 512, 512),
+            (512, 128, 512),
+            (768, 768, 1),
+            (768, 2, 1),
         ] {
-            let lay = Layout::new(&p, n, k, m).unwrap();
-            assert!(lay.blocks.pack >= 8, "{n}x{k}x{m}: {lay:?}");
+            for n in [1, 8, 16, 128, 512] {
+                if n > max {
+                    continue;
+                }
+                let wb = WeightBlocking::for_rows(&p, n, max, k, m).unwrap();
+                let lay = Layout::for_weights(&p, n, k, m, wb).unwrap();
+                let c = lay.counts();
+                let pr = c.price(&p);
+                println!(
+                    "{k}x{m} n={n}: {:?} {c:?} server {:.0} ms client {:.0} ms {:.1} MB",
+                    lay.blocks,
+                    pr.server_us / 1e3,
+                    pr.client_us / 1e3,
+                    pr.bits / 8e6
+                );
+            }
         }
         let q4 = Params::new(ParamSet::N8192Q4, ring).unwrap();
-        for (n, k, m) in [(128, 64, 128), (128, 128, 64)] {
-            let lay = Layout::new(&q4, n, k, m).unwrap();
-            assert_eq!(lay.blocks.pack, 1, "{n}x{k}x{m}: {lay:?}");
+        for (n, k, m) in [
+            (128, 64, 128),
+            (128, 128, 64),
+            (64, 128, 128),
+            (16, 64, 16),
+            (16, 16, 64),
+        ] {
+            let lay = Layout::search(&q4, n, k, m).unwrap();
+            let c = lay.counts();
+            let pr = c.price(&q4);
+            println!(
+                "Q4 {n}x{k}x{m}: {:?} {c:?} server {:.0} ms {:.2} MB",
+                lay.blocks,
+                pr.server_us / 1e3,
+                pr.bits / 8e6
+            );
         }
     }
 
+    /// A kept matrix's cut serves every row count: the layout for n differs only in n_w and
+    /// the packing, and short prompts take a single row block.
     #[test]
-    fn bert_fc_blocking_uses_all_rows() {
+    fn weight_blocking_serves_every_length() {
         let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
-        let lay = Layout::new(&p, 128, 768, 768).unwrap();
-        assert_eq!(lay.blocks.n_w, 128);
-        assert_eq!(lay.blocks.k_w * lay.blocks.m_w, 64);
-        assert!(Layout::new(&p, 0, 1, 1).is_err());
+        let cuts = WeightBlocking::all_for(&p, 512, 768, 768).unwrap();
+        assert!((1..=2).contains(&cuts.len()));
+        for n in [1, 7, 16, 17, 128, 512] {
+            let wb = WeightBlocking::for_rows(&p, n, 512, 768, 768).unwrap();
+            assert!(cuts.contains(&wb));
+            let lay = Layout::for_weights(&p, n, 768, 768, wb).unwrap();
+            assert_eq!(lay.weight_blocking(), wb);
+            assert!(lay.blocks.n_w * wb.k_w * wb.m_w <= p.degree());
+            if n <= 16 {
+                assert_eq!(lay.row_blocks(), 1, "n = {n}: {lay:?}");
+            }
+        }
+        assert!(Layout::for_weights(&p, 0, 768, 768, cuts[0]).is_err());
+        assert!(Layout::search(&p, 0, 1, 1).is_err());
+        let too_wide = WeightBlocking { k_w: 768, m_w: 768 };
+        assert!(Layout::for_weights(&p, 1, 768, 768, too_wide).is_err());
     }
 }

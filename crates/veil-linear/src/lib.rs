@@ -8,11 +8,14 @@
 //!   reveal at most 2^28 output coefficients per key (≈16 BERT-Base inferences); the server
 //!   refuses more (`Error::Insecure`), and the parties then start a new session.
 //! * [`layout`]: Cheetah coefficient packing, response packing ([`veil_he::pack`]: many
-//!   responses share one c1) and the choice of blocks, which prices key switches against bytes.
+//!   responses share one c1) and the choice of blocks: kept weights are cut once for every
+//!   prompt length ([`WeightBlocking`]), one-off operands per product.
+//! * [`cost`]: the price of a blocking, CPU time of every HE operation (calibrated on the
+//!   project machine) plus traffic.
 //! * [`matmul`]: the batched protocol core (one round trip for any number of products) and
 //!   [`PreparedMatrix`], the server's packed and noise-checked plaintext operand.
 //! * [`fc`]: Y = X·Wᵀ + b on shares for a whole sequence ([`PreparedFc`] is prepared once per
-//!   model); output at scale 2^{2f}, truncation is the caller's next step.
+//!   model and serves every length); output at scale 2^{2f}, truncation is the caller's next step.
 //! * [`lookup`]: private table lookup (one-hot baseline and batch PIR) for private embeddings.
 //! * [`cross`]: per-head products of two shared matrices (Q·Kᵀ, A·V) via cross terms.
 //! * [`mod@bench`]: the benchmark of the issue (`cargo run --release -p veil-linear --example bench`).
@@ -24,11 +27,12 @@
 //!
 //! Every protocol is metered on whatever label the caller has entered on the channel.
 
+pub mod cost;
 pub mod layout;
 pub mod matmul;
 pub mod session;
 
-pub use layout::{Blocking, Layout};
+pub use layout::{Blocking, Layout, WeightBlocking};
 pub use matmul::{PreparedMatrix, ServerJob};
 pub use session::{ClientSession, ServerSession};
 pub mod cross;

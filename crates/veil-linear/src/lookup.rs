@@ -239,12 +239,12 @@ impl Plan {
         for h in &self.hashed {
             for m in &h.members {
                 if !m.is_empty() {
-                    lays.push(Layout::new(&p, h.plan.slots, m.len(), shape.width)?);
+                    lays.push(Layout::search(&p, h.plan.slots, m.len(), shape.width)?);
                 }
             }
         }
         if !self.onehot.is_empty() {
-            lays.push(Layout::new(
+            lays.push(Layout::search(
                 &p,
                 shape.queries,
                 self.onehot_rows(shape),
@@ -255,7 +255,7 @@ impl Plan {
             None
         } else {
             let q = Params::new(SHARED_SET, ring)?;
-            Some(Layout::new(
+            Some(Layout::search(
                 &q,
                 shape.queries,
                 self.total_slots(),
@@ -271,8 +271,8 @@ pub struct PreparedLookup {
     shape: LookupShape,
     method: LookupMethod,
     plan: Plan,
-    /// Part matrices in plan order, then the stacked one-hot tables.
-    matrices: Vec<PreparedMatrix>,
+    /// Part matrices in plan order, then the stacked one-hot tables, with their layouts.
+    matrices: Vec<(Layout, PreparedMatrix)>,
 }
 
 fn select_rows(table: &RingTensor, ids: &[u32]) -> Vec<u64> {
@@ -332,7 +332,8 @@ impl PreparedLookup {
             for m in h.members.iter().filter(|m| !m.is_empty()) {
                 let part =
                     RingTensor::from_vec(ring, &[m.len(), width], select_rows(tables[h.table], m))?;
-                matrices.push(PreparedMatrix::new(&p, h.plan.slots, &part, WEIGHT_BOUND)?);
+                let lay = Layout::search(&p, h.plan.slots, m.len(), width)?;
+                matrices.push((lay, PreparedMatrix::new(&p, &part, WEIGHT_BOUND)?));
             }
         }
         if !plan.onehot.is_empty() {
@@ -341,18 +342,17 @@ impl PreparedLookup {
                 stacked.extend_from_slice(tables[j].data());
             }
             let t = RingTensor::from_vec(ring, &[plan.onehot_rows(&shape), width], stacked)?;
-            matrices.push(PreparedMatrix::new(&p, queries, &t, WEIGHT_BOUND)?);
+            let lay = Layout::search(&p, queries, plan.onehot_rows(&shape), width)?;
+            matrices.push((lay, PreparedMatrix::new(&p, &t, WEIGHT_BOUND)?));
         }
-        let per_block = p.limbs() * p.degree() * 8;
-        let ntt_bytes: usize = matrices
-            .iter()
-            .map(|m| m.layout().k_blocks() * m.layout().col_blocks() * per_block)
-            .sum();
+        let mut ntt_bytes = 0;
+        for (lay, m) in &matrices {
+            ntt_bytes += m.ntt_bytes(lay.weight_blocking())?;
+        }
         if ntt_bytes <= ntt_cache_bytes {
-            matrices = matrices
-                .into_iter()
-                .map(|m| m.with_ntt_cache(usize::MAX))
-                .collect::<Result<_>>()?;
+            for (lay, m) in &mut matrices {
+                m.cache_ntt(lay.weight_blocking())?;
+            }
         }
         Ok(PreparedLookup {
             shape,
@@ -372,7 +372,9 @@ impl PreparedLookup {
 
     /// Whether the tables' NTT form is cached.
     pub fn is_ntt_cached(&self) -> bool {
-        self.matrices.iter().all(|m| m.is_ntt_cached())
+        self.matrices
+            .iter()
+            .all(|(lay, m)| m.is_ntt_cached(lay.weight_blocking()))
     }
 
     /// The parts × slots of each hashed table (empty for one-hot).
@@ -596,8 +598,9 @@ pub fn lookup_server<C: Channel + ?Sized>(
     let jobs: Vec<ServerJob<'_>> = prepared
         .matrices
         .iter()
-        .map(|matrix| ServerJob {
+        .map(|(layout, matrix)| ServerJob {
             matrix,
+            layout: *layout,
             lhs_share: None,
             add: None,
         })
@@ -610,9 +613,11 @@ pub fn lookup_server<C: Channel + ?Sized>(
         let (spk, sgk) = session.keys_for(SHARED_SET)?;
         let slots = stack_slot_results(plan, parts_out, ring, w)?;
         let bound = 1u64 << (ring.bits() - 1);
-        let m = PreparedMatrix::new(spk.params(), q, &slots, bound)?;
+        let m = PreparedMatrix::new(spk.params(), &slots, bound)?;
+        let (k, w2) = (slots.shape()[0], slots.shape()[1]);
         let job = ServerJob {
             matrix: &m,
+            layout: Layout::search(spk.params(), q, k, w2)?,
             lhs_share: None,
             add: None,
         };

@@ -26,49 +26,50 @@ use veil_he::{
 };
 use veil_net::Channel;
 
-use crate::layout::{Blocking, Layout};
+use crate::layout::{Blocking, Layout, WeightBlocking};
 
-/// B (k×m) packed for one layout, with the noise check done. Weight polynomials are kept by
-/// their low-degree coefficients (k_w·m_w per block); their NTT form, N/(k_w·m_w) times larger
-/// (≈1.8 GB for a 768×768 matrix at seq 128), is cached only when it fits
-/// [`NTT_CACHE_BYTES`], and otherwise computed at use time.
+/// B (k×m), the server's plaintext operand, bound-checked once and served to products with
+/// any number of rows and any cut ([`Layout`]). Each job's weight polynomials are gathered from
+/// B and transformed at use time, unless the job's cut is one whose NTT form is kept
+/// ([`PreparedMatrix::cache_ntt`]; N/(k_w·m_w) × 24 bytes per entry at three limbs, so only
+/// when the owner's memory budget allows).
 pub struct PreparedMatrix {
     params: Params,
-    layout: Layout,
+    b: RingTensor,
     /// Public bound on every |entry| (the flooding check's input, never the entries themselves).
     max_abs: u64,
-    /// Block (bk, bm) at index bm·k_blocks + bk.
-    blocks: Vec<Vec<i64>>,
-    /// The same blocks in the NTT domain, when cached.
-    ntt: Option<Vec<NttPlaintext>>,
+    /// Cuts whose NTT-domain blocks are kept: block (bk, bm) at index bm·k_blocks + bk.
+    cached: Vec<(WeightBlocking, Vec<NttPlaintext>)>,
 }
 
-/// Default largest NTT-domain weight cache per prepared matrix (each BERT-Tiny layer fits,
-/// ≈ 0.6 GB for one Tiny encoder layer; BERT-Base matrices do not).
-pub const NTT_CACHE_BYTES: usize = 256 << 20;
+/// Checks the flooding budget of products under `layout` from public data only: the bound,
+/// the weight slots one output sums (k_blocks·k_w·m_w) and the packing's key-switching noise.
+fn check_noise(params: &Params, layout: &Layout, max_abs: u64) -> Result<()> {
+    let Blocking { k_w, m_w, .. } = layout.blocks;
+    let packing_noise = match layout.pack_shape() {
+        Some(shape) => shape.noise_bound(params)?,
+        None => 0.0,
+    };
+    params.check_public_product(
+        (layout.k_blocks() * k_w * m_w) as f64,
+        max_abs as f64,
+        packing_noise,
+    )
+}
 
 impl PreparedMatrix {
-    /// Packs `b` for products with an n-row encrypted left operand. `max_abs` is a public
-    /// bound on every |entry| (centred): entries above it are refused, and the flooding check
-    /// (per output block, over the k·m_w weight slots it sums) uses only the bound and the
-    /// shapes, so whether a product is accepted never depends on secret values.
-    pub fn new(params: &Params, n: usize, b: &RingTensor, max_abs: u64) -> Result<Self> {
+    /// `max_abs` is a public bound on every |entry| (centred): entries above it are refused
+    /// ([`veil_core::Error::Insecure`]); whether a product is accepted never depends on the
+    /// values.
+    pub fn new(params: &Params, b: &RingTensor, max_abs: u64) -> Result<Self> {
         ensure!(
             b.shape().len() == 2 && b.ring() == params.ring(),
             InvalidArgument,
             "plaintext matrix must be 2-D over the parameters' ring"
         );
-        let layout = Layout::new(params, n, b.shape()[0], b.shape()[1])?;
-        let Blocking { k_w, m_w, .. } = layout.blocks;
-        let packing_noise = match layout.pack_shape() {
-            Some(shape) => shape.noise_bound(params)?,
-            None => 0.0,
-        };
-        params.check_public_product(
-            (layout.k_blocks() * k_w * m_w) as f64,
-            max_abs as f64,
-            packing_noise,
-        )?;
+        let (k, m) = (b.shape()[0], b.shape()[1]);
+        Layout::for_weights(params, 1, k, m, WeightBlocking { k_w: 1, m_w: 1 })?;
+        ensure!(max_abs < 1 << 62, InvalidArgument, "bound {max_abs} ≥ 2^62");
         let ring = b.ring();
         let over = b.data().iter().fold(0u64, |acc, &v| {
             acc | (ring.to_signed(v).unsigned_abs() > max_abs) as u64
@@ -78,44 +79,67 @@ impl PreparedMatrix {
             Insecure,
             "plaintext matrix has entries above the public bound {max_abs}"
         );
-        let mut blocks = Vec::with_capacity(layout.k_blocks() * layout.col_blocks());
-        for bm in 0..layout.col_blocks() {
-            for bk in 0..layout.k_blocks() {
-                blocks.push(layout.rhs_coeffs(b, bk, bm));
-            }
-        }
         Ok(PreparedMatrix {
             params: params.clone(),
-            layout,
+            b: b.clone(),
             max_abs,
-            blocks,
-            ntt: None,
+            cached: Vec::new(),
         })
     }
 
-    /// Caches the NTT form of every block if it fits in `max_bytes`: worth it for a matrix
-    /// reused across inferences (model weights), not for a one-off share.
-    pub fn with_ntt_cache(mut self, max_bytes: usize) -> Result<Self> {
-        let p = &self.params;
-        if self.blocks.len() * p.limbs() * p.degree() * 8 <= max_bytes {
-            let cached = self
-                .blocks
-                .iter()
-                .map(|c| NttPlaintext::new(p, c, self.max_abs))
-                .collect::<Result<Vec<_>>>()?;
-            self.ntt = Some(cached);
+    /// Rows and columns of B.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.b.shape()[0], self.b.shape()[1])
+    }
+
+    /// Bytes the NTT form of `cut` takes.
+    pub fn ntt_bytes(&self, cut: WeightBlocking) -> Result<usize> {
+        let (k, m) = self.shape();
+        let lay = Layout::for_weights(&self.params, 1, k, m, cut)?;
+        Ok(lay.k_blocks() * lay.col_blocks() * self.params.limbs() * self.params.degree() * 8)
+    }
+
+    /// Bytes held: B and the kept NTT forms.
+    pub fn prepared_bytes(&self) -> usize {
+        let ntt: usize = self
+            .cached
+            .iter()
+            .map(|(c, _)| self.ntt_bytes(*c).unwrap_or(0))
+            .sum();
+        self.b.data().len() * 8 + ntt
+    }
+
+    /// Keeps the NTT form of `cut`: worth it for a matrix reused across inferences (model
+    /// weights) when memory allows, not for a one-off share. Idempotent.
+    pub fn cache_ntt(&mut self, cut: WeightBlocking) -> Result<()> {
+        if self.is_ntt_cached(cut) {
+            return Ok(());
         }
-        Ok(self)
+        let (k, m) = self.shape();
+        let lay = Layout::for_weights(&self.params, 1, k, m, cut)?;
+        let mut blocks = Vec::with_capacity(lay.k_blocks() * lay.col_blocks());
+        for bm in 0..lay.col_blocks() {
+            for bk in 0..lay.k_blocks() {
+                let coeffs = lay.rhs_coeffs(&self.b, bk, bm);
+                blocks.push(NttPlaintext::new(&self.params, &coeffs, self.max_abs)?);
+            }
+        }
+        self.cached.push((cut, blocks));
+        Ok(())
     }
 
-    /// Whether the NTT-domain weights are cached.
-    pub fn is_ntt_cached(&self) -> bool {
-        self.ntt.is_some()
+    /// Whether the NTT form of `cut` is kept.
+    pub fn is_ntt_cached(&self, cut: WeightBlocking) -> bool {
+        self.cached.iter().any(|(c, _)| *c == cut)
     }
 
-    pub fn layout(&self) -> &Layout {
-        &self.layout
+    fn ntt_for(&self, cut: WeightBlocking) -> Option<&[NttPlaintext]> {
+        self.cached
+            .iter()
+            .find(|(c, _)| *c == cut)
+            .map(|(_, b)| b.as_slice())
     }
+
     pub fn params(&self) -> &Params {
         &self.params
     }
@@ -124,6 +148,8 @@ impl PreparedMatrix {
 /// The server's part of one product in a batch.
 pub struct ServerJob<'a> {
     pub matrix: &'a PreparedMatrix,
+    /// The product's layout, as the client derives it (its k and m must be B's shape).
+    pub layout: Layout,
     /// The server's additive share of A (n×k), folded into the client's ciphertexts.
     pub lhs_share: Option<&'a RingTensor>,
     /// Added to the product before sharing (n×m), e.g. a bias at scale 2f.
@@ -273,9 +299,16 @@ pub fn server_respond<C: Channel + ?Sized>(
 ) -> Result<Vec<RingTensor>> {
     let p = pk.params();
     let ring = p.ring();
+    let layouts: Vec<Layout> = jobs.iter().map(|job| job.layout).collect();
     let mut expected = 0;
-    for job in jobs {
-        let lay = job.matrix.layout;
+    for (job, &lay) in jobs.iter().zip(&layouts) {
+        ensure!(
+            job.matrix.shape() == (lay.k, lay.m),
+            InvalidArgument,
+            "layout {lay:?} does not match the prepared {:?} matrix",
+            job.matrix.shape()
+        );
+        check_noise(p, &lay, job.matrix.max_abs)?;
         ensure!(
             job.matrix.params.moduli() == p.moduli() && job.matrix.params.degree() == p.degree(),
             InvalidArgument,
@@ -307,9 +340,9 @@ pub fn server_respond<C: Channel + ?Sized>(
 
     // Expand seeds and fold in the server's share of A.
     let mut in_tasks = Vec::new();
-    for (j, job) in jobs.iter().enumerate() {
-        for bi in 0..job.matrix.layout.row_blocks() {
-            for bk in 0..job.matrix.layout.k_blocks() {
+    for (j, lay) in layouts.iter().enumerate() {
+        for bi in 0..lay.row_blocks() {
+            for bk in 0..lay.k_blocks() {
                 in_tasks.push((j, bi, bk));
             }
         }
@@ -318,7 +351,7 @@ pub fn server_respond<C: Channel + ?Sized>(
         let (j, bi, bk) = in_tasks[t];
         let mut ev = EvalCiphertext::expand(p, &cts[t]);
         if let Some(share) = jobs[j].lhs_share {
-            ev.add_plain(p, &jobs[j].matrix.layout.lhs_poly(share, bi, bk))?;
+            ev.add_plain(p, &layouts[j].lhs_poly(share, bi, bk))?;
         }
         Ok(ev)
     })?;
@@ -330,9 +363,8 @@ pub fn server_respond<C: Channel + ?Sized>(
     let mut out_tasks = Vec::new();
     let mut in_offset = Vec::new();
     let mut off = 0;
-    for (j, job) in jobs.iter().enumerate() {
+    for (j, lay) in layouts.iter().enumerate() {
         in_offset.push(off);
-        let lay = job.matrix.layout;
         off += lay.input_count();
         let per_task = (COLUMN_GROUP * lay.row_blocks()).div_ceil(lay.blocks.pack);
         for start in (0..lay.packed_count()).step_by(per_task) {
@@ -342,22 +374,22 @@ pub fn server_respond<C: Channel + ?Sized>(
     let results = parallel_map(out_tasks.len(), |t, prg| {
         let (j, ref groups) = out_tasks[t];
         let job = &jobs[j];
-        let lay = job.matrix.layout;
+        let lay = layouts[j];
         let pack = lay.blocks.pack;
         let all = lay.responses();
         let members = &all[groups.start * pack..(groups.end * pack).min(all.len())];
         let kb = lay.k_blocks();
         let mut accs: Vec<Accumulator> = members.iter().map(|_| Accumulator::new(p)).collect();
+        let cached = job.matrix.ntt_for(lay.weight_blocking());
         let mut w = NttPlaintext::new(p, &[], job.matrix.max_abs)?;
         for bk in 0..kb {
             let mut current = usize::MAX;
             for (&(bi, bm), acc) in members.iter().zip(accs.iter_mut()) {
-                let idx = bm * kb + bk;
-                let w = match &job.matrix.ntt {
-                    Some(cached) => &cached[idx],
+                let w = match cached {
+                    Some(blocks) => &blocks[bm * kb + bk],
                     None => {
                         if current != bm {
-                            w.set(p, &job.matrix.blocks[idx])?;
+                            w.set(p, &lay.rhs_coeffs(&job.matrix.b, bk, bm))?;
                             current = bm;
                         }
                         &w
@@ -391,13 +423,13 @@ pub fn server_respond<C: Channel + ?Sized>(
     })?;
 
     // Responses in (job, packed group) order, as the client expects.
-    let mut shares: Vec<RingTensor> = jobs
+    let mut shares: Vec<RingTensor> = layouts
         .iter()
-        .map(|job| RingTensor::zeros(ring, &[job.matrix.layout.n, job.matrix.layout.m]))
+        .map(|lay| RingTensor::zeros(ring, &[lay.n, lay.m]))
         .collect::<Result<_>>()?;
     let mut responses = Vec::new();
     for (j, done) in results {
-        let m = jobs[j].matrix.layout.m;
+        let m = layouts[j].m;
         let data = shares[j].data_mut();
         for (resp, share) in done {
             for (r, c, v) in share {

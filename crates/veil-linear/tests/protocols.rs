@@ -31,6 +31,7 @@ fn fc_case(seq: usize, inp: usize, out: usize, tag: u8) -> FcCase {
     FcCase {
         layer: FcLayer {
             seq,
+            max_seq: 512,
             in_features: inp,
             out_features: out,
             set: ParamSet::N8192,
@@ -51,14 +52,19 @@ fn expected(c: &FcCase) -> RingTensor {
 }
 
 fn run_fc(c: &FcCase, tcp: bool) -> RingTensor {
-    run_fc_cached(c, tcp, veil_linear::matmul::NTT_CACHE_BYTES)
+    run_fc_cached(c, tcp, true)
 }
 
-fn run_fc_cached(c: &FcCase, tcp: bool, cache_bytes: usize) -> RingTensor {
+fn run_fc_cached(c: &FcCase, tcp: bool, cache: bool) -> RingTensor {
     let mut g = Prg::from_seed(&Seed([99; 16]));
     let (x0, x1) = share(&c.x, &mut g).unwrap();
-    let fc = PreparedFc::with_cache_budget(c.layer, &c.w, Some(&c.b), cache_bytes).unwrap();
-    assert_eq!(fc.matrix().is_ntt_cached(), cache_bytes > 0);
+    let mut fc = PreparedFc::new(c.layer, &c.w, Some(&c.b)).unwrap();
+    let p = fc.matrix().params().clone();
+    let cut = c.layer.layout(&p).unwrap().weight_blocking();
+    if cache {
+        fc.cache_ntt(cut).unwrap();
+    }
+    assert_eq!(fc.matrix().is_ntt_cached(cut), cache);
     let client = |ch: &mut dyn Channel| -> veil_core::Result<RingTensor> {
         let s = ClientSession::setup(ch, ring())?;
         fc_client(ch, &s, &c.layer, &x0)
@@ -95,7 +101,7 @@ fn fc_edge_shapes_are_exact() {
 #[test]
 fn fc_without_weight_cache_is_exact() {
     let c = fc_case(128, 40, 70, 41);
-    assert_eq!(run_fc_cached(&c, false, 0), expected(&c));
+    assert_eq!(run_fc_cached(&c, false, false), expected(&c));
 }
 
 #[test]
@@ -109,6 +115,7 @@ fn fc_refuses_weights_too_large_to_flood() {
     let mut g = Prg::from_seed(&Seed([5; 16]));
     let layer = FcLayer {
         seq: 128,
+        max_seq: 512,
         in_features: 512,
         out_features: 64,
         set: ParamSet::N8192,
@@ -274,10 +281,12 @@ fn packed_layout_needs_galois_keys() {
     let mut g = Prg::from_seed(&Seed([3; 16]));
     let pk = veil_he::SecretKey::generate(&p, &mut g).public_key(&mut g);
     let b = small_matrix(&[768, 768], 10, &mut g);
-    let matrix = PreparedMatrix::new(&p, 128, &b, 1 << 16).unwrap();
-    assert!(matrix.layout().blocks.pack > 1);
+    let matrix = PreparedMatrix::new(&p, &b, 1 << 16).unwrap();
+    let layout = Layout::search(&p, 128, 768, 768).unwrap();
+    assert!(layout.blocks.pack > 1);
     let job = ServerJob {
         matrix: &matrix,
+        layout,
         lhs_share: None,
         add: None,
     };
@@ -296,4 +305,125 @@ proptest! {
         let c = fc_case(seq, inp, out, tag);
         prop_assert_eq!(run_fc(&c, false), expected(&c));
     }
+}
+
+/// A·B through the batched protocol with the given layout, against the plaintext product.
+fn product_is_exact(set: ParamSet, layout: Layout, bits: u32, tag: u8) {
+    let mut g = Prg::from_seed(&Seed([tag; 16]));
+    let (n, k, m) = (layout.n, layout.k, layout.m);
+    let a = RingTensor::random(ring(), &[n, k], &mut g).unwrap();
+    let b = small_matrix(&[k, m], bits, &mut g);
+    let (a0, a1) = share(&a, &mut g).unwrap();
+    let p = veil_he::Params::new(set, ring()).unwrap();
+    let matrix = PreparedMatrix::new(&p, &b, 1 << bits).unwrap();
+    let (y0, y1) = run_two_party(
+        |ch| {
+            let s = ClientSession::setup_for(ch, ring(), &[set])?;
+            matmul::client_send(ch, s.key(set)?, &[layout], &[&a0])?;
+            Ok(matmul::client_receive(ch, s.key(set)?, &[layout])?.remove(0))
+        },
+        |ch| {
+            let s = ServerSession::setup_for(ch, ring(), &[set])?;
+            let (pk, gk) = s.keys_for(set)?;
+            let job = ServerJob {
+                matrix: &matrix,
+                layout,
+                lhs_share: Some(&a1),
+                add: None,
+            };
+            Ok(matmul::server_respond(ch, pk, Some(gk), &[job])?.remove(0))
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        reconstruct(&y0, &y1).unwrap(),
+        a.matmul(&b).unwrap(),
+        "{set:?} {layout:?}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 10, .. ProptestConfig::default() })]
+    /// Every cut the searches can choose — a kept matrix's short or long cut for any n up to
+    /// 512, or a one-off product's — gives the exact product mod 2^ℓ, for both parameter sets,
+    /// shapes up to 4,096 (the product n·k·m capped so a case stays a few seconds).
+    #[test]
+    fn every_searched_blocking_is_exact(
+        n in 1usize..=512,
+        k in 1usize..=4096,
+        m in 1usize..=4096,
+        kept in any::<bool>(),
+        q4 in any::<bool>(),
+        tag in 0u8..255,
+    ) {
+        let (set, bits) = if q4 { (ParamSet::N8192Q4, 40) } else { (ParamSet::N8192, 16) };
+        // Keep n·k·m ≤ 2^23 by shrinking the largest dimension.
+        let (mut n, mut k, mut m) = (n, k, m);
+        while n * k * m > 1 << 23 {
+            if k >= m && k >= n { k = k.div_ceil(2) } else if m >= n { m = m.div_ceil(2) } else { n = n.div_ceil(2) }
+        }
+        let p = veil_he::Params::new(set, ring()).unwrap();
+        let layout = if kept {
+            let cut = WeightBlocking::for_rows(&p, n, 512, k, m).unwrap();
+            Layout::for_weights(&p, n, k, m, cut).unwrap()
+        } else {
+            Layout::search(&p, n, k, m).unwrap()
+        };
+        product_is_exact(set, layout, bits, tag);
+    }
+}
+
+/// One prepared layer serves requests of many lengths, each exact, and keeps no per-length
+/// state: its prepared bytes are the same after serving them as before.
+#[test]
+fn one_prepared_layer_serves_every_length() {
+    let c = fc_case(1, 96, 80, 77);
+    let mut fc = PreparedFc::new(c.layer, &c.w, Some(&c.b)).unwrap();
+    for (cut, _) in fc.ntt_bytes().unwrap() {
+        fc.cache_ntt(cut).unwrap();
+    }
+    let before = fc.prepared_bytes();
+    let mut g = Prg::from_seed(&Seed([78; 16]));
+    let lengths = [1usize, 7, 16, 17, 128, 512];
+    let xs: Vec<RingTensor> = lengths
+        .iter()
+        .map(|&n| RingTensor::random(ring(), &[n, 96], &mut g).unwrap())
+        .collect();
+    let shares: Vec<(RingTensor, RingTensor)> =
+        xs.iter().map(|x| share(x, &mut g).unwrap()).collect();
+    let (y0s, y1s) = run_two_party(
+        |ch| {
+            let s = ClientSession::setup(ch, ring())?;
+            shares
+                .iter()
+                .zip(lengths)
+                .map(|((x0, _), n)| fc_client(ch, &s, &FcLayer { seq: n, ..c.layer }, x0))
+                .collect::<veil_core::Result<Vec<_>>>()
+        },
+        |ch| {
+            let s = ServerSession::setup(ch, ring())?;
+            shares
+                .iter()
+                .map(|(_, x1)| fc_server(ch, &s, &fc, x1))
+                .collect::<veil_core::Result<Vec<_>>>()
+        },
+    )
+    .unwrap();
+    for ((x, y0), y1) in xs.iter().zip(&y0s).zip(&y1s) {
+        let want = expected(&FcCase {
+            layer: c.layer,
+            x: x.clone(),
+            w: c.w.clone(),
+            b: c.b.clone(),
+        });
+        assert_eq!(reconstruct(y0, y1).unwrap(), want, "{} rows", x.shape()[0]);
+    }
+    assert_eq!(fc.prepared_bytes(), before);
+    // A request longer than the layer's limit is refused, not served.
+    let long = FcLayer {
+        seq: 513,
+        ..c.layer
+    };
+    let p = fc.matrix().params().clone();
+    assert!(long.layout(&p).is_err());
 }

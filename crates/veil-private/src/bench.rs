@@ -62,9 +62,8 @@ pub fn run_model(preset: Preset, variant: Variant, seq: usize) -> Result<(CostRe
         .collect();
     let types = vec![0u32; seq];
     let (x, _) = fixed.embed(&ids, &types)?;
-    let server = ServerModel::new(fixed)?;
     let t = Instant::now();
-    server.prepared(seq)?;
+    let server = ServerModel::new(fixed)?;
     let prepare_s = t.elapsed().as_secs_f64();
     let ((_, report), ()) = run_two_party_tcp(
         |ch| {

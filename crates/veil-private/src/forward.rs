@@ -28,7 +28,7 @@ use veil_nonlinear::composite::{self, AffineParams};
 use veil_nonlinear::ctx::HeKeys;
 use veil_nonlinear::{functions, Ctx, OtSession, TruncMode};
 
-use crate::layers::{LayerId, PreparedLayers, ServerModel};
+use crate::layers::{LayerId, ServerModel};
 
 /// How far below every real attention score the client pushes the scores of padding keys:
 /// far enough that Softmax's exp clamps them to exactly 0 and ReLU-normalise's ReLU zeroes
@@ -41,7 +41,7 @@ pub enum Side<'a> {
     /// The client's keys, and how many leading tokens are real: the others are padding that
     /// hides the true length from the server, masked out by the client alone.
     Client(&'a ClientSession, usize),
-    Server(&'a ServerSession, &'a ServerModel, &'a PreparedLayers),
+    Server(&'a ServerSession, &'a ServerModel),
 }
 
 /// One party's state for one inference.
@@ -138,7 +138,7 @@ impl<'a, C: Channel> Party<'a, C> {
             let _g = self.ch.meter().enter("MatMul");
             match &self.side {
                 Side::Client(s, _) => fc_client(self.ch, s, &id.public(self.cfg, x.shape()[0]), x)?,
-                Side::Server(s, _, p) => fc_server(self.ch, s, p.get(id)?, x)?,
+                Side::Server(s, m) => fc_server(self.ch, s, m.prepared().get(id)?, x)?,
             }
         };
         self.truncate(&acc)
@@ -174,7 +174,7 @@ impl<'a, C: Channel> Party<'a, C> {
         kind: LayerNormKind,
     ) -> Result<RingTensor> {
         let server_norm = match &self.side {
-            Side::Server(_, m, _) => Some(pick(m)),
+            Side::Server(_, m) => Some(pick(m)),
             Side::Client(..) => None,
         };
         let params = server_norm.map(|n| AffineParams {
@@ -344,7 +344,7 @@ impl<'a, C: Channel> Party<'a, C> {
             self.cfg.hidden_size
         );
         let position_bias = match &self.side {
-            Side::Server(_, m, _) => m.fixed.position_bias(x.shape()[0]),
+            Side::Server(_, m) => m.fixed.position_bias(x.shape()[0]),
             Side::Client(..) => None,
         };
         let mut h = x.clone();

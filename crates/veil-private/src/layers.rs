@@ -1,11 +1,17 @@
-//! The server's linear layers, prepared for HE once per (model, sequence length), and the public
-//! description of every layer that both parties derive from the architecture alone.
+//! The server's linear layers, prepared for HE once per model (one form serves every sequence
+//! length), and the public description of every layer that both parties derive from the
+//! architecture alone.
+//!
+//! **Memory.** Each weight matrix is kept once; the NTT form of its cuts (which saves the
+//! per-request weight transforms; see `veil_linear::layout` for the short- and long-prompt
+//! cuts) is kept for as many layers as the server's budget allows
+//! ([`ServerModel::with_ntt_budget`]): short-prompt cuts first, then long-prompt ones, first
+//! layers first. Nothing grows with the number of distinct prompt lengths served.
 //!
 //! Q, K and V are fused into one [3h, h] layer: the client's input is encrypted and sent once
 //! instead of three times, and one round trip replaces three.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 use veil_core::{ensure, Error, Result, RingTensor};
 use veil_he::ParamSet;
@@ -31,6 +37,10 @@ pub enum LayerId {
 impl LayerId {
     /// The layer's public shape for `rows` input rows.
     pub fn public(self, cfg: &ModelConfig, rows: usize) -> FcLayer {
+        let max_seq = match self {
+            LayerId::Pooler | LayerId::Classifier => 1,
+            _ => cfg.max_sequence_len(),
+        };
         let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
         let (inp, out) = match self {
             LayerId::Qkv(_) => (h, 3 * h),
@@ -41,6 +51,7 @@ impl LayerId {
         };
         FcLayer {
             seq: rows,
+            max_seq,
             in_features: inp,
             out_features: out,
             set: WEIGHT_SET,
@@ -48,7 +59,7 @@ impl LayerId {
     }
 }
 
-/// All linear layers of a model prepared for one sequence length.
+/// All linear layers of a model, prepared once for every sequence length.
 pub struct PreparedLayers {
     layers: HashMap<LayerId, PreparedFc>,
 }
@@ -58,6 +69,16 @@ impl PreparedLayers {
         self.layers
             .get(&id)
             .ok_or_else(|| Error::Unsupported(format!("the model has no layer {id:?}")))
+    }
+
+    /// Bytes the prepared weights hold (coefficient blocks, cached NTT forms, biases).
+    pub fn prepared_bytes(&self) -> usize {
+        self.layers.values().map(|l| l.prepared_bytes()).sum()
+    }
+
+    /// Bytes of NTT-domain weights kept.
+    pub fn ntt_cached_bytes(&self) -> Result<usize> {
+        self.layers.values().map(|l| l.ntt_cached_bytes()).sum()
     }
 }
 
@@ -79,16 +100,26 @@ fn fuse(parts: &[&FixedLinear]) -> Result<(RingTensor, RingTensor)> {
     ))
 }
 
-/// The server's model: the fixed-point weights plus HE-prepared layers per sequence length
-/// (the packing layout depends on the number of rows, so each length is prepared on first use
-/// and cached).
+/// Default budget for NTT-domain weights: 2 GiB (all of a MiniLM or BERT-Tiny-sized model;
+/// a part of BERT-Base, whose other layers transform their weights per request).
+pub const DEFAULT_NTT_BUDGET_BYTES: usize = 2 << 30;
+
+/// The server's model: the fixed-point weights plus its linear layers prepared for HE once,
+/// for every sequence length.
 pub struct ServerModel {
     pub fixed: FixedModel,
-    cache: Mutex<HashMap<usize, Arc<PreparedLayers>>>,
+    layers: PreparedLayers,
 }
 
 impl ServerModel {
+    /// Prepares the model with the [`DEFAULT_NTT_BUDGET_BYTES`] budget.
     pub fn new(fixed: FixedModel) -> Result<Self> {
+        Self::with_ntt_budget(fixed, DEFAULT_NTT_BUDGET_BYTES)
+    }
+
+    /// Prepares every linear layer once and keeps the NTT form of as many as fit `ntt_budget`
+    /// bytes (in layer order: block 0's first).
+    pub fn with_ntt_budget(fixed: FixedModel, ntt_budget: usize) -> Result<Self> {
         // The client follows the public config alone, so the weights must match it exactly.
         let cfg = &fixed.config;
         ensure!(
@@ -103,64 +134,59 @@ impl ServerModel {
             "config num_labels = {} does not match the classifier weights present",
             cfg.veil.num_labels
         );
-        Ok(ServerModel {
-            fixed,
-            cache: Mutex::new(HashMap::new()),
-        })
+        let layers = prepare(&fixed, ntt_budget)?;
+        Ok(ServerModel { fixed, layers })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.fixed.config
     }
 
-    /// The layers prepared for `seq` rows (prepared now if this length is new).
-    pub fn prepared(&self, seq: usize) -> Result<Arc<PreparedLayers>> {
-        if let Some(p) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&seq)
-        {
-            return Ok(p.clone());
-        }
-        let p = Arc::new(self.prepare(seq)?);
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(seq, p.clone());
-        Ok(p)
+    /// The prepared layers (the same for every sequence length).
+    pub fn prepared(&self) -> &PreparedLayers {
+        &self.layers
     }
+}
 
-    fn prepare(&self, seq: usize) -> Result<PreparedLayers> {
-        let cfg = self.config();
-        let mut layers = HashMap::new();
-        let mut add = |id: LayerId, rows: usize, w: &RingTensor, b: &RingTensor| -> Result<()> {
-            layers.insert(id, PreparedFc::new(id.public(cfg, rows), w, Some(b))?);
-            Ok(())
-        };
-        for (i, b) in self.fixed.blocks.iter().enumerate() {
-            let (w, bias) = fuse(&[&b.query, &b.key, &b.value])?;
-            add(LayerId::Qkv(i), seq, &w, &bias)?;
-            add(
-                LayerId::AttnOut(i),
-                seq,
-                &b.attn_out.weight,
-                &b.attn_out.bias,
-            )?;
-            add(
-                LayerId::Intermediate(i),
-                seq,
-                &b.intermediate.weight,
-                &b.intermediate.bias,
-            )?;
-            add(LayerId::Output(i), seq, &b.output.weight, &b.output.bias)?;
-        }
-        if let Some(p) = &self.fixed.head.pool_dense {
-            add(LayerId::Pooler, 1, &p.weight, &p.bias)?;
-        }
-        if let Some(c) = &self.fixed.head.classifier {
-            add(LayerId::Classifier, 1, &c.weight, &c.bias)?;
-        }
-        Ok(PreparedLayers { layers })
+fn prepare(fixed: &FixedModel, ntt_budget: usize) -> Result<PreparedLayers> {
+    let cfg = &fixed.config;
+    let mut order = Vec::new();
+    let mut layers = HashMap::new();
+    let mut add = |id: LayerId, w: &RingTensor, b: &RingTensor| -> Result<()> {
+        layers.insert(id, PreparedFc::new(id.public(cfg, 1), w, Some(b))?);
+        order.push(id);
+        Ok(())
+    };
+    for (i, b) in fixed.blocks.iter().enumerate() {
+        let (w, bias) = fuse(&[&b.query, &b.key, &b.value])?;
+        add(LayerId::Qkv(i), &w, &bias)?;
+        add(LayerId::AttnOut(i), &b.attn_out.weight, &b.attn_out.bias)?;
+        add(
+            LayerId::Intermediate(i),
+            &b.intermediate.weight,
+            &b.intermediate.bias,
+        )?;
+        add(LayerId::Output(i), &b.output.weight, &b.output.bias)?;
     }
+    if let Some(p) = &fixed.head.pool_dense {
+        add(LayerId::Pooler, &p.weight, &p.bias)?;
+    }
+    if let Some(c) = &fixed.head.classifier {
+        add(LayerId::Classifier, &c.weight, &c.bias)?;
+    }
+    // Short-prompt cuts first (dense, so small, and the work they save is most of a short
+    // prompt's), then long-prompt cuts, each in layer order, while the budget lasts.
+    let mut left = ntt_budget;
+    for pass in 0..2 {
+        for id in &order {
+            let layer = layers.get_mut(id).expect("just inserted");
+            if let Some(&(cut, bytes)) = layer.ntt_bytes()?.get(pass) {
+                if bytes <= left {
+                    layer.cache_ntt(cut)?;
+                    left -= bytes;
+                }
+            }
+        }
+    }
+    Ok(PreparedLayers { layers })
 }

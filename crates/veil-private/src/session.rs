@@ -323,7 +323,6 @@ pub fn serve_session_with<C: Channel>(
             "requested sequence length {seq} outside 1..={}",
             cfg.max_sequence_len()
         );
-        let prepared = model.prepared(seq)?;
         let x1 = match emb {
             Some(e) => embed_server(&mut ch, &mut ot, ax, &lin, &model.fixed, e, seq)?,
             None => RingTensor::zeros(ax.fp.ring, &[seq, cfg.hidden_size])?,
@@ -333,7 +332,7 @@ pub fn serve_session_with<C: Channel>(
             ot: &mut ot,
             ax,
             cfg,
-            side: Side::Server(&lin, model, &prepared),
+            side: Side::Server(&lin, model),
         }
         .encoder_and_head(&x1)?;
         let mut w = Writer::new();

@@ -324,3 +324,56 @@ fn client_gets_a_clear_error_when_the_server_hangs_up() {
         r.err()
     );
 }
+
+/// One prepared model serves prompts of 1, 7, 128 and 512 tokens in one session, each equal to
+/// the simulator bit for bit, and the server's prepared weights do not grow with the number of
+/// distinct lengths it has served (the structure's size, not the process's memory).
+#[test]
+fn one_prepared_model_serves_every_length_exactly() {
+    let mut cfg = ModelConfig::new(
+        Architecture::Bert,
+        50,
+        16,
+        1,
+        2,
+        32,
+        512,
+        HeadKind::Pooler,
+        2,
+    )
+    .unwrap();
+    cfg.veil.blocks = vec![BlockVariant::friendly()];
+    cfg.veil.product_truncation = ProductTruncation::Faithful;
+    let (sim_model, server) = models(&cfg, 21);
+    let before = server.prepared().prepared_bytes();
+    let lengths = [1usize, 7, 128, 512];
+    let prompts: Vec<Vec<u32>> = lengths
+        .iter()
+        .map(|&n| (0..n as u32).map(|i| (i * 7 + 3) % 50).collect())
+        .collect();
+    let mut want = Vec::new();
+    let mut inputs = Vec::new();
+    for ids in &prompts {
+        let types = vec![0u32; ids.len()];
+        let sim = sim_model.forward(ids, &types).unwrap();
+        want.push(sim.logits.unwrap().decode(sim_model.fp()));
+        inputs.push(sim_model.embed(ids, &types).unwrap().0);
+    }
+    let (got, ()) = run_two_party(
+        |ch| {
+            let mut c = ClientConnection::connect(ch)?;
+            let mut out = Vec::new();
+            for x in &inputs {
+                out.push(c.infer(x)?.0);
+            }
+            c.close()?;
+            Ok(out)
+        },
+        |ch| serve_session(ch, &server),
+    )
+    .unwrap();
+    for ((g, w), n) in got.iter().zip(&want).zip(lengths) {
+        assert_eq!(g, w, "{n} tokens");
+    }
+    assert_eq!(server.prepared().prepared_bytes(), before);
+}

@@ -1,0 +1,141 @@
+//! The price of a blocking: CPU time of every HE operation it needs plus its traffic, so the
+//! layout search ([`crate::layout`]) weighs server work against bytes instead of minimising
+//! bytes alone.
+//!
+//! # The model
+//! For A (n×k, encrypted) · B (k×m, plaintext) cut into blocks n_w × k_w × m_w with
+//! rb = ⌈n/n_w⌉, kb = ⌈k/k_w⌉, mb = ⌈m/m_w⌉ and responses packed `pack` at a time:
+//!
+//! | operation | count | who |
+//! |---|---|---|
+//! | encrypt an A block | rb·kb | client |
+//! | expand its seed, fold in the server's share | rb·kb | server |
+//! | forward NTT of a B block (when not cached) | kb·mb | server |
+//! | plaintext × ciphertext product | rb·kb·mb | server |
+//! | key switch (packing) | (pack − 1) per full group | server |
+//! | harden a response (re-randomise, flood, switch) | ⌈rb·mb/pack⌉ | server |
+//! | decrypt a response | ⌈rb·mb/pack⌉ | client |
+//!
+//! Traffic is rb·kb ciphertexts up, and per packed response one c1 plus one c0 coefficient per
+//! output entry down. A candidate's price is its CPU time shared by [`PRICING_THREADS`] cores
+//! plus its bits at [`PRICING_LINK_BITS_PER_S`], the geometric mean of the cost report's LAN
+//! (3 Gbit/s) and WAN (100 Mbit/s) rates, so neither link's optimum is far off.
+//!
+//! The constants are medians of single-thread runs on the project machine (2-core AMD EPYC,
+//! AVX2), measured with `cargo run --release -p veil-he --example calibrate` on 2026-11-24.
+//! Both parties must derive the same layout, so the prices are constants, never re-measured
+//! at run time.
+
+use veil_he::Params;
+
+/// Cores the price assumes share a batch (the project machine's two).
+pub const PRICING_THREADS: f64 = 2.0;
+
+/// Link rate traffic is priced at: √(3 Gbit/s · 100 Mbit/s) ≈ 548 Mbit/s.
+pub const PRICING_LINK_BITS_PER_S: f64 = 5.48e8;
+
+/// Single-thread cost in µs of each HE operation at one parameter set.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpCosts {
+    pub encrypt: f64,
+    /// Seed expansion plus folding in the server's share.
+    pub expand_and_fold: f64,
+    pub weight_ntt: f64,
+    pub product: f64,
+    pub key_switch: f64,
+    pub response: f64,
+    pub decrypt: f64,
+}
+
+/// Three 50-bit limbs (`ParamSet::N8192`).
+pub const COSTS_3_LIMBS: OpCosts = OpCosts {
+    encrypt: 420.0,
+    expand_and_fold: 67.0 + 112.0,
+    weight_ntt: 40.4,
+    product: 9.1,
+    key_switch: 809.0,
+    response: 861.0,
+    decrypt: 33.0,
+};
+
+/// Four 42-bit limbs (`ParamSet::N8192Q4`).
+pub const COSTS_4_LIMBS: OpCosts = OpCosts {
+    encrypt: 420.0,
+    expand_and_fold: 83.0 + 147.0,
+    weight_ntt: 54.8,
+    product: 13.0,
+    key_switch: 1283.0,
+    response: 722.0,
+    decrypt: 32.0,
+};
+
+impl OpCosts {
+    /// The table for `p`'s limb count (scaled linearly in limbs beyond the measured sets).
+    pub fn for_params(p: &Params) -> OpCosts {
+        match p.limbs() {
+            3 => COSTS_3_LIMBS,
+            4 => COSTS_4_LIMBS,
+            l => {
+                let s = l as f64 / 4.0;
+                let c = COSTS_4_LIMBS;
+                OpCosts {
+                    encrypt: c.encrypt * s,
+                    expand_and_fold: c.expand_and_fold * s,
+                    weight_ntt: c.weight_ntt * s,
+                    product: c.product * s,
+                    key_switch: c.key_switch * s * s,
+                    response: c.response * s,
+                    decrypt: c.decrypt,
+                }
+            }
+        }
+    }
+}
+
+/// Operation counts of one blocked product (see the module table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OpCounts {
+    pub inputs: usize,
+    pub weight_ntts: usize,
+    pub products: usize,
+    pub key_switches: usize,
+    pub responses: usize,
+    /// Output entries, each one sent c0 coefficient.
+    pub outputs: usize,
+}
+
+/// What a blocked product costs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Price {
+    pub server_us: f64,
+    pub client_us: f64,
+    pub bits: f64,
+}
+
+impl Price {
+    /// Modelled seconds: CPU shared by the pricing threads plus traffic at the pricing link.
+    pub fn seconds(&self) -> f64 {
+        (self.server_us + self.client_us) / PRICING_THREADS * 1e-6
+            + self.bits / PRICING_LINK_BITS_PER_S
+    }
+}
+
+impl OpCounts {
+    pub fn price(&self, p: &Params) -> Price {
+        let c = OpCosts::for_params(p);
+        let resp = self.responses as f64;
+        let c1_bits = p.response_bits(0) as f64;
+        let c0_bits = p.response_bits(1) as f64 - c1_bits;
+        Price {
+            server_us: self.inputs as f64 * c.expand_and_fold
+                + self.weight_ntts as f64 * c.weight_ntt
+                + self.products as f64 * c.product
+                + self.key_switches as f64 * c.key_switch
+                + resp * c.response,
+            client_us: self.inputs as f64 * c.encrypt + resp * c.decrypt,
+            bits: self.inputs as f64 * p.ciphertext_bits() as f64
+                + resp * c1_bits
+                + self.outputs as f64 * c0_bits,
+        }
+    }
+}
