@@ -4,6 +4,10 @@
 
 use std::time::Instant;
 
+/// The allocator of the `veil` binary, so the costs are the ones it sees.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use veil_core::{Prg, Ring};
 use veil_he::{Accumulator, EvalCiphertext, NttPlaintext, PackShape, ParamSet, Params, SecretKey};
 

@@ -21,8 +21,10 @@
 //! plus its bits at [`PRICING_LINK_BITS_PER_S`], the geometric mean of the cost report's LAN
 //! (3 Gbit/s) and WAN (100 Mbit/s) rates, so neither link's optimum is far off.
 //!
-//! The constants are medians of single-thread runs on the project machine (2-core AMD EPYC,
-//! AVX2), measured with `cargo run --release -p veil-he --example calibrate` on 2026-11-24.
+//! The constants are medians of three single-thread runs on the project machine (2-core AMD
+//! EPYC; tfhe-ntt picks its AVX-512 IFMA kernels there at run time), with the `veil` binary's
+//! allocator (mimalloc), measured with `cargo run --release -p veil-he --example calibrate` on
+//! 2026-11-24.
 //! Both parties must derive the same layout, so the prices are constants, never re-measured
 //! at run time.
 
@@ -49,24 +51,24 @@ pub struct OpCosts {
 
 /// Three 50-bit limbs (`ParamSet::N8192`).
 pub const COSTS_3_LIMBS: OpCosts = OpCosts {
-    encrypt: 420.0,
-    expand_and_fold: 67.0 + 112.0,
-    weight_ntt: 40.4,
-    product: 9.1,
-    key_switch: 809.0,
-    response: 861.0,
-    decrypt: 33.0,
+    encrypt: 241.0,
+    expand_and_fold: 72.8 + 117.1,
+    weight_ntt: 42.2,
+    product: 8.6,
+    key_switch: 579.0,
+    response: 605.0,
+    decrypt: 33.6,
 };
 
 /// Four 42-bit limbs (`ParamSet::N8192Q4`).
 pub const COSTS_4_LIMBS: OpCosts = OpCosts {
-    encrypt: 420.0,
-    expand_and_fold: 83.0 + 147.0,
-    weight_ntt: 54.8,
-    product: 13.0,
-    key_switch: 1283.0,
-    response: 722.0,
-    decrypt: 32.0,
+    encrypt: 310.0,
+    expand_and_fold: 96.0 + 151.9,
+    weight_ntt: 54.1,
+    product: 13.1,
+    key_switch: 981.0,
+    response: 749.5,
+    decrypt: 33.6,
 };
 
 impl OpCosts {
