@@ -5,7 +5,7 @@ use veil_core::{ensure, Prg, Result, Seed};
 use zeroize::Zeroize;
 
 use crate::keys::{expand_uniform_ntt, SecretKey};
-use crate::math::{add_mod, sample_cbd, signed_mod};
+use crate::math::{add_mod, reduce_once, sample_cbd, signed_mod};
 use crate::params::Params;
 use crate::poly::RnsPoly;
 
@@ -32,10 +32,18 @@ pub(crate) fn scaled_coefficient(p: &Params, m: u64) -> impl Iterator<Item = u64
     let inner = p.inner();
     let t_bits = p.ring().bits();
     let frac = ((inner.q_mod_t as u128 * m as u128 + (1u128 << (t_bits - 1))) >> t_bits) as u64;
-    p.moduli()
-        .iter()
-        .zip(&inner.delta)
-        .map(move |(&q, d)| add_mod(d.mul(m % q, q), frac % q, q))
+    // m < t and frac < Q mod t < t; with t ≤ 2·q (ℓ no wider than the primes plus one bit, a
+    // public fact) one branch-free subtraction reduces them, instead of two divisions.
+    p.moduli().iter().zip(&inner.delta).map(move |(&q, d)| {
+        let reduce = |x: u64| {
+            if t_bits < 64 && 1u64 << t_bits <= 2 * q {
+                reduce_once(x, q)
+            } else {
+                x % q
+            }
+        };
+        add_mod(d.mul(reduce(m), q), reduce(frac), q)
+    })
 }
 
 fn check_message(p: &Params, m: &[u64]) -> Result<()> {

@@ -26,7 +26,8 @@ use zeroize::Zeroize;
 
 use crate::keys::SecretKey;
 use crate::math::{
-    add_mod, fill_uniform_mod, sample_cbd, sign_mask, signed_mod, sub_mod, ShoupConst, CBD_ETA,
+    add_mod, fill_uniform_mod, sample_cbd, sign_mask, signed_mod, small_signed_mod, sub_mod,
+    ShoupConst, CBD_ETA,
 };
 use crate::params::{Params, Special};
 use crate::poly::RnsPoly;
@@ -225,6 +226,14 @@ impl GaloisKeys {
         let sp = special(p).expect("keys exist only with a special prime");
         let (n, l) = (p.degree(), p.limbs());
         let k = galois_element(n, level);
+        // Digits are centred residues, |d| ≤ q_i/2, and every extended modulus exceeds the
+        // largest q_i/2 (equal-sized primes, P > q_i/2), so one masked addition reduces a digit
+        // into any limb.
+        let half_max = p.moduli().iter().max().expect("at least one limb") / 2;
+        assert!(
+            (0..=l).all(|r| ext_modulus(p, sp, r) > half_max),
+            "key-switching moduli too small for centred digits"
+        );
         let mut out0 = automorph(p, c0, k);
         let c1 = automorph(p, c1, k);
         let (b, a) = (&self.b[level], &self.a[level]);
@@ -243,7 +252,7 @@ impl GaloisKeys {
                     buf.copy_from_slice(&c1.data[i * n..(i + 1) * n]);
                 } else {
                     for (o, &d) in buf.iter_mut().zip(&digit) {
-                        *o = signed_mod(d, m);
+                        *o = small_signed_mod(d, m);
                     }
                 }
                 let plan = ext_plan(p, sp, r);
@@ -262,6 +271,9 @@ impl GaloisKeys {
         }
         // Divide by P with rounding: (x − [x]_P)/P, with the centred residue [x]_P.
         let pm = sp.modulus;
+        // A centred residue mod P is reduced mod q_j by one masked addition when P/2 < q_j
+        // (public; the four-limb set's P is wider than its primes).
+        let p_below_2q = p.moduli().iter().all(|&q| pm / 2 < q);
         let mut out1 = RnsPoly::zero(p);
         for (acc, out, add) in [(&acc0, &mut out0, true), (&acc1, &mut out1, false)] {
             let (low, top) = acc.split_at(l * n);
@@ -274,7 +286,12 @@ impl GaloisKeys {
                 {
                     let high = sign_mask((pm / 2).wrapping_sub(xp));
                     let centred = xp as i64 - (pm & high) as i64;
-                    let v = inv.mul(sub_mod(x, signed_mod(centred, q), q), q);
+                    let reduced = if p_below_2q {
+                        small_signed_mod(centred, q)
+                    } else {
+                        signed_mod(centred, q)
+                    };
+                    let v = inv.mul(sub_mod(x, reduced, q), q);
                     *o = if add { add_mod(*o, v, q) } else { v };
                 }
             }

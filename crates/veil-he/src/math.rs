@@ -99,6 +99,13 @@ pub(crate) fn signed_mod(x: i64, q: u64) -> u64 {
     select(sign_mask(x as u64), neg_mod(r, q), r)
 }
 
+/// Residue of a signed integer with |x| < q: one masked addition, branch-free and vectorisable
+/// (the caller guarantees the bound; [`signed_mod`] handles any x).
+#[inline]
+pub(crate) fn small_signed_mod(x: i64, q: u64) -> u64 {
+    (x as u64).wrapping_add(q & sign_mask(x as u64))
+}
+
 /// Deterministic Miller–Rabin for 64-bit integers (these bases are exact below 2^64).
 pub(crate) fn is_prime(n: u64) -> bool {
     if n < 2 {

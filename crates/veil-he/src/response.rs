@@ -66,17 +66,20 @@ pub(crate) fn switch_coefficient(inner: &Inner, x: &mut [u64]) -> u64 {
 }
 
 /// round(a·num/den) exactly, for a < den ≤ 2^110 and num < 2^62 (so the result is ≤ num),
-/// in constant time: an f64 estimate k (off by at most 2^11: three roundings of relative size
-/// 2^-53 on a value below 2^62), its remainder a·num − k·den computed exactly in wrapping
-/// 128-bit arithmetic (|remainder| ≤ (2^11 + 1)·den < 2^122, so wrapping is harmless), one
-/// f64 correction of that remainder (exact to within one unit), and two branch-free ±1 steps.
+/// in constant time: an f64 estimate k (off by at most 2^6: a few roundings of relative size
+/// 2^-53 on a value below 2^62, and truncation instead of rounding), its remainder
+/// a·num − k·den computed exactly in wrapping 128-bit arithmetic (|remainder| ≤ 2^7·den <
+/// 2^118, so wrapping is harmless), one f64 correction of that remainder (exact to within
+/// one unit, truncated), and two branch-free ±1 steps. Only native conversions (64-bit halves,
+/// truncation): `u128 as f64` and `f64::round` are library calls on the baseline x86-64
+/// target and cost more than the arithmetic around them.
 pub(crate) fn round_ratio(a: u128, num: u64, den: u128) -> u64 {
     let num = num as u128;
-    let k = ((a as f64) * (num as f64 / den as f64)).round() as i128;
+    let k = (u128_to_f64(a) * (num as f64 / u128_to_f64(den))) as i128;
     let rem = a
         .wrapping_mul(num)
         .wrapping_sub((k as u128).wrapping_mul(den)) as i128;
-    let step = (rem as f64 / den as f64).round() as i128;
+    let step = (i128_to_f64(rem) / u128_to_f64(den)) as i128;
     let (mut k, mut rem) = (k + step, rem - step * den as i128);
     let half = (den / 2) as i128;
     for _ in 0..2 {
@@ -86,6 +89,18 @@ pub(crate) fn round_ratio(a: u128, num: u64, den: u128) -> u64 {
         rem -= (up - down) * den as i128;
     }
     k as u64
+}
+
+/// u128 → f64 from its two 64-bit halves.
+#[inline]
+fn u128_to_f64(a: u128) -> f64 {
+    ((a >> 64) as u64 as f64) * 18_446_744_073_709_551_616.0 + (a as u64 as f64)
+}
+
+/// i128 → f64 from its signed high half and unsigned low half.
+#[inline]
+fn i128_to_f64(a: i128) -> f64 {
+    ((a >> 64) as i64 as f64) * 18_446_744_073_709_551_616.0 + (a as u64 as f64)
 }
 
 /// Uniform in [-2^bits, 2^bits).
