@@ -1,5 +1,6 @@
-//! Products of two secret-shared matrices, C = A·B with A = A0 + A1 (n×k) and B = B0 + B1
-//! (k×m), for many independent products (attention heads: Q·Kᵀ, A·V) in one round trip.
+//! Products of two secret-shared matrices, C_h = A_h·B_h with A_h = A0_h + A1_h (n×k) and
+//! B_h = B0_h + B1_h (k×m), for the H independent products of the attention heads (Q·Kᵀ, A·V)
+//! in one round trip.
 //!
 //! A·B = A0·B0 + A·B1 + A1·B0. The client computes A0·B0 locally; the HE products are
 //! (i) Enc(A0) with A1 folded in by the server, times B1 (= A·B1), and (ii) Enc(B0ᵀ) times A1ᵀ
@@ -8,10 +9,18 @@
 //! floods the correspondingly larger noise; the check uses the public bound 2^(ℓ−1) on a
 //! centred share, never the shares' actual size.
 //!
+//! **All heads in one product per direction.** The heads' left operands are placed side by
+//! side, [A0_1 … A0_H] (n × H·k), and the server's right operands on the diagonal of a
+//! block-diagonal B (H·k × H·m), so one product yields [A_1·B1_1 … A_H·B1_H]. A short prompt's
+//! heads then share input ciphertexts and packed responses (at 8 tokens a head fills 1/32 of
+//! a ciphertext), and the weight blocks off the diagonal, zero by the public structure, are
+//! never multiplied ([`Layout::search_block_diagonal`]); at 128 tokens the search finds the
+//! per-head layouts again. Heads of different shapes are multiplied one by one.
+//!
 //! **Security and error:** as [`crate::matmul`]; exact mod 2^ℓ. Output scale is the product of
 //! the input scales (2^{2f} for two fixed-point operands).
 
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{ensure, Result, Ring, RingTensor};
 use veil_he::{ParamSet, Params};
 use veil_net::Channel;
 
@@ -21,6 +30,11 @@ use crate::session::{ClientSession, ServerSession};
 
 /// The parameter set of shared × shared products.
 pub const SHARED_SET: ParamSet = ParamSet::N8192Q4;
+
+/// Public bound on a centred ℓ-bit share.
+fn share_bound(ring: Ring) -> u64 {
+    1u64 << (ring.bits() - 1)
+}
 
 fn shapes(a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<(usize, usize, usize)>> {
     ensure!(
@@ -43,11 +57,75 @@ fn shapes(a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<(usize, usize, usize
         .collect()
 }
 
+/// How a batch of products is carried: all heads block-diagonally when their shapes agree,
+/// else head by head. Each group is (heads, n, k, m) for direction (i) and (heads, m, k, n)
+/// for direction (ii).
+fn groups(dims: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize, usize)> {
+    if dims.iter().all(|&d| d == dims[0]) {
+        let (n, k, m) = dims[0];
+        vec![(dims.len(), n, k, m)]
+    } else {
+        dims.iter().map(|&(n, k, m)| (1, n, k, m)).collect()
+    }
+}
+
 fn layouts(p: &Params, dims: &[(usize, usize, usize)]) -> Result<Vec<Layout>> {
-    let mut out = Vec::with_capacity(2 * dims.len());
-    for &(n, k, m) in dims {
-        out.push(Layout::search(p, n, k, m)?);
-        out.push(Layout::search(p, m, k, n)?);
+    let bound = share_bound(p.ring());
+    let mut out = Vec::new();
+    for (h, n, k, m) in groups(dims) {
+        out.push(Layout::search_block_diagonal(p, n, h * k, h * m, h, bound)?);
+        out.push(Layout::search_block_diagonal(p, m, h * k, h * n, h, bound)?);
+    }
+    Ok(out)
+}
+
+/// The matrices side by side: [X_1 … X_g] (all with the same row count).
+fn side_by_side(parts: &[&RingTensor]) -> Result<RingTensor> {
+    let rows = parts[0].shape()[0];
+    let cols: usize = parts.iter().map(|p| p.shape()[1]).sum();
+    let mut d = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        for p in parts {
+            let w = p.shape()[1];
+            d.extend_from_slice(&p.data()[r * w..(r + 1) * w]);
+        }
+    }
+    RingTensor::from_vec(parts[0].ring(), &[rows, cols], d)
+}
+
+/// The matrices (all of one shape) on the diagonal of a block-diagonal matrix.
+fn block_diagonal(parts: &[&RingTensor]) -> Result<RingTensor> {
+    let (r, c, g) = (parts[0].shape()[0], parts[0].shape()[1], parts.len());
+    let mut d = vec![0u64; g * r * g * c];
+    for (h, p) in parts.iter().enumerate() {
+        for i in 0..r {
+            let row = (h * r + i) * g * c + h * c;
+            d[row..row + c].copy_from_slice(&p.data()[i * c..(i + 1) * c]);
+        }
+    }
+    RingTensor::from_vec(parts[0].ring(), &[g * r, g * c], d)
+}
+
+/// Head `h`'s columns of a side-by-side result with `width` columns per head.
+fn head_columns(x: &RingTensor, h: usize, width: usize) -> Result<RingTensor> {
+    let (rows, cols) = (x.shape()[0], x.shape()[1]);
+    let d = (0..rows)
+        .flat_map(|r| x.data()[r * cols + h * width..r * cols + (h + 1) * width].to_vec())
+        .collect();
+    RingTensor::from_vec(x.ring(), &[rows, width], d)
+}
+
+/// Splits the two per-direction results of each group into per-head (i) results and per-head
+/// (ii) results (still transposed).
+fn split_heads(
+    dims: &[(usize, usize, usize)],
+    results: &[RingTensor],
+) -> Result<Vec<(RingTensor, RingTensor)>> {
+    let mut out = Vec::with_capacity(dims.len());
+    for ((h, n, _, m), pair) in groups(dims).into_iter().zip(results.chunks_exact(2)) {
+        for i in 0..h {
+            out.push((head_columns(&pair[0], i, m)?, head_columns(&pair[1], i, n)?));
+        }
     }
     Ok(out)
 }
@@ -66,13 +144,22 @@ pub fn shared_matmul_client<C: Channel + ?Sized>(
         .iter()
         .map(|b| b.transpose())
         .collect::<Result<Vec<_>>>()?;
-    let lhs: Vec<&RingTensor> = a0.iter().zip(&b0t).flat_map(|(a, b)| [a, b]).collect();
-    client_send(ch, sk, &lays, &lhs)?;
+    let mut lhs = Vec::new();
+    let mut start = 0;
+    for (h, ..) in groups(&dims) {
+        let a: Vec<&RingTensor> = a0[start..start + h].iter().collect();
+        let bt: Vec<&RingTensor> = b0t[start..start + h].iter().collect();
+        lhs.push(side_by_side(&a)?);
+        lhs.push(side_by_side(&bt)?);
+        start += h;
+    }
+    let lhs_refs: Vec<&RingTensor> = lhs.iter().collect();
+    client_send(ch, sk, &lays, &lhs_refs)?;
     let dec = client_receive(ch, sk, &lays)?;
     a0.iter()
         .zip(b0)
-        .zip(dec.chunks_exact(2))
-        .map(|((a, b), d)| a.matmul(b)?.add(&d[0])?.add(&d[1].transpose()?))
+        .zip(split_heads(&dims, &dec)?)
+        .map(|((a, b), (d1, d2))| a.matmul(b)?.add(&d1)?.add(&d2.transpose()?))
         .collect()
 }
 
@@ -86,27 +173,74 @@ pub fn shared_matmul_server<C: Channel + ?Sized>(
     let dims = shapes(a1, b1)?;
     let (pk, gk) = session.keys_for(SHARED_SET)?;
     let p = pk.params();
-    let share_bound = 1u64 << (p.ring().bits() - 1);
     let lays = layouts(p, &dims)?;
-    let mut mats = Vec::with_capacity(2 * dims.len());
-    for (a, b) in a1.iter().zip(b1) {
-        mats.push(PreparedMatrix::new(p, b, share_bound)?);
-        mats.push(PreparedMatrix::new(p, &a.transpose()?, share_bound)?);
+    let a1t = a1
+        .iter()
+        .map(|a| a.transpose())
+        .collect::<Result<Vec<_>>>()?;
+    let mut mats = Vec::new();
+    let mut folded = Vec::new();
+    let mut start = 0;
+    for (h, ..) in groups(&dims) {
+        let b: Vec<&RingTensor> = b1[start..start + h].iter().collect();
+        let at: Vec<&RingTensor> = a1t[start..start + h].iter().collect();
+        let a: Vec<&RingTensor> = a1[start..start + h].iter().collect();
+        mats.push(PreparedMatrix::new(
+            p,
+            &block_diagonal(&b)?,
+            share_bound(p.ring()),
+        )?);
+        mats.push(PreparedMatrix::new(
+            p,
+            &block_diagonal(&at)?,
+            share_bound(p.ring()),
+        )?);
+        folded.push(side_by_side(&a)?);
+        start += h;
     }
     let jobs: Vec<ServerJob<'_>> = mats
         .iter()
+        .zip(&lays)
         .enumerate()
-        .zip(lays)
-        .map(|((i, matrix), layout)| ServerJob {
+        .map(|(i, (matrix, &layout))| ServerJob {
             matrix,
             layout,
-            lhs_share: (i % 2 == 0).then(|| &a1[i / 2]),
+            lhs_share: (i % 2 == 0).then(|| &folded[i / 2]),
             add: None,
         })
         .collect();
     let shares = server_respond(ch, pk, Some(gk), &jobs)?;
-    shares
-        .chunks_exact(2)
-        .map(|r| r[0].add(&r[1].transpose()?))
+    split_heads(&dims, &shares)?
+        .into_iter()
+        .map(|(r1, r2)| r1.add(&r2.transpose()?))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use veil_core::{Prg, Seed};
+
+    /// Side by side times block-diagonal is every head's product side by side.
+    #[test]
+    fn block_diagonal_product_is_the_heads_products() {
+        let ring = Ring::new(41).unwrap();
+        let mut g = Prg::from_seed(&Seed([4; 16]));
+        let a: Vec<RingTensor> = (0..3)
+            .map(|_| RingTensor::random(ring, &[5, 4], &mut g).unwrap())
+            .collect();
+        let b: Vec<RingTensor> = (0..3)
+            .map(|_| RingTensor::random(ring, &[4, 6], &mut g).unwrap())
+            .collect();
+        let all = side_by_side(&a.iter().collect::<Vec<_>>())
+            .unwrap()
+            .matmul(&block_diagonal(&b.iter().collect::<Vec<_>>()).unwrap())
+            .unwrap();
+        for h in 0..3 {
+            assert_eq!(
+                head_columns(&all, h, 6).unwrap(),
+                a[h].matmul(&b[h]).unwrap()
+            );
+        }
+    }
 }

@@ -40,13 +40,19 @@ impl FcLayer {
     /// The layout of this request, from the public shape alone (both parties).
     pub fn layout(&self, p: &Params) -> Result<Layout> {
         let (k, m) = (self.in_features, self.out_features);
-        let wb = WeightBlocking::for_rows(p, self.seq, self.max_seq, k, m)?;
+        let wb = WeightBlocking::for_rows(p, self.seq, self.max_seq, k, m, WEIGHT_BOUND)?;
         Layout::for_weights(p, self.seq, k, m, wb)
     }
 
     /// Every cut a request can use ([`WeightBlocking::all_for`]).
     pub fn cuts(&self, p: &Params) -> Result<Vec<WeightBlocking>> {
-        WeightBlocking::all_for(p, self.max_seq, self.in_features, self.out_features)
+        WeightBlocking::all_for(
+            p,
+            self.max_seq,
+            self.in_features,
+            self.out_features,
+            WEIGHT_BOUND,
+        )
     }
 }
 

@@ -59,6 +59,10 @@ pub struct Layout {
     pub k: usize,
     pub m: usize,
     pub blocks: Blocking,
+    /// B is block-diagonal with this many equal blocks of (k/heads) × (m/heads) (public
+    /// structure, 1 for a dense B): the attention heads batched into one product. Weight
+    /// blocks that lie wholly off the diagonal are zero by construction and never multiplied.
+    pub heads: usize,
 }
 
 /// Products larger than this are refused (bounds memory a peer's shape can make us allocate).
@@ -104,15 +108,22 @@ fn widths(total: usize, cap: usize) -> Vec<usize> {
 
 impl WeightBlocking {
     /// The cheapest cut of a k×m matrix for products with `n` rows (see the module docs).
-    pub fn search(p: &Params, n: usize, k: usize, m: usize) -> Result<Self> {
-        Ok(Layout::search(p, n, k, m)?.weight_blocking())
+    pub fn search(p: &Params, n: usize, k: usize, m: usize, bound: u64) -> Result<Self> {
+        Ok(Layout::search(p, n, k, m, bound)?.weight_blocking())
     }
 
     /// The cut a kept matrix uses for a request of `rows` rows when requests have at most
     /// `max_rows`: one cut for short prompts (priced at [`SHORT_ROWS`]) and one for longer
     /// ones (priced at [`LONG_REFERENCE_ROWS`]), so a server keeps at most two cuts' NTT forms
     /// however many lengths it serves.
-    pub fn for_rows(p: &Params, rows: usize, max_rows: usize, k: usize, m: usize) -> Result<Self> {
+    pub fn for_rows(
+        p: &Params,
+        rows: usize,
+        max_rows: usize,
+        k: usize,
+        m: usize,
+        bound: u64,
+    ) -> Result<Self> {
         ensure!(
             (1..=max_rows).contains(&rows),
             InvalidArgument,
@@ -123,14 +134,20 @@ impl WeightBlocking {
         } else {
             LONG_REFERENCE_ROWS
         };
-        Self::search(p, reference.min(max_rows), k, m)
+        Self::search(p, reference.min(max_rows), k, m, bound)
     }
 
     /// The distinct cuts [`WeightBlocking::for_rows`] can return up to `max_rows`.
-    pub fn all_for(p: &Params, max_rows: usize, k: usize, m: usize) -> Result<Vec<Self>> {
-        let mut cuts = vec![Self::for_rows(p, 1, max_rows, k, m)?];
+    pub fn all_for(
+        p: &Params,
+        max_rows: usize,
+        k: usize,
+        m: usize,
+        bound: u64,
+    ) -> Result<Vec<Self>> {
+        let mut cuts = vec![Self::for_rows(p, 1, max_rows, k, m, bound)?];
         if max_rows > SHORT_ROWS {
-            cuts.push(Self::for_rows(p, max_rows, max_rows, k, m)?);
+            cuts.push(Self::for_rows(p, max_rows, max_rows, k, m, bound)?);
         }
         cuts.dedup();
         Ok(cuts)
@@ -138,21 +155,74 @@ impl WeightBlocking {
 }
 
 impl Layout {
-    /// The cheapest layout of a one-off product A (n×k) · B (k×m) (B cut for this n alone).
-    pub fn search(p: &Params, n: usize, k: usize, m: usize) -> Result<Self> {
+    /// The cheapest layout of a one-off product A (n×k) · B (k×m) (B cut for this n alone)
+    /// whose responses can be flooded for plaintext entries up to `bound` in magnitude.
+    pub fn search(p: &Params, n: usize, k: usize, m: usize, bound: u64) -> Result<Self> {
+        Self::search_block_diagonal(p, n, k, m, 1, bound)
+    }
+
+    /// [`Layout::search`] for a B that is block-diagonal with `heads` equal blocks (A·B then
+    /// holds the `heads` products A_h·B_h side by side, A = [A_1 … A_heads]): every head's
+    /// operands share ciphertexts and responses, and off-diagonal weight blocks cost nothing.
+    pub fn search_block_diagonal(
+        p: &Params,
+        n: usize,
+        k: usize,
+        m: usize,
+        heads: usize,
+        bound: u64,
+    ) -> Result<Self> {
         check_dims(n, k, m)?;
+        ensure!(
+            heads >= 1 && k.is_multiple_of(heads) && m.is_multiple_of(heads),
+            InvalidArgument,
+            "{heads} diagonal blocks do not divide {k}×{m}"
+        );
         let big_n = p.degree();
         let mut best: Option<((f64, usize), Layout)> = None;
         for k_w in widths(k, big_n) {
             for m_w in widths(m, big_n / k_w) {
-                let (lay, price) = Self::best_packing(p, n, k, m, WeightBlocking { k_w, m_w });
+                let wb = WeightBlocking { k_w, m_w };
+                let (lay, price) = Self::best_packing(p, n, k, m, wb, heads);
+                if lay.check_noise(p, bound).is_err() {
+                    continue;
+                }
                 let key = (price.seconds(), lay.counts().products);
                 if best.is_none_or(|(c, _)| key < c) {
                     best = Some((key, lay));
                 }
             }
         }
-        Ok(best.expect("at least one blocking").1)
+        best.map(|b| b.1).ok_or_else(|| {
+            veil_core::Error::Insecure(format!(
+                "no blocking of {n}×{k}·{k}×{m} keeps plaintexts up to {bound} within the \
+                 flooding budget"
+            ))
+        })
+    }
+
+    /// Checks the flooding budget of a product under this layout from public data only: the
+    /// bound, the most weight slots one output sums (k_w·m_w per non-zero block in a column
+    /// block) and the packing's key-switching noise.
+    pub fn check_noise(&self, p: &Params, bound: u64) -> Result<()> {
+        let Blocking { k_w, m_w, .. } = self.blocks;
+        let packing_noise = match self.pack_shape() {
+            Some(shape) => shape.noise_bound(p)?,
+            None => 0.0,
+        };
+        let blocks_per_column = (0..self.col_blocks())
+            .map(|bm| {
+                (0..self.k_blocks())
+                    .filter(|&bk| !self.is_structural_zero(bk, bm))
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        p.check_public_product(
+            (blocks_per_column * k_w * m_w) as f64,
+            bound as f64,
+            packing_noise,
+        )
     }
 
     /// The layout of n rows against a matrix cut as `wb`: as many rows per block as fit, and
@@ -171,7 +241,7 @@ impl Layout {
             "weight blocking {wb:?} does not fit {k}×{m} at N = {}",
             p.degree()
         );
-        Ok(Self::best_packing(p, n, k, m, wb).0)
+        Ok(Self::best_packing(p, n, k, m, wb, 1).0)
     }
 
     fn best_packing(
@@ -180,6 +250,7 @@ impl Layout {
         k: usize,
         m: usize,
         wb: WeightBlocking,
+        heads: usize,
     ) -> (Layout, Price) {
         let WeightBlocking { k_w, m_w } = wb;
         let n_w = n.min(p.degree() / (k_w * m_w));
@@ -193,6 +264,7 @@ impl Layout {
                 m_w,
                 pack: 1,
             },
+            heads,
         };
         let packable =
             p.special_modulus().is_some() && k_w.is_power_of_two() && k_w <= 1 << GALOIS_LEVELS;
@@ -225,14 +297,50 @@ impl Layout {
             }
             None => 0,
         };
+        let weight_blocks = self.nonzero_weight_blocks();
         OpCounts {
             inputs: self.input_count(),
-            weight_ntts: self.k_blocks() * self.col_blocks(),
-            products: self.input_count() * self.col_blocks(),
+            weight_ntts: weight_blocks,
+            products: self.row_blocks() * weight_blocks,
             key_switches,
             responses: self.packed_count(),
             outputs: self.n * self.m,
         }
+    }
+
+    /// Heads (diagonal blocks of B) that rows `range` of B, or columns of B, cover.
+    fn heads_of(&self, range: std::ops::Range<usize>, total: usize) -> (usize, usize) {
+        let per_head = total / self.heads;
+        (range.start / per_head, (range.end - 1) / per_head)
+    }
+
+    /// Whether weight block (bk, bm) lies wholly off B's diagonal blocks (zero by the public
+    /// structure, so it is neither transformed nor multiplied).
+    pub fn is_structural_zero(&self, bk: usize, bm: usize) -> bool {
+        if self.heads == 1 {
+            return false;
+        }
+        let Blocking { k_w, m_w, .. } = self.blocks;
+        let (r0, r1) = self.heads_of(Self::span(self.k, k_w, bk), self.k);
+        let (c0, c1) = self.heads_of(Self::span(self.m, m_w, bm), self.m);
+        r1 < c0 || c1 < r0
+    }
+
+    /// Weight blocks that are not structural zeros.
+    pub fn nonzero_weight_blocks(&self) -> usize {
+        let Blocking { k_w, m_w, .. } = self.blocks;
+        if self.heads == 1 {
+            return self.k_blocks() * self.col_blocks();
+        }
+        let per_head = self.m / self.heads;
+        (0..self.k_blocks())
+            .map(|bk| {
+                let (h0, h1) = self.heads_of(Self::span(self.k, k_w, bk), self.k);
+                let first = h0 * per_head / m_w;
+                let last = ((h1 + 1) * per_head - 1) / m_w;
+                last - first + 1
+            })
+            .sum()
     }
 
     /// The weight side of this layout.
@@ -366,7 +474,7 @@ mod tests {
             (128, 768, 768),
             (1, 1, 1),
         ] {
-            let lay = Layout::search(&p, n, k, m).unwrap();
+            let lay = Layout::search(&p, n, k, m, 1 << 16).unwrap();
             let b = lay.blocks;
             assert!(b.n_w * b.k_w * b.m_w <= big_n);
             let a_t = RingTensor::random(ring, &[n, k], &mut g).unwrap();
@@ -405,7 +513,7 @@ mod tests {
         let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
         let mut lays: Vec<Layout> = [(128, 40, 70), (39, 79, 39), (128, 768, 768), (5, 7, 3)]
             .iter()
-            .map(|&(n, k, m)| Layout::search(&p, n, k, m).unwrap())
+            .map(|&(n, k, m)| Layout::search(&p, n, k, m, 1 << 16).unwrap())
             .collect();
         lays.push(Layout {
             n: 150,
@@ -417,6 +525,7 @@ mod tests {
                 m_w: 8,
                 pack: 4,
             },
+            heads: 1,
         });
         for lay in lays {
             let mut seen = vec![0u8; lay.n * lay.m];
@@ -464,7 +573,7 @@ mod tests {
                 if n > max {
                     continue;
                 }
-                let wb = WeightBlocking::for_rows(&p, n, max, k, m).unwrap();
+                let wb = WeightBlocking::for_rows(&p, n, max, k, m, 1 << 16).unwrap();
                 let lay = Layout::for_weights(&p, n, k, m, wb).unwrap();
                 let c = lay.counts();
                 let pr = c.price(&p);
@@ -478,6 +587,23 @@ mod tests {
             }
         }
         let q4 = Params::new(ParamSet::N8192Q4, ring).unwrap();
+        for (h, n, k, m) in [
+            (12, 8, 32, 8),
+            (12, 8, 8, 32),
+            (12, 128, 64, 128),
+            (12, 128, 128, 64),
+            (2, 128, 64, 128),
+        ] {
+            for (a, b, c) in [(n, k, m), (m, k, n)] {
+                let lay = Layout::search_block_diagonal(&q4, a, h * b, h * c, h, 1 << 40).unwrap();
+                let cn = lay.counts();
+                let pr = cn.price(&q4);
+                println!(
+                    "Q4 {h} heads {a}x{b}x{c}: {:?} {cn:?} server {:.0} ms client {:.0} ms {:.2} MB",
+                    lay.blocks, pr.server_us / 1e3, pr.client_us / 1e3, pr.bits / 8e6
+                );
+            }
+        }
         for (n, k, m) in [
             (128, 64, 128),
             (128, 128, 64),
@@ -485,7 +611,7 @@ mod tests {
             (16, 64, 16),
             (16, 16, 64),
         ] {
-            let lay = Layout::search(&q4, n, k, m).unwrap();
+            let lay = Layout::search(&q4, n, k, m, 1 << 40).unwrap();
             let c = lay.counts();
             let pr = c.price(&q4);
             println!(
@@ -497,15 +623,46 @@ mod tests {
         }
     }
 
+    /// The count of non-zero weight blocks of a block-diagonal B equals a direct scan, for
+    /// blocks that straddle heads and for blocks inside one.
+    #[test]
+    fn block_diagonal_counts_match_a_scan() {
+        let p = Params::new(ParamSet::N8192Q4, Ring::new(41).unwrap()).unwrap();
+        for (n, k, m, heads) in [
+            (8, 384, 96, 12),
+            (128, 768, 1536, 12),
+            (5, 60, 21, 3),
+            (3, 8, 8, 8),
+        ] {
+            let lay = Layout::search_block_diagonal(&p, n, k, m, heads, 1 << 40).unwrap();
+            let scan = (0..lay.k_blocks())
+                .flat_map(|bk| (0..lay.col_blocks()).map(move |bm| (bk, bm)))
+                .filter(|&(bk, bm)| !lay.is_structural_zero(bk, bm))
+                .count();
+            assert_eq!(lay.nonzero_weight_blocks(), scan, "{lay:?}");
+            for w in [1, 7, 32] {
+                let mut l2 = lay;
+                l2.blocks.k_w = w.min(k);
+                l2.blocks.m_w = w.min(m);
+                let scan = (0..l2.k_blocks())
+                    .flat_map(|bk| (0..l2.col_blocks()).map(move |bm| (bk, bm)))
+                    .filter(|&(bk, bm)| !l2.is_structural_zero(bk, bm))
+                    .count();
+                assert_eq!(l2.nonzero_weight_blocks(), scan, "{l2:?}");
+            }
+        }
+        assert!(Layout::search_block_diagonal(&p, 8, 10, 12, 3, 1).is_err());
+    }
+
     /// A kept matrix's cut serves every row count: the layout for n differs only in n_w and
     /// the packing, and short prompts take a single row block.
     #[test]
     fn weight_blocking_serves_every_length() {
         let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
-        let cuts = WeightBlocking::all_for(&p, 512, 768, 768).unwrap();
+        let cuts = WeightBlocking::all_for(&p, 512, 768, 768, 1 << 16).unwrap();
         assert!((1..=2).contains(&cuts.len()));
         for n in [1, 7, 16, 17, 128, 512] {
-            let wb = WeightBlocking::for_rows(&p, n, 512, 768, 768).unwrap();
+            let wb = WeightBlocking::for_rows(&p, n, 512, 768, 768, 1 << 16).unwrap();
             assert!(cuts.contains(&wb));
             let lay = Layout::for_weights(&p, n, 768, 768, wb).unwrap();
             assert_eq!(lay.weight_blocking(), wb);
@@ -515,7 +672,7 @@ mod tests {
             }
         }
         assert!(Layout::for_weights(&p, 0, 768, 768, cuts[0]).is_err());
-        assert!(Layout::search(&p, 0, 1, 1).is_err());
+        assert!(Layout::search(&p, 0, 1, 1, 1).is_err());
         let too_wide = WeightBlocking { k_w: 768, m_w: 768 };
         assert!(Layout::for_weights(&p, 1, 768, 768, too_wide).is_err());
     }

@@ -239,7 +239,13 @@ impl Plan {
         for h in &self.hashed {
             for m in &h.members {
                 if !m.is_empty() {
-                    lays.push(Layout::search(&p, h.plan.slots, m.len(), shape.width)?);
+                    lays.push(Layout::search(
+                        &p,
+                        h.plan.slots,
+                        m.len(),
+                        shape.width,
+                        WEIGHT_BOUND,
+                    )?);
                 }
             }
         }
@@ -249,6 +255,7 @@ impl Plan {
                 shape.queries,
                 self.onehot_rows(shape),
                 shape.width,
+                WEIGHT_BOUND,
             )?);
         }
         let routing = if self.hashed.is_empty() {
@@ -260,6 +267,7 @@ impl Plan {
                 shape.queries,
                 self.total_slots(),
                 shape.width,
+                1 << (ring.bits() - 1),
             )?)
         };
         Ok((lays, routing))
@@ -332,7 +340,7 @@ impl PreparedLookup {
             for m in h.members.iter().filter(|m| !m.is_empty()) {
                 let part =
                     RingTensor::from_vec(ring, &[m.len(), width], select_rows(tables[h.table], m))?;
-                let lay = Layout::search(&p, h.plan.slots, m.len(), width)?;
+                let lay = Layout::search(&p, h.plan.slots, m.len(), width, WEIGHT_BOUND)?;
                 matrices.push((lay, PreparedMatrix::new(&p, &part, WEIGHT_BOUND)?));
             }
         }
@@ -342,7 +350,7 @@ impl PreparedLookup {
                 stacked.extend_from_slice(tables[j].data());
             }
             let t = RingTensor::from_vec(ring, &[plan.onehot_rows(&shape), width], stacked)?;
-            let lay = Layout::search(&p, queries, plan.onehot_rows(&shape), width)?;
+            let lay = Layout::search(&p, queries, plan.onehot_rows(&shape), width, WEIGHT_BOUND)?;
             matrices.push((lay, PreparedMatrix::new(&p, &t, WEIGHT_BOUND)?));
         }
         let mut ntt_bytes = 0;
@@ -617,7 +625,7 @@ pub fn lookup_server<C: Channel + ?Sized>(
         let (k, w2) = (slots.shape()[0], slots.shape()[1]);
         let job = ServerJob {
             matrix: &m,
-            layout: Layout::search(spk.params(), q, k, w2)?,
+            layout: Layout::search(spk.params(), q, k, w2, bound)?,
             lhs_share: None,
             add: None,
         };

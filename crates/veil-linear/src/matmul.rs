@@ -26,7 +26,7 @@ use veil_he::{
 };
 use veil_net::Channel;
 
-use crate::layout::{Blocking, Layout, WeightBlocking};
+use crate::layout::{Layout, WeightBlocking};
 
 /// B (k×m), the server's plaintext operand, bound-checked once and served to products with
 /// any number of rows and any cut ([`Layout`]). Each job's weight polynomials are gathered from
@@ -40,21 +40,6 @@ pub struct PreparedMatrix {
     max_abs: u64,
     /// Cuts whose NTT-domain blocks are kept: block (bk, bm) at index bm·k_blocks + bk.
     cached: Vec<(WeightBlocking, Vec<NttPlaintext>)>,
-}
-
-/// Checks the flooding budget of products under `layout` from public data only: the bound,
-/// the weight slots one output sums (k_blocks·k_w·m_w) and the packing's key-switching noise.
-fn check_noise(params: &Params, layout: &Layout, max_abs: u64) -> Result<()> {
-    let Blocking { k_w, m_w, .. } = layout.blocks;
-    let packing_noise = match layout.pack_shape() {
-        Some(shape) => shape.noise_bound(params)?,
-        None => 0.0,
-    };
-    params.check_public_product(
-        (layout.k_blocks() * k_w * m_w) as f64,
-        max_abs as f64,
-        packing_noise,
-    )
 }
 
 impl PreparedMatrix {
@@ -308,7 +293,7 @@ pub fn server_respond<C: Channel + ?Sized>(
             "layout {lay:?} does not match the prepared {:?} matrix",
             job.matrix.shape()
         );
-        check_noise(p, &lay, job.matrix.max_abs)?;
+        lay.check_noise(p, job.matrix.max_abs)?;
         ensure!(
             job.matrix.params.moduli() == p.moduli() && job.matrix.params.degree() == p.degree(),
             InvalidArgument,
@@ -385,6 +370,9 @@ pub fn server_respond<C: Channel + ?Sized>(
         for bk in 0..kb {
             let mut current = usize::MAX;
             for (&(bi, bm), acc) in members.iter().zip(accs.iter_mut()) {
+                if lay.is_structural_zero(bk, bm) {
+                    continue;
+                }
                 let w = match cached {
                     Some(blocks) => &blocks[bm * kb + bk],
                     None => {

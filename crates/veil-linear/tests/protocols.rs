@@ -282,7 +282,7 @@ fn packed_layout_needs_galois_keys() {
     let pk = veil_he::SecretKey::generate(&p, &mut g).public_key(&mut g);
     let b = small_matrix(&[768, 768], 10, &mut g);
     let matrix = PreparedMatrix::new(&p, &b, 1 << 16).unwrap();
-    let layout = Layout::search(&p, 128, 768, 768).unwrap();
+    let layout = Layout::search(&p, 128, 768, 768, 1 << 16).unwrap();
     assert!(layout.blocks.pack > 1);
     let job = ServerJob {
         matrix: &matrix,
@@ -364,10 +364,10 @@ proptest! {
         }
         let p = veil_he::Params::new(set, ring()).unwrap();
         let layout = if kept {
-            let cut = WeightBlocking::for_rows(&p, n, 512, k, m).unwrap();
+            let cut = WeightBlocking::for_rows(&p, n, 512, k, m, 1 << bits).unwrap();
             Layout::for_weights(&p, n, k, m, cut).unwrap()
         } else {
-            Layout::search(&p, n, k, m).unwrap()
+            Layout::search(&p, n, k, m, 1 << bits).unwrap()
         };
         product_is_exact(set, layout, bits, tag);
     }
