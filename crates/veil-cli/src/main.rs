@@ -3,13 +3,6 @@
 mod demo;
 mod train_cmd;
 
-/// mimalloc keeps freed pages for reuse: the HE code allocates and frees polynomials of
-/// 64–260 KB at a high rate, and with glibc's defaults each such buffer is mapped and
-/// unmapped again, which cost 35–60 % of a key switch, a response and an encryption
-/// (`cargo run --release -p veil-he --example calibrate`, 2026-11-24).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -329,6 +322,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() {
+    veil_core::process::keep_freed_memory();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("veil: {e}");
         std::process::exit(1);

@@ -11,6 +11,7 @@ pub mod approx;
 pub mod error;
 pub mod fixed;
 pub mod prg;
+pub mod process;
 pub mod ring;
 pub mod share;
 pub mod tensor;

@@ -144,9 +144,15 @@ pub struct ServerJob<'a> {
 /// Column blocks processed together by one server task.
 const COLUMN_GROUP: usize = 8;
 
+/// Worker threads of one HE batch: the available cores (at most 8), or `VEIL_HE_THREADS` when
+/// set (to measure how the HE work scales with threads).
 fn workers() -> usize {
-    thread::available_parallelism()
-        .map_or(1, |n| n.get())
+    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+    std::env::var("VEIL_HE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&t| t >= 1)
+        .unwrap_or(cores)
         .min(8)
 }
 

@@ -1,0 +1,18 @@
+//! Process-wide settings a Veil binary applies at start.
+
+/// Keeps freed memory in the heap instead of returning it to the OS. The HE code allocates and
+/// frees polynomials of 64–260 KB at a high rate; with glibc's defaults each such buffer is
+/// mapped, zeroed by the kernel and unmapped again, which cost 30–60 % of a key switch, a
+/// response and an encryption (`cargo run --release -p veil-he --example calibrate`,
+/// 2026-11-24) and slowed the OT protocols too. After this call buffers up to 32 MiB (glibc's
+/// largest threshold) come from the heap and the heap is never trimmed, so the process's
+/// memory is bounded by its peak (which the server's limits bound). mimalloc was measured as
+/// the alternative and slowed the OT protocols. No effect outside glibc.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; it is safe to call at any time.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}
