@@ -105,6 +105,21 @@ fn entry(shape: &str, m: &Measured, extra: Value) -> Value {
     v
 }
 
+/// The layout's operation counts and the cost model's single-thread ms per operation type
+/// (`veil_linear::cost`), weight NTTs zero when cached: where the time goes.
+fn modelled(p: &veil_he::Params, layout: &crate::Layout, cached: bool) -> Value {
+    let mut counts = layout.counts();
+    if cached {
+        counts.weight_ntts = 0;
+    }
+    let ms: serde_json::Map<String, Value> = counts
+        .breakdown(p)
+        .iter()
+        .map(|(op, us)| (op.to_string(), json!((us / 100.0).round() / 10.0)))
+        .collect();
+    json!({ "counts": format!("{counts:?}"), "single_thread_ms": ms })
+}
+
 /// The sequence limit the benchmark's layers are prepared for (BERT's 512).
 const BENCH_MAX_SEQ: usize = 512;
 
@@ -135,7 +150,8 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
         }
     }
     let prepare_s = prep.elapsed().as_secs_f64();
-    let blocking = layer.layout(fc.matrix().params())?.blocks;
+    let layout = layer.layout(fc.matrix().params())?;
+    let blocking = layout.blocks;
     let cpu0 = process_cpu_seconds();
     // CPU per party: the online flow is sequential (client encrypts while the server waits,
     // server computes while the client waits, client decodes after the server is done), so
@@ -194,6 +210,7 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
             "blocking": format!("{:?}", blocking),
             "ntt_weights_cached": fc.matrix().is_ntt_cached(blocking.into()),
             "prepared_bytes": fc.prepared_bytes(),
+            "modelled": modelled(fc.matrix().params(), &layout, fc.matrix().is_ntt_cached(blocking.into())),
             "exact": exact,
         }),
     ))
@@ -221,6 +238,8 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
         .collect::<Result<Vec<_>>>()?
         .into_iter()
         .unzip();
+    let p = veil_he::Params::new(crate::cross::SHARED_SET, ring)?;
+    let layouts = crate::cross::layouts(&p, &vec![(n, k, m); heads])?;
     let cpu0 = process_cpu_seconds();
     let (client, c1) = run_two_party_tcp(
         |ch| {
@@ -247,7 +266,13 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
     Ok(entry(
         &format!("{name} {heads}x({n}x{k}·{k}x{m}) shared"),
         &m_,
-        json!({"param_set": "N8192Q4", "cpu_s_both_parties_incl_setup": cpu_s, "exact": exact}),
+        json!({
+            "param_set": "N8192Q4",
+            "cpu_s_both_parties_incl_setup": cpu_s,
+            "exact": exact,
+            "blockings": layouts.iter().map(|l| format!("{:?}", l.blocks)).collect::<Vec<_>>(),
+            "modelled": layouts.iter().map(|l| modelled(&p, l, false)).collect::<Vec<_>>(),
+        }),
     ))
 }
 

@@ -123,18 +123,40 @@ impl Price {
 }
 
 impl OpCounts {
-    pub fn price(&self, p: &Params) -> Price {
+    /// Modelled single-thread µs per operation type, server side then client side.
+    pub fn breakdown(&self, p: &Params) -> [(&'static str, f64); 7] {
         let c = OpCosts::for_params(p);
+        let resp = self.responses as f64;
+        [
+            (
+                "server: expand + fold inputs",
+                self.inputs as f64 * c.expand_and_fold,
+            ),
+            (
+                "server: weight NTTs",
+                self.weight_ntts as f64 * c.weight_ntt,
+            ),
+            ("server: products", self.products as f64 * c.product),
+            (
+                "server: key switches",
+                self.key_switches as f64 * c.key_switch,
+            ),
+            ("server: responses", resp * c.response),
+            ("client: encrypt", self.inputs as f64 * c.encrypt),
+            ("client: decrypt", resp * c.decrypt),
+        ]
+    }
+
+    pub fn price(&self, p: &Params) -> Price {
+        let parts = self.breakdown(p);
+        let server_us = parts.iter().take(5).map(|(_, us)| us).sum();
+        let client_us = parts.iter().skip(5).map(|(_, us)| us).sum();
         let resp = self.responses as f64;
         let c1_bits = p.response_bits(0) as f64;
         let c0_bits = p.response_bits(1) as f64 - c1_bits;
         Price {
-            server_us: self.inputs as f64 * c.expand_and_fold
-                + self.weight_ntts as f64 * c.weight_ntt
-                + self.products as f64 * c.product
-                + self.key_switches as f64 * c.key_switch
-                + resp * c.response,
-            client_us: self.inputs as f64 * c.encrypt + resp * c.decrypt,
+            server_us,
+            client_us,
             bits: self.inputs as f64 * p.ciphertext_bits() as f64
                 + resp * c1_bits
                 + self.outputs as f64 * c0_bits,

@@ -69,7 +69,7 @@ fn groups(dims: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize, usize)> {
     }
 }
 
-fn layouts(p: &Params, dims: &[(usize, usize, usize)]) -> Result<Vec<Layout>> {
+pub(crate) fn layouts(p: &Params, dims: &[(usize, usize, usize)]) -> Result<Vec<Layout>> {
     let bound = share_bound(p.ring());
     let mut out = Vec::new();
     for (h, n, k, m) in groups(dims) {

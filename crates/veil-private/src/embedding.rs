@@ -20,7 +20,6 @@
 //! (the lookup is exact mod 2^ℓ; with the batched method, except with the negligible hashing
 //! failure of [`veil_linear::lookup`], which the client reports as an error).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use veil_core::approx::Approx;
@@ -43,8 +42,15 @@ pub const DEFAULT_METHOD: LookupMethod = LookupMethod::Batched;
 /// Meter label of the whole embedding layer.
 pub const LABEL: &str = "Embedding";
 
-/// NTT-domain cache budget for the prepared tables (all parts together).
+/// NTT-domain cache budget for the prepared tables of one length (all parts together).
 pub const TABLE_NTT_CACHE_BYTES: usize = 256 << 20;
+
+/// Sequence lengths whose prepared lookup is kept (most recently used first). The lookup's
+/// plan depends on the number of queries, so each length has its own preparation; keeping a
+/// bounded few makes the server's memory independent of how many lengths it serves (at most
+/// this many × [`TABLE_NTT_CACHE_BYTES`] plus the parts), at the price of preparing again a
+/// length that was evicted.
+pub const PREPARED_LENGTHS_KEPT: usize = 4;
 
 /// The public lookup shape of a model at `seq` tokens: the word table, then the token-type
 /// table if the model has one.
@@ -90,11 +96,11 @@ macro_rules! encode_table {
 }
 
 /// The server's embedding layer: encoded tables, and the lookup prepared per sequence length
-/// (cached: the table preparation is one-off per length).
+/// for the [`PREPARED_LENGTHS_KEPT`] most recently used lengths.
 pub struct ServerEmbedding {
     method: LookupMethod,
     tables: Tables,
-    prepared: Mutex<HashMap<usize, Arc<PreparedLookup>>>,
+    prepared: Mutex<Vec<(usize, Arc<PreparedLookup>)>>,
 }
 
 impl ServerEmbedding {
@@ -112,7 +118,7 @@ impl ServerEmbedding {
         Ok(ServerEmbedding {
             method,
             tables,
-            prepared: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(Vec::new()),
         })
     }
 
@@ -120,11 +126,15 @@ impl ServerEmbedding {
         self.method
     }
 
-    /// The tables prepared for `seq` tokens (prepared on first use).
+    /// The tables prepared for `seq` tokens (prepared now unless one of the recently used
+    /// lengths).
     pub fn prepared(&self, seq: usize) -> Result<Arc<PreparedLookup>> {
         let mut cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = cache.get(&seq) {
-            return Ok(p.clone());
+        if let Some(i) = cache.iter().position(|(n, _)| *n == seq) {
+            let hit = cache.remove(i);
+            let p = hit.1.clone();
+            cache.insert(0, hit);
+            return Ok(p);
         }
         let mut tables = vec![&self.tables.word];
         tables.extend(self.tables.types.as_ref());
@@ -134,8 +144,15 @@ impl ServerEmbedding {
             self.method,
             TABLE_NTT_CACHE_BYTES,
         )?);
-        cache.insert(seq, p.clone());
+        cache.insert(0, (seq, p.clone()));
+        cache.truncate(PREPARED_LENGTHS_KEPT);
         Ok(p)
+    }
+
+    /// The lengths whose preparation is kept, most recently used first.
+    pub fn kept_lengths(&self) -> Vec<usize> {
+        let cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+        cache.iter().map(|(n, _)| *n).collect()
     }
 
     /// The position rows of a `seq`-token input (seq × hidden).

@@ -158,3 +158,21 @@ fn bad_private_inputs_are_errors_and_the_session_survives() {
     drop(c);
     assert!(serve_session_with(s, &server, None).is_err());
 }
+
+/// The server keeps the lookup of a bounded number of recent lengths, whatever number of
+/// lengths it has prepared, most recent first.
+#[test]
+fn prepared_lookups_are_bounded_in_number() {
+    use veil_private::embedding::PREPARED_LENGTHS_KEPT;
+    let cfg = tiny(Architecture::Bert, BlockVariant::friendly());
+    let (fixed, _) = models(&cfg, 9);
+    let emb = ServerEmbedding::new(&fixed, LookupMethod::OneHot).unwrap();
+    for seq in 1..=PREPARED_LENGTHS_KEPT + 3 {
+        emb.prepared(seq).unwrap();
+    }
+    emb.prepared(5).unwrap();
+    let kept = emb.kept_lengths();
+    assert_eq!(kept.len(), PREPARED_LENGTHS_KEPT);
+    assert_eq!(kept[0], 5);
+    assert!(!kept.contains(&1));
+}
