@@ -4,9 +4,9 @@
 //!
 //! **Memory.** Each weight matrix is kept once; the NTT form of its cuts (which saves the
 //! per-request weight transforms; see `veil_linear::layout` for the short- and long-prompt
-//! cuts) is kept for as many layers as the server's budget allows
-//! ([`ServerModel::with_ntt_budget`]): short-prompt cuts first, then long-prompt ones, first
-//! layers first. Nothing grows with the number of distinct prompt lengths served.
+//! cuts) is kept when the server's budget allows ([`ServerModel::with_ntt_budget`]): all
+//! layers' short-prompt cuts, then all layers' long-prompt cuts, each set whole or not at all.
+//! Nothing grows with the number of distinct prompt lengths served.
 //!
 //! Q, K and V are fused into one [3h, h] layer: the client's input is encrypted and sent once
 //! instead of three times, and one round trip replaces three.
@@ -100,8 +100,9 @@ fn fuse(parts: &[&FixedLinear]) -> Result<(RingTensor, RingTensor)> {
     ))
 }
 
-/// Default budget for NTT-domain weights: 2 GiB (all of a MiniLM or BERT-Tiny-sized model;
-/// a part of BERT-Base, whose other layers transform their weights per request).
+/// Default budget for NTT-domain weights: 2 GiB (the short-prompt cuts of the 2-block MiniLM
+/// take 1.4 GB, every cut of BERT-Tiny 0.7 GB; BERT-Base needs ≈ 30 GB for its short-prompt
+/// cuts alone, so it transforms its weights per request).
 pub const DEFAULT_NTT_BUDGET_BYTES: usize = 2 << 30;
 
 /// The server's model: the fixed-point weights plus its linear layers prepared for HE once,
@@ -174,18 +175,24 @@ fn prepare(fixed: &FixedModel, ntt_budget: usize) -> Result<PreparedLayers> {
     if let Some(c) = &fixed.head.classifier {
         add(LayerId::Classifier, &c.weight, &c.bias)?;
     }
-    // Short-prompt cuts first (dense, so small, and the work they save is most of a short
-    // prompt's), then long-prompt cuts, each in layer order, while the budget lasts.
+    // A pass is every layer's short-prompt cut, or every layer's long-prompt cut. A prompt goes
+    // through every layer, so a pass saves a request's weight transforms only when all of it is
+    // kept; a pass is therefore kept whole or not at all, short-prompt cuts (dense, so small)
+    // first, while the budget lasts.
     let mut left = ntt_budget;
     for pass in 0..2 {
+        let mut cuts = Vec::new();
         for id in &order {
-            let layer = layers.get_mut(id).expect("just inserted");
-            if let Some(&(cut, bytes)) = layer.ntt_bytes()?.get(pass) {
-                if bytes <= left {
-                    layer.cache_ntt(cut)?;
-                    left -= bytes;
-                }
+            if let Some(&(cut, bytes)) = layers[id].ntt_bytes()?.get(pass) {
+                cuts.push((*id, cut, bytes));
             }
+        }
+        let bytes: usize = cuts.iter().map(|c| c.2).sum();
+        if bytes <= left {
+            for (id, cut, _) in cuts {
+                layers.get_mut(&id).expect("just inserted").cache_ntt(cut)?;
+            }
+            left -= bytes;
         }
     }
     Ok(PreparedLayers { layers })
