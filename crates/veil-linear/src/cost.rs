@@ -23,8 +23,8 @@
 //!
 //! The constants are medians of three single-thread runs on the project machine (2-core AMD
 //! EPYC; tfhe-ntt picks its AVX-512 IFMA kernels there at run time), with the `veil` binary's
-//! allocator (mimalloc), measured with `cargo run --release -p veil-he --example calibrate` on
-//! 2026-11-24.
+//! allocator settings (`veil_core::process`), measured with
+//! `cargo run --release -p veil-he --example calibrate` on 2026-11-24 (19:55 UTC).
 //! Both parties must derive the same layout, so the prices are constants, never re-measured
 //! at run time.
 
@@ -51,24 +51,24 @@ pub struct OpCosts {
 
 /// Three 50-bit limbs (`ParamSet::N8192`).
 pub const COSTS_3_LIMBS: OpCosts = OpCosts {
-    encrypt: 241.0,
-    expand_and_fold: 72.8 + 117.1,
-    weight_ntt: 42.2,
-    product: 8.6,
-    key_switch: 579.0,
-    response: 605.0,
-    decrypt: 33.6,
+    encrypt: 202.0,
+    expand_and_fold: 69.0 + 83.9,
+    weight_ntt: 40.8,
+    product: 9.1,
+    key_switch: 540.0,
+    response: 545.0,
+    decrypt: 32.2,
 };
 
 /// Four 42-bit limbs (`ParamSet::N8192Q4`).
 pub const COSTS_4_LIMBS: OpCosts = OpCosts {
-    encrypt: 310.0,
-    expand_and_fold: 96.0 + 151.9,
-    weight_ntt: 54.1,
+    encrypt: 256.0,
+    expand_and_fold: 90.5 + 102.9,
+    weight_ntt: 51.1,
     product: 13.1,
-    key_switch: 981.0,
-    response: 749.5,
-    decrypt: 33.6,
+    key_switch: 886.0,
+    response: 682.0,
+    decrypt: 32.2,
 };
 
 impl OpCosts {
