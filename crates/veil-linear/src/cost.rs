@@ -55,7 +55,7 @@ pub const COSTS_3_LIMBS: OpCosts = OpCosts {
     expand_and_fold: 69.0 + 83.9,
     weight_ntt: 40.8,
     product: 9.1,
-    key_switch: 540.0,
+    key_switch: 630.0,
     response: 545.0,
     decrypt: 32.2,
 };
@@ -66,7 +66,7 @@ pub const COSTS_4_LIMBS: OpCosts = OpCosts {
     expand_and_fold: 90.5 + 102.9,
     weight_ntt: 51.1,
     product: 13.1,
-    key_switch: 886.0,
+    key_switch: 1040.0,
     response: 682.0,
     decrypt: 32.2,
 };
