@@ -198,6 +198,28 @@ impl RingTensor {
         RingTensor::from_vec(r, &[m, n], out)
     }
 
+    /// 2-D tensors with the same row count and ring, side by side: [X_1 … X_g].
+    pub fn concat_columns(parts: &[&RingTensor]) -> Result<Self> {
+        ensure!(!parts.is_empty(), InvalidArgument, "nothing to concatenate");
+        let (ring, rows) = (parts[0].ring, parts[0].shape.first().copied().unwrap_or(0));
+        ensure!(
+            parts
+                .iter()
+                .all(|p| p.shape.len() == 2 && p.shape[0] == rows && p.ring == ring),
+            InvalidArgument,
+            "concatenated tensors need 2-D shapes with {rows} rows over one ring"
+        );
+        let cols: usize = parts.iter().map(|p| p.shape[1]).sum();
+        let mut d = Vec::with_capacity(rows * cols);
+        for r in 0..rows {
+            for p in parts {
+                let w = p.shape[1];
+                d.extend_from_slice(&p.data[r * w..(r + 1) * w]);
+            }
+        }
+        RingTensor::from_vec(ring, &[rows, cols], d)
+    }
+
     /// Transpose of a 2-D tensor.
     pub fn transpose(&self) -> Result<Self> {
         ensure!(

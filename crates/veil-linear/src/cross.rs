@@ -79,20 +79,6 @@ pub(crate) fn layouts(p: &Params, dims: &[(usize, usize, usize)]) -> Result<Vec<
     Ok(out)
 }
 
-/// The matrices side by side: [X_1 … X_g] (all with the same row count).
-fn side_by_side(parts: &[&RingTensor]) -> Result<RingTensor> {
-    let rows = parts[0].shape()[0];
-    let cols: usize = parts.iter().map(|p| p.shape()[1]).sum();
-    let mut d = Vec::with_capacity(rows * cols);
-    for r in 0..rows {
-        for p in parts {
-            let w = p.shape()[1];
-            d.extend_from_slice(&p.data()[r * w..(r + 1) * w]);
-        }
-    }
-    RingTensor::from_vec(parts[0].ring(), &[rows, cols], d)
-}
-
 /// The matrices (all of one shape) on the diagonal of a block-diagonal matrix.
 fn block_diagonal(parts: &[&RingTensor]) -> Result<RingTensor> {
     let (r, c, g) = (parts[0].shape()[0], parts[0].shape()[1], parts.len());
@@ -149,8 +135,8 @@ pub fn shared_matmul_client<C: Channel + ?Sized>(
     for (h, ..) in groups(&dims) {
         let a: Vec<&RingTensor> = a0[start..start + h].iter().collect();
         let bt: Vec<&RingTensor> = b0t[start..start + h].iter().collect();
-        lhs.push(side_by_side(&a)?);
-        lhs.push(side_by_side(&bt)?);
+        lhs.push(RingTensor::concat_columns(&a)?);
+        lhs.push(RingTensor::concat_columns(&bt)?);
         start += h;
     }
     let lhs_refs: Vec<&RingTensor> = lhs.iter().collect();
@@ -195,7 +181,7 @@ pub fn shared_matmul_server<C: Channel + ?Sized>(
             &block_diagonal(&at)?,
             share_bound(p.ring()),
         )?);
-        folded.push(side_by_side(&a)?);
+        folded.push(RingTensor::concat_columns(&a)?);
         start += h;
     }
     let jobs: Vec<ServerJob<'_>> = mats
@@ -232,7 +218,7 @@ mod tests {
         let b: Vec<RingTensor> = (0..3)
             .map(|_| RingTensor::random(ring, &[4, 6], &mut g).unwrap())
             .collect();
-        let all = side_by_side(&a.iter().collect::<Vec<_>>())
+        let all = RingTensor::concat_columns(&a.iter().collect::<Vec<_>>())
             .unwrap()
             .matmul(&block_diagonal(&b.iter().collect::<Vec<_>>()).unwrap())
             .unwrap();

@@ -75,19 +75,6 @@ fn stack_rows(parts: &[RingTensor]) -> Result<RingTensor> {
     RingTensor::from_vec(parts[0].ring(), &[rows, cols], d)
 }
 
-fn concat_columns(parts: &[RingTensor]) -> Result<RingTensor> {
-    let rows = parts[0].shape()[0];
-    let cols: usize = parts.iter().map(|p| p.shape()[1]).sum();
-    let mut d = Vec::with_capacity(rows * cols);
-    for r in 0..rows {
-        for p in parts {
-            let w = p.shape()[1];
-            d.extend_from_slice(&p.data()[r * w..(r + 1) * w]);
-        }
-    }
-    RingTensor::from_vec(parts[0].ring(), &[rows, cols], d)
-}
-
 impl<'a, C: Channel> Party<'a, C> {
     fn role(&self) -> Role {
         match self.side {
@@ -283,7 +270,8 @@ impl<'a, C: Channel> Party<'a, C> {
                 )
             })
             .collect::<Result<_>>()?;
-        let ctx = concat_columns(&self.shared_products(&ps, &vs)?)?;
+        let heads = self.shared_products(&ps, &vs)?;
+        let ctx = RingTensor::concat_columns(&heads.iter().collect::<Vec<_>>())?;
         let attn = self.linear(LayerId::AttnOut(i), &ctx)?.add(x)?;
         let y = self.norm(&attn, |m| &m.fixed.blocks[i].ln1, variant.ln1)?;
         let inter = self.linear(LayerId::Intermediate(i), &y)?;
