@@ -10,6 +10,7 @@
 pub mod approx;
 pub mod error;
 pub mod fixed;
+pub mod parallel;
 pub mod prg;
 pub mod process;
 pub mod ring;

@@ -103,6 +103,7 @@ pub mod galois;
 pub mod keys;
 pub mod pack;
 pub mod response;
+pub mod session;
 
 pub use cipher::{Accumulator, EvalCiphertext, NttPlaintext, SeededCiphertext};
 pub use galois::{GaloisKeys, GALOIS_LEVELS};

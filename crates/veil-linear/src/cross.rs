@@ -5,7 +5,7 @@
 //! A·B = A0·B0 + A·B1 + A1·B0. The client computes A0·B0 locally; the HE products are
 //! (i) Enc(A0) with A1 folded in by the server, times B1 (= A·B1), and (ii) Enc(B0ᵀ) times A1ᵀ
 //! (= (A1·B0)ᵀ). Both go in one client message and one server message. The server's plaintext
-//! operands are uniform ℓ-bit shares, so these products use [`ParamSet::N8192Q4`], whose larger Q
+//! operands are uniform ℓ-bit shares, so these products use [`veil_he::ParamSet::N8192Q4`], whose larger Q
 //! floods the correspondingly larger noise; the check uses the public bound 2^(ℓ−1) on a
 //! centred share, never the shares' actual size.
 //!
@@ -21,15 +21,14 @@
 //! the input scales (2^{2f} for two fixed-point operands).
 
 use veil_core::{ensure, Result, Ring, RingTensor};
-use veil_he::{ParamSet, Params};
+use veil_he::Params;
 use veil_net::Channel;
 
 use crate::layout::Layout;
 use crate::matmul::{client_receive, client_send, server_respond, PreparedMatrix, ServerJob};
-use crate::session::{ClientSession, ServerSession};
+use veil_he::session::{ClientSession, ServerSession};
 
-/// The parameter set of shared × shared products.
-pub const SHARED_SET: ParamSet = ParamSet::N8192Q4;
+pub use veil_he::session::SHARED_SET;
 
 /// Public bound on a centred ℓ-bit share.
 fn share_bound(ring: Ring) -> u64 {

@@ -15,7 +15,7 @@ use veil_net::Channel;
 
 use crate::layout::{Layout, WeightBlocking};
 use crate::matmul::{client_receive, client_send, server_respond, PreparedMatrix, ServerJob};
-use crate::session::{ClientSession, ServerSession};
+use veil_he::session::{ClientSession, ServerSession};
 
 /// Public bound on |w·2^f| for FC weights (|w| ≤ 8 at f = 13; trained BERT weights are far
 /// smaller). The flooding check uses this bound, and larger weights are refused as

@@ -1,10 +1,10 @@
 //! Linear protocols on additive shares mod 2^ℓ, built on BFV ([`veil_he`]): Π_MatMul, fully
 //! connected layers, and shared × shared products (attention).
 //!
-//! * [`session`]: the client generates one key per [`veil_he::ParamSet`] in
-//!   [`session::SESSION_SETS`] (N8192 for model weights, N8192Q4 for share operands) and sends
-//!   the public keys and Galois keys once ([`ClientSession::setup`] / [`ServerSession::setup`];
-//!   ≈ 9.4 MB in all, set-up traffic). A session may
+//! * Sessions ([`veil_he::session`], re-exported): the client generates one key per
+//!   [`veil_he::ParamSet`] in [`SESSION_SETS`] (N8192 for model weights, N8192Q4 for share
+//!   operands) and sends the public keys and Galois keys once ([`ClientSession::setup`] /
+//!   [`ServerSession::setup`]; ≈ 9.4 MB in all, set-up traffic). A session may
 //!   reveal at most 2^28 output coefficients per key (≈16 BERT-Base inferences); the server
 //!   refuses more (`Error::Insecure`), and the parties then start a new session.
 //! * [`layout`]: Cheetah coefficient packing, response packing ([`veil_he::pack`]: many
@@ -30,11 +30,10 @@
 pub mod cost;
 pub mod layout;
 pub mod matmul;
-pub mod session;
 
 pub use layout::{Blocking, Layout, WeightBlocking};
 pub use matmul::{PreparedMatrix, ServerJob};
-pub use session::{ClientSession, ServerSession};
+pub use veil_he::session::{ClientSession, ServerSession, SESSION_SETS, SHARED_SET};
 pub mod cross;
 pub mod fc;
 pub mod lookup;

@@ -49,7 +49,7 @@ use crate::cross::SHARED_SET;
 use crate::fc::WEIGHT_BOUND;
 use crate::layout::Layout;
 use crate::matmul::{client_receive, client_send, server_respond, PreparedMatrix, ServerJob};
-use crate::session::{ClientSession, ServerSession};
+use veil_he::session::{ClientSession, ServerSession};
 
 /// Parameter set of the table products (fixed-point table entries under [`WEIGHT_BOUND`]).
 pub const TABLE_SET: ParamSet = ParamSet::N8192;

@@ -27,7 +27,7 @@ use veil_ot::OtSession;
 use crate::composite::{self, AffineParams};
 use crate::ctx::HeKeys;
 use crate::{Ctx, TruncMode};
-use veil_linear::{ClientSession, ServerSession};
+use veil_he::session::{ClientSession, ServerSession};
 
 /// Forwards each result as it arrives (the long full-size runs show progress), running only the
 /// operators whose name contains `only` (all when `None`).
@@ -78,7 +78,7 @@ fn run_op(
         if let Some(n) = precompute {
             ot.precompute(ch, n)?;
         }
-        let sets = [veil_linear::cross::SHARED_SET];
+        let sets = [veil_he::session::SHARED_SET];
         let (client, server) = match (he, role) {
             (false, _) => (None, None),
             (true, Role::Client) => (Some(ClientSession::setup_for(ch, x.ring(), &sets)?), None),

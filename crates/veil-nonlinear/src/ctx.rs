@@ -36,14 +36,14 @@ pub enum HeKeys<'a> {
 }
 
 impl<'a> HeKeys<'a> {
-    /// The share-product keys ([`veil_linear::cross::SHARED_SET`]) of the client's linear session.
-    pub fn client(s: &'a veil_linear::ClientSession) -> Result<Self> {
-        Ok(HeKeys::Client(s.key(veil_linear::cross::SHARED_SET)?))
+    /// The share-product keys ([`veil_he::session::SHARED_SET`]) of the client's linear session.
+    pub fn client(s: &'a veil_he::session::ClientSession) -> Result<Self> {
+        Ok(HeKeys::Client(s.key(veil_he::session::SHARED_SET)?))
     }
 
     /// The server's side of [`HeKeys::client`].
-    pub fn server(s: &'a veil_linear::ServerSession) -> Result<Self> {
-        let (pk, gk) = s.keys_for(veil_linear::cross::SHARED_SET)?;
+    pub fn server(s: &'a veil_he::session::ServerSession) -> Result<Self> {
+        let (pk, gk) = s.keys_for(veil_he::session::SHARED_SET)?;
         Ok(HeKeys::Server(pk, gk))
     }
 

@@ -30,12 +30,12 @@
 //! per session; the model-weight key reveals more per inference (≈ 2^23.3 for the FC outputs), so
 //! the session's limit does not move.
 
+use veil_core::parallel::parallel_map;
 use veil_core::{ensure, Prg, Result, Ring};
 use veil_he::{
     wire, Accumulator, EvalCiphertext, GaloisKeys, NttPlaintext, PackShape, Params, PublicKey,
     SecretKey, GALOIS_LEVELS,
 };
-use veil_linear::matmul::parallel_map;
 use veil_net::Channel;
 
 /// Inner-product members per packed response.

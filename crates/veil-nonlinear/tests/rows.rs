@@ -8,7 +8,7 @@ use veil_core::{
     approx::{reference, Approx},
     FixedPoint, Prg, Ring, RingTensor,
 };
-use veil_linear::{cross::SHARED_SET, ClientSession, ServerSession};
+use veil_he::session::{ClientSession, ServerSession, SHARED_SET};
 use veil_net::{run_two_party, Channel, MemChannel, Role};
 use veil_nonlinear::composite::{self, AffineParams};
 use veil_nonlinear::ctx::HeKeys;

@@ -1,17 +1,22 @@
-//! Per-connection key material. The client generates one secret key per parameter set
+//! Per-connection key material, shared by every HE protocol (the linear layers and LayerNorm's
+//! row products). The client generates one secret key per parameter set
 //! (zeroized on drop) and sends, once at set-up, its public key (the server uses it only to
 //! re-randomise responses) and its Galois keys (the server uses them only to pack responses,
 //! [`veil_he::pack`]). Set-up traffic: ≈ 0.2 MB of public keys and ≈ 9 MB of Galois keys
 //! (6 levels × limbs digits × log2(Q·P)·N bits per set), once per session.
 
+use crate::{wire, GaloisKeys, ParamSet, Params, PublicKey, SecretKey};
 use veil_core::{ensure, Error, Prg, Result, Ring};
-use veil_he::{wire, GaloisKeys, ParamSet, Params, PublicKey, SecretKey};
 use veil_net::Channel;
+
+/// The parameter set of products whose plaintext operand is an ℓ-bit share (attention, LayerNorm's
+/// rows, the private-embedding routing).
+pub const SHARED_SET: ParamSet = ParamSet::N8192Q4;
 
 /// The parameter sets a session sets up keys for: model-weight products and share products.
 /// Each key may reveal at most 2^28 coefficients (enforced by [`veil_he::PublicKey`]); a longer
 /// conversation needs a new session.
-pub const SESSION_SETS: [ParamSet; 2] = [ParamSet::N8192, ParamSet::N8192Q4];
+pub const SESSION_SETS: [ParamSet; 2] = [ParamSet::N8192, SHARED_SET];
 
 pub struct ClientSession {
     keys: Vec<(ParamSet, SecretKey)>,
