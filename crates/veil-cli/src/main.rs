@@ -1,5 +1,7 @@
 //! The `veil` command: private transformer inference from the terminal.
 
+#![forbid(unsafe_code)]
+
 mod demo;
 mod train_cmd;
 

@@ -7,6 +7,8 @@
 //! * [`wire`] — canonical little-endian encoding with strict, bounded decoding;
 //! * [`Error`] — the error type all Veil crates convert into.
 
+#![deny(unsafe_code)]
+
 pub mod approx;
 pub mod error;
 pub mod fixed;

@@ -1,4 +1,5 @@
-//! Process-wide settings a Veil binary applies at start.
+//! Process-wide settings a Veil binary applies at start, and the process's CPU time (for the
+//! benchmarks). The only unsafe code of this crate: two libc calls.
 
 /// Keeps freed memory in the heap instead of returning it to the OS. The HE code allocates and
 /// frees polynomials of 64–260 KB at a high rate; with glibc's defaults each such buffer is
@@ -18,10 +19,31 @@ pub fn keep_freed_memory() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let arenas = i32::try_from(cores).unwrap_or(i32::MAX).max(1);
         // SAFETY: mallopt only changes allocator parameters; it is safe to call at any time.
+        #[allow(unsafe_code)]
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
             libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
             libc::mallopt(libc::M_ARENA_MAX, arenas);
         }
     }
+}
+
+/// User + system CPU seconds of this process so far (microsecond resolution), or `None` where
+/// the OS does not say. Both parties of a benchmark run in one process, so a difference is their
+/// combined CPU time: unlike wall time, it does not depend on other load on the machine.
+pub fn cpu_seconds() -> Option<f64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: getrusage only writes the struct we pass; a zeroed rusage is a valid value.
+        #[allow(unsafe_code)]
+        let (ok, u) = unsafe {
+            let mut u: libc::rusage = std::mem::zeroed();
+            (libc::getrusage(libc::RUSAGE_SELF, &mut u) == 0, u)
+        };
+        if ok {
+            let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+            return Some(t(u.ru_utime) + t(u.ru_stime));
+        }
+    }
+    None
 }

@@ -91,6 +91,8 @@
 //! (masks instead of branches); the client's encryption noise, scaled messages and the
 //! decryption buffer c1·s are zeroized after use, and the secret key on drop.
 
+#![forbid(unsafe_code)]
+
 pub(crate) mod math;
 pub mod params;
 pub(crate) mod poly;

@@ -36,17 +36,6 @@ fn model_weights(ring: Ring, shape: &[usize], prg: &mut Prg) -> Result<RingTenso
     RingTensor::from_vec(ring, shape, data)
 }
 
-/// CPU seconds used by this process so far (user + system, from /proc; Linux clock ticks of
-/// 1/100 s). Both parties run in this process, so a difference is their combined CPU time: a
-/// figure that, unlike wall time, does not depend on other load on the machine.
-fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let after_name = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
-}
-
 struct Measured {
     time_s: f64,
     c2s: u64,
@@ -152,7 +141,7 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
     let prepare_s = prep.elapsed().as_secs_f64();
     let layout = layer.layout(fc.matrix().params())?;
     let blocking = layout.blocks;
-    let cpu0 = process_cpu_seconds();
+    let cpu0 = veil_core::process::cpu_seconds();
     // CPU per party: the online flow is sequential (client encrypts while the server waits,
     // server computes while the client waits, client decodes after the server is done), so
     // process CPU sampled at the phase boundaries splits by party (to within the hand-over).
@@ -166,11 +155,11 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
             let t = Instant::now();
             let sk = s.key(layer.set)?;
             let lay = layer.layout(sk.params())?;
-            let c0 = process_cpu_seconds();
+            let c0 = veil_core::process::cpu_seconds();
             client_send(ch, sk, &[lay], &[&x0])?;
-            let c1 = process_cpu_seconds();
+            let c1 = veil_core::process::cpu_seconds();
             let y0 = client_receive(ch, sk, &[lay])?.remove(0);
-            let c3 = process_cpu_seconds();
+            let c3 = veil_core::process::cpu_seconds();
             let dt = t.elapsed().as_secs_f64();
             drop(_g);
             Ok((y0, measure(ch, dt, &su), [c0, c1, c3]))
@@ -180,7 +169,7 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
             start.wait();
             let _g = ch.meter().enter(LABEL);
             let y1 = fc_server(ch, &s, &fc, &x1);
-            *server_done.lock().expect("no panics while held") = process_cpu_seconds();
+            *server_done.lock().expect("no panics while held") = veil_core::process::cpu_seconds();
             y1
         },
     )?;
@@ -193,7 +182,9 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
         "server": diff(c1, c2),
         "client_decrypt": diff(c2, c3),
     });
-    let cpu_s = cpu0.zip(process_cpu_seconds()).map(|(a, b)| b - a);
+    let cpu_s = cpu0
+        .zip(veil_core::process::cpu_seconds())
+        .map(|(a, b)| b - a);
     let mut want = x.matmul(&w.transpose()?)?;
     for (i, v) in want.data_mut().iter_mut().enumerate() {
         *v = ring.add(*v, b.data()[i % out]);
@@ -240,7 +231,7 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
         .unzip();
     let p = veil_he::Params::new(crate::cross::SHARED_SET, ring)?;
     let layouts = crate::cross::layouts(&p, &vec![(n, k, m); heads])?;
-    let cpu0 = process_cpu_seconds();
+    let cpu0 = veil_core::process::cpu_seconds();
     let (client, c1) = run_two_party_tcp(
         |ch| {
             let (s, su) = setup_metered(ch, |ch| ClientSession::setup(ch, ring))?;
@@ -257,7 +248,9 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
             shared_matmul_server(ch, &s, &a1, &b1)
         },
     )?;
-    let cpu_s = cpu0.zip(process_cpu_seconds()).map(|(a, b)| b - a);
+    let cpu_s = cpu0
+        .zip(veil_core::process::cpu_seconds())
+        .map(|(a, b)| b - a);
     let (c0, m_) = client;
     let mut exact = true;
     for h in 0..heads {

@@ -27,6 +27,8 @@
 //!
 //! Every protocol is metered on whatever label the caller has entered on the channel.
 
+#![forbid(unsafe_code)]
+
 pub mod cost;
 pub mod layout;
 pub mod matmul;

@@ -52,6 +52,8 @@
 //! Errors are [`veil_core::Error`]; the candle-level module code ([`nn`]) returns
 //! `candle_core::Result` so training code can chain it with autograd ops.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod client;
 pub mod config;

@@ -6,6 +6,8 @@
 //! [`MemChannel`] (an in-memory duplex for tests). Both carry a [`Meter`] that attributes bytes,
 //! rounds and wall time to the label of the operator running ("MatMul", "GELU", …).
 
+#![forbid(unsafe_code)]
+
 pub mod channel;
 pub mod local;
 pub mod mem;

@@ -24,6 +24,8 @@
 //! from the OT engine; shares are uniformly masked, so each party's view is simulatable from its
 //! input and output.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod bits;
 pub mod boolean;

@@ -79,18 +79,9 @@ fn measure<S>(
     })
 }
 
-/// User + system CPU time of this process so far.
+/// User + system CPU time of this process so far (NaN where the OS does not say).
 fn process_cpu_seconds() -> f64 {
-    #[cfg(unix)]
-    {
-        // SAFETY: getrusage only writes the struct we pass; a zeroed rusage is a valid value.
-        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } == 0 {
-            let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
-            return t(u.ru_utime) + t(u.ru_stime);
-        }
-    }
-    f64::NAN
+    veil_core::process::cpu_seconds().unwrap_or(f64::NAN)
 }
 
 /// Cores the benchmark may use: the machine has 2 for both parties.

@@ -15,6 +15,8 @@
 //! sequence length; the client learns the output. Error: none beyond the fixed-point
 //! simulator's — the private output equals the simulator's integers.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod embedding;
 pub mod forward;

@@ -13,6 +13,8 @@
 //! * [`fixed_check`] — overflow check of a model in veil-model's fixed-point simulator;
 //! * [`workflow`] — `finetune` and `substitute` end to end, with an options struct each.
 
+#![forbid(unsafe_code)]
+
 pub mod batch;
 pub mod checkpoint;
 pub mod data;
