@@ -22,7 +22,7 @@
 //! All arithmetic on secret-dependent values (digits, residues) is branch-free.
 
 use veil_core::{Error, Prg, Result, Seed};
-use zeroize::Zeroize;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::keys::SecretKey;
 use crate::math::{
@@ -150,12 +150,13 @@ impl SecretKey {
         let p = &self.params;
         let sp = special(p)?;
         let (n, l) = (p.degree(), p.limbs());
-        let mut s = self.secret_coefficients();
+        // Secret-dependent buffers are wiped when dropped, on the error paths too.
+        let s = Zeroizing::new(self.secret_coefficients());
         // −s in the NTT domain of every extended limb.
-        let mut neg_s = vec![0u64; (l + 1) * n];
+        let mut neg_s = Zeroizing::new(vec![0u64; (l + 1) * n]);
         for (r, chunk) in neg_s.chunks_exact_mut(n).enumerate() {
             let m = ext_modulus(p, sp, r);
-            for (o, &c) in chunk.iter_mut().zip(&s) {
+            for (o, &c) in chunk.iter_mut().zip(s.iter()) {
                 *o = signed_mod(-c, m);
             }
             ext_plan(p, sp, r).fwd(chunk);
@@ -164,21 +165,21 @@ impl SecretKey {
         let a = expand_key_masks(p, &seed)?;
         let mut b = Vec::with_capacity(GALOIS_LEVELS);
         for (level, a_level) in a.iter().enumerate() {
-            let mut rot = automorph_signed(&s, galois_element(n, level));
+            let rot = Zeroizing::new(automorph_signed(&s, galois_element(n, level)));
             let mut bl = vec![0u64; l * (l + 1) * n];
             for i in 0..l {
-                let mut e = sample_cbd(prg, n);
+                let e = Zeroizing::new(sample_cbd(prg, n));
                 for r in 0..=l {
                     let m = ext_modulus(p, sp, r);
                     let off = (i * (l + 1) + r) * n;
                     let out = &mut bl[off..off + n];
-                    for (o, &c) in out.iter_mut().zip(&e) {
+                    for (o, &c) in out.iter_mut().zip(e.iter()) {
                         *o = signed_mod(c, m);
                     }
                     if r == i {
                         // P·g_i ≡ P (mod q_i) and ≡ 0 modulo every other limb and P.
                         let pm = ShoupConst::new(sp.p_mod_q[i], m);
-                        for (o, &c) in out.iter_mut().zip(&rot) {
+                        for (o, &c) in out.iter_mut().zip(rot.iter()) {
                             *o = add_mod(*o, pm.mul(signed_mod(c, m), m), m);
                         }
                     }
@@ -186,13 +187,9 @@ impl SecretKey {
                     plan.fwd(out);
                     plan.mul_accumulate(out, &a_level[off..off + n], &neg_s[r * n..(r + 1) * n]);
                 }
-                e.zeroize();
             }
-            rot.zeroize();
             b.push(bl);
         }
-        s.zeroize();
-        neg_s.zeroize();
         Ok(GaloisKeys {
             params: p.clone(),
             seed,
