@@ -11,11 +11,13 @@
 //! **Security (semi-honest).** The server sees only BFV ciphertexts under the client's key
 //! (IND-CPA under RLWE, 128-bit parameters). The client sees responses that are simulatable from
 //! its output alone: c1 is Σ wᵢaᵢ + pk1·u + e2, pseudo-random by RLWE in u; the decrypted noise is
-//! flooded with 2^b ≥ 2^69 × a public bound on the weight-dependent noise (checked per prepared
-//! matrix and again per response, otherwise [`veil_core::Error::Insecure`]), which keeps the
+//! flooded with 2^b ≥ 2^69 × a public bound on the weight-dependent noise (checked per layout
+//! before anything is received and again per response, otherwise
+//! [`veil_core::Error::Insecure`]), which keeps the
 //! whole session transcript (≤ 2^28 revealed coefficients per key) within 2^-40 of simulated
 //! ([`veil_he`] crate docs); and the decoded values are masked by R.
 //! **Error:** none: results are exact mod 2^ℓ (the noise budget is checked for the worst case).
+//! **Flights:** 2 per batch (client → server, server → client), whatever the number of products.
 
 use veil_core::parallel::parallel_map;
 use veil_core::{ensure, Result, RingTensor};

@@ -1,7 +1,8 @@
 //! Private transformer inference: the whole forward pass of a BERT-class model on secret
 //! shares, between a client holding the prompt and a server holding the weights.
 //!
-//! * [`layers`] — the server's model with its linear layers prepared for HE per sequence length;
+//! * [`layers`] — the server's model with its linear layers prepared for HE once, for every
+//!   sequence length;
 //! * [`embedding`] — private-embedding mode: HE lookup of the server's tables by the client's
 //!   token ids, position rows added by the server, embedding LayerNorm on shares;
 //! * [`forward`] — every encoder block and the head on shares, one code path for both parties,

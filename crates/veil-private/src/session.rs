@@ -353,7 +353,7 @@ pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
 }
 
 /// [`serve`] with the lookup method of private-embedding mode chosen (the tables are prepared
-/// once per sequence length and shared by all sessions).
+/// per sequence length for the few most recently used lengths and shared by all sessions).
 pub fn serve_with(
     listener: TcpListener,
     model: Arc<ServerModel>,
