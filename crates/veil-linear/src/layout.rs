@@ -28,6 +28,9 @@
 //! public shapes and parameters, so both parties derive the same layout; ties go to fewer
 //! polynomial products.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use veil_core::{ensure, Result, RingTensor};
 use veil_he::{PackShape, Params, GALOIS_LEVELS};
 
@@ -64,6 +67,10 @@ pub struct Layout {
     /// blocks that lie wholly off the diagonal are zero by construction and never multiplied.
     pub heads: usize,
 }
+
+/// Searched layouts remembered per process (shapes are few: a model's layers × the lengths served;
+/// past this many the memory is cleared, so a peer's lengths cannot grow it).
+const SEARCH_CACHE_ENTRIES: usize = 4096;
 
 /// Products larger than this are refused (bounds memory a peer's shape can make us allocate).
 pub const MAX_DIM: usize = 1 << 16;
@@ -173,6 +180,37 @@ impl Layout {
         bound: u64,
     ) -> Result<Self> {
         check_dims(n, k, m)?;
+        // Both parties search once per shape and process: every request of a length asks again.
+        type Key = (usize, Vec<u64>, [usize; 4], u64);
+        static FOUND: Mutex<Option<HashMap<Key, Layout>>> = Mutex::new(None);
+        let key = (p.degree(), p.moduli().to_vec(), [n, k, m, heads], bound);
+        let cached = FOUND
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .get(&key)
+            .copied();
+        if let Some(lay) = cached {
+            return Ok(lay);
+        }
+        let lay = Self::search_uncached(p, n, k, m, heads, bound)?;
+        let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+        let found = found.get_or_insert_with(HashMap::new);
+        if found.len() >= SEARCH_CACHE_ENTRIES {
+            found.clear();
+        }
+        found.insert(key, lay);
+        Ok(lay)
+    }
+
+    fn search_uncached(
+        p: &Params,
+        n: usize,
+        k: usize,
+        m: usize,
+        heads: usize,
+        bound: u64,
+    ) -> Result<Self> {
         ensure!(
             heads >= 1 && k.is_multiple_of(heads) && m.is_multiple_of(heads),
             InvalidArgument,
@@ -211,11 +249,7 @@ impl Layout {
             None => 0.0,
         };
         let blocks_per_column = (0..self.col_blocks())
-            .map(|bm| {
-                (0..self.k_blocks())
-                    .filter(|&bk| !self.is_structural_zero(bk, bm))
-                    .count()
-            })
+            .map(|bm| self.nonzero_blocks_in_column(bm))
             .max()
             .unwrap_or(0);
         p.check_public_product(
@@ -324,6 +358,20 @@ impl Layout {
         let (r0, r1) = self.heads_of(Self::span(self.k, k_w, bk), self.k);
         let (c0, c1) = self.heads_of(Self::span(self.m, m_w, bm), self.m);
         r1 < c0 || c1 < r0
+    }
+
+    /// Non-zero weight blocks of column block `bm`: the k-blocks meeting the rows of the heads
+    /// its columns belong to.
+    fn nonzero_blocks_in_column(&self, bm: usize) -> usize {
+        if self.heads == 1 {
+            return self.k_blocks();
+        }
+        let Blocking { k_w, m_w, .. } = self.blocks;
+        let per_head = self.k / self.heads;
+        let (h0, h1) = self.heads_of(Self::span(self.m, m_w, bm), self.m);
+        let first = h0 * per_head / k_w;
+        let last = ((h1 + 1) * per_head - 1) / k_w;
+        last - first + 1
     }
 
     /// Weight blocks that are not structural zeros.
@@ -593,9 +641,12 @@ mod tests {
             (12, 128, 64, 128),
             (12, 128, 128, 64),
             (2, 128, 64, 128),
+            (12, 512, 64, 512),
         ] {
             for (a, b, c) in [(n, k, m), (m, k, n)] {
+                let t = std::time::Instant::now();
                 let lay = Layout::search_block_diagonal(&q4, a, h * b, h * c, h, 1 << 40).unwrap();
+                println!("search {:?}", t.elapsed());
                 let cn = lay.counts();
                 let pr = cn.price(&q4);
                 println!(
@@ -628,10 +679,19 @@ mod tests {
     #[test]
     fn block_diagonal_counts_match_a_scan() {
         fn scan(lay: &Layout) -> usize {
-            (0..lay.k_blocks())
-                .flat_map(|bk| (0..lay.col_blocks()).map(move |bm| (bk, bm)))
-                .filter(|&(bk, bm)| !lay.is_structural_zero(bk, bm))
-                .count()
+            (0..lay.col_blocks())
+                .map(|bm| {
+                    let column = (0..lay.k_blocks())
+                        .filter(|&bk| !lay.is_structural_zero(bk, bm))
+                        .count();
+                    assert_eq!(
+                        lay.nonzero_blocks_in_column(bm),
+                        column,
+                        "{lay:?} column {bm}"
+                    );
+                    column
+                })
+                .sum()
         }
         let p = Params::new(ParamSet::N8192Q4, Ring::new(41).unwrap()).unwrap();
         for (n, k, m, heads) in [
