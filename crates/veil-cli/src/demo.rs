@@ -9,6 +9,7 @@ use std::sync::Arc;
 use veil_core::{ensure, Result};
 use veil_model::client::ClientBundle;
 use veil_model::sim::FixedModel;
+use veil_model::tokenize::Encoded;
 use veil_model::{folder, EmbeddingMode, ModelConfig};
 use veil_net::TcpChannel;
 use veil_private::session::session_format;
@@ -20,6 +21,15 @@ fn softmax(x: &[f64]) -> Vec<f64> {
     let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
     let s: f64 = e.iter().sum();
     e.iter().map(|v| v / s).collect()
+}
+
+/// How the client sends a prompt.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PromptOptions {
+    /// Send this many tokens whatever the prompt's length (the padding is masked by the client).
+    pub pad_to: Option<usize>,
+    /// Classify the first tokens of a prompt longer than the model's limit instead of refusing it.
+    pub truncate: bool,
 }
 
 /// What the client holds: its bundle (public configuration, tokenizer and, in public-embedding
@@ -62,16 +72,11 @@ impl ClientModel {
         &self,
         conn: &mut ClientConnection<C>,
         text: &str,
-        pad_to: Option<usize>,
+        opts: PromptOptions,
     ) -> Result<(Vec<f64>, CostReport)> {
-        let enc = self.bundle.tokenizer.encode(text, None)?;
+        let enc = self.encode_prompt(text, opts)?;
         let real = enc.ids.len();
-        let total = pad_to.unwrap_or(real);
-        ensure!(
-            total >= real,
-            InvalidArgument,
-            "the prompt has {real} tokens, more than --pad-to {total}"
-        );
+        let total = opts.pad_to.unwrap_or(real);
         let mut ids = enc.ids;
         let mut types = enc.type_ids;
         ids.resize(total, 0);
@@ -85,19 +90,51 @@ impl ClientModel {
         }
     }
 
+    /// The token ids `text` is sent as, or why it is refused: an empty prompt, one longer than
+    /// the model's limit (unless `opts.truncate`), or one longer than `--pad-to`. Checked before
+    /// anything is sent, so a refused prompt costs no traffic.
+    pub fn encode_prompt(&self, text: &str, opts: PromptOptions) -> Result<Encoded> {
+        ensure!(
+            !text.trim().is_empty(),
+            InvalidArgument,
+            "the prompt is empty: there is no text to classify"
+        );
+        let tok = &self.bundle.tokenizer;
+        let enc = tok.encode(text, None)?;
+        ensure!(
+            enc.truncated == 0 || opts.truncate,
+            InvalidArgument,
+            "the prompt has {} tokens, {} more than the model's limit of {}; pass --truncate to \
+             classify its first {}",
+            enc.len() + enc.truncated,
+            enc.truncated,
+            tok.max_len(),
+            tok.max_len()
+        );
+        if let Some(total) = opts.pad_to {
+            ensure!(
+                total >= enc.len(),
+                InvalidArgument,
+                "the prompt has {} tokens, more than --pad-to {total}",
+                enc.len()
+            );
+        }
+        Ok(enc)
+    }
+
     /// Class probabilities of `text`.
     pub fn classify<C: veil_net::Channel>(
         &self,
         conn: &mut ClientConnection<C>,
         text: &str,
-        pad_to: Option<usize>,
+        opts: PromptOptions,
     ) -> Result<(Vec<f64>, CostReport)> {
         ensure!(
             self.bundle.config.veil.num_labels > 0,
             InvalidArgument,
             "the model has no classifier (it outputs sentence embeddings)"
         );
-        let (logits, report) = self.run(conn, text, pad_to)?;
+        let (logits, report) = self.run(conn, text, opts)?;
         Ok((softmax(&logits), report))
     }
 }
@@ -146,7 +183,7 @@ fn default_model() -> Result<folder::Model> {
 pub fn run(
     model: Option<&Path>,
     sentences: Vec<String>,
-    pad_to: Option<usize>,
+    opts: PromptOptions,
     json: bool,
 ) -> Result<()> {
     let m = match model {
@@ -160,23 +197,27 @@ pub fn run(
             default_model()?
         }
     };
-    let server = Arc::new(ServerModel::new(FixedModel::encode(
-        &m.transformer,
-        session_format(),
-    )?)?);
     let client = ClientModel::from_model(&m)?;
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    std::thread::spawn(move || veil_private::serve(listener, server));
-    let mut conn = ClientConnection::connect(TcpChannel::connect(addr)?)?;
-    client.check_matches(conn.config())?;
     let sentences: Vec<String> = if sentences.is_empty() {
         DEFAULT_SENTENCES.iter().map(|s| s.to_string()).collect()
     } else {
         sentences
     };
+    // Refuse a bad prompt before the server is prepared or any key moves.
     for s in &sentences {
-        let (probs, report) = client.classify(&mut conn, s, pad_to)?;
+        client.encode_prompt(s, opts)?;
+    }
+    let server = Arc::new(ServerModel::new(FixedModel::encode(
+        &m.transformer,
+        session_format(),
+    )?)?);
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::spawn(move || veil_private::serve(listener, server));
+    let mut conn = ClientConnection::connect(TcpChannel::connect(addr)?)?;
+    client.check_matches(conn.config())?;
+    for s in &sentences {
+        let (probs, report) = client.classify(&mut conn, s, opts)?;
         print_result(s, &probs, &report, json);
     }
     if model.is_none() && !json {

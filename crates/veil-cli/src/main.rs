@@ -43,6 +43,10 @@ enum Cmd {
         /// (pooler-head models only).
         #[arg(long)]
         pad_to: Option<usize>,
+        /// Classify the first tokens of a prompt longer than the model's limit (otherwise such
+        /// a prompt is refused, with its token count).
+        #[arg(long)]
+        truncate: bool,
         #[arg(long)]
         json: bool,
     },
@@ -82,6 +86,10 @@ enum Cmd {
         /// (pooler-head models only).
         #[arg(long)]
         pad_to: Option<usize>,
+        /// Classify the first tokens of a prompt longer than the model's limit (otherwise such
+        /// a prompt is refused, with its token count).
+        #[arg(long)]
+        truncate: bool,
         #[arg(long)]
         json: bool,
     },
@@ -239,7 +247,7 @@ fn classify(
     model: &Path,
     file: Option<&Path>,
     text: Vec<String>,
-    pad_to: Option<usize>,
+    opts: demo::PromptOptions,
     json: bool,
 ) -> Result<()> {
     let mut prompts = text;
@@ -256,10 +264,14 @@ fn classify(
         bail!(InvalidArgument, "nothing to classify: give text or --file");
     }
     let client = demo::ClientModel::load(model)?;
+    // Every prompt is checked before the connection (and its key material) is made.
+    for p in &prompts {
+        client.encode_prompt(p, opts)?;
+    }
     let mut conn = ClientConnection::connect(TcpChannel::connect(connect)?)?;
     client.check_matches(conn.config())?;
     for p in &prompts {
-        let (probs, report) = client.classify(&mut conn, p, pad_to)?;
+        let (probs, report) = client.classify(&mut conn, p, opts)?;
         demo::print_result(p, &probs, &report, json);
     }
     conn.close()
@@ -271,8 +283,14 @@ fn run(cli: Cli) -> Result<()> {
             model,
             sentences,
             pad_to,
+            truncate,
             json,
-        } => demo::run(model.as_deref(), sentences, pad_to, json),
+        } => demo::run(
+            model.as_deref(),
+            sentences,
+            demo::PromptOptions { pad_to, truncate },
+            json,
+        ),
         Cmd::Serve {
             model,
             listen,
@@ -300,8 +318,16 @@ fn run(cli: Cli) -> Result<()> {
             file,
             text,
             pad_to,
+            truncate,
             json,
-        } => classify(&connect, &model, file.as_deref(), text, pad_to, json),
+        } => classify(
+            &connect,
+            &model,
+            file.as_deref(),
+            text,
+            demo::PromptOptions { pad_to, truncate },
+            json,
+        ),
         Cmd::ExportClient { model, out } => {
             let m = veil_model::folder::load(&model)?;
             veil_model::client::save_bundle(&m, &out)?;

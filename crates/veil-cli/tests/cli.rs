@@ -204,3 +204,26 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
         );
     }
 }
+
+/// An empty prompt and one longer than the model's limit are refused before anything is sent
+/// (with the token count); `--truncate` classifies the long one's first tokens.
+#[test]
+fn empty_and_over_long_prompts_are_refused_unless_truncated() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_folder(tmp.path(), 2, 41);
+    let dir = tmp.path().to_str().unwrap();
+    let out = veil(&["demo", "--model", dir, "  "]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("empty"));
+    let long = ["the film good"; 10].join(" ");
+    let out = veil(&["demo", "--model", dir, &long]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("32 tokens, 16 more than the model's limit of 16")
+            && err.contains("--truncate"),
+        "{err}"
+    );
+    let ok = veil_ok(&["demo", "--model", dir, "--truncate", "--json", &long]);
+    assert!(String::from_utf8_lossy(&ok).contains("\"label\""));
+}

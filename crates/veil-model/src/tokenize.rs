@@ -2,7 +2,9 @@
 //! `tokenizer.json` or a BERT WordPiece `vocab.txt`.
 //!
 //! Inputs are truncated to a maximum length (longest-first over a sentence pair) and never
-//! padded: private inference cost grows with the real length.
+//! padded: private inference cost grows with the real length. Each encoding says how many
+//! tokens the truncation dropped, so a client can refuse an over-long prompt instead of
+//! classifying a silently shortened one.
 
 use std::path::Path;
 use tokenizers::decoders::wordpiece::WordPiece as WordPieceDecoder;
@@ -18,6 +20,8 @@ use veil_core::{bail, ensure, Error, Result};
 pub struct Encoded {
     pub ids: Vec<u32>,
     pub type_ids: Vec<u32>,
+    /// Tokens the truncation to the maximum length dropped (0 when the input fit).
+    pub truncated: usize,
 }
 
 impl Encoded {
@@ -34,6 +38,8 @@ impl Encoded {
 #[derive(Clone)]
 pub struct TextTokenizer {
     inner: Tokenizer,
+    /// The same tokenizer without truncation, to count what the truncation drops.
+    untruncated: Tokenizer,
     max_len: usize,
 }
 
@@ -114,13 +120,21 @@ impl TextTokenizer {
             "maximum length {max_len} leaves no room for text"
         );
         inner.with_padding(None);
+        let mut untruncated = inner.clone();
+        untruncated
+            .with_truncation(None)
+            .map_err(tk_err("truncation"))?;
         inner
             .with_truncation(Some(TruncationParams {
                 max_length: max_len,
                 ..Default::default()
             }))
             .map_err(tk_err("truncation"))?;
-        Ok(TextTokenizer { inner, max_len })
+        Ok(TextTokenizer {
+            inner,
+            untruncated,
+            max_len,
+        })
     }
 
     pub fn max_len(&self) -> usize {
@@ -129,17 +143,24 @@ impl TextTokenizer {
 
     /// Encodes one sentence, or a pair (`b`) as `[CLS] a [SEP] b [SEP]` with type ids 0/1.
     pub fn encode(&self, a: &str, b: Option<&str>) -> Result<Encoded> {
-        let input: EncodeInput = match b {
-            Some(b) => (a, b).into(),
-            None => a.into(),
+        let input = || -> EncodeInput {
+            match b {
+                Some(b) => (a, b).into(),
+                None => a.into(),
+            }
         };
         let enc = self
             .inner
-            .encode(input, true)
+            .encode(input(), true)
+            .map_err(tk_err("tokenising"))?;
+        let full = self
+            .untruncated
+            .encode(input(), true)
             .map_err(tk_err("tokenising"))?;
         Ok(Encoded {
             ids: enc.get_ids().to_vec(),
             type_ids: enc.get_type_ids().to_vec(),
+            truncated: full.len().saturating_sub(enc.len()),
         })
     }
 
