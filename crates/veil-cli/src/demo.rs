@@ -71,14 +71,18 @@ impl ClientModel {
     pub fn run<C: veil_net::Channel>(
         &self,
         conn: &mut ClientConnection<C>,
-        text: &str,
+        enc: &Encoded,
         opts: PromptOptions,
     ) -> Result<(Vec<f64>, CostReport)> {
-        let enc = self.encode_prompt(text, opts)?;
         let real = enc.ids.len();
         let total = opts.pad_to.unwrap_or(real);
-        let mut ids = enc.ids;
-        let mut types = enc.type_ids;
+        ensure!(
+            total >= real,
+            InvalidArgument,
+            "the prompt has {real} tokens, more than --pad-to {total}"
+        );
+        let mut ids = enc.ids.clone();
+        let mut types = enc.type_ids.clone();
         ids.resize(total, 0);
         types.resize(total, 0);
         match self.bundle.config.veil.embedding {
@@ -122,11 +126,11 @@ impl ClientModel {
         Ok(enc)
     }
 
-    /// Class probabilities of `text`.
+    /// Class probabilities of a prompt encoded by [`ClientModel::encode_prompt`].
     pub fn classify<C: veil_net::Channel>(
         &self,
         conn: &mut ClientConnection<C>,
-        text: &str,
+        enc: &Encoded,
         opts: PromptOptions,
     ) -> Result<(Vec<f64>, CostReport)> {
         ensure!(
@@ -134,7 +138,7 @@ impl ClientModel {
             InvalidArgument,
             "the model has no classifier (it outputs sentence embeddings)"
         );
-        let (logits, report) = self.run(conn, text, opts)?;
+        let (logits, report) = self.run(conn, enc, opts)?;
         Ok((softmax(&logits), report))
     }
 }
@@ -204,9 +208,10 @@ pub fn run(
         sentences
     };
     // Refuse a bad prompt before the server is prepared or any key moves.
-    for s in &sentences {
-        client.encode_prompt(s, opts)?;
-    }
+    let encoded = sentences
+        .iter()
+        .map(|s| client.encode_prompt(s, opts))
+        .collect::<Result<Vec<_>>>()?;
     let server = Arc::new(ServerModel::new(FixedModel::encode(
         &m.transformer,
         session_format(),
@@ -216,8 +221,8 @@ pub fn run(
     std::thread::spawn(move || veil_private::serve(listener, server));
     let mut conn = ClientConnection::connect(TcpChannel::connect(addr)?)?;
     client.check_matches(conn.config())?;
-    for s in &sentences {
-        let (probs, report) = client.classify(&mut conn, s, opts)?;
+    for (s, enc) in sentences.iter().zip(&encoded) {
+        let (probs, report) = client.classify(&mut conn, enc, opts)?;
         print_result(s, &probs, &report, json);
     }
     if model.is_none() && !json {

@@ -265,13 +265,14 @@ fn classify(
     }
     let client = demo::ClientModel::load(model)?;
     // Every prompt is checked before the connection (and its key material) is made.
-    for p in &prompts {
-        client.encode_prompt(p, opts)?;
-    }
+    let encoded = prompts
+        .iter()
+        .map(|p| client.encode_prompt(p, opts))
+        .collect::<Result<Vec<_>>>()?;
     let mut conn = ClientConnection::connect(TcpChannel::connect(connect)?)?;
     client.check_matches(conn.config())?;
-    for p in &prompts {
-        let (probs, report) = client.classify(&mut conn, p, opts)?;
+    for (p, enc) in prompts.iter().zip(&encoded) {
+        let (probs, report) = client.classify(&mut conn, enc, opts)?;
         demo::print_result(p, &probs, &report, json);
     }
     conn.close()

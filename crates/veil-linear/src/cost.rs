@@ -72,24 +72,12 @@ pub const COSTS_4_LIMBS: OpCosts = OpCosts {
 };
 
 impl OpCosts {
-    /// The table for `p`'s limb count (scaled linearly in limbs beyond the measured sets).
+    /// The table for `p`'s limb count (Veil's two parameter sets have three and four).
     pub fn for_params(p: &Params) -> OpCosts {
-        match p.limbs() {
-            3 => COSTS_3_LIMBS,
-            4 => COSTS_4_LIMBS,
-            l => {
-                let s = l as f64 / 4.0;
-                let c = COSTS_4_LIMBS;
-                OpCosts {
-                    encrypt: c.encrypt * s,
-                    expand_and_fold: c.expand_and_fold * s,
-                    weight_ntt: c.weight_ntt * s,
-                    product: c.product * s,
-                    key_switch: c.key_switch * s * s,
-                    response: c.response * s,
-                    decrypt: c.decrypt,
-                }
-            }
+        if p.limbs() <= 3 {
+            COSTS_3_LIMBS
+        } else {
+            COSTS_4_LIMBS
         }
     }
 }

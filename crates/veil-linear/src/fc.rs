@@ -95,9 +95,8 @@ impl PreparedFc {
 
     /// Bytes the NTT form of every cut would take, per cut.
     pub fn ntt_bytes(&self) -> Result<Vec<(WeightBlocking, usize)>> {
-        let p = self.matrix.params().clone();
         self.layer
-            .cuts(&p)?
+            .cuts(self.matrix.params())?
             .into_iter()
             .map(|c| Ok((c, self.matrix.ntt_bytes(c)?)))
             .collect()

@@ -28,7 +28,7 @@
 //! public shapes and parameters, so both parties derive the same layout; ties go to fewer
 //! polynomial products.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use veil_core::{ensure, Result, RingTensor};
@@ -90,7 +90,7 @@ pub const SHORT_ROWS: usize = 16;
 /// The row count the long-prompt cut is priced at (capped at the matrix's row limit).
 pub const LONG_REFERENCE_ROWS: usize = 128;
 
-fn check_dims(n: usize, k: usize, m: usize) -> Result<()> {
+pub(crate) fn check_dims(n: usize, k: usize, m: usize) -> Result<()> {
     ensure!(
         (1..=MAX_DIM).contains(&n) && (1..=MAX_DIM).contains(&k) && (1..=MAX_DIM).contains(&m),
         InvalidArgument,
@@ -180,63 +180,45 @@ impl Layout {
         bound: u64,
     ) -> Result<Self> {
         check_dims(n, k, m)?;
-        // Both parties search once per shape and process: every request of a length asks again.
-        type Key = (usize, Vec<u64>, [usize; 4], u64);
-        static FOUND: Mutex<Option<HashMap<Key, Layout>>> = Mutex::new(None);
-        let key = (p.degree(), p.moduli().to_vec(), [n, k, m, heads], bound);
-        let cached = FOUND
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashMap::new)
-            .get(&key)
-            .copied();
-        if let Some(lay) = cached {
-            return Ok(lay);
-        }
-        let lay = Self::search_uncached(p, n, k, m, heads, bound)?;
-        let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
-        let found = found.get_or_insert_with(HashMap::new);
-        if found.len() >= SEARCH_CACHE_ENTRIES {
-            found.clear();
-        }
-        found.insert(key, lay);
-        Ok(lay)
-    }
-
-    fn search_uncached(
-        p: &Params,
-        n: usize,
-        k: usize,
-        m: usize,
-        heads: usize,
-        bound: u64,
-    ) -> Result<Self> {
         ensure!(
             heads >= 1 && k.is_multiple_of(heads) && m.is_multiple_of(heads),
             InvalidArgument,
             "{heads} diagonal blocks do not divide {k}×{m}"
         );
+        // Both parties search once per shape and process: every request of a length asks again.
+        type Key = (usize, Vec<u64>, [usize; 4], u64);
+        static FOUND: Mutex<BTreeMap<Key, Layout>> = Mutex::new(BTreeMap::new());
+        let key = (p.degree(), p.moduli().to_vec(), [n, k, m, heads], bound);
+        if let Some(&lay) = FOUND.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(lay);
+        }
         let big_n = p.degree();
         let mut best: Option<((f64, usize), Layout)> = None;
         for k_w in widths(k, big_n) {
             for m_w in widths(m, big_n / k_w) {
                 let wb = WeightBlocking { k_w, m_w };
-                let (lay, price) = Self::best_packing(p, n, k, m, wb, heads);
+                let (lay, counts, price) = Self::best_packing(p, n, k, m, wb, heads);
                 if lay.check_noise(p, bound).is_err() {
                     continue;
                 }
-                let key = (price.seconds(), lay.counts().products);
-                if best.is_none_or(|(c, _)| key < c) {
-                    best = Some((key, lay));
+                let rank = (price.seconds(), counts.products);
+                if best.is_none_or(|(c, _)| rank < c) {
+                    best = Some((rank, lay));
                 }
             }
         }
-        best.map(|b| b.1).ok_or_else(|| {
+        let lay = best.map(|b| b.1).ok_or_else(|| {
             veil_core::Error::Insecure(format!(
                 "no blocking of {n}×{k}·{k}×{m} keeps plaintexts up to {bound} within the \
                  flooding budget"
             ))
-        })
+        })?;
+        let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+        if found.len() >= SEARCH_CACHE_ENTRIES {
+            found.clear();
+        }
+        found.insert(key, lay);
+        Ok(lay)
     }
 
     /// Checks the flooding budget of a product under this layout from public data only: the
@@ -285,7 +267,7 @@ impl Layout {
         m: usize,
         wb: WeightBlocking,
         heads: usize,
-    ) -> (Layout, Price) {
+    ) -> (Layout, OpCounts, Price) {
         let WeightBlocking { k_w, m_w } = wb;
         let n_w = n.min(p.degree() / (k_w * m_w));
         let mut lay = Layout {
@@ -307,13 +289,15 @@ impl Layout {
         } else {
             1
         };
-        let mut best = (lay, lay.counts().price(p));
+        let counts = lay.counts();
+        let mut best = (lay, counts, counts.price(p));
         let mut pack = 2;
         while pack <= max_pack {
             lay.blocks.pack = pack;
-            let price = lay.counts().price(p);
-            if price.seconds() < best.1.seconds() {
-                best = (lay, price);
+            let counts = lay.counts();
+            let price = counts.price(p);
+            if price.seconds() < best.2.seconds() {
+                best = (lay, counts, price);
             }
             pack *= 2;
         }

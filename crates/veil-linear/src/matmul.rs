@@ -26,7 +26,7 @@ use veil_he::{
 };
 use veil_net::Channel;
 
-use crate::layout::{Layout, WeightBlocking};
+use crate::layout::{check_dims, Layout, WeightBlocking};
 
 /// B (k×m), the server's plaintext operand, bound-checked once and served to products with
 /// any number of rows and any cut ([`Layout`]). Each job's weight polynomials are gathered from
@@ -52,8 +52,7 @@ impl PreparedMatrix {
             InvalidArgument,
             "plaintext matrix must be 2-D over the parameters' ring"
         );
-        let (k, m) = (b.shape()[0], b.shape()[1]);
-        Layout::for_weights(params, 1, k, m, WeightBlocking { k_w: 1, m_w: 1 })?;
+        check_dims(1, b.shape()[0], b.shape()[1])?;
         ensure!(max_abs < 1 << 62, InvalidArgument, "bound {max_abs} ≥ 2^62");
         let ring = b.ring();
         let over = b.data().iter().fold(0u64, |acc, &v| {
@@ -239,9 +238,9 @@ pub fn server_respond<C: Channel + ?Sized>(
 ) -> Result<Vec<RingTensor>> {
     let p = pk.params();
     let ring = p.ring();
-    let layouts: Vec<Layout> = jobs.iter().map(|job| job.layout).collect();
     let mut expected = 0;
-    for (job, &lay) in jobs.iter().zip(&layouts) {
+    for job in jobs {
+        let lay = job.layout;
         ensure!(
             job.matrix.shape() == (lay.k, lay.m),
             InvalidArgument,
@@ -280,7 +279,8 @@ pub fn server_respond<C: Channel + ?Sized>(
 
     // Expand seeds and fold in the server's share of A.
     let mut in_tasks = Vec::new();
-    for (j, lay) in layouts.iter().enumerate() {
+    for (j, job) in jobs.iter().enumerate() {
+        let lay = job.layout;
         for bi in 0..lay.row_blocks() {
             for bk in 0..lay.k_blocks() {
                 in_tasks.push((j, bi, bk));
@@ -291,7 +291,7 @@ pub fn server_respond<C: Channel + ?Sized>(
         let (j, bi, bk) = in_tasks[t];
         let mut ev = EvalCiphertext::expand(p, &cts[t]);
         if let Some(share) = jobs[j].lhs_share {
-            ev.add_plain(p, &layouts[j].lhs_poly(share, bi, bk))?;
+            ev.add_plain(p, &jobs[j].layout.lhs_poly(share, bi, bk))?;
         }
         Ok(ev)
     })?;
@@ -303,7 +303,8 @@ pub fn server_respond<C: Channel + ?Sized>(
     let mut out_tasks = Vec::new();
     let mut in_offset = Vec::new();
     let mut off = 0;
-    for (j, lay) in layouts.iter().enumerate() {
+    for (j, job) in jobs.iter().enumerate() {
+        let lay = job.layout;
         in_offset.push(off);
         off += lay.input_count();
         let per_task = (COLUMN_GROUP * lay.row_blocks()).div_ceil(lay.blocks.pack);
@@ -314,7 +315,7 @@ pub fn server_respond<C: Channel + ?Sized>(
     let results = parallel_map(out_tasks.len(), |t, prg| {
         let (j, ref groups) = out_tasks[t];
         let job = &jobs[j];
-        let lay = layouts[j];
+        let lay = job.layout;
         let pack = lay.blocks.pack;
         let all = lay.responses();
         let members = &all[groups.start * pack..(groups.end * pack).min(all.len())];
@@ -366,13 +367,13 @@ pub fn server_respond<C: Channel + ?Sized>(
     })?;
 
     // Responses in (job, packed group) order, as the client expects.
-    let mut shares: Vec<RingTensor> = layouts
+    let mut shares: Vec<RingTensor> = jobs
         .iter()
-        .map(|lay| RingTensor::zeros(ring, &[lay.n, lay.m]))
+        .map(|job| RingTensor::zeros(ring, &[job.layout.n, job.layout.m]))
         .collect::<Result<_>>()?;
     let mut responses = Vec::new();
     for (j, done) in results {
-        let m = layouts[j].m;
+        let m = jobs[j].layout.m;
         let data = shares[j].data_mut();
         for (resp, share) in done {
             for (r, c, v) in share {
