@@ -2,7 +2,6 @@
 //! forward pass, turn the output into probabilities) and `veil demo`, which runs a server and a
 //! client in one process over TCP loopback.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -11,7 +10,6 @@ use veil_model::client::ClientBundle;
 use veil_model::sim::FixedModel;
 use veil_model::tokenize::Encoded;
 use veil_model::{folder, EmbeddingMode, ModelConfig};
-use veil_net::TcpChannel;
 use veil_private::session::session_format;
 use veil_private::{ClientConnection, CostReport, ServerModel};
 
@@ -216,10 +214,7 @@ pub fn run(
         &m.transformer,
         session_format(),
     )?)?);
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    std::thread::spawn(move || veil_private::serve(listener, server));
-    let mut conn = ClientConnection::connect(TcpChannel::connect(addr)?)?;
+    let mut conn = veil_private::connect_loopback(server)?;
     client.check_matches(conn.config())?;
     for (s, enc) in sentences.iter().zip(&encoded) {
         let (probs, report) = client.classify(&mut conn, enc, opts)?;

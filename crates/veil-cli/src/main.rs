@@ -59,7 +59,7 @@ enum Cmd {
         /// Memory for NTT-domain weights, in MiB: layers whose transformed weights fit are
         /// served without per-request weight transforms (short-prompt cuts first). The
         /// coefficient-form weights are kept regardless; nothing grows with prompt lengths.
-        #[arg(long, default_value_t = veil_private::layers::DEFAULT_NTT_BUDGET_BYTES >> 20)]
+        #[arg(long, default_value_t = veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES >> 20)]
         ntt_budget_mib: usize,
     },
     /// Writes the client bundle of a model folder: config, tokenizer and (public-embedding

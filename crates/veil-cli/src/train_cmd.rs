@@ -1,7 +1,6 @@
 //! `veil finetune`, `veil substitute` and `veil eval`: the command-line faces of veil-train's
 //! workflows, and the three-way evaluation (f32, fixed-point simulator, real two-party protocol).
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,8 +9,7 @@ use clap::{Args, ValueEnum};
 use veil_core::{ensure, FixedPoint, Result};
 use veil_model::folder;
 use veil_model::sim::FixedModel;
-use veil_net::TcpChannel;
-use veil_private::{ClientConnection, ServerModel};
+use veil_private::ServerModel;
 use veil_train::data::{Columns, DatasetFormat};
 use veil_train::workflow::labelled_examples;
 use veil_train::{DataOptions, FinetuneOptions, LossWeights, SubstituteOptions, TrainConfig};
@@ -336,11 +334,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     // A server thread over loopback and this process's client, only when private runs are asked.
     let mut conn = (private_n > 0)
         .then(|| -> Result<_> {
-            let server = Arc::new(ServerModel::new(fixed.clone())?);
-            let listener = TcpListener::bind("127.0.0.1:0")?;
-            let addr = listener.local_addr()?;
-            std::thread::spawn(move || veil_private::serve(listener, server));
-            ClientConnection::connect(TcpChannel::connect(addr)?)
+            veil_private::connect_loopback(Arc::new(ServerModel::new(fixed.clone())?))
         })
         .transpose()?;
     let (mut f32_tally, mut sim_tally, mut private_tally) =

@@ -220,6 +220,60 @@ impl RingTensor {
         RingTensor::from_vec(ring, &[rows, cols], d)
     }
 
+    /// 2-D tensors of one width and ring, one above the other.
+    pub fn concat_rows(parts: &[&RingTensor]) -> Result<Self> {
+        ensure!(!parts.is_empty(), InvalidArgument, "nothing to concatenate");
+        let (ring, cols) = (parts[0].ring, parts[0].shape.get(1).copied().unwrap_or(0));
+        ensure!(
+            parts
+                .iter()
+                .all(|p| p.shape.len() == 2 && p.shape[1] == cols && p.ring == ring),
+            InvalidArgument,
+            "stacked tensors need 2-D shapes with {cols} columns over one ring"
+        );
+        let rows = parts.iter().map(|p| p.shape[0]).sum();
+        let d = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+        RingTensor::from_vec(ring, &[rows, cols], d)
+    }
+
+    /// A 2-D tensor cut into blocks of `rows` rows (the inverse of [`Self::concat_rows`]).
+    pub fn split_rows(&self, rows: usize) -> Result<Vec<Self>> {
+        ensure!(
+            self.shape.len() == 2
+                && rows > 0
+                && self.shape[1] > 0
+                && self.shape[0].checked_rem(rows) == Some(0),
+            InvalidArgument,
+            "cannot cut {:?} into blocks of {rows} rows",
+            self.shape
+        );
+        let cols = self.shape[1];
+        self.data
+            .chunks(rows * cols)
+            .map(|d| RingTensor::from_vec(self.ring, &[rows, cols], d.to_vec()))
+            .collect()
+    }
+
+    /// Columns `from..from + width` of a 2-D tensor.
+    pub fn columns(&self, from: usize, width: usize) -> Result<Self> {
+        ensure!(
+            self.shape.len() == 2 && from + width <= self.shape[1],
+            InvalidArgument,
+            "columns {from}..{} of {:?}",
+            from + width,
+            self.shape
+        );
+        let cols = self.shape[1];
+        let d = (0..self.shape[0])
+            .flat_map(|r| {
+                self.data[r * cols + from..r * cols + from + width]
+                    .iter()
+                    .copied()
+            })
+            .collect();
+        RingTensor::from_vec(self.ring, &[self.shape[0], width], d)
+    }
+
     /// Transpose of a 2-D tensor.
     pub fn transpose(&self) -> Result<Self> {
         ensure!(
@@ -261,5 +315,27 @@ mod tests {
         assert!(RingTensor::from_vec(r, &[2], vec![1]).is_err());
         assert!(RingTensor::from_vec(r, &[1], vec![1 << 40]).is_err());
         assert!(RingTensor::zeros(r, &[usize::MAX, 2]).is_err());
+    }
+
+    #[test]
+    fn rows_and_columns_cut_and_join_exactly() {
+        let r = Ring::new(32).unwrap();
+        let x = RingTensor::from_vec(r, &[4, 3], (0..12).collect()).unwrap();
+        let blocks = x.split_rows(2).unwrap();
+        assert_eq!(blocks[0].data(), &[0, 1, 2, 3, 4, 5]);
+        assert_eq!(blocks[1].data(), &[6, 7, 8, 9, 10, 11]);
+        let joined = RingTensor::concat_rows(&blocks.iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(joined.shape(), x.shape());
+        assert_eq!(joined.data(), x.data());
+        let mid = x.columns(1, 2).unwrap();
+        assert_eq!(mid.shape(), &[4, 2]);
+        assert_eq!(mid.data(), &[1, 2, 4, 5, 7, 8, 10, 11]);
+        let whole = RingTensor::concat_columns(&[&x.columns(0, 1).unwrap(), &mid]).unwrap();
+        assert_eq!(whole.data(), x.data());
+        assert!(x.split_rows(3).is_err());
+        assert!(x.split_rows(0).is_err());
+        assert!(x.columns(2, 2).is_err());
+        let other = RingTensor::zeros(r, &[1, 2]).unwrap();
+        assert!(RingTensor::concat_rows(&[&x, &other]).is_err());
     }
 }

@@ -27,6 +27,9 @@
 //!   type_ids) -> `[`sim::SimOutput`] { ring hidden states, pooled, logits, per-block
 //!   [`sim::BlockReport`] (max |hidden|, max accumulator vs the 2^(ℓ−1−2f) wrap bound, domain
 //!   violations), warnings }. Non-linearities are [`veil_core::approx`].
+//! * Composition — [`engine::encoder_and_head`] is the one definition of the encoder block and
+//!   the head, generic over an [`engine::Engine`] (the simulator here, the two-party pass in
+//!   `veil-private`); [`engine::LayerId`] and [`engine::NormId`] name the model's layers.
 //! * Data — [`data::sst2_dir`], [`data::read_labelled`] for `LABEL SENTENCE` files.
 //! * Benchmark — [`bench::run`] (f32 and simulator time per sentence; `examples/bench.rs`).
 //!
@@ -58,6 +61,7 @@ pub mod bench;
 pub mod client;
 pub mod config;
 pub mod data;
+pub mod engine;
 pub mod fetch;
 pub mod folder;
 pub mod nn;

@@ -25,12 +25,13 @@
 
 use crate::candle_context;
 use crate::config::ModelConfig;
+use crate::engine::{self, Engine, LayerId, NormId};
 use crate::nn::{Batch, Block, Embeddings, Head, Norm, Transformer};
 use crate::variants::{Activation, AttentionNorm, EmbeddingMode, HeadKind, LayerNormKind};
 use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
 use veil_core::approx::Approx;
-use veil_core::{ensure, FixedPoint, Result, RingTensor};
+use veil_core::{ensure, Error, FixedPoint, Result, RingTensor};
 
 /// A linear layer in fixed point: `weight` [out, in] (HF layout, y = W·x + b) at f bits,
 /// `bias` [out] at 2f bits.
@@ -363,7 +364,8 @@ impl FixedModel {
         Ok((x, tracker.report))
     }
 
-    /// Runs the fixed-point forward pass on one unpadded token sequence.
+    /// Runs the fixed-point forward pass on one unpadded token sequence: the composition of
+    /// [`crate::engine`] with this model's [`Simulation`] engine.
     pub fn forward(&self, ids: &[u32], type_ids: &[u32]) -> Result<SimOutput> {
         ensure!(
             !ids.is_empty() && ids.len() == type_ids.len(),
@@ -372,21 +374,23 @@ impl FixedModel {
         );
         self.config.check_input(ids, type_ids)?;
         let fp = self.fp();
-        let (mut x, report) = self.embed(ids, type_ids)?;
-        let mut hidden_states = vec![x.clone()];
-        let mut reports = vec![report];
-        let position_bias = self.position_bias(ids.len());
-        for (i, block) in self.blocks.iter().enumerate() {
-            let mut tracker = Tracker::new(fp, i + 1);
-            x = self.block(block, &x, position_bias.as_deref(), &mut tracker)?;
-            tracker.report.max_abs_hidden = max_abs(&x, fp);
-            reports.push(tracker.report);
-            hidden_states.push(x.clone());
-        }
-        let mut head_tracker = Tracker::new(fp, self.blocks.len() + 1);
-        let (pooled, logits) = self.head(&x, &mut head_tracker)?;
+        let (x, report) = self.embed(ids, type_ids)?;
+        let mut sim = Simulation {
+            model: self,
+            position_bias: self.position_bias(ids.len()),
+            tracker: Tracker::new(fp, 1),
+            reports: vec![report],
+            hidden_states: vec![x.clone()],
+        };
+        let out = engine::encoder_and_head(&mut sim, &self.config, &x)?;
+        let Simulation {
+            tracker,
+            reports,
+            hidden_states,
+            ..
+        } = sim;
         let mut warnings = Vec::new();
-        for r in reports.iter().chain(std::iter::once(&head_tracker.report)) {
+        for r in reports.iter().chain(std::iter::once(&tracker.report)) {
             if r.wrapped > 0 {
                 warnings.push(format!(
                     "block {}: {} product accumulators exceeded the ring bound {} (max {:.1}) and wrapped mod 2^{}",
@@ -405,8 +409,8 @@ impl FixedModel {
         }
         Ok(SimOutput {
             hidden_states,
-            pooled,
-            logits,
+            pooled: out.pooled,
+            logits: out.logits,
             reports,
             warnings,
         })
@@ -429,115 +433,34 @@ impl FixedModel {
         Some(out)
     }
 
-    fn block(
-        &self,
-        b: &FixedBlock,
-        x: &RingTensor,
-        position_bias: Option<&[Vec<u64>]>,
-        t: &mut Tracker,
-    ) -> Result<RingTensor> {
-        let ring = self.fp().ring;
-        let (s, h) = (x.shape()[0], x.shape()[1]);
-        let nh = b.num_heads;
-        let dh = h / nh;
-        let q = self.linear(x, &b.query, t)?;
-        let k = self.linear(x, &b.key, t)?;
-        let v = self.linear(x, &b.value, t)?;
-        let mut ctx = vec![0u64; s * h];
-        let valid = vec![true; s];
-        for head in 0..nh {
-            let cols = |m: &RingTensor| -> Vec<u64> {
-                (0..s)
-                    .flat_map(|i| {
-                        m.data()[i * h + head * dh..i * h + (head + 1) * dh]
-                            .iter()
-                            .copied()
-                    })
-                    .collect()
-            };
-            let (qh, kh, vh) = (cols(&q), cols(&k), cols(&v));
-            // scores[i][j] = ⌊q_i · k_j / 2^f⌋ (+ bias): rows of K are the "weights".
-            let mut scores = self.matmul_rows(&qh, &kh, (s, dh, s), None, t);
-            if let Some(pb) = position_bias {
-                for (sc, &p) in scores.iter_mut().zip(&pb[head]) {
-                    *sc = ring.add(*sc, p);
-                }
+    /// The encoded layer `id` (Q, K and V side by side for [`LayerId::Qkv`]).
+    fn layers(&self, id: LayerId) -> Result<Vec<&FixedLinear>> {
+        let missing = || Error::Unsupported(format!("the model has no layer {id:?}"));
+        let block = |i: usize| self.blocks.get(i).ok_or_else(missing);
+        Ok(match id {
+            LayerId::Qkv(i) => {
+                let b = block(i)?;
+                vec![&b.query, &b.key, &b.value]
             }
-            let mut probs = Vec::with_capacity(s * s);
-            for row in scores.chunks(s) {
-                probs.extend(match b.variant.attention {
-                    AttentionNorm::Softmax => self.approx.softmax_row(row, &valid),
-                    AttentionNorm::ReluNormalise => {
-                        if self.relu_normalise_sum(row) >= relu_normalise_domain(self.fp()) {
-                            t.report.out_of_domain += 1;
-                        }
-                        t.report.out_of_domain += self.outside_relu_domain(row);
-                        self.approx.relu_normalise_row(row, &valid)
-                    }
-                });
-            }
-            // ctx_h = P · V_h: transpose V_h so its columns become rows.
-            let vt: Vec<u64> = (0..dh)
-                .flat_map(|c| (0..s).map(move |r| (r, c)))
-                .map(|(r, c)| vh[r * dh + c])
-                .collect();
-            let ch = self.matmul_rows(&probs, &vt, (s, s, dh), None, t);
-            for i in 0..s {
-                ctx[i * h + head * dh..i * h + (head + 1) * dh]
-                    .copy_from_slice(&ch[i * dh..(i + 1) * dh]);
-            }
-        }
-        let ctx = RingTensor::from_vec(ring, &[s, h], ctx)?;
-        let attn = self.linear(&ctx, &b.attn_out, t)?.add(x)?;
-        let y = self.norm(&attn, &b.ln1, t);
-        let mut f = self.linear(&y, &b.intermediate, t)?;
-        for v in f.data_mut() {
-            *v = match b.variant.activation {
-                Activation::Relu => {
-                    t.report.out_of_domain += self.outside_relu_domain(std::slice::from_ref(v));
-                    self.approx.relu(*v)
-                }
-                Activation::Gelu => {
-                    if self.fp().decode(*v).abs() > gelu_domain(self.fp()) {
-                        t.report.out_of_domain += 1;
-                    }
-                    self.approx.gelu(*v)
-                }
-            };
-        }
-        let out = self.linear(&f, &b.output, t)?.add(&y)?;
-        Ok(self.norm(&out, &b.ln2, t))
+            LayerId::AttnOut(i) => vec![&block(i)?.attn_out],
+            LayerId::Intermediate(i) => vec![&block(i)?.intermediate],
+            LayerId::Output(i) => vec![&block(i)?.output],
+            LayerId::Pooler => vec![self.head.pool_dense.as_ref().ok_or_else(missing)?],
+            LayerId::Classifier => vec![self.head.classifier.as_ref().ok_or_else(missing)?],
+        })
     }
 
-    fn head(&self, x: &RingTensor, t: &mut Tracker) -> Result<(RingTensor, Option<RingTensor>)> {
-        let fp = self.fp();
-        let (s, h) = (x.shape()[0], x.shape()[1]);
-        let pooled = match (&self.head.kind, &self.head.pool_dense) {
-            (HeadKind::Pooler, Some(dense)) => {
-                let first = RingTensor::from_vec(fp.ring, &[1, h], x.data()[..h].to_vec())?;
-                let mut p = self.linear(&first, dense, t)?;
-                for v in p.data_mut() {
-                    *v = self.approx.tanh(*v);
-                }
-                p.reshape(&[h])?
-            }
-            _ => {
-                let sums: Vec<u64> = (0..h)
-                    .map(|c| (0..s).fold(0u64, |acc, r| fp.ring.add(acc, x.data()[r * h + c])))
-                    .map(|sum| self.approx.mean_of_sum(sum, s))
-                    .collect();
-                RingTensor::from_vec(fp.ring, &[h], sums)?
-            }
-        };
-        let logits = match &self.head.classifier {
-            Some(c) => {
-                let p = pooled.clone().reshape(&[1, h])?;
-                let l = self.linear(&p, c, t)?;
-                Some(l.reshape(&[c.out_dim()])?)
-            }
-            None => None,
-        };
-        Ok((pooled, logits))
+    /// γ and β of norm `id`.
+    pub fn norm_params(&self, id: NormId) -> Result<&FixedNorm> {
+        let (NormId::Ln1(i) | NormId::Ln2(i)) = id;
+        let b = self
+            .blocks
+            .get(i)
+            .ok_or_else(|| Error::Unsupported(format!("the model has no norm {id:?}")))?;
+        Ok(match id {
+            NormId::Ln1(_) => &b.ln1,
+            NormId::Ln2(_) => &b.ln2,
+        })
     }
 
     /// y = ⌊(x·W + b) / 2^f⌋ for x [rows, in].
@@ -559,11 +482,6 @@ impl FixedModel {
         RingTensor::from_vec(self.fp().ring, &[rows, l.out_dim()], out)
     }
 
-    /// out[i][j] = ⌊(Σ_k a[i][k]·b[j][k] (+ bias[j] at 2f)) / 2^f⌋ with a [m, k], b [n, k] given
-    /// row-major; the exact accumulator is checked against the ring bound before reduction.
-    #[allow(clippy::too_many_arguments)]
-    /// Σ ReLU(x) + ε over a row of attention scores, in real units (all columns are valid in
-    /// the simulator's unpadded rows).
     /// How many of `xs` lie outside [`relu_domain`].
     fn outside_relu_domain(&self, xs: &[u64]) -> usize {
         let fp = self.fp();
@@ -572,12 +490,16 @@ impl FixedModel {
             .count()
     }
 
+    /// Σ ReLU(x) + ε over a row of attention scores, in real units (all columns are valid in
+    /// the simulator's unpadded rows).
     fn relu_normalise_sum(&self, row: &[u64]) -> f64 {
         let fp = self.fp();
         let sum: f64 = row.iter().map(|&v| fp.decode(v).max(0.0)).sum();
         sum + fp.decode(self.approx.relu_normalise_eps())
     }
 
+    /// out[i][j] = ⌊(Σ_k a[i][k]·b[j][k] (+ bias[j] at 2f)) / 2^f⌋ with a [m, k], b [n, k] given
+    /// row-major; the exact accumulator is checked against the ring bound before reduction.
     fn matmul_rows(
         &self,
         a: &[u64],
@@ -633,6 +555,156 @@ impl FixedModel {
             });
         }
         RingTensor::from_vec(fp.ring, x.shape(), out).expect("same shape as the input")
+    }
+}
+
+/// The simulator as an [`Engine`]: each operator on the values themselves, with
+/// `veil_core::approx`'s arithmetic, recording every block's output and statistics.
+struct Simulation<'a> {
+    model: &'a FixedModel,
+    position_bias: Option<Vec<Vec<u64>>>,
+    /// The running block's statistics (after the last block: the head's).
+    tracker: Tracker,
+    reports: Vec<BlockReport>,
+    hidden_states: Vec<RingTensor>,
+}
+
+impl Simulation<'_> {
+    fn map(&self, x: &RingTensor, f: impl FnMut(&u64) -> u64) -> Result<RingTensor> {
+        RingTensor::from_vec(x.ring(), x.shape(), x.data().iter().map(f).collect())
+    }
+}
+
+impl Engine for Simulation<'_> {
+    type Scope = ();
+
+    fn scope(&mut self, _class: &'static str) {}
+
+    fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
+        let m = self.model;
+        let parts = m
+            .layers(id)?
+            .into_iter()
+            .map(|l| m.linear(x, l, &mut self.tracker))
+            .collect::<Result<Vec<_>>>()?;
+        RingTensor::concat_columns(&parts.iter().collect::<Vec<_>>())
+    }
+
+    fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
+        ensure!(
+            a.len() == b.len(),
+            InvalidArgument,
+            "{} left and {} right operands",
+            a.len(),
+            b.len()
+        );
+        a.iter()
+            .zip(b)
+            .map(|(a, b)| {
+                let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+                ensure!(
+                    b.shape()[0] == k,
+                    InvalidArgument,
+                    "product of [{m}, {k}] and {:?}",
+                    b.shape()
+                );
+                let bt = b.transpose()?;
+                let out =
+                    self.model
+                        .matmul_rows(a.data(), bt.data(), (m, k, n), None, &mut self.tracker);
+                RingTensor::from_vec(a.ring(), &[m, n], out)
+            })
+            .collect()
+    }
+
+    fn adjust_scores(&mut self, scores: &mut RingTensor) -> Result<()> {
+        if let Some(bias) = &self.position_bias {
+            let ring = scores.ring();
+            for (v, &b) in scores.data_mut().iter_mut().zip(bias.iter().flatten()) {
+                *v = ring.add(*v, b);
+            }
+        }
+        Ok(())
+    }
+
+    fn attention_norm(&mut self, kind: AttentionNorm, scores: &RingTensor) -> Result<RingTensor> {
+        let m = self.model;
+        let s = scores.shape()[1];
+        let valid = vec![true; s];
+        let mut probs = Vec::with_capacity(scores.len());
+        for row in scores.data().chunks(s) {
+            probs.extend(match kind {
+                AttentionNorm::Softmax => m.approx.softmax_row(row, &valid),
+                AttentionNorm::ReluNormalise => {
+                    let t = &mut self.tracker.report;
+                    if m.relu_normalise_sum(row) >= relu_normalise_domain(m.fp()) {
+                        t.out_of_domain += 1;
+                    }
+                    t.out_of_domain += m.outside_relu_domain(row);
+                    m.approx.relu_normalise_row(row, &valid)
+                }
+            });
+        }
+        RingTensor::from_vec(scores.ring(), scores.shape(), probs)
+    }
+
+    fn activation(&mut self, kind: Activation, x: &RingTensor) -> Result<RingTensor> {
+        let m = self.model;
+        let fp = m.fp();
+        let t = &mut self.tracker.report;
+        let y = x
+            .data()
+            .iter()
+            .map(|&v| match kind {
+                Activation::Relu => {
+                    t.out_of_domain += m.outside_relu_domain(&[v]);
+                    m.approx.relu(v)
+                }
+                Activation::Gelu => {
+                    if fp.decode(v).abs() > gelu_domain(fp) {
+                        t.out_of_domain += 1;
+                    }
+                    m.approx.gelu(v)
+                }
+            })
+            .collect();
+        RingTensor::from_vec(x.ring(), x.shape(), y)
+    }
+
+    fn norm(&mut self, id: NormId, kind: LayerNormKind, x: &RingTensor) -> Result<RingTensor> {
+        let n = self.model.norm_params(id)?;
+        ensure!(
+            n.kind == kind,
+            InvalidArgument,
+            "{id:?} is {:?} in the weights but {kind:?} in the config",
+            n.kind
+        );
+        Ok(self.model.norm(x, n, &mut self.tracker))
+    }
+
+    fn tanh(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let ax = self.model.approx;
+        self.map(x, |&v| ax.tanh(v))
+    }
+
+    fn mean_rows(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let (s, h) = (x.shape()[0], x.shape()[1]);
+        let ring = x.ring();
+        let ax = self.model.approx;
+        let means = (0..h)
+            .map(|c| (0..s).fold(0u64, |acc, r| ring.add(acc, x.data()[r * h + c])))
+            .map(|sum| ax.mean_of_sum(sum, s))
+            .collect();
+        RingTensor::from_vec(ring, &[1, h], means)
+    }
+
+    fn block_done(&mut self, block: usize, output: &RingTensor) -> Result<()> {
+        let fp = self.model.fp();
+        let mut finished = std::mem::replace(&mut self.tracker, Tracker::new(fp, block + 2));
+        finished.report.max_abs_hidden = max_abs(output, fp);
+        self.reports.push(finished.report);
+        self.hidden_states.push(output.clone());
+        Ok(())
     }
 }
 

@@ -1,5 +1,6 @@
-//! The encoder and head on shares: one code path for both parties, mirroring
-//! `veil_model::sim::FixedModel::forward` step by step.
+//! The encoder and head on shares: [`Party`] is the two-party [`Engine`] that runs
+//! `veil_model::engine`'s one composition (the one the simulator runs too), each operator on
+//! this party's shares; one code path for both parties.
 //!
 //! **Error bound.** With [`ProductTruncation::Faithful`] the private result equals the
 //! simulator's integers. With [`ProductTruncation::OneBitError`] (the default) every truncation
@@ -10,7 +11,7 @@
 //! The deviation is these one-sided errors carried through the later layers (bounded in
 //! `tests/`; far below the fixed-point error itself).
 //!
-//! Role-specific steps are confined to [`Party::linear`] (client encrypts, server multiplies),
+//! Role-specific steps are confined to the linear layers (client encrypts, server multiplies),
 //! the server-private LayerNorm parameters, and the final reveal of the output to the client.
 //! Each step runs under the meter label of its operator class, so the cost report is exact:
 //! "MatMul" (HE products), "Truncation" (after each product), "GELU"/"ReLU",
@@ -20,15 +21,15 @@ use veil_core::approx::{Approx, MEAN_EXTRA_BITS};
 use veil_core::{ensure, Result, RingTensor};
 use veil_linear::{fc_client, fc_server, shared_matmul_client, shared_matmul_server};
 use veil_linear::{ClientSession, ServerSession};
-use veil_model::sim::FixedNorm;
+use veil_model::engine::{self, Engine, LayerId, NormId};
 use veil_model::ProductTruncation;
-use veil_model::{Activation, AttentionNorm, HeadKind, LayerNormKind, ModelConfig};
-use veil_net::{Channel, Role};
+use veil_model::{Activation, AttentionNorm, LayerNormKind, ModelConfig};
+use veil_net::{Channel, LabelGuard, Role};
 use veil_nonlinear::composite::{self, AffineParams};
 use veil_nonlinear::ctx::HeKeys;
 use veil_nonlinear::{functions, Ctx, OtSession, TruncMode};
 
-use crate::layers::{LayerId, ServerModel};
+use crate::prepared::{fc_shape, ServerModel};
 
 /// How far below every real attention score the client pushes the scores of padding keys:
 /// far enough that Softmax's exp clamps them to exactly 0 and ReLU-normalise's ReLU zeroes
@@ -53,29 +54,15 @@ pub struct Party<'a, C: Channel> {
     pub side: Side<'a>,
 }
 
-fn columns(x: &RingTensor, from: usize, width: usize) -> Result<RingTensor> {
-    let (rows, cols) = (x.shape()[0], x.shape()[1]);
-    let d: Vec<u64> = (0..rows)
-        .flat_map(|r| {
-            x.data()[r * cols + from..r * cols + from + width]
-                .iter()
-                .copied()
-        })
-        .collect();
-    RingTensor::from_vec(x.ring(), &[rows, width], d)
-}
-
-fn stack_rows(parts: &[RingTensor]) -> Result<RingTensor> {
-    let cols = parts[0].shape()[1];
-    let rows: usize = parts.iter().map(|p| p.shape()[0]).sum();
-    let d: Vec<u64> = parts
-        .iter()
-        .flat_map(|p| p.data().iter().copied())
-        .collect();
-    RingTensor::from_vec(parts[0].ring(), &[rows, cols], d)
-}
-
 impl<'a, C: Channel> Party<'a, C> {
+    /// Runs every block and the head on this party's share of the embedding output: shares of
+    /// the logits, or of the pooled vector when the model has no classifier.
+    pub fn encoder_and_head(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let cfg = self.cfg;
+        let out = engine::encoder_and_head(self, cfg, x)?;
+        Ok(out.logits.unwrap_or(out.pooled))
+    }
+
     fn role(&self) -> Role {
         match self.side {
             Side::Client(..) => Role::Client,
@@ -88,11 +75,9 @@ impl<'a, C: Channel> Party<'a, C> {
         Ctx::new(self.ot, self.ch, role, self.ax)
     }
 
-    fn tensor(&self, like: &RingTensor, data: Vec<u64>) -> Result<RingTensor> {
-        RingTensor::from_vec(like.ring(), like.shape(), data)
-    }
-
-    /// The truncation the config's [`ProductTruncation`] asks for.
+    /// The truncation the config's [`ProductTruncation`] asks for: after products, and in
+    /// every operator but GELU (Softmax, LayerNorm and the friendly ones, whose truncations all
+    /// come after a product).
     fn product_trunc_mode(&self) -> TruncMode {
         match self.cfg.veil.product_truncation {
             ProductTruncation::Faithful => TruncMode::Faithful,
@@ -100,9 +85,7 @@ impl<'a, C: Channel> Party<'a, C> {
         }
     }
 
-    /// A context whose truncations follow [`Self::product_trunc_mode`]: for truncations after
-    /// products, and for every operator but GELU (Softmax, LayerNorm and the friendly ones, whose
-    /// truncations all come after a product).
+    /// A context whose truncations follow [`Self::product_trunc_mode`].
     fn policy_cx(&mut self) -> Ctx<'_, C> {
         let mode = self.product_trunc_mode();
         let mut cx = self.cx();
@@ -114,81 +97,8 @@ impl<'a, C: Channel> Party<'a, C> {
     fn truncate(&mut self, x: &RingTensor) -> Result<RingTensor> {
         let _g = self.ch.meter().enter("Truncation");
         let f = self.ax.fp.frac_bits();
-        let mut cx = self.policy_cx();
-        let y = cx.trunc(x.data(), f)?;
-        self.tensor(x, y)
-    }
-
-    /// ⌊(x·Wᵀ + b) / 2^f⌋ for the server's layer `id`.
-    fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
-        let acc = {
-            let _g = self.ch.meter().enter("MatMul");
-            match &self.side {
-                Side::Client(s, _) => fc_client(self.ch, s, &id.public(self.cfg, x.shape()[0]), x)?,
-                Side::Server(s, m) => fc_server(self.ch, s, m.prepared().get(id)?, x)?,
-            }
-        };
-        self.truncate(&acc)
-    }
-
-    /// ⌊(Σ_h a_h·b_h) / 2^f⌋ per pair, both operands shared.
-    fn shared_products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
-        let acc = {
-            let _g = self.ch.meter().enter("MatMul");
-            match &self.side {
-                Side::Client(s, _) => shared_matmul_client(self.ch, s, a, b)?,
-                Side::Server(s, ..) => shared_matmul_server(self.ch, s, a, b)?,
-            }
-        };
-        let joined = self.truncate(&stack_rows(&acc)?)?;
-        let rows = acc[0].shape()[0];
-        let cols = acc[0].shape()[1];
-        (0..acc.len())
-            .map(|i| {
-                RingTensor::from_vec(
-                    joined.ring(),
-                    &[rows, cols],
-                    joined.data()[i * rows * cols..(i + 1) * rows * cols].to_vec(),
-                )
-            })
-            .collect()
-    }
-
-    fn norm(
-        &mut self,
-        x: &RingTensor,
-        pick: impl Fn(&ServerModel) -> &FixedNorm,
-        kind: LayerNormKind,
-    ) -> Result<RingTensor> {
-        let server_norm = match &self.side {
-            Side::Server(_, m) => Some(pick(m)),
-            Side::Client(..) => None,
-        };
-        let params = server_norm.map(|n| AffineParams {
-            gamma: &n.gamma,
-            beta: &n.beta,
-        });
-        let eps = self.cfg.layer_norm_eps;
-        let role = self.role();
-        let policy = self.product_trunc_mode();
-        // The share-product HE keys let LayerNorm's 1-bit-error path run its sum of squares and
-        // d·r on BFV (veil_nonlinear::rows).
-        let keys = match &self.side {
-            Side::Client(s, _) => HeKeys::client(s)?,
-            Side::Server(s, ..) => HeKeys::server(s)?,
-        };
-        let mut cx = Ctx::new(self.ot, self.ch, role, self.ax).with_he(keys)?;
-        cx.trunc_mode = policy;
-        match kind {
-            LayerNormKind::Exact => {
-                let _g = cx.ch.meter().enter("LayerNorm");
-                composite::layer_norm(&mut cx, x, params.as_ref(), eps)
-            }
-            LayerNormKind::Centring => {
-                let _g = cx.ch.meter().enter("Centring");
-                composite::centre_affine(&mut cx, x, params.as_ref())
-            }
-        }
+        let y = self.policy_cx().trunc(x.data(), f)?;
+        RingTensor::from_vec(x.ring(), x.shape(), y)
     }
 
     /// Client only: subtracts [`PADDING_KEY_OFFSET`] from its share of every score against a
@@ -214,131 +124,139 @@ impl<'a, C: Channel> Party<'a, C> {
 
     /// Server only: adds MPNet's relative-position bias ([heads][seq·seq], a public function of
     /// the positions applied to the server's private table) to its own share of the scores.
-    fn add_position_bias(&self, scores: &mut RingTensor, bias: Option<&[Vec<u64>]>) {
-        let Some(bias) = bias else { return };
+    fn add_position_bias(&self, scores: &mut RingTensor) {
+        let Side::Server(_, m) = self.side else {
+            return;
+        };
+        let Some(bias) = m.fixed.position_bias(scores.shape()[1]) else {
+            return;
+        };
         let ring = scores.ring();
         for (v, &b) in scores.data_mut().iter_mut().zip(bias.iter().flatten()) {
             *v = ring.add(*v, b);
         }
     }
+}
 
-    /// One encoder block (sim: `FixedModel::block`).
-    fn block(
-        &mut self,
-        i: usize,
-        x: &RingTensor,
-        position_bias: Option<&[Vec<u64>]>,
-    ) -> Result<RingTensor> {
-        let variant = self.cfg.veil.blocks[i];
-        let (s, h) = (x.shape()[0], x.shape()[1]);
-        let nh = self.cfg.num_heads;
-        let dh = h / nh;
-        let qkv = self.linear(LayerId::Qkv(i), x)?;
-        let head = |base: usize, hd: usize| columns(&qkv, base + hd * dh, dh);
-        let mut qs = Vec::with_capacity(nh);
-        let mut kts = Vec::with_capacity(nh);
-        let mut vs = Vec::with_capacity(nh);
-        for hd in 0..nh {
-            qs.push(head(0, hd)?);
-            kts.push(head(h, hd)?.transpose()?);
-            vs.push(head(2 * h, hd)?);
-        }
-        let mut scores = stack_rows(&self.shared_products(&qs, &kts)?)?; // [nh·s, s]
-        self.mask_padding_keys(&mut scores);
-        self.add_position_bias(&mut scores, position_bias);
-        let valid = vec![true; s];
-        let probs = {
-            let mut cx = self.policy_cx();
-            match variant.attention {
-                AttentionNorm::Softmax => {
-                    let _g = cx.ch.meter().enter("Softmax");
-                    composite::softmax(&mut cx, &scores, &valid)?
-                }
-                AttentionNorm::ReluNormalise => {
-                    let _g = cx.ch.meter().enter("ReLU-normalise");
-                    let k = cx.ax.relu_bound_bits();
-                    composite::relu_normalise(&mut cx, &scores, &valid, Some(k))?
-                }
-            }
-        };
-        let ps: Vec<RingTensor> = (0..nh)
-            .map(|hd| {
-                RingTensor::from_vec(
-                    probs.ring(),
-                    &[s, s],
-                    probs.data()[hd * s * s..(hd + 1) * s * s].to_vec(),
-                )
-            })
-            .collect::<Result<_>>()?;
-        let heads = self.shared_products(&ps, &vs)?;
-        let ctx = RingTensor::concat_columns(&heads.iter().collect::<Vec<_>>())?;
-        let attn = self.linear(LayerId::AttnOut(i), &ctx)?.add(x)?;
-        let y = self.norm(&attn, |m| &m.fixed.blocks[i].ln1, variant.ln1)?;
-        let inter = self.linear(LayerId::Intermediate(i), &y)?;
-        let act = {
-            let mut cx = self.cx();
-            match variant.activation {
-                Activation::Gelu => {
-                    let _g = cx.ch.meter().enter("GELU");
-                    composite::gelu(&mut cx, &inter)?
-                }
-                Activation::Relu => {
-                    let _g = cx.ch.meter().enter("ReLU");
-                    let k = cx.ax.relu_bound_bits();
-                    composite::relu(&mut cx, &inter, Some(k))?
-                }
-            }
-        };
-        let out = self.linear(LayerId::Output(i), &act)?.add(&y)?;
-        self.norm(&out, |m| &m.fixed.blocks[i].ln2, variant.ln2)
+impl<C: Channel> Engine for Party<'_, C> {
+    type Scope = LabelGuard;
+
+    fn scope(&mut self, class: &'static str) -> LabelGuard {
+        self.ch.meter().enter(class)
     }
 
-    /// Pooling and classifier (sim: `FixedModel::head`): returns shares of the logits, or of the
-    /// pooled vector when the model has no classifier.
-    fn head(&mut self, x: &RingTensor) -> Result<RingTensor> {
-        let _g = self.ch.meter().enter("Head");
-        let (s, h) = (x.shape()[0], x.shape()[1]);
-        let ring = x.ring();
-        let pooled = if self.cfg.veil.head == HeadKind::Pooler {
-            let first = RingTensor::from_vec(ring, &[1, h], x.data()[..h].to_vec())?;
-            let p = self.linear(LayerId::Pooler, &first)?;
-            let t = functions::tanh(&mut self.cx(), p.data())?;
-            RingTensor::from_vec(ring, &[1, h], t)?
-        } else {
-            let sums: Vec<u64> = (0..h)
-                .map(|c| (0..s).fold(0u64, |a, r| ring.add(a, x.data()[r * h + c])))
-                .collect();
-            let (p, c) = self.ax.mean_params(s);
-            let f = self.ax.fp.frac_bits();
-            let mut cx = self.cx();
-            let t = if p > 0 { cx.trunc(&sums, p)? } else { sums };
-            RingTensor::from_vec(ring, &[1, h], cx.scale_trunc(&t, c, f + MEAN_EXTRA_BITS)?)?
+    fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
+        let acc = {
+            let _g = self.ch.meter().enter("MatMul");
+            match &self.side {
+                Side::Client(s, _) => {
+                    fc_client(self.ch, s, &fc_shape(id, self.cfg, x.shape()[0]), x)?
+                }
+                Side::Server(s, m) => fc_server(self.ch, s, m.prepared().get(id)?, x)?,
+            }
         };
-        if self.cfg.veil.num_labels == 0 {
-            return pooled.reshape(&[h]);
-        }
-        let logits = self.linear(LayerId::Classifier, &pooled)?;
-        let n = logits.len();
-        logits.reshape(&[n])
+        self.truncate(&acc)
     }
 
-    /// Runs every block and the head on this party's share of the embedding output.
-    pub fn encoder_and_head(&mut self, x: &RingTensor) -> Result<RingTensor> {
-        ensure!(
-            x.shape().len() == 2 && x.shape()[1] == self.cfg.hidden_size && x.shape()[0] > 0,
-            InvalidArgument,
-            "embedding share of shape {:?}, expected [seq, {}]",
-            x.shape(),
-            self.cfg.hidden_size
-        );
-        let position_bias = match &self.side {
-            Side::Server(_, m) => m.fixed.position_bias(x.shape()[0]),
+    /// All pairs in one batch of HE products, then one truncation of every product.
+    fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
+        let acc = {
+            let _g = self.ch.meter().enter("MatMul");
+            match &self.side {
+                Side::Client(s, _) => shared_matmul_client(self.ch, s, a, b)?,
+                Side::Server(s, ..) => shared_matmul_server(self.ch, s, a, b)?,
+            }
+        };
+        ensure!(!acc.is_empty(), InvalidArgument, "no products to compute");
+        let joined = RingTensor::concat_rows(&acc.iter().collect::<Vec<_>>())?;
+        self.truncate(&joined)?.split_rows(acc[0].shape()[0])
+    }
+
+    fn adjust_scores(&mut self, scores: &mut RingTensor) -> Result<()> {
+        self.mask_padding_keys(scores);
+        self.add_position_bias(scores);
+        Ok(())
+    }
+
+    fn attention_norm(&mut self, kind: AttentionNorm, scores: &RingTensor) -> Result<RingTensor> {
+        let valid = vec![true; scores.shape()[1]];
+        let mut cx = self.policy_cx();
+        match kind {
+            AttentionNorm::Softmax => {
+                let _g = cx.ch.meter().enter("Softmax");
+                composite::softmax(&mut cx, scores, &valid)
+            }
+            AttentionNorm::ReluNormalise => {
+                let _g = cx.ch.meter().enter("ReLU-normalise");
+                let k = cx.ax.relu_bound_bits();
+                composite::relu_normalise(&mut cx, scores, &valid, Some(k))
+            }
+        }
+    }
+
+    fn activation(&mut self, kind: Activation, x: &RingTensor) -> Result<RingTensor> {
+        let mut cx = self.cx();
+        match kind {
+            Activation::Gelu => {
+                let _g = cx.ch.meter().enter("GELU");
+                composite::gelu(&mut cx, x)
+            }
+            Activation::Relu => {
+                let _g = cx.ch.meter().enter("ReLU");
+                let k = cx.ax.relu_bound_bits();
+                composite::relu(&mut cx, x, Some(k))
+            }
+        }
+    }
+
+    fn norm(&mut self, id: NormId, kind: LayerNormKind, x: &RingTensor) -> Result<RingTensor> {
+        let server_norm = match &self.side {
+            Side::Server(_, m) => Some(m.fixed.norm_params(id)?),
             Side::Client(..) => None,
         };
-        let mut h = x.clone();
-        for i in 0..self.cfg.num_layers {
-            h = self.block(i, &h, position_bias.as_deref())?;
+        let params = server_norm.map(|n| AffineParams {
+            gamma: &n.gamma,
+            beta: &n.beta,
+        });
+        let eps = self.cfg.layer_norm_eps;
+        // The share-product HE keys let LayerNorm's 1-bit-error path run its sum of squares and
+        // d·r on BFV (veil_nonlinear::rows).
+        let keys = match &self.side {
+            Side::Client(s, _) => HeKeys::client(s)?,
+            Side::Server(s, ..) => HeKeys::server(s)?,
+        };
+        let mode = self.product_trunc_mode();
+        let role = self.role();
+        let mut cx = Ctx::new(self.ot, self.ch, role, self.ax).with_he(keys)?;
+        cx.trunc_mode = mode;
+        match kind {
+            LayerNormKind::Exact => {
+                let _g = cx.ch.meter().enter("LayerNorm");
+                composite::layer_norm(&mut cx, x, params.as_ref(), eps)
+            }
+            LayerNormKind::Centring => {
+                let _g = cx.ch.meter().enter("Centring");
+                composite::centre_affine(&mut cx, x, params.as_ref())
+            }
         }
-        self.head(&h)
+    }
+
+    fn tanh(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let t = functions::tanh(&mut self.cx(), x.data())?;
+        RingTensor::from_vec(x.ring(), x.shape(), t)
+    }
+
+    /// Σ over tokens, then the two truncating steps of `approx::mean_of_sum`.
+    fn mean_rows(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let (s, h) = (x.shape()[0], x.shape()[1]);
+        let ring = x.ring();
+        let sums: Vec<u64> = (0..h)
+            .map(|c| (0..s).fold(0u64, |a, r| ring.add(a, x.data()[r * h + c])))
+            .collect();
+        let (p, c) = self.ax.mean_params(s);
+        let f = self.ax.fp.frac_bits();
+        let mut cx = self.cx();
+        let t = if p > 0 { cx.trunc(&sums, p)? } else { sums };
+        RingTensor::from_vec(ring, &[1, h], cx.scale_trunc(&t, c, f + MEAN_EXTRA_BITS)?)
     }
 }

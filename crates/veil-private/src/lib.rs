@@ -1,7 +1,7 @@
 //! Private transformer inference: the whole forward pass of a BERT-class model on secret
 //! shares, between a client holding the prompt and a server holding the weights.
 //!
-//! * [`layers`] — the server's model with its linear layers prepared for HE once, for every
+//! * [`prepared`] — the server's model with its linear layers prepared for HE once, for every
 //!   sequence length;
 //! * [`embedding`] — private-embedding mode: HE lookup of the server's tables by the client's
 //!   token ids, position rows added by the server, embedding LayerNorm on shares;
@@ -21,10 +21,12 @@
 pub mod bench;
 pub mod embedding;
 pub mod forward;
-pub mod layers;
+pub mod prepared;
 pub mod report;
 pub mod session;
 
-pub use layers::ServerModel;
+pub use prepared::ServerModel;
 pub use report::CostReport;
-pub use session::{serve, serve_session, serve_session_with, serve_with, ClientConnection};
+pub use session::{
+    connect_loopback, serve, serve_session, serve_session_with, serve_with, ClientConnection,
+};

@@ -32,7 +32,7 @@ use veil_nonlinear::OtSession;
 
 use crate::embedding::{embed_client, embed_server, ServerEmbedding, DEFAULT_METHOD};
 use crate::forward::{Party, Side};
-use crate::layers::ServerModel;
+use crate::prepared::ServerModel;
 use crate::report::{CostReport, PhaseCost};
 
 const MAGIC: &[u8; 4] = b"VEIL";
@@ -350,6 +350,16 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// the others go on.
 pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
     serve_with(listener, model, DEFAULT_METHOD)
+}
+
+/// A server for `model` on a thread of this process, on a TCP loopback port, and a client
+/// session connected to it: both parties in one process (`veil demo`, `veil eval`), over the
+/// same transport as a real deployment.
+pub fn connect_loopback(model: Arc<ServerModel>) -> Result<ClientConnection<TcpChannel>> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::spawn(move || serve(listener, model));
+    ClientConnection::connect(TcpChannel::connect(addr)?)
 }
 
 /// [`serve`] with the lookup method of private-embedding mode chosen (the tables are prepared

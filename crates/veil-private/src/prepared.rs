@@ -16,46 +16,23 @@ use std::collections::HashMap;
 use veil_core::{ensure, Error, Result, RingTensor};
 use veil_he::ParamSet;
 use veil_linear::{FcLayer, PreparedFc};
+use veil_model::engine::LayerId;
 use veil_model::sim::{FixedLinear, FixedModel};
 use veil_model::ModelConfig;
 
 /// Parameter set of the weight × share products (small fixed-point weights).
 pub const WEIGHT_SET: ParamSet = ParamSet::N8192;
 
-/// Names a linear layer of the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LayerId {
-    /// Fused query/key/value of a block.
-    Qkv(usize),
-    AttnOut(usize),
-    Intermediate(usize),
-    Output(usize),
-    Pooler,
-    Classifier,
-}
-
-impl LayerId {
-    /// The layer's public shape for `rows` input rows.
-    pub fn public(self, cfg: &ModelConfig, rows: usize) -> FcLayer {
-        let max_seq = match self {
-            LayerId::Pooler | LayerId::Classifier => 1,
-            _ => cfg.max_sequence_len(),
-        };
-        let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
-        let (inp, out) = match self {
-            LayerId::Qkv(_) => (h, 3 * h),
-            LayerId::AttnOut(_) | LayerId::Pooler => (h, h),
-            LayerId::Intermediate(_) => (h, ff),
-            LayerId::Output(_) => (ff, h),
-            LayerId::Classifier => (h, cfg.veil.num_labels),
-        };
-        FcLayer {
-            seq: rows,
-            max_seq,
-            in_features: inp,
-            out_features: out,
-            set: WEIGHT_SET,
-        }
+/// The public shape of layer `id` for `rows` input rows: what both parties derive the
+/// product's layout from.
+pub fn fc_shape(id: LayerId, cfg: &ModelConfig, rows: usize) -> FcLayer {
+    let (in_features, out_features) = id.dims(cfg);
+    FcLayer {
+        seq: rows,
+        max_seq: id.max_rows(cfg),
+        in_features,
+        out_features,
+        set: WEIGHT_SET,
     }
 }
 
@@ -154,7 +131,7 @@ fn prepare(fixed: &FixedModel, ntt_budget: usize) -> Result<PreparedLayers> {
     let mut order = Vec::new();
     let mut layers = HashMap::new();
     let mut add = |id: LayerId, w: &RingTensor, b: &RingTensor| -> Result<()> {
-        layers.insert(id, PreparedFc::new(id.public(cfg, 1), w, Some(b))?);
+        layers.insert(id, PreparedFc::new(fc_shape(id, cfg, 1), w, Some(b))?);
         order.push(id);
         Ok(())
     };
