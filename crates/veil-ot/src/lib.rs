@@ -29,7 +29,6 @@ mod derand;
 pub mod ferret;
 pub mod iknp;
 pub mod one_of_n;
-pub mod pack;
 pub mod random_bits;
 pub mod session;
 pub mod transpose;
