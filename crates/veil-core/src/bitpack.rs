@@ -54,6 +54,7 @@ impl BitWriter {
         }
     }
 
+    /// Appends the low bits of v at the writer's width.
     #[inline]
     pub fn push(&mut self, v: u64) {
         self.push_bits(v & self.mask, self.bits);
@@ -72,6 +73,7 @@ impl BitWriter {
         }
     }
 
+    /// The message: whole bytes, the last one padded with zero bits.
     pub fn finish(mut self) -> Vec<u8> {
         let tail = self.fill.div_ceil(8) as usize;
         self.out.extend_from_slice(&self.acc.to_le_bytes()[..tail]);
@@ -92,6 +94,8 @@ pub struct BitReader<'a> {
 }
 
 impl<'a> BitReader<'a> {
+    /// A reader of `count` values of `bits` bits; `Malformed` unless `bytes` is exactly that
+    /// message with zero padding.
     pub fn new(bytes: &'a [u8], count: usize, bits: u32, what: &str) -> Result<Self> {
         assert!((1..=64).contains(&bits), "BitReader: bits = {bits}");
         let mut r = Self::with_total_bits(bytes, total_bits(count, bits, what)?, what)?;
