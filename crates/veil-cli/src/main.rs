@@ -189,15 +189,15 @@ fn load_server_model(dir: &Path, ntt_budget_bytes: usize) -> Result<ServerModel>
 
 fn bench(what: BenchCmd) -> Result<()> {
     match what {
-        BenchCmd::Linear { json } => print_records(&veil_linear::bench::run()?, json),
-        BenchCmd::Ot { json } => print_records(&veil_ot::bench::run()?, json),
+        BenchCmd::Linear { json } => print_records(&veil_bench::linear::run()?, json),
+        BenchCmd::Ot { json } => print_records(&veil_bench::ot::run()?, json),
         BenchCmd::Nonlinear { json, quick } => {
             let scale = if quick {
-                veil_nonlinear::bench::Scale::Quick
+                veil_bench::nonlinear::Scale::Quick
             } else {
-                veil_nonlinear::bench::Scale::Full
+                veil_bench::nonlinear::Scale::Full
             };
-            veil_nonlinear::bench::run_streaming(scale, None, &mut |v| {
+            veil_bench::nonlinear::run_streaming(scale, None, &mut |v| {
                 print_records(std::slice::from_ref(v), json)
             })?
         }

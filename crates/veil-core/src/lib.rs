@@ -5,11 +5,13 @@
 //! * [`RingTensor`] — row-major tensors of ring elements, with additive sharing;
 //! * [`Prg`] — AES-128-CTR pseudo-random generator, seeded from the OS or from a shared seed;
 //! * [`wire`] — canonical little-endian encoding with strict, bounded decoding;
+//! * [`bitpack`] — values of any width 1..=64 packed bit-densely, with strict decoding;
 //! * [`Error`] — the error type all Veil crates convert into.
 
 #![deny(unsafe_code)]
 
 pub mod approx;
+pub mod bitpack;
 pub mod error;
 pub mod fixed;
 pub mod parallel;

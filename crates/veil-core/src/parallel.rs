@@ -1,58 +1,126 @@
-//! The one work-sharing helper of Veil's batches (HE products, encryptions, responses): scoped
-//! threads over an index range, each with its own PRG.
+//! The process's one worker pool: every parallel step of Veil runs on it, the HE batches
+//! ([`parallel_map`]: encryptions, products, responses) and veil-ot's silent-OT expansion (its
+//! trees and LPN step, through [`pool`]).
+//!
+//! **Why one pool.** A server runs one thread per client session, and every session's batches
+//! want all the cores. Workers spawned per call made N concurrent sessions run N times as many
+//! threads as cores, which only added switching, thread start-up and per-thread memory (stacks,
+//! malloc arenas), since the sessions share the same cores anyway. With one pool the number of
+//! worker threads is fixed for the life of the process and concurrent sessions queue their jobs
+//! on the same workers.
+//!
+//! **Size.** `VEIL_THREADS` (a number ≥ 1) when set, otherwise the available cores; read once,
+//! when the first parallel step starts the pool. The pool is Veil's own rather than rayon's
+//! global one, which candle also uses and may already have started at its own size: ours then
+//! still has the size `VEIL_THREADS` says.
+//!
+//! **No deadlock.** A job on the pool only computes: it never waits on a channel, on a peer or
+//! on a lock held across jobs. A session thread outside the pool blocks until its jobs are done;
+//! a job that starts a nested parallel step runs it on the pool too, and a worker waiting for
+//! such a step runs other jobs meanwhile (rayon's work stealing). So every job can finish
+//! however many sessions share the pool. Keep network I/O on the session threads, outside the
+//! pool.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
 
 use crate::{Error, Prg, Result};
 
-/// Worker threads of one batch: the available cores (at most 8), or `VEIL_THREADS` when set (to
-/// measure how the work scales with threads).
-fn workers() -> usize {
-    let cores = thread::available_parallelism().map_or(1, |n| n.get());
+/// Worker threads of the pool: `VEIL_THREADS` when set (to measure how the work scales with
+/// threads, or to leave cores to other processes), otherwise the available cores.
+pub fn threads() -> usize {
     std::env::var("VEIL_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|&t| t >= 1)
-        .unwrap_or(cores)
-        .min(8)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// Maps `f` over `0..count` on the available cores; `f` gets its own PRG per worker. Workers
-/// take the next index from a shared counter rather than a fixed chunk each, so on a shared
-/// machine a descheduled worker does not leave the other idle at the end.
+/// The process's worker pool, started on first use with [`threads`] workers. Run parallel
+/// iterators inside `pool().install(..)`.
+pub fn pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads())
+            .thread_name(|i| format!("veil-worker-{i}"))
+            .build()
+            .expect("cannot start the worker threads")
+    })
+}
+
+/// Maps `f` over `0..count` on the pool, results in index order; `f` gets a PRG seeded from
+/// the OS, one per job of the pool (never shared between threads). Every index is its own job:
+/// the items are whole HE operations (milliseconds), so on a shared machine an idle worker can
+/// always take the next one rather than wait for a descheduled worker's share. A panic in `f`
+/// becomes an error.
 pub fn parallel_map<T: Send>(
     count: usize,
     f: impl Fn(usize, &mut Prg) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
-    let w = workers().min(count).max(1);
-    let next = AtomicUsize::new(0);
-    let (f, next) = (&f, &next);
-    let mut done: Vec<(usize, T)> = thread::scope(|s| {
-        let handles: Vec<_> = (0..w)
-            .map(|_| {
-                s.spawn(move || {
-                    let mut prg = Prg::from_os_entropy();
-                    let mut out = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= count {
-                            return Ok(out);
-                        }
-                        out.push((i, f(i, &mut prg)?));
-                    }
+    let run = || {
+        pool().install(|| {
+            (0..count)
+                .into_par_iter()
+                .with_max_len(1)
+                .map_init(Prg::from_os_entropy, |prg, i| f(i, prg))
+                .collect()
+        })
+    };
+    catch_unwind(AssertUnwindSafe(run))
+        .map_err(|_| Error::Other("a parallel worker panicked".into()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_come_in_index_order_and_errors_and_panics_are_errors() {
+        let squares = parallel_map(1000, |i, _| Ok(i * i)).unwrap();
+        assert_eq!(squares, (0..1000).map(|i| i * i).collect::<Vec<_>>());
+        assert!(parallel_map(0, |_, _| Ok(0u8)).unwrap().is_empty());
+        let failed = parallel_map(100, |i, _| {
+            if i == 57 {
+                Err(Error::Other("57".into()))
+            } else {
+                Ok(i)
+            }
+        });
+        assert!(matches!(failed, Err(Error::Other(m)) if m == "57"));
+        let panicked = parallel_map(10, |i, _| if i == 3 { panic!("3") } else { Ok(i) });
+        assert!(panicked.is_err());
+    }
+
+    #[test]
+    fn nested_maps_and_concurrent_callers_share_the_pool() {
+        let outer: Vec<std::thread::JoinHandle<Vec<usize>>> = (0..4)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    parallel_map(20, |i, _| {
+                        Ok(parallel_map(5, |j, _| Ok(j))?.iter().sum::<usize>() + i + t)
+                    })
+                    .unwrap()
                 })
             })
             .collect();
-        let mut all = Vec::with_capacity(count);
-        for h in handles {
-            let part: Result<Vec<(usize, T)>> = h
-                .join()
-                .map_err(|_| Error::Other("a parallel worker panicked".into()))?;
-            all.extend(part?);
+        for (t, h) in outer.into_iter().enumerate() {
+            assert_eq!(
+                h.join().unwrap(),
+                (0..20).map(|i| 10 + i + t).collect::<Vec<_>>()
+            );
         }
-        Ok::<_, Error>(all)
-    })?;
-    done.sort_unstable_by_key(|&(i, _)| i);
-    Ok(done.into_iter().map(|(_, v)| v).collect())
+        assert_eq!(pool().current_num_threads(), threads());
+    }
+
+    #[test]
+    fn every_job_gets_its_own_random_stream() {
+        let draws = parallel_map(64, |_, prg| Ok(prg.u64())).unwrap();
+        let mut unique = draws.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), draws.len());
+    }
 }

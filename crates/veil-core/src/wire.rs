@@ -4,7 +4,7 @@
 //! with every check a hostile peer needs: bounded lengths, values inside their range, and no
 //! trailing bytes ([`Reader::finish`]). Every protocol message in Veil is built on these two.
 
-use crate::{ensure, Error, Result, Ring};
+use crate::{bail, bitpack, ensure, Error, Result, Ring};
 
 #[derive(Default)]
 pub struct Writer {
@@ -42,6 +42,10 @@ impl Writer {
             self.buf.extend_from_slice(&v.to_le_bytes()[..width]);
         }
         self
+    }
+    /// Values of `bits` bits each, bit-packed ([`bitpack`]), no length prefix.
+    pub fn bit_packed(&mut self, values: &[u64], bits: u32) -> &mut Self {
+        self.bytes(&bitpack::pack(values, bits))
     }
     /// Ring elements packed at ⌈ℓ/8⌉ bytes each.
     pub fn ring_elems(&mut self, ring: Ring, values: &[u64]) -> &mut Self {
@@ -136,6 +140,20 @@ impl<'a> Reader<'a> {
         }
         Ok(out)
     }
+    /// `count` values of `bits` bits, bit-packed ([`bitpack`]: zero padding checked), each checked
+    /// to be `< bound` (exclusive).
+    pub fn bit_packed_below(&mut self, count: usize, bits: u32, bound: u64) -> Result<Vec<u64>> {
+        let len = bitpack::total_bits(count, bits, self.what)?.div_ceil(8);
+        let values = bitpack::unpack(self.take(len)?, count, bits, self.what)?;
+        if let Some(v) = values.iter().find(|&&v| v >= bound) {
+            bail!(
+                Malformed,
+                "{}: value {v} out of range (< {bound})",
+                self.what
+            );
+        }
+        Ok(values)
+    }
     /// `count` ring elements packed at ⌈ℓ/8⌉ bytes, each checked to lie in Z_{2^ℓ}.
     pub fn ring_elems(&mut self, ring: Ring, count: usize) -> Result<Vec<u64>> {
         let raw = self.take(
@@ -213,5 +231,26 @@ mod tests {
         let bad = [0xff; 6];
         assert!(Reader::new(&bad, "test").ring_elems(ring, 1).is_err());
         assert!(Reader::new(&bad, "test").packed_below(1, 6, 10).is_err());
+    }
+
+    #[test]
+    fn bit_packed_values_are_bounded_and_consume_exactly_their_bytes() {
+        let mut w = Writer::new();
+        w.bit_packed(&[5, 6, 0], 3).u8(7);
+        let bytes = w.finish();
+        assert_eq!(bytes.len(), 3);
+        let mut r = Reader::new(&bytes, "test");
+        assert_eq!(r.bit_packed_below(3, 3, 7).unwrap(), vec![5, 6, 0]);
+        assert_eq!(r.u8().unwrap(), 7);
+        r.finish().unwrap();
+        let too_big = Reader::new(&bytes, "test").bit_packed_below(3, 3, 6);
+        assert!(matches!(too_big, Err(Error::Malformed(_))));
+        let padding_set = [0b0111_0101, 0b1000_0001];
+        assert!(Reader::new(&padding_set, "test")
+            .bit_packed_below(3, 3, 8)
+            .is_err());
+        assert!(Reader::new(&bytes[..1], "test")
+            .bit_packed_below(3, 3, 8)
+            .is_err());
     }
 }

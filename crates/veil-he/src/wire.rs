@@ -2,7 +2,8 @@
 //!
 //! Each message starts with a header naming the parameters (N, the RNS primes, the final
 //! modulus, ℓ) which must equal the receiver's; residues are bit-packed at the width of their
-//! modulus (LSB first, each vector padded with zero bits to a byte boundary). Decoders check the
+//! modulus (`veil_core::bitpack`: LSB first, each vector padded with zero bits to a byte
+//! boundary). Decoders check the
 //! message kind, the header, counts, every value against its modulus, zero padding and trailing
 //! bytes, and return [`Error::Malformed`] on any mismatch.
 //!
@@ -13,8 +14,9 @@
 //! | responses | u32 count, then per response: c1 (N values mod p), the needed c0 values (dropped bits) |
 //! | Galois keys | special prime P (u64), u8 level count, 16-byte seed of every a, then per level, digit and limb of Q·P: b (NTT domain) |
 
+use veil_core::bitpack::packed_len;
 use veil_core::wire::{Reader, Writer};
-use veil_core::{ensure, Error, Result, Seed};
+use veil_core::{ensure, Result, Seed};
 
 use crate::galois::{expand_key_masks, special, GaloisKeys, GALOIS_LEVELS};
 use crate::keys::{expand_uniform_ntt, PublicKey};
@@ -28,55 +30,6 @@ const KIND_GALOIS_KEYS: u8 = 0x47;
 
 fn bits_of(modulus: u64) -> u32 {
     64 - (modulus - 1).leading_zeros()
-}
-
-fn pack(w: &mut Writer, values: &[u64], width: u32) {
-    let mut bytes = Vec::with_capacity((values.len() * width as usize).div_ceil(8));
-    let (mut acc, mut fill) = (0u128, 0u32);
-    for &v in values {
-        acc |= (v as u128) << fill;
-        fill += width;
-        while fill >= 8 {
-            bytes.push(acc as u8);
-            acc >>= 8;
-            fill -= 8;
-        }
-    }
-    if fill > 0 {
-        bytes.push(acc as u8);
-    }
-    w.bytes(&bytes);
-}
-
-fn unpack(
-    r: &mut Reader<'_>,
-    count: usize,
-    width: u32,
-    bound: u64,
-    what: &str,
-) -> Result<Vec<u64>> {
-    let len = count
-        .checked_mul(width as usize)
-        .map(|b| b.div_ceil(8))
-        .ok_or_else(|| Error::Malformed(format!("{what}: length overflow")))?;
-    let raw = r.take(len)?;
-    let mask = (1u128 << width) - 1;
-    let mut out = Vec::with_capacity(count);
-    let (mut acc, mut fill, mut pos) = (0u128, 0u32, 0usize);
-    for _ in 0..count {
-        while fill < width {
-            acc |= (raw[pos] as u128) << fill;
-            pos += 1;
-            fill += 8;
-        }
-        let v = (acc & mask) as u64;
-        acc >>= width;
-        fill -= width;
-        ensure!(v < bound, Malformed, "{what}: value {v} not below {bound}");
-        out.push(v);
-    }
-    ensure!(acc == 0, Malformed, "{what}: non-zero padding bits");
-    Ok(out)
 }
 
 fn header(w: &mut Writer, kind: u8, p: &Params) {
@@ -112,14 +65,14 @@ fn check_header(r: &mut Reader<'_>, kind: u8, p: &Params, what: &str) -> Result<
 
 fn pack_limbs(w: &mut Writer, p: &Params, data: &[u64]) {
     for (limb, &q) in data.chunks_exact(p.degree()).zip(p.moduli()) {
-        pack(w, limb, bits_of(q));
+        w.bit_packed(limb, bits_of(q));
     }
 }
 
-fn unpack_limbs(r: &mut Reader<'_>, p: &Params, what: &str) -> Result<Vec<u64>> {
+fn unpack_limbs(r: &mut Reader<'_>, p: &Params) -> Result<Vec<u64>> {
     let mut out = Vec::with_capacity(p.limbs() * p.degree());
     for &q in p.moduli() {
-        out.extend(unpack(r, p.degree(), bits_of(q), q, what)?);
+        out.extend(r.bit_packed_below(p.degree(), bits_of(q), q)?);
     }
     Ok(out)
 }
@@ -138,7 +91,7 @@ pub fn decode_public_key(p: &Params, bytes: &[u8]) -> Result<PublicKey> {
     let mut r = Reader::new(bytes, what);
     check_header(&mut r, KIND_PUBLIC_KEY, p, what)?;
     let seed = Seed(r.array::<16>()?);
-    let pk0_ntt = unpack_limbs(&mut r, p, what)?;
+    let pk0_ntt = unpack_limbs(&mut r, p)?;
     r.finish()?;
     let pk1_ntt = expand_uniform_ntt(p, &seed).data;
     Ok(PublicKey::new(p, seed, pk0_ntt, pk1_ntt))
@@ -146,7 +99,7 @@ pub fn decode_public_key(p: &Params, bytes: &[u8]) -> Result<PublicKey> {
 
 /// Upper bound on encoded Galois keys (for `recv_msg` limits).
 pub fn galois_keys_len(p: &Params) -> usize {
-    let limb_bytes = |q: u64| (p.degree() * bits_of(q) as usize).div_ceil(8);
+    let limb_bytes = |q: u64| packed_len(p.degree(), bits_of(q));
     let per_digit: usize = p.moduli().iter().map(|&q| limb_bytes(q)).sum::<usize>()
         + p.special_modulus().map_or(0, limb_bytes);
     96 + p.limbs() * 8 + GALOIS_LEVELS * p.limbs() * per_digit
@@ -162,7 +115,7 @@ pub fn encode_galois_keys(gk: &GaloisKeys) -> Result<Vec<u8>> {
     for level in &gk.b {
         for (idx, chunk) in level.chunks_exact(p.degree()).enumerate() {
             let m = p.moduli().get(idx % (p.limbs() + 1)).copied().unwrap_or(pm);
-            pack(&mut w, chunk, bits_of(m));
+            w.bit_packed(chunk, bits_of(m));
         }
     }
     Ok(w.finish())
@@ -187,7 +140,7 @@ pub fn decode_galois_keys(p: &Params, bytes: &[u8]) -> Result<GaloisKeys> {
         let mut level = Vec::with_capacity(l * (l + 1) * p.degree());
         for idx in 0..l * (l + 1) {
             let m = p.moduli().get(idx % (l + 1)).copied().unwrap_or(pm);
-            level.extend(unpack(&mut r, p.degree(), bits_of(m), m, what)?);
+            level.extend(r.bit_packed_below(p.degree(), bits_of(m), m)?);
         }
         b.push(level);
     }
@@ -235,7 +188,7 @@ pub fn decode_ciphertexts(
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let seed = r.array::<16>()?;
-        let c0_ntt = unpack_limbs(&mut r, p, what)?;
+        let c0_ntt = unpack_limbs(&mut r, p)?;
         out.push(SeededCiphertext { seed, c0_ntt });
     }
     r.finish()?;
@@ -258,8 +211,8 @@ pub fn encode_responses(p: &Params, rs: &[Response]) -> Vec<u8> {
     header(&mut w, KIND_RESPONSES, p);
     w.u32(rs.len() as u32);
     for r in rs {
-        pack(&mut w, &r.c1, b.c1_width);
-        pack(&mut w, &r.c0, b.c0_width);
+        w.bit_packed(&r.c1, b.c1_width);
+        w.bit_packed(&r.c0, b.c0_width);
     }
     w.finish()
 }
@@ -281,8 +234,8 @@ pub fn decode_responses(p: &Params, bytes: &[u8], needed: &[usize]) -> Result<Ve
     let c0_bound = ((p.final_modulus() - 1 + (1 << (b.c0_drop_bits - 1))) >> b.c0_drop_bits) + 1;
     let mut out = Vec::with_capacity(count);
     for &k in needed {
-        let c1 = unpack(&mut r, p.degree(), b.c1_width, p.final_modulus(), what)?;
-        let c0 = unpack(&mut r, k, b.c0_width, c0_bound, what)?;
+        let c1 = r.bit_packed_below(p.degree(), b.c1_width, p.final_modulus())?;
+        let c0 = r.bit_packed_below(k, b.c0_width, c0_bound)?;
         out.push(Response { c1, c0 });
     }
     r.finish()?;

@@ -68,7 +68,9 @@ fn groups(dims: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize, usize)> {
     }
 }
 
-pub(crate) fn layouts(p: &Params, dims: &[(usize, usize, usize)]) -> Result<Vec<Layout>> {
+/// The layouts of the products of these per-head shapes, two per group of heads (directions (i)
+/// and (ii)): public, both parties derive them (and the benchmark reports them).
+pub fn layouts(p: &Params, dims: &[(usize, usize, usize)]) -> Result<Vec<Layout>> {
     let bound = share_bound(p.ring());
     let mut out = Vec::new();
     for (h, n, k, m) in groups(dims) {

@@ -18,7 +18,8 @@
 //!   model and serves every length); output at scale 2^{2f}, truncation is the caller's next step.
 //! * [`lookup`]: private table lookup (one-hot baseline and batch PIR) for private embeddings.
 //! * [`cross`]: per-head products of two shared matrices (Q·Kᵀ, A·V) via cross terms.
-//! * [`mod@bench`]: the benchmark of the issue (`cargo run --release -p veil-linear --example bench`).
+//!
+//! The benchmark is `veil_bench::linear` (`veil bench linear`).
 //!
 //! **Security:** semi-honest, 128-bit computational (RLWE at the HE-standard bounds), 40-bit
 //! statistical for the whole session transcript (the flooding argument in the [`veil_he`] crate
@@ -43,4 +44,3 @@ pub mod lookup;
 pub use cross::{shared_matmul_client, shared_matmul_server};
 pub use fc::{fc_client, fc_server, FcLayer, PreparedFc};
 pub use lookup::{lookup_client, lookup_server, LookupMethod, LookupShape, PreparedLookup};
-pub mod bench;

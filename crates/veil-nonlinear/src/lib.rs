@@ -26,7 +26,6 @@
 
 #![forbid(unsafe_code)]
 
-pub mod bench;
 pub mod bits;
 pub mod boolean;
 pub mod compare;

@@ -17,8 +17,8 @@ use crate::derand::{
     check_bits, check_values, for_receiver_pads, for_sender_pads, recv_corrections,
     send_corrections,
 };
-use crate::pack::{mask, BitReader, BitWriter};
 use crate::OtSession;
+use veil_core::bitpack::{mask, BitReader, BitWriter};
 
 /// The group a COT's correlation lives in.
 #[derive(Clone, Copy)]

@@ -12,8 +12,8 @@ use crate::derand::{
     check_bits, check_values, for_receiver_pads, for_sender_pads, recv_corrections,
     send_corrections,
 };
-use crate::pack::{mask, packed_len, BitReader, BitWriter};
 use crate::OtSession;
+use veil_core::bitpack::{mask, packed_len, BitReader, BitWriter};
 
 impl OtSession {
     /// Chosen-message 1-out-of-2 OT sender: pairs `(m0, m1)`, each < 2^bits.

@@ -12,8 +12,8 @@ use zeroize::Zeroizing;
 use crate::ct::bit_mask_128;
 
 use crate::aes_prims::tccr_hash_seq;
-use crate::pack::{pack_bools, unpack_bools};
 use crate::session::{ReceiverBatch, SenderBatch};
+use veil_core::bitpack::{pack_bools, unpack_bools};
 
 /// Validates the message width shared by the flavours.
 pub(crate) fn check_bits(bits: u32) -> Result<()> {
@@ -27,7 +27,7 @@ pub(crate) fn check_bits(bits: u32) -> Result<()> {
 
 /// Validates that every value fits in `bits` bits.
 pub(crate) fn check_values(values: &[u64], bits: u32, what: &str) -> Result<()> {
-    let mask = crate::pack::mask(bits);
+    let mask = veil_core::bitpack::mask(bits);
     if let Some(v) = values.iter().find(|&&v| v & !mask != 0) {
         veil_core::bail!(InvalidArgument, "{what}: value {v:#x} exceeds {bits} bits");
     }

@@ -10,8 +10,9 @@
 //! * [`session`] — COT pools per direction, refilled on demand, and the flavours on top:
 //!   [`chosen`] (1-of-2), [`one_of_n`] (1-of-2^k), [`arith`] (additive COT in Z_{2^k}, one width
 //!   or a cycling pattern of widths, and binary COT with an XOR correlation),
-//!   [`random_bits`] (random bit-OT);
-//! * [`mod@bench`] — the benchmark over TCP loopback.
+//!   [`random_bits`] (random bit-OT).
+//!
+//! The benchmark over TCP loopback is `veil_bench::ot` (`veil bench ot`).
 //!
 //! Security model everywhere: semi-honest parties, 128-bit computational security; every
 //! protocol module states its own assumptions. Side channels: values derived from a party's
@@ -22,14 +23,12 @@
 pub mod aes_prims;
 pub mod arith;
 pub mod base_ot;
-pub mod bench;
 pub mod chosen;
 mod ct;
 mod derand;
 pub mod ferret;
 pub mod iknp;
 pub mod one_of_n;
-pub mod pack;
 pub mod random_bits;
 pub mod session;
 pub mod transpose;

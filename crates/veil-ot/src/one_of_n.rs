@@ -32,8 +32,8 @@ use zeroize::Zeroizing;
 use crate::aes_prims::tccr_hash_tweaked;
 use crate::ct::eq_mask;
 use crate::derand::{check_bits, check_values, recv_corrections, send_corrections};
-use crate::pack::{mask, packed_len, BitReader, BitWriter};
 use crate::OtSession;
+use veil_core::bitpack::{mask, packed_len, BitReader, BitWriter};
 
 /// Tweak for block `c` of the pad stream of COT `index`: indices stay below 2^64, c above.
 fn tweak(index: u64, c: usize) -> u128 {

@@ -5,10 +5,14 @@
 //! keeps the COT correlation because the map is linear.
 //!
 //! This step is memory-bound (random reads in a k-block table), so rows are generated in small
-//! batches right before use and the output range is split across threads.
+//! batches right before use and the output range is split into jobs of the process's worker pool
+//! (`veil_core::parallel`). Every row depends only on its index, so the output is the same
+//! however the jobs fall.
 
 use aes::cipher::KeyInit;
 use aes::Aes128;
+use rayon::prelude::*;
+use veil_core::parallel::pool;
 
 use crate::aes_prims::encrypt_in_place;
 
@@ -18,6 +22,9 @@ pub const D: usize = 10;
 const BLOCKS_PER_ROW: usize = 3;
 /// Rows generated per AES batch.
 const ROWS: usize = 256;
+/// Rows per job of the worker pool (a multiple of [`ROWS`]): ~0.2 ms of work, small enough for
+/// idle workers to share the end of an iteration, large enough that scheduling costs nothing.
+const JOB_ROWS: usize = 16 * ROWS;
 
 /// The public sparse matrix of one parameter set.
 pub struct LpnMatrix {
@@ -95,17 +102,10 @@ impl LpnMatrix {
     /// Sender: applies the matrix to all of `out`, in parallel.
     pub fn encode(&self, out: &mut [u128], base: &[u128]) {
         assert_eq!(base.len(), self.k, "LPN base length");
-        let parts = split_points(out.len());
-        std::thread::scope(|s| {
-            let mut rest = out;
-            let mut offset = 0;
-            for len in parts {
-                let (head, tail) = rest.split_at_mut(len);
-                rest = tail;
-                let start = offset;
-                s.spawn(move || self.apply(start, head, None, base));
-                offset += len;
-            }
+        pool().install(|| {
+            out.par_chunks_mut(JOB_ROWS)
+                .enumerate()
+                .for_each(|(j, part)| self.apply(j * JOB_ROWS, part, None, base));
         });
     }
 
@@ -123,19 +123,13 @@ impl LpnMatrix {
         );
         let packed = zeroize::Zeroizing::new(pack_bits(base_bits));
         let packed = &packed[..];
-        let parts = split_points(out.len());
-        std::thread::scope(|s| {
-            let (mut rest, mut rest_bits) = (out, out_bits);
-            let mut offset = 0;
-            for len in parts {
-                let (head, tail) = rest.split_at_mut(len);
-                let (head_bits, tail_bits) = rest_bits.split_at_mut(len);
-                rest = tail;
-                rest_bits = tail_bits;
-                let start = offset;
-                s.spawn(move || self.apply(start, head, Some((head_bits, packed)), base));
-                offset += len;
-            }
+        pool().install(|| {
+            out.par_chunks_mut(JOB_ROWS)
+                .zip(out_bits.par_chunks_mut(JOB_ROWS))
+                .enumerate()
+                .for_each(|(j, (part, part_bits))| {
+                    self.apply(j * JOB_ROWS, part, Some((part_bits, packed)), base)
+                });
         });
     }
 }
@@ -185,28 +179,6 @@ fn pack_bits(bits: &[u8]) -> Vec<u64> {
         out[i / 64] |= ((b & 1) as u64) << (i % 64);
     }
     out
-}
-
-/// Worker count for the parallel steps (the machine's cores, at most 4).
-pub fn workers() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, 4)
-}
-
-/// Splits `n` rows into per-worker lengths that are multiples of the row batch.
-fn split_points(n: usize) -> Vec<usize> {
-    let w = workers();
-    let per = n.div_ceil(w).div_ceil(ROWS) * ROWS;
-    let mut parts = Vec::with_capacity(w);
-    let mut left = n;
-    while left > 0 {
-        let l = per.min(left);
-        parts.push(l);
-        left -= l;
-    }
-    parts
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@
 //! 2. **LPN** ([`lpn`]): both parties add `A·(reserve)` with the public sparse matrix A, so the
 //!    receiver's choice vector becomes `e ⊕ A·r`, pseudo-random under regular-noise LPN.
 //!
+//! Both steps run as jobs of the process's worker pool (`veil_core::parallel`): one tree per job,
+//! and slices of LPN rows; every tree and row depends only on its index, so the output does not
+//! depend on how the jobs fall.
+//!
 //! The first reserve comes from IKNP through a smaller *bootstrap* iteration; afterwards each
 //! main iteration keeps its first `k + t·depth` outputs as the next reserve and hands out the
 //! rest (5,945,536 COTs per main iteration). Parameters and their sources: [`params`].
@@ -27,13 +31,15 @@ pub mod params;
 pub mod spcot;
 pub mod table;
 
+use rayon::prelude::*;
+use veil_core::parallel::pool;
 use veil_core::{Prg, Result};
 use veil_net::Channel;
 use zeroize::{Zeroize, Zeroizing};
 
 use crate::ct::eq_mask;
 use crate::iknp::{IknpReceiver, IknpSender};
-use lpn::{workers, LpnMatrix};
+use lpn::LpnMatrix;
 use params::LpnParams;
 use spcot::{receive_tree, send_tree};
 use table::{scratch_wiping, HugeTable};
@@ -46,16 +52,10 @@ fn check_params(boot: &LpnParams, main: &LpnParams) {
     );
     for p in [boot, main] {
         assert!(
-            p.depth() <= spcot::MAX_DEPTH && p.n == p.t << p.depth(),
+            (1..=spcot::MAX_DEPTH).contains(&p.depth()) && p.n == p.t << p.depth(),
             "LPN parameter set without full trees"
         );
     }
-}
-
-/// Splits `0..t` trees into one contiguous range per worker.
-fn tree_groups(t: usize) -> Vec<std::ops::Range<usize>> {
-    let w = workers().min(t).max(1);
-    (0..w).map(|g| g * t / w..(g + 1) * t / w).collect()
 }
 
 /// COT sender side of silent OT.
@@ -101,25 +101,19 @@ fn mpcot_send<C: Channel>(
     let roots: Zeroizing<Vec<u128>> =
         Zeroizing::new((0..p.t).map(|_| u128::from_le_bytes(prg.block())).collect());
     let mut msg = vec![0u128; p.t * depth];
-    std::thread::scope(|s| {
-        let (mut out_rest, mut msg_rest) = (out, &mut msg[..]);
-        for group in tree_groups(p.t) {
-            let (out_g, o) = out_rest.split_at_mut(group.len() << depth);
-            let (msg_g, m) = msg_rest.split_at_mut(group.len() * depth);
-            (out_rest, msg_rest) = (o, m);
-            let roots = &roots;
-            s.spawn(move || {
-                for (j, i) in group.enumerate() {
-                    send_tree(
-                        roots[i],
-                        delta,
-                        &level_cots[i * depth..(i + 1) * depth],
-                        &mut out_g[j << depth..(j + 1) << depth],
-                        &mut msg_g[j * depth..(j + 1) * depth],
-                    );
-                }
+    pool().install(|| {
+        out.par_chunks_mut(1 << depth)
+            .zip(msg.par_chunks_mut(depth))
+            .enumerate()
+            .for_each(|(i, (leaves, tree_msg))| {
+                send_tree(
+                    roots[i],
+                    delta,
+                    &level_cots[i * depth..(i + 1) * depth],
+                    leaves,
+                    tree_msg,
+                );
             });
-        }
     });
     let bytes: Vec<u8> = msg.iter().flat_map(|b| b.to_le_bytes()).collect();
     ch.send_msg(&bytes)?;
@@ -145,25 +139,19 @@ fn mpcot_receive<C: Channel>(
         .map(|b| u128::from_le_bytes(b.try_into().expect("16 bytes")))
         .collect();
     let mut holes: Zeroizing<Vec<usize>> = Zeroizing::new(vec![0; p.t]);
-    std::thread::scope(|s| {
-        let (mut out_rest, mut holes_rest) = (&mut *out, &mut holes[..]);
-        for group in tree_groups(p.t) {
-            let (out_g, o) = out_rest.split_at_mut(group.len() << depth);
-            let (holes_g, h) = holes_rest.split_at_mut(group.len());
-            (out_rest, holes_rest) = (o, h);
-            let msg = &msg;
-            s.spawn(move || {
-                for (j, i) in group.enumerate() {
-                    let levels = i * depth..(i + 1) * depth;
-                    holes_g[j] = receive_tree(
-                        &level_t[levels.clone()],
-                        &level_bits[levels.clone()],
-                        &msg[levels],
-                        &mut out_g[j << depth..(j + 1) << depth],
-                    );
-                }
+    pool().install(|| {
+        out.par_chunks_mut(1 << depth)
+            .zip(holes.par_iter_mut())
+            .enumerate()
+            .for_each(|(i, (leaves, hole))| {
+                let levels = i * depth..(i + 1) * depth;
+                *hole = receive_tree(
+                    &level_t[levels.clone()],
+                    &level_bits[levels.clone()],
+                    &msg[levels],
+                    leaves,
+                );
             });
-        }
     });
     for (bin, &hole) in noise.chunks_exact_mut(1 << depth).zip(holes.iter()) {
         for (j, b) in bin.iter_mut().enumerate() {

@@ -11,7 +11,7 @@
 //!
 //! Why b12 and not b13 (n = 15.6 M, k = 2^19, the default there): the LPN step reads k-entry
 //! tables at random, and at k = 2^18 (4 MiB) it runs ≈ 1.7× faster per output on this machine
-//! than at k = 589,824 (`cargo run --release -p veil-ot --example bench`); a 6.2 M-COT iteration
+//! than at k = 589,824 (`cargo run --release -p veil-bench --example ot`); a 6.2 M-COT iteration
 //! also wastes less at the end of a short session. With the Half-Tree trees ([`super::spcot`]:
 //! one block per level) b12 costs t·depth·128 / (n − k − t·depth) ≈ 0.39 bit per usable COT,
 //! less than the 0.45 bit of the set used before (emp-ot's older `N_REG` set, n = 10,608,640,

@@ -1,12 +1,24 @@
-//! Dense bit packing for OT messages: choice-bit corrections and `bits`-bit payloads are sent
-//! with no padding except the last byte's, which must be zero (canonical encoding, so a peer's
-//! stray bits are rejected rather than ignored). Readers and writers move 64 bits at a time.
+//! Dense bit packing, the one bit-level wire format of Veil: OT messages (choice-bit
+//! corrections, `bits`-bit payloads) and BFV residues at the width of their modulus. Values go
+//! least-significant bit first, with no padding except the last byte's, which must be zero
+//! (canonical encoding, so a peer's stray bits are rejected rather than ignored). Readers and
+//! writers move 64 bits at a time. Decoders return [`Error::Malformed`](crate::Error) on a
+//! wrong length or non-zero padding; [`crate::wire::Reader::bit_packed_below`] adds a range check per
+//! value.
 
-use veil_core::{ensure, Result};
+use crate::{ensure, Error, Result};
 
 /// Bytes needed for `count` values of `bits` bits.
 pub fn packed_len(count: usize, bits: u32) -> usize {
     (count * bits as usize).div_ceil(8)
+}
+
+/// Payload bits of `count` values of `bits` bits, or [`Error::Malformed`] when a count (perhaps
+/// read from a peer) makes it overflow.
+pub fn total_bits(count: usize, bits: u32, what: &str) -> Result<usize> {
+    count
+        .checked_mul(bits as usize)
+        .ok_or_else(|| Error::Malformed(format!("{what}: length overflow")))
 }
 
 /// Packs the low `bits` bits of every value, little-endian bit order.
@@ -42,6 +54,7 @@ impl BitWriter {
         }
     }
 
+    /// Appends the low bits of v at the writer's width.
     #[inline]
     pub fn push(&mut self, v: u64) {
         self.push_bits(v & self.mask, self.bits);
@@ -60,6 +73,7 @@ impl BitWriter {
         }
     }
 
+    /// The message: whole bytes, the last one padded with zero bits.
     pub fn finish(mut self) -> Vec<u8> {
         let tail = self.fill.div_ceil(8) as usize;
         self.out.extend_from_slice(&self.acc.to_le_bytes()[..tail]);
@@ -80,9 +94,11 @@ pub struct BitReader<'a> {
 }
 
 impl<'a> BitReader<'a> {
+    /// A reader of `count` values of `bits` bits; `Malformed` unless `bytes` is exactly that
+    /// message with zero padding.
     pub fn new(bytes: &'a [u8], count: usize, bits: u32, what: &str) -> Result<Self> {
         assert!((1..=64).contains(&bits), "BitReader: bits = {bits}");
-        let mut r = Self::with_total_bits(bytes, count * bits as usize, what)?;
+        let mut r = Self::with_total_bits(bytes, total_bits(count, bits, what)?, what)?;
         r.bits = bits;
         Ok(r)
     }
@@ -172,6 +188,7 @@ pub fn unpack_bools(bytes: &[u8], count: usize, what: &str) -> Result<Vec<u8>> {
     Ok((0..count).map(|_| r.next_value() as u8).collect())
 }
 
+/// The low `bits` bits set (`bits` ≥ 64: all of them).
 pub fn mask(bits: u32) -> u64 {
     if bits >= 64 {
         u64::MAX
@@ -185,17 +202,52 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    proptest! {
-        #[test]
-        fn round_trip(values in proptest::collection::vec(any::<u64>(), 0..100), bits in 1u32..=64) {
-            let masked: Vec<u64> = values.iter().map(|v| v & mask(bits)).collect();
-            let bytes = pack(&values, bits);
-            prop_assert_eq!(bytes.len(), packed_len(values.len(), bits));
-            prop_assert_eq!(unpack(&bytes, values.len(), bits, "t").unwrap(), masked);
+    /// The format spelled out bit by bit: bit j of value i is bit i·bits + j of the message,
+    /// bit k of the message is bit k % 8 of byte k / 8.
+    fn reference_pack(values: &[u64], bits: u32) -> Vec<u8> {
+        let mut out = vec![0u8; packed_len(values.len(), bits)];
+        for (i, &v) in values.iter().enumerate() {
+            for j in 0..bits as usize {
+                let k = i * bits as usize + j;
+                out[k / 8] |= (((v >> j) & 1) as u8) << (k % 8);
+            }
         }
+        out
+    }
+
+    fn is_malformed<T>(r: Result<T>) -> bool {
+        matches!(r, Err(Error::Malformed(_)))
     }
 
     proptest! {
+        #[test]
+        fn round_trip_in_the_reference_format(values in proptest::collection::vec(any::<u64>(), 0..100), bits in 1u32..=64) {
+            let masked: Vec<u64> = values.iter().map(|v| v & mask(bits)).collect();
+            let bytes = pack(&values, bits);
+            prop_assert_eq!(&bytes, &reference_pack(&masked, bits));
+            prop_assert_eq!(bytes.len(), packed_len(values.len(), bits));
+            prop_assert_eq!(unpack(&bytes, values.len(), bits, "t").unwrap(), masked);
+        }
+
+        /// A missing byte, an extra byte and (when the last byte has padding) any padding bit
+        /// set are all `Malformed`.
+        #[test]
+        fn rejects_length_and_padding(values in proptest::collection::vec(any::<u64>(), 1..40), bits in 1u32..=64, pad in 0u32..8) {
+            let n = values.len();
+            let bytes = pack(&values, bits);
+            prop_assert!(is_malformed(unpack(&bytes[..bytes.len() - 1], n, bits, "t")));
+            let mut longer = bytes.clone();
+            longer.push(0);
+            prop_assert!(is_malformed(unpack(&longer, n, bits, "t")));
+            let used = (n * bits as usize % 8) as u32;
+            if used > 0 && pad >= used {
+                let mut dirty = bytes.clone();
+                *dirty.last_mut().unwrap() |= 1 << pad;
+                prop_assert!(is_malformed(unpack(&dirty, n, bits, "t")));
+                prop_assert!(is_malformed(BitReader::with_total_bits(&dirty, n * bits as usize, "t")));
+            }
+        }
+
         #[test]
         fn writer_and_reader_agree(values in proptest::collection::vec(any::<u64>(), 1..300), bits in 1u32..=64) {
             let mut w = BitWriter::new(0, bits);
@@ -207,9 +259,7 @@ mod tests {
                 prop_assert_eq!(r.next_value(), v & mask(bits));
             }
         }
-    }
 
-    proptest! {
         #[test]
         fn mixed_widths_round_trip(values in proptest::collection::vec((any::<u64>(), 1u32..=64), 1..300)) {
             let mut w = BitWriter::new(0, 1);
@@ -220,23 +270,31 @@ mod tests {
             for &(v, b) in &values {
                 prop_assert_eq!(r.next_bits(b), v & mask(b));
             }
-            prop_assert!(BitReader::with_total_bits(&bytes, total + 8, "t").is_err());
+            prop_assert!(is_malformed(BitReader::with_total_bits(&bytes, total + 8, "t")));
+        }
+
+        #[test]
+        fn bools_round_trip(bools in proptest::collection::vec(any::<bool>(), 0..200)) {
+            let bytes = pack_bools(bools.iter().copied());
+            let as_words: Vec<u64> = bools.iter().map(|&b| b as u64).collect();
+            prop_assert_eq!(&bytes, &pack(&as_words, 1));
+            let back = unpack_bools(&bytes, bools.len(), "t").unwrap();
+            prop_assert_eq!(back, as_words.iter().map(|&b| b as u8).collect::<Vec<_>>());
         }
     }
 
     #[test]
-    fn rejects_bad_length_and_padding() {
-        let bytes3 = pack(&[1, 2, 3], 3);
-        let mut dirty3 = bytes3.clone();
-        *dirty3.last_mut().unwrap() |= 0x80;
-        assert!(BitReader::new(&dirty3, 3, 3, "t").is_err());
-        assert!(BitReader::new(&bytes3[..1], 3, 3, "t").is_err());
-        let bytes = pack(&[1, 2, 3], 3);
-        assert!(unpack(&bytes[..1], 3, 3, "t").is_err());
-        let mut dirty = bytes.clone();
-        *dirty.last_mut().unwrap() |= 0x80;
-        assert!(unpack(&dirty, 3, 3, "t").is_err());
-        let b = pack_bools([true, false, true].into_iter());
-        assert_eq!(unpack_bools(&b, 3, "t").unwrap(), vec![1, 0, 1]);
+    fn known_answer() {
+        // 1, 2, 3 at 3 bits: 001 010 011 from the least significant bit up.
+        assert_eq!(pack(&[1, 2, 3], 3), vec![0b1101_0001, 0b0000_0000]);
+        assert_eq!(pack(&[u64::MAX], 64), vec![0xff; 8]);
+        assert_eq!(pack_bools([true, false, true].into_iter()), vec![0b101]);
+    }
+
+    #[test]
+    fn rejects_overflowing_counts_and_bool_padding() {
+        assert!(is_malformed(BitReader::new(&[], usize::MAX, 2, "t")));
+        assert!(is_malformed(unpack(&[], usize::MAX / 8, 64, "t")));
+        assert!(is_malformed(unpack_bools(&[0b1000], 3, "t")));
     }
 }

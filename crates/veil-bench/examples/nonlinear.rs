@@ -1,7 +1,7 @@
 //! Prints the non-linear benchmark, one JSON object per line, as each operator finishes.
-//! `cargo run --release -p veil-nonlinear --example bench [-- --quick] [-- --only <name part>]`
+//! `cargo run --release -p veil-bench --example nonlinear [-- --quick] [-- --only <name part>]`
 
-use veil_nonlinear::bench::{run_streaming, Scale};
+use veil_bench::nonlinear::{run_streaming, Scale};
 
 fn main() -> veil_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();

@@ -24,10 +24,10 @@ use veil_core::{
 use veil_net::{run_two_party_tcp, Channel, LabelStats, Role, TcpChannel};
 use veil_ot::OtSession;
 
-use crate::composite::{self, AffineParams};
-use crate::ctx::HeKeys;
-use crate::{Ctx, TruncMode};
 use veil_he::session::{ClientSession, ServerSession};
+use veil_nonlinear::composite::{self, AffineParams};
+use veil_nonlinear::ctx::HeKeys;
+use veil_nonlinear::{Ctx, TruncMode};
 
 /// Forwards each result as it arrives (the long full-size runs show progress), running only the
 /// operators whose name contains `only` (all when `None`).
@@ -262,7 +262,7 @@ pub fn run_streaming(
     let mut out = Reporter { report, only };
     let drelu_op = |bound: Option<u32>| {
         move |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
-            let b = crate::compare::drelu(cx.ot, cx.ch, cx.role, x, bound)?;
+            let b = veil_nonlinear::compare::drelu(cx.ot, cx.ch, cx.role, x, bound)?;
             let v = cx.b2a(&b)?;
             // Scale the bit to fixed-point 1.0 so the error is measured in real units.
             Ok(RingTensor::from_vec(x.ring(), x.shape(), v)?.scale(one))

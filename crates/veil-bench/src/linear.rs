@@ -12,8 +12,8 @@ use veil_core::{reconstruct, share, Prg, Result, Ring, RingTensor};
 use veil_he::ParamSet;
 use veil_net::{run_two_party_tcp, Channel, Role};
 
-use crate::matmul::{client_receive, client_send};
-use crate::{
+use veil_linear::matmul::{client_receive, client_send};
+use veil_linear::{
     fc_server, shared_matmul_client, shared_matmul_server, ClientSession, FcLayer, PreparedFc,
     ServerSession,
 };
@@ -96,7 +96,7 @@ fn entry(shape: &str, m: &Measured, extra: Value) -> Value {
 
 /// The layout's operation counts and the cost model's single-thread ms per operation type
 /// (`veil_linear::cost`), weight NTTs zero when cached: where the time goes.
-fn modelled(p: &veil_he::Params, layout: &crate::Layout, cached: bool) -> Value {
+fn modelled(p: &veil_he::Params, layout: &veil_linear::Layout, cached: bool) -> Value {
     let mut counts = layout.counts();
     if cached {
         counts.weight_ntts = 0;
@@ -229,8 +229,8 @@ pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> R
         .collect::<Result<Vec<_>>>()?
         .into_iter()
         .unzip();
-    let p = veil_he::Params::new(crate::cross::SHARED_SET, ring)?;
-    let layouts = crate::cross::layouts(&p, &vec![(n, k, m); heads])?;
+    let p = veil_he::Params::new(veil_linear::cross::SHARED_SET, ring)?;
+    let layouts = veil_linear::cross::layouts(&p, &vec![(n, k, m); heads])?;
     let cpu0 = veil_core::process::cpu_seconds();
     let (client, c1) = run_two_party_tcp(
         |ch| {

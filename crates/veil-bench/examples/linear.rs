@@ -1,4 +1,4 @@
-//! `cargo run --release -p veil-linear --example bench` prints one JSON object per line for every
+//! `cargo run --release -p veil-bench --example linear` prints one JSON object per line for every
 //! shape of the benchmark; `-- fc SEQ IN OUT` or `-- shared HEADS N K M` runs a single shape.
 fn main() {
     let args: Vec<usize> = std::env::args()
@@ -6,11 +6,11 @@ fn main() {
         .filter_map(|a| a.parse().ok())
         .collect();
     let rows = match (std::env::args().nth(1).as_deref(), args.as_slice()) {
-        (Some("fc"), &[s, i, o]) => veil_linear::bench::bench_fc(s, i, o).map(|v| vec![v]),
+        (Some("fc"), &[s, i, o]) => veil_bench::linear::bench_fc(s, i, o).map(|v| vec![v]),
         (Some("shared"), &[h, n, k, m]) => {
-            veil_linear::bench::bench_shared(h, n, k, m, "shared").map(|v| vec![v])
+            veil_bench::linear::bench_shared(h, n, k, m, "shared").map(|v| vec![v])
         }
-        _ => veil_linear::bench::run(),
+        _ => veil_bench::linear::run(),
     };
     match rows {
         Ok(rows) => rows.iter().for_each(|r| println!("{r}")),
