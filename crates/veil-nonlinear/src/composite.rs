@@ -46,7 +46,7 @@ use veil_core::{ensure, Result, RingTensor};
 use veil_net::Channel;
 
 use crate::ctx::Ctx;
-use crate::functions::{exp_neg, layer_norm_rsqrt, recip_at};
+use crate::functions::layer_norm_rsqrt;
 use crate::mul::Narrow;
 use crate::norm_he;
 use crate::TruncMode;
@@ -72,85 +72,270 @@ fn check_ring<C: Channel>(cx: &Ctx<C>, x: &RingTensor) -> Result<()> {
     Ok(())
 }
 
-/// GELU, tanh form, as ReLU(x) − φ(|x|) with φ piecewise cubic (approx::gelu: the clamp to
-/// [0, A], the narrow-ring powers, the segment comparisons and the telescoping selection are the
-/// same steps). Label "GELU".
-pub fn gelu<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor) -> Result<RingTensor> {
-    check_ring(cx, x)?;
-    let _g = cx.ch.meter().enter("GELU");
-    let ring = cx.ring();
-    let plan = cx.ax.gelu_plan();
-    let k = plan.ring;
-    let f = cx.ax.fp.frac_bits();
-    let xs = x.data();
-    let n = xs.len();
-    let pos = cx.drelu(xs, None)?;
-    let r = cx.mux(&pos, xs)?;
-    let a: Vec<u64> = r
-        .iter()
-        .zip(xs)
-        .map(|(&p, &v)| ring.sub(ring.add(p, p), v))
-        .collect();
-    // c = [a ≥ A]; a_c = a − c·(a − A), from here on in the narrow ring.
-    let mut over = a.clone();
-    cx.add_public(&mut over, ring.neg(plan.tail));
-    let clamp = cx.drelu(&over, None)?;
-    let over_k: Vec<u64> = over.iter().map(|&v| k.reduce(v)).collect();
-    let cut = cx.mux_in(k, &clamp, &over_k)?;
-    let ac: Vec<u64> = a.iter().zip(&cut).map(|(&v, &c)| k.sub(v, c)).collect();
-    // a_c ≤ A·2^f < 2^16: narrow products (m = 17).
-    let m = GELU_CMP_BITS + 1;
-    let sq = cx.square_narrow_in(k, &ac, Narrow::signed(m))?;
-    let a2 = cx.trunc_in(k, &sq, f)?;
-    let cube = cx.mul_narrow_in(k, &ac, Narrow::signed(m), &a2)?;
-    let a3 = cx.trunc_in(k, &cube, f)?;
-    // Segment bits [a_c ≥ t_j], breakpoint-major.
-    let mut diffs = Vec::with_capacity(plan.breaks.len() * n);
-    for &t in &plan.breaks {
-        diffs.extend(
-            ac.iter()
-                .map(|&v| if cx.is_server() { k.sub(v, t) } else { v }),
-        );
+impl<C: Channel> Ctx<'_, C> {
+    /// GELU, tanh form, as ReLU(x) − φ(|x|) with φ piecewise cubic (approx::gelu: the clamp to
+    /// [0, A], the narrow-ring powers, the segment comparisons and the telescoping selection are the
+    /// same steps). Label "GELU".
+    pub fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("GELU");
+        let ring = self.ring();
+        let plan = self.ax.gelu_plan();
+        let k = plan.ring;
+        let f = self.ax.fp.frac_bits();
+        let xs = x.data();
+        let n = xs.len();
+        let pos = self.drelu(xs, None)?;
+        let r = self.mux(&pos, xs)?;
+        let a: Vec<u64> = r
+            .iter()
+            .zip(xs)
+            .map(|(&p, &v)| ring.sub(ring.add(p, p), v))
+            .collect();
+        // c = [a ≥ A]; a_c = a − c·(a − A), from here on in the narrow ring.
+        let mut over = a.clone();
+        self.add_public(&mut over, ring.neg(plan.tail));
+        let clamp = self.drelu(&over, None)?;
+        let over_k: Vec<u64> = over.iter().map(|&v| k.reduce(v)).collect();
+        let cut = self.mux_in(k, &clamp, &over_k)?;
+        let ac: Vec<u64> = a.iter().zip(&cut).map(|(&v, &c)| k.sub(v, c)).collect();
+        // a_c ≤ A·2^f < 2^16: narrow products (m = 17).
+        let m = GELU_CMP_BITS + 1;
+        let sq = self.square_narrow_in(k, &ac, Narrow::signed(m))?;
+        let a2 = self.trunc_in(k, &sq, f)?;
+        let cube = self.mul_narrow_in(k, &ac, Narrow::signed(m), &a2)?;
+        let a3 = self.trunc_in(k, &cube, f)?;
+        // Segment bits [a_c ≥ t_j], breakpoint-major.
+        let mut diffs = Vec::with_capacity(plan.breaks.len() * n);
+        for &t in &plan.breaks {
+            diffs.extend(
+                ac.iter()
+                    .map(|&v| if self.is_server() { k.sub(v, t) } else { v }),
+            );
+        }
+        let mut bits = self.drelu_in(k, &diffs, Some(GELU_CMP_BITS))?;
+        bits.extend_from_slice(&clamp);
+        // P_j on shares: the server adds the constant term C_(j,0).
+        let segs = plan.coef.len();
+        let poly: Vec<Vec<u64>> = (0..segs)
+            .map(|j| {
+                (0..n)
+                    .map(|i| {
+                        let p = plan.poly(j, ac[i], a2[i], a3[i]);
+                        if self.is_server() {
+                            p
+                        } else {
+                            k.sub(p, plan.coef[j][0])
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        // Telescoping selection: bit j (< segs − 1) adds P_(j+1) − P_j, the clamp bit subtracts P_last.
+        let mut deltas = Vec::with_capacity(segs * n);
+        for j in 0..segs - 1 {
+            deltas.extend((0..n).map(|i| k.sub(poly[j + 1][i], poly[j][i])));
+        }
+        deltas.extend(poly[segs - 1].iter().map(|&p| k.neg(p)));
+        let picked = self.mux_in(k, &bits, &deltas)?;
+        let v: Vec<u64> = (0..n)
+            .map(|i| (0..segs).fold(poly[0][i], |acc, j| k.add(acc, picked[j * n + i])))
+            .collect();
+        let phi = self.round_in(k, &v, GELU_COEF_FRAC)?;
+        let phi = self.extend(k, &phi)?;
+        let y = r.iter().zip(&phi).map(|(&p, &q)| ring.sub(p, q)).collect();
+        RingTensor::from_vec(ring, x.shape(), y)
     }
-    let mut bits = cx.drelu_in(k, &diffs, Some(GELU_CMP_BITS))?;
-    bits.extend_from_slice(&clamp);
-    // P_j on shares: the server adds the constant term C_(j,0).
-    let segs = plan.coef.len();
-    let poly: Vec<Vec<u64>> = (0..segs)
-        .map(|j| {
-            (0..n)
-                .map(|i| {
-                    let p = plan.poly(j, ac[i], a2[i], a3[i]);
-                    if cx.is_server() {
-                        p
-                    } else {
-                        k.sub(p, plan.coef[j][0])
-                    }
-                })
-                .collect()
-        })
-        .collect();
-    // Telescoping selection: bit j (< segs − 1) adds P_(j+1) − P_j, the clamp bit subtracts P_last.
-    let mut deltas = Vec::with_capacity(segs * n);
-    for j in 0..segs - 1 {
-        deltas.extend((0..n).map(|i| k.sub(poly[j + 1][i], poly[j][i])));
-    }
-    deltas.extend(poly[segs - 1].iter().map(|&p| k.neg(p)));
-    let picked = cx.mux_in(k, &bits, &deltas)?;
-    let v: Vec<u64> = (0..n)
-        .map(|i| (0..segs).fold(poly[0][i], |acc, j| k.add(acc, picked[j * n + i])))
-        .collect();
-    let phi = cx.round_in(k, &v, GELU_COEF_FRAC)?;
-    let phi = cx.extend(k, &phi)?;
-    let y = r.iter().zip(&phi).map(|(&p, &q)| ring.sub(p, q)).collect();
-    RingTensor::from_vec(ring, x.shape(), y)
-}
 
-/// ReLU (the GELU substitute). Label "ReLU".
-pub fn relu<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor, bound: Option<u32>) -> Result<RingTensor> {
-    check_ring(cx, x)?;
-    let y = cx.relu(x.data(), bound)?;
-    RingTensor::from_vec(x.ring(), x.shape(), y)
+    /// ReLU as a layer on a tensor (the GELU substitute): [`Ctx::relu`] on the tensor's values,
+    /// named apart from it because the slice form is the primitive the other functions use.
+    /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU".
+    pub fn relu_tensor(&mut self, x: &RingTensor, bound: Option<u32>) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let y = self.relu(x.data(), bound)?;
+        RingTensor::from_vec(x.ring(), x.shape(), y)
+    }
+
+    /// Softmax over the last dimension with max subtraction; `valid` is the public padding mask of
+    /// the columns (false: excluded, output 0). Algorithm 3 / approx::softmax_row. Label "Softmax".
+    pub fn softmax(&mut self, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("Softmax");
+        let ring = self.ring();
+        let cols = row_len(x)?;
+        let idx = valid_columns(valid, cols)?;
+        let rows = x.len() / cols;
+        if idx.is_empty() {
+            return RingTensor::zeros(ring, x.shape());
+        }
+        let xs = x.data();
+        let mx = max_rows(self, xs, cols, &idx, None)?;
+        let d: Vec<u64> = (0..rows)
+            .flat_map(|r| idx.iter().map(move |&j| (r, j)))
+            .map(|(r, j)| ring.sub(xs[r * cols + j], mx[r]))
+            .collect();
+        let e = self.exp_neg(&d, None)?;
+        let k = idx.len();
+        let sums: Vec<u64> = e
+            .chunks(k)
+            .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
+            .collect();
+        // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1.
+        let f = self.ax.fp.frac_bits();
+        let y = divide_rows(self, &e, Narrow::signed(f + 2), &sums)?;
+        RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
+    }
+
+    /// ReLU-normalise, the Softmax substitute: ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over valid columns,
+    /// one reciprocal per row then one product per element (approx::relu_normalise_row).
+    /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU-normalise".
+    pub fn relu_normalise(
+        &mut self,
+        x: &RingTensor,
+        valid: &[bool],
+        bound: Option<u32>,
+    ) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("ReLU-normalise");
+        let ring = self.ring();
+        let cols = row_len(x)?;
+        let idx = valid_columns(valid, cols)?;
+        let rows = x.len() / cols;
+        let k = idx.len();
+        let xs = x.data();
+        let sel: Vec<u64> = (0..rows)
+            .flat_map(|r| idx.iter().map(move |&j| xs[r * cols + j]))
+            .collect();
+        // In the domain s < 2^K (K = norm_bits) every ReLU(x_i) < 2^K: selected in a ring of K + 2
+        // bits (the multiplexer's COTs are that wide instead of ℓ), summed there, and the row sums
+        // extended to ℓ (|s| < 2^K = 2^(K+2−2)).
+        let nb = self.ax.norm_bits();
+        let kr = veil_core::Ring::narrow(nb + 2)?;
+        let r = {
+            let _g = self.ch.meter().enter("ReLU");
+            let pos = self.drelu(&sel, bound)?;
+            let low: Vec<u64> = sel.iter().map(|&v| kr.reduce(v)).collect();
+            self.mux_in(kr, &pos, &low)?
+        };
+        let mut sums: Vec<u64> = (0..rows)
+            .map(|i| r[i * k..(i + 1) * k].iter().fold(0, |a, &v| kr.add(a, v)))
+            .collect();
+        self.add_public_in(kr, &mut sums, self.ax.relu_normalise_eps());
+        let sums = self.extend(kr, &sums)?;
+        // ReLU(x_i) ≤ s < 2^norm_bits in the domain: a narrow product; the output y ≤ 1 + 2^-10
+        // (the reciprocal's error).
+        let y = divide_rows(self, &r, Narrow::unsigned(nb), &sums)?;
+        RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
+    }
+
+    /// LayerNorm over the last dimension (Algorithm 4 / approx::layer_norm_row). The server passes
+    /// `Some(params)`, the client `None`. Label "LayerNorm".
+    pub fn layer_norm(
+        &mut self,
+        x: &RingTensor,
+        params: Option<&AffineParams>,
+        eps: f64,
+    ) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("LayerNorm");
+        let ring = self.ring();
+        let cols = row_len(x)?;
+        let max_cols = 1usize << (ring.bits() - 2 - 2 * veil_core::approx::LAYER_NORM_DEV_BITS);
+        ensure!(
+            cols <= max_cols,
+            InvalidArgument,
+            "LayerNorm rows of {cols} exceed {max_cols} (the sum of squares must fit the ring)"
+        );
+        let d = centre(self, x.data(), cols)?;
+        let ax = self.ax;
+        let plan = ax.layer_norm_plan(cols, eps);
+        // Coarse sum of squares (whole domain) and fine one (exact for small variances).
+        // |d| < 2^(DEV+f) in the domain: narrow squares and product.
+        let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
+        // With HE keys (1-bit mode), the client's narrow share of d goes encrypted once and serves
+        // the sum of squares and d·r (crate::norm_he).
+        let wide = match self.trunc_mode {
+            TruncMode::OneBitError => Some(wide_ring(ring, cols, dev)?),
+            TruncMode::Faithful => None,
+        };
+        let he = match wide {
+            Some(w) => norm_he::open(self, &d, Narrow::signed(dev + 1), cols, w)?,
+            None => None,
+        };
+        let (mut coarse, mut fine) = if let Some(wide) = wide {
+            let sums = match &he {
+                Some(h) => h.square_sums(self)?,
+                None => {
+                    let dw = self.extend_to(ring, wide, &d)?;
+                    let sq = self.square_narrow_in(wide, &dw, Narrow::signed(dev + 1))?;
+                    row_sums(wide, &sq, cols)
+                }
+            };
+            split_sums(self, wide, &sums, plan.coarse.frac)?
+        } else {
+            let dp = round_if(self, &d, plan.pre_shift)?;
+            let sq = self.square_narrow(&dp, Narrow::signed(dev - plan.pre_shift + 2))?;
+            let sq = round_if(self, &sq, plan.square_shift)?;
+            let coarse = row_sums(ring, &sq, cols);
+            let sq = self.square_narrow(&d, Narrow::signed(dev + 1))?;
+            (coarse, row_sums(ring, &sq, cols))
+        };
+        self.add_public(&mut coarse, plan.coarse.eps_sum);
+        self.add_public(&mut fine, plan.fine.eps_sum);
+        // use_fine = [switch − 1 − S_c ≥ 0]; r = r_c + use_fine·(r_f − r_c).
+        let mut diff: Vec<u64> = coarse.iter().map(|&v| ring.neg(v)).collect();
+        self.add_public(&mut diff, plan.switch - 1);
+        let use_fine = self.drelu(&diff, None)?;
+        let r_c = layer_norm_rsqrt(self, &plan, &plan.coarse, &coarse)?;
+        let r_f = layer_norm_rsqrt(self, &plan, &plan.fine, &fine)?;
+        let delta: Vec<u64> = r_f
+            .iter()
+            .zip(&r_c)
+            .map(|(&a, &b)| ring.sub(a, b))
+            .collect();
+        let pick = self.mux(&use_fine, &delta)?;
+        let r: Vec<u64> = r_c
+            .iter()
+            .zip(&pick)
+            .map(|(&a, &b)| ring.add(a, b))
+            .collect();
+        let w = plan.out_frac;
+        let r_b: Vec<u64> = (0..d.len()).map(|i| r[i / cols]).collect();
+        // |d·r| < 2^(ℓ−2) by the choice of w, and the normalised value |d_i·r| ≤ √n·1.01
+        // (|d_i| ≤ √(Σd²), the rsqrt's error well below 1 %) is below 2^(f + normalised_bits).
+        let out = ax.fp.frac_bits() + normalised_bits(cols) + 1;
+        let out = out.min(ring.bits() - w);
+        let nrm = match &he {
+            Some(h) => h.mul_rows_trunc(self, &r, w, out)?,
+            None => self.mul_narrow_trunc(&d, Narrow::signed(dev + 1), &r_b, w, out)?,
+        };
+        // |nrm·γ| < 2^(normalised_bits + GAMMA_BITS) in value.
+        let out = ax.fp.frac_bits() + normalised_bits(cols) + GAMMA_BITS + 2;
+        let y = affine(
+            self,
+            &nrm,
+            cols,
+            params,
+            out.min(ring.bits() - ax.fp.frac_bits()),
+        )?;
+        RingTensor::from_vec(ring, x.shape(), y)
+    }
+
+    /// The LayerNorm substitute (x − mean)·γ + β (approx::centre_affine_row). Label "Centre-affine".
+    pub fn centre_affine(
+        &mut self,
+        x: &RingTensor,
+        params: Option<&AffineParams>,
+    ) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("Centre-affine");
+        let cols = row_len(x)?;
+        let d = centre(self, x.data(), cols)?;
+        // No bound on (x − mean)·γ beyond the ring's head-room: the high part keeps ℓ − f bits.
+        let f = self.ax.fp.frac_bits();
+        let y = affine(self, &d, cols, params, x.ring().bits() - f)?;
+        RingTensor::from_vec(x.ring(), x.shape(), y)
+    }
 }
 
 /// Indices of the valid columns, checked against the row length.
@@ -164,9 +349,43 @@ fn valid_columns(valid: &[bool], cols: usize) -> Result<Vec<usize>> {
     Ok((0..cols).filter(|&j| valid[j]).collect())
 }
 
+/// v_i / s_row for values `v` (row-major, the same number per row) under the promise `nw` and
+/// one sum per row: one reciprocal per row at the wide fraction, then one narrow product per
+/// value, fused with its truncation (outputs below 2^(f+1)). The last step of Softmax and
+/// ReLU-normalise.
+fn divide_rows<C: Channel>(
+    cx: &mut Ctx<C>,
+    v: &[u64],
+    nw: Narrow,
+    sums: &[u64],
+) -> Result<Vec<u64>> {
+    let w = cx.ax.wide_recip_frac();
+    let inv = cx.recip_at(sums, w)?;
+    let k = v.len() / sums.len().max(1);
+    let inv_b: Vec<u64> = inv
+        .iter()
+        .flat_map(|&r| std::iter::repeat_n(r, k))
+        .collect();
+    let f = cx.ax.fp.frac_bits();
+    cx.mul_narrow_trunc(v, nw, &inv_b, w, f + 2)
+}
+
+/// Rows of `cols` holding the values `y` (row-major, `idx.len()` per row) at the columns `idx`,
+/// zero elsewhere (the padding).
+fn scatter_valid(y: &[u64], rows: usize, cols: usize, idx: &[usize]) -> Vec<u64> {
+    let mut out = vec![0u64; rows * cols];
+    for (t, (r, j)) in (0..rows)
+        .flat_map(|r| idx.iter().map(move |&j| (r, j)))
+        .enumerate()
+    {
+        out[r * cols + j] = y[t];
+    }
+    out
+}
+
 /// Row-wise max over the valid columns by a tree of comparisons (⌈log2 n⌉ rounds of
 /// DReLU + mux, all rows at once). Exact. `bound`: promise |x_i − x_j| < 2^k. Label "Max".
-pub fn max_rows<C: Channel>(
+fn max_rows<C: Channel>(
     cx: &mut Ctx<C>,
     x: &[u64],
     cols: usize,
@@ -206,108 +425,11 @@ pub fn max_rows<C: Channel>(
         .collect())
 }
 
-/// Softmax over the last dimension with max subtraction; `valid` is the public padding mask of
-/// the columns (false: excluded, output 0). Algorithm 3 / approx::softmax_row. Label "Softmax".
-pub fn softmax<C: Channel>(cx: &mut Ctx<C>, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
-    check_ring(cx, x)?;
-    let _g = cx.ch.meter().enter("Softmax");
-    let ring = cx.ring();
-    let cols = row_len(x)?;
-    let idx = valid_columns(valid, cols)?;
-    let rows = x.len() / cols;
-    let mut out = vec![0u64; x.len()];
-    if idx.is_empty() {
-        return RingTensor::from_vec(ring, x.shape(), out);
-    }
-    let xs = x.data();
-    let mx = max_rows(cx, xs, cols, &idx, None)?;
-    let d: Vec<u64> = (0..rows)
-        .flat_map(|r| idx.iter().map(move |&j| (r, j)))
-        .map(|(r, j)| ring.sub(xs[r * cols + j], mx[r]))
-        .collect();
-    let e = exp_neg(cx, &d, None)?;
-    let k = idx.len();
-    let sums: Vec<u64> = e
-        .chunks(k)
-        .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
-        .collect();
-    let w = cx.ax.wide_recip_frac();
-    let inv = recip_at(cx, &sums, w)?;
-    let inv_b: Vec<u64> = (0..rows)
-        .flat_map(|r| std::iter::repeat_n(inv[r], k))
-        .collect();
-    // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1 is below 2^(f+1).
-    let f = cx.ax.fp.frac_bits();
-    let y = cx.mul_narrow_trunc(&e, Narrow::signed(f + 2), &inv_b, w, f + 2)?;
-    for (t, (r, j)) in (0..rows)
-        .flat_map(|r| idx.iter().map(move |&j| (r, j)))
-        .enumerate()
-    {
-        out[r * cols + j] = y[t];
-    }
-    RingTensor::from_vec(ring, x.shape(), out)
-}
-
-/// ReLU-normalise, the Softmax substitute: ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over valid columns,
-/// one reciprocal per row then one product per element (approx::relu_normalise_row).
-/// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU-normalise".
-pub fn relu_normalise<C: Channel>(
-    cx: &mut Ctx<C>,
-    x: &RingTensor,
-    valid: &[bool],
-    bound: Option<u32>,
-) -> Result<RingTensor> {
-    check_ring(cx, x)?;
-    let _g = cx.ch.meter().enter("ReLU-normalise");
-    let ring = cx.ring();
-    let cols = row_len(x)?;
-    let idx = valid_columns(valid, cols)?;
-    let rows = x.len() / cols;
-    let k = idx.len();
-    let xs = x.data();
-    let sel: Vec<u64> = (0..rows)
-        .flat_map(|r| idx.iter().map(move |&j| xs[r * cols + j]))
-        .collect();
-    // In the domain s < 2^K (K = norm_bits) every ReLU(x_i) < 2^K: selected in a ring of K + 2
-    // bits (the multiplexer's COTs are that wide instead of ℓ), summed there, and the row sums
-    // extended to ℓ (|s| < 2^K = 2^(K+2−2)).
-    let nb = cx.ax.norm_bits();
-    let kr = veil_core::Ring::narrow(nb + 2)?;
-    let r = {
-        let _g = cx.ch.meter().enter("ReLU");
-        let pos = cx.drelu(&sel, bound)?;
-        let low: Vec<u64> = sel.iter().map(|&v| kr.reduce(v)).collect();
-        cx.mux_in(kr, &pos, &low)?
-    };
-    let mut sums: Vec<u64> = (0..rows)
-        .map(|i| r[i * k..(i + 1) * k].iter().fold(0, |a, &v| kr.add(a, v)))
-        .collect();
-    cx.add_public_in(kr, &mut sums, cx.ax.relu_normalise_eps());
-    let sums = cx.extend(kr, &sums)?;
-    let w = cx.ax.wide_recip_frac();
-    let inv = recip_at(cx, &sums, w)?;
-    let inv_b: Vec<u64> = (0..rows)
-        .flat_map(|i| std::iter::repeat_n(inv[i], k))
-        .collect();
-    // ReLU(x_i) ≤ s < 2^norm_bits in the domain: a narrow product; the output y ≤ 1 + 2^-10 (the
-    // reciprocal's error) is below 2^(f+1).
-    let f = cx.ax.fp.frac_bits();
-    let y = cx.mul_narrow_trunc(&r, Narrow::unsigned(nb), &inv_b, w, f + 2)?;
-    let mut out = vec![0u64; x.len()];
-    for (t, (i, j)) in (0..rows)
-        .flat_map(|i| idx.iter().map(move |&j| (i, j)))
-        .enumerate()
-    {
-        out[i * cols + j] = y[t];
-    }
-    RingTensor::from_vec(ring, x.shape(), out)
-}
-
 /// |γ| < 2^GAMMA_BITS (32) is promised by the server: the product by γ is then driven by
 /// f + GAMMA_BITS + 1 bits of γ instead of ℓ; a larger γ is an error on the server. Real
 /// checkpoints stay far below: max |γ| is 1.55 in all-MiniLM-L6-v2 and its fine-tuned
 /// substitutes, 2.72 in all-mpnet-base-v2.
-pub const GAMMA_BITS: u32 = 5;
+pub(crate) const GAMMA_BITS: u32 = 5;
 
 /// The server's LayerNorm weights γ, β (raw fixed point at f bits, one per column), |γ| < 2^GAMMA_BITS.
 pub struct AffineParams<'a> {
@@ -380,99 +502,6 @@ fn affine<C: Channel>(
     Ok(y)
 }
 
-/// LayerNorm over the last dimension (Algorithm 4 / approx::layer_norm_row). The server passes
-/// `Some(params)`, the client `None`. Label "LayerNorm".
-pub fn layer_norm<C: Channel>(
-    cx: &mut Ctx<C>,
-    x: &RingTensor,
-    params: Option<&AffineParams>,
-    eps: f64,
-) -> Result<RingTensor> {
-    check_ring(cx, x)?;
-    let _g = cx.ch.meter().enter("LayerNorm");
-    let ring = cx.ring();
-    let cols = row_len(x)?;
-    let max_cols = 1usize << (ring.bits() - 2 - 2 * veil_core::approx::LAYER_NORM_DEV_BITS);
-    ensure!(
-        cols <= max_cols,
-        InvalidArgument,
-        "LayerNorm rows of {cols} exceed {max_cols} (the sum of squares must fit the ring)"
-    );
-    let d = centre(cx, x.data(), cols)?;
-    let ax = cx.ax;
-    let plan = ax.layer_norm_plan(cols, eps);
-    // Coarse sum of squares (whole domain) and fine one (exact for small variances).
-    // |d| < 2^(DEV+f) in the domain: narrow squares and product.
-    let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
-    // With HE keys (1-bit mode), the client's narrow share of d goes encrypted once and serves
-    // the sum of squares and d·r (crate::norm_he).
-    let wide = match cx.trunc_mode {
-        TruncMode::OneBitError => Some(wide_ring(ring, cols, dev)?),
-        TruncMode::Faithful => None,
-    };
-    let he = match wide {
-        Some(w) => norm_he::open(cx, &d, Narrow::signed(dev + 1), cols, w)?,
-        None => None,
-    };
-    let (mut coarse, mut fine) = if let Some(wide) = wide {
-        let sums = match &he {
-            Some(h) => h.square_sums(cx)?,
-            None => {
-                let dw = cx.extend_to(ring, wide, &d)?;
-                let sq = cx.square_narrow_in(wide, &dw, Narrow::signed(dev + 1))?;
-                row_sums(wide, &sq, cols)
-            }
-        };
-        split_sums(cx, wide, &sums, plan.coarse.frac)?
-    } else {
-        let dp = round_if(cx, &d, plan.pre_shift)?;
-        let sq = cx.square_narrow(&dp, Narrow::signed(dev - plan.pre_shift + 2))?;
-        let sq = round_if(cx, &sq, plan.square_shift)?;
-        let coarse = row_sums(ring, &sq, cols);
-        let sq = cx.square_narrow(&d, Narrow::signed(dev + 1))?;
-        (coarse, row_sums(ring, &sq, cols))
-    };
-    cx.add_public(&mut coarse, plan.coarse.eps_sum);
-    cx.add_public(&mut fine, plan.fine.eps_sum);
-    // use_fine = [switch − 1 − S_c ≥ 0]; r = r_c + use_fine·(r_f − r_c).
-    let mut diff: Vec<u64> = coarse.iter().map(|&v| ring.neg(v)).collect();
-    cx.add_public(&mut diff, plan.switch - 1);
-    let use_fine = cx.drelu(&diff, None)?;
-    let r_c = layer_norm_rsqrt(cx, &plan, &plan.coarse, &coarse)?;
-    let r_f = layer_norm_rsqrt(cx, &plan, &plan.fine, &fine)?;
-    let delta: Vec<u64> = r_f
-        .iter()
-        .zip(&r_c)
-        .map(|(&a, &b)| ring.sub(a, b))
-        .collect();
-    let pick = cx.mux(&use_fine, &delta)?;
-    let r: Vec<u64> = r_c
-        .iter()
-        .zip(&pick)
-        .map(|(&a, &b)| ring.add(a, b))
-        .collect();
-    let w = plan.out_frac;
-    let r_b: Vec<u64> = (0..d.len()).map(|i| r[i / cols]).collect();
-    // |d·r| < 2^(ℓ−2) by the choice of w, and the normalised value |d_i·r| ≤ √n·1.01
-    // (|d_i| ≤ √(Σd²), the rsqrt's error well below 1 %) is below 2^(f + normalised_bits).
-    let out = ax.fp.frac_bits() + normalised_bits(cols) + 1;
-    let out = out.min(ring.bits() - w);
-    let nrm = match &he {
-        Some(h) => h.mul_rows_trunc(cx, &r, w, out)?,
-        None => cx.mul_narrow_trunc(&d, Narrow::signed(dev + 1), &r_b, w, out)?,
-    };
-    // |nrm·γ| < 2^(normalised_bits + GAMMA_BITS) in value.
-    let out = ax.fp.frac_bits() + normalised_bits(cols) + GAMMA_BITS + 2;
-    let y = affine(
-        cx,
-        &nrm,
-        cols,
-        params,
-        out.min(ring.bits() - ax.fp.frac_bits()),
-    )?;
-    RingTensor::from_vec(ring, x.shape(), y)
-}
-
 /// Integer bits of the largest normalised LayerNorm value: |d_i|/σ ≤ √n, times 1.01 for the
 /// rsqrt's error.
 fn normalised_bits(n: usize) -> u32 {
@@ -525,18 +554,45 @@ fn round_if<C: Channel>(cx: &mut Ctx<C>, v: &[u64], s: u32) -> Result<Vec<u64>> 
     }
 }
 
-/// The LayerNorm substitute (x − mean)·γ + β (approx::centre_affine_row). Label "Centre-affine".
-pub fn centre_affine<C: Channel>(
-    cx: &mut Ctx<C>,
-    x: &RingTensor,
-    params: Option<&AffineParams>,
-) -> Result<RingTensor> {
-    check_ring(cx, x)?;
-    let _g = cx.ch.meter().enter("Centre-affine");
-    let cols = row_len(x)?;
-    let d = centre(cx, x.data(), cols)?;
-    // No bound on (x − mean)·γ beyond the ring's head-room: the high part keeps ℓ − f bits.
-    let f = cx.ax.fp.frac_bits();
-    let y = affine(cx, &d, cols, params, x.ring().bits() - f)?;
-    RingTensor::from_vec(x.ring(), x.shape(), y)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_harness::{fp, open, pick, run_mem, share_values};
+    use veil_core::approx::Approx;
+
+    fn ax() -> Approx {
+        Approx::new(fp()).unwrap()
+    }
+
+    #[test]
+    fn row_max_is_exact_including_ties_and_padding() {
+        let a = ax();
+        let ring = a.fp.ring;
+        let big = (1i64 << 38) - 1;
+        let rows: Vec<Vec<i64>> = vec![
+            vec![5, 5, 5, 5, 5],
+            vec![-big, big, 0, -1, 1],
+            vec![-3, -7, -1, -2, -9],
+            vec![0, 0, -1, 0, 0],
+            vec![1, 2, 3, 4, 100],
+        ];
+        let cols = 5;
+        let flat: Vec<u64> = rows
+            .iter()
+            .flatten()
+            .map(|&v| ring.from_signed(v))
+            .collect();
+        let x = share_values(ring, &flat);
+        let idx = [0usize, 1, 2, 3]; // column 4 is padding
+        let got = run_mem(|ot, ch, role| {
+            let mut cx = Ctx::new(ot, ch, role, a);
+            let m = max_rows(&mut cx, pick(role, &x).data(), cols, &idx, None)?;
+            RingTensor::from_vec(ring, &[m.len()], m)
+        });
+        let m = open(got);
+        for (r, row) in rows.iter().enumerate() {
+            let want = row[..4].iter().copied().max().unwrap();
+            assert_eq!(ring.to_signed(m[r]), want, "row {r}");
+        }
+    }
 }

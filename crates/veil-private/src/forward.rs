@@ -24,9 +24,7 @@ use veil_model::sim::FixedNorm;
 use veil_model::ProductTruncation;
 use veil_model::{Activation, AttentionNorm, HeadKind, LayerNormKind, ModelConfig};
 use veil_net::{Channel, Role};
-use veil_nonlinear::composite::{self, AffineParams};
-use veil_nonlinear::ctx::HeKeys;
-use veil_nonlinear::{functions, Ctx, OtSession, TruncMode};
+use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
 use crate::layers::{LayerId, ServerModel};
 
@@ -182,11 +180,11 @@ impl<'a, C: Channel> Party<'a, C> {
         match kind {
             LayerNormKind::Exact => {
                 let _g = cx.ch.meter().enter("LayerNorm");
-                composite::layer_norm(&mut cx, x, params.as_ref(), eps)
+                cx.layer_norm(x, params.as_ref(), eps)
             }
             LayerNormKind::Centring => {
                 let _g = cx.ch.meter().enter("Centring");
-                composite::centre_affine(&mut cx, x, params.as_ref())
+                cx.centre_affine(x, params.as_ref())
             }
         }
     }
@@ -252,12 +250,12 @@ impl<'a, C: Channel> Party<'a, C> {
             match variant.attention {
                 AttentionNorm::Softmax => {
                     let _g = cx.ch.meter().enter("Softmax");
-                    composite::softmax(&mut cx, &scores, &valid)?
+                    cx.softmax(&scores, &valid)?
                 }
                 AttentionNorm::ReluNormalise => {
                     let _g = cx.ch.meter().enter("ReLU-normalise");
                     let k = cx.ax.relu_bound_bits();
-                    composite::relu_normalise(&mut cx, &scores, &valid, Some(k))?
+                    cx.relu_normalise(&scores, &valid, Some(k))?
                 }
             }
         };
@@ -280,12 +278,12 @@ impl<'a, C: Channel> Party<'a, C> {
             match variant.activation {
                 Activation::Gelu => {
                     let _g = cx.ch.meter().enter("GELU");
-                    composite::gelu(&mut cx, &inter)?
+                    cx.gelu(&inter)?
                 }
                 Activation::Relu => {
                     let _g = cx.ch.meter().enter("ReLU");
                     let k = cx.ax.relu_bound_bits();
-                    composite::relu(&mut cx, &inter, Some(k))?
+                    cx.relu_tensor(&inter, Some(k))?
                 }
             }
         };
@@ -302,7 +300,7 @@ impl<'a, C: Channel> Party<'a, C> {
         let pooled = if self.cfg.veil.head == HeadKind::Pooler {
             let first = RingTensor::from_vec(ring, &[1, h], x.data()[..h].to_vec())?;
             let p = self.linear(LayerId::Pooler, &first)?;
-            let t = functions::tanh(&mut self.cx(), p.data())?;
+            let t = self.cx().tanh(p.data())?;
             RingTensor::from_vec(ring, &[1, h], t)?
         } else {
             let sums: Vec<u64> = (0..h)
