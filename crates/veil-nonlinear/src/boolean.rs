@@ -12,7 +12,7 @@ use veil_core::{ensure, Result, Ring};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::exchange::{cot_both, low_mask, Corr};
+use crate::two_way_cot::{cot_both, low_mask, Corr};
 
 /// XOR shares of `a_i ? d_i : 0` for shared bits a and shared words d (a ∧ every bit of d), word
 /// i of `widths[i mod widths.len()]` bits: (a0 ⊕ a1)·(d0 ⊕ d1) = a_mine·d_mine ⊕ a_peer·d_mine ⊕

@@ -13,8 +13,8 @@ use veil_core::{ensure, Result, Ring};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::exchange::low_mask;
 use crate::millionaire::greater_than;
+use crate::two_way_cot::low_mask;
 
 /// Bits k of the promise |x| < 2^k; `None` means no promise (k = ℓ − 1).
 pub(crate) fn bound_bits(ring: Ring, bound: Option<u32>) -> Result<u32> {

@@ -2,7 +2,7 @@
 //! the fixed-point format), with the primitive operations on raw share slices that the function
 //! and layer protocols are written in. Every operation mirrors one step of `veil_core::approx`.
 //! The elementary functions and the layers are methods of [`Ctx`] too, each beside its
-//! algorithm (`functions`, `composite`).
+//! algorithm (`elementary`, `layers`).
 
 use veil_core::{approx::Approx, Result, Ring, RingTensor};
 use veil_net::{Channel, Role};
@@ -27,7 +27,7 @@ pub struct Ctx<'a, C: Channel> {
     pub ax: Approx,
     /// Truncation used inside the function protocols: `Faithful` reproduces `approx` exactly.
     pub trunc_mode: TruncMode,
-    /// BFV keys for the row-wise HE products ([`crate::rows`]); without them every product
+    /// BFV keys for the row-wise HE products ([`crate::he_rows`]); without them every product
     /// runs on COTs. Set only through [`Ctx::with_he`], which checks them.
     pub(crate) he: Option<HeKeys<'a>>,
 }

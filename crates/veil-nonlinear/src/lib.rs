@@ -21,7 +21,7 @@
 //! a primitive, ReLU on a tensor, is [`Ctx::relu_tensor`].
 //!
 //! Inside, the modules bottom up (private; each protocol's method lives beside its algorithm):
-//! * `exchange` — COTs in both directions in a fixed order, under every gate and product;
+//! * `two_way_cot` — COTs in both directions in a fixed order, under every gate and product;
 //! * `boolean` — AND/select on XOR-shared bits, bit → arithmetic conversion, multiplexer;
 //! * `bits` — bit decomposition of a sum of private values, suffix ORs (prefix networks);
 //! * `millionaire` — \[a > b\] for privately held a, b (1-of-8 OT digits + AND tree);
@@ -29,12 +29,12 @@
 //! * `trunc` — faithful and 1-bit-error truncation, sign extension from a narrow ring;
 //! * `mul` — secret × secret, square, secret × server-private row (COT per bit), their narrow
 //!   variants for an operand of promised small magnitude, and high parts for fused truncation;
-//! * `rows` — per-row inner products and row × per-row-scalar products on BFV;
+//! * `he_rows` — per-row inner products and row × per-row-scalar products on BFV;
 //! * `ctx` — [`Ctx`] itself and the primitives on share slices;
-//! * `functions` — exp (x ≤ 0), reciprocal, rsqrt, tanh, LayerNorm's rsqrt;
-//! * `norm_he` — LayerNorm's sum of squares and d·r on `rows`, in the 1-bit-error mode
+//! * `elementary` — exp (x ≤ 0), reciprocal, rsqrt, tanh, LayerNorm's rsqrt;
+//! * `layer_norm_he` — LayerNorm's sum of squares and d·r on `he_rows`, in the 1-bit-error mode
 //!   when the context has HE keys;
-//! * `composite` — GELU, Softmax (masked), LayerNorm, and the substitutes ReLU, ReLU-normalise,
+//! * `layers` — GELU, Softmax (masked), LayerNorm, and the substitutes ReLU, ReLU-normalise,
 //!   centre + affine.
 //!
 //! The plaintext semantics of every function are those of `veil_core::approx`.
@@ -49,23 +49,23 @@ pub mod bench;
 mod bits;
 mod boolean;
 mod compare;
-mod composite;
 mod ctx;
-mod exchange;
-mod functions;
+mod elementary;
+mod he_rows;
+mod layer_norm_he;
+mod layers;
 mod millionaire;
 mod mul;
-mod norm_he;
-mod rows;
 mod trunc;
+mod two_way_cot;
 
 /// The two-party test harness, shared with the integration tests.
 #[cfg(test)]
 #[path = "../tests/common/mod.rs"]
 mod test_harness;
 
-pub use composite::AffineParams;
 pub use ctx::{Ctx, HeKeys};
+pub use layers::AffineParams;
 pub use mul::Narrow;
 pub use trunc::TruncMode;
 pub use veil_net::Role;

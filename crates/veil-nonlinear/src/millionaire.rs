@@ -23,7 +23,7 @@ use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
 use crate::boolean::and_select;
-use crate::exchange::low_mask;
+use crate::two_way_cot::low_mask;
 
 /// Digit width m. Per compared bit, a digit costs (2^m·2 + m)/m bits of leaf OT plus ~10/m bits
 /// of combining: m = 2, 3, 4 give 9.8, 9.3, 11.2 bits at k = 40; 3 wins (CrypTFlow2 uses 4 with

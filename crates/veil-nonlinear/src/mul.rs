@@ -28,7 +28,7 @@ use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
 use crate::boolean::{and_private, mux};
-use crate::exchange::{cot_both, low_mask, Corr};
+use crate::two_way_cot::{cot_both, low_mask, Corr};
 
 /// Bit positions per COT call: 8 keeps the calls few (ℓ/8 rounds).
 const BUCKET_BITS: u32 = 8;
@@ -436,7 +436,7 @@ fn narrow_product(
 
 /// [`mul_narrow_high_values`] from a narrow share already taken ([`narrow_share`]: this party's
 /// a' and XOR share of the wrap w) with the cross term a'_client·b_server supplied by the caller
-/// as shares mod 2^ℓ (`given`, e.g. from [`crate::rows`]): only a'_server·b_client runs on COTs,
+/// as shares mod 2^ℓ (`given`, e.g. from [`crate::he_rows`]): only a'_server·b_client runs on COTs,
 /// the server's a' choosing. Shares mod 2^n of a·b / 2^t + e with |e| ≤ ⌈min(m + 1, t)/2⌉ + 1
 /// (one direction's COTs below t, one rounding of each party's local part). Label "Mul".
 #[allow(clippy::too_many_arguments)]

@@ -18,8 +18,8 @@ use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
 use crate::boolean::bool_to_arith;
-use crate::exchange::low_mask;
 use crate::millionaire::greater_than;
+use crate::two_way_cot::low_mask;
 
 /// Which truncation to run; the layers above choose per use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

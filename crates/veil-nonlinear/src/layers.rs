@@ -33,7 +33,7 @@
 //! outputs near 1). LayerNorm's two sums of squares come in that mode from one square of d in a
 //! wide ring (the fine sum exact as before, the coarse one finer than the faithful path's).
 //! When the context has HE keys ([`Ctx::with_he`]), that mode computes the sum of squares and
-//! the client-side cross term of d·r on BFV ([`crate::rows`]): same values for the sums, the
+//! the client-side cross term of d·r on BFV ([`crate::he_rows`]): same values for the sums, the
 //! same −3 … +2 ulp contract for d·r, about half the traffic.
 //!
 //! Rows are processed together: every round trip carries all rows of the tensor.
@@ -46,9 +46,9 @@ use veil_core::{ensure, Result, RingTensor};
 use veil_net::Channel;
 
 use crate::ctx::Ctx;
-use crate::functions::layer_norm_rsqrt;
+use crate::elementary::layer_norm_rsqrt;
+use crate::layer_norm_he;
 use crate::mul::Narrow;
-use crate::norm_he;
 use crate::TruncMode;
 
 /// Row length (last dimension) of a tensor.
@@ -253,13 +253,13 @@ impl<C: Channel> Ctx<'_, C> {
         // |d| < 2^(DEV+f) in the domain: narrow squares and product.
         let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
         // With HE keys (1-bit mode), the client's narrow share of d goes encrypted once and serves
-        // the sum of squares and d·r (crate::norm_he).
+        // the sum of squares and d·r (crate::layer_norm_he).
         let wide = match self.trunc_mode {
             TruncMode::OneBitError => Some(wide_ring(ring, cols, dev)?),
             TruncMode::Faithful => None,
         };
         let he = match wide {
-            Some(w) => norm_he::open(self, &d, Narrow::signed(dev + 1), cols, w)?,
+            Some(w) => layer_norm_he::open(self, &d, Narrow::signed(dev + 1), cols, w)?,
             None => None,
         };
         let (mut coarse, mut fine) = if let Some(wide) = wide {
