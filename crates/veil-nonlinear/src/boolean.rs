@@ -48,7 +48,7 @@ pub(crate) fn and_select<C: Channel>(
 
 /// XOR shares of a ∧ b for bits each party holds in the clear, the client a and the server b
 /// (each passes its own `mine`): one binary COT per element, client to server, instead of the
-/// two of [`and`] on shared bits (whose other cross term is zero here).
+/// two of [`and_select`] on shared bits (whose other cross term is zero here).
 pub(crate) fn and_private<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,

@@ -196,7 +196,7 @@ impl RowsClient<'_> {
         })
     }
 
-    /// Shares of Σ_j U_kj·v_kj for each of the server's `vectors` (plane-major: [vector][row]).
+    /// Shares of Σ_j U_kj·v_kj for each of the server's `vectors` (plane-major: `[vector][row]`).
     pub(crate) fn inner_products<C: Channel>(
         &self,
         ch: &mut C,

@@ -431,7 +431,9 @@ fn max_rows<C: Channel>(
 /// substitutes, 2.72 in all-mpnet-base-v2.
 pub(crate) const GAMMA_BITS: u32 = 5;
 
-/// The server's LayerNorm weights γ, β (raw fixed point at f bits, one per column), |γ| < 2^GAMMA_BITS.
+/// The server's LayerNorm weights γ, β (raw fixed point at f bits, one per column), for
+/// [`Ctx::layer_norm`] and [`Ctx::centre_affine`]: the server promises |γ| < 32 (2^`GAMMA_BITS`),
+/// and a larger γ is an error on the server.
 pub struct AffineParams<'a> {
     pub gamma: &'a [u64],
     pub beta: &'a [u64],
