@@ -25,9 +25,7 @@ use veil_net::{run_two_party_tcp, Channel, LabelStats, Role, TcpChannel};
 use veil_ot::OtSession;
 
 use veil_he::session::{ClientSession, ServerSession};
-use veil_nonlinear::composite::{self, AffineParams};
-use veil_nonlinear::ctx::HeKeys;
-use veil_nonlinear::{Ctx, TruncMode};
+use veil_nonlinear::{AffineParams, Ctx, HeKeys, TruncMode};
 
 /// Forwards each result as it arrives (the long full-size runs show progress), running only the
 /// operators whose name contains `only` (all when `None`).
@@ -262,7 +260,7 @@ pub fn run_streaming(
     let mut out = Reporter { report, only };
     let drelu_op = |bound: Option<u32>| {
         move |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
-            let b = veil_nonlinear::compare::drelu(cx.ot, cx.ch, cx.role, x, bound)?;
+            let b = cx.drelu(x.data(), bound)?;
             let v = cx.b2a(&b)?;
             // Scale the bit to fixed-point 1.0 so the error is measured in real units.
             Ok(RingTensor::from_vec(x.ring(), x.shape(), v)?.scale(one))
@@ -293,8 +291,8 @@ pub fn run_streaming(
         &drelu_op(Some(20)),
         &step,
     )?;
-    let relu_full = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::relu(cx, x, None);
-    let relu_20 = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::relu(cx, x, Some(20));
+    let relu_full = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.relu_tensor(x, None);
+    let relu_20 = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.relu_tensor(x, Some(20));
     measure(
         &mut out,
         "ReLU (2^20)",
@@ -315,7 +313,7 @@ pub fn run_streaming(
         &relu_20,
         &relus,
     )?;
-    let gelu = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::gelu(cx, x);
+    let gelu = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.gelu(x);
     let gelus = |x: &[f64]| x.iter().map(|&v| reference::gelu(v)).collect::<Vec<_>>();
     measure(&mut out, "GELU", &h, &h_slice, &gelu, &gelus)?;
     measure(
@@ -331,7 +329,7 @@ pub fn run_streaming(
     let att = random(&[12 * 128 / div, cols], 8.0)?;
     let valid = vec![true; cols];
     let eps = fp.decode(Approx::new(fp)?.relu_normalise_eps());
-    let sm = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::softmax(cx, x, &valid);
+    let sm = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.softmax(x, &valid);
     let sm_ref = rowwise(cols, |r| reference::softmax(r, &valid));
     measure(&mut out, "Softmax", &att, &head(&att, 2)?, &sm, &sm_ref)?;
     measure(
@@ -342,17 +340,13 @@ pub fn run_streaming(
         &cheap(&sm),
         &sm_ref,
     )?;
-    let rn =
-        |cx: &mut Ctx<TcpChannel>, x: &RingTensor| composite::relu_normalise(cx, x, &valid, None);
-    let rn20 = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
-        composite::relu_normalise(cx, x, &valid, Some(20))
-    };
+    let rn = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.relu_normalise(x, &valid, None);
+    let rn20 = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.relu_normalise(x, &valid, Some(20));
     let rn_ref = rowwise(cols, |r| reference::relu_normalise(r, &valid, eps));
     // The whole-model pass's configuration: ReLU inputs promised |x| < 2^RELU_DOMAIN_BITS.
     let model_bound = Approx::new(fp)?.relu_bound_bits();
-    let rn_model = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
-        composite::relu_normalise(cx, x, &valid, Some(model_bound))
-    };
+    let rn_model =
+        |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.relu_normalise(x, &valid, Some(model_bound));
     measure(
         &mut out,
         "ReLU-normalise",
@@ -398,7 +392,7 @@ pub fn run_streaming(
     let ln_eps = 1e-12;
     let ln = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
         let p = (cx.role == Role::Server).then_some(&params);
-        composite::layer_norm(cx, x, p, ln_eps)
+        cx.layer_norm(x, p, ln_eps)
     };
     let ln_ref = rowwise(e, |r| reference::layer_norm(r, &gq, &bq, ln_eps));
     measure(&mut out, "LayerNorm", &hid, &head(&hid, 1)?, &ln, &ln_ref)?;
@@ -438,7 +432,7 @@ pub fn run_streaming(
     )?;
     let ca = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| {
         let p = (cx.role == Role::Server).then_some(&params);
-        composite::centre_affine(cx, x, p)
+        cx.centre_affine(x, p)
     };
     let ca_ref = rowwise(e, |r| reference::centre_affine(r, &gq, &bq));
     measure(

@@ -56,7 +56,7 @@ fn prefix<C: Channel>(
 
 /// XOR shares of the bits of a + b mod 2^k, where the client passes `mine = a` and the server
 /// `mine = b` (values below 2^k, 1 ≤ k ≤ 64). Element-major: bit j of element i at i·k + j.
-pub fn sum_bits<C: Channel>(
+pub(crate) fn sum_bits<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -89,7 +89,7 @@ pub fn sum_bits<C: Channel>(
 }
 
 /// XOR shares of OR_{i ≥ j} x_i for every j, over rows of `k` shared bits (element-major).
-pub fn suffix_or<C: Channel>(
+pub(crate) fn suffix_or<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -114,4 +114,69 @@ pub fn suffix_or<C: Channel>(
     Ok(p.chunks(k)
         .flat_map(|row| row.iter().rev().map(move |&b| b ^ flip))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_harness::{open_bits, run_mem};
+    use veil_core::Prg;
+
+    /// Bit decomposition of a + b mod 2^k for private a, b (carries across every position, the
+    /// extremes, k = 1 and 64), and suffix ORs of the bits, against plain integer arithmetic.
+    #[test]
+    fn sum_bits_and_suffix_or_match_integers() {
+        let mut prg = Prg::from_os_entropy();
+        for k in [1u32, 2, 7, 24, 41, 64] {
+            let m = if k == 64 { u64::MAX } else { (1u64 << k) - 1 };
+            let mut a: Vec<u64> = vec![0, m, m, 1, 0, m >> 1];
+            let mut b: Vec<u64> = vec![0, 1, m, m, m, 1];
+            for _ in 0..100 {
+                a.push(prg.u64() & m);
+                b.push(prg.u64() & m);
+            }
+            let (ac, bc) = (a.clone(), b.clone());
+            let out = run_mem(move |ot, ch, role| {
+                let mine = if role == Role::Client { &ac } else { &bc };
+                let bits = sum_bits(ot, ch, role, mine, k)?;
+                let any = suffix_or(ot, ch, role, &bits, k as usize)?;
+                Ok((bits, any))
+            });
+            let bits = open_bits((out.0 .0, out.1 .0));
+            let any = open_bits((out.0 .1, out.1 .1));
+            let ku = k as usize;
+            for i in 0..a.len() {
+                let s = a[i].wrapping_add(b[i]) & m;
+                for j in 0..ku {
+                    assert_eq!(
+                        bits[i * ku + j],
+                        s >> j & 1 == 1,
+                        "k={k} {}+{} bit {j}",
+                        a[i],
+                        b[i]
+                    );
+                    assert_eq!(
+                        any[i * ku + j],
+                        s >> j != 0,
+                        "k={k} {}+{} OR from {j}",
+                        a[i],
+                        b[i]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sum_bits_rejects_wide_inputs() {
+        let out = run_mem(|ot, ch, role| {
+            let mine = if role == Role::Client {
+                vec![1u64 << 5]
+            } else {
+                vec![0]
+            };
+            Ok(sum_bits(ot, ch, role, &mine, 5).is_err())
+        });
+        assert!(out.0, "an input above 2^k is refused before any traffic");
+    }
 }

@@ -12,13 +12,13 @@ use veil_core::{ensure, Result, Ring};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::exchange::{cot_both, low_mask, Corr};
+use crate::two_way_cot::{cot_both, low_mask, Corr};
 
 /// XOR shares of `a_i ? d_i : 0` for shared bits a and shared words d (a ∧ every bit of d), word
 /// i of `widths[i mod widths.len()]` bits: (a0 ⊕ a1)·(d0 ⊕ d1) = a_mine·d_mine ⊕ a_peer·d_mine ⊕
 /// a_mine·d_peer, the cross terms by one binary COT of the word's width per element in each
 /// direction.
-pub fn and_select<C: Channel>(
+pub(crate) fn and_select<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -48,8 +48,8 @@ pub fn and_select<C: Channel>(
 
 /// XOR shares of a ∧ b for bits each party holds in the clear, the client a and the server b
 /// (each passes its own `mine`): one binary COT per element, client to server, instead of the
-/// two of [`and`] on shared bits (whose other cross term is zero here).
-pub fn and_private<C: Channel>(
+/// two of [`and_select`] on shared bits (whose other cross term is zero here).
+pub(crate) fn and_private<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -69,7 +69,7 @@ pub fn and_private<C: Channel>(
 
 /// Arithmetic shares mod 2^ℓ of XOR-shared bits: b0 ⊕ b1 = b0 + b1 − 2·b0·b1, the product by
 /// one ℓ-bit arithmetic COT from client to server. Two flights.
-pub fn bool_to_arith<C: Channel>(
+pub(crate) fn bool_to_arith<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -96,7 +96,7 @@ pub fn bool_to_arith<C: Channel>(
 /// Arithmetic shares of b·v for an XOR-shared bit b and an arithmetic-shared v:
 /// (b0 ⊕ b1)·v_mine = b_mine·v_mine + b_peer·(1 − 2·b_mine)·v_mine, the second term by one ℓ-bit
 /// arithmetic COT per direction. Four flights.
-pub fn mux<C: Channel>(
+pub(crate) fn mux<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,

@@ -1,4 +1,5 @@
-//! DReLU, ReLU and the sign bit on arithmetic shares, with an optional magnitude bound.
+//! DReLU (the sign bit) on arithmetic shares, with an optional magnitude bound; ReLU is DReLU
+//! and a multiplexer ([`crate::Ctx::relu`]).
 //!
 //! DReLU(x) = [x ≥ 0] is bit k of z = x + 2^k when |x| < 2^k (k ≤ ℓ − 1; k = ℓ − 1 is the whole
 //! ring, where adding 2^(ℓ−1) just flips the sign bit). On shares z = z0 + z1, bit k of z is
@@ -6,18 +7,17 @@
 //! comparison [low_k(z0) > 2^k − 1 − low_k(z1)] on k bits. A bound-controlled model promises a
 //! small |x|, so k shrinks from ℓ − 1 = 40 to e.g. 20 and the comparison costs half.
 //!
-//! Exact: no approximation error. Security: semi-honest (millionaire + OT-based mux).
+//! Exact: no approximation error. Security: semi-honest (millionaire).
 
-use veil_core::{ensure, Result, Ring, RingTensor};
+use veil_core::{ensure, Result, Ring};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::boolean::mux;
-use crate::exchange::low_mask;
 use crate::millionaire::greater_than;
+use crate::two_way_cot::low_mask;
 
 /// Bits k of the promise |x| < 2^k; `None` means no promise (k = ℓ − 1).
-pub fn bound_bits(ring: Ring, bound: Option<u32>) -> Result<u32> {
+pub(crate) fn bound_bits(ring: Ring, bound: Option<u32>) -> Result<u32> {
     let k = bound.unwrap_or(ring.bits() - 1);
     ensure!(
         (1..ring.bits()).contains(&k),
@@ -29,7 +29,7 @@ pub fn bound_bits(ring: Ring, bound: Option<u32>) -> Result<u32> {
 }
 
 /// XOR shares of [x ≥ 0] for ring elements `x` (this party's shares), given |x| < 2^k.
-pub fn drelu_values<C: Channel>(
+pub(crate) fn drelu_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -53,30 +53,4 @@ pub fn drelu_values<C: Channel>(
         .zip(carry)
         .map(|(&v, c)| (v >> k & 1 == 1) ^ c)
         .collect())
-}
-
-/// XOR shares of DReLU(x) = [x ≥ 0] for a shared tensor. Label "DReLU".
-pub fn drelu<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
-    role: Role,
-    x: &RingTensor,
-    bound: Option<u32>,
-) -> Result<Vec<bool>> {
-    let _g = ch.meter().enter("DReLU");
-    drelu_values(ot, ch, role, x.ring(), x.data(), bound)
-}
-
-/// Shares of ReLU(x) = x·DReLU(x). Exact. Label "ReLU" (DReLU nested).
-pub fn relu<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
-    role: Role,
-    x: &RingTensor,
-    bound: Option<u32>,
-) -> Result<RingTensor> {
-    let _g = ch.meter().enter("ReLU");
-    let b = drelu(ot, ch, role, x, bound)?;
-    let y = mux(ot, ch, role, x.ring(), &b, x.data())?;
-    RingTensor::from_vec(x.ring(), x.shape(), y)
 }

@@ -1,6 +1,8 @@
 //! [`Ctx`]: one party's handle on a running two-party computation (OT session, channel, role and
 //! the fixed-point format), with the primitive operations on raw share slices that the function
 //! and layer protocols are written in. Every operation mirrors one step of `veil_core::approx`.
+//! The elementary functions and the layers are methods of [`Ctx`] too, each beside its
+//! algorithm (`elementary`, `layers`).
 
 use veil_core::{approx::Approx, Result, Ring, RingTensor};
 use veil_net::{Channel, Role};
@@ -14,6 +16,10 @@ use crate::mul::{
 };
 use crate::trunc::{extend_values, truncate_values, TruncMode};
 
+/// One party's handle on a running two-party computation, and the crate's whole public surface:
+/// both parties build one over their OT session and channel and call the same methods with their
+/// own shares. The format `ax` and the truncation mode are part of the protocol: both parties
+/// must use the same ones.
 pub struct Ctx<'a, C: Channel> {
     pub ot: &'a mut OtSession,
     pub ch: &'a mut C,
@@ -21,9 +27,9 @@ pub struct Ctx<'a, C: Channel> {
     pub ax: Approx,
     /// Truncation used inside the function protocols: `Faithful` reproduces `approx` exactly.
     pub trunc_mode: TruncMode,
-    /// BFV keys for the row-wise HE products ([`crate::rows`]); without them every product
-    /// runs on COTs.
-    pub he: Option<HeKeys<'a>>,
+    /// BFV keys for the row-wise HE products ([`crate::he_rows`]); without them every product
+    /// runs on COTs. Set only through [`Ctx::with_he`], which checks them.
+    pub(crate) he: Option<HeKeys<'a>>,
 }
 
 /// This party's BFV keys (veil-he, plaintext modulus 2^ℓ of the context's ring; share operands
@@ -127,7 +133,8 @@ impl<'a, C: Channel> Ctx<'a, C> {
         mul_values(self.ot, self.ch, self.role, ring, a, b)
     }
 
-    /// a·b for a narrow a ([`mul_narrow_values`]: cheaper, exact under the promise).
+    /// a·b for a narrow a (SiRNN's mixed-width product: only the m + 1 bits of a drive COTs;
+    /// exact under the promise `nw`, otherwise not a·b).
     pub fn mul_narrow(&mut self, a: &[u64], nw: Narrow, b: &[u64]) -> Result<Vec<u64>> {
         self.mul_narrow_in(self.ring(), a, nw, b)
     }
@@ -145,8 +152,9 @@ impl<'a, C: Channel> Ctx<'a, C> {
     /// ⌊a·b / 2^s⌋ for a narrow a (promise `nw`, m = its bits), |a·b| < 2^(ℓ−2) and
     /// |a·b| / 2^s < 2^(out−1) − 2.
     /// * `Faithful`: [`Ctx::mul_narrow`] then the faithful truncation (exactly `approx`).
-    /// * `OneBitError`: the product's high part only ([`mul_narrow_high_values`]), see
-    ///   [`Ctx::fused_trunc`]: ⌊a·b / 2^s⌋ + c, c ∈ {−3, …, 2}.
+    /// * `OneBitError`: the product's high part only (its COTs carry the bits above the
+    ///   truncation), then a short truncation and a sign extension: ⌊a·b / 2^s⌋ + c,
+    ///   c ∈ {−3, …, 2}.
     pub fn mul_narrow_trunc(
         &mut self,
         a: &[u64],
@@ -235,7 +243,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         self.extend(kr, &y)
     }
 
-    /// a² for a narrow a ([`square_narrow_values`]).
+    /// a² for a narrow a (one cross term on the m + 1 bits of a; exact under the promise `nw`).
     pub fn square_narrow(&mut self, a: &[u64], nw: Narrow) -> Result<Vec<u64>> {
         self.square_narrow_in(self.ring(), a, nw)
     }
@@ -304,7 +312,8 @@ impl<'a, C: Channel> Ctx<'a, C> {
         Ok(mul_server_row(self.ot, self.ch, self.role, &t, gamma)?.into_data())
     }
 
-    /// a·γ as [`Ctx::mul_server`] for a γ in [−2^(g−1), 2^(g−1)) ([`mul_server_row_narrow`]).
+    /// a·γ as [`Ctx::mul_server`] for a γ the server promises in [−2^(g−1), 2^(g−1)): g bits of
+    /// γ drive the COTs instead of ℓ; a γ outside is an error on the server.
     pub fn mul_server_narrow(
         &mut self,
         a: &[u64],
@@ -351,5 +360,104 @@ impl<'a, C: Channel> Ctx<'a, C> {
         let d: Vec<u64> = a.iter().zip(b).map(|(&x, &y)| r.sub(x, y)).collect();
         let m = self.relu(&d, bound)?;
         Ok(m.iter().zip(b).map(|(&x, &y)| r.add(x, y)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_harness::{fp, pick, run_mem, share_values};
+    use veil_core::Prg;
+
+    /// The high part of a narrow product is a·b / 2^t + e mod 2^n with |e| ≤ min(m+1, t) + 1, and
+    /// the fused product-truncation of the 1-bit-error mode is ⌊a·b / 2^s⌋ + {−3, …, 2} (the
+    /// faithful mode exactly ⌊a·b / 2^s⌋), for operands at the edges of their promises.
+    #[test]
+    fn fused_product_truncation_is_within_its_bound() {
+        let mut prg = Prg::from_os_entropy();
+        let ring = fp().ring;
+        let ax = Approx::new(fp()).unwrap();
+        // (m, s, out): ReLU-normalise's, Softmax's and LayerNorm's shapes.
+        // Unsigned: ReLU-normalise's ReLU outputs 0 ≤ r < 2^24.
+        for (signed, m, s, out) in [
+            (true, 25u32, 24u32, 16u32),
+            (false, 24, 24, 15),
+            (true, 15, 24, 16),
+            (true, 24, 19, 22),
+            (true, 24, 19, 19),
+        ] {
+            let nw = if signed {
+                Narrow::signed(m)
+            } else {
+                Narrow::unsigned(m)
+            };
+            // |a| < 2^mag; b reaches the contract's edge |a·b| / 2^s → 2^(out−1) − 3 (and |a·b| < 2^39).
+            let mag = if signed { m - 1 } else { m };
+            let lim = 1i64 << mag;
+            let blim = ((((1i64 << (out - 1)) - 3) << s) >> mag).min(1i64 << (39 - mag));
+            let (mut sa, mut sb): (Vec<i64>, Vec<i64>) = if signed {
+                (
+                    vec![0, 1, -1, lim - 1, -lim + 1, lim - 1, -lim + 1, 0],
+                    vec![blim - 1, blim - 1, -blim + 1, blim - 1, blim - 1, 0, 1, -1],
+                )
+            } else {
+                (
+                    vec![0, 1, lim - 1, lim - 1, lim - 2, 0],
+                    vec![blim - 1, -blim + 1, blim - 1, -blim + 1, 1, -1],
+                )
+            };
+            for _ in 0..200 {
+                sa.push(if signed {
+                    (prg.u64() % (2 * lim as u64)) as i64 - lim
+                } else {
+                    (prg.u64() % lim as u64) as i64
+                });
+                sb.push((prg.u64() % (2 * blim as u64)) as i64 - blim);
+            }
+            let a: Vec<u64> = sa.iter().map(|&v| ring.from_signed(v)).collect();
+            let b: Vec<u64> = sb.iter().map(|&v| ring.from_signed(v)).collect();
+            let (x, y) = (share_values(ring, &a), share_values(ring, &b));
+            let g = (32 - ((m + 1).min(s) + 1).leading_zeros()) - 1;
+            let (t, n) = (s - g, (out + g + 1).min(ring.bits() - (s - g)));
+            let out2 = run_mem(|ot, ch, role| {
+                let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
+                let hi = mul_narrow_high_values(ot, ch, role, ring, xs, nw, ys, t, n)?;
+                let mut cx = Ctx::new(ot, ch, role, ax);
+                let exact = cx.mul_narrow_trunc(xs, nw, ys, s, out)?;
+                cx.trunc_mode = TruncMode::OneBitError;
+                let cheap = cx.mul_narrow_trunc(xs, nw, ys, s, out)?;
+                Ok((hi, exact, cheap))
+            });
+            let (c, sv) = out2;
+            for i in 0..a.len() {
+                let p = sa[i] as i128 * sb[i] as i128;
+                // got − ⌊a·b / 2^t⌋ = e + frac(a·b / 2^t), as a signed n-bit value.
+                let want_hi = (p >> t) as i64;
+                let diff = c.0[i].wrapping_add(sv.0[i]).wrapping_sub(want_hi as u64) << (64 - n);
+                let e = (diff as i64) >> (64 - n);
+                let bound = (m + 1).min(t) as i64 + 1;
+                assert!(
+                    (-bound..=bound).contains(&e),
+                    "m={m} t={t}: high part of {}·{} off by {e}",
+                    sa[i],
+                    sb[i]
+                );
+                let want = (p >> s) as i64;
+                assert_eq!(
+                    ring.to_signed(ring.add(c.1[i], sv.1[i])),
+                    want,
+                    "faithful {}·{} >> {s}",
+                    sa[i],
+                    sb[i]
+                );
+                let d = want - ring.to_signed(ring.add(c.2[i], sv.2[i]));
+                assert!(
+                    (-2..=3).contains(&d),
+                    "fused {}·{} >> {s} off by {d}",
+                    sa[i],
+                    sb[i]
+                );
+            }
+        }
     }
 }

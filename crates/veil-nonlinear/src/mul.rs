@@ -4,8 +4,8 @@
 //! per bit b_k of b with correlation a. Bit k only needs a mod 2^(ℓ−k) (the factor 2^k kills the
 //! rest), so every COT is sent at its own position's width: about ℓ²/2 bits per cross term
 //! instead of ℓ². COTs go out in buckets of [`BUCKET_BITS`] positions (one call each).
-//! * [`mul`]: x·y, both shared: two cross terms (one per direction, interleaved).
-//! * [`square`]: x·x = x0² + x1² + 2·x0·x1: one cross term.
+//! * [`mul_values`]: x·y, both shared: two cross terms (one per direction, interleaved).
+//! * [`square_values`]: x·x = x0² + x1² + 2·x0·x1: one cross term.
 //! * [`mul_server_row`]: x·γ with γ known only to the server (LayerNorm's weights): one term.
 //! * Narrow variants, when one operand has a promised small magnitude |a| < 2^(m−1):
 //!   [`mul_narrow_values`], [`square_narrow_values`] re-share a in Z_(2^(m+1)) (SiRNN's
@@ -28,11 +28,10 @@ use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
 use crate::boolean::{and_private, mux};
-use crate::exchange::{cot_both, low_mask, Corr};
-use crate::trunc::TruncMode;
+use crate::two_way_cot::{cot_both, low_mask, Corr};
 
 /// Bit positions per COT call: 8 keeps the calls few (ℓ/8 rounds).
-pub const BUCKET_BITS: u32 = 8;
+const BUCKET_BITS: u32 = 8;
 
 /// Bit-position buckets [k0, k1) covering the `bits` choice-bit positions 0..bits.
 fn buckets(bits: u32) -> impl Iterator<Item = (u32, u32)> {
@@ -187,17 +186,6 @@ fn cross_one_way<C: Channel>(
     Ok(acc)
 }
 
-fn check_same(x: &RingTensor, y: &RingTensor) -> Result<()> {
-    ensure!(
-        x.ring() == y.ring() && x.shape() == y.shape(),
-        InvalidArgument,
-        "multiplication operands {:?} and {:?} differ",
-        x.shape(),
-        y.shape()
-    );
-    Ok(())
-}
-
 /// Elementwise products need operands of equal length.
 fn same_len(a: &[u64], b: &[u64]) -> Result<()> {
     ensure!(
@@ -211,7 +199,7 @@ fn same_len(a: &[u64], b: &[u64]) -> Result<()> {
 }
 
 /// Shares of a·b mod 2^ℓ element-wise, on this party's raw shares.
-pub fn mul_values<C: Channel>(
+pub(crate) fn mul_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -229,7 +217,7 @@ pub fn mul_values<C: Channel>(
 }
 
 /// Shares of a² mod 2^ℓ element-wise: one cross term, half the traffic of [`mul_values`].
-pub fn square_values<C: Channel>(
+pub(crate) fn square_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -340,7 +328,7 @@ fn check_narrow(ring: Ring, nw: Narrow) -> Result<()> {
 /// a'_0·b + a'_1·b − 2^(m+1)·w·b − bias·b: the cross terms are driven by the m + 1 bits of a'
 /// instead of ℓ (≈ (m+1)·(ℓ − (m+1)/2) bits each instead of ℓ²/2), plus one AND and one
 /// multiplexer. Exact when the promise holds; otherwise the result is not a·b. Label "Mul".
-pub fn mul_narrow_values<C: Channel>(
+pub(crate) fn mul_narrow_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -358,7 +346,7 @@ pub fn mul_narrow_values<C: Channel>(
 /// bits instead of up to ℓ: a product followed by a truncation, fused, at an error of a few
 /// units of 2^t (callers compute at a few guard bits below the wanted scale). Label "Mul".
 #[allow(clippy::too_many_arguments)]
-pub fn mul_narrow_high_values<C: Channel>(
+pub(crate) fn mul_narrow_high_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -448,7 +436,7 @@ fn narrow_product(
 
 /// [`mul_narrow_high_values`] from a narrow share already taken ([`narrow_share`]: this party's
 /// a' and XOR share of the wrap w) with the cross term a'_client·b_server supplied by the caller
-/// as shares mod 2^ℓ (`given`, e.g. from [`crate::rows`]): only a'_server·b_client runs on COTs,
+/// as shares mod 2^ℓ (`given`, e.g. from [`crate::he_rows`]): only a'_server·b_client runs on COTs,
 /// the server's a' choosing. Shares mod 2^n of a·b / 2^t + e with |e| ≤ ⌈min(m + 1, t)/2⌉ + 1
 /// (one direction's COTs below t, one rounding of each party's local part). Label "Mul".
 #[allow(clippy::too_many_arguments)]
@@ -484,7 +472,7 @@ pub(crate) fn mul_narrow_high_given<C: Channel>(
 /// c = bias + 2^(m+1)·w, a² = s² − 2c·a − c² = s² − w·(2^(m+2)·a + 2^(2m+2) + 2^(m+2)·bias)
 /// − 2·bias·a − bias²: one cross term on the m + 1 bits of a'_1, one AND, one multiplexer.
 /// Label "Mul".
-pub fn square_narrow_values<C: Channel>(
+pub(crate) fn square_narrow_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -554,34 +542,10 @@ pub(crate) fn square_own_terms<C: Channel>(
         .collect())
 }
 
-/// Shares of x·y mod 2^ℓ (element-wise). Label "Mul".
-pub fn mul<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
-    role: Role,
-    x: &RingTensor,
-    y: &RingTensor,
-) -> Result<RingTensor> {
-    check_same(x, y)?;
-    let z = mul_values(ot, ch, role, x.ring(), x.data(), y.data())?;
-    RingTensor::from_vec(x.ring(), x.shape(), z)
-}
-
-/// Shares of x² mod 2^ℓ. Label "Mul".
-pub fn square<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
-    role: Role,
-    x: &RingTensor,
-) -> Result<RingTensor> {
-    let z = square_values(ot, ch, role, x.ring(), x.data())?;
-    RingTensor::from_vec(x.ring(), x.shape(), z)
-}
-
 /// Shares of x·γ for x shared with shape [rows, n] and a row γ of n ring elements known only to the
 /// server (`gamma` is `Some` on the server, `None` on the client); γ is broadcast over rows.
 /// Label "Mul".
-pub fn mul_server_row<C: Channel>(
+pub(crate) fn mul_server_row<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -596,7 +560,7 @@ pub fn mul_server_row<C: Channel>(
 /// public parameter): the server offsets it to γ' = γ + 2^(g−1) ∈ [0, 2^g), so x·γ = x·γ' −
 /// 2^(g−1)·x and the cross term is driven by g bits instead of ℓ. Exact; a γ outside the bound
 /// is an error on the server. Label "Mul".
-pub fn mul_server_row_narrow<C: Channel>(
+pub(crate) fn mul_server_row_narrow<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -613,7 +577,7 @@ pub fn mul_server_row_narrow<C: Channel>(
 /// shares mod 2^n (raw, in [0, 2^n)) of x·γ / 2^t + e with |e| ≤ (min(g, t) + 2) / 2, for
 /// n + t ≤ ℓ. Label "Mul".
 #[allow(clippy::too_many_arguments)]
-pub fn mul_server_row_high<C: Channel>(
+pub(crate) fn mul_server_row_high<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -685,18 +649,4 @@ fn server_row_product<C: Channel>(
         *zi = sc.add(*zi, sc.high(own));
     }
     Ok(z)
-}
-
-/// ⌊x·y / 2^s⌋: [`mul`] then a truncation (assumes |x·y| < 2^(ℓ−2) as integers).
-pub fn mul_trunc<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
-    role: Role,
-    x: &RingTensor,
-    y: &RingTensor,
-    s: u32,
-    mode: TruncMode,
-) -> Result<RingTensor> {
-    let p = mul(ot, ch, role, x, y)?;
-    crate::trunc::truncate(ot, ch, role, &p, s, mode)
 }

@@ -13,13 +13,13 @@
 //!
 //! Security: semi-honest; the COT and the comparison reveal nothing beyond their outputs.
 
-use veil_core::{ensure, Result, Ring, RingTensor};
+use veil_core::{ensure, Result, Ring};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
 use crate::boolean::bool_to_arith;
-use crate::exchange::low_mask;
 use crate::millionaire::greater_than;
+use crate::two_way_cot::low_mask;
 
 /// Which truncation to run; the layers above choose per use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub enum TruncMode {
 }
 
 /// Truncates this party's shares `x` by `s` bits (1 ≤ s ≤ ℓ − 2), assuming |x| < 2^(ℓ−2).
-pub fn truncate_values<C: Channel>(
+pub(crate) fn truncate_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -110,7 +110,7 @@ fn wrap_shares<C: Channel>(
 /// (k = from.bits()): the server adds 2^(k−2) so the sign bit is known 0, and x = x0 + x1 −
 /// 2^k·w − 2^(k−2) over the integers with the wrap w from the known-zero sign bit (one COT of
 /// ℓ − k bits). Exact. Security: semi-honest; one COT whose output is masked.
-pub fn extend_values<C: Channel>(
+pub(crate) fn extend_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
@@ -143,18 +143,4 @@ pub fn extend_values<C: Channel>(
             }
         })
         .collect())
-}
-
-/// Truncation of a shared tensor. Label "Truncation".
-pub fn truncate<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
-    role: Role,
-    x: &RingTensor,
-    s: u32,
-    mode: TruncMode,
-) -> Result<RingTensor> {
-    let _g = ch.meter().enter("Truncation");
-    let y = truncate_values(ot, ch, role, x.ring(), x.data(), s, mode)?;
-    RingTensor::from_vec(x.ring(), x.shape(), y)
 }

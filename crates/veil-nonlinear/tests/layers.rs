@@ -10,7 +10,7 @@ use veil_core::{
     share, Prg, RingTensor,
 };
 use veil_net::Role;
-use veil_nonlinear::{composite, composite::AffineParams, Ctx};
+use veil_nonlinear::{AffineParams, Ctx};
 
 fn ax() -> Approx {
     Approx::new(fp()).unwrap()
@@ -52,8 +52,8 @@ fn gelu_and_relu_on_bert_intermediate_rows() {
     let sh = split(&x);
     let out = run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
-        let g = composite::gelu(&mut cx, pick(role, &sh))?;
-        let r = composite::relu(&mut cx, pick(role, &sh), Some(20))?;
+        let g = cx.gelu(pick(role, &sh))?;
+        let r = cx.relu_tensor(pick(role, &sh), Some(20))?;
         Ok((g, r))
     });
     let g = open((out.0 .0, out.1 .0));
@@ -77,8 +77,8 @@ fn softmax_and_relu_normalise_on_attention_rows_with_padding() {
     let sh = split(&x);
     let out = run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
-        let s = composite::softmax(&mut cx, pick(role, &sh), &valid)?;
-        let r = composite::relu_normalise(&mut cx, pick(role, &sh), &valid, Some(20))?;
+        let s = cx.softmax(pick(role, &sh), &valid)?;
+        let r = cx.relu_normalise(pick(role, &sh), &valid, Some(20))?;
         Ok((s, r))
     });
     let s = open((out.0 .0, out.1 .0));
@@ -115,8 +115,8 @@ fn layer_norm_and_centre_affine_on_hidden_rows() {
             beta: beta.data(),
         };
         let params = (role == Role::Server).then_some(&p);
-        let l = composite::layer_norm(&mut cx, pick(role, &sh), params, eps)?;
-        let c = composite::centre_affine(&mut cx, pick(role, &sh), params)?;
+        let l = cx.layer_norm(pick(role, &sh), params, eps)?;
+        let c = cx.centre_affine(pick(role, &sh), params)?;
         Ok((l, c))
     });
     let l = open((out.0 .0, out.1 .0));
@@ -185,9 +185,9 @@ fn layer_norm_with_large_deviations_equals_simulator() {
             beta: beta.data(),
         };
         let params = (role == Role::Server).then_some(&p);
-        let exact = composite::layer_norm(&mut cx, pick(role, &sh), params, eps)?;
+        let exact = cx.layer_norm(pick(role, &sh), params, eps)?;
         cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
-        let cheap = composite::layer_norm(&mut cx, pick(role, &sh), params, eps)?;
+        let cheap = cx.layer_norm(pick(role, &sh), params, eps)?;
         Ok((exact, cheap))
     });
     let l = open((out.0 .0, out.1 .0));
@@ -227,15 +227,14 @@ fn wrong_mask_or_weights_are_errors() {
     let sh = split(&x);
     let (c, s) = run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
-        let e1 = composite::softmax(&mut cx, pick(role, &sh), &[true; 7]).is_err();
+        let e1 = cx.softmax(pick(role, &sh), &[true; 7]).is_err();
         let g = [0u64; 5];
         let p = AffineParams {
             gamma: &g,
             beta: &g,
         };
         // Only the server checks γ/β; the client fails on the missing peer or passes.
-        let e2 = role == Role::Client
-            || composite::centre_affine(&mut cx, pick(role, &sh), Some(&p)).is_err();
+        let e2 = role == Role::Client || cx.centre_affine(pick(role, &sh), Some(&p)).is_err();
         Ok(e1 && e2)
     });
     assert!(c && s);
@@ -261,9 +260,9 @@ proptest::proptest! {
             let mut cx = Ctx::new(ot, ch, role, a);
             let p = AffineParams { gamma: g.data(), beta: g.data() };
             let params = (role == Role::Server).then_some(&p);
-            let s = composite::softmax(&mut cx, pick(role, &sh), &valid)?;
-            let r = composite::relu_normalise(&mut cx, pick(role, &sh), &valid, None)?;
-            let c = composite::centre_affine(&mut cx, pick(role, &sh), params)?;
+            let s = cx.softmax(pick(role, &sh), &valid)?;
+            let r = cx.relu_normalise(pick(role, &sh), &valid, None)?;
+            let c = cx.centre_affine(pick(role, &sh), params)?;
             Ok((s, r, c))
         });
         let s = open((out.0 .0, out.1 .0));
@@ -286,42 +285,10 @@ fn softmax_over_tcp_loopback() {
     let sh = split(&x);
     let s = open(run_tcp(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
-        composite::softmax(&mut cx, pick(role, &sh), &valid)
+        cx.softmax(pick(role, &sh), &valid)
     }));
     for (i, raw) in x.data().chunks(16).enumerate() {
         assert_eq!(&s[i * 16..(i + 1) * 16], &a.softmax_row(raw, &valid)[..]);
-    }
-}
-
-#[test]
-fn row_max_is_exact_including_ties_and_padding() {
-    let a = ax();
-    let ring = a.fp.ring;
-    let big = (1i64 << 38) - 1;
-    let rows: Vec<Vec<i64>> = vec![
-        vec![5, 5, 5, 5, 5],
-        vec![-big, big, 0, -1, 1],
-        vec![-3, -7, -1, -2, -9],
-        vec![0, 0, -1, 0, 0],
-        vec![1, 2, 3, 4, 100],
-    ];
-    let cols = 5;
-    let flat: Vec<u64> = rows
-        .iter()
-        .flatten()
-        .map(|&v| ring.from_signed(v))
-        .collect();
-    let x = share_values(ring, &flat);
-    let idx = [0usize, 1, 2, 3]; // column 4 is padding
-    let got = run_mem(|ot, ch, role| {
-        let mut cx = Ctx::new(ot, ch, role, a);
-        let m = composite::max_rows(&mut cx, pick(role, &x).data(), cols, &idx, None)?;
-        RingTensor::from_vec(ring, &[m.len()], m)
-    });
-    let m = open(got);
-    for (r, row) in rows.iter().enumerate() {
-        let want = row[..4].iter().copied().max().unwrap();
-        assert_eq!(ring.to_signed(m[r]), want, "row {r}");
     }
 }
 
@@ -357,15 +324,15 @@ fn one_bit_error_mode_stays_within_the_f64_bounds() {
     let out = run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
         cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
-        let s = composite::softmax(&mut cx, pick(role, &sh), &valid)?;
-        let r = composite::relu_normalise(&mut cx, pick(role, &sh), &valid, None)?;
+        let s = cx.softmax(pick(role, &sh), &valid)?;
+        let r = cx.relu_normalise(pick(role, &sh), &valid, None)?;
         let p = AffineParams {
             gamma: gamma.data(),
             beta: beta.data(),
         };
         let params = (role == Role::Server).then_some(&p);
-        let l = composite::layer_norm(&mut cx, pick(role, &hs), params, eps)?;
-        let c = composite::centre_affine(&mut cx, pick(role, &hs), params)?;
+        let l = cx.layer_norm(pick(role, &hs), params, eps)?;
+        let c = cx.centre_affine(pick(role, &hs), params)?;
         Ok((s, r, l, c))
     });
     let s = open((out.0 .0, out.1 .0));

@@ -1,42 +1,18 @@
-//! Comparison, DReLU, ReLU, truncation and multiplication against exact plaintext oracles, both
-//! parties in threads over the in-memory duplex (and a sample over TCP).
+//! Comparison, DReLU, ReLU, truncation, sign extension and multiplication through [`Ctx`]
+//! against exact plaintext oracles, both parties in threads over the in-memory duplex (and a
+//! sample over TCP). The crate-internal steps (millionaire, bit decomposition, the high part of
+//! a narrow product) are tested by the crate's unit tests.
 
 mod common;
 
 use common::*;
 use proptest::prelude::*;
-use veil_core::{approx::Approx, Prg, Ring, RingTensor};
+use veil_core::{approx::Approx, FixedPoint, Prg, Ring};
 use veil_net::Role;
-use veil_nonlinear::mul::{
-    mul_narrow_high_values, mul_narrow_values, mul_server_row_narrow, square_narrow_values, Narrow,
-};
-use veil_nonlinear::trunc::extend_values;
-use veil_nonlinear::{
-    drelu, millionaire::greater_than, mul, mul_server_row, relu, square, truncate, Ctx, TruncMode,
-};
+use veil_nonlinear::{Ctx, Narrow, TruncMode};
 
-#[test]
-fn millionaire_matches_integer_comparison() {
-    let mut prg = Prg::from_os_entropy();
-    for bits in [1u32, 3, 4, 5, 13, 40, 64] {
-        let m = if bits == 64 {
-            u64::MAX
-        } else {
-            (1u64 << bits) - 1
-        };
-        let mut a: Vec<u64> = (0..40).map(|_| prg.u64() & m).collect();
-        let mut b: Vec<u64> = (0..40).map(|_| prg.u64() & m).collect();
-        // Edges: equal values, extremes, off by one.
-        a.extend([0, m, m, 0, 5 & m, m]);
-        b.extend([0, m, 0, m, 5 & m, m.saturating_sub(1)]);
-        let got = open_bits(run_mem(|ot, ch, role| {
-            let mine = if role == Role::Client { &a } else { &b };
-            greater_than(ot, ch, role, mine, bits)
-        }));
-        for i in 0..a.len() {
-            assert_eq!(got[i], a[i] > b[i], "bits {bits}: {} > {}", a[i], b[i]);
-        }
-    }
+fn ax() -> Approx {
+    Approx::new(fp()).unwrap()
 }
 
 #[test]
@@ -48,13 +24,17 @@ fn drelu_and_relu_exact_over_the_whole_ring() {
     let x = share_values(ring, &vals);
     let (d, r) = {
         let out = run_mem(|ot, ch, role| {
-            let d = drelu(ot, ch, role, pick(role, &x), None)?;
-            let r = relu(ot, ch, role, pick(role, &x), None)?;
+            let mut cx = Ctx::new(ot, ch, role, ax());
+            let d = cx.drelu(pick(role, &x).data(), None)?;
+            let r = cx.relu(pick(role, &x).data(), None)?;
             Ok((d, r))
         });
-        (open_bits((out.0 .0, out.1 .0)), open((out.0 .1, out.1 .1)))
+        (
+            open_bits((out.0 .0, out.1 .0)),
+            open_raw(ring, (out.0 .1, out.1 .1)),
+        )
     };
-    let ax = Approx::new(fp()).unwrap();
+    let ax = ax();
     for (i, &v) in vals.iter().enumerate() {
         assert_eq!(d[i], !ring.msb(v), "DReLU of {}", ring.to_signed(v));
         assert_eq!(r[i], ax.relu(v));
@@ -68,7 +48,7 @@ fn bounded_drelu_is_exact_within_its_bound() {
         let vals = values_below(ring, k, 120);
         let x = share_values(ring, &vals);
         let d = open_bits(run_mem(|ot, ch, role| {
-            drelu(ot, ch, role, pick(role, &x), Some(k))
+            Ctx::new(ot, ch, role, ax()).drelu(pick(role, &x).data(), Some(k))
         }));
         for (i, &v) in vals.iter().enumerate() {
             assert_eq!(
@@ -88,11 +68,13 @@ fn bound_outside_ring_is_an_error() {
     let (a, b) = veil_net::run_two_party(
         |c| {
             let mut ot = veil_ot::OtSession::setup_with(c, Role::Client, veil_ot::Backend::Iknp)?;
-            Ok(drelu(&mut ot, c, Role::Client, &x.0, Some(41)).is_err())
+            let mut cx = Ctx::new(&mut ot, c, Role::Client, ax());
+            Ok(cx.drelu(x.0.data(), Some(41)).is_err())
         },
         |s| {
             let mut ot = veil_ot::OtSession::setup_with(s, Role::Server, veil_ot::Backend::Iknp)?;
-            Ok(drelu(&mut ot, s, Role::Server, &x.1, Some(0)).is_err())
+            let mut cx = Ctx::new(&mut ot, s, Role::Server, ax());
+            Ok(cx.drelu(x.1.data(), Some(0)).is_err())
         },
     )
     .unwrap();
@@ -109,11 +91,12 @@ fn extension_to_a_wider_ring_is_exact() {
         signed.extend((0..200).map(|_| (prg.u64() % (2 * lim as u64)) as i64 - lim));
         let vals: Vec<u64> = signed.iter().map(|&v| from.from_signed(v)).collect();
         let x = share_values(from, &vals);
-        let out = run_mem(|ot, ch, role| {
-            let y = extend_values(ot, ch, role, from, to, pick(role, &x).data())?;
-            RingTensor::from_vec(to, &[vals.len()], y)
-        });
-        let got = open(out);
+        let got = open_raw(
+            to,
+            run_mem(|ot, ch, role| {
+                Ctx::new(ot, ch, role, ax()).extend_to(from, to, pick(role, &x).data())
+            }),
+        );
         for (i, &v) in signed.iter().enumerate() {
             assert_eq!(to.to_signed(got[i]), v, "extension {k} -> {l} of {v}");
         }
@@ -123,17 +106,19 @@ fn extension_to_a_wider_ring_is_exact() {
 #[test]
 fn faithful_truncation_is_floor_and_cheap_is_within_one() {
     let ring = fp().ring;
-    let ax = Approx::new(fp()).unwrap();
+    let ax = ax();
     let vals = values_below(ring, ring.bits() - 2, 300);
     let x = share_values(ring, &vals);
     for s in [1u32, 13, 26] {
         let out = run_mem(|ot, ch, role| {
-            let a = truncate(ot, ch, role, pick(role, &x), s, TruncMode::Faithful)?;
-            let b = truncate(ot, ch, role, pick(role, &x), s, TruncMode::OneBitError)?;
+            let mut cx = Ctx::new(ot, ch, role, ax);
+            let a = cx.trunc(pick(role, &x).data(), s)?;
+            cx.trunc_mode = TruncMode::OneBitError;
+            let b = cx.trunc(pick(role, &x).data(), s)?;
             Ok((a, b))
         });
-        let exact = open((out.0 .0, out.1 .0));
-        let cheap = open((out.0 .1, out.1 .1));
+        let exact = open_raw(ring, (out.0 .0, out.1 .0));
+        let cheap = open_raw(ring, (out.0 .1, out.1 .1));
         for (i, &v) in vals.iter().enumerate() {
             let want = ax.trunc(v, s);
             assert_eq!(
@@ -148,22 +133,26 @@ fn faithful_truncation_is_floor_and_cheap_is_within_one() {
     }
 }
 
+/// x·y, x² and x·γ (γ the server's) in a context over `ring` (8 fractional bits: the products
+/// do not depend on the scale).
 fn check_products(ring: Ring, a: Vec<u64>, b: Vec<u64>) {
     let n = a.len();
+    let ax = Approx::new(FixedPoint::new(ring.bits(), 8).unwrap()).unwrap();
     let x = share_values(ring, &a);
     let y = share_values(ring, &b);
     let gamma = b.clone();
     let out = run_mem(|ot, ch, role| {
-        let p = mul(ot, ch, role, pick(role, &x), pick(role, &y))?;
-        let q = square(ot, ch, role, pick(role, &x))?;
+        let mut cx = Ctx::new(ot, ch, role, ax);
+        let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
+        let p = cx.mul(xs, ys)?;
+        let q = cx.square(xs)?;
         let g = (role == Role::Server).then_some(gamma.as_slice());
-        let xr = pick(role, &x).clone().reshape(&[1, n])?;
-        let r = mul_server_row(ot, ch, role, &xr, g)?;
+        let r = cx.mul_server(xs, n, g)?;
         Ok((p, q, r))
     });
-    let p = open((out.0 .0, out.1 .0));
-    let q = open((out.0 .1, out.1 .1));
-    let r = open((out.0 .2, out.1 .2));
+    let p = open_raw(ring, (out.0 .0, out.1 .0));
+    let q = open_raw(ring, (out.0 .1, out.1 .1));
+    let r = open_raw(ring, (out.0 .2, out.1 .2));
     for i in 0..n {
         assert_eq!(p[i], ring.mul(a[i], b[i]));
         assert_eq!(q[i], ring.mul(a[i], a[i]));
@@ -213,17 +202,14 @@ fn check_narrow_product(prg: &mut Prg, ring: Ring, nw: Narrow, vals: &[i64]) {
     let x = share_values(ring, &a);
     let y = share_values(ring, &b);
     let out = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, ax());
         let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
-        let p = mul_narrow_values(ot, ch, role, ring, xs, nw, ys)?;
-        let q = square_narrow_values(ot, ch, role, ring, xs, nw)?;
-        let n = p.len();
-        Ok((
-            RingTensor::from_vec(ring, &[n], p)?,
-            RingTensor::from_vec(ring, &[n], q)?,
-        ))
+        let p = cx.mul_narrow_in(ring, xs, nw, ys)?;
+        let q = cx.square_narrow_in(ring, xs, nw)?;
+        Ok((p, q))
     });
-    let p = open((out.0 .0, out.1 .0));
-    let q = open((out.0 .1, out.1 .1));
+    let p = open_raw(ring, (out.0 .0, out.1 .0));
+    let q = open_raw(ring, (out.0 .1, out.1 .1));
     for i in 0..a.len() {
         assert_eq!(
             p[i],
@@ -235,105 +221,13 @@ fn check_narrow_product(prg: &mut Prg, ring: Ring, nw: Narrow, vals: &[i64]) {
     }
 }
 
-/// The high part of a narrow product is a·b / 2^t + e mod 2^n with |e| ≤ min(m+1, t) + 1, and
-/// the fused product-truncation of the 1-bit-error mode is ⌊a·b / 2^s⌋ + {−3, …, 2} (the
-/// faithful mode exactly ⌊a·b / 2^s⌋), for operands at the edges of their promises.
-#[test]
-fn fused_product_truncation_is_within_its_bound() {
-    let mut prg = Prg::from_os_entropy();
-    let ring = fp().ring;
-    let ax = Approx::new(fp()).unwrap();
-    // (m, s, out): ReLU-normalise's, Softmax's and LayerNorm's shapes.
-    // Unsigned: ReLU-normalise's ReLU outputs 0 ≤ r < 2^24.
-    for (signed, m, s, out) in [
-        (true, 25u32, 24u32, 16u32),
-        (false, 24, 24, 15),
-        (true, 15, 24, 16),
-        (true, 24, 19, 22),
-        (true, 24, 19, 19),
-    ] {
-        let nw = if signed {
-            Narrow::signed(m)
-        } else {
-            Narrow::unsigned(m)
-        };
-        // |a| < 2^mag; b reaches the contract's edge |a·b| / 2^s → 2^(out−1) − 3 (and |a·b| < 2^39).
-        let mag = if signed { m - 1 } else { m };
-        let lim = 1i64 << mag;
-        let blim = ((((1i64 << (out - 1)) - 3) << s) >> mag).min(1i64 << (39 - mag));
-        let (mut sa, mut sb): (Vec<i64>, Vec<i64>) = if signed {
-            (
-                vec![0, 1, -1, lim - 1, -lim + 1, lim - 1, -lim + 1, 0],
-                vec![blim - 1, blim - 1, -blim + 1, blim - 1, blim - 1, 0, 1, -1],
-            )
-        } else {
-            (
-                vec![0, 1, lim - 1, lim - 1, lim - 2, 0],
-                vec![blim - 1, -blim + 1, blim - 1, -blim + 1, 1, -1],
-            )
-        };
-        for _ in 0..200 {
-            sa.push(if signed {
-                (prg.u64() % (2 * lim as u64)) as i64 - lim
-            } else {
-                (prg.u64() % lim as u64) as i64
-            });
-            sb.push((prg.u64() % (2 * blim as u64)) as i64 - blim);
-        }
-        let a: Vec<u64> = sa.iter().map(|&v| ring.from_signed(v)).collect();
-        let b: Vec<u64> = sb.iter().map(|&v| ring.from_signed(v)).collect();
-        let (x, y) = (share_values(ring, &a), share_values(ring, &b));
-        let g = (32 - ((m + 1).min(s) + 1).leading_zeros()) - 1;
-        let (t, n) = (s - g, (out + g + 1).min(ring.bits() - (s - g)));
-        let out2 = run_mem(|ot, ch, role| {
-            let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
-            let hi = mul_narrow_high_values(ot, ch, role, ring, xs, nw, ys, t, n)?;
-            let mut cx = Ctx::new(ot, ch, role, ax);
-            let exact = cx.mul_narrow_trunc(xs, nw, ys, s, out)?;
-            cx.trunc_mode = TruncMode::OneBitError;
-            let cheap = cx.mul_narrow_trunc(xs, nw, ys, s, out)?;
-            Ok((hi, exact, cheap))
-        });
-        let (c, sv) = out2;
-        for i in 0..a.len() {
-            let p = sa[i] as i128 * sb[i] as i128;
-            // got − ⌊a·b / 2^t⌋ = e + frac(a·b / 2^t), as a signed n-bit value.
-            let want_hi = (p >> t) as i64;
-            let diff = c.0[i].wrapping_add(sv.0[i]).wrapping_sub(want_hi as u64) << (64 - n);
-            let e = (diff as i64) >> (64 - n);
-            let bound = (m + 1).min(t) as i64 + 1;
-            assert!(
-                (-bound..=bound).contains(&e),
-                "m={m} t={t}: high part of {}·{} off by {e}",
-                sa[i],
-                sb[i]
-            );
-            let want = (p >> s) as i64;
-            assert_eq!(
-                ring.to_signed(ring.add(c.1[i], sv.1[i])),
-                want,
-                "faithful {}·{} >> {s}",
-                sa[i],
-                sb[i]
-            );
-            let d = want - ring.to_signed(ring.add(c.2[i], sv.2[i]));
-            assert!(
-                (-2..=3).contains(&d),
-                "fused {}·{} >> {s} off by {d}",
-                sa[i],
-                sb[i]
-            );
-        }
-    }
-}
-
 /// The fused product-truncation by the server's γ (LayerNorm's affine step): ⌊x·γ / 2^13⌋ +
 /// {−3, …, 2} in the 1-bit-error mode, exact in the faithful one, for x and γ at the edges of their ranges.
 #[test]
 fn fused_server_row_truncation_is_within_its_bound() {
     let mut prg = Prg::from_os_entropy();
     let ring = fp().ring;
-    let ax = Approx::new(fp()).unwrap();
+    let ax = ax();
     let (g, s, cols) = (24u32, 13u32, 16usize);
     let glim = 1i64 << (g - 1);
     let xlim = 1i64 << (ring.bits() - 2 - (g - 1));
@@ -381,20 +275,21 @@ fn narrow_server_row_is_exact_and_rejects_a_wide_gamma() {
         .collect();
     let x = share_values(ring, &vals);
     let out = run_mem(|ot, ch, role| {
-        let xr = pick(role, &x).clone().reshape(&[3, n])?;
         let gm = (role == Role::Server).then_some(gamma.as_slice());
-        mul_server_row_narrow(ot, ch, role, &xr, gm, g)
+        Ctx::new(ot, ch, role, ax()).mul_server_narrow(pick(role, &x).data(), n, gm, g)
     });
-    let got = open(out);
+    let got = open_raw(ring, out);
     for (i, &v) in vals.iter().enumerate() {
         assert_eq!(got[i], ring.mul(v, gamma[i % n]));
     }
     let wide = vec![ring.from_signed(lim)];
     let xw = share_values(ring, &[5]);
     let (c, s) = run_mem(|ot, ch, role| {
-        let xr = pick(role, &xw).clone().reshape(&[1, 1])?;
         let gm = (role == Role::Server).then_some(wide.as_slice());
-        Ok(mul_server_row_narrow(ot, ch, role, &xr, gm, g).is_err())
+        let mut cx = Ctx::new(ot, ch, role, ax());
+        Ok(cx
+            .mul_server_narrow(pick(role, &xw).data(), 1, gm, g)
+            .is_err())
     });
     assert!(s, "a γ outside ±2^(g−1) must be refused by the server");
     let _ = c;
@@ -410,14 +305,13 @@ fn products_of_edge_values() {
 }
 
 #[test]
-fn shape_mismatch_and_missing_gamma_are_errors() {
-    let ring = fp().ring;
-    let x = RingTensor::zeros(ring, &[2, 3]).unwrap();
-    let y = RingTensor::zeros(ring, &[3, 2]).unwrap();
+fn length_mismatch_and_missing_gamma_are_errors() {
+    let (x, y) = ([0u64; 6], [0u64; 4]);
     let (a, b) = run_mem(|ot, ch, role| {
-        let e1 = mul(ot, ch, role, &x, &y).is_err();
-        let e2 =
-            mul_server_row(ot, ch, role, &x, Some(&[1, 2, 3])).is_err() || role == Role::Server;
+        let mut cx = Ctx::new(ot, ch, role, ax());
+        let e1 = cx.mul(&x, &y).is_err();
+        // The client supplying γ: refused (the server, with rows of 3, then loses its peer).
+        let e2 = cx.mul_server(&x, 3, Some(&[1, 2, 3])).is_err() || role == Role::Server;
         Ok(e1 && e2)
     });
     assert!(a && b);
@@ -428,10 +322,11 @@ fn relu_over_tcp_loopback() {
     let ring = fp().ring;
     let vals = values_below(ring, 30, 64);
     let x = share_values(ring, &vals);
-    let r = open(run_tcp(|ot, ch, role| {
-        relu(ot, ch, role, pick(role, &x), Some(30))
-    }));
-    let ax = Approx::new(fp()).unwrap();
+    let r = open_raw(
+        ring,
+        run_tcp(|ot, ch, role| Ctx::new(ot, ch, role, ax()).relu(pick(role, &x).data(), Some(30))),
+    );
+    let ax = ax();
     for (i, &v) in vals.iter().enumerate() {
         assert_eq!(r[i], ax.relu(v));
     }
@@ -444,7 +339,8 @@ fn peer_hang_up_is_an_error() {
     let res = veil_net::run_two_party(
         |c| {
             let mut ot = veil_ot::OtSession::setup_with(c, Role::Client, veil_ot::Backend::Iknp)?;
-            relu(&mut ot, c, Role::Client, &x.0, None).map(|_| ())
+            let mut cx = Ctx::new(&mut ot, c, Role::Client, ax());
+            cx.relu(x.0.data(), None).map(|_| ())
         },
         |s| {
             let _ot = veil_ot::OtSession::setup_with(s, Role::Server, veil_ot::Backend::Iknp)?;
@@ -459,68 +355,12 @@ fn empty_inputs_give_empty_outputs() {
     let ring = fp().ring;
     let x = share_values(ring, &[]);
     let out = run_mem(|ot, ch, role| {
-        let r = relu(ot, ch, role, pick(role, &x), None)?;
-        let t = truncate(ot, ch, role, pick(role, &x), 13, TruncMode::Faithful)?;
-        let m = mul(ot, ch, role, pick(role, &x), pick(role, &x))?;
+        let mut cx = Ctx::new(ot, ch, role, ax());
+        let xs = pick(role, &x).data();
+        let r = cx.relu(xs, None)?;
+        let t = cx.trunc(xs, 13)?;
+        let m = cx.mul(xs, xs)?;
         Ok(r.len() + t.len() + m.len())
     });
     assert_eq!(out, (0, 0));
-}
-
-/// Bit decomposition of a + b mod 2^k for private a, b (carries across every position, the
-/// extremes, k = 1 and 64), and suffix ORs of the bits, against plain integer arithmetic.
-#[test]
-fn sum_bits_and_suffix_or_match_integers() {
-    let mut prg = Prg::from_os_entropy();
-    for k in [1u32, 2, 7, 24, 41, 64] {
-        let m = if k == 64 { u64::MAX } else { (1u64 << k) - 1 };
-        let mut a: Vec<u64> = vec![0, m, m, 1, 0, m >> 1];
-        let mut b: Vec<u64> = vec![0, 1, m, m, m, 1];
-        for _ in 0..100 {
-            a.push(prg.u64() & m);
-            b.push(prg.u64() & m);
-        }
-        let (ac, bc) = (a.clone(), b.clone());
-        let out = run_mem(move |ot, ch, role| {
-            let mine = if role == Role::Client { &ac } else { &bc };
-            let bits = veil_nonlinear::bits::sum_bits(ot, ch, role, mine, k)?;
-            let any = veil_nonlinear::bits::suffix_or(ot, ch, role, &bits, k as usize)?;
-            Ok((bits, any))
-        });
-        let bits = open_bits((out.0 .0, out.1 .0));
-        let any = open_bits((out.0 .1, out.1 .1));
-        let ku = k as usize;
-        for i in 0..a.len() {
-            let s = a[i].wrapping_add(b[i]) & m;
-            for j in 0..ku {
-                assert_eq!(
-                    bits[i * ku + j],
-                    s >> j & 1 == 1,
-                    "k={k} {}+{} bit {j}",
-                    a[i],
-                    b[i]
-                );
-                assert_eq!(
-                    any[i * ku + j],
-                    s >> j != 0,
-                    "k={k} {}+{} OR from {j}",
-                    a[i],
-                    b[i]
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn sum_bits_rejects_wide_inputs() {
-    let out = run_mem(|ot, ch, role| {
-        let mine = if role == Role::Client {
-            vec![1u64 << 5]
-        } else {
-            vec![0]
-        };
-        Ok(veil_nonlinear::bits::sum_bits(ot, ch, role, &mine, 5).is_err())
-    });
-    assert!(out.0, "an input above 2^k is refused before any traffic");
 }

@@ -7,8 +7,8 @@
 //!    as `FixedModel::embed` encodes them);
 //! 2. positions are public (the server knows the sequence length), so the server adds its
 //!    position rows to its own share locally;
-//! 3. the embedding LayerNorm (always exact) runs on shares through the same composite operator
-//!    as the encoder's ([`composite::layer_norm`]) with the server's γ, β.
+//! 3. the embedding LayerNorm (always exact) runs on shares through the same operator
+//!    as the encoder's ([`Ctx::layer_norm`]) with the server's γ, β.
 //!
 //! Both steps are metered under "Embedding", so the cost report shows this layer on its own
 //! line (in public-embedding mode the client embeds locally and the line is absent).
@@ -29,8 +29,7 @@ use veil_linear::{ClientSession, LookupMethod, PreparedLookup, ServerSession};
 use veil_model::sim::FixedModel;
 use veil_model::ModelConfig;
 use veil_net::{Channel, Role};
-use veil_nonlinear::composite::{self, AffineParams};
-use veil_nonlinear::{Ctx, OtSession};
+use veil_nonlinear::{AffineParams, Ctx, OtSession};
 
 /// The lookup a server uses unless told otherwise: batch PIR. At 128 tokens of the BERT
 /// vocabulary it needs ≈ 1/10 of the one-hot method's products; it sends more bytes (width 768:
@@ -194,7 +193,7 @@ pub fn embed_client<C: Channel>(
     }
     let sum = lookup_client(ch, lin, &shape, method, &all)?;
     let mut cx = Ctx::new(ot, ch, Role::Client, ax);
-    composite::layer_norm(&mut cx, &sum, None, cfg.layer_norm_eps)
+    cx.layer_norm(&sum, None, cfg.layer_norm_eps)
 }
 
 /// Server: its share of the embedding output for a `seq`-token request.
@@ -217,5 +216,5 @@ pub fn embed_server<C: Channel>(
         beta: &norm.beta,
     };
     let mut cx = Ctx::new(ot, ch, Role::Server, ax);
-    composite::layer_norm(&mut cx, &sum, Some(&params), norm.eps)
+    cx.layer_norm(&sum, Some(&params), norm.eps)
 }

@@ -7,7 +7,7 @@
 //! after a linear or attention product may come out one ulp (2^−f) below the simulator's, and
 //! Softmax, ReLU-normalise, LayerNorm and centring run their truncations in the 1-bit-error mode
 //! of `veil_nonlinear` (products fused with their truncation, at most 2 ulp low each; the
-//! operators' own bounds in that mode are in `veil_nonlinear::composite`); GELU stays bit-exact.
+//! operators' own bounds in that mode are on `veil_nonlinear::Ctx`'s layer methods); GELU stays bit-exact.
 //! The deviation is these one-sided errors carried through the later layers (bounded in
 //! `tests/`; far below the fixed-point error itself).
 //!
@@ -25,9 +25,7 @@ use veil_model::engine::{self, Engine, LayerId, NormId};
 use veil_model::ProductTruncation;
 use veil_model::{Activation, AttentionNorm, LayerNormKind, ModelConfig};
 use veil_net::{Channel, LabelGuard, Role};
-use veil_nonlinear::composite::{self, AffineParams};
-use veil_nonlinear::ctx::HeKeys;
-use veil_nonlinear::{functions, Ctx, OtSession, TruncMode};
+use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
 use crate::prepared::{fc_shape, ServerModel};
 
@@ -184,12 +182,12 @@ impl<C: Channel> Engine for Party<'_, C> {
         match kind {
             AttentionNorm::Softmax => {
                 let _g = cx.ch.meter().enter("Softmax");
-                composite::softmax(&mut cx, scores, &valid)
+                cx.softmax(scores, &valid)
             }
             AttentionNorm::ReluNormalise => {
                 let _g = cx.ch.meter().enter("ReLU-normalise");
                 let k = cx.ax.relu_bound_bits();
-                composite::relu_normalise(&mut cx, scores, &valid, Some(k))
+                cx.relu_normalise(scores, &valid, Some(k))
             }
         }
     }
@@ -199,12 +197,12 @@ impl<C: Channel> Engine for Party<'_, C> {
         match kind {
             Activation::Gelu => {
                 let _g = cx.ch.meter().enter("GELU");
-                composite::gelu(&mut cx, x)
+                cx.gelu(x)
             }
             Activation::Relu => {
                 let _g = cx.ch.meter().enter("ReLU");
                 let k = cx.ax.relu_bound_bits();
-                composite::relu(&mut cx, x, Some(k))
+                cx.relu_tensor(x, Some(k))
             }
         }
     }
@@ -220,7 +218,7 @@ impl<C: Channel> Engine for Party<'_, C> {
         });
         let eps = self.cfg.layer_norm_eps;
         // The share-product HE keys let LayerNorm's 1-bit-error path run its sum of squares and
-        // d·r on BFV (veil_nonlinear::rows).
+        // d·r on BFV (veil-nonlinear's `he_rows`).
         let keys = match &self.side {
             Side::Client(s, _) => HeKeys::client(s)?,
             Side::Server(s, ..) => HeKeys::server(s)?,
@@ -232,17 +230,17 @@ impl<C: Channel> Engine for Party<'_, C> {
         match kind {
             LayerNormKind::Exact => {
                 let _g = cx.ch.meter().enter("LayerNorm");
-                composite::layer_norm(&mut cx, x, params.as_ref(), eps)
+                cx.layer_norm(x, params.as_ref(), eps)
             }
             LayerNormKind::Centring => {
                 let _g = cx.ch.meter().enter("Centring");
-                composite::centre_affine(&mut cx, x, params.as_ref())
+                cx.centre_affine(x, params.as_ref())
             }
         }
     }
 
     fn tanh(&mut self, x: &RingTensor) -> Result<RingTensor> {
-        let t = functions::tanh(&mut self.cx(), x.data())?;
+        let t = self.cx().tanh(x.data())?;
         RingTensor::from_vec(x.ring(), x.shape(), t)
     }
 

@@ -213,7 +213,7 @@ fn one_bit_error_truncation_stays_within_its_bound() {
     }
 }
 
-/// Rows of 512 values take LayerNorm's HE path (veil_nonlinear::rows) in the 1-bit mode: the
+/// Rows of 512 values take LayerNorm's HE path (veil-nonlinear's `he_rows`) in the 1-bit mode: the
 /// session's share-product keys reach it, and the logits stay within the same bound.
 #[test]
 fn layer_norm_on_he_rows_stays_within_its_bound() {

@@ -90,3 +90,12 @@ pub fn values_below(ring: Ring, bits: u32, n: usize) -> Vec<u64> {
     }
     v
 }
+
+/// Opens shares given as raw values of `ring`.
+pub fn open_raw(ring: Ring, pair: (Vec<u64>, Vec<u64>)) -> Vec<u64> {
+    pair.0
+        .iter()
+        .zip(&pair.1)
+        .map(|(&a, &b)| ring.add(a, b))
+        .collect()
+}

@@ -126,13 +126,13 @@ impl Layout {
 }
 
 /// The client's side: its encrypted matrix is on the server; it decrypts the results.
-pub struct RowsClient<'k> {
+pub(crate) struct RowsClient<'k> {
     sk: &'k SecretKey,
     lay: Layout,
 }
 
 /// The server's side: the client's expanded ciphertexts, and the keys to answer.
-pub struct RowsServer<'k> {
+pub(crate) struct RowsServer<'k> {
     pk: &'k PublicKey,
     gk: &'k GaloisKeys,
     lay: Layout,
@@ -140,7 +140,7 @@ pub struct RowsServer<'k> {
 }
 
 /// Client: encrypts U ([rows, cols], values in Z_2^ℓ) and sends it (one message).
-pub fn client_open<'k, C: Channel>(
+pub(crate) fn client_open<'k, C: Channel>(
     ch: &mut C,
     sk: &'k SecretKey,
     u: &[u64],
@@ -162,7 +162,7 @@ pub fn client_open<'k, C: Channel>(
 }
 
 /// Server: receives the client's encrypted [rows, cols] matrix.
-pub fn server_open<'k, C: Channel>(
+pub(crate) fn server_open<'k, C: Channel>(
     ch: &mut C,
     pk: &'k PublicKey,
     gk: &'k GaloisKeys,
@@ -196,8 +196,12 @@ impl RowsClient<'_> {
         })
     }
 
-    /// Shares of Σ_j U_kj·v_kj for each of the server's `vectors` (plane-major: [vector][row]).
-    pub fn inner_products<C: Channel>(&self, ch: &mut C, vectors: usize) -> Result<Vec<Vec<u64>>> {
+    /// Shares of Σ_j U_kj·v_kj for each of the server's `vectors` (plane-major: `[vector][row]`).
+    pub(crate) fn inner_products<C: Channel>(
+        &self,
+        ch: &mut C,
+        vectors: usize,
+    ) -> Result<Vec<Vec<u64>>> {
         let members = vectors * self.lay.rows;
         let positions: Vec<Vec<usize>> = Layout::dot_groups(members)
             .map(|(_, count)| Layout::dot_positions(count))
@@ -207,7 +211,7 @@ impl RowsClient<'_> {
     }
 
     /// Shares of U_kj·s_k for the server's per-row scalars s (row-major, like U).
-    pub fn row_scaled<C: Channel>(&self, ch: &mut C) -> Result<Vec<u64>> {
+    pub(crate) fn row_scaled<C: Channel>(&self, ch: &mut C) -> Result<Vec<u64>> {
         let positions: Vec<Vec<usize>> = (0..self.lay.ciphertexts())
             .map(|c| self.lay.scaled_positions(c))
             .collect();
@@ -256,7 +260,7 @@ impl RowsServer<'_> {
 
     /// The server's side of [`RowsClient::inner_products`]: `vectors[i]` is a [rows, cols] matrix
     /// (row k's vector is its row k) of signed values with |v| ≤ `bound` (a public bound).
-    pub fn inner_products<C: Channel>(
+    pub(crate) fn inner_products<C: Channel>(
         &self,
         ch: &mut C,
         vectors: &[Vec<i64>],
@@ -303,7 +307,7 @@ impl RowsServer<'_> {
     }
 
     /// The server's side of [`RowsClient::row_scaled`]: one scalar per row (a ring element).
-    pub fn row_scaled<C: Channel>(&self, ch: &mut C, s: &[u64]) -> Result<Vec<u64>> {
+    pub(crate) fn row_scaled<C: Channel>(&self, ch: &mut C, s: &[u64]) -> Result<Vec<u64>> {
         let lay = self.lay;
         ensure!(
             s.len() == lay.rows,
@@ -338,6 +342,166 @@ impl RowsServer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_harness::fp;
+    use veil_he::session::{ClientSession, ServerSession, SHARED_SET};
+    use veil_net::{run_two_party, MemChannel};
+
+    fn ring() -> Ring {
+        fp().ring
+    }
+
+    fn client_session<C: Channel>(ch: &mut C) -> veil_core::Result<ClientSession> {
+        ClientSession::setup_for(ch, ring(), &[SHARED_SET])
+    }
+
+    fn server_session<C: Channel>(ch: &mut C) -> veil_core::Result<ServerSession> {
+        ServerSession::setup_for(ch, ring(), &[SHARED_SET])
+    }
+
+    fn random_ring(n: usize) -> Vec<u64> {
+        let mut prg = Prg::from_os_entropy();
+        (0..n).map(|_| prg.ring_elem(ring())).collect()
+    }
+
+    /// Client matrix u (any ring values), server vectors (signed, |v| ≤ bound) and scalars: both
+    /// products open to the integers mod 2^ℓ.
+    fn check_products(rows: usize, cols: usize, planes: usize, bound: i64) {
+        let r = ring();
+        let mut prg = Prg::from_os_entropy();
+        let mut u = random_ring(rows * cols);
+        // Edges: the ring's extremes and zero in the first row.
+        for (j, e) in [0u64, 1, r.from_signed(-1), 1 << 40, (1 << 40) - 1]
+            .iter()
+            .enumerate()
+        {
+            if j < cols {
+                u[j] = *e;
+            }
+        }
+        let vectors: Vec<Vec<i64>> = (0..planes)
+            .map(|_| {
+                (0..rows * cols)
+                    .map(|i| match i % 7 {
+                        0 => bound,
+                        1 => -bound,
+                        _ => (prg.below(2 * bound as u64 + 1) as i64) - bound,
+                    })
+                    .collect()
+            })
+            .collect();
+        let scalars = random_ring(rows);
+        let (c, s) = run_two_party(
+            |ch: &mut MemChannel| {
+                let sess = client_session(ch)?;
+                let rc = client_open(ch, sess.key(SHARED_SET)?, &u, rows, cols)?;
+                Ok((rc.inner_products(ch, planes)?, rc.row_scaled(ch)?))
+            },
+            |ch: &mut MemChannel| {
+                let sess = server_session(ch)?;
+                let (pk, gk) = sess.keys_for(SHARED_SET)?;
+                let rs = server_open(ch, pk, gk, rows, cols)?;
+                Ok((
+                    rs.inner_products(ch, &vectors, bound as u64)?,
+                    rs.row_scaled(ch, &scalars)?,
+                ))
+            },
+        )
+        .expect("protocol run");
+        for (p, plane) in vectors.iter().enumerate() {
+            for row in 0..rows {
+                let want = (0..cols).fold(0u64, |acc, j| {
+                    let v = r.from_signed(plane[row * cols + j]);
+                    r.add(acc, r.mul(u[row * cols + j], v))
+                });
+                assert_eq!(r.add(c.0[p][row], s.0[p][row]), want, "plane {p} row {row}");
+            }
+        }
+        for i in 0..rows * cols {
+            let want = r.mul(u[i], scalars[i / cols]);
+            assert_eq!(r.add(c.1[i], s.1[i]), want, "element {i}");
+        }
+    }
+
+    #[test]
+    fn row_products_match_integers_bert_rows() {
+        // 8 rows fill one ciphertext at stride 8; 13 leave a partial one.
+        check_products(13, 768, 2, 32);
+    }
+
+    #[test]
+    fn row_products_match_integers_other_shapes() {
+        // Stride 64 (BERT-Tiny rows), a single row, odd widths, and 65 members (two packed groups).
+        check_products(3, 128, 1, 1 << 20);
+        check_products(1, 5, 3, 1);
+        check_products(65, 3, 1, 7);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(6))]
+        /// Any shape the layout takes: partial ciphertexts, strides from 2 to 64, several planes,
+        /// bounds from 1 to 2^30.
+        #[test]
+        fn row_products_any_shape(rows in 1usize..20, cols in 1usize..300, planes in 1usize..3, bits in 0u32..31) {
+            check_products(rows, cols, planes, 1i64 << bits);
+        }
+    }
+
+    #[test]
+    fn bad_messages_are_errors_not_panics() {
+        let rows = 2;
+        let cols = 16;
+        let u = random_ring(rows * cols);
+        // Server: a truncated, a garbage, an empty and an over-long request.
+        for bad in 0..4 {
+            let (_, refused) = run_two_party(
+                |ch: &mut MemChannel| {
+                    let sess = client_session(ch)?;
+                    let sk = sess.key(SHARED_SET)?;
+                    let ct = sk.encrypt(&[1, 2, 3], &mut Prg::from_os_entropy())?;
+                    let valid = veil_he::wire::encode_ciphertexts(sk.params(), &[ct]);
+                    let msg = match bad {
+                        0 => valid[..valid.len() / 2].to_vec(),
+                        1 => vec![0xA5; valid.len()],
+                        2 => Vec::new(),
+                        _ => [valid.clone(), valid].concat(),
+                    };
+                    ch.send_msg(&msg)?;
+                    ch.flush()
+                },
+                |ch: &mut MemChannel| {
+                    let sess = server_session(ch)?;
+                    let (pk, gk) = sess.keys_for(SHARED_SET)?;
+                    Ok(server_open(ch, pk, gk, rows, cols).is_err())
+                },
+            )
+            .expect("run");
+            assert!(refused, "damaged request {bad} accepted");
+        }
+        // Client: a garbage response, then a peer that hangs up; the server refuses wrong shapes
+        // and out-of-bound plaintexts before sending anything.
+        let (c, _) = run_two_party(
+            |ch: &mut MemChannel| {
+                let sess = client_session(ch)?;
+                let rc = client_open(ch, sess.key(SHARED_SET)?, &u, rows, cols)?;
+                let garbage = rc.inner_products(ch, 1).is_err();
+                let hung_up = rc.row_scaled(ch).is_err();
+                Ok((garbage, hung_up))
+            },
+            |ch: &mut MemChannel| {
+                let sess = server_session(ch)?;
+                let (pk, gk) = sess.keys_for(SHARED_SET)?;
+                let rs = server_open(ch, pk, gk, rows, cols)?;
+                assert!(rs.inner_products(ch, &[vec![0; 3]], 1).is_err());
+                assert!(rs.row_scaled(ch, &[1]).is_err());
+                assert!(rs.inner_products(ch, &[vec![5; rows * cols]], 4).is_err());
+                ch.send_msg(&[7u8; 100])?;
+                ch.flush()
+            },
+        )
+        .expect("run");
+        assert!(c.0, "garbage response accepted");
+        assert!(c.1, "a response from a closed channel");
+    }
 
     #[test]
     fn stride_fits_rows_into_the_degree() {

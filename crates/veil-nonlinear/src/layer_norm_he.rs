@@ -1,4 +1,4 @@
-//! LayerNorm's two products of the deviations d on BFV ([`crate::rows`]), used in the
+//! LayerNorm's two products of the deviations d on BFV ([`crate::he_rows`]), used in the
 //! 1-bit-error mode when the context has HE keys: the client's narrow share of d is encrypted
 //! once and serves both.
 //!
@@ -15,15 +15,15 @@
 //!   product on HE; a'_s·r_c stays one direction of COTs; fused with the truncation as
 //!   [`Ctx::mul_narrow_trunc`] (result ⌊d·r / 2^s⌋ + c, c ∈ {−3, …, 2}).
 //!
-//! Security: semi-honest, compositions of [`crate::rows`] (flooded, re-masked HE responses), the
+//! Security: semi-honest, compositions of [`crate::he_rows`] (flooded, re-masked HE responses), the
 //! COT products and the extension protocol; every value either party receives is masked.
 
 use veil_core::{ensure, Result, Ring};
 use veil_net::Channel;
 
 use crate::ctx::{Ctx, HeKeys};
+use crate::he_rows::{client_open, server_open, RowsClient, RowsServer};
 use crate::mul::{mul_narrow_high_given, narrow_share, square_own_terms, Narrow, Scale};
-use crate::rows::{client_open, server_open, RowsClient, RowsServer};
 
 enum Side<'k> {
     Client(RowsClient<'k>),
@@ -52,7 +52,7 @@ pub(crate) const HE_MIN_COLS: usize = 512;
 /// Takes the narrow share of d (promise `nw`) and sends the client's encrypted centred share,
 /// for sums of squares in the ring `wide`. `None` (nothing sent; the caller runs the COT path)
 /// without HE keys, for rows shorter than [`HE_MIN_COLS`], for rows longer than N/2 (the stride
-/// layout of [`crate::rows`] cannot hold them), and for formats too narrow for the planes
+/// layout of [`crate::he_rows`] cannot hold them), and for formats too narrow for the planes
 /// ([`plane_bits`]) or the wide ring (W − m > ℓ). All of it is public, so both parties decide
 /// alike.
 pub(crate) fn open<'k, C: Channel>(

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use veil_core::{approx::Approx, Prg, Ring};
-use veil_nonlinear::{functions, Ctx};
+use veil_nonlinear::Ctx;
 
 fn ax() -> Approx {
     Approx::new(fp()).unwrap()
@@ -38,7 +38,7 @@ fn exp_matches_approx_exactly() {
     let x = share_values(ring, &vals);
     let got = open(run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
-        let y = functions::exp_neg(&mut cx, pick(role, &x).data(), None)?;
+        let y = cx.exp_neg(pick(role, &x).data(), None)?;
         veil_core::RingTensor::from_vec(ring, &[y.len()], y)
     }));
     for (i, &v) in vals.iter().enumerate() {
@@ -63,9 +63,9 @@ fn recip_and_rsqrt_match_approx_exactly() {
     let out = run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
         let s = pick(role, &x).data();
-        let r = functions::recip_at(&mut cx, s, a.fp.frac_bits())?;
-        let rw = functions::recip_at(&mut cx, s, w)?;
-        let q = functions::rsqrt_at(&mut cx, s, a.fp.frac_bits())?;
+        let r = cx.recip_at(s, a.fp.frac_bits())?;
+        let rw = cx.recip_at(s, w)?;
+        let q = cx.rsqrt_at(s, a.fp.frac_bits())?;
         let t = |v: Vec<u64>| veil_core::RingTensor::from_vec(ring, &[v.len()], v);
         Ok((t(r)?, t(rw)?, t(q)?))
     });
@@ -96,7 +96,7 @@ fn recip_in_the_one_bit_mode_stays_close_to_the_exact_value() {
     let got = open(run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
         cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
-        let r = functions::recip_at(&mut cx, pick(role, &x).data(), w)?;
+        let r = cx.recip_at(pick(role, &x).data(), w)?;
         veil_core::RingTensor::from_vec(ring, &[r.len()], r)
     }));
     let scale = (1u64 << w) as f64;
@@ -126,7 +126,7 @@ fn tanh_matches_approx_exactly() {
     let x = share_values(ring, &vals);
     let got = open(run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
-        let y = functions::tanh(&mut cx, pick(role, &x).data())?;
+        let y = cx.tanh(pick(role, &x).data())?;
         veil_core::RingTensor::from_vec(ring, &[y.len()], y)
     }));
     for (i, &v) in vals.iter().enumerate() {

@@ -27,29 +27,97 @@ use veil_net::Channel;
 use crate::ctx::Ctx;
 use crate::mul::Narrow;
 
-/// exp(x) for x ≤ 0 (approx::exp_neg). `bound`: a promise |x + 16| < 2^k for a cheaper clamp.
-pub fn exp_neg<C: Channel>(cx: &mut Ctx<C>, x: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
-    let _g = cx.ch.meter().enter("Exp");
-    let ring = cx.ring();
-    let fe = cx.ax.exp_frac();
-    let lo = (veil_core::approx::EXP_CLAMP as u64) << cx.ax.fp.frac_bits();
-    // t = max(x, −16) = ReLU(x + 16) − 16, read at f + 5 bits (= x / 32).
-    let mut v = x.to_vec();
-    cx.add_public(&mut v, lo);
-    let mut t = cx.relu(&v, bound)?;
-    cx.add_public(&mut t, ring.neg(lo));
-    // p = 1 + t + (31/64)·t², then five rounded squarings.
-    // |t| ≤ 2^(f+4) and p ∈ [0, 2^fe]: narrow squares.
-    let t2 = cx.square_narrow(&t, Narrow::signed(cx.ax.fp.frac_bits() + 6))?;
-    let q: Vec<u64> = t2.iter().map(|&v| ring.mul(v, EXP_QUAD_NUM)).collect();
-    let t2 = cx.round(&q, fe + EXP_QUAD_SHIFT)?;
-    let mut p: Vec<u64> = t.iter().zip(&t2).map(|(&a, &b)| ring.add(a, b)).collect();
-    cx.add_public(&mut p, 1u64 << fe);
-    for _ in 0..veil_core::approx::EXP_SQUARINGS {
-        let sq = cx.square_narrow(&p, Narrow::signed(fe + 2))?;
-        p = cx.round(&sq, fe)?;
+impl<C: Channel> Ctx<'_, C> {
+    /// exp(x) for x ≤ 0 (approx::exp_neg). `bound`: a promise |x + 16| < 2^k for a cheaper clamp.
+    pub fn exp_neg(&mut self, x: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
+        let _g = self.ch.meter().enter("Exp");
+        let ring = self.ring();
+        let fe = self.ax.exp_frac();
+        let lo = (veil_core::approx::EXP_CLAMP as u64) << self.ax.fp.frac_bits();
+        // t = max(x, −16) = ReLU(x + 16) − 16, read at f + 5 bits (= x / 32).
+        let mut v = x.to_vec();
+        self.add_public(&mut v, lo);
+        let mut t = self.relu(&v, bound)?;
+        self.add_public(&mut t, ring.neg(lo));
+        // p = 1 + t + (31/64)·t², then five rounded squarings.
+        // |t| ≤ 2^(f+4) and p ∈ [0, 2^fe]: narrow squares.
+        let t2 = self.square_narrow(&t, Narrow::signed(self.ax.fp.frac_bits() + 6))?;
+        let q: Vec<u64> = t2.iter().map(|&v| ring.mul(v, EXP_QUAD_NUM)).collect();
+        let t2 = self.round(&q, fe + EXP_QUAD_SHIFT)?;
+        let mut p: Vec<u64> = t.iter().zip(&t2).map(|(&a, &b)| ring.add(a, b)).collect();
+        self.add_public(&mut p, 1u64 << fe);
+        for _ in 0..veil_core::approx::EXP_SQUARINGS {
+            let sq = self.square_narrow(&p, Narrow::signed(fe + 2))?;
+            p = self.round(&sq, fe)?;
+        }
+        self.round(&p, veil_core::approx::EXP_SQUARINGS)
     }
-    cx.round(&p, veil_core::approx::EXP_SQUARINGS)
+
+    /// 1/s with the output at `out_frac` fractional bits (approx::recip_at), on the domain
+    /// s ∈ [1, 2^K] (K = norm_bits; s = 2^K is Softmax's sum over 2048 equal scores, clamped to
+    /// class K as in `approx`): the class thresholds come from one bit decomposition of s on K + 1
+    /// bits and the products are narrow (s ≤ 2^K, g = 2^(K−e) < 2^K, m ≤ 2^F + 2, y < 2^(F+2));
+    /// outside the domain the shares open to unspecified values.
+    pub fn recip_at(&mut self, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
+        let _g = self.ch.meter().enter("Recip");
+        let ax = self.ax;
+        let k = ax.norm_bits();
+        let fr = ax.newton_frac();
+        let h = class_onehot(self, s, 1, k, Some(k + 1))?;
+        let g = select(self, &h, 1, k, |e| ax.norm_scale(e));
+        let m = self.mul_narrow_trunc(s, Narrow::unsigned(k + 1), &g, k - fr, fr + 2)?;
+        let y = newton_recip(self, &m)?;
+        let shift = ax.recip_out_shift(out_frac);
+        // y·g < 2^(F+1+K−1): the result is below 2^(F+K−shift).
+        self.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &g, shift, fr + k - shift + 2)
+    }
+
+    /// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at).
+    pub fn rsqrt_at(&mut self, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
+        let _g = self.ch.meter().enter("Rsqrt");
+        let ax = self.ax;
+        let k = ax.norm_bits();
+        let h = class_onehot(self, s, 1, k, None)?;
+        let g = select(self, &h, 1, k, |e| ax.norm_scale(e));
+        let big_g = select(self, &h, 1, k, |e| ax.rsqrt_out_scale(e, out_frac));
+        let m = self.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
+        let y = newton_rsqrt(self, &m)?;
+        self.mul_trunc(&y, &big_g, ax.rsqrt_out_shift(out_frac))
+    }
+
+    /// tanh(x) (approx::tanh): sign by DReLU, exp(−2|x|), Newton quotient, sign re-applied.
+    pub fn tanh(&mut self, x: &[u64]) -> Result<Vec<u64>> {
+        let _g = self.ch.meter().enter("Tanh");
+        let ring = self.ring();
+        let f = self.ax.fp.frac_bits();
+        let fr = self.ax.newton_frac();
+        let pos = self.drelu(x, None)?;
+        let px = self.mux(&pos, x)?;
+        // −2|x| = −2(2·px − x) = 2x − 4·px.
+        let neg2a: Vec<u64> = x
+            .iter()
+            .zip(&px)
+            .map(|(&v, &p)| ring.sub(ring.add(v, v), ring.mul(p, 4)))
+            .collect();
+        let z = self.exp_neg(&neg2a, None)?;
+        let mut den = z.clone();
+        self.add_public(&mut den, 1u64 << f);
+        let m: Vec<u64> = den
+            .iter()
+            .map(|&v| ring.mul(v, 1u64 << (fr - f - 1)))
+            .collect();
+        let y = newton_recip(self, &m)?;
+        let mut num: Vec<u64> = z.iter().map(|&v| ring.neg(v)).collect();
+        self.add_public(&mut num, 1u64 << f);
+        let p = self.mul(&num, &y)?;
+        let th = self.round(&p, fr + 1)?;
+        let pth = self.mux(&pos, &th)?;
+        Ok(pth
+            .iter()
+            .zip(&th)
+            .map(|(&p, &t)| ring.sub(ring.add(p, p), t))
+            .collect())
+    }
 }
 
 /// Newton for 1/m on m ∈ [1/2, 1] at F = newton_frac bits (approx::newton_recip). Every value
@@ -190,42 +258,10 @@ fn select(
         .collect()
 }
 
-/// 1/s with the output at `out_frac` fractional bits (approx::recip_at), on the domain
-/// s ∈ [1, 2^K] (K = norm_bits; s = 2^K is Softmax's sum over 2048 equal scores, clamped to
-/// class K as in `approx`): the class thresholds come from one bit decomposition of s on K + 1
-/// bits and the products are narrow (s ≤ 2^K, g = 2^(K−e) < 2^K, m ≤ 2^F + 2, y < 2^(F+2));
-/// outside the domain the shares open to unspecified values.
-pub fn recip_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
-    let _g = cx.ch.meter().enter("Recip");
-    let ax = cx.ax;
-    let k = ax.norm_bits();
-    let fr = ax.newton_frac();
-    let h = class_onehot(cx, s, 1, k, Some(k + 1))?;
-    let g = select(cx, &h, 1, k, |e| ax.norm_scale(e));
-    let m = cx.mul_narrow_trunc(s, Narrow::unsigned(k + 1), &g, k - fr, fr + 2)?;
-    let y = newton_recip(cx, &m)?;
-    let shift = ax.recip_out_shift(out_frac);
-    // y·g < 2^(F+1+K−1): the result is below 2^(F+K−shift).
-    cx.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &g, shift, fr + k - shift + 2)
-}
-
-/// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at).
-pub fn rsqrt_at<C: Channel>(cx: &mut Ctx<C>, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
-    let _g = cx.ch.meter().enter("Rsqrt");
-    let ax = cx.ax;
-    let k = ax.norm_bits();
-    let h = class_onehot(cx, s, 1, k, None)?;
-    let g = select(cx, &h, 1, k, |e| ax.norm_scale(e));
-    let big_g = select(cx, &h, 1, k, |e| ax.rsqrt_out_scale(e, out_frac));
-    let m = cx.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
-    let y = newton_rsqrt(cx, &m)?;
-    cx.mul_trunc(&y, &big_g, ax.rsqrt_out_shift(out_frac))
-}
-
 /// LayerNorm's r ≈ √n/√(S/2^g) at W bits from the row sums of squares S
 /// (approx::layer_norm_rsqrt): class over the plan's range, normalisation, Newton, then the two
 /// selected output constants.
-pub fn layer_norm_rsqrt<C: Channel>(
+pub(crate) fn layer_norm_rsqrt<C: Channel>(
     cx: &mut Ctx<C>,
     plan: &LayerNormPlan,
     sum: &SumPlan,
@@ -261,38 +297,4 @@ pub fn layer_norm_rsqrt<C: Channel>(
         cx.ring().bits() - sum.scale_shift,
     )?;
     cx.mul(&r1, &b)
-}
-
-/// tanh(x) (approx::tanh): sign by DReLU, exp(−2|x|), Newton quotient, sign re-applied.
-pub fn tanh<C: Channel>(cx: &mut Ctx<C>, x: &[u64]) -> Result<Vec<u64>> {
-    let _g = cx.ch.meter().enter("Tanh");
-    let ring = cx.ring();
-    let f = cx.ax.fp.frac_bits();
-    let fr = cx.ax.newton_frac();
-    let pos = cx.drelu(x, None)?;
-    let px = cx.mux(&pos, x)?;
-    // −2|x| = −2(2·px − x) = 2x − 4·px.
-    let neg2a: Vec<u64> = x
-        .iter()
-        .zip(&px)
-        .map(|(&v, &p)| ring.sub(ring.add(v, v), ring.mul(p, 4)))
-        .collect();
-    let z = exp_neg(cx, &neg2a, None)?;
-    let mut den = z.clone();
-    cx.add_public(&mut den, 1u64 << f);
-    let m: Vec<u64> = den
-        .iter()
-        .map(|&v| ring.mul(v, 1u64 << (fr - f - 1)))
-        .collect();
-    let y = newton_recip(cx, &m)?;
-    let mut num: Vec<u64> = z.iter().map(|&v| ring.neg(v)).collect();
-    cx.add_public(&mut num, 1u64 << f);
-    let p = cx.mul(&num, &y)?;
-    let th = cx.round(&p, fr + 1)?;
-    let pth = cx.mux(&pos, &th)?;
-    Ok(pth
-        .iter()
-        .zip(&th)
-        .map(|(&p, &t)| ring.sub(ring.add(p, p), t))
-        .collect())
 }

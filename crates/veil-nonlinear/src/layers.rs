@@ -1,0 +1,600 @@
+//! The transformer's non-linear layers on shares, row-wise over the last dimension, exactly as the
+//! paper's Algorithms 2–4 and their privacy-computing-friendly substitutes. Each function runs
+//! the row algorithm of `veil_core::approx` of the same name; with faithful truncation (the
+//! default) the shares open to exactly those integers. Errors against f64 (measured in the
+//! approx tests and re-checked here on BERT-shaped rows):
+//! * GELU (tanh form of Alg. 2, as ReLU(x) − φ(|x|), φ piecewise cubic on [0, 4.25), 0 beyond):
+//!   ≤ 1.6e-4 for every x;
+//! * Softmax (Alg. 3, max subtraction, public padding mask): ≤ 8e-4 per output (the rounding
+//!   errors of the row's exp values add up in the sum);
+//! * ReLU-normalise: ReLU(x_i) / (Σ_j ReLU(x_j) + ε): ≤ 3e-4;
+//! * LayerNorm (Alg. 4, γ and β private to the server), on |x − mean| < 1024 and
+//!   var + ε ≥ 2^-13: ≤ 1 ulp + |γ|·(2.5e-3 + 2.5e-4/√(var + ε))
+//!   (`approx::layer_norm_error_bound`). The variance comes from a coarse sum of squares of
+//!   pre-shifted deviations (whole domain) or an exact one (Σd² < 4096), chosen per row by one
+//!   comparison; the 1/n is folded into the public constants of the row's rsqrt;
+//! * centre + affine (x − mean)·γ + β: ≤ 2 ulp·(1 + |γ|).
+//!
+//! Products by a value of known small magnitude use the narrow (mixed-width) product of
+//! [`mod@crate::mul`]: e_i·(1/s) in Softmax (e ∈ [0, 1], always), ReLU(x_i)·(1/s) in ReLU-normalise
+//! (relies on the domain s < 2048), the squares and d·r in LayerNorm (rely on the domain
+//! |x − mean| < 1024), the products by γ (the server promises |γ| < 2^[`GAMMA_BITS`] and errs
+//! otherwise). Outside those domains the shares no longer open to `approx` (GELU and Softmax
+//! still do, for every input).
+//!
+//! With 1-bit-error truncation (`TruncMode::OneBitError`) the shares no longer open to `approx`:
+//! each truncation may land 1 ulp low, and the final products of Softmax, ReLU-normalise,
+//! LayerNorm's d·r and the products by γ are fused with their truncation
+//! ([`Ctx::mul_narrow_trunc`], [`Ctx::mul_server_trunc`]: only the high part of the product is
+//! computed, each COT carrying n ≤ ℓ − t bits instead of up to ℓ) and land within −3 … +2 ulp.
+//! Tested bounds in that mode: ReLU-normalise 3e-4 + 3 ulp, LayerNorm (2e-3 + 3 ulp)·(1 + |γ|)
+//! plus the mean's error (≤ 2 ulp, in every d_i) times |γ|/σ, which matters for tiny variances;
+//! centre + affine 4 ulp·(1 + |γ|), Softmax 4e-3 (exp's squarings amplify its low truncations on
+//! outputs near 1). LayerNorm's two sums of squares come in that mode from one square of d in a
+//! wide ring (the fine sum exact as before, the coarse one finer than the faithful path's).
+//! When the context has HE keys ([`Ctx::with_he`]), that mode computes the sum of squares and
+//! the client-side cross term of d·r on BFV ([`crate::he_rows`]): same values for the sums, the
+//! same −3 … +2 ulp contract for d·r, about half the traffic.
+//!
+//! Rows are processed together: every round trip carries all rows of the tensor.
+//!
+//! The padding mask is public (both parties know the sequence length, as in BERT serving).
+//! Security: semi-honest; compositions of the primitives' protocols.
+
+use veil_core::approx::{GELU_CMP_BITS, GELU_COEF_FRAC};
+use veil_core::{ensure, Result, RingTensor};
+use veil_net::Channel;
+
+use crate::ctx::Ctx;
+use crate::elementary::layer_norm_rsqrt;
+use crate::layer_norm_he;
+use crate::mul::Narrow;
+use crate::TruncMode;
+
+/// Row length (last dimension) of a tensor.
+fn row_len(x: &RingTensor) -> Result<usize> {
+    let n = *x.shape().last().unwrap_or(&0);
+    ensure!(
+        n > 0,
+        InvalidArgument,
+        "tensor {:?} has empty rows",
+        x.shape()
+    );
+    Ok(n)
+}
+
+fn check_ring<C: Channel>(cx: &Ctx<C>, x: &RingTensor) -> Result<()> {
+    ensure!(
+        x.ring() == cx.ring(),
+        InvalidArgument,
+        "tensor ring differs from the format's"
+    );
+    Ok(())
+}
+
+impl<C: Channel> Ctx<'_, C> {
+    /// GELU, tanh form, as ReLU(x) − φ(|x|) with φ piecewise cubic (approx::gelu: the clamp to
+    /// [0, A], the narrow-ring powers, the segment comparisons and the telescoping selection are the
+    /// same steps). Label "GELU".
+    pub fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("GELU");
+        let ring = self.ring();
+        let plan = self.ax.gelu_plan();
+        let k = plan.ring;
+        let f = self.ax.fp.frac_bits();
+        let xs = x.data();
+        let n = xs.len();
+        let pos = self.drelu(xs, None)?;
+        let r = self.mux(&pos, xs)?;
+        let a: Vec<u64> = r
+            .iter()
+            .zip(xs)
+            .map(|(&p, &v)| ring.sub(ring.add(p, p), v))
+            .collect();
+        // c = [a ≥ A]; a_c = a − c·(a − A), from here on in the narrow ring.
+        let mut over = a.clone();
+        self.add_public(&mut over, ring.neg(plan.tail));
+        let clamp = self.drelu(&over, None)?;
+        let over_k: Vec<u64> = over.iter().map(|&v| k.reduce(v)).collect();
+        let cut = self.mux_in(k, &clamp, &over_k)?;
+        let ac: Vec<u64> = a.iter().zip(&cut).map(|(&v, &c)| k.sub(v, c)).collect();
+        // a_c ≤ A·2^f < 2^16: narrow products (m = 17).
+        let m = GELU_CMP_BITS + 1;
+        let sq = self.square_narrow_in(k, &ac, Narrow::signed(m))?;
+        let a2 = self.trunc_in(k, &sq, f)?;
+        let cube = self.mul_narrow_in(k, &ac, Narrow::signed(m), &a2)?;
+        let a3 = self.trunc_in(k, &cube, f)?;
+        // Segment bits [a_c ≥ t_j], breakpoint-major.
+        let mut diffs = Vec::with_capacity(plan.breaks.len() * n);
+        for &t in &plan.breaks {
+            diffs.extend(
+                ac.iter()
+                    .map(|&v| if self.is_server() { k.sub(v, t) } else { v }),
+            );
+        }
+        let mut bits = self.drelu_in(k, &diffs, Some(GELU_CMP_BITS))?;
+        bits.extend_from_slice(&clamp);
+        // P_j on shares: the server adds the constant term C_(j,0).
+        let segs = plan.coef.len();
+        let poly: Vec<Vec<u64>> = (0..segs)
+            .map(|j| {
+                (0..n)
+                    .map(|i| {
+                        let p = plan.poly(j, ac[i], a2[i], a3[i]);
+                        if self.is_server() {
+                            p
+                        } else {
+                            k.sub(p, plan.coef[j][0])
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        // Telescoping selection: bit j (< segs − 1) adds P_(j+1) − P_j, the clamp bit subtracts P_last.
+        let mut deltas = Vec::with_capacity(segs * n);
+        for j in 0..segs - 1 {
+            deltas.extend((0..n).map(|i| k.sub(poly[j + 1][i], poly[j][i])));
+        }
+        deltas.extend(poly[segs - 1].iter().map(|&p| k.neg(p)));
+        let picked = self.mux_in(k, &bits, &deltas)?;
+        let v: Vec<u64> = (0..n)
+            .map(|i| (0..segs).fold(poly[0][i], |acc, j| k.add(acc, picked[j * n + i])))
+            .collect();
+        let phi = self.round_in(k, &v, GELU_COEF_FRAC)?;
+        let phi = self.extend(k, &phi)?;
+        let y = r.iter().zip(&phi).map(|(&p, &q)| ring.sub(p, q)).collect();
+        RingTensor::from_vec(ring, x.shape(), y)
+    }
+
+    /// ReLU as a layer on a tensor (the GELU substitute): [`Ctx::relu`] on the tensor's values,
+    /// named apart from it because the slice form is the primitive the other functions use.
+    /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU".
+    pub fn relu_tensor(&mut self, x: &RingTensor, bound: Option<u32>) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let y = self.relu(x.data(), bound)?;
+        RingTensor::from_vec(x.ring(), x.shape(), y)
+    }
+
+    /// Softmax over the last dimension with max subtraction; `valid` is the public padding mask of
+    /// the columns (false: excluded, output 0). Algorithm 3 / approx::softmax_row. Label "Softmax".
+    pub fn softmax(&mut self, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("Softmax");
+        let ring = self.ring();
+        let cols = row_len(x)?;
+        let idx = valid_columns(valid, cols)?;
+        let rows = x.len() / cols;
+        if idx.is_empty() {
+            return RingTensor::zeros(ring, x.shape());
+        }
+        let xs = x.data();
+        let mx = max_rows(self, xs, cols, &idx, None)?;
+        let d: Vec<u64> = (0..rows)
+            .flat_map(|r| idx.iter().map(move |&j| (r, j)))
+            .map(|(r, j)| ring.sub(xs[r * cols + j], mx[r]))
+            .collect();
+        let e = self.exp_neg(&d, None)?;
+        let k = idx.len();
+        let sums: Vec<u64> = e
+            .chunks(k)
+            .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
+            .collect();
+        // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1.
+        let f = self.ax.fp.frac_bits();
+        let y = divide_rows(self, &e, Narrow::signed(f + 2), &sums)?;
+        RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
+    }
+
+    /// ReLU-normalise, the Softmax substitute: ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over valid columns,
+    /// one reciprocal per row then one product per element (approx::relu_normalise_row).
+    /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU-normalise".
+    pub fn relu_normalise(
+        &mut self,
+        x: &RingTensor,
+        valid: &[bool],
+        bound: Option<u32>,
+    ) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("ReLU-normalise");
+        let ring = self.ring();
+        let cols = row_len(x)?;
+        let idx = valid_columns(valid, cols)?;
+        let rows = x.len() / cols;
+        let k = idx.len();
+        let xs = x.data();
+        let sel: Vec<u64> = (0..rows)
+            .flat_map(|r| idx.iter().map(move |&j| xs[r * cols + j]))
+            .collect();
+        // In the domain s < 2^K (K = norm_bits) every ReLU(x_i) < 2^K: selected in a ring of K + 2
+        // bits (the multiplexer's COTs are that wide instead of ℓ), summed there, and the row sums
+        // extended to ℓ (|s| < 2^K = 2^(K+2−2)).
+        let nb = self.ax.norm_bits();
+        let kr = veil_core::Ring::narrow(nb + 2)?;
+        let r = {
+            let _g = self.ch.meter().enter("ReLU");
+            let pos = self.drelu(&sel, bound)?;
+            let low: Vec<u64> = sel.iter().map(|&v| kr.reduce(v)).collect();
+            self.mux_in(kr, &pos, &low)?
+        };
+        let mut sums: Vec<u64> = (0..rows)
+            .map(|i| r[i * k..(i + 1) * k].iter().fold(0, |a, &v| kr.add(a, v)))
+            .collect();
+        self.add_public_in(kr, &mut sums, self.ax.relu_normalise_eps());
+        let sums = self.extend(kr, &sums)?;
+        // ReLU(x_i) ≤ s < 2^norm_bits in the domain: a narrow product; the output y ≤ 1 + 2^-10
+        // (the reciprocal's error).
+        let y = divide_rows(self, &r, Narrow::unsigned(nb), &sums)?;
+        RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
+    }
+
+    /// LayerNorm over the last dimension (Algorithm 4 / approx::layer_norm_row). The server passes
+    /// `Some(params)`, the client `None`. Label "LayerNorm".
+    pub fn layer_norm(
+        &mut self,
+        x: &RingTensor,
+        params: Option<&AffineParams>,
+        eps: f64,
+    ) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("LayerNorm");
+        let ring = self.ring();
+        let cols = row_len(x)?;
+        let max_cols = 1usize << (ring.bits() - 2 - 2 * veil_core::approx::LAYER_NORM_DEV_BITS);
+        ensure!(
+            cols <= max_cols,
+            InvalidArgument,
+            "LayerNorm rows of {cols} exceed {max_cols} (the sum of squares must fit the ring)"
+        );
+        let d = centre(self, x.data(), cols)?;
+        let ax = self.ax;
+        let plan = ax.layer_norm_plan(cols, eps);
+        // Coarse sum of squares (whole domain) and fine one (exact for small variances).
+        // |d| < 2^(DEV+f) in the domain: narrow squares and product.
+        let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
+        // With HE keys (1-bit mode), the client's narrow share of d goes encrypted once and serves
+        // the sum of squares and d·r (crate::layer_norm_he).
+        let wide = match self.trunc_mode {
+            TruncMode::OneBitError => Some(wide_ring(ring, cols, dev)?),
+            TruncMode::Faithful => None,
+        };
+        let he = match wide {
+            Some(w) => layer_norm_he::open(self, &d, Narrow::signed(dev + 1), cols, w)?,
+            None => None,
+        };
+        let (mut coarse, mut fine) = if let Some(wide) = wide {
+            let sums = match &he {
+                Some(h) => h.square_sums(self)?,
+                None => {
+                    let dw = self.extend_to(ring, wide, &d)?;
+                    let sq = self.square_narrow_in(wide, &dw, Narrow::signed(dev + 1))?;
+                    row_sums(wide, &sq, cols)
+                }
+            };
+            split_sums(self, wide, &sums, plan.coarse.frac)?
+        } else {
+            let dp = round_if(self, &d, plan.pre_shift)?;
+            let sq = self.square_narrow(&dp, Narrow::signed(dev - plan.pre_shift + 2))?;
+            let sq = round_if(self, &sq, plan.square_shift)?;
+            let coarse = row_sums(ring, &sq, cols);
+            let sq = self.square_narrow(&d, Narrow::signed(dev + 1))?;
+            (coarse, row_sums(ring, &sq, cols))
+        };
+        self.add_public(&mut coarse, plan.coarse.eps_sum);
+        self.add_public(&mut fine, plan.fine.eps_sum);
+        // use_fine = [switch − 1 − S_c ≥ 0]; r = r_c + use_fine·(r_f − r_c).
+        let mut diff: Vec<u64> = coarse.iter().map(|&v| ring.neg(v)).collect();
+        self.add_public(&mut diff, plan.switch - 1);
+        let use_fine = self.drelu(&diff, None)?;
+        let r_c = layer_norm_rsqrt(self, &plan, &plan.coarse, &coarse)?;
+        let r_f = layer_norm_rsqrt(self, &plan, &plan.fine, &fine)?;
+        let delta: Vec<u64> = r_f
+            .iter()
+            .zip(&r_c)
+            .map(|(&a, &b)| ring.sub(a, b))
+            .collect();
+        let pick = self.mux(&use_fine, &delta)?;
+        let r: Vec<u64> = r_c
+            .iter()
+            .zip(&pick)
+            .map(|(&a, &b)| ring.add(a, b))
+            .collect();
+        let w = plan.out_frac;
+        let r_b: Vec<u64> = (0..d.len()).map(|i| r[i / cols]).collect();
+        // |d·r| < 2^(ℓ−2) by the choice of w, and the normalised value |d_i·r| ≤ √n·1.01
+        // (|d_i| ≤ √(Σd²), the rsqrt's error well below 1 %) is below 2^(f + normalised_bits).
+        let out = ax.fp.frac_bits() + normalised_bits(cols) + 1;
+        let out = out.min(ring.bits() - w);
+        let nrm = match &he {
+            Some(h) => h.mul_rows_trunc(self, &r, w, out)?,
+            None => self.mul_narrow_trunc(&d, Narrow::signed(dev + 1), &r_b, w, out)?,
+        };
+        // |nrm·γ| < 2^(normalised_bits + GAMMA_BITS) in value.
+        let out = ax.fp.frac_bits() + normalised_bits(cols) + GAMMA_BITS + 2;
+        let y = affine(
+            self,
+            &nrm,
+            cols,
+            params,
+            out.min(ring.bits() - ax.fp.frac_bits()),
+        )?;
+        RingTensor::from_vec(ring, x.shape(), y)
+    }
+
+    /// The LayerNorm substitute (x − mean)·γ + β (approx::centre_affine_row). Label "Centre-affine".
+    pub fn centre_affine(
+        &mut self,
+        x: &RingTensor,
+        params: Option<&AffineParams>,
+    ) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("Centre-affine");
+        let cols = row_len(x)?;
+        let d = centre(self, x.data(), cols)?;
+        // No bound on (x − mean)·γ beyond the ring's head-room: the high part keeps ℓ − f bits.
+        let f = self.ax.fp.frac_bits();
+        let y = affine(self, &d, cols, params, x.ring().bits() - f)?;
+        RingTensor::from_vec(x.ring(), x.shape(), y)
+    }
+}
+
+/// Indices of the valid columns, checked against the row length.
+fn valid_columns(valid: &[bool], cols: usize) -> Result<Vec<usize>> {
+    ensure!(
+        valid.len() == cols,
+        InvalidArgument,
+        "mask of {} for rows of {cols}",
+        valid.len()
+    );
+    Ok((0..cols).filter(|&j| valid[j]).collect())
+}
+
+/// v_i / s_row for values `v` (row-major, the same number per row) under the promise `nw` and
+/// one sum per row: one reciprocal per row at the wide fraction, then one narrow product per
+/// value, fused with its truncation (outputs below 2^(f+1)). The last step of Softmax and
+/// ReLU-normalise.
+fn divide_rows<C: Channel>(
+    cx: &mut Ctx<C>,
+    v: &[u64],
+    nw: Narrow,
+    sums: &[u64],
+) -> Result<Vec<u64>> {
+    let w = cx.ax.wide_recip_frac();
+    let inv = cx.recip_at(sums, w)?;
+    let k = v.len() / sums.len().max(1);
+    let inv_b: Vec<u64> = inv
+        .iter()
+        .flat_map(|&r| std::iter::repeat_n(r, k))
+        .collect();
+    let f = cx.ax.fp.frac_bits();
+    cx.mul_narrow_trunc(v, nw, &inv_b, w, f + 2)
+}
+
+/// Rows of `cols` holding the values `y` (row-major, `idx.len()` per row) at the columns `idx`,
+/// zero elsewhere (the padding).
+fn scatter_valid(y: &[u64], rows: usize, cols: usize, idx: &[usize]) -> Vec<u64> {
+    let mut out = vec![0u64; rows * cols];
+    for (t, (r, j)) in (0..rows)
+        .flat_map(|r| idx.iter().map(move |&j| (r, j)))
+        .enumerate()
+    {
+        out[r * cols + j] = y[t];
+    }
+    out
+}
+
+/// Row-wise max over the valid columns by a tree of comparisons (⌈log2 n⌉ rounds of
+/// DReLU + mux, all rows at once). Exact. `bound`: promise |x_i − x_j| < 2^k. Label "Max".
+fn max_rows<C: Channel>(
+    cx: &mut Ctx<C>,
+    x: &[u64],
+    cols: usize,
+    idx: &[usize],
+    bound: Option<u32>,
+) -> Result<Vec<u64>> {
+    let _g = cx.ch.meter().enter("Max");
+    let rows = x.len() / cols;
+    let mut cur: Vec<Vec<u64>> = (0..rows)
+        .map(|r| idx.iter().map(|&j| x[r * cols + j]).collect())
+        .collect();
+    while cur.first().is_some_and(|v| v.len() > 1) {
+        let half = cur[0].len() / 2;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for row in &cur {
+            for t in 0..half {
+                a.push(row[2 * t]);
+                b.push(row[2 * t + 1]);
+            }
+        }
+        let m = cx.max2(&a, &b, bound)?;
+        cur = cur
+            .iter()
+            .enumerate()
+            .map(|(r, row)| {
+                let mut next = m[r * half..(r + 1) * half].to_vec();
+                if row.len() % 2 == 1 {
+                    next.push(row[row.len() - 1]);
+                }
+                next
+            })
+            .collect();
+    }
+    Ok(cur
+        .into_iter()
+        .map(|v| v.first().copied().unwrap_or(0))
+        .collect())
+}
+
+/// |γ| < 2^GAMMA_BITS (32) is promised by the server: the product by γ is then driven by
+/// f + GAMMA_BITS + 1 bits of γ instead of ℓ; a larger γ is an error on the server. Real
+/// checkpoints stay far below: max |γ| is 1.55 in all-MiniLM-L6-v2 and its fine-tuned
+/// substitutes, 2.72 in all-mpnet-base-v2.
+pub(crate) const GAMMA_BITS: u32 = 5;
+
+/// The server's LayerNorm weights γ, β (raw fixed point at f bits, one per column), for
+/// [`Ctx::layer_norm`] and [`Ctx::centre_affine`]: the server promises |γ| < 32 (2^`GAMMA_BITS`),
+/// and a larger γ is an error on the server.
+pub struct AffineParams<'a> {
+    pub gamma: &'a [u64],
+    pub beta: &'a [u64],
+}
+
+/// x − mean(x) per row (approx::centre): local sums, then two cheap truncations per row.
+fn centre<C: Channel>(cx: &mut Ctx<C>, xs: &[u64], cols: usize) -> Result<Vec<u64>> {
+    let ring = cx.ring();
+    let sums: Vec<u64> = xs
+        .chunks(cols)
+        .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
+        .collect();
+    let mu = mean_of_sums(cx, &sums, cols)?;
+    Ok(xs
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| ring.sub(v, mu[i / cols]))
+        .collect())
+}
+
+/// approx::mean_of_sum on shares.
+fn mean_of_sums<C: Channel>(cx: &mut Ctx<C>, sums: &[u64], n: usize) -> Result<Vec<u64>> {
+    let (p, c) = cx.ax.mean_params(n);
+    let t = if p > 0 {
+        cx.trunc(sums, p)?
+    } else {
+        sums.to_vec()
+    };
+    cx.scale_trunc(
+        &t,
+        c,
+        cx.ax.fp.frac_bits() + veil_core::approx::MEAN_EXTRA_BITS,
+    )
+}
+
+/// ⌊v·γ⌋_f + β with the server's γ, β (shape-checked on the server), for |v·γ| / 2^f below
+/// 2^(out−1) − 2.
+fn affine<C: Channel>(
+    cx: &mut Ctx<C>,
+    v: &[u64],
+    cols: usize,
+    params: Option<&AffineParams>,
+    out: u32,
+) -> Result<Vec<u64>> {
+    let ring = cx.ring();
+    if let Some(p) = params {
+        ensure!(
+            p.gamma.len() == cols && p.beta.len() == cols,
+            InvalidArgument,
+            "γ/β of length {}/{} for rows of {cols}",
+            p.gamma.len(),
+            p.beta.len()
+        );
+        ensure!(
+            p.beta.iter().all(|&b| ring.contains(b)),
+            InvalidArgument,
+            "β outside the ring"
+        );
+    }
+    let f = cx.ax.fp.frac_bits();
+    let g_bits = f + GAMMA_BITS + 1;
+    let mut y = cx.mul_server_trunc(v, cols, params.map(|p| p.gamma), g_bits, f, out)?;
+    if let Some(p) = params {
+        for (i, yi) in y.iter_mut().enumerate() {
+            *yi = ring.add(*yi, p.beta[i % cols]);
+        }
+    }
+    Ok(y)
+}
+
+/// Integer bits of the largest normalised LayerNorm value: |d_i|/σ ≤ √n, times 1.01 for the
+/// rsqrt's error.
+fn normalised_bits(n: usize) -> u32 {
+    ((n as f64).sqrt() * 1.01).log2().ceil().max(0.0) as u32
+}
+
+/// The 1-bit-error mode's sums of squares come from one exact sum Σd² in a ring of
+/// W = 2·dev + ⌈log2 n⌉ + 2 ≤ 64 bits (58 for BERT rows at (41, 13)), the narrowest (and at
+/// least ℓ) where Σd² < 2^(W−2) is exact and can be truncated (on COTs every square's COT is
+/// W − j bits wide, so the narrowest ring is the cheapest). The fine sum is its low ℓ bits (the
+/// faithful path's value), the coarse one ⌊Σd² / 2^(2f − g_c)⌋ per row (1 ulp low at most; the
+/// faithful path rounds each d and d² instead, which is coarser).
+fn wide_ring(ring: veil_core::Ring, cols: usize, dev: u32) -> Result<veil_core::Ring> {
+    let log_n = usize::BITS - (cols - 1).leading_zeros();
+    ensure!(
+        2 * dev + log_n <= 62,
+        InvalidArgument,
+        "rows of {cols} too long for a sum of squares in at most 64 bits"
+    );
+    // At least ℓ bits: the fine sum is the wide sum's low ℓ bits.
+    veil_core::Ring::new((2 * dev + log_n + 2).max(ring.bits()))
+}
+
+/// (coarse, fine) from the wide sums of squares ([`wide_ring`]).
+fn split_sums<C: Channel>(
+    cx: &mut Ctx<C>,
+    wide: veil_core::Ring,
+    sums: &[u64],
+    coarse_frac: u32,
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    let ring = cx.ring();
+    let fine = sums.iter().map(|&v| ring.reduce(v)).collect();
+    let coarse = cx.trunc_in(wide, sums, 2 * cx.ax.fp.frac_bits() - coarse_frac)?;
+    Ok((coarse.iter().map(|&v| ring.reduce(v)).collect(), fine))
+}
+
+/// Σ of each row of `cols` values.
+fn row_sums(ring: veil_core::Ring, v: &[u64], cols: usize) -> Vec<u64> {
+    v.chunks(cols)
+        .map(|c| c.iter().fold(0, |a, &x| ring.add(a, x)))
+        .collect()
+}
+
+/// approx::round_if on shares: rounded truncation by s bits, nothing for s = 0.
+fn round_if<C: Channel>(cx: &mut Ctx<C>, v: &[u64], s: u32) -> Result<Vec<u64>> {
+    if s == 0 {
+        Ok(v.to_vec())
+    } else {
+        cx.round(v, s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_harness::{fp, open, pick, run_mem, share_values};
+    use veil_core::approx::Approx;
+
+    fn ax() -> Approx {
+        Approx::new(fp()).unwrap()
+    }
+
+    #[test]
+    fn row_max_is_exact_including_ties_and_padding() {
+        let a = ax();
+        let ring = a.fp.ring;
+        let big = (1i64 << 38) - 1;
+        let rows: Vec<Vec<i64>> = vec![
+            vec![5, 5, 5, 5, 5],
+            vec![-big, big, 0, -1, 1],
+            vec![-3, -7, -1, -2, -9],
+            vec![0, 0, -1, 0, 0],
+            vec![1, 2, 3, 4, 100],
+        ];
+        let cols = 5;
+        let flat: Vec<u64> = rows
+            .iter()
+            .flatten()
+            .map(|&v| ring.from_signed(v))
+            .collect();
+        let x = share_values(ring, &flat);
+        let idx = [0usize, 1, 2, 3]; // column 4 is padding
+        let got = run_mem(|ot, ch, role| {
+            let mut cx = Ctx::new(ot, ch, role, a);
+            let m = max_rows(&mut cx, pick(role, &x).data(), cols, &idx, None)?;
+            RingTensor::from_vec(ring, &[m.len()], m)
+        });
+        let m = open(got);
+        for (r, row) in rows.iter().enumerate() {
+            let want = row[..4].iter().copied().max().unwrap();
+            assert_eq!(ring.to_signed(m[r]), want, "row {r}");
+        }
+    }
+}
