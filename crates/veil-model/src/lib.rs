@@ -27,7 +27,9 @@
 //!   type_ids) -> `[`sim::SimOutput`] { ring hidden states, pooled, logits, per-block
 //!   [`sim::BlockReport`] (max |hidden|, max accumulator vs the 2^(ℓ−1−2f) wrap bound, domain
 //!   violations), warnings }. Non-linearities are [`veil_core::approx`].
-//! * Data — [`data::sst2_dir`], [`data::read_labelled`] for `LABEL SENTENCE` files.
+//! * Data — [`data::read_file`] (SST-2 `LABEL SENTENCE` lines, GLUE TSV, CSV) into
+//!   [`data::Example`]s, [`data::LabelSet`] for class ids, [`data::shared_dataset`] for the
+//!   project's uncommitted SST-2 and MRPC copies.
 //! * Benchmark — [`bench::run`] (f32 and simulator time per sentence; `examples/bench.rs`).
 //!
 //! # Model folder format
