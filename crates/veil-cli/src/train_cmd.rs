@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use veil_core::{ensure, FixedPoint, Result};
+use veil_model::data::{Columns, DatasetFormat};
 use veil_model::folder;
 use veil_model::sim::FixedModel;
 use veil_private::ServerModel;
-use veil_train::data::{Columns, DatasetFormat};
 use veil_train::workflow::labelled_examples;
 use veil_train::{DataOptions, FinetuneOptions, LossWeights, SubstituteOptions, TrainConfig};
 

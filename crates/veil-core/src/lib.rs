@@ -29,16 +29,6 @@ pub use ring::{Ring, RingBits};
 pub use share::{reconstruct, share};
 pub use tensor::RingTensor;
 
-/// What a test does when an outside resource it needs (the package registry, `../shared`) is
-/// missing: under CI (`CI` set) it fails loudly, since a green run must mean the real thing was
-/// tested; on a user's clone it prints that it skipped and returns.
-pub fn skip_unless_ci(reason: &str) {
-    if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
-        panic!("required under CI but unavailable: {reason}");
-    }
-    eprintln!("SKIPPED (not under CI): {reason}");
-}
-
 /// Project-wide defaults. Training, the simulator and the protocols all read these, so the
 /// fixed-point format used in fine-tuning is the one inference runs at.
 pub mod defaults {

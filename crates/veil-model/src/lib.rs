@@ -30,7 +30,9 @@
 //! * Composition — [`engine::encoder_and_head`] is the one definition of the encoder block and
 //!   the head, generic over an [`engine::Engine`] (the simulator here, the two-party pass in
 //!   `veil-private`); [`engine::LayerId`] and [`engine::NormId`] name the model's layers.
-//! * Data — [`data::sst2_dir`], [`data::read_labelled`] for `LABEL SENTENCE` files.
+//! * Data — [`data::read_file`] (SST-2 `LABEL SENTENCE` lines, GLUE TSV, CSV) into
+//!   [`data::Example`]s, [`data::LabelSet`] for class ids, [`data::shared_dataset`] for the
+//!   project's uncommitted SST-2 and MRPC copies.
 //! * Benchmark — [`bench::run`] (f32 and simulator time per sentence; `examples/bench.rs`).
 //!
 //! # Model folder format

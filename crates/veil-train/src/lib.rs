@@ -1,6 +1,5 @@
 //! Fine-tuning with the bound loss, and the layer-by-layer substitution workflow (Algorithm 5).
 //!
-//! * [`data`] — dataset files (SST-2 lines, GLUE TSV, CSV) and label sets;
 //! * [`batch`] — tokenised examples, padded batches, the [`SequenceClassifier`] trait;
 //! * [`loss`] — Eq. 1 of the paper: task + weight decay + hidden-state bound;
 //! * [`optim`] — AdamW with resumable state, linear warm-up/decay, gradient clipping;
@@ -17,7 +16,6 @@
 
 pub mod batch;
 pub mod checkpoint;
-pub mod data;
 pub mod fixed_check;
 pub mod init;
 pub mod loss;

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use veil_core::{ensure, Error, FixedPoint, Result};
+use veil_model::data::{self, DatasetFormat, Example, LabelSet};
 use veil_model::{folder, BlockVariant, EmbeddingMode, TextTokenizer};
 
 use crate::batch::EncodedExample;
-use crate::data::{self, DatasetFormat, LabelSet};
 use crate::fixed_check::check_fixed_point;
 use crate::report::{write_reports, ReportDocument};
 use crate::substitute::{run_substitution, Operator, SubstitutionConfig, SubstitutionTarget};
@@ -159,7 +159,7 @@ struct PreparedData {
 }
 
 /// Reads a dataset file in `format`, or in the format its extension implies.
-fn read_dataset(path: &Path, format: Option<&DatasetFormat>) -> Result<Vec<data::RawExample>> {
+fn read_dataset(path: &Path, format: Option<&DatasetFormat>) -> Result<Vec<Example>> {
     let format = match format {
         Some(f) => f.clone(),
         None => DatasetFormat::from_path(path)?,
@@ -167,27 +167,25 @@ fn read_dataset(path: &Path, format: Option<&DatasetFormat>) -> Result<Vec<data:
     data::read_file(path, &format)
 }
 
-/// Applies `labels` to the examples read from `path` (label errors name the file) and tokenises
-/// them.
+/// Gives the examples read from `path` their class ids in `labels` (label errors name the file)
+/// and tokenises them.
 fn encode_labelled(
     labels: &LabelSet,
-    raw: &[data::RawExample],
+    raw: &[Example],
     path: &Path,
     tokenizer: &TextTokenizer,
 ) -> Result<Vec<EncodedExample>> {
-    labels
-        .apply(raw)
-        .map_err(|e| match e {
-            Error::Malformed(m) => Error::Malformed(format!("{}: {m}", path.display())),
-            other => other,
-        })?
-        .into_iter()
+    raw.iter()
         .map(|e| {
+            let label = labels.class_of(e).map_err(|e| match e {
+                Error::Malformed(m) => Error::Malformed(format!("{}: {m}", path.display())),
+                other => other,
+            })?;
             let enc = tokenizer.encode(&e.text_a, e.text_b.as_deref())?;
             Ok(EncodedExample {
                 ids: enc.ids,
                 type_ids: enc.type_ids,
-                label: e.label as u32,
+                label,
             })
         })
         .collect()
