@@ -1,6 +1,6 @@
 //! The client's side of classification (tokenise, embed with the public tables, run the private
 //! forward pass, turn the output into probabilities) and `veil demo`, which runs a server and a
-//! client in one process over TCP loopback.
+//! client in one process over TCP loopback or, with `--net`, over a link shaped like a network.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use veil_model::client::ClientBundle;
 use veil_model::sim::FixedModel;
 use veil_model::tokenize::Encoded;
 use veil_model::{folder, EmbeddingMode, ModelConfig};
+use veil_net::{Channel, NetworkModel};
 use veil_private::session::session_format;
 use veil_private::{ClientConnection, CostReport, ServerModel};
 
@@ -66,7 +67,7 @@ impl ClientModel {
     /// `pad_to`: send that many tokens whatever the prompt's length, so the server cannot learn
     /// it (the padding rows embed token 0 at the following positions and are masked by the
     /// client in every attention; see `ClientConnection::infer_padded`).
-    pub fn run<C: veil_net::Channel>(
+    pub fn run<C: Channel>(
         &self,
         conn: &mut ClientConnection<C>,
         enc: &Encoded,
@@ -125,7 +126,7 @@ impl ClientModel {
     }
 
     /// Class probabilities of a prompt encoded by [`ClientModel::encode_prompt`].
-    pub fn classify<C: veil_net::Channel>(
+    pub fn classify<C: Channel>(
         &self,
         conn: &mut ClientConnection<C>,
         enc: &Encoded,
@@ -181,20 +182,25 @@ fn default_model() -> Result<folder::Model> {
     folder::load_overlay(&base, DEFAULT_CONFIG, DEFAULT_OVERLAY)
 }
 
-/// `veil demo`: a server thread and this process's client over TCP loopback.
+/// `veil demo`: a server thread and this process's client over TCP loopback, or over a link
+/// shaped like `net` (the reports then measure the time on it).
 pub fn run(
     model: Option<&Path>,
     sentences: Vec<String>,
     opts: PromptOptions,
+    net: Option<NetworkModel>,
     json: bool,
 ) -> Result<()> {
+    let link = net.map_or("TCP loopback".to_string(), |n| {
+        format!("a link shaped like {n}")
+    });
     let m = match model {
         Some(dir) => folder::load(dir)?,
         None => {
             eprintln!(
                 "veil demo: default model = all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 and \
                  made privacy-friendly (sentiment; label 0 = negative, 1 = positive), run privately \
-                 over TCP loopback."
+                 over {link}."
             );
             default_model()?
         }
@@ -214,14 +220,42 @@ pub fn run(
         &m.transformer,
         session_format(),
     )?)?);
-    let mut conn = veil_private::connect_loopback(server)?;
-    client.check_matches(conn.config())?;
-    for (s, enc) in sentences.iter().zip(&encoded) {
-        let (probs, report) = client.classify(&mut conn, enc, opts)?;
-        print_result(s, &probs, &report, json);
+    let prompts: Vec<(&str, &Encoded)> =
+        sentences.iter().map(String::as_str).zip(&encoded).collect();
+    match net {
+        None => classify_all(
+            &client,
+            veil_private::connect_loopback(server)?,
+            &prompts,
+            opts,
+            json,
+        )?,
+        Some(net) => classify_all(
+            &client,
+            veil_private::connect_shaped(server, net)?,
+            &prompts,
+            opts,
+            json,
+        )?,
     }
     if model.is_none() && !json {
         println!("\nlabels: 0 = negative, 1 = positive");
+    }
+    Ok(())
+}
+
+/// Classifies and prints each prompt on one session, then closes it.
+fn classify_all<C: Channel>(
+    client: &ClientModel,
+    mut conn: ClientConnection<C>,
+    prompts: &[(&str, &Encoded)],
+    opts: PromptOptions,
+    json: bool,
+) -> Result<()> {
+    client.check_matches(conn.config())?;
+    for (text, enc) in prompts {
+        let (probs, report) = client.classify(&mut conn, enc, opts)?;
+        print_result(text, &probs, &report, json);
     }
     conn.close()
 }

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use veil_core::{bail, Error, FixedPoint, Result};
 use veil_model::random::Preset;
 use veil_model::sim::FixedModel;
-use veil_net::TcpChannel;
+use veil_net::{NetworkModel, TcpChannel};
 use veil_private::bench::Variant;
 use veil_private::{ClientConnection, ServerModel};
 
@@ -47,6 +47,12 @@ enum Cmd {
         /// a prompt is refused, with its token count).
         #[arg(long)]
         truncate: bool,
+        /// Run over a link shaped like this network and report the time measured on it:
+        /// lan (3 Gbps, 0.8 ms RTT), wan (100 Mbps, 80 ms RTT) or RATE,RTT such as 100M,80ms or
+        /// 1G,10ms (RATE in bit/s with an optional k, M or G; RTT with a unit s, ms or us).
+        /// Without it: loopback, with modelled LAN and WAN times.
+        #[arg(long)]
+        net: Option<NetworkModel>,
         #[arg(long)]
         json: bool,
     },
@@ -136,6 +142,12 @@ enum BenchCmd {
         variant: VariantArg,
         #[arg(long, default_value_t = 128)]
         seq: usize,
+        /// Run over a link shaped like this network and report the time measured on it:
+        /// lan (3 Gbps, 0.8 ms RTT), wan (100 Mbps, 80 ms RTT) or RATE,RTT such as 100M,80ms or
+        /// 1G,10ms (RATE in bit/s with an optional k, M or G; RTT with a unit s, ms or us).
+        /// Without it: loopback, with modelled LAN and WAN times.
+        #[arg(long)]
+        net: Option<NetworkModel>,
         #[arg(long)]
         json: bool,
     },
@@ -216,6 +228,7 @@ fn bench(what: BenchCmd) -> Result<()> {
             shape,
             variant,
             seq,
+            net,
             json,
         } => {
             let preset = match shape {
@@ -230,10 +243,10 @@ fn bench(what: BenchCmd) -> Result<()> {
             if json {
                 println!(
                     "{}",
-                    veil_private::bench::run_model_json(preset, variant, seq)?
+                    veil_private::bench::run_model_json(preset, variant, seq, net)?
                 );
             } else {
-                let (report, prep) = veil_private::bench::run_model(preset, variant, seq)?;
+                let (report, prep) = veil_private::bench::run_model(preset, variant, seq, net)?;
                 println!("{} ({}), {seq} tokens; weight preparation {prep:.2} s (once per model and length)", preset.name(), variant.name());
                 print!("{}", report.to_table());
             }
@@ -285,11 +298,13 @@ fn run(cli: Cli) -> Result<()> {
             sentences,
             pad_to,
             truncate,
+            net,
             json,
         } => demo::run(
             model.as_deref(),
             sentences,
             demo::PromptOptions { pad_to, truncate },
+            net,
             json,
         ),
         Cmd::Serve {

@@ -227,3 +227,33 @@ fn empty_and_over_long_prompts_are_refused_unless_truncated() {
     let ok = veil_ok(&["demo", "--model", dir, "--truncate", "--json", &long]);
     assert!(String::from_utf8_lossy(&ok).contains("\"label\""));
 }
+
+/// `--net` runs the demo over a shaped link and the report says its time was measured there;
+/// a malformed `--net` is refused with the syntax.
+#[test]
+fn demo_over_a_shaped_link_reports_measured_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_folder(tmp.path(), 2, 43);
+    let dir = tmp.path().to_str().unwrap();
+    let out = veil_ok(&[
+        "demo",
+        "--model",
+        dir,
+        "--net",
+        "1G,2ms",
+        "--json",
+        "the film good",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let cost = &v["cost"];
+    assert_eq!(cost["measured"], serde_json::json!(true), "{cost}");
+    assert_eq!(cost["network"]["bits_per_second"], serde_json::json!(1e9));
+    // The output share leaves the server after the request arrived: at least one RTT.
+    let time = cost["time_s"].as_f64().unwrap();
+    assert!(time >= 2e-3, "{time} s");
+    assert!(cost.get("modelled_wan_s").is_none());
+
+    let out = veil(&["demo", "--model", dir, "--net", "100M", "x"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RATE,RTT"));
+}

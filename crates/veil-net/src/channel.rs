@@ -2,7 +2,7 @@
 
 use veil_core::{ensure, Result};
 
-use crate::Meter;
+use crate::{Meter, NetworkModel};
 
 /// Hard upper bound on one framed message (1 GiB); callers pass tighter per-message limits.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
@@ -17,6 +17,11 @@ pub trait Channel: Send {
     fn flush(&mut self) -> Result<()>;
     /// The meter recording this channel's traffic.
     fn meter(&self) -> &Meter;
+    /// The simulated network this channel's traffic is delayed by ([`crate::shaped_pair`]), if
+    /// any: its metered time then includes that network, so reports show it as measured.
+    fn network(&self) -> Option<NetworkModel> {
+        None
+    }
 
     /// Sends a message with a 4-byte little-endian length prefix.
     fn send_msg(&mut self, data: &[u8]) -> Result<()> {
@@ -74,6 +79,9 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     fn meter(&self) -> &Meter {
         (**self).meter()
     }
+    fn network(&self) -> Option<NetworkModel> {
+        (**self).network()
+    }
 }
 
 impl<C: Channel + ?Sized> Channel for Box<C> {
@@ -88,5 +96,8 @@ impl<C: Channel + ?Sized> Channel for Box<C> {
     }
     fn meter(&self) -> &Meter {
         (**self).meter()
+    }
+    fn network(&self) -> Option<NetworkModel> {
+        (**self).network()
     }
 }

@@ -21,7 +21,21 @@ where
     FA: FnOnce(&mut MemChannel) -> Result<A> + Send,
     FB: FnOnce(&mut MemChannel) -> Result<B> + Send,
 {
-    let (mut c, mut s) = mem_pair();
+    run_two_party_on(mem_pair(), client, server)
+}
+
+/// [`run_two_party`] over a given pair (client end first), e.g. a [`crate::shaped_pair`].
+pub fn run_two_party_on<A, B, FA, FB>(
+    (mut c, mut s): (MemChannel, MemChannel),
+    client: FA,
+    server: FB,
+) -> Result<(A, B)>
+where
+    A: Send,
+    B: Send,
+    FA: FnOnce(&mut MemChannel) -> Result<A> + Send,
+    FB: FnOnce(&mut MemChannel) -> Result<B> + Send,
+{
     thread::scope(|sc| {
         let hc = sc.spawn(move || {
             let r = client(&mut c);

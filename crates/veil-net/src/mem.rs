@@ -1,34 +1,47 @@
-//! In-memory duplex channel for tests: two ends joined by std mpsc queues.
+//! In-memory duplex channel: two ends joined by std mpsc queues, for tests and, shaped
+//! ([`crate::shaped_pair`]), for runs on a simulated network.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
+use std::time::Duration;
 
 use veil_core::{Error, Result};
 
+use crate::shaped::{LinkEnd, NetworkModel};
 use crate::{Channel, Meter};
+
+/// A flushed chunk and when it arrives (zero on an unshaped pair).
+type Chunk = (Vec<u8>, Duration);
 
 /// One end of an in-memory duplex.
 pub struct MemChannel {
-    tx: Sender<Vec<u8>>,
-    rx: Receiver<Vec<u8>>,
+    tx: Sender<Chunk>,
+    rx: Receiver<Chunk>,
     pending: Vec<u8>,
     inbox: Vec<u8>,
     inbox_pos: usize,
     meter: Meter,
+    link: Option<LinkEnd>,
 }
 
 /// A connected pair of in-memory channels.
 pub fn mem_pair() -> (MemChannel, MemChannel) {
+    joined(None, None)
+}
+
+/// A connected pair whose ends are shaped by `a` and `b` (both or neither).
+pub(crate) fn joined(a: Option<LinkEnd>, b: Option<LinkEnd>) -> (MemChannel, MemChannel) {
     let (tx_a, rx_b) = channel();
     let (tx_b, rx_a) = channel();
-    let end = |tx, rx| MemChannel {
+    let end = |tx, rx, link| MemChannel {
         tx,
         rx,
         pending: Vec::new(),
         inbox: Vec::new(),
         inbox_pos: 0,
         meter: Meter::new(),
+        link,
     };
-    (end(tx_a, rx_a), end(tx_b, rx_b))
+    (end(tx_a, rx_a, a), end(tx_b, rx_b, b))
 }
 
 /// Buffered output is pushed once it reaches this size, bounding memory held per end.
@@ -49,7 +62,11 @@ impl Channel for MemChannel {
         let mut off = 0;
         while off < buf.len() {
             if self.inbox_pos == self.inbox.len() {
-                self.inbox = self.rx.recv().map_err(|_| Error::Disconnected)?;
+                let (chunk, arrival) = self.rx.recv().map_err(|_| Error::Disconnected)?;
+                if let Some(link) = &self.link {
+                    link.wait_for(arrival);
+                }
+                self.inbox = chunk;
                 self.inbox_pos = 0;
                 continue;
             }
@@ -65,13 +82,23 @@ impl Channel for MemChannel {
     fn flush(&mut self) -> Result<()> {
         if !self.pending.is_empty() {
             let chunk = std::mem::take(&mut self.pending);
-            self.tx.send(chunk).map_err(|_| Error::Disconnected)?;
+            let arrival = self
+                .link
+                .as_mut()
+                .map_or(Duration::ZERO, |l| l.depart(chunk.len()));
+            self.tx
+                .send((chunk, arrival))
+                .map_err(|_| Error::Disconnected)?;
         }
         Ok(())
     }
 
     fn meter(&self) -> &Meter {
         &self.meter
+    }
+
+    fn network(&self) -> Option<NetworkModel> {
+        self.link.as_ref().map(LinkEnd::network)
     }
 }
 

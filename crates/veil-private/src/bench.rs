@@ -1,18 +1,23 @@
 //! Whole-model cost benchmark: a seeded random model of a paper shape (private-inference cost
-//! does not depend on weight values), both parties in two threads over TCP loopback, one private
-//! inference of `seq` random tokens. Returns the cost report (online and set-up apart).
+//! does not depend on weight values), both parties in two threads over TCP loopback (or over a
+//! link shaped like a given network, whose time is then measured), one private inference of
+//! `seq` random tokens. Returns the cost report (online and set-up apart).
 //! [`bench_embedding`]: the extra cost of private-embedding mode at the BERT vocabulary.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{json, Value};
 use veil_core::approx::Approx;
+use veil_core::RingTensor;
 use veil_core::{FixedPoint, Prg, Result};
 use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::random::{random_transformer, Preset};
 use veil_model::sim::FixedModel;
 use veil_model::{Activation, BlockVariant, ModelConfig};
-use veil_net::{run_two_party_tcp, Channel, Role};
+use veil_net::{
+    run_two_party_on, run_two_party_tcp, shaped_pair, Channel, NetworkModel, RealClock, Role,
+};
 use veil_nonlinear::OtSession;
 
 use crate::embedding::{embed_client, embed_server, ServerEmbedding, LABEL};
@@ -50,9 +55,14 @@ pub fn config(preset: Preset, variant: Variant) -> ModelConfig {
     cfg
 }
 
-/// Runs one private inference of `seq` tokens; returns the report plus the server's one-off
-/// weight-preparation time.
-pub fn run_model(preset: Preset, variant: Variant, seq: usize) -> Result<(CostReport, f64)> {
+/// Runs one private inference of `seq` tokens, over TCP loopback or (`net`) a link shaped like
+/// that network; returns the report plus the server's one-off weight-preparation time.
+pub fn run_model(
+    preset: Preset,
+    variant: Variant,
+    seq: usize,
+    net: Option<NetworkModel>,
+) -> Result<(CostReport, f64)> {
     let cfg = config(preset, variant);
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&random_transformer(&cfg, [7; 16])?, fp)?;
@@ -65,21 +75,33 @@ pub fn run_model(preset: Preset, variant: Variant, seq: usize) -> Result<(CostRe
     let t = Instant::now();
     let server = ServerModel::new(fixed)?;
     let prepare_s = t.elapsed().as_secs_f64();
-    let ((_, report), ()) = run_two_party_tcp(
-        |ch| {
-            let mut c = ClientConnection::connect(ch)?;
-            let r = c.infer(&x)?;
-            c.close()?;
-            Ok(r)
-        },
-        |ch| serve_session(ch, &server),
-    )?;
+    let (report, ()) = match net {
+        None => run_two_party_tcp(|ch| infer_once(ch, &x), |ch| serve_session(ch, &server))?,
+        Some(net) => run_two_party_on(
+            shaped_pair(net, Arc::new(RealClock::new()))?,
+            |ch| infer_once(ch, &x),
+            |ch| serve_session(ch, &server),
+        )?,
+    };
     Ok((report, prepare_s))
 }
 
+/// The client's side of [`run_model`]: a session with one inference of `x`.
+fn infer_once<C: Channel>(ch: C, x: &RingTensor) -> Result<CostReport> {
+    let mut c = ClientConnection::connect(ch)?;
+    let (_, report) = c.infer(x)?;
+    c.close()?;
+    Ok(report)
+}
+
 /// [`run_model`] as the JSON object `veil bench model --json` prints.
-pub fn run_model_json(preset: Preset, variant: Variant, seq: usize) -> Result<Value> {
-    let (report, prepare_s) = run_model(preset, variant, seq)?;
+pub fn run_model_json(
+    preset: Preset,
+    variant: Variant,
+    seq: usize,
+    net: Option<NetworkModel>,
+) -> Result<Value> {
+    let (report, prepare_s) = run_model(preset, variant, seq, net)?;
     let mut v = report.to_json();
     v["model"] = json!(preset.name());
     v["variant"] = json!(variant.name());

@@ -8,7 +8,8 @@
 //! * [`forward`] — every encoder block and the head on shares, one code path for both parties,
 //!   computing exactly the integers of `veil_model::sim` (the fixed-point simulator);
 //! * [`session`] — handshake, set-up, per-inference messages, and a multi-client TCP server;
-//! * [`report`] — cost reports per operator class with modelled LAN/WAN times.
+//! * [`report`] — cost reports per operator class with LAN/WAN times, measured over a shaped
+//!   link ([`connect_shaped`], `bench::run_model` with a network) or modelled.
 //!
 //! Security model: semi-honest client and server; 128-bit computational security (BFV, OT) and
 //! 40-bit statistical security (noise flooding), from the protocols of veil-linear and
@@ -28,5 +29,6 @@ pub mod session;
 pub use prepared::ServerModel;
 pub use report::CostReport;
 pub use session::{
-    connect_loopback, serve, serve_session, serve_session_with, serve_with, ClientConnection,
+    connect_loopback, connect_shaped, serve, serve_session, serve_session_with, serve_with,
+    ClientConnection,
 };

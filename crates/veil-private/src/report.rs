@@ -1,30 +1,14 @@
 //! Cost reports: one-off session set-up apart from the online inference, per operator class
-//! (the meter's outermost labels), totals, and modelled LAN/WAN times
-//! (compute time + bytes / bandwidth + rounds × RTT).
+//! (the meter's outermost labels), totals, and the online time on a network: measured when the
+//! run went over a shaped link (`veil_net::shaped_pair`), otherwise modelled for the LAN and the
+//! WAN ([`modelled_seconds`]).
 
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 use veil_net::{LabelStats, Role};
 
-/// A network to model: bandwidth in bits per second and round-trip time in seconds.
-#[derive(Clone, Copy, Debug)]
-pub struct NetworkModel {
-    pub name: &'static str,
-    pub bits_per_second: f64,
-    pub rtt_s: f64,
-}
-
-pub const LAN: NetworkModel = NetworkModel {
-    name: "LAN",
-    bits_per_second: 3e9,
-    rtt_s: 0.8e-3,
-};
-pub const WAN: NetworkModel = NetworkModel {
-    name: "WAN",
-    bits_per_second: 100e6,
-    rtt_s: 80e-3,
-};
+pub use veil_net::{NetworkModel, LAN, WAN};
 
 /// Costs of one phase as one party metered them.
 #[derive(Clone, Debug, Default)]
@@ -47,14 +31,30 @@ pub struct CostReport {
     pub role: Role,
     pub setup: PhaseCost,
     pub online: PhaseCost,
+    /// The shaped link the times were measured on; `None`: unshaped (loopback) times.
+    pub network: Option<NetworkModel>,
 }
 
-/// Wall-clock time on a modelled network: measured compute + transfer + latency. Measured
-/// loopback time already contains the (tiny) loopback transfer time, so this slightly
-/// over-estimates.
+/// Wall-clock time on a modelled network, from an unshaped run: measured time, plus each
+/// direction's bytes at the link's rate (each direction is its own link), plus half an RTT per
+/// flight (a flight arrives one-way latency after it left). It ignores the overlap of
+/// computation with transfer inside a flight and of the two directions (the protocols alternate),
+/// TCP (slow start, headers) and loss; the measured time already holds the loopback transfer, so
+/// the model slightly over-estimates. A shaped run measures what this models, overlaps included.
 pub fn modelled_seconds(s: &LabelStats, net: NetworkModel) -> f64 {
-    let bytes = (s.bytes_sent + s.bytes_received) as f64;
-    s.seconds + 8.0 * bytes / net.bits_per_second + s.rounds() as f64 * net.rtt_s
+    let transfer = |bytes: u64| 8.0 * bytes as f64 / net.bits_per_second;
+    s.seconds
+        + transfer(s.bytes_sent)
+        + transfer(s.bytes_received)
+        + s.rounds() as f64 * net.rtt_s / 2.0
+}
+
+fn network_json(net: &NetworkModel) -> Value {
+    json!({
+        "name": net.name,
+        "bits_per_second": net.bits_per_second,
+        "rtt_s": net.rtt_s,
+    })
 }
 
 fn stats_json(s: &LabelStats, role: Role) -> Value {
@@ -78,8 +78,12 @@ impl CostReport {
         let mut v = stats_json(&online, self.role);
         v["per_op"] = Value::Object(per_op);
         v["setup"] = stats_json(&self.setup.total(), self.role);
-        v["modelled_lan_s"] = json!(modelled_seconds(&online, LAN));
-        v["modelled_wan_s"] = json!(modelled_seconds(&online, WAN));
+        v["network"] = self.network.as_ref().map_or(Value::Null, network_json);
+        v["measured"] = json!(self.network.is_some());
+        if self.network.is_none() {
+            v["modelled_lan_s"] = json!(modelled_seconds(&online, LAN));
+            v["modelled_wan_s"] = json!(modelled_seconds(&online, WAN));
+        }
         v
     }
 
@@ -107,11 +111,92 @@ impl CostReport {
         }
         let t = self.online.total();
         line("online total", &t);
-        out.push_str(&format!(
-            "modelled online time: LAN (3 Gbps, 0.8 ms RTT) {:.2} s, WAN (100 Mbps, 80 ms RTT) {:.2} s\n",
-            modelled_seconds(&t, LAN),
-            modelled_seconds(&t, WAN)
-        ));
+        out.push_str(&match self.network {
+            Some(net) => format!(
+                "measured online time over a shaped {net}: {:.2} s (times above include it)\n",
+                t.seconds
+            ),
+            None => format!(
+                "modelled online time (loopback time + bytes at the rate + RTT/2 per flight): \
+                 {LAN} {:.2} s, {WAN} {:.2} s\n",
+                modelled_seconds(&t, LAN),
+                modelled_seconds(&t, WAN)
+            ),
+        });
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use veil_net::{shaped_pair, Channel, Clock, SimClock};
+
+    use super::*;
+
+    /// Without computation, a ping-pong over the shaped link takes exactly what the model says:
+    /// the model and the link agree on bytes, flights and latency.
+    #[test]
+    fn model_matches_a_shaped_ping_pong() {
+        for net in [LAN, WAN] {
+            let clock = Arc::new(SimClock::default());
+            let (mut c, mut s) = shaped_pair(net, clock.clone()).unwrap();
+            let mut buf = vec![0u8; 1 << 17];
+            for (i, n) in [100usize, 5000, 1 << 16, 7].into_iter().enumerate() {
+                let (from, to) = if i % 2 == 0 {
+                    (&mut c, &mut s)
+                } else {
+                    (&mut s, &mut c)
+                };
+                from.send(&buf[..n]).unwrap();
+                from.send(&buf[..n / 2]).unwrap();
+                from.flush().unwrap();
+                to.recv(&mut buf[..n + n / 2]).unwrap();
+            }
+            let mut stats = c.meter().total();
+            stats.seconds = 0.0;
+            let modelled = modelled_seconds(&stats, net);
+            let measured = clock.now().as_secs_f64();
+            assert!(
+                (modelled - measured).abs() < 1e-6,
+                "{net}: modelled {modelled} s, measured {measured} s"
+            );
+            assert_eq!(stats.rounds(), 4);
+        }
+    }
+
+    #[test]
+    fn model_charges_each_direction_and_half_an_rtt_per_flight() {
+        let s = LabelStats {
+            bytes_sent: 1_000_000,
+            bytes_received: 3_000_000,
+            flights_sent: 5,
+            flights_received: 5,
+            seconds: 2.0,
+        };
+        let want = 2.0 + 0.08 + 0.24 + 10.0 * 0.040;
+        assert!((modelled_seconds(&s, WAN) - want).abs() < 1e-12);
+    }
+
+    #[test]
+    fn json_says_whether_time_was_measured() {
+        let mut r = CostReport {
+            role: Role::Client,
+            setup: PhaseCost::default(),
+            online: PhaseCost::default(),
+            network: None,
+        };
+        let v = r.to_json();
+        assert_eq!(
+            (&v["network"], &v["measured"]),
+            (&Value::Null, &json!(false))
+        );
+        assert!(v["modelled_wan_s"].is_number());
+        r.network = Some(WAN);
+        let v = r.to_json();
+        assert_eq!(v["network"]["rtt_s"], json!(0.08));
+        assert_eq!(v["measured"], json!(true));
+        assert!(v.get("modelled_wan_s").is_none());
     }
 }

@@ -27,7 +27,7 @@ use veil_core::wire::{Reader, Writer};
 use veil_core::{bail, ensure, FixedPoint, Result, RingTensor};
 use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
-use veil_net::{Channel, Role, TcpChannel};
+use veil_net::{shaped_pair, Channel, MemChannel, NetworkModel, RealClock, Role, TcpChannel};
 use veil_nonlinear::OtSession;
 
 use crate::embedding::{embed_client, embed_server, ServerEmbedding, DEFAULT_METHOD};
@@ -244,6 +244,7 @@ impl<C: Channel> ClientConnection<C> {
             role: Role::Client,
             setup: self.setup.clone(),
             online: phase(&self.ch),
+            network: self.ch.network(),
         };
         Ok((y, report))
     }
@@ -360,6 +361,21 @@ pub fn connect_loopback(model: Arc<ServerModel>) -> Result<ClientConnection<TcpC
     let addr = listener.local_addr()?;
     std::thread::spawn(move || serve(listener, model));
     ClientConnection::connect(TcpChannel::connect(addr)?)
+}
+
+/// Both parties in one process, as [`connect_loopback`], but over an in-memory link shaped like
+/// `net` (`veil_net::shaped_pair`, on the wall clock), so reports measure the time on `net`.
+pub fn connect_shaped(
+    model: Arc<ServerModel>,
+    net: NetworkModel,
+) -> Result<ClientConnection<MemChannel>> {
+    let (client, server) = shaped_pair(net, Arc::new(RealClock::new()))?;
+    std::thread::spawn(move || {
+        if let Err(e) = serve_session(server, &model) {
+            eprintln!("veil: the shaped-link server session failed: {e}");
+        }
+    });
+    ClientConnection::connect(client)
 }
 
 /// [`serve`] with the lookup method of private-embedding mode chosen (the tables are prepared
