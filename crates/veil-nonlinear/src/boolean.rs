@@ -1,7 +1,7 @@
 //! Gates on XOR-shared bits and the bridges to arithmetic shares.
 //!
 //! A shared bit b is held as b0 (client) ⊕ b1 (server). The gates on shared values cost one OT
-//! per element in each direction (two calls, four flights), an AND of two privately held bits
+//! per element in each direction (three flights, [`cot_both`]), an AND of two privately held bits
 //! one OT (two flights), and no pre-generated triples: the cross terms are computed directly by
 //! OT, which is what a bit triple would cost anyway.
 //!
@@ -95,7 +95,7 @@ pub(crate) fn bool_to_arith<C: Channel>(
 
 /// Arithmetic shares of b·v for an XOR-shared bit b and an arithmetic-shared v:
 /// (b0 ⊕ b1)·v_mine = b_mine·v_mine + b_peer·(1 − 2·b_mine)·v_mine, the second term by one ℓ-bit
-/// arithmetic COT per direction. Four flights.
+/// arithmetic COT per direction. Three flights.
 pub(crate) fn mux<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,

@@ -13,14 +13,16 @@
 //! Cost per comparison of k bits (d = ⌈k/3⌉ digits): d 1-of-8 shared-output OTs (7 entries of 2
 //! bits, 1 for the lowest digit, and 3 choice bits each), d − 1 combine gates of 3 bits per
 //! direction (2 on the lowest spine and at the last level); at k = 40 about 290 bits and 68 COTs.
-//! Rounds: 2 + 4·⌈log2 d⌉ flights.
+//! Flights: 3 + 2·⌈log2 d⌉ — the d leaves in one batched 1-of-N call (two flights), the first AND
+//! level in three, each further level in two (its server corrections ride on the previous level's
+//! last flight).
 //!
 //! Security: semi-honest; the server's view is OT outputs masked by the client's fresh bits, the
 //! client's view is OT sender transcripts (see veil-ot).
 
 use veil_core::{ensure, Result};
 use veil_net::{Channel, Role};
-use veil_ot::OtSession;
+use veil_ot::{OneOfN, OtSession};
 
 use crate::boolean::and_select;
 use crate::two_way_cot::low_mask;
@@ -55,15 +57,19 @@ pub(crate) fn greater_than<C: Channel>(
     let digits = bits.div_ceil(m) as usize;
     let top = bits - m * (digits as u32 - 1);
     // Leaves, digit-major: nodes[j][i] = (gt, eq) shares of digit j of element i.
-    let mut nodes: Vec<Vec<(bool, bool)>> = Vec::with_capacity(digits);
-    for j in 0..digits {
-        let w = if j + 1 == digits { top } else { m };
-        let dig: Vec<u64> = mine
-            .iter()
-            .map(|&v| (v >> (m * j as u32)) & low_mask(w))
-            .collect();
-        nodes.push(leaf(ot, ch, role, &dig, w, j > 0)?);
-    }
+    let widths: Vec<u32> = (0..digits)
+        .map(|j| if j + 1 == digits { top } else { m })
+        .collect();
+    let digit_values: Vec<Vec<u64>> = widths
+        .iter()
+        .enumerate()
+        .map(|(j, &w)| {
+            mine.iter()
+                .map(|&v| (v >> (m * j as u32)) & low_mask(w))
+                .collect()
+        })
+        .collect();
+    let mut nodes = leaves(ot, ch, role, &digit_values, &widths)?;
     while nodes.len() > 1 {
         let pairs = nodes.len() / 2;
         // Element-major, so the widths form one pattern per element: the lowest pair's eq is
@@ -105,41 +111,57 @@ pub(crate) fn greater_than<C: Channel>(
         .unwrap_or_default())
 }
 
-/// Shares of (gt, eq) for one digit of width w: client is the 1-of-2^w sender. Without
-/// `with_eq` the eq share is false on both sides (unused).
-fn leaf<C: Channel>(
+/// Shares of (gt, eq) for every digit j of width `widths[j]` (`digits[j][i]`: digit j of
+/// element i), all in one batched 1-of-N call (two flights): the client is the 1-of-2^w sender.
+/// The lowest digit's eq is never used: its table carries gt alone and its eq share is false.
+fn leaves<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
-    digit: &[u64],
-    w: u32,
-    with_eq: bool,
-) -> Result<Vec<(bool, bool)>> {
-    let bits = 1 + with_eq as u32;
-    match role {
+    digits: &[Vec<u64>],
+    widths: &[u32],
+) -> Result<Vec<Vec<(bool, bool)>>> {
+    let bits = |j: usize| 1 + (j > 0) as u32;
+    let got = match role {
         Role::Client => {
-            let eq_bit = with_eq as u64;
-            let masks = ot.send_1_of_n_shared(ch, w, digit.len(), bits, |i, row| {
-                let a = digit[i];
+            let groups: Vec<OneOfN> = widths
+                .iter()
+                .enumerate()
+                .map(|(j, &w)| OneOfN {
+                    log_n: w,
+                    count: digits[j].len(),
+                    bits: bits(j),
+                })
+                .collect();
+            ot.send_1_of_n_shared_groups(ch, &groups, |j, i, row| {
+                let (a, eq_bit) = (digits[j][i], (j > 0) as u64);
                 for (v, e) in row.iter_mut().enumerate() {
                     let v = v as u64;
                     *e = (a > v) as u64 | ((a == v) as u64 & eq_bit) << 1;
                 }
-            })?;
-            Ok(masks
-                .into_iter()
-                .map(|r| (r & 1 == 1, r >> 1 & 1 == 1))
-                .collect())
+            })?
         }
         Role::Server => {
-            let choices: Vec<u8> = digit.iter().map(|&b| b as u8).collect();
-            let got = ot.recv_1_of_n_shared(ch, w, &choices, bits)?;
-            Ok(got
-                .into_iter()
-                .map(|v| (v & 1 == 1, v >> 1 & 1 == 1))
-                .collect())
+            let choices: Vec<Vec<u8>> = digits
+                .iter()
+                .map(|d| d.iter().map(|&b| b as u8).collect())
+                .collect();
+            let groups: Vec<(u32, u32, &[u8])> = widths
+                .iter()
+                .enumerate()
+                .map(|(j, &w)| (w, bits(j), choices[j].as_slice()))
+                .collect();
+            ot.recv_1_of_n_shared_groups(ch, &groups)?
         }
-    }
+    };
+    Ok(got
+        .into_iter()
+        .map(|g| {
+            g.into_iter()
+                .map(|v| (v & 1 == 1, v >> 1 & 1 == 1))
+                .collect()
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -30,14 +30,18 @@ use veil_ot::OtSession;
 use crate::boolean::{and_private, mux};
 use crate::two_way_cot::{cot_both, low_mask, Corr};
 
-/// Bit positions per COT call: 8 keeps the calls few (ℓ/8 rounds).
-const BUCKET_BITS: u32 = 8;
+/// COTs per call at most: one call (three flights) carries every bit position of up to
+/// 2^21 / bits elements, and a call's transient buffers stay near 100 MB however large the tensor.
+const MAX_COTS_PER_CALL: usize = 1 << 21;
 
-/// Bit-position buckets [k0, k1) covering the `bits` choice-bit positions 0..bits.
-fn buckets(bits: u32) -> impl Iterator<Item = (u32, u32)> {
+/// Bit-position buckets [k0, k1) covering the `bits` choice-bit positions 0..bits of `n`
+/// elements: as few calls as [`MAX_COTS_PER_CALL`] allows, so a product costs
+/// 3·⌈bits / ⌊2^21 / n⌋⌉ flights (3 for every product of up to 51k elements at ℓ = 41).
+fn buckets(bits: u32, n: usize) -> impl Iterator<Item = (u32, u32)> {
+    let per = (MAX_COTS_PER_CALL / n.max(1)).clamp(1, bits.max(1) as usize);
     (0..bits)
-        .step_by(BUCKET_BITS as usize)
-        .map(move |k0| (k0, (k0 + BUCKET_BITS).min(bits)))
+        .step_by(per)
+        .map(move |k0| (k0, (k0 + per as u32).min(bits)))
 }
 
 /// What a cross term's COTs deliver: shares mod 2^n of Σ_k b_k·h_k(a) with h_k(a) =
@@ -149,7 +153,7 @@ fn cross_both<C: Channel>(
     b_bits: u32,
 ) -> Result<Vec<u64>> {
     let mut acc = vec![0u64; a.len()];
-    for (k0, k1) in buckets(sc.live_bits(b_bits)) {
+    for (k0, k1) in buckets(sc.live_bits(b_bits), a.len()) {
         let (deltas, choices) = bucket_inputs(sc, a, b, k0, k1);
         let widths = sc.widths(k0, k1);
         let (x, y) = cot_both(ot, ch, role, Corr::Arith, &deltas, &choices, &widths)?;
@@ -171,7 +175,7 @@ fn cross_one_way<C: Channel>(
     b_bits: u32,
 ) -> Result<Vec<u64>> {
     let mut acc = vec![0u64; mine.len()];
-    for (k0, k1) in buckets(sc.live_bits(b_bits)) {
+    for (k0, k1) in buckets(sc.live_bits(b_bits), mine.len()) {
         let widths = sc.widths(k0, k1);
         if role == sender {
             let (deltas, _) = bucket_inputs(sc, mine, &[], k0, k1);

@@ -17,7 +17,8 @@ pub(crate) enum Corr {
 
 /// COTs in both directions: this party sends correlations `deltas` (gets `x`) and receives with
 /// `choices` (gets `y = x' ∘ c·δ'`, ∘ the group's operation). Returns (x, y). COT i is
-/// `widths[i mod widths.len()]` bits wide and costs that + 1 bits per direction. Four flights.
+/// `widths[i mod widths.len()]` bits wide and costs that + 1 bits per direction. Three flights: the server's corrections, the client's
+/// messages with its own corrections, the server's messages.
 pub(crate) fn cot_both<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,

@@ -33,4 +33,5 @@ pub mod random_bits;
 pub mod session;
 pub mod transpose;
 
+pub use one_of_n::OneOfN;
 pub use session::{Backend, OtSession};

@@ -8,7 +8,9 @@
 //! stream masks exactly one message, so all keys other than `K_c` are jointly pseudo-random
 //! (TCCR with a unique tweak per COT and block). Sender → receiver: `N·bits` bits per OT.
 //! Cost per OT: `2·log_n·⌈N·bits/256⌉` hashes for the sender (8 for the comparison protocol's
-//! N = 16, bits ≤ 16), half that for the receiver. Two flights per call (plus refills).
+//! N = 16, bits ≤ 16), half that for the receiver. Two flights per call (plus refills), also for
+//! a call of several groups of OTs with their own N and widths ([`OneOfN`]: the millionaire's
+//! digits): all their corrections go up in one flight and all their rows come back in one.
 //! When a row of N messages fits one word (N·bits ≤ 64: the millionaire's 1-of-8 OTs of 1–2
 //! bits), the sender assembles a row's N pads with word shifts and the receiver selects its
 //! message from one word; the bytes on the wire are the same.
@@ -32,6 +34,7 @@ use zeroize::Zeroizing;
 use crate::aes_prims::tccr_hash_tweaked;
 use crate::ct::eq_mask;
 use crate::derand::{check_bits, check_values, recv_corrections, send_corrections};
+use crate::session::{ReceiverBatch, SenderBatch};
 use crate::OtSession;
 use veil_core::bitpack::{mask, packed_len, BitReader, BitWriter};
 
@@ -100,6 +103,43 @@ fn row_pads(streams: &[u128], l: usize, bits: u32) -> u64 {
 /// OTs hashed per batch: bounds scratch memory to a few MiB whatever N is.
 const OTS_PER_BATCH: usize = 1024;
 
+/// One group of a batched 1-of-N call ([`OtSession::send_1_of_n_shared_groups`]): `count` OTs of
+/// N = 2^`log_n` messages of `bits` bits each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OneOfN {
+    pub log_n: u32,
+    pub count: usize,
+    pub bits: u32,
+}
+
+impl OneOfN {
+    fn check(&self) -> Result<usize> {
+        check_bits(self.bits)?;
+        check_log_n(self.log_n)
+    }
+
+    fn cots(&self) -> usize {
+        self.count * self.log_n as usize
+    }
+}
+
+/// The run of a batch that group `g` uses: its COTs follow the earlier groups'.
+fn sender_part<'a>(batch: &SenderBatch<'a>, first: usize, len: usize) -> SenderBatch<'a> {
+    SenderBatch {
+        delta: batch.delta,
+        q: &batch.q[first..first + len],
+        index: batch.index + first as u64,
+    }
+}
+
+fn receiver_part<'a>(batch: &ReceiverBatch<'a>, first: usize, len: usize) -> ReceiverBatch<'a> {
+    ReceiverBatch {
+        t: &batch.t[first..first + len],
+        bits: &batch.bits[first..first + len],
+        index: batch.index + first as u64,
+    }
+}
+
 impl OtSession {
     /// 1-out-of-N OT sender: `table` holds count × N messages (< 2^bits), row i = OT i.
     pub fn send_1_of_n<C: Channel>(
@@ -119,7 +159,8 @@ impl OtSession {
         // Checked before any traffic, so a bad table leaves the session usable.
         check_values(table, bits, "send_1_of_n table")?;
         let count = table.len() / n_msgs;
-        self.send_rows(ch, log_n, count, bits, false, |i, row| {
+        let group = OneOfN { log_n, count, bits };
+        self.send_groups(ch, &[group], false, |_, i, row| {
             row.copy_from_slice(&table[i * n_msgs..(i + 1) * n_msgs]);
             Ok(())
         })
@@ -139,111 +180,56 @@ impl OtSession {
         bits: u32,
         mut fill_row: impl FnMut(usize, &mut [u64]),
     ) -> Result<Vec<u64>> {
-        self.send_rows(ch, log_n, count, bits, true, |i, row| {
-            fill_row(i, row);
-            check_values(row, bits, "1-of-N message")
+        let group = OneOfN { log_n, count, bits };
+        let mut shares =
+            self.send_1_of_n_shared_groups(ch, &[group], |_, i, row| fill_row(i, row))?;
+        Ok(shares.pop().unwrap_or_default())
+    }
+
+    /// [`OtSession::send_1_of_n_shared`] for several groups of OTs (each its own N and width)
+    /// in one call: two flights in all instead of two per group. `fill_row(g, i, row)` writes OT
+    /// i of group g; returns the shares group by group. The receiver calls
+    /// [`OtSession::recv_1_of_n_shared_groups`] with the same groups.
+    pub fn send_1_of_n_shared_groups<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        groups: &[OneOfN],
+        mut fill_row: impl FnMut(usize, usize, &mut [u64]),
+    ) -> Result<Vec<Vec<u64>>> {
+        self.send_groups(ch, groups, true, |g, i, row| {
+            fill_row(g, i, row);
+            check_values(row, groups[g].bits, "1-of-N message")
         })
     }
 
-    /// The sender of both variants; `shared`: derive r from K_0 and skip the zero row x = 0.
-    /// `next_row(i, row)` writes OT i's messages, already checked to fit `bits`.
-    fn send_rows<C: Channel>(
+    /// The sender of every variant: the corrections of all groups in one flight, their masked
+    /// rows in one flight back. `shared`: derive r from K_0 and skip the zero row x = 0.
+    fn send_groups<C: Channel>(
         &mut self,
         ch: &mut C,
-        log_n: u32,
-        count: usize,
-        bits: u32,
+        groups: &[OneOfN],
         shared: bool,
-        mut next_row: impl FnMut(usize, &mut [u64]) -> Result<()>,
-    ) -> Result<Vec<u64>> {
-        let n_msgs = check_log_n(log_n)?;
-        check_bits(bits)?;
-        let l = log_n as usize;
-        let batch = self.take_send(ch, count * l)?;
-        let d = recv_corrections(ch, count * l)?;
-        let blocks = stream_blocks(n_msgs, bits);
-        let packed = packed_rows(n_msgs, bits);
-        let sent = n_msgs - shared as usize;
-        // Same bytes either way: a row of `sent` `bits`-bit values is one sent·bits-bit value.
-        let mut out = if packed {
-            BitWriter::new(count, sent as u32 * bits)
-        } else {
-            BitWriter::new(count * sent, bits)
-        };
-        let mut shares = Vec::with_capacity(if shared { count } else { 0 });
-        // The N keys of the current OT; wiped on every exit, early or not.
-        let mut pad = Zeroizing::new([0u64; 256]);
-        let mut row = Zeroizing::new(vec![0u64; n_msgs]);
-        let m = mask(bits);
-        // 1 in every message slot of a packed row: r·ones copies r (< 2^bits) into all N slots.
-        let ones = match packed {
-            true => (0..n_msgs).fold(0u64, |a, _| (a << bits) | 1),
-            false => 0,
-        };
-        let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
-        let mut streams = Zeroizing::new(Vec::new());
-        for first in (0..count).step_by(OTS_PER_BATCH) {
-            let last = (first + OTS_PER_BATCH).min(count);
-            inputs.clear();
-            tweaks.clear();
-            // Layout: OT, then COT j, then b, then block c.
-            #[allow(clippy::needless_range_loop)] // k indexes q, d and the tweak together
-            for k in first * l..last * l {
-                for b in 0..2u8 {
-                    let x = batch.q[k] ^ (batch.delta & 0u128.wrapping_sub((b ^ d[k]) as u128));
-                    for c in 0..blocks {
-                        inputs.push(x);
-                        tweaks.push(tweak(batch.index + k as u64, c));
-                    }
-                }
-            }
-            streams.resize(inputs.len(), 0);
-            tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
-            for i in first..last {
-                next_row(i, &mut row[..])?;
-                if packed {
-                    let k = (i - first) * l;
-                    let msgs = row.iter().rev().fold(0u64, |a, &v| (a << bits) | v);
-                    let masked = msgs ^ row_pads(&streams[2 * k..2 * (k + l)], l, bits);
-                    if shared {
-                        let r = masked & m;
-                        shares.push(r);
-                        out.push((masked ^ (r * ones)) >> bits);
-                    } else {
-                        out.push(masked);
-                    }
-                    continue;
-                }
-                pad[..n_msgs].fill(0);
-                for j in 0..l {
-                    let k = i * l + j - first * l;
-                    for b in 0..2 {
-                        let s = &streams[(2 * k + b) * blocks..(2 * k + b + 1) * blocks];
-                        // Chunk c of stream (j, b) masks the message x with x_j = b and
-                        // x without bit j equal to c.
-                        let mut single = s[0];
-                        for c in 0..n_msgs / 2 {
-                            let x = ((c >> j) << (j + 1)) | (b << j) | (c & ((1 << j) - 1));
-                            pad[x] ^= if blocks == 1 {
-                                let v = single as u64 & m;
-                                single >>= bits;
-                                v
-                            } else {
-                                chunk(s, c, bits)
-                            };
-                        }
-                    }
-                }
-                let r = if shared { row[0] ^ pad[0] } else { 0 };
-                for (x, p) in row.iter().zip(pad.iter()).skip(shared as usize) {
-                    out.push(x ^ p ^ r);
-                }
-                if shared {
-                    shares.push(r);
-                }
-            }
+        mut next_row: impl FnMut(usize, usize, &mut [u64]) -> Result<()>,
+    ) -> Result<Vec<Vec<u64>>> {
+        for g in groups {
+            g.check()?;
         }
-        ch.send_msg(&out.finish())?;
+        let total: usize = groups.iter().map(OneOfN::cots).sum();
+        let batch = self.take_send(ch, total)?;
+        let d = recv_corrections(ch, total)?;
+        let (mut first, mut messages, mut shares) = (0, Vec::new(), Vec::new());
+        for (gi, g) in groups.iter().enumerate() {
+            let part = sender_part(&batch, first, g.cots());
+            let (msg, sh) = mask_rows(&part, &d[first..first + g.cots()], *g, shared, |i, row| {
+                next_row(gi, i, row)
+            })?;
+            first += g.cots();
+            messages.push(msg);
+            shares.push(sh);
+        }
+        for m in &messages {
+            ch.send_msg(m)?;
+        }
         ch.flush()?;
         Ok(shares)
     }
@@ -256,7 +242,8 @@ impl OtSession {
         choices: &[u8],
         bits: u32,
     ) -> Result<Vec<u64>> {
-        self.recv_rows(ch, log_n, choices, bits, false)
+        let mut out = self.recv_groups(ch, &[(log_n, bits, choices)], false)?;
+        Ok(out.pop().unwrap_or_default())
     }
 
     /// Receiver of [`OtSession::send_1_of_n_shared`]: returns `row_i[choice_i] ⊕ r_i`.
@@ -267,70 +254,221 @@ impl OtSession {
         choices: &[u8],
         bits: u32,
     ) -> Result<Vec<u64>> {
-        self.recv_rows(ch, log_n, choices, bits, true)
+        let mut out = self.recv_groups(ch, &[(log_n, bits, choices)], true)?;
+        Ok(out.pop().unwrap_or_default())
     }
 
-    fn recv_rows<C: Channel>(
+    /// Receiver of [`OtSession::send_1_of_n_shared_groups`]: per group (log_n, bits, choices),
+    /// in the sender's order; returns `row_i[choice_i] ⊕ r_i` group by group.
+    pub fn recv_1_of_n_shared_groups<C: Channel>(
         &mut self,
         ch: &mut C,
-        log_n: u32,
-        choices: &[u8],
-        bits: u32,
+        groups: &[(u32, u32, &[u8])],
+    ) -> Result<Vec<Vec<u64>>> {
+        self.recv_groups(ch, groups, true)
+    }
+
+    fn recv_groups<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        groups: &[(u32, u32, &[u8])],
         shared: bool,
-    ) -> Result<Vec<u64>> {
-        let n_msgs = check_log_n(log_n)?;
-        check_bits(bits)?;
-        if let Some(c) = choices.iter().find(|&&c| c as usize >= n_msgs) {
-            veil_core::bail!(
-                InvalidArgument,
-                "1-of-N choice {c} is not below N = {n_msgs}"
-            );
+    ) -> Result<Vec<Vec<u64>>> {
+        let shapes: Vec<OneOfN> = groups
+            .iter()
+            .map(|&(log_n, bits, choices)| OneOfN {
+                log_n,
+                count: choices.len(),
+                bits,
+            })
+            .collect();
+        for (g, &(_, _, choices)) in shapes.iter().zip(groups) {
+            let n_msgs = g.check()?;
+            if let Some(c) = choices.iter().find(|&&c| c as usize >= n_msgs) {
+                veil_core::bail!(
+                    InvalidArgument,
+                    "1-of-N choice {c} is not below N = {n_msgs}"
+                );
+            }
         }
-        let count = choices.len();
-        let l = log_n as usize;
-        let batch = self.take_recv(ch, count * l)?;
-        let bit_choices = (0..count * l).map(|k| (choices[k / l] >> (k % l)) & 1 == 1);
-        send_corrections(ch, &batch, bit_choices)?;
-        let blocks = stream_blocks(n_msgs, bits);
+        let total: usize = shapes.iter().map(OneOfN::cots).sum();
+        let batch = self.take_recv(ch, total)?;
+        let bit_choices: Vec<bool> = groups
+            .iter()
+            .flat_map(|&(log_n, _, choices)| {
+                let l = log_n as usize;
+                (0..choices.len() * l).map(move |k| (choices[k / l] >> (k % l)) & 1 == 1)
+            })
+            .collect();
+        send_corrections(ch, &batch, bit_choices.into_iter())?;
         // The keys K_c are computed while the sender works and become the outputs in place.
-        let mut out = Vec::with_capacity(count);
-        let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
-        let mut streams = Zeroizing::new(Vec::new());
-        for first in (0..count).step_by(OTS_PER_BATCH) {
-            let last = (first + OTS_PER_BATCH).min(count);
-            inputs.clear();
-            tweaks.clear();
-            for k in first * l..last * l {
+        let mut first = 0;
+        let mut keys = Vec::with_capacity(groups.len());
+        for (g, &(_, _, choices)) in shapes.iter().zip(groups) {
+            keys.push(receiver_keys(
+                &receiver_part(&batch, first, g.cots()),
+                *g,
+                choices,
+            ));
+            first += g.cots();
+        }
+        for ((g, &(_, _, choices)), out) in shapes.iter().zip(groups).zip(&mut keys) {
+            unmask_rows(ch, *g, choices, shared, out)?;
+        }
+        Ok(keys)
+    }
+}
+
+/// The sender's masked rows of one group (the bytes to send) and, when `shared`, its output
+/// shares. `next_row(i, row)` writes OT i's messages, already checked to fit `bits`.
+fn mask_rows(
+    batch: &SenderBatch<'_>,
+    d: &[u8],
+    g: OneOfN,
+    shared: bool,
+    mut next_row: impl FnMut(usize, &mut [u64]) -> Result<()>,
+) -> Result<(Vec<u8>, Vec<u64>)> {
+    let OneOfN { log_n, count, bits } = g;
+    let n_msgs = 1usize << log_n;
+    let l = log_n as usize;
+    let blocks = stream_blocks(n_msgs, bits);
+    let packed = packed_rows(n_msgs, bits);
+    let sent = n_msgs - shared as usize;
+    // Same bytes either way: a row of `sent` `bits`-bit values is one sent·bits-bit value.
+    let mut out = if packed {
+        BitWriter::new(count, sent as u32 * bits)
+    } else {
+        BitWriter::new(count * sent, bits)
+    };
+    let mut shares = Vec::with_capacity(if shared { count } else { 0 });
+    // The N keys of the current OT; wiped on every exit, early or not.
+    let mut pad = Zeroizing::new([0u64; 256]);
+    let mut row = Zeroizing::new(vec![0u64; n_msgs]);
+    let m = mask(bits);
+    // 1 in every message slot of a packed row: r·ones copies r (< 2^bits) into all N slots.
+    let ones = match packed {
+        true => (0..n_msgs).fold(0u64, |a, _| (a << bits) | 1),
+        false => 0,
+    };
+    let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
+    let mut streams = Zeroizing::new(Vec::new());
+    for first in (0..count).step_by(OTS_PER_BATCH) {
+        let last = (first + OTS_PER_BATCH).min(count);
+        inputs.clear();
+        tweaks.clear();
+        // Layout: OT, then COT j, then b, then block c.
+        #[allow(clippy::needless_range_loop)] // k indexes q, d and the tweak together
+        for k in first * l..last * l {
+            for b in 0..2u8 {
+                let x = batch.q[k] ^ (batch.delta & 0u128.wrapping_sub((b ^ d[k]) as u128));
                 for c in 0..blocks {
-                    inputs.push(batch.t[k]);
+                    inputs.push(x);
                     tweaks.push(tweak(batch.index + k as u64, c));
                 }
             }
-            streams.resize(inputs.len(), 0);
-            tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
-            // The choice is secret: every chunk of a stream is read and the wanted one kept by
-            // a mask, so no address depends on it (O(N·log N) per OT, like the sender's work).
-            out.extend(choices[first..last].iter().enumerate().map(|(i, &c)| {
-                let c = c as usize;
-                (0..l).fold(0u64, |key, j| {
-                    let k = i * l + j;
-                    let stream = &streams[k * blocks..(k + 1) * blocks];
-                    key ^ select_chunk(stream, without_bit(c, j), n_msgs / 2, bits)
-                })
-            }));
         }
-        // In the shared variant row x = 0 is zero and not sent: K_0 alone is the output for c = 0.
-        let first_sent = shared as usize;
-        let sent = count * (n_msgs - first_sent);
-        let msg = ch.recv_msg_exact(packed_len(sent, bits))?;
-        let mut y = BitReader::new(&msg, sent, bits, "1-of-N OT ciphertexts")?;
-        for (o, &c) in out.iter_mut().zip(choices) {
-            *o ^= (first_sent..n_msgs).fold(0u64, |acc, x| {
-                acc | (y.next_value() & eq_mask(x, c as usize))
-            });
+        streams.resize(inputs.len(), 0);
+        tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
+        for i in first..last {
+            next_row(i, &mut row[..])?;
+            if packed {
+                let k = (i - first) * l;
+                let msgs = row.iter().rev().fold(0u64, |a, &v| (a << bits) | v);
+                let masked = msgs ^ row_pads(&streams[2 * k..2 * (k + l)], l, bits);
+                if shared {
+                    let r = masked & m;
+                    shares.push(r);
+                    out.push((masked ^ (r * ones)) >> bits);
+                } else {
+                    out.push(masked);
+                }
+                continue;
+            }
+            pad[..n_msgs].fill(0);
+            for j in 0..l {
+                let k = i * l + j - first * l;
+                for b in 0..2 {
+                    let s = &streams[(2 * k + b) * blocks..(2 * k + b + 1) * blocks];
+                    // Chunk c of stream (j, b) masks the message x with x_j = b and
+                    // x without bit j equal to c.
+                    let mut single = s[0];
+                    for c in 0..n_msgs / 2 {
+                        let x = ((c >> j) << (j + 1)) | (b << j) | (c & ((1 << j) - 1));
+                        pad[x] ^= if blocks == 1 {
+                            let v = single as u64 & m;
+                            single >>= bits;
+                            v
+                        } else {
+                            chunk(s, c, bits)
+                        };
+                    }
+                }
+            }
+            let r = if shared { row[0] ^ pad[0] } else { 0 };
+            for (x, p) in row.iter().zip(pad.iter()).skip(shared as usize) {
+                out.push(x ^ p ^ r);
+            }
+            if shared {
+                shares.push(r);
+            }
         }
-        Ok(out)
     }
+    Ok((out.finish(), shares))
+}
+
+/// The receiver's keys K_(c_i) of one group, from its COTs (no traffic).
+fn receiver_keys(batch: &ReceiverBatch<'_>, g: OneOfN, choices: &[u8]) -> Vec<u64> {
+    let (n_msgs, l, bits) = (1usize << g.log_n, g.log_n as usize, g.bits);
+    let blocks = stream_blocks(n_msgs, bits);
+    let mut out = Vec::with_capacity(g.count);
+    let (mut inputs, mut tweaks) = (Zeroizing::new(Vec::new()), Vec::new());
+    let mut streams = Zeroizing::new(Vec::new());
+    for first in (0..g.count).step_by(OTS_PER_BATCH) {
+        let last = (first + OTS_PER_BATCH).min(g.count);
+        inputs.clear();
+        tweaks.clear();
+        for k in first * l..last * l {
+            for c in 0..blocks {
+                inputs.push(batch.t[k]);
+                tweaks.push(tweak(batch.index + k as u64, c));
+            }
+        }
+        streams.resize(inputs.len(), 0);
+        tccr_hash_tweaked(&inputs, &tweaks, &mut streams);
+        // The choice is secret: every chunk of a stream is read and the wanted one kept by
+        // a mask, so no address depends on it (O(N·log N) per OT, like the sender's work).
+        out.extend(choices[first..last].iter().enumerate().map(|(i, &c)| {
+            let c = c as usize;
+            (0..l).fold(0u64, |key, j| {
+                let k = i * l + j;
+                let stream = &streams[k * blocks..(k + 1) * blocks];
+                key ^ select_chunk(stream, without_bit(c, j), n_msgs / 2, bits)
+            })
+        }));
+    }
+    out
+}
+
+/// Receives one group's masked rows and turns its keys `out` into the chosen messages.
+fn unmask_rows<C: Channel>(
+    ch: &mut C,
+    g: OneOfN,
+    choices: &[u8],
+    shared: bool,
+    out: &mut [u64],
+) -> Result<()> {
+    let n_msgs = 1usize << g.log_n;
+    // In the shared variant row x = 0 is zero and not sent: K_0 alone is the output for c = 0.
+    let first_sent = shared as usize;
+    let sent = g.count * (n_msgs - first_sent);
+    let msg = ch.recv_msg_exact(packed_len(sent, g.bits))?;
+    let mut y = BitReader::new(&msg, sent, g.bits, "1-of-N OT ciphertexts")?;
+    for (o, &c) in out.iter_mut().zip(choices) {
+        *o ^= (first_sent..n_msgs).fold(0u64, |acc, x| {
+            acc | (y.next_value() & eq_mask(x, c as usize))
+        });
+    }
+    Ok(())
 }
 
 /// Chunk `want` of a pad stream of `chunks` chunks, read without a `want`-dependent address.

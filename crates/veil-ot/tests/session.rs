@@ -3,7 +3,7 @@
 
 use veil_core::{Error, Prg, Result};
 use veil_net::{run_two_party, run_two_party_tcp, Channel, MemChannel, Role};
-use veil_ot::{Backend, OtSession};
+use veil_ot::{Backend, OneOfN, OtSession};
 
 fn mask(bits: u32) -> u64 {
     if bits == 64 {
@@ -182,6 +182,81 @@ fn shared_1_of_n_matches_ideal_functionality() {
     // The millionaire's leaves (packed rows); every N is in the test above.
     check_1_of_n(Backend::Iknp, 3, 5_000, 1, true);
     check_1_of_n(Backend::Iknp, 3, 5_000, 2, true);
+}
+
+/// Grouped shared 1-of-N (one call, groups of different N, widths and counts, an empty one
+/// among them) against its ideal functionality, and its flights: two, like a single group.
+#[test]
+fn grouped_shared_1_of_n_matches_ideal_functionality_in_two_flights() {
+    let groups = [
+        OneOfN {
+            log_n: 3,
+            count: 700,
+            bits: 1,
+        },
+        OneOfN {
+            log_n: 2,
+            count: 700,
+            bits: 2,
+        },
+        OneOfN {
+            log_n: 1,
+            count: 0,
+            bits: 2,
+        },
+        OneOfN {
+            log_n: 5,
+            count: 33,
+            bits: 9,
+        },
+        OneOfN {
+            log_n: 3,
+            count: 1_500,
+            bits: 2,
+        },
+    ];
+    let mut p = Prg::from_os_entropy();
+    let tables: Vec<Vec<u64>> = groups
+        .iter()
+        .map(|g| random_values(g.count << g.log_n, g.bits))
+        .collect();
+    let choices: Vec<Vec<u8>> = groups
+        .iter()
+        .map(|g| (0..g.count).map(|_| p.below(1 << g.log_n) as u8).collect())
+        .collect();
+    let (t, c) = (tables.clone(), choices.clone());
+    let ((got, recv_flights), shares) = with_sessions(
+        Backend::Iknp,
+        move |s, ch| {
+            s.precompute(ch, 20_000)?;
+            ch.flush()?;
+            let before = ch.meter().total().rounds();
+            let spec: Vec<(u32, u32, &[u8])> = groups
+                .iter()
+                .zip(&c)
+                .map(|(g, c)| (g.log_n, g.bits, c.as_slice()))
+                .collect();
+            let got = s.recv_1_of_n_shared_groups(ch, &spec)?;
+            ch.flush()?;
+            Ok((got, ch.meter().total().rounds() - before))
+        },
+        move |s, ch| {
+            s.precompute(ch, 20_000)?;
+            s.send_1_of_n_shared_groups(ch, &groups, |g, i, row| {
+                let n = 1 << groups[g].log_n;
+                row.copy_from_slice(&t[g][i * n..(i + 1) * n])
+            })
+        },
+    )
+    .unwrap();
+    assert_eq!(recv_flights, 2, "corrections up, masked rows down");
+    for (gi, g) in groups.iter().enumerate() {
+        assert_eq!((got[gi].len(), shares[gi].len()), (g.count, g.count));
+        for i in 0..g.count {
+            let want = tables[gi][(i << g.log_n) + choices[gi][i] as usize];
+            assert_eq!(got[gi][i] ^ shares[gi][i], want, "group {gi} OT {i}");
+        }
+    }
 }
 
 /// Arithmetic and binary COTs whose widths cycle through a pattern (a product's bit positions,

@@ -1,0 +1,67 @@
+//! Flight counts of the primitives equal the formulas their docs state. Flights are deterministic
+//! (a flight is a maximal run of messages in one direction, counted on the client's meter), so
+//! these are exact equalities; a change that deepens a protocol fails here.
+
+mod common;
+use common::*;
+use veil_core::approx::Approx;
+use veil_core::Result;
+use veil_net::{Channel, MemChannel};
+use veil_nonlinear::{Ctx, Narrow, TruncMode};
+
+/// Flights of `f` on 64 shared values below 2^14, run on its own (nothing before or after it
+/// in the same flight), with the OT pools filled beforehand so no refill is counted.
+fn flights(f: impl Fn(&mut Ctx<'_, MemChannel>, &[u64]) -> Result<()> + Sync) -> u64 {
+    let ax = Approx::new(fp()).unwrap();
+    let xs = values_below(fp().ring, 14, 64);
+    let pair = share_values(fp().ring, &xs);
+    let (client, _) = run_mem(|ot, ch, role| {
+        ot.precompute(ch, 200_000)?;
+        ch.flush()?;
+        let mut cx = Ctx::new(ot, ch, role, ax);
+        cx.trunc_mode = TruncMode::OneBitError;
+        // A fresh count: the operator's first flight is counted even if it runs in the
+        // direction of the refill's last one.
+        cx.ch.meter().reset();
+        f(&mut cx, pick(role, &pair).data())?;
+        cx.ch.flush()?;
+        Ok(cx.ch.meter().total().rounds())
+    });
+    client
+}
+
+/// ⌈log2 d⌉ for the d = ⌈k/3⌉ digits of a k-bit comparison.
+fn tree_levels(k: u32) -> u64 {
+    let d = k.div_ceil(3);
+    (32 - (d - 1).leading_zeros()) as u64
+}
+
+#[test]
+fn drelu_takes_three_plus_two_per_tree_level() {
+    for k in [4u32, 13, 20, 27, 40] {
+        let got = flights(|cx, x| cx.drelu(x, Some(k)).map(drop));
+        assert_eq!(got, 3 + 2 * tree_levels(k), "DReLU at k = {k}");
+    }
+}
+
+#[test]
+fn relu_adds_the_multiplexer() {
+    let got = flights(|cx, x| cx.relu(x, Some(20)).map(drop));
+    assert_eq!(got, 3 + 2 * tree_levels(20) + 2);
+}
+
+#[test]
+fn products_take_three_flights() {
+    assert_eq!(flights(|cx, x| cx.mul(x, x).map(drop)), 3);
+    assert_eq!(flights(|cx, x| cx.square(x).map(drop)), 2);
+    let nw = Narrow::signed(20);
+    assert_eq!(flights(|cx, x| cx.square_narrow(x, nw).map(drop)), 6);
+}
+
+#[test]
+fn conversions_and_truncation_take_two_or_three() {
+    let bits = |x: &[u64]| x.iter().map(|v| v & 1 == 1).collect::<Vec<_>>();
+    assert_eq!(flights(|cx, x| cx.b2a(&bits(x)).map(drop)), 2);
+    assert_eq!(flights(|cx, x| cx.mux(&bits(x), x).map(drop)), 3);
+    assert_eq!(flights(|cx, x| cx.trunc(x, 13).map(drop)), 2);
+}
