@@ -40,7 +40,7 @@ pub(crate) fn and_select<C: Channel>(
         .map(|(i, &v)| v & low_mask(widths[i % widths.len()]))
         .collect();
     // The peer's choice bit selects row 0 or d_mine: the two outputs XOR to a_peer·d_mine.
-    let (r, got) = cot_both(ot, ch, role, Corr::Xor, &mine, a, widths)?;
+    let (r, got) = cot_both(ot, ch, role, Corr::Xor, (&mine, widths), (a, widths))?;
     Ok((0..a.len())
         .map(|i| (if a[i] { mine[i] } else { 0 }) ^ r[i] ^ got[i])
         .collect())
@@ -116,7 +116,8 @@ pub(crate) fn mux<C: Channel>(
         .zip(v)
         .map(|(&bi, &vi)| if bi { ring.neg(vi) } else { vi })
         .collect();
-    let (x, y) = cot_both(ot, ch, role, Corr::Arith, &deltas, b, &[ring.bits()])?;
+    let w = [ring.bits()];
+    let (x, y) = cot_both(ot, ch, role, Corr::Arith, (&deltas, &w), (b, &w))?;
     Ok((0..b.len())
         .map(|i| {
             let own = if b[i] { v[i] } else { 0 };

@@ -23,7 +23,7 @@ use veil_net::Channel;
 
 use crate::ctx::{Ctx, HeKeys};
 use crate::he_rows::{client_open, server_open, RowsClient, RowsServer};
-use crate::mul::{mul_narrow_high_given, narrow_share, square_own_terms, Narrow, Scale};
+use crate::mul::{mul_narrow_high_given, narrow_reshare, Narrow, Scale, SquareWrap};
 
 enum Side<'k> {
     Client(RowsClient<'k>),
@@ -35,7 +35,8 @@ pub(crate) struct NormHe<'k> {
     /// This party's shares of d (ring), and of its narrow form.
     d: Vec<u64>,
     an: Vec<u64>,
-    w: Vec<bool>,
+    /// This party's bit n = ¬msb(a') of the narrow form (its wrap is ¬(n_c ∧ n_s)).
+    low: Vec<bool>,
     nw: Narrow,
     cols: usize,
     /// The ring of the sums of squares (checked by [`open`]).
@@ -80,7 +81,7 @@ pub(crate) fn open<'k, C: Channel>(
         d.len()
     );
     let rows = d.len() / cols;
-    let (an, w) = narrow_share(cx.ot, cx.ch, cx.role, d, nw)?;
+    let (an, low) = narrow_reshare(cx.role, d, nw);
     let centre = 1u64 << m;
     let side = match keys {
         HeKeys::Client(sk) => {
@@ -92,7 +93,7 @@ pub(crate) fn open<'k, C: Channel>(
     Ok(Some(NormHe {
         d: d.to_vec(),
         an,
-        w,
+        low,
         nw,
         cols,
         wide,
@@ -169,14 +170,10 @@ impl NormHe<'_> {
         }
         // a² = 2·a'_c·a'_s + everything else (per element); 2·a'_c·a'_s summed per row is
         // 2·(Σ u·v + 2^m·Σ(u + v) + n·2^2m).
-        let own = square_own_terms(
+        let own = SquareWrap::new(cx.role, wide, ring, self.nw)?.own_terms_alone(
             cx.ot,
             cx.ch,
-            cx.role,
-            wide,
-            (&self.d, ring),
-            (&self.an, &self.w),
-            self.nw,
+            (&self.d, &self.an, &self.low),
         )?;
         let server = cx.is_server();
         Ok((0..rows)
@@ -242,7 +239,7 @@ impl NormHe<'_> {
                     cx.ch,
                     cx.role,
                     Scale { ring, t, n },
-                    (&self.an, &self.w),
+                    (&self.an, &self.low),
                     self.nw,
                     &r_b,
                     &given,

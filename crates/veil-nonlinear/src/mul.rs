@@ -9,8 +9,9 @@
 //! * [`mul_server_row`]: x·γ with γ known only to the server (LayerNorm's weights): one term.
 //! * Narrow variants, when one operand has a promised small magnitude |a| < 2^(m−1):
 //!   [`mul_narrow_values`], [`square_narrow_values`] re-share a in Z_(2^(m+1)) (SiRNN's
-//!   mixed-width product: the known-zero sign bit makes the wrap one AND of the parties' top
-//!   bits) so only m + 1 bits of a drive COTs; [`mul_server_row_narrow`] offsets a γ promised in
+//!   mixed-width product: the known-zero sign bit makes the wrap w = ¬(n_0 ∧ n_1) of the
+//!   parties' private top bits, and its product with the other operand one COT per direction
+//!   in the same call as the cross terms, [`Wrap`]) so only m + 1 bits of a drive COTs; [`mul_server_row_narrow`] offsets a γ promised in
 //!   [−2^(g−1), 2^(g−1)) to [0, 2^g). About (m+1)·(ℓ − m/2) bits per cross term instead of ℓ²/2.
 //!
 //! * [`mul_narrow_high_values`]: only a·b / 2^t mod 2^n (up to a small centred error): the
@@ -20,15 +21,17 @@
 //! Products are exact mod 2^ℓ (no truncation here; see [`crate::trunc`]); the narrow ones while
 //! their promise holds.
 //!
-//! Security: semi-honest; the receiver of each COT learns x + b_k·a with x uniform; the AND and
-//! multiplexer of the narrow variants are the OT-based gates of [`crate::boolean`].
+//! Flights: every product is one [`CotCall`] (three flights) per 2^21 COTs: the cross terms of
+//! both directions and, for the narrow ones, the wrap term together.
+//!
+//! Security: semi-honest; the receiver of each COT learns x + b_k·a with x uniform (the wrap
+//! term's COTs too: n_p·v_p is masked the same way).
 
 use veil_core::{ensure, Result, Ring, RingTensor};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::boolean::{and_private, mux};
-use crate::two_way_cot::{cot_both, low_mask, Corr};
+use crate::two_way_cot::{low_mask, CotCall};
 
 /// COTs per call at most: one call (three flights) carries every bit position of up to
 /// 2^21 / bits elements, and a call's transient buffers stay near 100 MB however large the tensor.
@@ -76,11 +79,6 @@ impl Scale {
         bits.min(self.t + self.n)
     }
 
-    /// Widths of the positions k0 … k1 − 1 (all non-zero).
-    fn widths(&self, k0: u32, k1: u32) -> Vec<u32> {
-        (k0..k1).map(|k| self.width(k)).collect()
-    }
-
     /// Correlation of bit k (reduced to its width by the caller).
     fn corr(&self, a: u64, k: u32) -> u64 {
         if k < self.t {
@@ -115,19 +113,48 @@ impl Scale {
     }
 }
 
-/// COT inputs of one bucket: correlations h_k(a) mod 2^width(k) and choice bits b_k,
-/// element-major.
-fn bucket_inputs(sc: Scale, a: &[u64], b: &[u64], k0: u32, k1: u32) -> (Vec<u64>, Vec<bool>) {
-    let per = (k1 - k0) as usize;
-    let mut deltas = Vec::with_capacity(a.len() * per);
-    let mut choices = Vec::with_capacity(b.len() * per);
-    for &ai in a {
-        deltas.extend((k0..k1).map(|k| sc.corr(ai, k) & low_mask(sc.width(k))));
+/// Which directions a cross term's COTs run in.
+#[derive(Clone, Copy)]
+enum Cross {
+    /// a_client·b_server + a_server·b_client: each party sends for its a and receives with its b.
+    Both,
+    /// a·b with the given party holding a (it sends) and the other b (it receives): one
+    /// direction.
+    OneWay(Role),
+}
+
+impl Cross {
+    /// Whether this party (sends, receives) in the term.
+    fn directions(self, role: Role) -> (bool, bool) {
+        match self {
+            Cross::Both => (true, true),
+            Cross::OneWay(sender) => (role == sender, role != sender),
+        }
     }
-    for &bi in b {
-        choices.extend((k0..k1).map(|k| bi >> k & 1 == 1));
+}
+
+/// Adds bit positions k0..k1 of a cross term to `call`, element-major: the correlations
+/// h_k(a_i) mod 2^width(k) this party sends and the choice bits b_i,k it receives with.
+#[allow(clippy::too_many_arguments)]
+fn push_cross(
+    call: &mut CotCall,
+    sc: Scale,
+    (sends, recvs): (bool, bool),
+    a: &[u64],
+    b: &[u64],
+    k0: u32,
+    k1: u32,
+) {
+    if sends {
+        for &ai in a {
+            (k0..k1).for_each(|k| call.send(sc.corr(ai, k), sc.width(k)));
+        }
     }
-    (deltas, choices)
+    if recvs {
+        for &bi in b {
+            (k0..k1).for_each(|k| call.recv(bi >> k & 1 == 1, sc.width(k)));
+        }
+    }
 }
 
 /// Adds Σ_k weight_k·(sign·v_{i,k}) into `acc` (mod 2^n).
@@ -141,6 +168,58 @@ fn accumulate(sc: Scale, acc: &mut [u64], v: &[u64], k0: u32, k1: u32, negate: b
     }
 }
 
+/// The outputs of the COTs an `extra` term added to a call: (x of its sends, y of its receives).
+type ExtraOut = (Vec<u64>, Vec<u64>);
+
+/// Shares (mod 2^n of `sc`) of a cross term in the directions `dir` (this party passes its a and
+/// b; for a one-way term its one value as both); b's bits 0..`b_bits` drive the COTs (b <
+/// 2^b_bits as an integer). `extra` adds the COTs of independent terms to the first call, ahead
+/// of the cross term's, so they cost no flight of their own; their outputs come back beside the
+/// shares. Three flights per call, one call per [`MAX_COTS_PER_CALL`].
+#[allow(clippy::too_many_arguments)]
+fn cross_term<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    sc: Scale,
+    dir: Cross,
+    (a, b): (&[u64], &[u64]),
+    b_bits: u32,
+    extra: impl FnOnce(&mut CotCall),
+) -> Result<(Vec<u64>, ExtraOut)> {
+    let n = a.len().max(b.len());
+    let (sends, recvs) = dir.directions(role);
+    let mut acc = vec![0u64; n];
+    let mut extra = Some(extra);
+    let mut extra_out = (Vec::new(), Vec::new());
+    let mut ranges: Vec<(u32, u32)> = buckets(sc.live_bits(b_bits), n).collect();
+    if ranges.is_empty() {
+        // No live position: the call still carries the extra terms.
+        ranges.push((0, 0));
+    }
+    for (k0, k1) in ranges {
+        let mut call = CotCall::default();
+        if let Some(f) = extra.take() {
+            f(&mut call);
+        }
+        let (xs, ys) = call.len();
+        push_cross(&mut call, sc, (sends, recvs), a, b, k0, k1);
+        let (mut x, mut y) = call.run(ot, ch, role)?;
+        if sends {
+            accumulate(sc, &mut acc, &x[xs..], k0, k1, true);
+        }
+        if recvs {
+            accumulate(sc, &mut acc, &y[ys..], k0, k1, false);
+        }
+        if xs + ys > 0 {
+            x.truncate(xs);
+            y.truncate(ys);
+            extra_out = (x, y);
+        }
+    }
+    Ok((acc, extra_out))
+}
+
 /// Shares (mod 2^n of `sc`) of a_client·b_server + a_server·b_client: this party passes its a and
 /// b; b's bits 0..`b_bits` drive the COTs (b < 2^b_bits as an integer).
 fn cross_both<C: Channel>(
@@ -152,15 +231,7 @@ fn cross_both<C: Channel>(
     b: &[u64],
     b_bits: u32,
 ) -> Result<Vec<u64>> {
-    let mut acc = vec![0u64; a.len()];
-    for (k0, k1) in buckets(sc.live_bits(b_bits), a.len()) {
-        let (deltas, choices) = bucket_inputs(sc, a, b, k0, k1);
-        let widths = sc.widths(k0, k1);
-        let (x, y) = cot_both(ot, ch, role, Corr::Arith, &deltas, &choices, &widths)?;
-        accumulate(sc, &mut acc, &x, k0, k1, true);
-        accumulate(sc, &mut acc, &y, k0, k1, false);
-    }
-    Ok(acc)
+    Ok(cross_term(ot, ch, role, sc, Cross::Both, (a, b), b_bits, |_| ())?.0)
 }
 
 /// Shares (mod 2^n of `sc`) of a·b where `sender` holds a and the other party holds b
@@ -174,20 +245,8 @@ fn cross_one_way<C: Channel>(
     sender: Role,
     b_bits: u32,
 ) -> Result<Vec<u64>> {
-    let mut acc = vec![0u64; mine.len()];
-    for (k0, k1) in buckets(sc.live_bits(b_bits), mine.len()) {
-        let widths = sc.widths(k0, k1);
-        if role == sender {
-            let (deltas, _) = bucket_inputs(sc, mine, &[], k0, k1);
-            let x = ot.send_arith_cot_widths(ch, &deltas, &widths)?;
-            accumulate(sc, &mut acc, &x, k0, k1, true);
-        } else {
-            let (_, choices) = bucket_inputs(sc, &[], mine, k0, k1);
-            let y = ot.recv_arith_cot_widths(ch, &choices, &widths)?;
-            accumulate(sc, &mut acc, &y, k0, k1, false);
-        }
-    }
-    Ok(acc)
+    let dir = Cross::OneWay(sender);
+    Ok(cross_term(ot, ch, role, sc, dir, (mine, mine), b_bits, |_| ())?.0)
 }
 
 /// Elementwise products need operands of equal length.
@@ -281,14 +340,10 @@ impl Narrow {
 
 /// A shared value a under the promise `nw`, re-shared in Z_(2^(m+1)): a' = a + bias ∈ [0, 2^m)
 /// (the server adds the bias), so a' = a'_0 + a'_1 − 2^(m+1)·w with the wrap w = msb(a'_0) ∨
-/// msb(a'_1) (the top bit of a' is known to be 0). Returns (this party's a', its XOR share of w).
-pub(crate) fn narrow_share<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
-    role: Role,
-    a: &[u64],
-    nw: Narrow,
-) -> Result<(Vec<u64>, Vec<bool>)> {
+/// msb(a'_1) (the top bit of a' is known to be 0), i.e. w = ¬(n_0 ∧ n_1) for each party's
+/// private bit n = ¬msb(a'). No traffic: the wrap enters the products as a [`Wrap`] term.
+/// Returns (this party's a', its n).
+pub(crate) fn narrow_reshare(role: Role, a: &[u64], nw: Narrow) -> (Vec<u64>, Vec<bool>) {
     let (m, k) = (nw.m, nw.m + 1);
     let an: Vec<u64> = a
         .iter()
@@ -297,14 +352,54 @@ pub(crate) fn narrow_share<C: Channel>(
             Role::Server => v.wrapping_add(nw.bias()) & low_mask(k),
         })
         .collect();
-    // w = ¬(¬msb_0 ∧ ¬msb_1): one AND of the parties' private bits.
-    let low: Vec<bool> = an.iter().map(|&v| v >> m & 1 == 0).collect();
-    let both = and_private(ot, ch, role, &low)?;
-    let w = both
-        .into_iter()
-        .map(|v| v ^ (role == Role::Client))
-        .collect();
-    Ok((an, w))
+    let low = an.iter().map(|&v| v >> m & 1 == 0).collect();
+    (an, low)
+}
+
+/// The wrap correction of a narrow re-sharing ([`narrow_reshare`]): shares of w·v·2^shift as far
+/// as the bits below t + n of a [`Scale`] see them (v mod 2^bits, bits = t + n − shift), for
+/// w = ¬(n_c ∧ n_s). As w·v = v − n_c·n_s·(v_c + v_s) and n_c·n_s·v_p is one arithmetic COT in
+/// which party p sends n_p·v_p and the other chooses with its n, the term costs one `bits`-wide
+/// COT per direction and no AND gate, and rides in the call of the product's cross terms.
+#[derive(Clone, Copy)]
+pub(crate) struct Wrap {
+    bits: u32,
+    shift: u32,
+}
+
+impl Wrap {
+    /// None when the term vanishes mod 2^(t+n).
+    pub(crate) fn new(sc: Scale, shift: u32) -> Option<Wrap> {
+        let bits = (sc.t + sc.n).checked_sub(shift).filter(|&k| k > 0)?;
+        Some(Wrap { bits, shift })
+    }
+
+    /// Adds the term's COTs: this party sends n·v and receives with n, element by element.
+    pub(crate) fn push(&self, call: &mut CotCall, low: &[bool], v: &[u64]) {
+        for (&n, &x) in low.iter().zip(v) {
+            call.send(if n { x } else { 0 }, self.bits);
+        }
+        for &n in low {
+            call.recv(n, self.bits);
+        }
+    }
+
+    /// This party's share in `ring` from its v and its COT outputs x (sends) and y (receives):
+    /// (v − (y − x)) mod 2^bits, times 2^shift.
+    pub(crate) fn finish(&self, ring: Ring, v: &[u64], (x, y): &ExtraOut) -> Vec<u64> {
+        let m = low_mask(self.bits);
+        (0..v.len())
+            .map(|i| {
+                let s = v[i].wrapping_add(x[i]).wrapping_sub(y[i]) & m;
+                ring.mul(s, pow2(ring, self.shift))
+            })
+            .collect()
+    }
+}
+
+/// [`Wrap::finish`], or zeros when the term vanishes.
+fn wrap_or_zero(wrap: Option<Wrap>, ring: Ring, v: &[u64], out: &ExtraOut) -> Vec<u64> {
+    wrap.map_or_else(|| vec![0; v.len()], |w| w.finish(ring, v, out))
 }
 
 /// 2^e mod 2^ℓ (0 for e ≥ ℓ).
@@ -330,8 +425,9 @@ fn check_narrow(ring: Ring, nw: Narrow) -> Result<()> {
 /// Shares of a·b mod 2^ℓ element-wise for a narrow a (promise `nw`) and any b (SiRNN's
 /// mixed-width product): a' re-shared in Z_(2^(m+1)) as in the module doc, then a·b =
 /// a'_0·b + a'_1·b − 2^(m+1)·w·b − bias·b: the cross terms are driven by the m + 1 bits of a'
-/// instead of ℓ (≈ (m+1)·(ℓ − (m+1)/2) bits each instead of ℓ²/2), plus one AND and one
-/// multiplexer. Exact when the promise holds; otherwise the result is not a·b. Label "Mul".
+/// instead of ℓ (≈ (m+1)·(ℓ − (m+1)/2) bits each instead of ℓ²/2), plus the wrap term's COT per
+/// direction, all in one call. Exact when the promise holds; otherwise the result is not a·b.
+/// Label "Mul".
 pub(crate) fn mul_narrow_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -375,27 +471,6 @@ fn check_high(ring: Ring, t: u32, n: u32) -> Result<()> {
     Ok(())
 }
 
-/// Shares of w·b·2^shift, as far as the result's bits t..t+n see it: only b mod 2^(t+n−shift)
-/// matters, so the multiplexer runs in that ring (none at all when the term vanishes).
-pub(crate) fn wrap_term<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
-    role: Role,
-    sc: Scale,
-    w: &[bool],
-    b: &[u64],
-    shift: u32,
-) -> Result<Vec<u64>> {
-    let ring = sc.ring;
-    let Some(bits) = (sc.t + sc.n).checked_sub(shift).filter(|&k| k > 0) else {
-        return Ok(vec![0; b.len()]);
-    };
-    let mux_ring = Ring::narrow(bits)?;
-    let low: Vec<u64> = b.iter().map(|&v| mux_ring.reduce(v)).collect();
-    let wb = mux(ot, ch, role, mux_ring, w, &low)?;
-    Ok(wb.iter().map(|&v| ring.mul(v, pow2(ring, shift))).collect())
-}
-
 fn mul_narrow_scaled<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -410,9 +485,14 @@ fn mul_narrow_scaled<C: Channel>(
     same_len(a, b)?;
     let _g = ch.meter().enter("Mul");
     let m = nw.m;
-    let (an, w) = narrow_share(ot, ch, role, a, nw)?;
-    let wb = wrap_term(ot, ch, role, sc, &w, b, m + 1)?;
-    let cross = cross_both(ot, ch, role, sc, b, &an, m + 1)?;
+    let (an, low) = narrow_reshare(role, a, nw);
+    let wrap = Wrap::new(sc, m + 1);
+    let (cross, out) = cross_term(ot, ch, role, sc, Cross::Both, (b, &an), m + 1, |call| {
+        if let Some(w) = wrap {
+            w.push(call, &low, b)
+        }
+    })?;
+    let wb = wrap_or_zero(wrap, ring, b, &out);
     Ok(narrow_product(sc, &an, nw, b, &wb, &cross, None))
 }
 
@@ -438,18 +518,19 @@ fn narrow_product(
         .collect()
 }
 
-/// [`mul_narrow_high_values`] from a narrow share already taken ([`narrow_share`]: this party's
-/// a' and XOR share of the wrap w) with the cross term a'_client·b_server supplied by the caller
-/// as shares mod 2^ℓ (`given`, e.g. from [`crate::he_rows`]): only a'_server·b_client runs on COTs,
-/// the server's a' choosing. Shares mod 2^n of a·b / 2^t + e with |e| ≤ ⌈min(m + 1, t)/2⌉ + 1
-/// (one direction's COTs below t, one rounding of each party's local part). Label "Mul".
+/// [`mul_narrow_high_values`] from a narrow re-sharing already taken ([`narrow_reshare`]: this
+/// party's a' and its bit n = ¬msb(a')) with the cross term a'_client·b_server supplied by the
+/// caller as shares mod 2^ℓ (`given`, e.g. from [`crate::he_rows`]): only a'_server·b_client runs
+/// on COTs, the server's a' choosing, in one call with the wrap term (three flights). Shares
+/// mod 2^n of a·b / 2^t + e with |e| ≤ ⌈min(m + 1, t)/2⌉ + 1 (one direction's COTs below t, one
+/// rounding of each party's local part). Label "Mul".
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn mul_narrow_high_given<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
     sc: Scale,
-    (an, w): (&[u64], &[bool]),
+    (an, low): (&[u64], &[bool]),
     nw: Narrow,
     b: &[u64],
     given: &[u64],
@@ -460,22 +541,28 @@ pub(crate) fn mul_narrow_high_given<C: Channel>(
     same_len(an, b)?;
     same_len(an, given)?;
     ensure!(
-        w.len() == an.len(),
+        low.len() == an.len(),
         InvalidArgument,
         "one wrap bit per value"
     );
     let _g = ch.meter().enter("Mul");
     let m = nw.m;
-    let wb = wrap_term(ot, ch, role, sc, w, b, m + 1)?;
+    let wrap = Wrap::new(sc, m + 1);
     let mine = if role == Role::Client { b } else { an };
-    let cross = cross_one_way(ot, ch, role, sc, mine, Role::Client, m + 1)?;
+    let dir = Cross::OneWay(Role::Client);
+    let (cross, out) = cross_term(ot, ch, role, sc, dir, (mine, mine), m + 1, |call| {
+        if let Some(w) = wrap {
+            w.push(call, low, b)
+        }
+    })?;
+    let wb = wrap_or_zero(wrap, ring, b, &out);
     Ok(narrow_product(sc, an, nw, b, &wb, &cross, Some(given)))
 }
 
 /// Shares of a² mod 2^ℓ for a narrow a (promise `nw`): with s = a'_0 + a'_1 = a + c,
 /// c = bias + 2^(m+1)·w, a² = s² − 2c·a − c² = s² − w·(2^(m+2)·a + 2^(2m+2) + 2^(m+2)·bias)
-/// − 2·bias·a − bias²: one cross term on the m + 1 bits of a'_1, one AND, one multiplexer.
-/// Label "Mul".
+/// − 2·bias·a − bias²: one cross term on the m + 1 bits of a'_1 and the wrap term, in one call
+/// (three flights). Label "Mul".
 pub(crate) fn square_narrow_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -486,64 +573,109 @@ pub(crate) fn square_narrow_values<C: Channel>(
 ) -> Result<Vec<u64>> {
     check_narrow(ring, nw)?;
     let _g = ch.meter().enter("Mul");
-    let (an, w) = narrow_share(ot, ch, role, a, nw)?;
-    let own = square_own_terms(ot, ch, role, ring, (a, ring), (&an, &w), nw)?;
-    let cross = cross_one_way(
+    let (an, low) = narrow_reshare(role, a, nw);
+    let sq = SquareWrap::new(role, ring, ring, nw)?;
+    let v = sq.operand(a);
+    let dir = Cross::OneWay(Role::Client);
+    let (cross, out) = cross_term(
         ot,
         ch,
         role,
         Scale::exact(ring),
-        &an,
-        Role::Client,
+        dir,
+        (&an, &an),
         nw.m + 1,
+        |call| sq.push(call, &low, &v),
     )?;
+    let own = sq.own_terms(a, &an, &sq.finish(&v, &out));
     Ok((0..a.len())
         .map(|i| ring.add(own[i], ring.add(cross[i], cross[i])))
         .collect())
 }
 
 /// Everything of a narrow square a² but its cross term 2·a'_c·a'_s, per element, as shares in
-/// `ring`: a'² − w·2^(m+2)·(a + 2^m + bias) − 2·bias·a − bias² (the wrap term is a multiplexer).
+/// `ring`: a'² − w·2^(m+2)·(a + 2^m + bias) − 2·bias·a − bias², the wrap part a [`Wrap`] term.
 /// The shares of a may live in a narrower ring `a_ring` while ring.bits() − m ≤ a_ring.bits()
-/// (the terms see a only through 2^m·a and 2^(m+2)·a). Shared by [`square_narrow_values`] and
+/// (the terms see a only through 2^m·a and 2^(m+2)·a). Used by [`square_narrow_values`] and
 /// LayerNorm's HE sum of squares, which supplies the cross term per row.
-pub(crate) fn square_own_terms<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
+pub(crate) struct SquareWrap {
     role: Role,
     ring: Ring,
-    (a, a_ring): (&[u64], Ring),
-    (an, w): (&[u64], &[bool]),
+    a_ring: Ring,
     nw: Narrow,
-) -> Result<Vec<u64>> {
-    let (m, bias) = (nw.m, nw.bias());
-    ensure!(
-        ring.bits() <= a_ring.bits() + m,
-        InvalidArgument,
-        "a square in Z_2^{} of values shared in Z_2^{}",
-        ring.bits(),
-        a_ring.bits()
-    );
-    let server = role == Role::Server;
-    // w·(2^(m+2)·a + 2^(2m+2) + 2^(m+2)·bias) = 2^(m+2)·w·(a + 2^m + bias).
-    let v: Vec<u64> = a
-        .iter()
-        .map(|&x| match server {
-            true => a_ring.add(x, a_ring.add(pow2(a_ring, m), bias)),
-            false => x,
+    wrap: Option<Wrap>,
+}
+
+impl SquareWrap {
+    pub(crate) fn new(role: Role, ring: Ring, a_ring: Ring, nw: Narrow) -> Result<Self> {
+        ensure!(
+            ring.bits() <= a_ring.bits() + nw.m,
+            InvalidArgument,
+            "a square in Z_2^{} of values shared in Z_2^{}",
+            ring.bits(),
+            a_ring.bits()
+        );
+        let wrap = Wrap::new(Scale::exact(ring), nw.m + 2);
+        Ok(SquareWrap {
+            role,
+            ring,
+            a_ring,
+            nw,
+            wrap,
         })
-        .collect();
-    let wv = wrap_term(ot, ch, role, Scale::exact(ring), w, &v, m + 2)?;
-    Ok((0..a.len())
-        .map(|i| {
-            let two_bias_a = ring.mul(a[i], ring.add(bias, bias));
-            let mut r = ring.sub(ring.sub(ring.mul(an[i], an[i]), wv[i]), two_bias_a);
-            if server {
-                r = ring.sub(r, ring.mul(bias, bias));
-            }
-            r
-        })
-        .collect())
+    }
+
+    /// v with w·(2^(m+2)·a + 2^(2m+2) + 2^(m+2)·bias) = 2^(m+2)·w·v: v = a + 2^m + bias.
+    pub(crate) fn operand(&self, a: &[u64]) -> Vec<u64> {
+        let (m, bias, r) = (self.nw.m, self.nw.bias(), self.a_ring);
+        a.iter()
+            .map(|&x| match self.role {
+                Role::Server => r.add(x, r.add(pow2(r, m), bias)),
+                Role::Client => x,
+            })
+            .collect()
+    }
+
+    pub(crate) fn push(&self, call: &mut CotCall, low: &[bool], v: &[u64]) {
+        if let Some(w) = self.wrap {
+            w.push(call, low, v)
+        }
+    }
+
+    /// Shares of 2^(m+2)·w·v from the call's outputs for [`SquareWrap::push`].
+    pub(crate) fn finish(&self, v: &[u64], out: &ExtraOut) -> Vec<u64> {
+        wrap_or_zero(self.wrap, self.ring, v, out)
+    }
+
+    /// The own terms from a, a' and the wrap part `wv`.
+    pub(crate) fn own_terms(&self, a: &[u64], an: &[u64], wv: &[u64]) -> Vec<u64> {
+        let (ring, bias) = (self.ring, self.nw.bias());
+        (0..a.len())
+            .map(|i| {
+                let two_bias_a = ring.mul(a[i], ring.add(bias, bias));
+                let mut r = ring.sub(ring.sub(ring.mul(an[i], an[i]), wv[i]), two_bias_a);
+                if self.role == Role::Server {
+                    r = ring.sub(r, ring.mul(bias, bias));
+                }
+                r
+            })
+            .collect()
+    }
+
+    /// The own terms with the wrap part in a call of its own (three flights), for callers with
+    /// no COTs of their own to share it with.
+    pub(crate) fn own_terms_alone<C: Channel>(
+        &self,
+        ot: &mut OtSession,
+        ch: &mut C,
+        (a, an, low): (&[u64], &[u64], &[bool]),
+    ) -> Result<Vec<u64>> {
+        let v = self.operand(a);
+        let mut call = CotCall::default();
+        self.push(&mut call, low, &v);
+        let out = call.run(ot, ch, self.role)?;
+        Ok(self.own_terms(a, an, &self.finish(&v, &out)))
+    }
 }
 
 /// Shares of x·γ for x shared with shape [rows, n] and a row γ of n ring elements known only to the
