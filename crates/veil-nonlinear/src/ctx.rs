@@ -14,7 +14,7 @@ use crate::mul::{
     mul_narrow_high_values, mul_narrow_values, mul_server_row, mul_server_row_high,
     mul_server_row_narrow, mul_values, square_narrow_values, square_values, Narrow,
 };
-use crate::trunc::{extend_values, truncate_values, TruncMode};
+use crate::trunc::{extend_values, truncate_into, truncate_values, TruncMode};
 
 /// One party's handle on a running two-party computation, and the crate's whole public surface:
 /// both parties build one over their OT session and channel and call the same methods with their
@@ -153,8 +153,9 @@ impl<'a, C: Channel> Ctx<'a, C> {
     /// |a·b| / 2^s < 2^(out−1) − 2.
     /// * `Faithful`: [`Ctx::mul_narrow`] then the faithful truncation (exactly `approx`).
     /// * `OneBitError`: the product's high part only (its COTs carry the bits above the
-    ///   truncation), then a short truncation and a sign extension: ⌊a·b / 2^s⌋ + c,
-    ///   c ∈ {−3, …, 2}.
+    ///   truncation), then a short truncation delivered in the full ring: ⌊a·b / 2^s⌋ + c,
+    ///   c ∈ {−3, …, 2}. Four flights (the product's three, then the truncation's
+    ///   COT, whose corrections ride on the product's last flight).
     pub fn mul_narrow_trunc(
         &mut self,
         a: &[u64],
@@ -210,7 +211,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
     /// P / 2^t + e mod 2^n with |e| ≤ `max_err` < 2^(g+1), at g guard bits below 2^s (t = s − g)
     /// on n = out + g + 1 bits (at most ℓ − t): its COTs carry n bits instead of up to ℓ. That
     /// value lies in (−2^(n−2), 2^(n−2)), the head-room the 1-bit-error truncation by g needs;
-    /// a sign extension to ℓ follows. Result ⌊P / 2^s⌋ + c, c ∈ {−3, …, 2}: |e| / 2^g < 2 moves
+    /// it is truncated straight into the ℓ-bit ring (one COT: `trunc::truncate_into`). Result ⌊P / 2^s⌋ + c, c ∈ {−3, …, 2}: |e| / 2^g < 2 moves
     /// the floor by at most two either way, the truncation by one down. The worst case needs
     /// most rounding errors of one sign; typically |e| / 2^g is a fraction of an ulp. Needs
     /// |P| < 2^(ℓ−2).
@@ -239,8 +240,18 @@ impl<'a, C: Channel> Ctx<'a, C> {
         let hi = high(self, t, n)?;
         let kr = Ring::new(k)?;
         let up: Vec<u64> = hi.iter().map(|&v| kr.reduce(v << (k - n))).collect();
-        let y = self.trunc_in(kr, &up, g + k - n)?;
-        self.extend(kr, &y)
+        let _g = self.ch.meter().enter("Truncation");
+        let ring = self.ring();
+        truncate_into(
+            self.ot,
+            self.ch,
+            self.role,
+            kr,
+            ring,
+            &up,
+            g + k - n,
+            self.trunc_mode,
+        )
     }
 
     /// a² for a narrow a (one cross term on the m + 1 bits of a; exact under the promise `nw`).

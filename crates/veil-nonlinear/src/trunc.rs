@@ -11,15 +11,20 @@
 //! * [`TruncMode::OneBitError`]: c dropped; the result is ⌊x / 2^s⌋ or ⌊x / 2^s⌋ − 1 (error
 //!   ≤ 1 ulp, one-sided), at the cost of one s-bit COT per element.
 //!
+//! [`truncate_into`] delivers the result in a wider ring at no extra step (the wrap's COT is
+//! just wider), so a truncation in a narrow ring followed by a sign extension costs one COT,
+//! and a sign extension alone is the truncation by nothing ([`extend_values`]).
+//! Flights: 2 (1-bit-error mode, extension), 4 + 2·⌈log2 ⌈s/3⌉⌉ (faithful: the comparison's
+//! last flight carries the COT call's corrections).
+//!
 //! Security: semi-honest; the COT and the comparison reveal nothing beyond their outputs.
 
 use veil_core::{ensure, Result, Ring};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::boolean::bool_to_arith;
 use crate::millionaire::greater_than;
-use crate::two_way_cot::low_mask;
+use crate::two_way_cot::{low_mask, CotCall};
 
 /// Which truncation to run; the layers above choose per use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,20 +45,44 @@ pub(crate) fn truncate_values<C: Channel>(
     s: u32,
     mode: TruncMode,
 ) -> Result<Vec<u64>> {
-    let l = ring.bits();
+    truncate_into(ot, ch, role, ring, ring, x, s, mode)
+}
+
+/// ⌊x / 2^s⌋ (or one less, in the 1-bit-error mode) for shares `x` of ring `from` (k bits,
+/// s ≤ k − 2, |x| < 2^(k−2)), delivered as shares of ring `to` (at least as wide): the
+/// truncation and the sign extension in one step. Over the integers x' = x + 2^(k−2) =
+/// x'_0 + x'_1 − 2^k·w, so x' >> s = (x'_0 >> s) + (x'_1 >> s) + c − 2^(k−s)·w, and only w·2^(k−s)
+/// mod 2^ℓ' (ℓ' = to's bits) is needed: one COT of ℓ' − k + s bits, however wide `to` is.
+/// Flights: 2 in the 1-bit-error mode; in the faithful mode the carry's comparison on s bits
+/// (3 + 2·⌈log2 ⌈s/3⌉⌉), then the wrap's COT and the carry's B2A in one call (one more: its
+/// corrections ride on the comparison's last flight).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn truncate_into<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    from: Ring,
+    to: Ring,
+    x: &[u64],
+    s: u32,
+    mode: TruncMode,
+) -> Result<Vec<u64>> {
+    let k = from.bits();
     ensure!(
-        (1..=l - 2).contains(&s),
+        s <= k - 2 && to.bits() >= k && (s > 0 || to.bits() > k),
         InvalidArgument,
-        "truncation by {s} bits in a {l}-bit ring"
+        "truncation by {s} bits from a {k}-bit ring into a {}-bit one",
+        to.bits()
     );
-    let bias = 1u64 << (l - 2);
+    let bias = 1u64 << (k - 2);
     let xs: Vec<u64> = match role {
-        Role::Client => x.to_vec(),
-        Role::Server => x.iter().map(|&v| ring.add(v, bias)).collect(),
+        Role::Client => x.iter().map(|&v| from.reduce(v)).collect(),
+        Role::Server => x.iter().map(|&v| from.add(v, bias)).collect(),
     };
-    let w = wrap_shares(ot, ch, role, ring, &xs, s)?;
-    let carry: Vec<u64> = match mode {
-        TruncMode::OneBitError => vec![0; x.len()],
+    // Without low bits (s = 0: an extension) there is no carry to drop.
+    let carry = match mode {
+        _ if s == 0 => None,
+        TruncMode::OneBitError => None,
         TruncMode::Faithful => {
             let low: Vec<u64> = xs
                 .iter()
@@ -62,54 +91,82 @@ pub(crate) fn truncate_values<C: Channel>(
                     Role::Server => low_mask(s) - (v & low_mask(s)),
                 })
                 .collect();
-            let c = greater_than(ot, ch, role, &low, s)?;
-            bool_to_arith(ot, ch, role, ring, &c)?
+            Some(greater_than(ot, ch, role, &low, s)?)
         }
     };
-    let top = 1u64 << (l - s);
+    let (w, carry) = wrap_and_carry(ot, ch, role, from, to, &xs, k - s, carry.as_deref())?;
+    let top = 1u64 << (k - s);
     Ok((0..x.len())
         .map(|i| {
             let u = xs[i] >> s;
-            let mut r = ring.sub(ring.add(u, carry[i]), ring.mul(top, w[i]));
+            let mut r = to.sub(to.add(u, carry[i]), to.mul(top, w[i]));
             if role == Role::Client {
-                r = ring.sub(r, 1u64 << (l - 2 - s));
+                r = to.sub(r, 1u64 << (k - 2 - s));
             }
             r
         })
         .collect())
 }
 
-/// Shares mod 2^width of the wrap w = [x0 + x1 ≥ 2^k] of values x = x0 + x1 (ring k) whose sign
-/// bit is known to be 0: then w = msb(x0) ∨ msb(x1) = 1 − (1 − msb0)(1 − msb1), the product by
-/// one arithmetic COT of `width` bits (client sending). Client's share 1 − p0, server's −p1.
-fn wrap_shares<C: Channel>(
+/// Shares of the wrap w of `xs` (ring `from`, sign bit known 0) that matter after a factor
+/// 2^shift in ring `to` (mod 2^(to − shift)), and of the carry bits (XOR-shared, `None`: zero)
+/// in `to`: both are client-to-server arithmetic COTs on bits each party already holds, so they
+/// go in one call (two flights). w = 1 − (1 − msb0)(1 − msb1); carry c0 ⊕ c1 = c0 + c1 − 2·c0·c1.
+#[allow(clippy::too_many_arguments)]
+fn wrap_and_carry<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
     role: Role,
-    ring: Ring,
+    from: Ring,
+    to: Ring,
     xs: &[u64],
-    width: u32,
-) -> Result<Vec<u64>> {
-    let m = low_mask(width);
-    let not_msb: Vec<bool> = xs.iter().map(|&v| !ring.msb(v)).collect();
-    Ok(match role {
-        Role::Client => {
-            let d: Vec<u64> = not_msb.iter().map(|&b| b as u64).collect();
-            let r = ot.send_arith_cot(ch, &d, width)?;
-            r.into_iter().map(|p| 1u64.wrapping_add(p) & m).collect()
+    shift: u32,
+    carry: Option<&[bool]>,
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    let n = xs.len();
+    let width = to.bits() - shift;
+    let not_msb: Vec<bool> = xs.iter().map(|&v| !from.msb(v)).collect();
+    let mut call = CotCall::default();
+    for &b in &not_msb {
+        match role {
+            Role::Client => call.send(b as u64, width),
+            Role::Server => call.recv(b, width),
         }
-        Role::Server => ot
-            .recv_arith_cot(ch, &not_msb, width)?
-            .into_iter()
-            .map(|p| p.wrapping_neg() & m)
-            .collect(),
-    })
+    }
+    for &c in carry.unwrap_or(&[]) {
+        match role {
+            Role::Client => call.send(if c { to.neg(1) } else { 1 }, to.bits()),
+            Role::Server => call.recv(c, to.bits()),
+        }
+    }
+    let (x, y) = call.run(ot, ch, role)?;
+    let out = if role == Role::Client { &x } else { &y };
+    let m = low_mask(width);
+    let w = out[..n]
+        .iter()
+        .map(|&p| match role {
+            Role::Client => 1u64.wrapping_add(p) & m,
+            Role::Server => p.wrapping_neg() & m,
+        })
+        .collect();
+    let c = match carry {
+        None => vec![0; n],
+        Some(bits) => match role {
+            Role::Client => bits
+                .iter()
+                .zip(&out[n..])
+                .map(|(&b, &p)| to.sub(b as u64, p))
+                .collect(),
+            Role::Server => out[n..].to_vec(),
+        },
+    };
+    Ok((w, c))
 }
 
 /// Sign extension from the narrow ring `from` to `to` (wider) of values with |x| < 2^(k−2)
-/// (k = from.bits()): the server adds 2^(k−2) so the sign bit is known 0, and x = x0 + x1 −
-/// 2^k·w − 2^(k−2) over the integers with the wrap w from the known-zero sign bit (one COT of
-/// ℓ − k bits). Exact. Security: semi-honest; one COT whose output is masked.
+/// (k = from.bits()): [`truncate_into`] by nothing, x = x'_0 + x'_1 − 2^k·w − 2^(k−2) with the
+/// wrap from the known-zero sign bit (one COT of ℓ − k bits, two flights). Exact.
+/// Security: semi-honest; one COT whose output is masked.
 pub(crate) fn extend_values<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -125,22 +182,5 @@ pub(crate) fn extend_values<C: Channel>(
         "extension from {k} to {} bits",
         to.bits()
     );
-    let bias = 1u64 << (k - 2);
-    let xs: Vec<u64> = match role {
-        Role::Client => x.iter().map(|&v| from.reduce(v)).collect(),
-        Role::Server => x.iter().map(|&v| from.add(v, bias)).collect(),
-    };
-    let w = wrap_shares(ot, ch, role, from, &xs, to.bits() - k)?;
-    Ok(xs
-        .iter()
-        .zip(&w)
-        .map(|(&v, &wi)| {
-            let r = to.sub(v, to.mul(wi, 1u64 << k));
-            if role == Role::Server {
-                to.sub(r, bias)
-            } else {
-                r
-            }
-        })
-        .collect())
+    truncate_into(ot, ch, role, from, to, x, 0, TruncMode::Faithful)
 }

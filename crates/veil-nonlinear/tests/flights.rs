@@ -66,4 +66,23 @@ fn conversions_and_truncation_take_two_or_three() {
     assert_eq!(flights(|cx, x| cx.b2a(&bits(x)).map(drop)), 2);
     assert_eq!(flights(|cx, x| cx.mux(&bits(x), x).map(drop)), 3);
     assert_eq!(flights(|cx, x| cx.trunc(x, 13).map(drop)), 2);
+    let narrow = veil_core::Ring::narrow(20).unwrap();
+    let small = |x: &[u64]| x.iter().map(|&v| narrow.reduce(v)).collect::<Vec<_>>();
+    assert_eq!(flights(|cx, x| cx.extend(narrow, &small(x)).map(drop)), 2);
+}
+
+#[test]
+fn faithful_truncation_adds_the_carry_comparison() {
+    let got = flights(|cx, x| {
+        cx.trunc_mode = TruncMode::Faithful;
+        cx.trunc(x, 13).map(drop)
+    });
+    assert_eq!(got, 4 + 2 * tree_levels(13));
+}
+
+#[test]
+fn fused_product_and_truncation_take_four() {
+    let nw = Narrow::signed(16);
+    let got = flights(|cx, x| cx.mul_narrow_trunc(x, nw, x, 13, 20).map(drop));
+    assert_eq!(got, 4);
 }
