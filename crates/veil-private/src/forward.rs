@@ -5,9 +5,10 @@
 //! **Error bound.** With [`ProductTruncation::Faithful`] the private result equals the
 //! simulator's integers. With [`ProductTruncation::OneBitError`] (the default) every truncation
 //! after a linear or attention product may come out one ulp (2^−f) below the simulator's, and
-//! Softmax, ReLU-normalise, LayerNorm and centring run their truncations in the 1-bit-error mode
-//! of `veil_nonlinear` (products fused with their truncation, at most 2 ulp low each; the
-//! operators' own bounds in that mode are on `veil_nonlinear::Ctx`'s layer methods); GELU stays bit-exact.
+//! Softmax, ReLU-normalise, LayerNorm, centring and the pooler's tanh run their truncations in
+//! the 1-bit-error mode of `veil_nonlinear` (products fused with their truncation, at most 2 ulp
+//! low each; the operators' own bounds in that mode are on `veil_nonlinear::Ctx`'s layer methods
+//! and elementary functions); GELU stays bit-exact.
 //! The deviation is these one-sided errors carried through the later layers (bounded in
 //! `tests/`; far below the fixed-point error itself).
 //!
@@ -74,8 +75,8 @@ impl<'a, C: Channel> Party<'a, C> {
     }
 
     /// The truncation the config's [`ProductTruncation`] asks for: after products, and in
-    /// every operator but GELU (Softmax, LayerNorm and the friendly ones, whose truncations all
-    /// come after a product).
+    /// every operator but GELU (Softmax, LayerNorm, tanh and the friendly ones, whose
+    /// truncations all come after a product).
     fn product_trunc_mode(&self) -> TruncMode {
         match self.cfg.veil.product_truncation {
             ProductTruncation::Faithful => TruncMode::Faithful,
@@ -240,7 +241,7 @@ impl<C: Channel> Engine for Party<'_, C> {
     }
 
     fn tanh(&mut self, x: &RingTensor) -> Result<RingTensor> {
-        let t = self.cx().tanh(x.data())?;
+        let t = self.policy_cx().tanh(x.data())?;
         RingTensor::from_vec(x.ring(), x.shape(), t)
     }
 
