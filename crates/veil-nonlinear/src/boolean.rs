@@ -1,9 +1,8 @@
 //! Gates on XOR-shared bits and the bridges to arithmetic shares.
 //!
 //! A shared bit b is held as b0 (client) ⊕ b1 (server). The gates on shared values cost one OT
-//! per element in each direction (three flights, [`cot_both`]), an AND of two privately held bits
-//! one OT (two flights), and no pre-generated triples: the cross terms are computed directly by
-//! OT, which is what a bit triple would cost anyway.
+//! per element in each direction (three flights, [`cot_both`]), and no pre-generated triples:
+//! the cross terms are computed directly by OT, which is what a bit triple would cost anyway.
 //!
 //! Security: semi-honest; each party only ever sees OT outputs masked by the peer's fresh
 //! randomness (uniform XOR masks or the uniform x of an arithmetic COT).
@@ -44,27 +43,6 @@ pub(crate) fn and_select<C: Channel>(
     Ok((0..a.len())
         .map(|i| (if a[i] { mine[i] } else { 0 }) ^ r[i] ^ got[i])
         .collect())
-}
-
-/// XOR shares of a ∧ b for bits each party holds in the clear, the client a and the server b
-/// (each passes its own `mine`): one binary COT per element, client to server, instead of the
-/// two of [`and_select`] on shared bits (whose other cross term is zero here).
-pub(crate) fn and_private<C: Channel>(
-    ot: &mut OtSession,
-    ch: &mut C,
-    role: Role,
-    mine: &[bool],
-) -> Result<Vec<bool>> {
-    Ok(match role {
-        Role::Client => {
-            let d: Vec<u64> = mine.iter().map(|&a| a as u64).collect();
-            ot.send_xor_cot(ch, &d, 1)?
-        }
-        Role::Server => ot.recv_xor_cot(ch, mine, 1)?,
-    }
-    .into_iter()
-    .map(|v| v == 1)
-    .collect())
 }
 
 /// Arithmetic shares mod 2^ℓ of XOR-shared bits: b0 ⊕ b1 = b0 + b1 − 2·b0·b1, the product by

@@ -13,9 +13,9 @@
 //! With [`TruncMode::Faithful`](crate::TruncMode) (the default of [`Ctx::new`]) the shares open to
 //! exactly the integers `approx` computes; the tests check equality.
 //!
-//! Reciprocal and rsqrt need the bit length e of their input: ℓ-bit DReLUs of s − 2^k for
-//! k = 1 … K−1, converted to arithmetic shares; the one-hot class h_e = c_(e−1) − c_e then selects
-//! public constants by a local linear combination. These comparisons are per row in the layers
+//! Reciprocal and rsqrt need the bit length e of their input: DReLUs of s − 2^k for
+//! k = 1 … K−1 (one batch, narrow when s has a known range), converted to arithmetic shares; the
+//! one-hot class h_e = c_(e−1) − c_e then selects public constants by a local linear combination. These comparisons are per row in the layers
 //! (one reciprocal per Softmax row), so they cost little per element.
 //!
 //! Security: semi-honest; compositions of the primitives' protocols.
@@ -55,8 +55,8 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// 1/s with the output at `out_frac` fractional bits (approx::recip_at), on the domain
     /// s ∈ [1, 2^K] (K = norm_bits; s = 2^K is Softmax's sum over 2048 equal scores, clamped to
-    /// class K as in `approx`): the class thresholds come from one bit decomposition of s on K + 1
-    /// bits and the products are narrow (s ≤ 2^K, g = 2^(K−e) < 2^K, m ≤ 2^F + 2, y < 2^(F+2));
+    /// class K as in `approx`): the class thresholds are one batch of (K + 1)-bit DReLUs and the
+    /// products are narrow (s ≤ 2^K, g = 2^(K−e) < 2^K, m ≤ 2^F + 2, y < 2^(F+2));
     /// outside the domain the shares open to unspecified values.
     pub fn recip_at(&mut self, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter("Recip");
@@ -166,8 +166,11 @@ fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
 
 /// Arithmetic shares of the one-hot class h_e of each s over classes e = lo … hi (element-major:
 /// h[i·(hi−lo+1) + e − lo]): class e holds s ∈ [2^(e−1), 2^e), clamped to the range.
-/// `domain`: a promise s ∈ [0, 2^b) (b ≥ hi), under which the thresholds [s ≥ 2^j] come from
-/// one bit decomposition of s instead of one comparison each.
+/// The thresholds [s ≥ 2^j] are DReLUs of s − 2^j, all in one batch (one comparison tree's
+/// depth, 3 + 2·⌈log2 ⌈b/3⌉⌉ flights, then a B2A); `domain`: a promise s ∈ [0, 2^b) (b ≥ hi),
+/// under which the comparisons run on b bits instead of ℓ − 1. (A bit decomposition of s and
+/// a suffix OR need fewer bits per row but two prefix networks, about 4·⌈log2 b⌉ flights: these
+/// comparisons are per row, so their bytes are small and their depth is what costs.)
 fn class_onehot<C: Channel>(
     cx: &mut Ctx<C>,
     s: &[u64],
@@ -176,22 +179,20 @@ fn class_onehot<C: Channel>(
     domain: Option<u32>,
 ) -> Result<Vec<u64>> {
     let k = (hi - lo) as usize;
-    let bits = match domain {
-        Some(b) => thresholds_from_bits(cx, s, lo, hi, b)?,
-        None => {
-            let ring = cx.ring();
-            let mut diffs = Vec::with_capacity(s.len() * k);
-            for &v in s {
-                for j in lo..hi {
-                    diffs.push(if cx.is_server() {
-                        ring.sub(v, 1u64 << j)
-                    } else {
-                        v
-                    });
-                }
-            }
-            cx.drelu(&diffs, None)?
+    let ring = cx.ring();
+    let mut diffs = Vec::with_capacity(s.len() * k);
+    for &v in s {
+        for j in lo..hi {
+            diffs.push(if cx.is_server() {
+                ring.sub(v, 1u64 << j)
+            } else {
+                v
+            });
         }
+    }
+    let bits = {
+        let _g = cx.ch.meter().enter("Compare");
+        cx.drelu(&diffs, domain)?
     };
     let c = cx.b2a(&bits)?;
     let ring = cx.ring();
@@ -213,31 +214,6 @@ fn class_onehot<C: Channel>(
         }
     }
     Ok(h)
-}
-
-/// XOR shares of [s ≥ 2^j] for j = lo … hi − 1 (element-major) for s ∈ [0, 2^b): the bits of s
-/// (its shares reduced mod 2^b add up to s exactly), then OR_{i ≥ j} s_i. Label "Compare".
-fn thresholds_from_bits<C: Channel>(
-    cx: &mut Ctx<C>,
-    s: &[u64],
-    lo: u32,
-    hi: u32,
-    b: u32,
-) -> Result<Vec<bool>> {
-    veil_core::ensure!(
-        hi <= b && b <= 62,
-        InvalidArgument,
-        "thresholds up to 2^{hi} of values below 2^{b}"
-    );
-    let _g = cx.ch.meter().enter("Compare");
-    let mask = (1u64 << b) - 1;
-    let mine: Vec<u64> = s.iter().map(|&v| v & mask).collect();
-    let bits = crate::bits::sum_bits(cx.ot, cx.ch, cx.role, &mine, b)?;
-    let any = crate::bits::suffix_or(cx.ot, cx.ch, cx.role, &bits, b as usize)?;
-    Ok(any
-        .chunks(b as usize)
-        .flat_map(|row| row[lo as usize..hi as usize].iter().copied())
-        .collect())
 }
 
 /// Σ_e h_e·const(e) over classes lo … hi: selects a public constant per element by its class.

@@ -23,7 +23,6 @@
 //! Inside, the modules bottom up (private; each protocol's method lives beside its algorithm):
 //! * `two_way_cot` — COTs in both directions in a fixed order, under every gate and product;
 //! * `boolean` — AND/select on XOR-shared bits, bit → arithmetic conversion, multiplexer;
-//! * `bits` — bit decomposition of a sum of private values, suffix ORs (prefix networks);
 //! * `millionaire` — \[a > b\] for privately held a, b (1-of-8 OT digits + AND tree);
 //! * `compare` — DReLU (optionally on fewer bits when |x| is bounded);
 //! * `trunc` — faithful and 1-bit-error truncation, sign extension from a narrow ring;
@@ -45,7 +44,6 @@
 
 #![forbid(unsafe_code)]
 
-mod bits;
 mod boolean;
 mod compare;
 mod ctx;
