@@ -7,8 +7,8 @@
 //! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24] (values [2^-13, 2048]);
 //! * rsqrt:   ≤ 1 ulp + 2^-11 relative on the same domain;
 //! * tanh:    ≤ 2.7 ulp on all x; in the 1-bit-error mode within 1e-3 (3.8e-4 measured).
-//! * layer_norm_rsqrt: LayerNorm's √n/√S over the class range of its plan (see
-//!   `approx::Approx::layer_norm_rsqrt`).
+//! * layer_norm_rsqrts: LayerNorm's √n/√S over the class range of its plan (see
+//!   `approx::Approx::layer_norm_rsqrt`), the coarse and the fine sums in one pass.
 //!
 //! With [`TruncMode::Faithful`](crate::TruncMode) (the default of [`Ctx::new`]) the shares open to
 //! exactly the integers `approx` computes; the tests check equality.
@@ -20,7 +20,7 @@
 //!
 //! Security: semi-honest; compositions of the primitives' protocols.
 
-use veil_core::approx::{LayerNormPlan, SumPlan, EXP_QUAD_NUM, EXP_QUAD_SHIFT};
+use veil_core::approx::{LayerNormPlan, EXP_QUAD_NUM, EXP_QUAD_SHIFT};
 use veil_core::Result;
 use veil_net::Channel;
 
@@ -178,9 +178,19 @@ fn class_onehot<C: Channel>(
     hi: u32,
     domain: Option<u32>,
 ) -> Result<Vec<u64>> {
-    let k = (hi - lo) as usize;
+    let diffs = threshold_diffs(cx, s, lo, hi);
+    let bits = {
+        let _g = cx.ch.meter().enter("Compare");
+        cx.drelu(&diffs, domain)?
+    };
+    let c = cx.b2a(&bits)?;
+    Ok(onehot(cx, &c, s.len(), lo, hi))
+}
+
+/// The shares of s − 2^j for j = lo … hi − 1 (element-major), whose signs are the thresholds.
+fn threshold_diffs<C: Channel>(cx: &Ctx<C>, s: &[u64], lo: u32, hi: u32) -> Vec<u64> {
     let ring = cx.ring();
-    let mut diffs = Vec::with_capacity(s.len() * k);
+    let mut diffs = Vec::with_capacity(s.len() * (hi - lo) as usize);
     for &v in s {
         for j in lo..hi {
             diffs.push(if cx.is_server() {
@@ -190,15 +200,17 @@ fn class_onehot<C: Channel>(
             });
         }
     }
-    let bits = {
-        let _g = cx.ch.meter().enter("Compare");
-        cx.drelu(&diffs, domain)?
-    };
-    let c = cx.b2a(&bits)?;
+    diffs
+}
+
+/// The one-hot classes of n values from the arithmetic shares c of their thresholds
+/// ([`threshold_diffs`] order): h_e = c_(e−1) − c_e, local.
+fn onehot<C: Channel>(cx: &Ctx<C>, c: &[u64], n: usize, lo: u32, hi: u32) -> Vec<u64> {
+    let k = (hi - lo) as usize;
     let ring = cx.ring();
     let one = if cx.is_server() { 1 } else { 0 };
-    let mut h = Vec::with_capacity(s.len() * (k + 1));
-    for i in 0..s.len() {
+    let mut h = Vec::with_capacity(n * (k + 1));
+    for i in 0..n {
         // c_j = [s ≥ 2^(lo+j)] for j < k; below the first comparison 1, above the last 0.
         let cj = |j: usize| -> u64 {
             if j == 0 {
@@ -213,7 +225,7 @@ fn class_onehot<C: Channel>(
             h.push(ring.sub(cj(j - 1), cj(j)));
         }
     }
-    Ok(h)
+    h
 }
 
 /// Σ_e h_e·const(e) over classes lo … hi: selects a public constant per element by its class.
@@ -234,43 +246,83 @@ fn select(
         .collect()
 }
 
-/// LayerNorm's r ≈ √n/√(S/2^g) at W bits from the row sums of squares S
-/// (approx::layer_norm_rsqrt): class over the plan's range, normalisation, Newton, then the two
-/// selected output constants.
-pub(crate) fn layer_norm_rsqrt<C: Channel>(
+/// LayerNorm's r ≈ √n/√(S/2^g) at W bits from the row sums of squares S, for the coarse and the
+/// fine sums at once (approx::layer_norm_rsqrt on each: class over the plan's range,
+/// normalisation, Newton, then the two selected output constants), and LayerNorm's choice
+/// between them, the XOR-shared [`switch` ≥ 0] of `switch` (= switch − 1 − S_coarse): every
+/// comparison of both class ranges and the switch in one DReLU batch, both B2As in one call, one
+/// Newton on both vectors and one final product; only the normalisations and the output
+/// scalings, whose constants differ, run apart (as one call when their shifts agree).
+/// Returns (r_coarse, r_fine, use_fine).
+pub(crate) fn layer_norm_rsqrts<C: Channel>(
     cx: &mut Ctx<C>,
     plan: &LayerNormPlan,
-    sum: &SumPlan,
-    s: &[u64],
-) -> Result<Vec<u64>> {
+    (coarse, fine): (&[u64], &[u64]),
+    switch: &[u64],
+) -> Result<(Vec<u64>, Vec<u64>, Vec<bool>)> {
     let _g = cx.ch.meter().enter("Rsqrt");
     let ax = cx.ax;
-    let (lo, hi) = (sum.class_min, sum.class_max);
+    let rows = coarse.len();
+    let parts = [(&plan.coarse, coarse), (&plan.fine, fine)];
     // S ∈ [0, 2^hi) whenever its root is used: the coarse sum always, the fine sum when it is
     // picked (below the switch); a wrapped fine sum of a coarse row gives a root that is dropped.
-    let h = class_onehot(cx, s, lo, hi, Some(cx.ring().bits() - 1))?;
-    let g = select(cx, &h, lo, hi, |e| 1u64 << (hi - e));
-    // g = 2^(hi−e) ≤ 2^(hi−lo) and m = S·g / 2^(hi−F) < 2^F.
-    let m = cx.mul_narrow_trunc(
-        &g,
-        Narrow::unsigned(hi - lo + 1),
-        s,
-        hi - ax.newton_frac(),
-        ax.newton_frac() + 2,
-    )?;
+    let mut diffs = switch.to_vec();
+    for (sum, s) in parts {
+        diffs.extend(threshold_diffs(cx, s, sum.class_min, sum.class_max));
+    }
+    let bits = {
+        let _g = cx.ch.meter().enter("Compare");
+        cx.drelu(&diffs, None)?
+    };
+    let (use_fine, thresholds) = bits.split_at(rows);
+    let c = cx.b2a(thresholds)?;
+    let mut classes = Vec::with_capacity(2);
+    let mut first = 0;
+    for (sum, _) in parts {
+        let (lo, hi) = (sum.class_min, sum.class_max);
+        let k = (hi - lo) as usize * rows;
+        classes.push(onehot(cx, &c[first..first + k], rows, lo, hi));
+        first += k;
+    }
+    let mut m = Vec::with_capacity(2 * rows);
+    for ((sum, s), h) in parts.iter().zip(&classes) {
+        let (lo, hi) = (sum.class_min, sum.class_max);
+        let g = select(cx, h, lo, hi, |e| 1u64 << (hi - e));
+        // g = 2^(hi−e) ≤ 2^(hi−lo) and m = S·g / 2^(hi−F) < 2^F.
+        m.extend(cx.mul_narrow_trunc(
+            &g,
+            Narrow::unsigned(hi - lo + 1),
+            s,
+            hi - ax.newton_frac(),
+            ax.newton_frac() + 2,
+        )?);
+    }
     let y = newton_rsqrt(cx, &m)?;
-    let a = select(cx, &h, lo, hi, |e| {
-        ax.layer_norm_class_consts(plan, sum, e).0
-    });
-    let b = select(cx, &h, lo, hi, |e| {
-        ax.layer_norm_class_consts(plan, sum, e).1
-    });
-    let r1 = cx.mul_narrow_trunc(
-        &y,
-        Narrow::signed(ax.newton_frac() + 4),
-        &a,
-        sum.scale_shift,
-        cx.ring().bits() - sum.scale_shift,
-    )?;
-    cx.mul(&r1, &b)
+    let (mut a, mut b) = (Vec::with_capacity(2 * rows), Vec::with_capacity(2 * rows));
+    for ((sum, _), h) in parts.iter().zip(&classes) {
+        let (lo, hi) = (sum.class_min, sum.class_max);
+        a.extend(select(cx, h, lo, hi, |e| {
+            ax.layer_norm_class_consts(plan, sum, e).0
+        }));
+        b.extend(select(cx, h, lo, hi, |e| {
+            ax.layer_norm_class_consts(plan, sum, e).1
+        }));
+    }
+    let y_nw = Narrow::signed(ax.newton_frac() + 4);
+    let l = cx.ring().bits();
+    let r1 = if plan.coarse.scale_shift == plan.fine.scale_shift {
+        let c = plan.coarse.scale_shift;
+        cx.mul_narrow_trunc(&y, y_nw, &a, c, l - c)?
+    } else {
+        let mut r1 = Vec::with_capacity(2 * rows);
+        for (half, (sum, _)) in parts.iter().enumerate() {
+            let span = half * rows..(half + 1) * rows;
+            let c = sum.scale_shift;
+            r1.extend(cx.mul_narrow_trunc(&y[span.clone()], y_nw, &a[span], c, l - c)?);
+        }
+        r1
+    };
+    let mut r = cx.mul(&r1, &b)?;
+    let r_fine = r.split_off(rows);
+    Ok((r, r_fine, use_fine.to_vec()))
 }

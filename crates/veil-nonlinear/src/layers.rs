@@ -46,7 +46,7 @@ use veil_core::{ensure, Result, RingTensor};
 use veil_net::Channel;
 
 use crate::ctx::Ctx;
-use crate::elementary::layer_norm_rsqrt;
+use crate::elementary::layer_norm_rsqrts;
 use crate::layer_norm_he;
 use crate::mul::Narrow;
 use crate::TruncMode;
@@ -285,9 +285,7 @@ impl<C: Channel> Ctx<'_, C> {
         // use_fine = [switch − 1 − S_c ≥ 0]; r = r_c + use_fine·(r_f − r_c).
         let mut diff: Vec<u64> = coarse.iter().map(|&v| ring.neg(v)).collect();
         self.add_public(&mut diff, plan.switch - 1);
-        let use_fine = self.drelu(&diff, None)?;
-        let r_c = layer_norm_rsqrt(self, &plan, &plan.coarse, &coarse)?;
-        let r_f = layer_norm_rsqrt(self, &plan, &plan.fine, &fine)?;
+        let (r_c, r_f, use_fine) = layer_norm_rsqrts(self, &plan, (&coarse, &fine), &diff)?;
         let delta: Vec<u64> = r_f
             .iter()
             .zip(&r_c)

@@ -21,7 +21,7 @@
 //! Products are exact mod 2^ℓ (no truncation here; see [`crate::trunc`]); the narrow ones while
 //! their promise holds.
 //!
-//! Flights: every product is one [`CotCall`] (three flights) per 2^21 COTs: the cross terms of
+//! Flights: every product is one [`CotCall`] (three flights) per 2^22 COTs: the cross terms of
 //! both directions and, for the narrow ones, the wrap term together.
 //!
 //! Security: semi-honest; the receiver of each COT learns x + b_k·a with x uniform (the wrap
@@ -34,12 +34,13 @@ use veil_ot::OtSession;
 use crate::two_way_cot::{low_mask, CotCall};
 
 /// COTs per call at most: one call (three flights) carries every bit position of up to
-/// 2^21 / bits elements, and a call's transient buffers stay near 100 MB however large the tensor.
-const MAX_COTS_PER_CALL: usize = 1 << 21;
+/// 2^22 / bits elements (a narrow product over BERT-Base's 196,608 attention scores), and a
+/// call's transient buffers stay near 200 MB however large the tensor.
+const MAX_COTS_PER_CALL: usize = 1 << 22;
 
 /// Bit-position buckets [k0, k1) covering the `bits` choice-bit positions 0..bits of `n`
 /// elements: as few calls as [`MAX_COTS_PER_CALL`] allows, so a product costs
-/// 3·⌈bits / ⌊2^21 / n⌋⌉ flights (3 for every product of up to 51k elements at ℓ = 41).
+/// 3·⌈bits / ⌊2^22 / n⌋⌉ flights (3 for every product of up to 102k elements at ℓ = 41).
 fn buckets(bits: u32, n: usize) -> impl Iterator<Item = (u32, u32)> {
     let per = (MAX_COTS_PER_CALL / n.max(1)).clamp(1, bits.max(1) as usize);
     (0..bits)
