@@ -75,7 +75,7 @@ fn check_ring<C: Channel>(cx: &Ctx<C>, x: &RingTensor) -> Result<()> {
 impl<C: Channel> Ctx<'_, C> {
     /// GELU, tanh form, as ReLU(x) − φ(|x|) with φ piecewise cubic (approx::gelu: the clamp to
     /// [0, A], the narrow-ring powers, the segment comparisons and the telescoping selection are the
-    /// same steps). Label "GELU".
+    /// same steps). Label "GELU". Flights at the default format: 70 (faithful truncations).
     pub fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter("GELU");
@@ -149,7 +149,8 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// ReLU as a layer on a tensor (the GELU substitute): [`Ctx::relu`] on the tensor's values,
     /// named apart from it because the slice form is the primitive the other functions use.
-    /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU".
+    /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU". Flights:
+    /// 5 + 2·⌈log2 ⌈k/3⌉⌉ (13 at the models' bound).
     pub fn relu_tensor(&mut self, x: &RingTensor, bound: Option<u32>) -> Result<RingTensor> {
         check_ring(self, x)?;
         let y = self.relu(x.data(), bound)?;
@@ -158,6 +159,7 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// Softmax over the last dimension with max subtraction; `valid` is the public padding mask of
     /// the columns (false: excluded, output 0). Algorithm 3 / approx::softmax_row. Label "Softmax".
+    /// Flights at the default format: 114 (1-bit-error mode).
     pub fn softmax(&mut self, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter("Softmax");
@@ -188,7 +190,8 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// ReLU-normalise, the Softmax substitute: ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over valid columns,
     /// one reciprocal per row then one product per element (approx::relu_normalise_row).
-    /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU-normalise".
+    /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU-normalise". Flights at
+    /// the default format: 54 (1-bit-error mode, the models' bound).
     pub fn relu_normalise(
         &mut self,
         x: &RingTensor,
@@ -229,7 +232,8 @@ impl<C: Channel> Ctx<'_, C> {
     }
 
     /// LayerNorm over the last dimension (Algorithm 4 / approx::layer_norm_row). The server passes
-    /// `Some(params)`, the client `None`. Label "LayerNorm".
+    /// `Some(params)`, the client `None`. Label "LayerNorm". Flights at the default format: 76
+    /// (1-bit-error mode).
     pub fn layer_norm(
         &mut self,
         x: &RingTensor,
@@ -320,6 +324,7 @@ impl<C: Channel> Ctx<'_, C> {
     }
 
     /// The LayerNorm substitute (x − mean)·γ + β (approx::centre_affine_row). Label "Centre-affine".
+    /// Flights: 8 (1-bit-error mode).
     pub fn centre_affine(
         &mut self,
         x: &RingTensor,

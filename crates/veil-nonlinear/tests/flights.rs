@@ -5,9 +5,9 @@
 mod common;
 use common::*;
 use veil_core::approx::Approx;
-use veil_core::Result;
+use veil_core::{Result, RingTensor};
 use veil_net::{Channel, MemChannel};
-use veil_nonlinear::{Ctx, Narrow, TruncMode};
+use veil_nonlinear::{AffineParams, Ctx, Narrow, TruncMode};
 
 /// Flights of `f` on 64 shared values below 2^14, run on its own (nothing before or after it
 /// in the same flight), with the OT pools filled beforehand so no refill is counted.
@@ -85,4 +85,67 @@ fn fused_product_and_truncation_take_four() {
     let nw = Narrow::signed(16);
     let got = flights(|cx, x| cx.mul_narrow_trunc(x, nw, x, 13, 20).map(drop));
     assert_eq!(got, 4);
+}
+
+/// Flights of a layer operator on a [rows, cols] tensor of values below 2^12 (1-bit-error mode,
+/// pools filled first). The server passes γ = 1, β = 0 where the operator takes them.
+fn layer_flights(
+    rows: usize,
+    cols: usize,
+    f: impl Fn(&mut Ctx<'_, MemChannel>, &RingTensor, Option<&AffineParams>) -> Result<RingTensor>
+        + Sync,
+) -> u64 {
+    let ax = Approx::new(fp()).unwrap();
+    let ring = fp().ring;
+    let x = RingTensor::from_vec(
+        ring,
+        &[rows, cols],
+        values_below(ring, 12, rows * cols)[..rows * cols].to_vec(),
+    )
+    .unwrap();
+    let pair = veil_core::share(&x, &mut veil_core::Prg::from_os_entropy()).unwrap();
+    let gamma = vec![fp().encode(1.0); cols];
+    let beta = vec![0u64; cols];
+    let params = AffineParams {
+        gamma: &gamma,
+        beta: &beta,
+    };
+    let (client, _) = run_mem(|ot, ch, role| {
+        ot.precompute(ch, 1 << 20)?;
+        ch.flush()?;
+        let mut cx = Ctx::new(ot, ch, role, ax);
+        cx.trunc_mode = TruncMode::OneBitError;
+        cx.ch.meter().reset();
+        let p = (role == veil_net::Role::Server).then_some(&params);
+        f(&mut cx, pick(role, &pair), p)?;
+        cx.ch.flush()?;
+        Ok(cx.ch.meter().total().rounds())
+    });
+    client
+}
+
+/// The layer operators' flights at the default format, as the layers' docs state them (on these
+/// small shapes; a tensor of more than 2^22 / ℓ values splits its products into more calls).
+#[test]
+fn layer_operators_take_their_documented_flights() {
+    let valid = vec![true; 8];
+    let got = [
+        layer_flights(16, 8, |cx, x, _| {
+            let k = cx.ax.relu_bound_bits();
+            cx.relu_normalise(x, &valid, Some(k))
+        }),
+        layer_flights(16, 8, |cx, x, _| cx.softmax(x, &valid)),
+        layer_flights(8, 64, |cx, x, p| cx.layer_norm(x, p, 1e-12)),
+        layer_flights(8, 64, |cx, x, p| cx.centre_affine(x, p)),
+        layer_flights(8, 64, |cx, x, _| {
+            cx.trunc_mode = TruncMode::Faithful; // GELU stays exact in the models
+            cx.gelu(x)
+        }),
+        layer_flights(8, 64, |cx, x, _| {
+            let k = cx.ax.relu_bound_bits();
+            cx.relu_tensor(x, Some(k))
+        }),
+    ];
+    println!("relu_normalise softmax layer_norm centre_affine gelu relu: {got:?}");
+    assert_eq!(got, [54, 114, 76, 8, 70, 13]);
 }
