@@ -230,6 +230,7 @@ impl OtSession {
         for m in &messages {
             ch.send_msg(m)?;
         }
+        self.top_up_send(ch)?;
         ch.flush()?;
         Ok(shares)
     }
@@ -315,6 +316,7 @@ impl OtSession {
         for ((g, &(_, _, choices)), out) in shapes.iter().zip(groups).zip(&mut keys) {
             unmask_rows(ch, *g, choices, shared, out)?;
         }
+        self.top_up_recv(ch)?;
         Ok(keys)
     }
 }
