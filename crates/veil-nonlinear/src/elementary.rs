@@ -21,11 +21,12 @@
 //! Security: semi-honest; compositions of the primitives' protocols.
 
 use veil_core::approx::{LayerNormPlan, EXP_QUAD_NUM, EXP_QUAD_SHIFT};
-use veil_core::Result;
+use veil_core::{ensure, Result, Ring};
 use veil_net::Channel;
 
 use crate::ctx::Ctx;
 use crate::mul::Narrow;
+use crate::trunc::extend_with_b2a;
 
 impl<C: Channel> Ctx<'_, C> {
     /// exp(x) for x ≤ 0 (approx::exp_neg). `bound`: a promise |x + 16| < 2^k for a cheaper clamp.
@@ -55,17 +56,36 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// 1/s with the output at `out_frac` fractional bits (approx::recip_at), on the domain
     /// s ∈ [1, 2^K] (K = norm_bits; s = 2^K is Softmax's sum over 2048 equal scores, clamped to
-    /// class K as in `approx`): the class thresholds are one batch of (K + 1)-bit DReLUs and the
-    /// products are narrow (s ≤ 2^K, g = 2^(K−e) < 2^K, m ≤ 2^F + 2, y < 2^(F+2));
+    /// class K as in `approx`), for shares of s in `s_ring` (the format's ring, or a narrower
+    /// one of at least K + 2 bits, where the class comparisons then run and whose extension to
+    /// ℓ rides in the B2A's call): the class thresholds are one batch of (K + 1)-bit DReLUs and
+    /// the products are narrow (s ≤ 2^K, g = 2^(K−e) < 2^K, m ≤ 2^F + 2, y < 2^(F+2));
     /// outside the domain the shares open to unspecified values.
-    pub fn recip_at(&mut self, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
+    pub fn recip_at(&mut self, s: &[u64], s_ring: Ring, out_frac: u32) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter("Recip");
         let ax = self.ax;
         let k = ax.norm_bits();
         let fr = ax.newton_frac();
-        let h = class_onehot(self, s, 1, k, Some(k + 1))?;
+        let ring = self.ring();
+        ensure!(
+            s_ring.bits() >= k + 2 && s_ring.bits() <= ring.bits(),
+            InvalidArgument,
+            "a reciprocal of sums in Z_2^{}",
+            s_ring.bits()
+        );
+        let diffs = threshold_diffs(self, s_ring, s, 1, k);
+        let bits = {
+            let _g = self.ch.meter().enter("Compare");
+            self.drelu_in(s_ring, &diffs, Some(k + 1))?
+        };
+        let (s, c) = if s_ring == ring {
+            (s.to_vec(), self.b2a(&bits)?)
+        } else {
+            extend_with_b2a(self.ot, self.ch, self.role, (s_ring, ring), s, &bits)?
+        };
+        let h = onehot(self, &c, s.len(), 1, k);
         let g = select(self, &h, 1, k, |e| ax.norm_scale(e));
-        let m = self.mul_narrow_trunc(s, Narrow::unsigned(k + 1), &g, k - fr, fr + 2)?;
+        let m = self.mul_narrow_trunc(&s, Narrow::unsigned(k + 1), &g, k - fr, fr + 2)?;
         let y = newton_recip(self, &m)?;
         let shift = ax.recip_out_shift(out_frac);
         // y·g < 2^(F+1+K−1): the result is below 2^(F+K−shift).
@@ -178,7 +198,7 @@ fn class_onehot<C: Channel>(
     hi: u32,
     domain: Option<u32>,
 ) -> Result<Vec<u64>> {
-    let diffs = threshold_diffs(cx, s, lo, hi);
+    let diffs = threshold_diffs(cx, cx.ring(), s, lo, hi);
     let bits = {
         let _g = cx.ch.meter().enter("Compare");
         cx.drelu(&diffs, domain)?
@@ -187,9 +207,9 @@ fn class_onehot<C: Channel>(
     Ok(onehot(cx, &c, s.len(), lo, hi))
 }
 
-/// The shares of s − 2^j for j = lo … hi − 1 (element-major), whose signs are the thresholds.
-fn threshold_diffs<C: Channel>(cx: &Ctx<C>, s: &[u64], lo: u32, hi: u32) -> Vec<u64> {
-    let ring = cx.ring();
+/// The shares (in `ring`) of s − 2^j for j = lo … hi − 1 (element-major), whose signs are the
+/// thresholds.
+fn threshold_diffs<C: Channel>(cx: &Ctx<C>, ring: Ring, s: &[u64], lo: u32, hi: u32) -> Vec<u64> {
     let mut diffs = Vec::with_capacity(s.len() * (hi - lo) as usize);
     for &v in s {
         for j in lo..hi {
@@ -268,7 +288,13 @@ pub(crate) fn layer_norm_rsqrts<C: Channel>(
     // picked (below the switch); a wrapped fine sum of a coarse row gives a root that is dropped.
     let mut diffs = switch.to_vec();
     for (sum, s) in parts {
-        diffs.extend(threshold_diffs(cx, s, sum.class_min, sum.class_max));
+        diffs.extend(threshold_diffs(
+            cx,
+            cx.ring(),
+            s,
+            sum.class_min,
+            sum.class_max,
+        ));
     }
     let bits = {
         let _g = cx.ch.meter().enter("Compare");

@@ -184,14 +184,14 @@ impl<C: Channel> Ctx<'_, C> {
             .collect();
         // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1.
         let f = self.ax.fp.frac_bits();
-        let y = divide_rows(self, &e, Narrow::signed(f + 2), &sums)?;
+        let y = divide_rows(self, &e, Narrow::signed(f + 2), (&sums, ring))?;
         RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
     }
 
     /// ReLU-normalise, the Softmax substitute: ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over valid columns,
     /// one reciprocal per row then one product per element (approx::relu_normalise_row).
     /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU-normalise". Flights at
-    /// the default format: 54 (1-bit-error mode, the models' bound).
+    /// the default format: 52 (1-bit-error mode, the models' bound).
     pub fn relu_normalise(
         &mut self,
         x: &RingTensor,
@@ -224,10 +224,10 @@ impl<C: Channel> Ctx<'_, C> {
             .map(|i| r[i * k..(i + 1) * k].iter().fold(0, |a, &v| kr.add(a, v)))
             .collect();
         self.add_public_in(kr, &mut sums, self.ax.relu_normalise_eps());
-        let sums = self.extend(kr, &sums)?;
         // ReLU(x_i) ≤ s < 2^norm_bits in the domain: a narrow product; the output y ≤ 1 + 2^-10
-        // (the reciprocal's error).
-        let y = divide_rows(self, &r, Narrow::unsigned(nb), &sums)?;
+        // (the reciprocal's error). The sums stay in the narrow ring: the reciprocal compares them
+        // there and extends them in its B2A's call.
+        let y = divide_rows(self, &r, Narrow::unsigned(nb), (&sums, kr))?;
         RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
     }
 
@@ -360,10 +360,10 @@ fn divide_rows<C: Channel>(
     cx: &mut Ctx<C>,
     v: &[u64],
     nw: Narrow,
-    sums: &[u64],
+    (sums, sums_ring): (&[u64], veil_core::Ring),
 ) -> Result<Vec<u64>> {
     let w = cx.ax.wide_recip_frac();
-    let inv = cx.recip_at(sums, w)?;
+    let inv = cx.recip_at(sums, sums_ring, w)?;
     let k = v.len() / sums.len().max(1);
     let inv_b: Vec<u64> = inv
         .iter()

@@ -67,6 +67,22 @@ pub(crate) fn truncate_into<C: Channel>(
     s: u32,
     mode: TruncMode,
 ) -> Result<Vec<u64>> {
+    Ok(truncate_with(ot, ch, role, (from, to), x, s, mode, &[])?.0)
+}
+
+/// [`truncate_into`], and arithmetic shares in `to` of the XOR-shared `bits` (a B2A) riding in the
+/// same COT call: (the truncated values, the bits).
+#[allow(clippy::too_many_arguments)]
+fn truncate_with<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    (from, to): (Ring, Ring),
+    x: &[u64],
+    s: u32,
+    mode: TruncMode,
+    bits: &[bool],
+) -> Result<(Vec<u64>, Vec<u64>)> {
     let k = from.bits();
     ensure!(
         s <= k - 2 && to.bits() >= k && (s > 0 || to.bits() > k),
@@ -80,9 +96,9 @@ pub(crate) fn truncate_into<C: Channel>(
         Role::Server => x.iter().map(|&v| from.add(v, bias)).collect(),
     };
     // Without low bits (s = 0: an extension) there is no carry to drop.
-    let carry = match mode {
-        _ if s == 0 => None,
-        TruncMode::OneBitError => None,
+    let mut convert = match mode {
+        _ if s == 0 => vec![false; x.len()],
+        TruncMode::OneBitError => vec![false; x.len()],
         TruncMode::Faithful => {
             let low: Vec<u64> = xs
                 .iter()
@@ -91,27 +107,56 @@ pub(crate) fn truncate_into<C: Channel>(
                     Role::Server => low_mask(s) - (v & low_mask(s)),
                 })
                 .collect();
-            Some(greater_than(ot, ch, role, &low, s)?)
+            greater_than(ot, ch, role, &low, s)?
         }
     };
-    let (w, carry) = wrap_and_carry(ot, ch, role, from, to, &xs, k - s, carry.as_deref())?;
+    let with_carry = mode == TruncMode::Faithful && s > 0;
+    if !with_carry {
+        convert.clear();
+    }
+    convert.extend_from_slice(bits);
+    let (w, mut arith) = wrap_and_carry(ot, ch, role, from, to, &xs, k - s, &convert)?;
+    let extra = arith.split_off(if with_carry { x.len() } else { 0 });
     let top = 1u64 << (k - s);
-    Ok((0..x.len())
+    let out = (0..x.len())
         .map(|i| {
             let u = xs[i] >> s;
-            let mut r = to.sub(to.add(u, carry[i]), to.mul(top, w[i]));
+            let carry = if with_carry { arith[i] } else { 0 };
+            let mut r = to.sub(to.add(u, carry), to.mul(top, w[i]));
             if role == Role::Client {
                 r = to.sub(r, 1u64 << (k - 2 - s));
             }
             r
         })
-        .collect())
+        .collect();
+    Ok((out, extra))
+}
+
+/// [`extend_values`] and a B2A of `bits` into `to`, in one call (two flights instead of four):
+/// both are client-to-server COTs on bits each party already holds. Returns (the extended
+/// values, the bits' arithmetic shares).
+pub(crate) fn extend_with_b2a<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    (from, to): (Ring, Ring),
+    x: &[u64],
+    bits: &[bool],
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    ensure!(
+        from.bits() < to.bits(),
+        InvalidArgument,
+        "extension from {} to {} bits",
+        from.bits(),
+        to.bits()
+    );
+    truncate_with(ot, ch, role, (from, to), x, 0, TruncMode::Faithful, bits)
 }
 
 /// Shares of the wrap w of `xs` (ring `from`, sign bit known 0) that matter after a factor
-/// 2^shift in ring `to` (mod 2^(to − shift)), and of the carry bits (XOR-shared, `None`: zero)
-/// in `to`: both are client-to-server arithmetic COTs on bits each party already holds, so they
-/// go in one call (two flights). w = 1 − (1 − msb0)(1 − msb1); carry c0 ⊕ c1 = c0 + c1 − 2·c0·c1.
+/// 2^shift in ring `to` (mod 2^(to − shift)), and arithmetic shares in `to` of the XOR-shared
+/// `bits`: both are client-to-server arithmetic COTs on bits each party already holds, so they
+/// go in one call (two flights). w = 1 − (1 − msb0)(1 − msb1); a bit b0 ⊕ b1 = b0 + b1 − 2·b0·b1.
 #[allow(clippy::too_many_arguments)]
 fn wrap_and_carry<C: Channel>(
     ot: &mut OtSession,
@@ -121,7 +166,7 @@ fn wrap_and_carry<C: Channel>(
     to: Ring,
     xs: &[u64],
     shift: u32,
-    carry: Option<&[bool]>,
+    bits: &[bool],
 ) -> Result<(Vec<u64>, Vec<u64>)> {
     let n = xs.len();
     let width = to.bits() - shift;
@@ -133,7 +178,7 @@ fn wrap_and_carry<C: Channel>(
             Role::Server => call.recv(b, width),
         }
     }
-    for &c in carry.unwrap_or(&[]) {
+    for &c in bits {
         match role {
             Role::Client => call.send(if c { to.neg(1) } else { 1 }, to.bits()),
             Role::Server => call.recv(c, to.bits()),
@@ -149,16 +194,13 @@ fn wrap_and_carry<C: Channel>(
             Role::Server => p.wrapping_neg() & m,
         })
         .collect();
-    let c = match carry {
-        None => vec![0; n],
-        Some(bits) => match role {
-            Role::Client => bits
-                .iter()
-                .zip(&out[n..])
-                .map(|(&b, &p)| to.sub(b as u64, p))
-                .collect(),
-            Role::Server => out[n..].to_vec(),
-        },
+    let c = match role {
+        Role::Client => bits
+            .iter()
+            .zip(&out[n..])
+            .map(|(&b, &p)| to.sub(b as u64, p))
+            .collect(),
+        Role::Server => out[n..].to_vec(),
     };
     Ok((w, c))
 }

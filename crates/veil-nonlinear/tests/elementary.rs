@@ -63,18 +63,29 @@ fn recip_and_rsqrt_match_approx_exactly() {
     let out = run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
         let s = pick(role, &x).data();
-        let r = cx.recip_at(s, a.fp.frac_bits())?;
-        let rw = cx.recip_at(s, w)?;
+        let r = cx.recip_at(s, ring, a.fp.frac_bits())?;
+        let rw = cx.recip_at(s, ring, w)?;
+        // The same sums shared in the narrowest ring the reciprocal takes (ReLU-normalise's).
+        let narrow = Ring::narrow(a.norm_bits() + 2)?;
+        let sn: Vec<u64> = s.iter().map(|&v| narrow.reduce(v)).collect();
+        let rn = cx.recip_at(&sn, narrow, w)?;
         let q = cx.rsqrt_at(s, a.fp.frac_bits())?;
         let t = |v: Vec<u64>| veil_core::RingTensor::from_vec(ring, &[v.len()], v);
-        Ok((t(r)?, t(rw)?, t(q)?))
+        Ok((t(r)?, t(rw)?, t(q)?, t(rn)?))
     });
     let r = open((out.0 .0, out.1 .0));
     let rw = open((out.0 .1, out.1 .1));
     let q = open((out.0 .2, out.1 .2));
+    let rn = open((out.0 .3, out.1 .3));
     for (i, &v) in vals.iter().enumerate() {
         assert_eq!(r[i], a.recip(v), "recip({})", a.fp.decode(v));
         assert_eq!(rw[i], a.recip_at(v, w), "wide recip({})", a.fp.decode(v));
+        assert_eq!(
+            rn[i],
+            a.recip_at(v, w),
+            "recip of narrow sums ({})",
+            a.fp.decode(v)
+        );
         assert_eq!(q[i], a.rsqrt(v), "rsqrt({})", a.fp.decode(v));
     }
 }
@@ -96,7 +107,7 @@ fn recip_in_the_one_bit_mode_stays_close_to_the_exact_value() {
     let got = open(run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
         cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
-        let r = cx.recip_at(pick(role, &x).data(), w)?;
+        let r = cx.recip_at(pick(role, &x).data(), ring, w)?;
         veil_core::RingTensor::from_vec(ring, &[r.len()], r)
     }));
     let scale = (1u64 << w) as f64;
