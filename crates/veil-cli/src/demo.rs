@@ -51,12 +51,33 @@ impl ClientModel {
         })
     }
 
+    /// Options that do not depend on the prompt, checked before anything is sent: `--pad-to`
+    /// needs a first-token (pooler) head and at most the model's limit.
+    pub fn check_options(&self, opts: PromptOptions) -> Result<()> {
+        let cfg = &self.bundle.config;
+        if let Some(n) = opts.pad_to {
+            ensure!(
+                (1..=cfg.max_sequence_len()).contains(&n),
+                InvalidArgument,
+                "--pad-to {n}: the model takes 1 to {} tokens",
+                cfg.max_sequence_len()
+            );
+            ensure!(
+                cfg.veil.head == veil_model::HeadKind::Pooler,
+                InvalidArgument,
+                "--pad-to needs a first-token (pooler) head; this model mean-pools its outputs"
+            );
+        }
+        Ok(())
+    }
+
     /// The server must serve the architecture the client's tables belong to.
     pub fn check_matches(&self, server: &ModelConfig) -> Result<()> {
         ensure!(
             *server == self.bundle.config,
             InvalidArgument,
-            "the server's model configuration differs from the client's model folder"
+            "the server's model configuration differs from the client's model folder (another \
+             model or version is being served); nothing was sent"
         );
         Ok(())
     }
@@ -211,7 +232,8 @@ pub fn run(
     } else {
         sentences
     };
-    // Refuse a bad prompt before the server is prepared or any key moves.
+    // Refuse a bad option or prompt before the server is prepared or any key moves.
+    client.check_options(opts)?;
     let encoded = sentences
         .iter()
         .map(|s| client.encode_prompt(s, opts))

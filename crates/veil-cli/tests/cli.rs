@@ -162,9 +162,19 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
+    let state = tmp.path().join("state");
+    let known = tmp.path().join("known_servers");
     let _server = ServerProcess(
         Command::new(env!("CARGO_BIN_EXE_veil"))
-            .args(["serve", "--model", &s(&full), "--listen", &addr])
+            .args([
+                "serve",
+                "--model",
+                &s(&full),
+                "--listen",
+                &addr,
+                "--state-dir",
+                &s(&state),
+            ])
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap(),
@@ -184,6 +194,8 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
             &addr,
             "--model",
             &s(client),
+            "--known-servers",
+            &s(&known),
             "--json",
             "the film good",
         ]);
@@ -196,6 +208,55 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
             .collect()
     };
     let (from_bundle, from_folder) = (probs(&bundle), probs(&full));
+    // Trust on first use recorded the server's fingerprint, the one in its state directory.
+    let recorded = std::fs::read_to_string(&known).unwrap();
+    assert!(recorded.starts_with(&format!("{addr} ")), "{recorded}");
+    assert!(state.join("key.der").is_file());
+    let fp = recorded.split_whitespace().nth(1).unwrap().to_string();
+    let pinned = veil_ok(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&bundle),
+        "--server-fingerprint",
+        &fp,
+        "--json",
+        "the film good",
+    ]);
+    assert!(String::from_utf8_lossy(&pinned).contains("probabilities"));
+    // A changed key is refused, naming the file.
+    let other = "ab".repeat(32);
+    std::fs::write(&known, format!("{addr} {other}\n")).unwrap();
+    let out = veil(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&bundle),
+        "--known-servers",
+        &s(&known),
+        "the film good",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&fp) && err.contains(&other) && err.contains(&s(&known)),
+        "{err}"
+    );
+    // Plain TCP against a TLS server fails cleanly, without hanging.
+    let out = veil(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&bundle),
+        "--insecure-plaintext",
+        "--timeout",
+        "20",
+        "the film good",
+    ]);
+    assert!(!out.status.success());
     assert_eq!(from_bundle.len(), 2);
     for (a, b) in from_bundle.iter().zip(&from_folder) {
         assert!(
