@@ -77,7 +77,7 @@ impl TimedStream {
                 format!("the step's deadline passed while {what}")
             } else {
                 match self.idle {
-                    Some(i) => format!("nothing {what} for {:.0} s", i.as_secs_f64()),
+                    Some(i) => format!("{:.0} s without progress {what}", i.as_secs_f64()),
                     None => format!("{what} timed out"),
                 }
             };
@@ -94,7 +94,7 @@ impl Read for TimedStream {
         self.stream.set_read_timeout(wait)?;
         self.stream
             .read(buf)
-            .map_err(|e| self.timed_out(e, "received from the peer"))
+            .map_err(|e| self.timed_out(e, "waiting for the peer"))
     }
 }
 
@@ -104,7 +104,7 @@ impl Write for TimedStream {
         self.stream.set_write_timeout(wait)?;
         self.stream
             .write(buf)
-            .map_err(|e| self.timed_out(e, "accepted by the peer"))
+            .map_err(|e| self.timed_out(e, "sending to the peer"))
     }
 
     fn flush(&mut self) -> io::Result<()> {

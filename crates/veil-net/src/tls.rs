@@ -670,6 +670,14 @@ impl Channel for TlsChannel {
     }
 }
 
+impl fmt::Debug for TlsChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsChannel")
+            .field("peer", &self.peer_fingerprint())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for TlsChannel {
     fn drop(&mut self) {
         // Close politely (close_notify), without waiting on a peer that does not read.

@@ -63,8 +63,7 @@ fn a_wrong_fingerprint_is_refused_with_both_fingerprints_named() {
     let (addr, h) = echo_server(ServerTls::new(&id, None).unwrap());
     let err = pinned(other.fingerprint())
         .connect(TcpStream::connect(&addr).unwrap(), soon())
-        .err()
-        .expect("a wrong pin must fail");
+        .expect_err("a wrong pin must fail");
     let m = err.to_string();
     assert!(matches!(err, Error::Insecure(_)), "{m}");
     assert!(

@@ -429,14 +429,26 @@ pub fn serve_session_with<C: Channel>(
 
 /// Reads the client's hello; returns the longest prompt it announces (0: the model's limit).
 pub fn read_hello<C: Channel>(ch: &mut C) -> Result<usize> {
-    let hello = ch.recv_msg(HELLO_BYTES)?;
+    // Read a little more than a hello, so that a stranger is named as one.
+    let hello = ch.recv_msg(64)?;
+    ensure!(
+        hello.starts_with(MAGIC),
+        Malformed,
+        "not a Veil client (its first message is not a Veil hello)"
+    );
     let mut r = Reader::new(&hello, "hello");
-    ensure!(&r.array::<4>()? == MAGIC, Malformed, "not a Veil client");
+    r.array::<4>()?;
     let v = r.u32()?;
     ensure!(
         v == VERSION,
         Unsupported,
         "client speaks protocol version {v}, server {VERSION}"
+    );
+    ensure!(
+        hello.len() == HELLO_BYTES,
+        Malformed,
+        "a hello of {} bytes, expected {HELLO_BYTES}",
+        hello.len()
     );
     let max_tokens = r.u32()? as usize;
     r.finish()?;
