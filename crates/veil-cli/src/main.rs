@@ -618,6 +618,7 @@ fn init_logs() {
         .with_max_level(level)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 

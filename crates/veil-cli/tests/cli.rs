@@ -318,3 +318,77 @@ fn demo_over_a_shaped_link_reports_measured_time() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("RATE,RTT"));
 }
+
+/// `--insecure-plaintext` on both sides still classifies; SIGTERM stops the server cleanly
+/// (no longer accepting, open sessions given their grace), with its structured log.
+#[test]
+fn plaintext_when_asked_and_graceful_shutdown_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = tmp.path().join("model");
+    tiny_folder(&full, 2, 7);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = ServerProcess(
+        Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args([
+                "serve",
+                "--model",
+                &s(&full),
+                "--listen",
+                &addr,
+                "--insecure-plaintext",
+                "--max-sessions",
+                "2",
+            ])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, "never listened");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let out = veil_ok(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&full),
+        "--insecure-plaintext",
+        "--json",
+        "the film good",
+    ]);
+    assert!(String::from_utf8_lossy(&out).contains("probabilities"));
+    let pid = server.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = server.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(std::time::Instant::now() < until, "no exit after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut server.0.stderr.take().unwrap(), &mut log).unwrap();
+    for want in [
+        "max_sessions=2",
+        "session ended",
+        "inferences=1",
+        "shutting down",
+        "stopped",
+    ] {
+        assert!(log.contains(want), "no {want:?} in the log:\n{log}");
+    }
+}

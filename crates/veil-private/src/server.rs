@@ -366,6 +366,11 @@ impl Server {
                             bytes_received = s.bytes_received,
                             "session ended"
                         ),
+                        Err(Error::Disconnected) => tracing::info!(
+                            outcome = "disconnected",
+                            seconds,
+                            "the client closed the connection"
+                        ),
                         Err(Error::TimedOut(m)) => {
                             tracing::warn!(outcome = "timed out", seconds, "session timed out: {m}")
                         }
