@@ -64,7 +64,7 @@ impl Channel for Replay {
         Ok(())
     }
     fn recv(&mut self, buf: &mut [u8]) -> veil_core::Result<()> {
-        let end = self.pos.checked_add(buf.len()).unwrap_or(usize::MAX);
+        let end = self.pos.saturating_add(buf.len());
         if end > self.input.len() {
             return Err(veil_core::Error::Disconnected);
         }
