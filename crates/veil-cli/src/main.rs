@@ -240,6 +240,10 @@ enum BenchCmd {
         /// Without it: loopback, with modelled LAN and WAN times.
         #[arg(long)]
         net: Option<NetworkModel>,
+        /// Run the loopback connection over TLS 1.3 (as `veil serve` / `veil classify` do),
+        /// to measure what TLS costs.
+        #[arg(long)]
+        tls: bool,
         #[arg(long)]
         json: bool,
     },
@@ -321,6 +325,7 @@ fn bench(what: BenchCmd) -> Result<()> {
             variant,
             seq,
             net,
+            tls,
             json,
         } => {
             let preset = match shape {
@@ -335,10 +340,11 @@ fn bench(what: BenchCmd) -> Result<()> {
             if json {
                 println!(
                     "{}",
-                    veil_private::bench::run_model_json(preset, variant, seq, net)?
+                    veil_private::bench::run_model_json(preset, variant, seq, net, tls)?
                 );
             } else {
-                let (report, prep) = veil_private::bench::run_model(preset, variant, seq, net)?;
+                let (report, prep) =
+                    veil_private::bench::run_model(preset, variant, seq, net, tls)?;
                 println!("{} ({}), {seq} tokens; weight preparation {prep:.2} s (once per model and length)", preset.name(), variant.name());
                 print!("{}", report.to_table());
             }

@@ -24,7 +24,7 @@ pub mod timed;
 pub mod tls;
 
 pub use channel::{Channel, MAX_MESSAGE_BYTES};
-pub use local::{run_two_party, run_two_party_on, run_two_party_tcp};
+pub use local::{run_two_party, run_two_party_on, run_two_party_tcp, run_two_party_tls};
 pub use mem::{mem_pair, MemChannel};
 pub use meter::{LabelGuard, LabelStats, Meter, Role};
 pub use shaped::{shaped_pair, Clock, NetworkModel, RealClock, SimClock, LAN, WAN};

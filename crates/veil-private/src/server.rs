@@ -57,18 +57,23 @@ pub struct ServeOptions {
 /// Bytes kept per session whatever its length: the client's BFV public and Galois keys, the
 /// OT pools (one silent-COT buffer per direction) and the base-OT state.
 const SESSION_FIXED_BYTES: u64 = 256 << 20;
-/// Bytes per element of a layer's widest per-token activation while it is under HE or OT
-/// (ciphertexts, masks, COT pads): calibrated on the measured peaks (default model at 512
-/// tokens ≈ 2.2 GB; BERT-Base at 128 ≈ 0.8 GB above its weights), rounded up.
-const BYTES_PER_ACTIVE_ELEMENT: u64 = 1300;
+/// Bytes per element of a linear layer's widest output while it is under HE (ciphertexts,
+/// masks, packed responses).
+const BYTES_PER_LINEAR_ELEMENT: u64 = 2000;
+/// Bytes per attention score while the attention normalisation runs on OT (COT pads, bits).
+const BYTES_PER_SCORE: u64 = 650;
 
-/// A conservative estimate of one session's peak memory at `seq` tokens.
+/// A conservative estimate of one session's peak memory on the server at `seq` tokens: the
+/// fixed part plus the larger of the linear layers' and the attention's working set (they do not
+/// overlap in time). Calibrated so that it stays above the measured peaks (BERT-Base at 128
+/// tokens ≈ 0.8 GB above its weights; the default model at 512 tokens ≈ 2.2 GB for the whole
+/// process); an estimate, not a bound the code enforces.
 pub fn session_memory_estimate(cfg: &ModelConfig, seq: usize) -> u64 {
-    let widest = cfg
-        .intermediate_size
-        .max(3 * cfg.hidden_size)
-        .max(cfg.num_heads * seq) as u64;
-    SESSION_FIXED_BYTES + seq as u64 * widest * BYTES_PER_ACTIVE_ELEMENT
+    let seq = seq as u64;
+    let linear =
+        seq * cfg.intermediate_size.max(3 * cfg.hidden_size) as u64 * BYTES_PER_LINEAR_ELEMENT;
+    let attention = cfg.num_heads as u64 * seq * seq * BYTES_PER_SCORE;
+    SESSION_FIXED_BYTES + linear.max(attention)
 }
 
 /// The memory the system can still give (`MemAvailable`, else `MemTotal`, from /proc/meminfo).
@@ -415,5 +420,46 @@ impl Server {
                 .0;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use veil_model::{Architecture, HeadKind};
+
+    #[test]
+    fn memory_estimate_grows_with_the_prompt_and_the_model() {
+        let base = ModelConfig::new(
+            Architecture::Bert,
+            100,
+            768,
+            12,
+            12,
+            3072,
+            512,
+            HeadKind::Pooler,
+            2,
+        )
+        .unwrap();
+        let small = ModelConfig::new(
+            Architecture::Bert,
+            100,
+            384,
+            2,
+            12,
+            1536,
+            512,
+            HeadKind::Pooler,
+            2,
+        )
+        .unwrap();
+        let e = |c: &ModelConfig, n| session_memory_estimate(c, n) >> 20;
+        assert!(e(&base, 1) >= 256 && e(&base, 1) < 300);
+        assert!(e(&base, 128) > e(&base, 16));
+        assert!(e(&base, 128) >= 800, "{} MiB", e(&base, 128));
+        assert!(e(&small, 512) >= 2048, "{} MiB", e(&small, 512));
+        assert!(e(&base, 512) > e(&small, 512));
+        assert!(available_memory().is_some_and(|m| m > 0));
     }
 }
