@@ -128,6 +128,41 @@ fn bad_arguments_get_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("veil:") && err.contains("nope"), "{err}");
+    // A missing model is "not found", with its path, on both sides.
+    let state = tmp.path().join("state");
+    let out = veil(&[
+        "serve",
+        "--model",
+        m,
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not found") && err.contains("nope"), "{err}");
+    let out = veil(&["classify", "--model", m, "x"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not found") && err.contains("nope/config.json"),
+        "{err}"
+    );
+    // --pad-to beyond the model's limit is refused before connecting (nothing listens here).
+    let model = tmp.path().join("model");
+    tiny_folder(&model, 2, 3);
+    let out = veil(&[
+        "classify",
+        "--connect",
+        "127.0.0.1:9",
+        "--model",
+        model.to_str().unwrap(),
+        "--pad-to",
+        "1000",
+        "x",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--pad-to 1000"), "{err}");
     let out = veil(&[
         "finetune", "--model", m, "--train", m, "--dev", m, "--out", m, "--format", "csv",
     ]);
