@@ -178,7 +178,7 @@ struct ClientNetArgs {
     #[arg(long, default_value_t = 10.0)]
     connect_timeout: f64,
     /// Seconds allowed for each step: the server's answer (it may queue us), the set-up, each
-    /// inference.
+    /// inference (which gets at least the server's allowance for its length).
     #[arg(long, default_value_t = 600.0)]
     timeout: f64,
 }
