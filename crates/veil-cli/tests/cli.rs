@@ -427,3 +427,69 @@ fn plaintext_when_asked_and_graceful_shutdown_on_sigterm() {
         assert!(log.contains(want), "no {want:?} in the log:\n{log}");
     }
 }
+
+/// With a file-descriptor limit the server runs out of descriptors: accept errors are backed off
+/// (a handful of log lines, not a loop), and once the idle connections time out the server
+/// serves again.
+#[test]
+fn accept_errors_are_backed_off_and_the_server_recovers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = tmp.path().join("model");
+    tiny_folder(&full, 2, 9);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let log = tmp.path().join("log");
+    let script = format!(
+        "ulimit -n 24 && exec '{}' serve --model '{}' --listen {addr} --insecure-plaintext \
+         --max-sessions 16 --handshake-timeout 2 2>'{}'",
+        env!("CARGO_BIN_EXE_veil"),
+        s(&full),
+        s(&log)
+    );
+    let _server = ServerProcess(Command::new("sh").args(["-c", &script]).spawn().unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut idle = Vec::new();
+    loop {
+        match std::net::TcpStream::connect(&addr) {
+            Ok(c) => {
+                idle.push(c);
+                break;
+            }
+            Err(_) => {
+                assert!(std::time::Instant::now() < deadline, "never listened");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+    }
+    // More silent connections than the server has descriptors for.
+    for _ in 0..30 {
+        if let Ok(c) = std::net::TcpStream::connect(&addr) {
+            idle.push(c);
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    drop(idle);
+    // The handshake deadline freed the descriptors: a client is served.
+    let out = veil_ok(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&full),
+        "--insecure-plaintext",
+        "--json",
+        "the film good",
+    ]);
+    assert!(String::from_utf8_lossy(&out).contains("probabilities"));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let failed = text.matches("accept failed").count();
+    eprintln!("{failed} accept errors logged");
+    assert!(failed >= 1, "the limit was never hit:\n{text}");
+    assert!(failed < 40, "{failed} accept errors logged: a loop\n{text}");
+    assert!(text.contains("timed out"), "{text}");
+}
