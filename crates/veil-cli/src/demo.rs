@@ -210,11 +210,20 @@ pub fn run(
     sentences: Vec<String>,
     opts: PromptOptions,
     net: Option<NetworkModel>,
+    tls: bool,
     json: bool,
 ) -> Result<()> {
-    let link = net.map_or("TCP loopback".to_string(), |n| {
-        format!("a link shaped like {n}")
-    });
+    ensure!(
+        !(tls && net.is_some()),
+        InvalidArgument,
+        "--tls runs over TCP loopback; --net over an in-memory shaped link: choose one"
+    );
+    let plain = if tls {
+        "TLS 1.3 on TCP loopback"
+    } else {
+        "TCP loopback"
+    };
+    let link = net.map_or(plain.to_string(), |n| format!("a link shaped like {n}"));
     let m = match model {
         Some(dir) => folder::load(dir)?,
         None => {
@@ -245,6 +254,13 @@ pub fn run(
     let prompts: Vec<(&str, &Encoded)> =
         sentences.iter().map(String::as_str).zip(&encoded).collect();
     match net {
+        None if tls => classify_all(
+            &client,
+            veil_private::connect_loopback_tls(server)?,
+            &prompts,
+            opts,
+            json,
+        )?,
         None => classify_all(
             &client,
             veil_private::connect_loopback(server)?,

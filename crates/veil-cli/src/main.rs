@@ -53,6 +53,10 @@ enum Cmd {
         /// Without it: loopback, with modelled LAN and WAN times.
         #[arg(long)]
         net: Option<NetworkModel>,
+        /// Run the loopback connection over TLS 1.3 with a pinned in-memory identity (as `veil
+        /// serve` / `veil classify` do; by default the in-process loopback is plain TCP).
+        #[arg(long)]
+        tls: bool,
         #[arg(long)]
         json: bool,
     },
@@ -561,12 +565,14 @@ fn run(cli: Cli) -> Result<()> {
             pad_to,
             truncate,
             net,
+            tls,
             json,
         } => demo::run(
             model.as_deref(),
             sentences,
             demo::PromptOptions { pad_to, truncate },
             net,
+            tls,
             json,
         ),
         Cmd::Serve {

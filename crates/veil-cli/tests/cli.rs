@@ -352,6 +352,13 @@ fn demo_over_a_shaped_link_reports_measured_time() {
     let out = veil(&["demo", "--model", dir, "--net", "100M", "x"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("RATE,RTT"));
+
+    // The same over TLS on loopback; TLS and a shaped link do not combine.
+    let ok = veil_ok(&["demo", "--model", dir, "--tls", "--json", "the film good"]);
+    assert!(String::from_utf8_lossy(&ok).contains("\"label\""));
+    let out = veil(&["demo", "--model", dir, "--tls", "--net", "lan", "x"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("choose one"));
 }
 
 /// `--insecure-plaintext` on both sides still classifies; SIGTERM stops the server cleanly

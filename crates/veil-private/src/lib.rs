@@ -33,6 +33,6 @@ pub use prepared::ServerModel;
 pub use report::CostReport;
 pub use server::{ServeOptions, Server, Transport};
 pub use session::{
-    connect_loopback, connect_shaped, serve, serve_session, serve_session_with, serve_with,
-    ClientConnection, ClientOptions, Deadlines,
+    connect_loopback, connect_loopback_tls, connect_shaped, serve, serve_session,
+    serve_session_with, serve_with, ClientConnection, ClientOptions, Deadlines,
 };

@@ -35,7 +35,10 @@ use veil_core::wire::{Reader, Writer};
 use veil_core::{bail, ensure, FixedPoint, Result, RingTensor};
 use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
-use veil_net::{shaped_pair, Channel, MemChannel, NetworkModel, RealClock, Role, TcpChannel};
+use veil_net::{
+    shaped_pair, Channel, ClientTls, Identity, MemChannel, NetworkModel, RealClock, Role,
+    ServerPin, ServerTls, TcpChannel, TlsChannel,
+};
 use veil_nonlinear::OtSession;
 
 use crate::embedding::{embed_client, embed_server, ServerEmbedding, DEFAULT_METHOD};
@@ -621,6 +624,30 @@ pub fn connect_loopback(model: Arc<ServerModel>) -> Result<ClientConnection<TcpC
     let addr = listener.local_addr()?;
     std::thread::spawn(move || serve(listener, model));
     ClientConnection::connect(TcpChannel::connect(addr)?)
+}
+
+/// As [`connect_loopback`], over TLS 1.3 as `veil serve` / `veil classify` run it: a fresh
+/// in-memory server identity, the client pinning its fingerprint (to measure what TLS costs).
+pub fn connect_loopback_tls(model: Arc<ServerModel>) -> Result<ClientConnection<TlsChannel>> {
+    let id = Identity::generate()?;
+    let tls = ServerTls::new(&id, None)?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let opts = ServeOptions::for_model(&model, Transport::Tls(tls));
+    let server = Server::new(model, opts)?;
+    std::thread::spawn(move || server.run(listener));
+    let ch = ClientTls {
+        pin: ServerPin::Fingerprint {
+            fp: id.fingerprint(),
+            source: "the in-process server".into(),
+        },
+        identity: None,
+    }
+    .connect(
+        std::net::TcpStream::connect(addr)?,
+        Instant::now() + Duration::from_secs(30),
+    )?;
+    ClientConnection::connect(ch)
 }
 
 /// Both parties in one process, as [`connect_loopback`], but over an in-memory link shaped like
