@@ -49,7 +49,17 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 fn tls_err(e: rustls::Error) -> Error {
-    Error::Insecure(format!("TLS: {e}"))
+    use rustls::AlertDescription as A;
+    match e {
+        rustls::Error::AlertReceived(
+            a @ (A::AccessDenied | A::CertificateRequired | A::BadCertificate | A::UnknownCA),
+        ) => Error::Insecure(format!(
+            "TLS: the peer refused the certificate presented, or its absence (alert {a:?}); \
+                 a server that requires client certificates needs --client-identity and the \
+                 client's fingerprint on its --client-allow list"
+        )),
+        e => Error::Insecure(format!("TLS: {e}")),
+    }
 }
 
 /// The SHA-256 of a DER certificate: how a peer is recognised.

@@ -195,3 +195,43 @@ fn a_session_too_large_for_the_servers_memory_is_refused_up_front() {
     assert!(m.contains("refused") && m.contains("MiB"), "{m}");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
 }
+
+/// A server with an allow-list serves an allowed client and refuses a stranger with a message
+/// that says what to do.
+#[test]
+fn mutual_authentication_admits_only_allowed_clients() {
+    let cfg = config(1);
+    let t = random_transformer_with_std(&cfg, [5; 16], 0.2).unwrap();
+    let fixed = FixedModel::encode(&t, FixedPoint::default_format()).unwrap();
+    let model = Arc::new(ServerModel::new(fixed.clone()).unwrap());
+    let id = Identity::generate().unwrap();
+    let allowed = Identity::generate().unwrap();
+    let allow = [allowed.fingerprint()].into_iter().collect();
+    let o = ServeOptions::for_model(
+        &model,
+        Transport::Tls(ServerTls::new(&id, Some(allow)).unwrap()),
+    );
+    let stop = o.shutdown.clone();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = Server::new(model, o).unwrap();
+    std::thread::spawn(move || server.run(listener));
+
+    let mut c = client(&id);
+    c.identity = Some(allowed);
+    let ch = c
+        .connect(TcpStream::connect(&addr).unwrap(), soon())
+        .unwrap();
+    let mut conn = ClientConnection::connect_with(ch, opts(60.0), |_| Ok(())).unwrap();
+    let x = fixed.embed(&[1, 2, 3], &[0; 3]).unwrap().0;
+    conn.infer(&x).unwrap();
+    conn.close().unwrap();
+
+    let stranger = client(&id);
+    let err = stranger
+        .connect(TcpStream::connect(&addr).unwrap(), soon())
+        .and_then(|ch| ClientConnection::connect_with(ch, opts(10.0), |_| Ok(())).map(|_| ()))
+        .unwrap_err();
+    assert!(err.to_string().contains("--client-identity"), "{err}");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+}
