@@ -541,7 +541,8 @@ impl ClientTls {
         res.map_err(|e| match e {
             Error::Disconnected => Error::Other(
                 "the server closed the connection during the TLS handshake (is it a Veil \
-                 server with TLS? does it require a client certificate, --client-identity?)"
+                 server with TLS, not --insecure-plaintext? is it at capacity, its sessions and \
+                 queue full? does it require a client certificate, --client-identity?)"
                     .into(),
             ),
             e => e,
