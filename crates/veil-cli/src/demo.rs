@@ -51,12 +51,33 @@ impl ClientModel {
         })
     }
 
+    /// Options that do not depend on the prompt, checked before anything is sent: `--pad-to`
+    /// needs a first-token (pooler) head and at most the model's limit.
+    pub fn check_options(&self, opts: PromptOptions) -> Result<()> {
+        let cfg = &self.bundle.config;
+        if let Some(n) = opts.pad_to {
+            ensure!(
+                (1..=cfg.max_sequence_len()).contains(&n),
+                InvalidArgument,
+                "--pad-to {n}: the model takes 1 to {} tokens",
+                cfg.max_sequence_len()
+            );
+            ensure!(
+                cfg.veil.head == veil_model::HeadKind::Pooler,
+                InvalidArgument,
+                "--pad-to needs a first-token (pooler) head; this model mean-pools its outputs"
+            );
+        }
+        Ok(())
+    }
+
     /// The server must serve the architecture the client's tables belong to.
     pub fn check_matches(&self, server: &ModelConfig) -> Result<()> {
         ensure!(
             *server == self.bundle.config,
             InvalidArgument,
-            "the server's model configuration differs from the client's model folder"
+            "the server's model configuration differs from the client's model folder (another \
+             model or version is being served); nothing was sent"
         );
         Ok(())
     }
@@ -189,11 +210,20 @@ pub fn run(
     sentences: Vec<String>,
     opts: PromptOptions,
     net: Option<NetworkModel>,
+    tls: bool,
     json: bool,
 ) -> Result<()> {
-    let link = net.map_or("TCP loopback".to_string(), |n| {
-        format!("a link shaped like {n}")
-    });
+    ensure!(
+        !(tls && net.is_some()),
+        InvalidArgument,
+        "--tls runs over TCP loopback; --net over an in-memory shaped link: choose one"
+    );
+    let plain = if tls {
+        "TLS 1.3 on TCP loopback"
+    } else {
+        "TCP loopback"
+    };
+    let link = net.map_or(plain.to_string(), |n| format!("a link shaped like {n}"));
     let m = match model {
         Some(dir) => folder::load(dir)?,
         None => {
@@ -211,7 +241,8 @@ pub fn run(
     } else {
         sentences
     };
-    // Refuse a bad prompt before the server is prepared or any key moves.
+    // Refuse a bad option or prompt before the server is prepared or any key moves.
+    client.check_options(opts)?;
     let encoded = sentences
         .iter()
         .map(|s| client.encode_prompt(s, opts))
@@ -223,6 +254,13 @@ pub fn run(
     let prompts: Vec<(&str, &Encoded)> =
         sentences.iter().map(String::as_str).zip(&encoded).collect();
     match net {
+        None if tls => classify_all(
+            &client,
+            veil_private::connect_loopback_tls(server)?,
+            &prompts,
+            opts,
+            json,
+        )?,
         None => classify_all(
             &client,
             veil_private::connect_loopback(server)?,

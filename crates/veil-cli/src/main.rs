@@ -53,6 +53,10 @@ enum Cmd {
         /// Without it: loopback, with modelled LAN and WAN times.
         #[arg(long)]
         net: Option<NetworkModel>,
+        /// Run the loopback connection over TLS 1.3 with a pinned in-memory identity (as `veil
+        /// serve` / `veil classify` do; by default the in-process loopback is plain TCP).
+        #[arg(long)]
+        tls: bool,
         #[arg(long)]
         json: bool,
     },
@@ -67,6 +71,8 @@ enum Cmd {
         /// coefficient-form weights are kept regardless; nothing grows with prompt lengths.
         #[arg(long, default_value_t = veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES >> 20)]
         ntt_budget_mib: usize,
+        #[command(flatten)]
+        net: ServeNetArgs,
     },
     /// Writes the client bundle of a model folder: config, tokenizer and (public-embedding
     /// mode) the public embedding tables, no weight of the server's. What `veil classify
@@ -98,6 +104,8 @@ enum Cmd {
         truncate: bool,
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        net: ClientNetArgs,
     },
     /// Fine-tunes a sequence classifier on CPU with the paper's bound loss.
     Finetune(train_cmd::FinetuneArgs),
@@ -112,6 +120,94 @@ enum Cmd {
         #[command(subcommand)]
         what: BenchCmd,
     },
+}
+
+/// The server's channel, limits and deadlines.
+#[derive(clap::Args)]
+struct ServeNetArgs {
+    /// Where the server keeps its long-term TLS key and self-signed certificate (created on
+    /// first start; the key file has mode 0600). Default: $XDG_STATE_HOME/veil or
+    /// ~/.local/state/veil.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Require client certificates: a file of allowed client fingerprints (SHA-256 of the DER
+    /// certificate, 64 hex digits, one per line; `#` comments).
+    #[arg(long)]
+    client_allow: Option<PathBuf>,
+    /// Plain TCP instead of TLS: no authentication, no confidentiality (loopback benchmarks).
+    #[arg(long)]
+    insecure_plaintext: bool,
+    /// Sessions running at once (default: as many as the available memory holds at the
+    /// model's longest prompt).
+    #[arg(long)]
+    max_sessions: Option<usize>,
+    /// Connections waiting for a session beyond --max-sessions (default: twice it, at least 4).
+    #[arg(long)]
+    queue: Option<usize>,
+    /// Seconds a connection waits for a session before it is refused.
+    #[arg(long, default_value_t = 30.0)]
+    queue_wait: f64,
+    /// Seconds allowed for the TLS handshake and the client's hello.
+    #[arg(long, default_value_t = 10.0)]
+    handshake_timeout: f64,
+    /// Seconds a session may stay silent between two requests.
+    #[arg(long, default_value_t = veil_private::session::IDLE_TIMEOUT.as_secs_f64())]
+    idle_timeout: f64,
+    /// Seconds open sessions get to finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 60.0)]
+    shutdown_grace: f64,
+}
+
+/// The client's channel and deadlines.
+#[derive(clap::Args)]
+struct ClientNetArgs {
+    /// The server's certificate fingerprint (SHA-256 of its DER certificate, as `veil serve`
+    /// prints it): any other server is refused.
+    #[arg(long)]
+    server_fingerprint: Option<veil_net::Fingerprint>,
+    /// Trust on first use: the file recording each server's fingerprint (the first connection
+    /// to an address records it, later ones refuse a changed key). Default:
+    /// $XDG_STATE_HOME/veil/known_servers or ~/.local/state/veil/known_servers, when
+    /// --server-fingerprint is not given.
+    #[arg(long)]
+    known_servers: Option<PathBuf>,
+    /// Authenticate with the identity in this directory (created if missing; its fingerprint is
+    /// printed, for the server's --client-allow).
+    #[arg(long)]
+    client_identity: Option<PathBuf>,
+    /// Plain TCP instead of TLS (the server must say so too).
+    #[arg(long)]
+    insecure_plaintext: bool,
+    /// Seconds allowed for the TCP connection and the TLS handshake.
+    #[arg(long, default_value_t = 10.0)]
+    connect_timeout: f64,
+    /// Seconds allowed for each step: the server's answer (it may queue us), the set-up, each
+    /// inference (which gets at least the server's allowance for its length).
+    #[arg(long, default_value_t = 600.0)]
+    timeout: f64,
+}
+
+fn secs(s: f64, flag: &str) -> Result<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("{flag} {s}: give a positive number of seconds"))
+        })
+}
+
+/// `$XDG_STATE_HOME/veil` or `~/.local/state/veil`.
+fn default_state_dir() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d).join("veil"));
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".local/state/veil")),
+        None => bail!(
+            InvalidArgument,
+            "neither XDG_STATE_HOME nor HOME is set: pass --state-dir"
+        ),
+    }
 }
 
 #[derive(Subcommand)]
@@ -148,6 +244,10 @@ enum BenchCmd {
         /// Without it: loopback, with modelled LAN and WAN times.
         #[arg(long)]
         net: Option<NetworkModel>,
+        /// Run the loopback connection over TLS 1.3 (as `veil serve` / `veil classify` do),
+        /// to measure what TLS costs.
+        #[arg(long)]
+        tls: bool,
         #[arg(long)]
         json: bool,
     },
@@ -229,6 +329,7 @@ fn bench(what: BenchCmd) -> Result<()> {
             variant,
             seq,
             net,
+            tls,
             json,
         } => {
             let preset = match shape {
@@ -243,16 +344,84 @@ fn bench(what: BenchCmd) -> Result<()> {
             if json {
                 println!(
                     "{}",
-                    veil_private::bench::run_model_json(preset, variant, seq, net)?
+                    veil_private::bench::run_model_json(preset, variant, seq, net, tls)?
                 );
             } else {
-                let (report, prep) = veil_private::bench::run_model(preset, variant, seq, net)?;
+                let (report, prep) =
+                    veil_private::bench::run_model(preset, variant, seq, net, tls)?;
                 println!("{} ({}), {seq} tokens; weight preparation {prep:.2} s (once per model and length)", preset.name(), variant.name());
                 print!("{}", report.to_table());
             }
         }
     }
     Ok(())
+}
+
+/// The client's channel to `addr`: TLS with the server pinned (or trust on first use), or plain
+/// TCP when asked for.
+fn client_channel(addr: &str, net: &ClientNetArgs) -> Result<Box<dyn veil_net::Channel>> {
+    use veil_net::{ClientTls, Identity, KnownServers, ServerPin};
+    let connect_timeout = secs(net.connect_timeout, "--connect-timeout")?;
+    let stream = veil_net::connect_timeout(addr, connect_timeout)?;
+    if net.insecure_plaintext {
+        eprintln!(
+            "veil: --insecure-plaintext: the connection is neither encrypted nor authenticated"
+        );
+        return Ok(Box::new(TcpChannel::from_stream(stream)?));
+    }
+    let identity = match &net.client_identity {
+        Some(dir) => {
+            let (id, created) = Identity::load_or_create(dir)?;
+            if created {
+                eprintln!(
+                    "veil: created the client identity in {}; its fingerprint (for the server's \
+                     --client-allow) is {}",
+                    dir.display(),
+                    id.fingerprint()
+                );
+            }
+            Some(id)
+        }
+        None => None,
+    };
+    let mut known = None;
+    let pin = match (net.server_fingerprint, &net.known_servers) {
+        (Some(fp), _) => ServerPin::Fingerprint {
+            fp,
+            source: "--server-fingerprint".into(),
+        },
+        (None, file) => {
+            let path = match file {
+                Some(p) => p.clone(),
+                None => default_state_dir()?.join("known_servers"),
+            };
+            let k = KnownServers::open(&path)?;
+            let pin = match k.get(addr) {
+                Some(fp) => ServerPin::Fingerprint {
+                    fp,
+                    source: format!(
+                        "{} (recorded on first use for {addr}; if the server's key changed on \
+                         purpose, delete that line)",
+                        path.display()
+                    ),
+                },
+                None => ServerPin::FirstUse,
+            };
+            known = Some(k);
+            pin
+        }
+    };
+    let first_use = matches!(pin, ServerPin::FirstUse);
+    let tls = ClientTls { pin, identity };
+    let ch = tls.connect(stream, std::time::Instant::now() + connect_timeout)?;
+    if let (true, Some(k), Some(fp)) = (first_use, known.as_mut(), ch.peer_fingerprint()) {
+        k.record(addr, fp)?;
+        eprintln!(
+            "veil: first connection to {addr}: trusting its key {fp}, recorded in {}",
+            k.path().display()
+        );
+    }
+    Ok(Box::new(ch))
 }
 
 fn classify(
@@ -262,11 +431,14 @@ fn classify(
     text: Vec<String>,
     opts: demo::PromptOptions,
     json: bool,
+    net: &ClientNetArgs,
 ) -> Result<()> {
     let mut prompts = text;
     if let Some(f) = file {
-        let body = std::fs::read_to_string(f)
-            .map_err(|e| Error::Other(format!("{}: {e}", f.display())))?;
+        let body = std::fs::read_to_string(f).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound(f.display().to_string()),
+            _ => Error::Other(format!("{}: {e}", f.display())),
+        })?;
         prompts.extend(
             body.lines()
                 .filter(|l| !l.trim().is_empty())
@@ -276,19 +448,113 @@ fn classify(
     if prompts.is_empty() {
         bail!(InvalidArgument, "nothing to classify: give text or --file");
     }
+    let timeout = secs(net.timeout, "--timeout")?;
     let client = demo::ClientModel::load(model)?;
+    client.check_options(opts)?;
     // Every prompt is checked before the connection (and its key material) is made.
     let encoded = prompts
         .iter()
         .map(|p| client.encode_prompt(p, opts))
         .collect::<Result<Vec<_>>>()?;
-    let mut conn = ClientConnection::connect(TcpChannel::connect(connect)?)?;
-    client.check_matches(conn.config())?;
+    let longest = encoded.iter().map(|e| e.ids.len()).max().unwrap_or(1);
+    let options = veil_private::ClientOptions {
+        max_tokens: Some(opts.pad_to.unwrap_or(longest)),
+        step_timeout: Some(timeout),
+    };
+    // The server's configuration is compared with the bundle before any key material moves.
+    let mut conn = ClientConnection::connect_with(client_channel(connect, net)?, options, |cfg| {
+        client.check_matches(cfg)
+    })?;
     for (p, enc) in prompts.iter().zip(&encoded) {
         let (probs, report) = client.classify(&mut conn, enc, opts)?;
         demo::print_result(p, &probs, &report, json);
     }
     conn.close()
+}
+
+/// `veil serve`: TLS identity, limits, logs, signals.
+fn serve(model: &Path, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -> Result<()> {
+    use std::sync::atomic::AtomicBool;
+    use veil_private::{ServeOptions, Server, Transport};
+    if !model.exists() {
+        bail!(NotFound, "the model folder {}", model.display());
+    }
+    let transport = if net.insecure_plaintext {
+        tracing::warn!("--insecure-plaintext: connections are neither encrypted nor authenticated");
+        Transport::Plaintext
+    } else {
+        let dir = match net.state_dir {
+            Some(d) => d,
+            None => default_state_dir()?,
+        };
+        let (id, created) = veil_net::Identity::load_or_create(&dir)?;
+        let allowed = match &net.client_allow {
+            Some(f) => {
+                let set = veil_net::tls::read_fingerprints(f)?;
+                tracing::info!(clients = set.len(), file = %f.display(), "client certificates required");
+                Some(set)
+            }
+            None => None,
+        };
+        let tls = veil_net::ServerTls::new(&id, allowed)?;
+        tracing::info!(
+            state_dir = %dir.display(),
+            created,
+            "TLS identity; clients pin --server-fingerprint {}",
+            id.fingerprint()
+        );
+        eprintln!(
+            "veil serve: server fingerprint (SHA-256 of its certificate): {}",
+            id.fingerprint()
+        );
+        Transport::Tls(tls)
+    };
+    let server = Arc::new(load_server_model(model, ntt_budget_mib << 20)?);
+    let prepared = server.prepared();
+    tracing::info!(
+        prepared_mib = prepared.prepared_bytes() >> 20,
+        ntt_mib = prepared.ntt_cached_bytes()? >> 20,
+        ntt_budget_mib,
+        "prepared weights (the same for every prompt length)"
+    );
+    let mut opts = ServeOptions::for_model(&server, transport);
+    if let Some(n) = net.max_sessions {
+        if n == 0 {
+            bail!(InvalidArgument, "--max-sessions 0: at least one session");
+        }
+        opts.max_sessions = n;
+        opts.queue = (2 * n).max(4);
+    }
+    if let Some(q) = net.queue {
+        opts.queue = q;
+    }
+    opts.queue_wait = secs(net.queue_wait, "--queue-wait")?;
+    opts.deadlines.handshake = secs(net.handshake_timeout, "--handshake-timeout")?;
+    opts.deadlines.idle = secs(net.idle_timeout, "--idle-timeout")?;
+    opts.shutdown_grace = secs(net.shutdown_grace, "--shutdown-grace")?;
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A second signal while shutting down ends the process at once.
+        signal_hook::flag::register_conditional_shutdown(sig, 1, flag.clone())?;
+        signal_hook::flag::register(sig, flag.clone())?;
+    }
+    opts.shutdown = flag;
+    let cfg = server.config();
+    let listener = TcpListener::bind(listen)?;
+    tracing::info!(
+        model = %model.display(),
+        listen = %listener.local_addr()?,
+        max_sessions = opts.max_sessions,
+        queue = opts.queue,
+        queue_wait_s = opts.queue_wait.as_secs_f64(),
+        session_memory_mib = opts.memory_budget >> 20,
+        peak_per_session_mib = veil_private::server::session_memory_estimate(cfg, cfg.max_sequence_len()) >> 20,
+        max_tokens = cfg.max_sequence_len(),
+        "serving"
+    );
+    Server::new(server, opts)?.run(listener)?;
+    tracing::info!("stopped");
+    Ok(())
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -299,35 +565,22 @@ fn run(cli: Cli) -> Result<()> {
             pad_to,
             truncate,
             net,
+            tls,
             json,
         } => demo::run(
             model.as_deref(),
             sentences,
             demo::PromptOptions { pad_to, truncate },
             net,
+            tls,
             json,
         ),
         Cmd::Serve {
             model,
             listen,
             ntt_budget_mib,
-        } => {
-            let server = Arc::new(load_server_model(&model, ntt_budget_mib << 20)?);
-            let prepared = server.prepared();
-            eprintln!(
-                "veil serve: prepared weights {:.1} MiB, of which NTT-domain {:.1} MiB \
-                 (budget {ntt_budget_mib} MiB); the same for every prompt length",
-                prepared.prepared_bytes() as f64 / (1 << 20) as f64,
-                prepared.ntt_cached_bytes()? as f64 / (1 << 20) as f64,
-            );
-            let listener = TcpListener::bind(&listen)?;
-            eprintln!(
-                "veil serve: {} on {}",
-                model.display(),
-                listener.local_addr()?
-            );
-            veil_private::serve(listener, server)
-        }
+            net,
+        } => serve(&model, &listen, ntt_budget_mib, net),
         Cmd::Classify {
             connect,
             model,
@@ -336,6 +589,7 @@ fn run(cli: Cli) -> Result<()> {
             pad_to,
             truncate,
             json,
+            net,
         } => classify(
             &connect,
             &model,
@@ -343,6 +597,7 @@ fn run(cli: Cli) -> Result<()> {
             text,
             demo::PromptOptions { pad_to, truncate },
             json,
+            &net,
         ),
         Cmd::ExportClient { model, out } => {
             let m = veil_model::folder::load(&model)?;
@@ -365,8 +620,23 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// Logs to stderr; `VEIL_LOG` = error, warn, info (default), debug or trace.
+fn init_logs() {
+    let level = std::env::var("VEIL_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing::Level>().ok())
+        .unwrap_or(tracing::Level::INFO);
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 fn main() {
     veil_core::process::keep_freed_memory();
+    init_logs();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("veil: {e}");
         std::process::exit(1);

@@ -128,6 +128,41 @@ fn bad_arguments_get_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("veil:") && err.contains("nope"), "{err}");
+    // A missing model is "not found", with its path, on both sides.
+    let state = tmp.path().join("state");
+    let out = veil(&[
+        "serve",
+        "--model",
+        m,
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not found") && err.contains("nope"), "{err}");
+    let out = veil(&["classify", "--model", m, "x"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not found") && err.contains("nope/config.json"),
+        "{err}"
+    );
+    // --pad-to beyond the model's limit is refused before connecting (nothing listens here).
+    let model = tmp.path().join("model");
+    tiny_folder(&model, 2, 3);
+    let out = veil(&[
+        "classify",
+        "--connect",
+        "127.0.0.1:9",
+        "--model",
+        model.to_str().unwrap(),
+        "--pad-to",
+        "1000",
+        "x",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--pad-to 1000"), "{err}");
     let out = veil(&[
         "finetune", "--model", m, "--train", m, "--dev", m, "--out", m, "--format", "csv",
     ]);
@@ -162,9 +197,19 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
+    let state = tmp.path().join("state");
+    let known = tmp.path().join("known_servers");
     let _server = ServerProcess(
         Command::new(env!("CARGO_BIN_EXE_veil"))
-            .args(["serve", "--model", &s(&full), "--listen", &addr])
+            .args([
+                "serve",
+                "--model",
+                &s(&full),
+                "--listen",
+                &addr,
+                "--state-dir",
+                &s(&state),
+            ])
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap(),
@@ -184,6 +229,8 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
             &addr,
             "--model",
             &s(client),
+            "--known-servers",
+            &s(&known),
             "--json",
             "the film good",
         ]);
@@ -196,6 +243,55 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
             .collect()
     };
     let (from_bundle, from_folder) = (probs(&bundle), probs(&full));
+    // Trust on first use recorded the server's fingerprint, the one in its state directory.
+    let recorded = std::fs::read_to_string(&known).unwrap();
+    assert!(recorded.starts_with(&format!("{addr} ")), "{recorded}");
+    assert!(state.join("key.der").is_file());
+    let fp = recorded.split_whitespace().nth(1).unwrap().to_string();
+    let pinned = veil_ok(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&bundle),
+        "--server-fingerprint",
+        &fp,
+        "--json",
+        "the film good",
+    ]);
+    assert!(String::from_utf8_lossy(&pinned).contains("probabilities"));
+    // A changed key is refused, naming the file.
+    let other = "ab".repeat(32);
+    std::fs::write(&known, format!("{addr} {other}\n")).unwrap();
+    let out = veil(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&bundle),
+        "--known-servers",
+        &s(&known),
+        "the film good",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&fp) && err.contains(&other) && err.contains(&s(&known)),
+        "{err}"
+    );
+    // Plain TCP against a TLS server fails cleanly, without hanging.
+    let out = veil(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&bundle),
+        "--insecure-plaintext",
+        "--timeout",
+        "20",
+        "the film good",
+    ]);
+    assert!(!out.status.success());
     assert_eq!(from_bundle.len(), 2);
     for (a, b) in from_bundle.iter().zip(&from_folder) {
         assert!(
@@ -256,4 +352,151 @@ fn demo_over_a_shaped_link_reports_measured_time() {
     let out = veil(&["demo", "--model", dir, "--net", "100M", "x"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("RATE,RTT"));
+
+    // The same over TLS on loopback; TLS and a shaped link do not combine.
+    let ok = veil_ok(&["demo", "--model", dir, "--tls", "--json", "the film good"]);
+    assert!(String::from_utf8_lossy(&ok).contains("\"label\""));
+    let out = veil(&["demo", "--model", dir, "--tls", "--net", "lan", "x"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("choose one"));
+}
+
+/// `--insecure-plaintext` on both sides still classifies; SIGTERM stops the server cleanly
+/// (no longer accepting, open sessions given their grace), with its structured log.
+#[test]
+fn plaintext_when_asked_and_graceful_shutdown_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = tmp.path().join("model");
+    tiny_folder(&full, 2, 7);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut server = ServerProcess(
+        Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args([
+                "serve",
+                "--model",
+                &s(&full),
+                "--listen",
+                &addr,
+                "--insecure-plaintext",
+                "--max-sessions",
+                "2",
+            ])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, "never listened");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let out = veil_ok(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&full),
+        "--insecure-plaintext",
+        "--json",
+        "the film good",
+    ]);
+    assert!(String::from_utf8_lossy(&out).contains("probabilities"));
+    let pid = server.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = server.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(std::time::Instant::now() < until, "no exit after SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut server.0.stderr.take().unwrap(), &mut log).unwrap();
+    for want in [
+        "max_sessions=2",
+        "session ended",
+        "inferences=1",
+        "shutting down",
+        "stopped",
+    ] {
+        assert!(log.contains(want), "no {want:?} in the log:\n{log}");
+    }
+}
+
+/// With a file-descriptor limit the server runs out of descriptors: accept errors are backed off
+/// (a handful of log lines, not a loop), and once the idle connections time out the server
+/// serves again.
+#[test]
+fn accept_errors_are_backed_off_and_the_server_recovers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let full = tmp.path().join("model");
+    tiny_folder(&full, 2, 9);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let log = tmp.path().join("log");
+    let script = format!(
+        "ulimit -n 24 && exec '{}' serve --model '{}' --listen {addr} --insecure-plaintext \
+         --max-sessions 16 --handshake-timeout 2 2>'{}'",
+        env!("CARGO_BIN_EXE_veil"),
+        s(&full),
+        s(&log)
+    );
+    let _server = ServerProcess(Command::new("sh").args(["-c", &script]).spawn().unwrap());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut idle = Vec::new();
+    loop {
+        match std::net::TcpStream::connect(&addr) {
+            Ok(c) => {
+                idle.push(c);
+                break;
+            }
+            Err(_) => {
+                assert!(std::time::Instant::now() < deadline, "never listened");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+    }
+    // More silent connections than the server has descriptors for.
+    for _ in 0..30 {
+        if let Ok(c) = std::net::TcpStream::connect(&addr) {
+            idle.push(c);
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    drop(idle);
+    // The handshake deadline freed the descriptors: a client is served.
+    let out = veil_ok(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&full),
+        "--insecure-plaintext",
+        "--json",
+        "the film good",
+    ]);
+    assert!(String::from_utf8_lossy(&out).contains("probabilities"));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let failed = text.matches("accept failed").count();
+    eprintln!("{failed} accept errors logged");
+    assert!(failed >= 1, "the limit was never hit:\n{text}");
+    assert!(failed < 40, "{failed} accept errors logged: a loop\n{text}");
+    assert!(text.contains("timed out"), "{text}");
 }

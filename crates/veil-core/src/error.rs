@@ -27,6 +27,10 @@ pub enum Error {
     Unsupported(String),
     /// Anything else, with context.
     Other(String),
+    /// A deadline passed: a silent or too slow peer, or a step that took longer than allowed.
+    TimedOut(String),
+    /// A file or directory that does not exist (the message names its path).
+    NotFound(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -44,6 +48,8 @@ impl fmt::Display for Error {
             Error::Insecure(m) => write!(f, "refused as insecure: {m}"),
             Error::Unsupported(m) => write!(f, "not supported: {m}"),
             Error::Other(m) => write!(f, "{m}"),
+            Error::TimedOut(m) => write!(f, "timed out: {m}"),
+            Error::NotFound(m) => write!(f, "not found: {m}"),
         }
     }
 }
@@ -62,6 +68,11 @@ impl From<std::io::Error> for Error {
         use std::io::ErrorKind::*;
         match e.kind() {
             UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => Error::Disconnected,
+            // A socket read or write timeout surfaces as WouldBlock (EAGAIN) on Unix.
+            TimedOut | WouldBlock => Error::TimedOut(match e.get_ref() {
+                Some(inner) => inner.to_string(),
+                None => "the peer sent nothing within the time allowed".into(),
+            }),
             _ => Error::Io(e),
         }
     }

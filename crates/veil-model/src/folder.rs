@@ -81,9 +81,19 @@ impl Model {
 /// Reads and validates `dir/config.json`.
 pub fn load_config(dir: &Path) -> Result<ModelConfig> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| Error::Malformed(format!("{}: {e}", path.display())))?;
-    ModelConfig::from_json(&text)
+    let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::NotFound(format!(
+            "{} (a model folder needs its config.json)",
+            path.display()
+        )),
+        _ => Error::Other(format!("{}: {e}", path.display())),
+    })?;
+    ModelConfig::from_json(&text).map_err(|e| match e {
+        Error::Malformed(m) => Error::Malformed(format!("{}: {m}", path.display())),
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{}: {m}", path.display())),
+        Error::Unsupported(m) => Error::Unsupported(format!("{}: {m}", path.display())),
+        e => e,
+    })
 }
 
 /// Weight files a model folder may hold, in order of preference.
@@ -113,7 +123,7 @@ pub fn load_weights(dir: &Path, config: &ModelConfig) -> Result<HashMap<String, 
             .map_err(|e| Error::Malformed(format!("{}: {e}", pt.display())))?
     } else {
         bail!(
-            Malformed,
+            NotFound,
             "{}: no model.safetensors or pytorch_model.bin",
             dir.display()
         )

@@ -1,5 +1,7 @@
 //! The [`Channel`] trait and length-prefixed messages on top of it.
 
+use std::time::Instant;
+
 use veil_core::{ensure, Result};
 
 use crate::{Meter, NetworkModel};
@@ -21,6 +23,12 @@ pub trait Channel: Send {
     /// any: its metered time then includes that network, so reports show it as measured.
     fn network(&self) -> Option<NetworkModel> {
         None
+    }
+    /// Every following send and receive must complete before `deadline` (`None`: no deadline);
+    /// past it they fail with `Error::TimedOut`. The whole step counts, not each read: a peer
+    /// dripping bytes cannot stretch it. In-memory transports have no socket and ignore it.
+    fn set_deadline(&mut self, _deadline: Option<Instant>) -> Result<()> {
+        Ok(())
     }
 
     /// Sends a message with a 4-byte little-endian length prefix.
@@ -82,6 +90,9 @@ impl<C: Channel + ?Sized> Channel for &mut C {
     fn network(&self) -> Option<NetworkModel> {
         (**self).network()
     }
+    fn set_deadline(&mut self, deadline: Option<Instant>) -> Result<()> {
+        (**self).set_deadline(deadline)
+    }
 }
 
 impl<C: Channel + ?Sized> Channel for Box<C> {
@@ -99,5 +110,8 @@ impl<C: Channel + ?Sized> Channel for Box<C> {
     }
     fn network(&self) -> Option<NetworkModel> {
         (**self).network()
+    }
+    fn set_deadline(&mut self, deadline: Option<Instant>) -> Result<()> {
+        (**self).set_deadline(deadline)
     }
 }

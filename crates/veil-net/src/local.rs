@@ -6,7 +6,10 @@ use std::thread;
 
 use veil_core::{Error, Result};
 
-use crate::{mem_pair, Channel, MemChannel, TcpChannel};
+use crate::{
+    mem_pair, Channel, ClientTls, Identity, MemChannel, ServerPin, ServerTls, TcpChannel,
+    TlsChannel,
+};
 
 fn join<T>(h: thread::ScopedJoinHandle<'_, Result<T>>, who: &str) -> Result<T> {
     h.join()
@@ -73,6 +76,49 @@ where
         });
         let hc = sc.spawn(move || {
             let mut ch = TcpChannel::connect(addr)?;
+            let r = client(&mut ch);
+            ch.flush()?;
+            r
+        });
+        let rc = join(hc, "client");
+        let rs = join(hs, "server");
+        Ok((rc?, rs?))
+    })
+}
+
+/// Same as [`run_two_party_tcp`] over TLS 1.3: a fresh server identity, the client pinning its
+/// fingerprint (what `veil serve` / `veil classify` run on; for measuring TLS's cost).
+pub fn run_two_party_tls<A, B, FA, FB>(client: FA, server: FB) -> Result<(A, B)>
+where
+    A: Send,
+    B: Send,
+    FA: FnOnce(&mut TlsChannel) -> Result<A> + Send,
+    FB: FnOnce(&mut TlsChannel) -> Result<B> + Send,
+{
+    let id = Identity::generate()?;
+    let tls = ServerTls::new(&id, None)?;
+    let pin = ClientTls {
+        pin: ServerPin::Fingerprint {
+            fp: id.fingerprint(),
+            source: "the in-process server".into(),
+        },
+        identity: None,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let deadline = || std::time::Instant::now() + std::time::Duration::from_secs(30);
+    thread::scope(|sc| {
+        let hs = sc.spawn(move || {
+            let (stream, _) = listener.accept()?;
+            let mut ch = tls.accept(stream, deadline())?;
+            ch.set_deadline(None)?;
+            let r = server(&mut ch);
+            ch.flush()?;
+            r
+        });
+        let hc = sc.spawn(move || {
+            let mut ch = pin.connect(std::net::TcpStream::connect(addr)?, deadline())?;
+            ch.set_deadline(None)?;
             let r = client(&mut ch);
             ch.flush()?;
             r

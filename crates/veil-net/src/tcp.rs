@@ -1,18 +1,22 @@
-//! TCP transport: TCP_NODELAY (protocol messages are latency-bound), 1 MiB buffers.
+//! TCP transport: TCP_NODELAY (protocol messages are latency-bound), 1 MiB buffers, optional
+//! deadlines ([`Channel::set_deadline`]) and idle limit ([`TcpChannel::set_timeout`]).
+//! Plain TCP carries no authentication or encryption: `veil` uses it only behind
+//! `--insecure-plaintext` (and for in-process loopback); see [`crate::tls`].
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use veil_core::{Error, Result};
 
+use crate::timed::TimedStream;
 use crate::{Channel, Meter};
 
-const BUF_BYTES: usize = 1 << 20;
+pub(crate) const BUF_BYTES: usize = 1 << 20;
 
 pub struct TcpChannel {
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
+    reader: BufReader<TimedStream>,
+    writer: BufWriter<TimedStream>,
     meter: Meter,
 }
 
@@ -21,8 +25,14 @@ impl TcpChannel {
         Self::from_stream(TcpStream::connect(addr)?)
     }
 
+    /// Connects within `timeout` to the first address `addr` resolves to that answers.
+    pub fn connect_timeout(addr: impl ToSocketAddrs, timeout: Duration) -> Result<Self> {
+        Self::from_stream(connect_timeout(addr, timeout)?)
+    }
+
     pub fn from_stream(stream: TcpStream) -> Result<Self> {
         stream.set_nodelay(true)?;
+        let stream = TimedStream::new(stream);
         let reader = BufReader::with_capacity(BUF_BYTES, stream.try_clone()?);
         let writer = BufWriter::with_capacity(BUF_BYTES, stream);
         Ok(TcpChannel {
@@ -32,16 +42,40 @@ impl TcpChannel {
         })
     }
 
-    /// A peer silent for longer than `t` makes receives fail instead of hanging forever.
+    /// A peer silent for longer than `t` makes one receive (or send) fail with
+    /// `Error::TimedOut` instead of hanging forever.
     pub fn set_timeout(&mut self, t: Option<Duration>) -> Result<()> {
-        self.reader.get_ref().set_read_timeout(t)?;
-        self.writer.get_ref().set_write_timeout(t)?;
+        self.reader.get_mut().set_idle(t);
+        self.writer.get_mut().set_idle(t);
         Ok(())
     }
 
     pub fn peer_addr(&self) -> Result<std::net::SocketAddr> {
-        Ok(self.writer.get_ref().peer_addr()?)
+        Ok(self.writer.get_ref().get_ref().peer_addr()?)
     }
+}
+
+/// `TcpStream::connect_timeout` over every address `addr` resolves to; the last error if none
+/// answers (a timeout as `Error::TimedOut`, naming the address).
+pub fn connect_timeout(addr: impl ToSocketAddrs, timeout: Duration) -> Result<TcpStream> {
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => {
+                last = Some(match e.kind() {
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                        Error::TimedOut(format!(
+                            "no answer from {a} within {:.1} s (--connect-timeout)",
+                            timeout.as_secs_f64()
+                        ))
+                    }
+                    _ => Error::Io(std::io::Error::new(e.kind(), format!("{a}: {e}"))),
+                })
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::InvalidArgument("the address resolves to nothing".into())))
 }
 
 impl Channel for TcpChannel {
@@ -63,5 +97,11 @@ impl Channel for TcpChannel {
 
     fn meter(&self) -> &Meter {
         &self.meter
+    }
+
+    fn set_deadline(&mut self, deadline: Option<Instant>) -> Result<()> {
+        self.reader.get_mut().set_deadline(deadline);
+        self.writer.get_mut().set_deadline(deadline);
+        Ok(())
     }
 }

@@ -16,7 +16,8 @@ use veil_model::random::{random_transformer, Preset};
 use veil_model::sim::FixedModel;
 use veil_model::{Activation, BlockVariant, ModelConfig};
 use veil_net::{
-    run_two_party_on, run_two_party_tcp, shaped_pair, Channel, NetworkModel, RealClock, Role,
+    run_two_party_on, run_two_party_tcp, run_two_party_tls, shaped_pair, Channel, NetworkModel,
+    RealClock, Role,
 };
 use veil_nonlinear::OtSession;
 
@@ -55,14 +56,21 @@ pub fn config(preset: Preset, variant: Variant) -> ModelConfig {
     cfg
 }
 
-/// Runs one private inference of `seq` tokens, over TCP loopback or (`net`) a link shaped like
-/// that network; returns the report plus the server's one-off weight-preparation time.
+/// Runs one private inference of `seq` tokens, over TCP loopback (TLS 1.3 on it if `tls`) or
+/// (`net`) a link shaped like that network; returns the report plus the server's one-off
+/// weight-preparation time.
 pub fn run_model(
     preset: Preset,
     variant: Variant,
     seq: usize,
     net: Option<NetworkModel>,
+    tls: bool,
 ) -> Result<(CostReport, f64)> {
+    veil_core::ensure!(
+        !(tls && net.is_some()),
+        Unsupported,
+        "TLS runs on TCP loopback; a shaped link is in memory"
+    );
     let cfg = config(preset, variant);
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&random_transformer(&cfg, [7; 16])?, fp)?;
@@ -76,6 +84,7 @@ pub fn run_model(
     let server = ServerModel::new(fixed)?;
     let prepare_s = t.elapsed().as_secs_f64();
     let (report, ()) = match net {
+        None if tls => run_two_party_tls(|ch| infer_once(ch, &x), |ch| serve_session(ch, &server))?,
         None => run_two_party_tcp(|ch| infer_once(ch, &x), |ch| serve_session(ch, &server))?,
         Some(net) => run_two_party_on(
             shaped_pair(net, Arc::new(RealClock::new()))?,
@@ -100,12 +109,14 @@ pub fn run_model_json(
     variant: Variant,
     seq: usize,
     net: Option<NetworkModel>,
+    tls: bool,
 ) -> Result<Value> {
-    let (report, prepare_s) = run_model(preset, variant, seq, net)?;
+    let (report, prepare_s) = run_model(preset, variant, seq, net, tls)?;
     let mut v = report.to_json();
     v["model"] = json!(preset.name());
     v["variant"] = json!(variant.name());
     v["seq"] = json!(seq);
+    v["tls"] = json!(tls);
     v["weight_preparation_s"] = json!(prepare_s);
     Ok(v)
 }

@@ -7,7 +7,9 @@
 //!   token ids, position rows added by the server, embedding LayerNorm on shares;
 //! * [`forward`] — every encoder block and the head on shares, one code path for both parties,
 //!   computing exactly the integers of `veil_model::sim` (the fixed-point simulator);
-//! * [`session`] — handshake, set-up, per-inference messages, and a multi-client TCP server;
+//! * [`session`] — handshake, set-up, per-inference messages, each step under a deadline;
+//! * [`server`] — the multi-client server: TLS or explicit plain TCP, bounded sessions and
+//!   queue, memory estimate per session, accept back-off, structured logs, graceful shutdown;
 //! * [`report`] — cost reports per operator class with LAN/WAN times, measured over a shaped
 //!   link ([`connect_shaped`], `bench::run_model` with a network) or modelled.
 //!
@@ -24,11 +26,13 @@ pub mod embedding;
 pub mod forward;
 pub mod prepared;
 pub mod report;
+pub mod server;
 pub mod session;
 
 pub use prepared::ServerModel;
 pub use report::CostReport;
+pub use server::{ServeOptions, Server, Transport};
 pub use session::{
-    connect_loopback, connect_shaped, serve, serve_session, serve_session_with, serve_with,
-    ClientConnection,
+    connect_loopback, connect_loopback_tls, connect_shaped, serve, serve_session,
+    serve_session_with, serve_with, ClientConnection, ClientOptions, Deadlines,
 };

@@ -1,14 +1,22 @@
 //! Sessions: the handshake, one-off set-up, and the per-inference exchange.
 //!
-//! Wire protocol (every message length-prefixed and size-limited, see `veil_net::Channel`):
-//! 1. client → server `Hello` = "VEIL" ‖ version (u32);
-//! 2. server → client the model's public `config.json` (architecture and operator variants),
-//!    and in private-embedding mode one byte naming the lookup method
-//!    ([`veil_linear::LookupMethod::tag`]);
-//! 3. set-up: the client's BFV public keys (veil-linear), base OTs and the first silent-COT
+//! Wire protocol (every message length-prefixed and size-limited, see `veil_net::Channel`;
+//! `veil serve` / `veil classify` carry it over TLS 1.3, `veil_net::tls`):
+//! 1. client → server `Hello` = "VEIL" ‖ version (u32) ‖ the longest prompt it will send, in
+//!    tokens (u32; 0: the model's limit), so the server can check its memory before set-up;
+//! 2. server → client status (u8) ‖ payload: 0 ‖ the model's public `config.json` (architecture
+//!    and operator variants), or 1 ‖ why the session is refused (busy, shutting down, too long
+//!    for its memory; UTF-8), which ends the session; in private-embedding mode then one byte
+//!    naming the lookup method ([`veil_linear::LookupMethod::tag`]);
+//! 3. the client checks the configuration against its own before anything else moves;
+//!    set-up: the client's BFV public keys (veil-linear), base OTs and the first silent-COT
 //!    bootstrap (veil-ot);
-//! 4. per inference: client → server `Request` = tag 1 ‖ sequence length (u32); both run
-//!    [`crate::forward`]; server → client its share of the output; tag 0 ends the session.
+//! 4. per inference: client → server `Request` = tag 1 ‖ sequence length (u32, at most the
+//!    length announced in the hello); both run [`crate::forward`]; server → client its share of
+//!    the output; tag 0 ends the session.
+//!
+//! Every step has a deadline on socket transports ([`Deadlines`], [`ClientOptions`]): a total
+//! per step, proportional to its work, so a stalled or dripping peer is dropped.
 //!
 //! What the server learns: the sequence length (the request says it). A client hides it by
 //! padding ([`ClientConnection::infer_padded`]): it masks the padding keys itself, so the
@@ -18,28 +26,95 @@
 //! costs no traffic. In private-embedding mode the client sends nothing but encrypted queries:
 //! [`ClientConnection::infer_ids`] runs [`crate::embedding`] first (cost line "Embedding").
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use veil_core::approx::Approx;
 use veil_core::wire::{Reader, Writer};
 use veil_core::{bail, ensure, FixedPoint, Result, RingTensor};
 use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
-use veil_net::{shaped_pair, Channel, MemChannel, NetworkModel, RealClock, Role, TcpChannel};
+use veil_net::{
+    shaped_pair, Channel, ClientTls, Identity, MemChannel, NetworkModel, RealClock, Role,
+    ServerPin, ServerTls, TcpChannel, TlsChannel,
+};
 use veil_nonlinear::OtSession;
 
 use crate::embedding::{embed_client, embed_server, ServerEmbedding, DEFAULT_METHOD};
 use crate::forward::{Party, Side};
 use crate::prepared::ServerModel;
 use crate::report::{CostReport, PhaseCost};
+use crate::server::{ServeOptions, Server, Transport};
 
 const MAGIC: &[u8; 4] = b"VEIL";
-const VERSION: u32 = 1;
+/// The protocol version; 2 added the hello's length and the server's status byte.
+pub const VERSION: u32 = 2;
+const HELLO_BYTES: usize = 12;
 const MAX_CONFIG_BYTES: usize = 1 << 20;
 const TAG_BYE: u8 = 0;
 const TAG_INFER: u8 = 1;
+const STATUS_OK: u8 = 0;
+const STATUS_REFUSED: u8 = 1;
+
+/// How long each step of a session may take on the server (a total per step, not per read).
+#[derive(Clone, Copy, Debug)]
+pub struct Deadlines {
+    /// TLS handshake and the client's hello.
+    pub handshake: Duration,
+    /// Key set-up (BFV keys, base OTs, the first silent-COT bootstrap).
+    pub setup: Duration,
+    /// Between two requests.
+    pub idle: Duration,
+    /// One inference: `infer_base` + `infer_per_token` × its tokens (times the load factor the
+    /// server passes when sessions share the cores).
+    pub infer_base: Duration,
+    pub infer_per_token: Duration,
+}
+
+impl Deadlines {
+    /// Deadlines for a model: the per-token allowance grows with the blocks and the square of
+    /// the width (BERT-Base: 18 s per token, so 128 tokens get 39 min, about 4× the measured
+    /// time of the original operators and 30× the substituted ones on two cores).
+    pub fn for_model(cfg: &ModelConfig) -> Self {
+        let width = (cfg.hidden_size as f64 / 768.0).max(1.0 / 16.0);
+        let per_token = 1.5 * cfg.num_layers as f64 * width * width;
+        Deadlines {
+            handshake: Duration::from_secs(10),
+            setup: Duration::from_secs(120),
+            idle: IDLE_TIMEOUT,
+            infer_base: Duration::from_secs(60),
+            infer_per_token: Duration::from_secs_f64(per_token.max(0.01)),
+        }
+    }
+
+    /// The deadline of one inference of `seq` tokens, stretched by `load` (≥ 1).
+    pub fn inference(&self, seq: usize, load: f64) -> Duration {
+        (self.infer_base + self.infer_per_token.mul_f64(seq as f64)).mul_f64(load.max(1.0))
+    }
+}
+
+/// A timed-out step, named.
+fn in_step(e: veil_core::Error, step: &str, budget: Duration) -> veil_core::Error {
+    match e {
+        veil_core::Error::TimedOut(m) => veil_core::Error::TimedOut(format!(
+            "{step} did not finish within {:.1} s ({m})",
+            budget.as_secs_f64()
+        )),
+        e => e,
+    }
+}
+
+/// The client's limits.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientOptions {
+    /// The longest prompt (in tokens) this session will send; `None`: the model's limit.
+    pub max_tokens: Option<usize>,
+    /// Each step (the server's answer to the hello, set-up, one inference) must finish within
+    /// this time — an inference within the larger of this and [`Deadlines::for_model`]'s
+    /// allowance for its length; `None`: no deadline.
+    pub step_timeout: Option<Duration>,
+}
 
 /// The fixed-point format of every session (the project defaults; training uses the same).
 pub fn session_format() -> FixedPoint {
@@ -62,6 +137,7 @@ pub struct ClientConnection<C: Channel> {
     setup: PhaseCost,
     /// The lookup method the server announced (private-embedding mode only).
     lookup: Option<LookupMethod>,
+    opts: ClientOptions,
 }
 
 /// What the client feeds the encoder: its own embedding (public mode) or token ids.
@@ -72,31 +148,78 @@ enum Input<'a> {
 
 impl<C: Channel> ClientConnection<C> {
     /// Handshake and set-up.
-    pub fn connect(mut ch: C) -> Result<Self> {
+    pub fn connect(ch: C) -> Result<Self> {
+        Self::connect_with(ch, ClientOptions::default(), |_| Ok(()))
+    }
+
+    /// Handshake, then `check` on the server's configuration (the caller compares it with its
+    /// own bundle and validates its options), then set-up: nothing secret and no key material
+    /// moves before the check passes. Each step within `opts.step_timeout`.
+    pub fn connect_with(
+        mut ch: C,
+        opts: ClientOptions,
+        check: impl FnOnce(&ModelConfig) -> Result<()>,
+    ) -> Result<Self> {
         ch.meter().reset();
         let cfg;
         let lookup;
         let ax = Approx::new(session_format())?;
+        let deadline = |ch: &mut C| match opts.step_timeout {
+            Some(t) => ch.set_deadline(Some(Instant::now() + t)),
+            None => Ok(()),
+        };
+        let budget = opts.step_timeout.unwrap_or(Duration::MAX);
         let (lin, ot) = {
             let _g = ch.meter().enter("Setup");
+            deadline(&mut ch)?;
+            let max_tokens = opts.max_tokens.unwrap_or(0);
+            ensure!(
+                max_tokens <= u32::MAX as usize,
+                InvalidArgument,
+                "{max_tokens} tokens"
+            );
             let mut w = Writer::new();
-            w.bytes(MAGIC).u32(VERSION);
+            w.bytes(MAGIC).u32(VERSION).u32(max_tokens as u32);
             ch.send_msg(&w.finish())?;
-            let text = ch.recv_msg(MAX_CONFIG_BYTES)?;
-            let text = std::str::from_utf8(&text)
-                .map_err(|_| veil_core::Error::Malformed("server config is not UTF-8".into()))?;
+            let reply = ch
+                .recv_msg(MAX_CONFIG_BYTES)
+                .map_err(|e| in_step(e, "the server's answer to the hello", budget))?;
+            let (&status, text) = reply
+                .split_first()
+                .ok_or_else(|| veil_core::Error::Malformed("empty answer to the hello".into()))?;
+            let text = std::str::from_utf8(text)
+                .map_err(|_| veil_core::Error::Malformed("server answer is not UTF-8".into()))?;
+            match status {
+                STATUS_OK => {}
+                STATUS_REFUSED => bail!(Other, "the server refused the session: {text}"),
+                s => bail!(Malformed, "unknown status {s} in the server's answer"),
+            }
             cfg = ModelConfig::from_json(text)?;
             lookup = match cfg.veil.embedding {
-                EmbeddingMode::Private => Some(LookupMethod::from_tag(
-                    *ch.recv_msg_exact(1)?.first().expect("one byte"),
-                )?),
+                EmbeddingMode::Private => {
+                    let tag = ch.recv_msg_exact(1)?;
+                    Some(LookupMethod::from_tag(tag[0])?)
+                }
                 EmbeddingMode::Public => None,
             };
-            let lin = ClientSession::setup(&mut ch, ax.fp.ring)?;
-            let ot = OtSession::setup(&mut ch, Role::Client)?;
+            if let Some(n) = opts.max_tokens {
+                ensure!(
+                    n <= cfg.max_sequence_len(),
+                    InvalidArgument,
+                    "{n} tokens requested, but the server's model takes at most {}",
+                    cfg.max_sequence_len()
+                );
+            }
+            check(&cfg)?;
+            deadline(&mut ch)?;
+            let lin = ClientSession::setup(&mut ch, ax.fp.ring)
+                .map_err(|e| in_step(e, "set-up", budget))?;
+            let ot = OtSession::setup(&mut ch, Role::Client)
+                .map_err(|e| in_step(e, "set-up", budget))?;
             (lin, ot)
         };
         let setup = phase(&ch);
+        ch.set_deadline(None)?;
         Ok(ClientConnection {
             ch,
             cfg,
@@ -105,6 +228,7 @@ impl<C: Channel> ClientConnection<C> {
             ax,
             setup,
             lookup,
+            opts,
         })
     }
 
@@ -201,6 +325,34 @@ impl<C: Channel> ClientConnection<C> {
             "sequence length {seq} outside 1..={}",
             self.cfg.max_sequence_len()
         );
+        if let Some(n) = self.opts.max_tokens {
+            ensure!(
+                seq <= n,
+                InvalidArgument,
+                "sequence length {seq} above the {n} tokens announced to the server"
+            );
+        }
+        // At least the server's own allowance for this length: a long inference of a large
+        // model is not cut short by a client default meant for the other steps.
+        let allowed = self
+            .opts
+            .step_timeout
+            .map(|t| t.max(Deadlines::for_model(&self.cfg).inference(seq, 1.0)));
+        if let Some(t) = allowed {
+            self.ch.set_deadline(Some(Instant::now() + t))?;
+        }
+        let budget = allowed.unwrap_or(Duration::MAX);
+        let res = self.run_inner(input, real_len, seq);
+        self.ch.set_deadline(None)?;
+        res.map_err(|e| in_step(e, "the inference", budget))
+    }
+
+    fn run_inner(
+        &mut self,
+        input: Input<'_>,
+        real_len: usize,
+        seq: usize,
+    ) -> Result<(Vec<f64>, CostReport)> {
         let mut w = Writer::new();
         w.u8(TAG_INFER).u32(seq as u32);
         self.ch.send_msg(&w.finish())?;
@@ -266,11 +418,81 @@ pub fn serve_session<C: Channel>(ch: C, model: &ServerModel) -> Result<()> {
 }
 
 /// [`serve_session`] with the embedding layer given (shared across sessions; required in
-/// private-embedding mode, where it also fixes the lookup method).
+/// private-embedding mode, where it also fixes the lookup method). No deadlines, no admission
+/// control: the caller's transport and [`crate::server`] add them.
 pub fn serve_session_with<C: Channel>(
     mut ch: C,
     model: &ServerModel,
     emb: Option<&ServerEmbedding>,
+) -> Result<()> {
+    let max_tokens = read_hello(&mut ch)?;
+    serve_admitted(
+        ch,
+        model,
+        emb,
+        max_tokens,
+        None,
+        &|| 1.0,
+        &mut SessionSummary::default(),
+    )
+}
+
+/// Reads the client's hello; returns the longest prompt it announces (0: the model's limit).
+pub fn read_hello<C: Channel>(ch: &mut C) -> Result<usize> {
+    // Read a little more than a hello, so that a stranger is named as one.
+    let hello = ch.recv_msg(64)?;
+    ensure!(
+        hello.starts_with(MAGIC),
+        Malformed,
+        "not a Veil client (its first message is not a Veil hello)"
+    );
+    let mut r = Reader::new(&hello, "hello");
+    r.array::<4>()?;
+    let v = r.u32()?;
+    ensure!(
+        v == VERSION,
+        Unsupported,
+        "client speaks protocol version {v}, server {VERSION}"
+    );
+    ensure!(
+        hello.len() == HELLO_BYTES,
+        Malformed,
+        "a hello of {} bytes, expected {HELLO_BYTES}",
+        hello.len()
+    );
+    let max_tokens = r.u32()? as usize;
+    r.finish()?;
+    Ok(max_tokens)
+}
+
+/// Answers a hello with a refusal the client shows its user, and ends the session.
+pub fn refuse<C: Channel>(ch: &mut C, reason: &str) -> Result<()> {
+    let mut m = vec![STATUS_REFUSED];
+    m.extend_from_slice(reason.as_bytes());
+    ch.send_msg(&m)?;
+    ch.flush()
+}
+
+/// What one session did, for the server's log.
+#[derive(Clone, Debug, Default)]
+pub struct SessionSummary {
+    pub inferences: usize,
+    pub tokens: usize,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+/// Serves an admitted session (its hello read, announcing `max_tokens`, 0 for the model's
+/// limit) until the client says goodbye or fails. `deadlines`: each step's (none without);
+/// `load()`: the factor stretching an inference's deadline when sessions share the cores.
+pub fn serve_admitted<C: Channel>(
+    mut ch: C,
+    model: &ServerModel,
+    emb: Option<&ServerEmbedding>,
+    max_tokens: usize,
+    deadlines: Option<&Deadlines>,
+    load: &dyn Fn() -> f64,
+    summary: &mut SessionSummary,
 ) -> Result<()> {
     let private = model.config().veil.embedding == EmbeddingMode::Private;
     ensure!(
@@ -284,27 +506,52 @@ pub fn serve_session_with<C: Channel>(
         InvalidArgument,
         "model encoded at another fixed-point format"
     );
-    let hello = ch.recv_msg(8)?;
-    let mut r = Reader::new(&hello, "hello");
-    ensure!(&r.array::<4>()? == MAGIC, Malformed, "not a Veil client");
-    let v = r.u32()?;
-    r.finish()?;
-    ensure!(
-        v == VERSION,
-        Unsupported,
-        "client speaks protocol version {v}, server {VERSION}"
-    );
-    ch.send_msg(model.config().to_json().as_bytes())?;
+    let cfg = model.config();
+    let limit = match max_tokens {
+        0 => cfg.max_sequence_len(),
+        n => n.min(cfg.max_sequence_len()),
+    };
+    let set = |ch: &mut C, d: Option<Duration>| match d {
+        Some(d) => ch.set_deadline(Some(Instant::now() + d)),
+        None => ch.set_deadline(None),
+    };
+    let step = |f: fn(&Deadlines) -> Duration| deadlines.map(f);
+    let budget = |d: Option<Duration>| d.unwrap_or(Duration::MAX);
+    let count = |ch: &C, summary: &mut SessionSummary| {
+        let t = ch.meter().total();
+        summary.bytes_sent += t.bytes_sent;
+        summary.bytes_received += t.bytes_received;
+        ch.meter().reset();
+    };
+
+    let setup_allowed = deadlines.map(|d| d.setup.mul_f64(load().max(1.0)));
+    set(&mut ch, setup_allowed)?;
+    let mut hello = vec![STATUS_OK];
+    hello.extend_from_slice(cfg.to_json().as_bytes());
+    ch.send_msg(&hello)?;
     if let Some(e) = emb {
         ch.send_msg(&[e.method().tag()])?;
     }
-    let lin = ServerSession::setup(&mut ch, ax.fp.ring)?;
-    let mut ot = OtSession::setup(&mut ch, Role::Server)?;
+    let setup = (|| {
+        let lin = ServerSession::setup(&mut ch, ax.fp.ring)?;
+        let ot = OtSession::setup(&mut ch, Role::Server)?;
+        Ok((lin, ot))
+    })();
+    let (lin, mut ot) = setup.map_err(|e| in_step(e, "set-up", budget(setup_allowed)))?;
+    count(&ch, summary);
+    tracing::debug!("set-up done");
     loop {
+        set(&mut ch, step(|d| d.idle))?;
         let req = match ch.recv_msg(5) {
             Ok(m) => m,
             Err(veil_core::Error::Disconnected) => return Ok(()),
-            Err(e) => return Err(e),
+            Err(e) => {
+                return Err(in_step(
+                    e,
+                    "waiting for a request",
+                    budget(step(|d| d.idle)),
+                ))
+            }
         };
         let mut r = Reader::new(&req, "request");
         match r.u8()? {
@@ -317,50 +564,90 @@ pub fn serve_session_with<C: Channel>(
         }
         let seq = r.u32()? as usize;
         r.finish()?;
-        let cfg = model.config();
         ensure!(
-            (1..=cfg.max_sequence_len()).contains(&seq),
+            (1..=limit).contains(&seq),
             Malformed,
-            "requested sequence length {seq} outside 1..={}",
-            cfg.max_sequence_len()
+            "requested sequence length {seq} outside 1..={limit} (the model's limit or the \
+             length announced in the hello)"
         );
-        let x1 = match emb {
-            Some(e) => embed_server(&mut ch, &mut ot, ax, &lin, &model.fixed, e, seq)?,
-            None => RingTensor::zeros(ax.fp.ring, &[seq, cfg.hidden_size])?,
-        };
-        let y1 = Party {
-            ch: &mut ch,
-            ot: &mut ot,
-            ax,
-            cfg,
-            side: Side::Server(&lin, model),
-        }
-        .encoder_and_head(&x1)?;
-        let mut w = Writer::new();
-        w.ring_elems(ax.fp.ring, y1.data());
-        ch.send_msg(&w.finish())?;
-        ch.flush()?;
-        ch.meter().reset();
+        let allowed = deadlines.map(|d| d.inference(seq, load()));
+        set(&mut ch, allowed)?;
+        let started = Instant::now();
+        let res = (|| {
+            let x1 = match emb {
+                Some(e) => embed_server(&mut ch, &mut ot, ax, &lin, &model.fixed, e, seq)?,
+                None => RingTensor::zeros(ax.fp.ring, &[seq, cfg.hidden_size])?,
+            };
+            let y1 = Party {
+                ch: &mut ch,
+                ot: &mut ot,
+                ax,
+                cfg,
+                side: Side::Server(&lin, model),
+            }
+            .encoder_and_head(&x1)?;
+            let mut w = Writer::new();
+            w.ring_elems(ax.fp.ring, y1.data());
+            ch.send_msg(&w.finish())?;
+            ch.flush()
+        })();
+        res.map_err(|e| in_step(e, &format!("an inference of {seq} tokens"), budget(allowed)))?;
+        let t = ch.meter().total();
+        tracing::info!(
+            tokens = seq,
+            seconds = started.elapsed().as_secs_f64(),
+            bytes_sent = t.bytes_sent,
+            bytes_received = t.bytes_received,
+            flights = t.flights_sent + t.flights_received,
+            "inference"
+        );
+        summary.inferences += 1;
+        summary.tokens += seq;
+        count(&ch, summary);
     }
 }
 
-/// How long a server waits on a silent client before dropping the session.
+/// How long a server waits on a silent client between requests before dropping the session.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Accepts clients forever, one thread per session; a failing session is logged and dropped,
-/// the others go on.
+/// Accepts clients forever over plain TCP with the default limits of
+/// [`crate::server::ServeOptions::for_model`] (for loopback and tests: `veil serve` uses TLS).
 pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
     serve_with(listener, model, DEFAULT_METHOD)
 }
 
 /// A server for `model` on a thread of this process, on a TCP loopback port, and a client
-/// session connected to it: both parties in one process (`veil demo`, `veil eval`), over the
-/// same transport as a real deployment.
+/// session connected to it: both parties in one process (`veil demo`, `veil eval`). Plain TCP:
+/// the bytes never leave the process's machine and both ends are this process.
 pub fn connect_loopback(model: Arc<ServerModel>) -> Result<ClientConnection<TcpChannel>> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     std::thread::spawn(move || serve(listener, model));
     ClientConnection::connect(TcpChannel::connect(addr)?)
+}
+
+/// As [`connect_loopback`], over TLS 1.3 as `veil serve` / `veil classify` run it: a fresh
+/// in-memory server identity, the client pinning its fingerprint (to measure what TLS costs).
+pub fn connect_loopback_tls(model: Arc<ServerModel>) -> Result<ClientConnection<TlsChannel>> {
+    let id = Identity::generate()?;
+    let tls = ServerTls::new(&id, None)?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let opts = ServeOptions::for_model(&model, Transport::Tls(tls));
+    let server = Server::new(model, opts)?;
+    std::thread::spawn(move || server.run(listener));
+    let ch = ClientTls {
+        pin: ServerPin::Fingerprint {
+            fp: id.fingerprint(),
+            source: "the in-process server".into(),
+        },
+        identity: None,
+    }
+    .connect(
+        std::net::TcpStream::connect(addr)?,
+        Instant::now() + Duration::from_secs(30),
+    )?;
+    ClientConnection::connect(ch)
 }
 
 /// Both parties in one process, as [`connect_loopback`], but over an in-memory link shaped like
@@ -372,7 +659,7 @@ pub fn connect_shaped(
     let (client, server) = shaped_pair(net, Arc::new(RealClock::new()))?;
     std::thread::spawn(move || {
         if let Err(e) = serve_session(server, &model) {
-            eprintln!("veil: the shaped-link server session failed: {e}");
+            tracing::warn!("the shaped-link server session failed: {e}");
         }
     });
     ClientConnection::connect(client)
@@ -385,34 +672,7 @@ pub fn serve_with(
     model: Arc<ServerModel>,
     method: LookupMethod,
 ) -> Result<()> {
-    let emb = match model.config().veil.embedding {
-        EmbeddingMode::Private => Some(Arc::new(ServerEmbedding::new(&model.fixed, method)?)),
-        EmbeddingMode::Public => None,
-    };
-    for stream in listener.incoming() {
-        let stream: TcpStream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("veil serve: accept failed: {e}");
-                continue;
-            }
-        };
-        let model = model.clone();
-        let emb = emb.clone();
-        std::thread::spawn(move || {
-            let peer = stream
-                .peer_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| "?".into());
-            let res = TcpChannel::from_stream(stream).and_then(|mut ch| {
-                ch.set_timeout(Some(IDLE_TIMEOUT))?;
-                serve_session_with(ch, &model, emb.as_deref())
-            });
-            match res {
-                Ok(()) => eprintln!("veil serve: session with {peer} ended"),
-                Err(e) => eprintln!("veil serve: session with {peer} failed: {e}"),
-            }
-        });
-    }
-    Ok(())
+    let mut opts = ServeOptions::for_model(&model, Transport::Plaintext);
+    opts.method = method;
+    Server::new(model, opts)?.run(listener)
 }

@@ -1,0 +1,465 @@
+//! The multi-client server: TLS (or, explicitly, plain TCP) on every connection, a bounded number
+//! of concurrent sessions and of connections waiting for one, deadlines on every step, a memory
+//! estimate checked before a session is admitted, accept errors backed off, structured logs
+//! (`tracing`: one span per session with its id and peer) and graceful shutdown.
+//!
+//! Threads: one accepts; each connection has one thread from its handshake to its end, and there
+//! are at most `max_sessions + queue` of them (further connections are closed at once, logged).
+//! A connection waits for a session slot for at most `queue_wait`, then gets a refusal its
+//! client prints. The heavy work of every session runs on the process's one worker pool
+//! (`veil_core::parallel`).
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use veil_core::{Error, Result};
+use veil_linear::LookupMethod;
+use veil_model::{EmbeddingMode, ModelConfig};
+use veil_net::{Channel, ServerTls, TcpChannel};
+
+use crate::embedding::{ServerEmbedding, DEFAULT_METHOD};
+use crate::prepared::ServerModel;
+use crate::session::{read_hello, refuse, serve_admitted, Deadlines, SessionSummary};
+
+/// How connections are carried.
+#[derive(Clone)]
+pub enum Transport {
+    /// TLS 1.3 with the server's identity (and optionally an allow-list of clients).
+    Tls(ServerTls),
+    /// Plain TCP: no authentication, no confidentiality (`--insecure-plaintext`; in-process
+    /// loopback).
+    Plaintext,
+}
+
+/// The server's limits and settings.
+#[derive(Clone)]
+pub struct ServeOptions {
+    pub transport: Transport,
+    /// Sessions running at once.
+    pub max_sessions: usize,
+    /// Connections waiting for a session slot, beyond `max_sessions`.
+    pub queue: usize,
+    /// How long a connection waits for a slot before it is refused.
+    pub queue_wait: Duration,
+    pub deadlines: Deadlines,
+    /// Memory for sessions, in bytes: admitted sessions' estimates
+    /// ([`session_memory_estimate`] at their announced length) stay below it.
+    pub memory_budget: u64,
+    /// Set to stop accepting; open sessions then get `shutdown_grace` to finish.
+    pub shutdown: Arc<AtomicBool>,
+    pub shutdown_grace: Duration,
+    /// The lookup method of private-embedding mode.
+    pub method: LookupMethod,
+}
+
+/// Bytes kept per session whatever its length: the client's BFV public and Galois keys, the
+/// OT pools (one silent-COT buffer per direction) and the base-OT state.
+const SESSION_FIXED_BYTES: u64 = 256 << 20;
+/// Bytes per element of a linear layer's widest output while it is under HE (ciphertexts,
+/// masks, packed responses).
+const BYTES_PER_LINEAR_ELEMENT: u64 = 2000;
+/// Bytes per attention score while the attention normalisation runs on OT (COT pads, bits).
+const BYTES_PER_SCORE: u64 = 650;
+
+/// A conservative estimate of one session's peak memory on the server at `seq` tokens: the
+/// fixed part plus the larger of the linear layers' and the attention's working set (they do not
+/// overlap in time). Calibrated so that it stays above the measured peaks (BERT-Base at 128
+/// tokens ≈ 0.8 GB above its weights; the default model at 512 tokens ≈ 2.2 GB for the whole
+/// process); an estimate, not a bound the code enforces.
+pub fn session_memory_estimate(cfg: &ModelConfig, seq: usize) -> u64 {
+    let seq = seq as u64;
+    let linear =
+        seq * cfg.intermediate_size.max(3 * cfg.hidden_size) as u64 * BYTES_PER_LINEAR_ELEMENT;
+    let attention = cfg.num_heads as u64 * seq * seq * BYTES_PER_SCORE;
+    SESSION_FIXED_BYTES + linear.max(attention)
+}
+
+/// The memory the system can still give (`MemAvailable`, else `MemTotal`, from /proc/meminfo).
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kib| kib << 10)
+    };
+    field("MemAvailable:").or_else(|| field("MemTotal:"))
+}
+
+impl ServeOptions {
+    /// Defaults for `model`: session memory = 80 % of the memory available now (4 GiB if
+    /// unknown), as many sessions at the model's longest prompt as fit (1 to 64), a queue of
+    /// twice that (at least 4) waiting up to 30 s, [`Deadlines::for_model`].
+    pub fn for_model(model: &ServerModel, transport: Transport) -> Self {
+        let cfg = model.config();
+        let budget = available_memory().map_or(4 << 30, |m| m / 5 * 4);
+        let peak = session_memory_estimate(cfg, cfg.max_sequence_len());
+        let max_sessions = (budget / peak).clamp(1, 64) as usize;
+        ServeOptions {
+            transport,
+            max_sessions,
+            queue: (2 * max_sessions).max(4),
+            queue_wait: Duration::from_secs(30),
+            deadlines: Deadlines::for_model(cfg),
+            memory_budget: budget,
+            shutdown: Arc::new(AtomicBool::new(false)),
+            shutdown_grace: Duration::from_secs(60),
+            method: DEFAULT_METHOD,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Slots {
+    active: usize,
+    reserved: u64,
+    closing: bool,
+}
+
+struct Shared {
+    model: Arc<ServerModel>,
+    emb: Option<ServerEmbedding>,
+    opts: ServeOptions,
+    slots: Mutex<Slots>,
+    freed: Condvar,
+    /// Connection threads alive.
+    threads: AtomicUsize,
+    ended: Condvar,
+    ended_lock: Mutex<()>,
+}
+
+/// A session slot, given back on drop.
+struct Slot<'a> {
+    shared: &'a Shared,
+    bytes: u64,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut s = self.shared.slots.lock().unwrap_or_else(|p| p.into_inner());
+        s.active -= 1;
+        s.reserved -= self.bytes;
+        self.shared.freed.notify_all();
+    }
+}
+
+/// Counts a connection thread until it ends.
+struct ThreadGuard(Arc<Shared>);
+
+impl Drop for ThreadGuard {
+    fn drop(&mut self) {
+        self.0.threads.fetch_sub(1, Ordering::SeqCst);
+        let _l = self.0.ended_lock.lock();
+        self.0.ended.notify_all();
+    }
+}
+
+impl Shared {
+    /// Waits up to `queue_wait` for a slot with `bytes` of session memory.
+    fn admit(&self, bytes: u64) -> std::result::Result<Slot<'_>, String> {
+        let o = &self.opts;
+        let until = Instant::now() + o.queue_wait;
+        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if s.closing {
+                return Err("the server is shutting down".into());
+            }
+            if s.active < o.max_sessions && s.reserved + bytes <= o.memory_budget {
+                s.active += 1;
+                s.reserved += bytes;
+                return Ok(Slot {
+                    shared: self,
+                    bytes,
+                });
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!(
+                    "the server is busy ({} sessions running, at most {}; {} MiB of {} MiB of \
+                     session memory in use); waited {:.0} s, try again later",
+                    s.active,
+                    o.max_sessions,
+                    s.reserved >> 20,
+                    o.memory_budget >> 20,
+                    o.queue_wait.as_secs_f64()
+                ));
+            }
+            s = self
+                .freed
+                .wait_timeout(s, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Sessions sharing the worker pool stretch each other's deadlines.
+    fn load(&self) -> f64 {
+        let active = self.slots.lock().map(|s| s.active).unwrap_or(1);
+        (active as f64 / veil_core::parallel::threads() as f64).max(1.0)
+    }
+
+    fn connection(&self, stream: TcpStream, peer: SocketAddr) -> Result<SessionSummary> {
+        let d = &self.opts.deadlines;
+        let hs_deadline = Instant::now() + d.handshake;
+        let mut ch: Box<dyn Channel> = match &self.opts.transport {
+            Transport::Tls(tls) => {
+                let ch = tls.accept(stream, hs_deadline).map_err(|e| match e {
+                    Error::TimedOut(m) => Error::TimedOut(format!("TLS handshake: {m}")),
+                    e => e,
+                })?;
+                if let Some(fp) = ch.peer_fingerprint() {
+                    tracing::info!(client = %fp, "client certificate accepted");
+                }
+                Box::new(ch)
+            }
+            Transport::Plaintext => {
+                let mut ch = TcpChannel::from_stream(stream)?;
+                ch.set_deadline(Some(hs_deadline))?;
+                Box::new(ch)
+            }
+        };
+        let announced = read_hello(&mut ch).map_err(|e| match e {
+            Error::TimedOut(m) => Error::TimedOut(format!("waiting for the hello: {m}")),
+            e => e,
+        })?;
+        let cfg = self.model.config();
+        let tokens = match announced {
+            0 => cfg.max_sequence_len(),
+            n => n.min(cfg.max_sequence_len()),
+        };
+        let bytes = session_memory_estimate(cfg, tokens);
+        if bytes > self.opts.memory_budget {
+            let why = format!(
+                "a session of up to {tokens} tokens needs about {} MiB, more than this server's \
+                 session memory ({} MiB): send shorter prompts",
+                bytes >> 20,
+                self.opts.memory_budget >> 20
+            );
+            let _ = refuse(&mut ch, &why);
+            return Err(Error::Other(format!("refused: {why}")));
+        }
+        // The client waits for our answer while we queue: keep its connection without a
+        // deadline of ours until a slot is free (the wait is bounded by `queue_wait`).
+        ch.set_deadline(None)?;
+        let queued = Instant::now();
+        let slot = match self.admit(bytes) {
+            Ok(s) => s,
+            Err(why) => {
+                ch.set_deadline(Some(Instant::now() + d.handshake))?;
+                let _ = refuse(&mut ch, &why);
+                return Err(Error::Other(format!("refused: {why}")));
+            }
+        };
+        tracing::info!(
+            tokens,
+            memory_mib = bytes >> 20,
+            queued_s = queued.elapsed().as_secs_f64(),
+            "admitted"
+        );
+        let _ = peer;
+        let mut summary = SessionSummary::default();
+        let res = serve_admitted(
+            ch,
+            &self.model,
+            self.emb.as_ref(),
+            announced,
+            Some(d),
+            &|| self.load(),
+            &mut summary,
+        );
+        drop(slot);
+        res.map(|()| summary)
+    }
+}
+
+/// A server ready to accept.
+pub struct Server {
+    shared: Arc<Shared>,
+}
+
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+impl Server {
+    pub fn new(model: Arc<ServerModel>, opts: ServeOptions) -> Result<Self> {
+        let emb = match model.config().veil.embedding {
+            EmbeddingMode::Private => Some(ServerEmbedding::new(&model.fixed, opts.method)?),
+            EmbeddingMode::Public => None,
+        };
+        Ok(Server {
+            shared: Arc::new(Shared {
+                model,
+                emb,
+                opts,
+                slots: Mutex::new(Slots::default()),
+                freed: Condvar::new(),
+                threads: AtomicUsize::new(0),
+                ended: Condvar::new(),
+                ended_lock: Mutex::new(()),
+            }),
+        })
+    }
+
+    pub fn options(&self) -> &ServeOptions {
+        &self.shared.opts
+    }
+
+    /// Connection threads alive now.
+    pub fn connections(&self) -> usize {
+        self.shared.threads.load(Ordering::SeqCst)
+    }
+
+    /// Accepts until the shutdown flag is set, then stops accepting, refuses queued
+    /// connections and waits up to the grace period for open sessions.
+    pub fn run(&self, listener: TcpListener) -> Result<()> {
+        const POLL: Duration = Duration::from_millis(25);
+        let shared = &self.shared;
+        let o = &shared.opts;
+        listener.set_nonblocking(true)?;
+        let mut backoff = Duration::ZERO;
+        while !o.shutdown.load(Ordering::SeqCst) {
+            let (stream, peer) = match listener.accept() {
+                Ok(c) => {
+                    backoff = Duration::ZERO;
+                    c
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(POLL);
+                    continue;
+                }
+                Err(e) => {
+                    // EMFILE, ENFILE, ENOMEM…: wait for resources instead of spinning.
+                    backoff =
+                        (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "accept failed");
+                    std::thread::sleep(backoff);
+                    continue;
+                }
+            };
+            let limit = o.max_sessions + o.queue;
+            if shared.threads.load(Ordering::SeqCst) >= limit {
+                tracing::warn!(%peer, limit, "connection closed: sessions and queue full");
+                drop(stream);
+                continue;
+            }
+            if let Err(e) = stream.set_nonblocking(false) {
+                tracing::warn!(%peer, error = %e, "connection dropped");
+                continue;
+            }
+            let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+            shared.threads.fetch_add(1, Ordering::SeqCst);
+            let guard = ThreadGuard(shared.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("veil-session-{id}"))
+                .spawn(move || {
+                    let shared = guard.0.clone();
+                    let span = tracing::info_span!("session", id, %peer);
+                    let _e = span.enter();
+                    let started = Instant::now();
+                    tracing::info!("connected");
+                    let res = shared.connection(stream, peer);
+                    let seconds = started.elapsed().as_secs_f64();
+                    match res {
+                        Ok(s) => tracing::info!(
+                            outcome = "ended",
+                            seconds,
+                            inferences = s.inferences,
+                            tokens = s.tokens,
+                            bytes_sent = s.bytes_sent,
+                            bytes_received = s.bytes_received,
+                            "session ended"
+                        ),
+                        Err(Error::Disconnected) => tracing::info!(
+                            outcome = "disconnected",
+                            seconds,
+                            "the client closed the connection"
+                        ),
+                        Err(Error::TimedOut(m)) => {
+                            tracing::warn!(outcome = "timed out", seconds, "session timed out: {m}")
+                        }
+                        Err(e) => {
+                            tracing::warn!(outcome = "failed", seconds, "session failed: {e}")
+                        }
+                    }
+                    drop(guard);
+                });
+            if let Err(e) = spawned {
+                // The closure (and its guard) was dropped: the count is given back.
+                tracing::warn!(%peer, error = %e, "could not start a session thread");
+            }
+        }
+        drop(listener);
+        let open = self.connections();
+        tracing::info!(
+            open,
+            grace_s = o.shutdown_grace.as_secs_f64(),
+            "shutting down: no longer accepting"
+        );
+        {
+            let mut s = shared.slots.lock().unwrap_or_else(|p| p.into_inner());
+            s.closing = true;
+            shared.freed.notify_all();
+        }
+        let until = Instant::now() + o.shutdown_grace;
+        let mut l = shared.ended_lock.lock().unwrap_or_else(|p| p.into_inner());
+        while self.connections() > 0 {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    open = self.connections(),
+                    "grace period over: ending open sessions"
+                );
+                break;
+            }
+            l = shared
+                .ended
+                .wait_timeout(l, left.min(Duration::from_millis(200)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use veil_model::{Architecture, HeadKind};
+
+    #[test]
+    fn memory_estimate_grows_with_the_prompt_and_the_model() {
+        let base = ModelConfig::new(
+            Architecture::Bert,
+            100,
+            768,
+            12,
+            12,
+            3072,
+            512,
+            HeadKind::Pooler,
+            2,
+        )
+        .unwrap();
+        let small = ModelConfig::new(
+            Architecture::Bert,
+            100,
+            384,
+            2,
+            12,
+            1536,
+            512,
+            HeadKind::Pooler,
+            2,
+        )
+        .unwrap();
+        let e = |c: &ModelConfig, n| session_memory_estimate(c, n) >> 20;
+        assert!(e(&base, 1) >= 256 && e(&base, 1) < 300);
+        assert!(e(&base, 128) > e(&base, 16));
+        assert!(e(&base, 128) >= 800, "{} MiB", e(&base, 128));
+        assert!(e(&small, 512) >= 2048, "{} MiB", e(&small, 512));
+        assert!(e(&base, 512) > e(&small, 512));
+        assert!(available_memory().is_some_and(|m| m > 0));
+    }
+}

@@ -1,0 +1,233 @@
+//! Property-based mutation of valid transcripts: a whole session (handshake, key set-up, base
+//! OTs, silent-COT bootstrap, one inference, goodbye) is recorded in both directions, then one
+//! direction is mutated (bit flips, truncations, splices of another part of the transcript,
+//! inserted bytes) and replayed to a fresh server or client. Every message decoder on the way
+//! must return a clean error or carry on: never panic. The handshake messages get many cheap
+//! cases; whole transcripts fewer, as each replay runs a session's computation.
+//! (cargo-fuzz needs a nightly toolchain, not this machine's stable one.)
+
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use veil_core::{FixedPoint, RingTensor};
+use veil_model::random::random_transformer_with_std;
+use veil_model::sim::FixedModel;
+use veil_model::{BlockVariant, HeadKind, ModelConfig};
+use veil_net::{run_two_party, Channel, Meter};
+use veil_private::session::read_hello;
+use veil_private::{serve_session, ClientConnection, ClientOptions, ServerModel};
+
+/// Records what passes through a channel, both ways.
+struct Recording<C> {
+    inner: C,
+    sent: Vec<u8>,
+    received: Vec<u8>,
+}
+
+impl<C: Channel> Channel for Recording<C> {
+    fn send(&mut self, data: &[u8]) -> veil_core::Result<()> {
+        self.sent.extend_from_slice(data);
+        self.inner.send(data)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> veil_core::Result<()> {
+        self.inner.recv(buf)?;
+        self.received.extend_from_slice(buf);
+        Ok(())
+    }
+    fn flush(&mut self) -> veil_core::Result<()> {
+        self.inner.flush()
+    }
+    fn meter(&self) -> &Meter {
+        self.inner.meter()
+    }
+}
+
+/// Plays back recorded bytes as the peer's; what this side sends is dropped.
+struct Replay {
+    input: Vec<u8>,
+    pos: usize,
+    meter: Meter,
+}
+
+impl Replay {
+    fn new(input: Vec<u8>) -> Self {
+        Replay {
+            input,
+            pos: 0,
+            meter: Meter::new(),
+        }
+    }
+}
+
+impl Channel for Replay {
+    fn send(&mut self, _data: &[u8]) -> veil_core::Result<()> {
+        Ok(())
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> veil_core::Result<()> {
+        let end = self.pos.saturating_add(buf.len());
+        if end > self.input.len() {
+            return Err(veil_core::Error::Disconnected);
+        }
+        buf.copy_from_slice(&self.input[self.pos..end]);
+        self.pos = end;
+        Ok(())
+    }
+    fn flush(&mut self) -> veil_core::Result<()> {
+        Ok(())
+    }
+    fn meter(&self) -> &Meter {
+        &self.meter
+    }
+}
+
+struct Fixture {
+    server: ServerModel,
+    x: RingTensor,
+    to_server: Vec<u8>,
+    to_client: Vec<u8>,
+}
+
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let mut cfg = ModelConfig::new(
+            veil_model::Architecture::Bert,
+            40,
+            16,
+            1,
+            2,
+            32,
+            16,
+            HeadKind::Pooler,
+            2,
+        )
+        .unwrap();
+        cfg.veil.blocks = vec![BlockVariant::friendly()];
+        let t = random_transformer_with_std(&cfg, [17; 16], 0.2).unwrap();
+        let fixed = FixedModel::encode(&t, FixedPoint::default_format()).unwrap();
+        let server = ServerModel::new(fixed.clone()).unwrap();
+        let x = fixed.embed(&[3, 1, 4], &[0; 3]).unwrap().0;
+        let ((to_server, to_client), ()) = run_two_party(
+            |ch| {
+                let mut rec = Recording {
+                    inner: ch,
+                    sent: Vec::new(),
+                    received: Vec::new(),
+                };
+                let mut c = ClientConnection::connect(&mut rec)?;
+                c.infer(&x)?;
+                c.close()?;
+                Ok((rec.sent, rec.received))
+            },
+            |ch| serve_session(ch, &server),
+        )
+        .unwrap();
+        Fixture {
+            server,
+            x,
+            to_server,
+            to_client,
+        }
+    })
+}
+
+/// One mutation of a byte string; positions are fractions of its length.
+#[derive(Clone, Debug)]
+enum Mutation {
+    Flip { at: f64, bit: u8 },
+    Truncate { at: f64 },
+    Splice { from: f64, to: f64, len: usize },
+    Insert { at: f64, bytes: Vec<u8> },
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        3 => (0.0..1.0f64, 0u8..8).prop_map(|(at, bit)| Mutation::Flip { at, bit }),
+        1 => (0.0..1.0f64).prop_map(|at| Mutation::Truncate { at }),
+        2 => (0.0..1.0f64, 0.0..1.0f64, 1usize..64)
+            .prop_map(|(from, to, len)| Mutation::Splice { from, to, len }),
+        1 => (0.0..1.0f64, proptest::collection::vec(any::<u8>(), 1..8))
+            .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
+    ]
+}
+
+/// Applies `m` within the first `window` bytes of `data`.
+fn apply(data: &[u8], m: &Mutation, window: usize) -> Vec<u8> {
+    let mut d = data.to_vec();
+    let w = window.min(d.len()).max(1);
+    let at = |f: f64| ((f * w as f64) as usize).min(w - 1);
+    match m {
+        Mutation::Flip { at: f, bit } => d[at(*f)] ^= 1 << bit,
+        Mutation::Truncate { at: f } => d.truncate(at(*f)),
+        Mutation::Splice { from, to, len } => {
+            let (from, to) = (at(*from), at(*to));
+            let len = (*len).min(d.len() - from).min(d.len() - to);
+            let chunk = d[from..from + len].to_vec();
+            d[to..to + len].copy_from_slice(&chunk);
+        }
+        Mutation::Insert { at: f, bytes } => {
+            let i = at(*f);
+            d.splice(i..i, bytes.iter().copied());
+        }
+    }
+    d
+}
+
+fn serve_replay(input: Vec<u8>) -> veil_core::Result<()> {
+    serve_session(Replay::new(input), &fixture().server)
+}
+
+fn client_replay(input: Vec<u8>) -> veil_core::Result<()> {
+    let mut c = ClientConnection::connect(Replay::new(input))?;
+    c.infer(&fixture().x)?;
+    c.close()
+}
+
+/// The harness itself: unmutated transcripts replay to the end.
+#[test]
+fn unmutated_transcripts_replay_cleanly() {
+    let f = fixture();
+    serve_replay(f.to_server.clone()).unwrap();
+    client_replay(f.to_client.clone()).unwrap();
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The server's first message decoder (the hello), mutated anywhere.
+    #[test]
+    fn mutated_hellos_are_clean_errors(m in mutation()) {
+        let hello = &fixture().to_server[..16];
+        let _ = read_hello(&mut Replay::new(apply(hello, &m, 16)));
+    }
+
+    /// The client's handshake (the server's answer, its configuration), mutated in its first
+    /// kilobytes; the check stops before the key set-up.
+    #[test]
+    fn mutated_server_answers_are_clean_errors(m in mutation()) {
+        let answer = apply(&fixture().to_client, &m, 2048);
+        let _ = ClientConnection::connect_with(
+            Replay::new(answer),
+            ClientOptions::default(),
+            |_| Err(veil_core::Error::Other("stop before set-up".into())),
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Whole client → server transcripts (keys, OT messages, requests, shares), mutated.
+    #[test]
+    fn mutated_client_transcripts_never_panic_the_server(m in mutation()) {
+        let f = fixture();
+        let _ = serve_replay(apply(&f.to_server, &m, f.to_server.len()));
+    }
+
+    /// Whole server → client transcripts, mutated.
+    #[test]
+    fn mutated_server_transcripts_never_panic_the_client(m in mutation()) {
+        let f = fixture();
+        let _ = client_replay(apply(&f.to_client, &m, f.to_client.len()));
+    }
+}

@@ -1,0 +1,257 @@
+//! Soak test of the TLS server, loopback only, bounded in time and count: 8 honest clients at
+//! once, next to one sending garbage, one dripping bytes, one pinning a wrong fingerprint and one
+//! hanging mid-session. Every honest client gets the simulator's logits bit for bit (faithful
+//! truncation), the bad ones are dropped with the right error on both sides (the server's
+//! structured log says why), and the server's thread count returns to its idle level.
+//! One test in this file: the thread count is the process's.
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use veil_core::{Error, FixedPoint};
+use veil_model::random::random_transformer_with_std;
+use veil_model::sim::FixedModel;
+use veil_model::{BlockVariant, HeadKind, ModelConfig, ProductTruncation};
+use veil_net::{Channel, ClientTls, Fingerprint, Identity, ServerPin, ServerTls};
+use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};
+
+const HONEST: usize = 8;
+
+/// The log lines the server writes, captured.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Log {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+fn tls_to(addr: &str, fp: Fingerprint) -> veil_core::Result<veil_net::TlsChannel> {
+    ClientTls {
+        pin: ServerPin::Fingerprint {
+            fp,
+            source: "the soak test".into(),
+        },
+        identity: None,
+    }
+    .connect(
+        TcpStream::connect(addr)?,
+        Instant::now() + Duration::from_secs(20),
+    )
+}
+
+#[test]
+fn eight_honest_clients_and_four_bad_ones_over_tls() {
+    let test_start = Instant::now();
+    let log = Log::default();
+    let writer = log.clone();
+    tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .init();
+
+    let mut cfg = ModelConfig::new(
+        veil_model::Architecture::Bert,
+        50,
+        16,
+        2,
+        2,
+        32,
+        16,
+        HeadKind::Pooler,
+        2,
+    )
+    .unwrap();
+    cfg.veil.blocks = vec![BlockVariant::friendly(); 2];
+    cfg.veil.product_truncation = ProductTruncation::Faithful;
+    let fp = FixedPoint::default_format();
+    let t = random_transformer_with_std(&cfg, [31; 16], 0.2).unwrap();
+    let fixed = FixedModel::encode(&t, fp).unwrap();
+    let model = Arc::new(ServerModel::new(fixed.clone()).unwrap());
+
+    let id = Identity::generate().unwrap();
+    let server_fp = id.fingerprint();
+    let mut opts =
+        ServeOptions::for_model(&model, Transport::Tls(ServerTls::new(&id, None).unwrap()));
+    opts.max_sessions = HONEST + 4;
+    opts.queue = 4;
+    opts.deadlines.handshake = Duration::from_secs(2);
+    opts.deadlines.idle = Duration::from_secs(3);
+    let shutdown = opts.shutdown.clone();
+    let server = Arc::new(Server::new(model, opts).unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let srv = server.clone();
+    let accept = std::thread::spawn(move || srv.run(listener));
+
+    // The worker pool exists from here on; this is the idle level.
+    veil_core::parallel::pool().install(|| ());
+    std::thread::sleep(Duration::from_millis(100));
+    let idle = threads();
+
+    let prompts: [&[u32]; 2] = [&[5, 6, 7], &[9, 1, 4, 4, 2, 8]];
+    let expected: Vec<(veil_core::RingTensor, Vec<f64>)> = prompts
+        .iter()
+        .map(|ids| {
+            let types = vec![0u32; ids.len()];
+            let want = fixed
+                .forward(ids, &types)
+                .unwrap()
+                .logits
+                .unwrap()
+                .decode(fixed.fp());
+            (fixed.embed(ids, &types).unwrap().0, want)
+        })
+        .collect();
+
+    let honest: Vec<_> = (0..HONEST)
+        .map(|i| {
+            let (x, want) = expected[i % 2].clone();
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let ch = tls_to(&addr, server_fp).unwrap();
+                let opts = ClientOptions {
+                    max_tokens: Some(8),
+                    step_timeout: Some(Duration::from_secs(120)),
+                };
+                let mut c = ClientConnection::connect_with(ch, opts, |_| Ok(())).unwrap();
+                let (y, _) = c.infer(&x).unwrap();
+                c.close().unwrap();
+                assert_eq!(y, want, "client {i}");
+            })
+        })
+        .collect();
+
+    // Garbage after a good TLS handshake: refused as not a Veil client.
+    let garbage = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let mut ch = tls_to(&addr, server_fp).unwrap();
+            ch.send_msg(b"GET / HTTP/1.1\r\n").unwrap();
+            ch.recv_msg(1 << 20).unwrap_err()
+        })
+    };
+    // Garbage instead of TLS.
+    let mut raw = TcpStream::connect(&addr).unwrap();
+    raw.write_all(b"\x16\x03\x01\xff\xffnot a client hello")
+        .unwrap();
+    // Drips its hello one byte every 300 ms: dropped at the 2 s handshake deadline.
+    let dripper = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let mut ch = tls_to(&addr, server_fp).unwrap();
+            let mut hello = 12u32.to_le_bytes().to_vec();
+            hello.extend_from_slice(b"VEIL");
+            hello.extend_from_slice(&2u32.to_le_bytes());
+            hello.extend_from_slice(&0u32.to_le_bytes());
+            for b in hello {
+                if ch.send(&[b]).and_then(|_| ch.flush()).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            ch.recv_msg(1 << 20).unwrap_err()
+        })
+    };
+    // Pins another fingerprint: the client refuses the server.
+    let wrong = {
+        let addr = addr.clone();
+        std::thread::spawn(move || {
+            let other = Identity::generate().unwrap().fingerprint();
+            tls_to(&addr, other).expect_err("a wrong pin must fail")
+        })
+    };
+    // Completes the set-up, then hangs: dropped after the 3 s idle deadline.
+    let hanger = {
+        let addr = addr.clone();
+        let (x, _) = expected[0].clone();
+        std::thread::spawn(move || {
+            let ch = tls_to(&addr, server_fp).unwrap();
+            let mut c =
+                ClientConnection::connect_with(ch, ClientOptions::default(), |_| Ok(())).unwrap();
+            std::thread::sleep(Duration::from_secs(6));
+            c.infer(&x)
+                .expect_err("the server dropped the hanging session")
+        })
+    };
+
+    for h in honest {
+        h.join().unwrap();
+    }
+    let e = garbage.join().unwrap();
+    assert!(
+        matches!(e, Error::Disconnected | Error::Insecure(_)),
+        "garbage client: {e}"
+    );
+    let e = dripper.join().unwrap();
+    assert!(
+        matches!(e, Error::Disconnected | Error::Insecure(_)),
+        "dripping client: {e}"
+    );
+    let e = wrong.join().unwrap();
+    assert!(
+        matches!(e, Error::Insecure(_)) && e.to_string().contains(&server_fp.to_string()),
+        "wrong pin: {e}"
+    );
+    let e = hanger.join().unwrap();
+    assert!(
+        matches!(e, Error::Disconnected | Error::Insecure(_)),
+        "hanging client: {e}"
+    );
+    drop(raw);
+
+    // Every connection thread ends; the process is back at its idle thread count.
+    let until = Instant::now() + Duration::from_secs(15);
+    while (server.connections() > 0 || threads() > idle) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(server.connections(), 0);
+    assert!(threads() <= idle, "{} threads, {idle} when idle", threads());
+
+    let text = log.text();
+    let count = |s: &str| text.lines().filter(|l| l.contains(s)).count();
+    assert_eq!(count("session ended"), HONEST, "{text}");
+    assert_eq!(count(": inference tokens="), HONEST, "{text}");
+    assert!(count("not a Veil client") >= 1, "{text}");
+    // The dripper was dropped at its 2 s deadline, although it never paused for long.
+    let drip = text
+        .lines()
+        .find(|l| l.contains("waiting for the hello"))
+        .unwrap_or_else(|| panic!("no timeout for the dripper: {text}"));
+    assert!(drip.contains("timed out"), "{drip}");
+    let secs: f64 = drip
+        .split("seconds=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no duration: {drip}"));
+    assert!(
+        (1.9..3.0).contains(&secs),
+        "dripper held its session {secs} s: {drip}"
+    );
+    assert!(count("waiting for a request") >= 1, "{text}");
+    assert!(count("TLS") >= 2, "raw garbage and the wrong pin: {text}");
+    assert!(text.contains("session{id="), "structured spans: {text}");
+
+    shutdown.store(true, std::sync::atomic::Ordering::SeqCst);
+    accept.join().unwrap().unwrap();
+    assert!(test_start.elapsed() < Duration::from_secs(120));
+}
