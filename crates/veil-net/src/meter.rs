@@ -70,6 +70,8 @@ enum Dir {
 
 struct State {
     stack: Vec<String>,
+    /// Depth (stack length) at which each open [`Meter::enter_class`] scope began.
+    class_starts: Vec<usize>,
     since: Instant,
     last: Dir,
     stats: BTreeMap<String, LabelStats>,
@@ -77,9 +79,11 @@ struct State {
 }
 
 impl State {
+    /// The class: the innermost label entered with [`Meter::enter_class`], else the outermost.
     fn class(&self) -> &str {
+        let at = self.class_starts.last().copied().unwrap_or(0);
         self.stack
-            .first()
+            .get(at)
             .map(String::as_str)
             .unwrap_or(Meter::UNLABELLED)
     }
@@ -132,6 +136,7 @@ impl Meter {
         Meter {
             inner: Arc::new(Mutex::new(State {
                 stack: Vec::new(),
+                class_starts: Vec::new(),
                 since: Instant::now(),
                 last: Dir::None,
                 stats: BTreeMap::new(),
@@ -154,6 +159,18 @@ impl Meter {
         LabelGuard {
             meter: self.clone(),
         }
+    }
+
+    /// Like [`Meter::enter`], but the label is a class of its own while it lasts, inside
+    /// whatever operator is running: work every operator shares and any of them may happen to
+    /// trigger (the silent-OT pools' refills) is reported on its own line instead of inflating
+    /// that operator's.
+    pub fn enter_class(&self, label: &str) -> LabelGuard {
+        let guard = self.enter(label);
+        let mut s = self.lock();
+        let at = s.stack.len() - 1;
+        s.class_starts.push(at);
+        guard
     }
 
     pub(crate) fn on_send(&self, n: usize) {
@@ -222,6 +239,10 @@ impl Drop for LabelGuard {
         let mut s = self.meter.lock();
         s.charge_time();
         s.stack.pop();
+        let depth = s.stack.len();
+        if s.class_starts.last() == Some(&depth) {
+            s.class_starts.pop();
+        }
     }
 }
 
@@ -258,5 +279,28 @@ mod tests {
         assert_eq!(c["A"].bytes_sent, 16);
         assert_eq!(c["A"].bytes_received, 10);
         assert_eq!(c["A"].rounds(), 4);
+    }
+
+    /// A label entered with `enter_class` inside an operator is a class of its own while it
+    /// lasts (and its nested labels with it); the operator's class resumes after it.
+    #[test]
+    fn a_class_label_inside_an_operator_gets_its_own_class() {
+        let m = Meter::new();
+        {
+            let _op = m.enter("Op");
+            m.on_send(4);
+            {
+                let _r = m.enter_class("Refill");
+                m.on_send(100);
+                let _inner = m.enter("Inner");
+                m.on_send(1);
+            }
+            m.on_send(2);
+        }
+        let c = m.by_class();
+        assert_eq!(c["Op"].bytes_sent, 6);
+        assert_eq!(c["Refill"].bytes_sent, 101);
+        assert_eq!(m.snapshot()["Inner"].bytes_sent, 1);
+        assert_eq!(m.total().bytes_sent, 107);
     }
 }

@@ -41,6 +41,10 @@ const IKNP_MIN_REFILL: usize = 1 << 16;
 /// topped-up pool fits its buffer without growing it.
 const TOP_UP_BELOW: usize = 1 << 20;
 
+/// The cost-report class of pool refills: traffic every operator shares, reported on its own
+/// line rather than charged to whichever operator happened to drain a pool.
+pub const REFILL_CLASS: &str = "OT refill";
+
 /// Upper bound on COTs requested in one call (bounds allocations from caller mistakes).
 pub const MAX_COTS_PER_CALL: usize = 1 << 26;
 
@@ -139,6 +143,7 @@ impl SenderPool {
         if self.available() >= need {
             return Ok(());
         }
+        let _g = ch.meter().enter_class(REFILL_CLASS);
         match &mut self.engine {
             SendEngine::Iknp(e) => {
                 let left = self.end - self.pos;
@@ -217,6 +222,7 @@ impl ReceiverPool {
         if self.available() >= need {
             return Ok(());
         }
+        let _g = ch.meter().enter_class(REFILL_CLASS);
         match &mut self.engine {
             RecvEngine::Iknp(e) => {
                 let left = self.end - self.pos;
