@@ -4,7 +4,8 @@
 //! inserted bytes) and replayed to a fresh server or client. Every message decoder on the way
 //! must return a clean error or carry on: never panic. The handshake messages get many cheap
 //! cases; whole transcripts fewer, as each replay runs a session's computation.
-//! (cargo-fuzz needs a nightly toolchain, not this machine's stable one.)
+//! Coverage-guided fuzzing of the same decoders runs with cargo-afl on the stable toolchain
+//! (`fuzz/`, see its README).
 
 use std::sync::OnceLock;
 
@@ -13,7 +14,7 @@ use veil_core::{FixedPoint, RingTensor};
 use veil_model::random::random_transformer_with_std;
 use veil_model::sim::FixedModel;
 use veil_model::{BlockVariant, HeadKind, ModelConfig};
-use veil_net::{run_two_party, Channel, Meter};
+use veil_net::{run_two_party, Channel, Meter, Replay};
 use veil_private::session::read_hello;
 use veil_private::{serve_session, ClientConnection, ClientOptions, ServerModel};
 
@@ -39,44 +40,6 @@ impl<C: Channel> Channel for Recording<C> {
     }
     fn meter(&self) -> &Meter {
         self.inner.meter()
-    }
-}
-
-/// Plays back recorded bytes as the peer's; what this side sends is dropped.
-struct Replay {
-    input: Vec<u8>,
-    pos: usize,
-    meter: Meter,
-}
-
-impl Replay {
-    fn new(input: Vec<u8>) -> Self {
-        Replay {
-            input,
-            pos: 0,
-            meter: Meter::new(),
-        }
-    }
-}
-
-impl Channel for Replay {
-    fn send(&mut self, _data: &[u8]) -> veil_core::Result<()> {
-        Ok(())
-    }
-    fn recv(&mut self, buf: &mut [u8]) -> veil_core::Result<()> {
-        let end = self.pos.saturating_add(buf.len());
-        if end > self.input.len() {
-            return Err(veil_core::Error::Disconnected);
-        }
-        buf.copy_from_slice(&self.input[self.pos..end]);
-        self.pos = end;
-        Ok(())
-    }
-    fn flush(&mut self) -> veil_core::Result<()> {
-        Ok(())
-    }
-    fn meter(&self) -> &Meter {
-        &self.meter
     }
 }
 
