@@ -156,7 +156,6 @@ impl OtSession {
         let msg = u.finish();
         assert_eq!(msg.len(), total.div_ceil(8), "COT message length");
         ch.send_msg(&msg)?;
-        self.top_up_send(ch)?;
         ch.flush()?;
         Ok(x)
     }
@@ -180,7 +179,6 @@ impl OtSession {
         for ((o, &c), &w) in out.iter_mut().zip(choices).zip(widths.iter().cycle()) {
             *o = group.op(*o, u.next_bits(w) & 0u64.wrapping_sub(c as u64)) & mask(w);
         }
-        self.top_up_recv(ch)?;
         Ok(out)
     }
 }

@@ -230,7 +230,6 @@ impl OtSession {
         for m in &messages {
             ch.send_msg(m)?;
         }
-        self.top_up_send(ch)?;
         ch.flush()?;
         Ok(shares)
     }
@@ -316,7 +315,6 @@ impl OtSession {
         for ((g, &(_, _, choices)), out) in shapes.iter().zip(groups).zip(&mut keys) {
             unmask_rows(ch, *g, choices, shared, out)?;
         }
-        self.top_up_recv(ch)?;
         Ok(keys)
     }
 }

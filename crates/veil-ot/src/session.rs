@@ -5,9 +5,8 @@
 //! COTs from the front of a pool; both parties consume and refill in lock-step, because refills
 //! are a deterministic function of the request size and of the pool level, which are the same on
 //! both sides. A refill adds the engine's flights (IKNP: one flight receiver → sender; silent
-//! COT: see [`crate::ferret`]) before the call's own flights; a silent pool running low is
-//! instead topped up at the end of the chosen-input calls (COTs, 1-of-N), where its one flight
-//! merges with the call's last.
+//! COT: see [`crate::ferret`]) before the call's own flights, reported as the cost class
+//! [`REFILL_CLASS`].
 //!
 //! Every consumed COT has a per-direction index that both parties know; flavours derive their
 //! hash tweaks from it, so no tweak is ever reused within a session.
@@ -33,13 +32,6 @@ pub enum Backend {
 
 /// IKNP refills by at least this many COTs, so small calls do not each pay a flight.
 const IKNP_MIN_REFILL: usize = 1 << 16;
-
-/// A silent pool below this many COTs refills right after a call's last message in its direction
-/// ([`OtSession::top_up_send`]): the refill's one flight (sender to receiver) then rides on that
-/// message's flight, where a refill inside a later call costs two flights of its own (the
-/// refill, then the receiver's reply in the other direction). A quarter iteration at most, so a
-/// topped-up pool fits its buffer without growing it.
-const TOP_UP_BELOW: usize = 1 << 20;
 
 /// The cost-report class of pool refills: traffic every operator shares, reported on its own
 /// line rather than charged to whichever operator happened to drain a pool.
@@ -338,24 +330,6 @@ impl OtSession {
                 self.sender.ensure(ch, n)
             }
         }
-    }
-
-    /// Called by a flavour right after its last message as COT sender: tops a silent sender pool
-    /// up to [`TOP_UP_BELOW`] now, in the same flight. The receiver calls
-    /// [`OtSession::top_up_recv`] at the same point of the same call (both see the same level).
-    pub(crate) fn top_up_send<C: Channel>(&mut self, ch: &mut C) -> Result<()> {
-        if matches!(self.sender.engine, SendEngine::Silent(_)) {
-            self.sender.ensure(ch, TOP_UP_BELOW)?;
-        }
-        Ok(())
-    }
-
-    /// The receiver's side of [`OtSession::top_up_send`], after the call's last message.
-    pub(crate) fn top_up_recv<C: Channel>(&mut self, ch: &mut C) -> Result<()> {
-        if matches!(self.receiver.engine, RecvEngine::Silent(_)) {
-            self.receiver.ensure(ch, TOP_UP_BELOW)?;
-        }
-        Ok(())
     }
 
     /// COTs ready in (sending, receiving) direction.
