@@ -28,7 +28,7 @@ pub use channel::{Channel, MAX_MESSAGE_BYTES};
 pub use local::{run_two_party, run_two_party_on, run_two_party_tcp, run_two_party_tls};
 pub use mem::{mem_pair, MemChannel};
 pub use meter::{LabelGuard, LabelStats, Meter, Role};
-pub use replay::Replay;
+pub use replay::{Recording, Replay};
 pub use shaped::{shaped_pair, Clock, NetworkModel, RealClock, SimClock, LAN, WAN};
 pub use tcp::{connect_timeout, TcpChannel};
 pub use tls::{ClientTls, Fingerprint, Identity, KnownServers, ServerPin, ServerTls, TlsChannel};

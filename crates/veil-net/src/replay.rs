@@ -1,10 +1,51 @@
-//! [`Replay`]: a channel that plays recorded bytes back as the peer's and drops what this side
-//! sends, so one party can be run against a (mutated) transcript: the mutation tests and the
-//! fuzz targets feed every message decoder of a session through it.
+//! Transcripts: [`Recording`] keeps what passes through a channel both ways, and [`Replay`] plays
+//! recorded bytes back as the peer's and drops what this side sends, so one party can be run
+//! against a (mutated) transcript: the transcript scans, the mutation tests and the fuzz targets
+//! use them.
 
 use veil_core::{Error, Result};
 
 use crate::{Channel, Meter};
+
+/// Records what passes through `inner`, both ways.
+pub struct Recording<C> {
+    pub inner: C,
+    /// Every byte this side sent, in order.
+    pub sent: Vec<u8>,
+    /// Every byte this side received, in order.
+    pub received: Vec<u8>,
+}
+
+impl<C> Recording<C> {
+    pub fn new(inner: C) -> Self {
+        Recording {
+            inner,
+            sent: Vec::new(),
+            received: Vec::new(),
+        }
+    }
+}
+
+impl<C: Channel> Channel for Recording<C> {
+    fn send(&mut self, data: &[u8]) -> Result<()> {
+        self.sent.extend_from_slice(data);
+        self.inner.send(data)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> Result<()> {
+        self.inner.recv(buf)?;
+        self.received.extend_from_slice(buf);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.inner.flush()
+    }
+
+    fn meter(&self) -> &Meter {
+        self.inner.meter()
+    }
+}
 
 /// Plays back `input` as everything the peer sends; a read past its end is a hang-up.
 pub struct Replay {

@@ -97,7 +97,7 @@ impl<C: Channel> Ctx<'_, C> {
         let _g = self.ch.meter().enter("Rsqrt");
         let ax = self.ax;
         let k = ax.norm_bits();
-        let h = class_onehot(self, s, 1, k, None)?;
+        let h = class_onehot(self, s, 1, k)?;
         let g = select(self, &h, 1, k, |e| ax.norm_scale(e));
         let big_g = select(self, &h, 1, k, |e| ax.rsqrt_out_scale(e, out_frac));
         let m = self.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
@@ -186,22 +186,15 @@ fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
 
 /// Arithmetic shares of the one-hot class h_e of each s over classes e = lo … hi (element-major:
 /// h[i·(hi−lo+1) + e − lo]): class e holds s ∈ [2^(e−1), 2^e), clamped to the range.
-/// The thresholds [s ≥ 2^j] are DReLUs of s − 2^j, all in one batch (one comparison tree's
-/// depth, 3 + 2·⌈log2 ⌈b/3⌉⌉ flights, then a B2A); `domain`: a promise s ∈ [0, 2^b) (b ≥ hi),
-/// under which the comparisons run on b bits instead of ℓ − 1. (A bit decomposition of s and
-/// a suffix OR need fewer bits per row but two prefix networks, about 4·⌈log2 b⌉ flights: these
+/// The thresholds [s ≥ 2^j] are DReLUs of s − 2^j on the whole ring, all in one batch (one
+/// comparison tree's depth, 11 flights at ℓ = 41, then a B2A). (A bit decomposition of s and a
+/// suffix OR need fewer bits per row but two prefix networks, about 4·⌈log2 b⌉ flights: these
 /// comparisons are per row, so their bytes are small and their depth is what costs.)
-fn class_onehot<C: Channel>(
-    cx: &mut Ctx<C>,
-    s: &[u64],
-    lo: u32,
-    hi: u32,
-    domain: Option<u32>,
-) -> Result<Vec<u64>> {
+fn class_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64], lo: u32, hi: u32) -> Result<Vec<u64>> {
     let diffs = threshold_diffs(cx, cx.ring(), s, lo, hi);
     let bits = {
         let _g = cx.ch.meter().enter("Compare");
-        cx.drelu(&diffs, domain)?
+        cx.drelu(&diffs, None)?
     };
     let c = cx.b2a(&bits)?;
     Ok(onehot(cx, &c, s.len(), lo, hi))

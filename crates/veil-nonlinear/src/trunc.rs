@@ -95,25 +95,21 @@ fn truncate_with<C: Channel>(
         Role::Client => x.iter().map(|&v| from.reduce(v)).collect(),
         Role::Server => x.iter().map(|&v| from.add(v, bias)).collect(),
     };
-    // Without low bits (s = 0: an extension) there is no carry to drop.
-    let mut convert = match mode {
-        _ if s == 0 => vec![false; x.len()],
-        TruncMode::OneBitError => vec![false; x.len()],
-        TruncMode::Faithful => {
-            let low: Vec<u64> = xs
-                .iter()
-                .map(|&v| match role {
-                    Role::Client => v & low_mask(s),
-                    Role::Server => low_mask(s) - (v & low_mask(s)),
-                })
-                .collect();
-            greater_than(ot, ch, role, &low, s)?
-        }
-    };
+    // The carry is dropped in the 1-bit-error mode; without low bits (s = 0: an extension)
+    // there is none. Its XOR shares are converted in the wrap's call, ahead of `bits`.
     let with_carry = mode == TruncMode::Faithful && s > 0;
-    if !with_carry {
-        convert.clear();
-    }
+    let mut convert = if with_carry {
+        let low: Vec<u64> = xs
+            .iter()
+            .map(|&v| match role {
+                Role::Client => v & low_mask(s),
+                Role::Server => low_mask(s) - (v & low_mask(s)),
+            })
+            .collect();
+        greater_than(ot, ch, role, &low, s)?
+    } else {
+        Vec::new()
+    };
     convert.extend_from_slice(bits);
     let (w, mut arith) = wrap_and_carry(ot, ch, role, from, to, &xs, k - s, &convert)?;
     let extra = arith.split_off(if with_carry { x.len() } else { 0 });
@@ -217,12 +213,5 @@ pub(crate) fn extend_values<C: Channel>(
     to: Ring,
     x: &[u64],
 ) -> Result<Vec<u64>> {
-    let k = from.bits();
-    ensure!(
-        k < to.bits(),
-        InvalidArgument,
-        "extension from {k} to {} bits",
-        to.bits()
-    );
-    truncate_into(ot, ch, role, from, to, x, 0, TruncMode::Faithful)
+    Ok(extend_with_b2a(ot, ch, role, (from, to), x, &[])?.0)
 }

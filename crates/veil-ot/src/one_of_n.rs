@@ -123,7 +123,7 @@ impl OneOfN {
     }
 }
 
-/// The run of a batch that group `g` uses: its COTs follow the earlier groups'.
+/// The `len` COTs of a batch from `first` on: one group's, behind the earlier groups'.
 fn sender_part<'a>(batch: &SenderBatch<'a>, first: usize, len: usize) -> SenderBatch<'a> {
     SenderBatch {
         delta: batch.delta,

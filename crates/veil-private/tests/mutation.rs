@@ -14,34 +14,9 @@ use veil_core::{FixedPoint, RingTensor};
 use veil_model::random::random_transformer_with_std;
 use veil_model::sim::FixedModel;
 use veil_model::{BlockVariant, HeadKind, ModelConfig};
-use veil_net::{run_two_party, Channel, Meter, Replay};
+use veil_net::{run_two_party, Recording, Replay};
 use veil_private::session::read_hello;
 use veil_private::{serve_session, ClientConnection, ClientOptions, ServerModel};
-
-/// Records what passes through a channel, both ways.
-struct Recording<C> {
-    inner: C,
-    sent: Vec<u8>,
-    received: Vec<u8>,
-}
-
-impl<C: Channel> Channel for Recording<C> {
-    fn send(&mut self, data: &[u8]) -> veil_core::Result<()> {
-        self.sent.extend_from_slice(data);
-        self.inner.send(data)
-    }
-    fn recv(&mut self, buf: &mut [u8]) -> veil_core::Result<()> {
-        self.inner.recv(buf)?;
-        self.received.extend_from_slice(buf);
-        Ok(())
-    }
-    fn flush(&mut self) -> veil_core::Result<()> {
-        self.inner.flush()
-    }
-    fn meter(&self) -> &Meter {
-        self.inner.meter()
-    }
-}
 
 struct Fixture {
     server: ServerModel,
@@ -72,11 +47,7 @@ fn fixture() -> &'static Fixture {
         let x = fixed.embed(&[3, 1, 4], &[0; 3]).unwrap().0;
         let ((to_server, to_client), ()) = run_two_party(
             |ch| {
-                let mut rec = Recording {
-                    inner: ch,
-                    sent: Vec::new(),
-                    received: Vec::new(),
-                };
+                let mut rec = Recording::new(ch);
                 let mut c = ClientConnection::connect(&mut rec)?;
                 c.infer(&x)?;
                 c.close()?;

@@ -17,37 +17,12 @@ use veil_model::random::random_transformer_with_std;
 use veil_model::sim::FixedModel;
 use veil_model::EmbeddingMode;
 use veil_model::{Activation, Architecture, BlockVariant, HeadKind, ModelConfig};
-use veil_net::{run_two_party, Channel, Meter};
+use veil_net::{run_two_party, Recording};
 use veil_private::embedding::ServerEmbedding;
 use veil_private::{serve_session_with, ClientConnection, ServerModel};
 
 /// Consecutive entries that make a match.
 const RUN: usize = 3;
-
-/// Records what passes through a channel, both ways.
-struct Recording<C> {
-    inner: C,
-    sent: Vec<u8>,
-    received: Vec<u8>,
-}
-
-impl<C: Channel> Channel for Recording<C> {
-    fn send(&mut self, data: &[u8]) -> veil_core::Result<()> {
-        self.sent.extend_from_slice(data);
-        self.inner.send(data)
-    }
-    fn recv(&mut self, buf: &mut [u8]) -> veil_core::Result<()> {
-        self.inner.recv(buf)?;
-        self.received.extend_from_slice(buf);
-        Ok(())
-    }
-    fn flush(&mut self) -> veil_core::Result<()> {
-        self.inner.flush()
-    }
-    fn meter(&self) -> &Meter {
-        self.inner.meter()
-    }
-}
 
 /// A byte-aligned encoding: the bytes of one value.
 type Encode = Box<dyn Fn(&Value) -> Option<Vec<u8>>>;
@@ -340,11 +315,7 @@ fn check_transcripts(mode: EmbeddingMode, method: LookupMethod) {
 
     let ((to_server, to_client), ()) = run_two_party(
         |ch| {
-            let mut rec = Recording {
-                inner: ch,
-                sent: Vec::new(),
-                received: Vec::new(),
-            };
+            let mut rec = Recording::new(ch);
             let mut conn = ClientConnection::connect(&mut rec)?;
             match mode {
                 EmbeddingMode::Public => conn.infer(&x)?,
