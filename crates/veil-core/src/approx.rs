@@ -48,9 +48,10 @@ pub const EXP_QUAD_NUM: u64 = 31;
 pub const EXP_QUAD_SHIFT: u32 = 6;
 /// Reciprocal and rsqrt iterate at f + RECIP_EXTRA_BITS fractional bits.
 pub const RECIP_EXTRA_BITS: u32 = 2;
-/// Newton iterations for 1/m and 1/√m on m ∈ [1/2, 1): the initial guess has relative error
-/// ≤ 8.6% (recip) and ≤ 2.3% (rsqrt); two quadratic steps bring it to ≤ 5.5e-5 and ≤ 1e-6, below
-/// the fixed-point resolution of the outputs (each further step would cost two products).
+/// Newton iterations for 1/√m on m ∈ [1/2, 1): the initial guess has relative error ≤ 2.3 %;
+/// two quadratic steps bring it to ≤ 1e-6, below the fixed-point resolution of the outputs (each
+/// further step would cost two products). (1/m takes the same two quadratic steps in Goldschmidt's
+/// form, [`Approx::goldschmidt`].)
 pub const NEWTON_ITERS: usize = 2;
 /// The private pass promises |x| < 2^RELU_DOMAIN_BITS (8192) for every ReLU input (the GELU
 /// substitute's FFN activations and ReLU-normalise's scores, including the client's padding-key
@@ -271,19 +272,31 @@ impl Approx {
         self.mul_trunc_by(s, self.norm_scale(e), self.norm_bits - self.newton_frac)
     }
 
-    /// Newton for 1/m, m ∈ [1/2, 1] at F = newton_frac bits: y0 = 2.9142 − 2m, then
-    /// y ← ⌊y·(2 − ⌊m·y⌋_F)⌋_F twice. Returns y ≈ 2^F/m.
-    pub fn newton_recip(&self, m: u64) -> u64 {
+    /// Goldschmidt for num/m, m ∈ [1/2, 1] and num at F = newton_frac bits: y0 = 2.9142 − 2m
+    /// (relative error ≤ 8.6 %), D0 = ⌊m·y0⌋_F and N0 = ⌊num·y0⌋_F, then with δ = 1 − D each step
+    /// multiplies by 1 + δ: D1 = D0 + ⌊D0·δ0⌋_F, N1 = N0 + ⌊N0·δ0⌋_F, N2 = N1 + ⌊N1·δ1⌋_F (D2 is
+    /// never needed). N/D stays num/m while D → 1 quadratically, so N2 ≈ num/m with the error of
+    /// two Newton steps (δ1 ≈ δ0² ≤ 0.0074, then ≤ 5.5e-5), and each step's products are
+    /// independent: two rounds of products where Newton needs four. Because δ is small, it is
+    /// the narrow factor. For num = 1 (2^F), N0 = y0. Returns N2 ≈ 2^F·num/m.
+    pub fn goldschmidt(&self, m: u64, num: u64) -> u64 {
         let ring = self.fp.ring;
         let fr = self.newton_frac;
-        let c0 = self.u((2.914_213_562_373_095 * (1u64 << fr) as f64).round() as i64);
-        let two = self.u(2i64 << fr);
-        let mut y = ring.sub(c0, ring.add(m, m));
-        for _ in 0..NEWTON_ITERS {
-            let my = self.mul_trunc_by(m, y, fr);
-            y = self.mul_trunc_by(y, ring.sub(two, my), fr);
-        }
-        y
+        let one = self.u(1i64 << fr);
+        let y0 = ring.sub(self.recip_guess(), ring.add(m, m));
+        let d0 = self.mul_trunc_by(m, y0, fr);
+        let n0 = self.mul_trunc_by(num, y0, fr);
+        let delta0 = ring.sub(one, d0);
+        let d1 = ring.add(d0, self.mul_trunc_by(d0, delta0, fr));
+        let n1 = ring.add(n0, self.mul_trunc_by(n0, delta0, fr));
+        let delta1 = ring.sub(one, d1);
+        ring.add(n1, self.mul_trunc_by(n1, delta1, fr))
+    }
+
+    /// The constant of the linear initial guess y0 = c0 − 2m for 1/m on [1/2, 1]: c0 = 1.5 + √2
+    /// at F bits (equal ripple, relative error ≤ 8.6 %).
+    pub fn recip_guess(&self) -> u64 {
+        self.u((2.914_213_562_373_095 * (1u64 << self.newton_frac) as f64).round() as i64)
     }
 
     /// Newton for 1/√m, m ∈ [1/2, 1) at F bits: y0 = 1.7877 − 0.81·m, then
@@ -308,7 +321,7 @@ impl Approx {
     ///
     /// Method: class e = bit length of s (norm_bits − 1 comparisons with public powers of two),
     /// g = 2^(K−e) selected by the one-hot class; m = s·g truncated to F bits ∈ [1/2, 1);
-    /// y = Newton(1/m); result ⌊y·g / 2^(F+K−f−out)⌋ at `out` fractional bits. Max error vs f64:
+    /// y = Goldschmidt(1/m); result ⌊y·g / 2^(F+K−f−out)⌋ at `out` fractional bits. Max error vs f64:
     /// 1 ulp + 2^-12 relative (for s near 2^-13 the input itself is that coarse).
     pub fn recip(&self, s: u64) -> u64 {
         self.recip_at(s, self.fp.frac_bits())
@@ -338,7 +351,7 @@ impl Approx {
     /// [`Approx::recip_at`] with the class given (the protocol computes e from comparisons).
     pub fn recip_in_class(&self, s: u64, e: u32, out_frac: u32) -> u64 {
         let m = self.normalise(s, e);
-        let y = self.newton_recip(m);
+        let y = self.goldschmidt(m, self.u(1i64 << self.newton_frac));
         self.mul_trunc_by(y, self.norm_scale(e), self.recip_out_shift(out_frac))
     }
 
@@ -387,9 +400,9 @@ impl Approx {
     /// tanh(x) for any x.
     ///
     /// Method: a = |x| (protocol: sign by DReLU, then a selection); z = exp_neg(−2a) ∈ (0, 1];
-    /// tanh(a) = (1 − z)/(1 + z) with the quotient by Newton on m = (1+z)/2 ∈ (1/2, 1] (no
-    /// normalisation: the range is known); th = ⌊((1 − z)·y + 2^F) / 2^(F+1)⌋ (rounded, so the
-    /// saturated value is exactly ±1); the sign is re-applied.
+    /// tanh(a) = (1 − z)/(1 + z) as the Goldschmidt quotient of num = 1 − z by m = (1+z)/2 ∈
+    /// (1/2, 1] (no normalisation: the range is known), N ≈ 2·tanh(a) at F bits; th = N rounded
+    /// to f bits (so the saturated value is exactly ±1); the sign is re-applied.
     /// Max error vs f64 over all x (measured): 2.7 ulp (3.27e-4). Odd: tanh(−x) = −tanh(x) exactly.
     pub fn tanh(&self, x: u64) -> u64 {
         let ring = self.fp.ring;
@@ -398,9 +411,11 @@ impl Approx {
         let a = if neg { ring.neg(x) } else { x };
         let z = self.exp_neg(ring.neg(ring.add(a, a)));
         let one = self.u(self.one());
-        let m = ring.mul(ring.add(one, z), 1u64 << (self.newton_frac - f - 1));
-        let y = self.newton_recip(m);
-        let th = self.mul_round_by(ring.sub(one, z), y, self.newton_frac + 1);
+        // m = (1 + z)/2 and num = 1 − z at F bits: N ≈ 2·tanh(|x|) at F bits.
+        let up = 1u64 << (self.newton_frac - f);
+        let m = ring.mul(ring.add(one, z), up / 2);
+        let n = self.goldschmidt(m, ring.mul(ring.sub(one, z), up));
+        let th = self.round(n, self.newton_frac - f + 1);
         if neg {
             ring.neg(th)
         } else {

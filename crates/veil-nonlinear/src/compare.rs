@@ -7,7 +7,7 @@
 //! comparison [low_k(z0) > 2^k − 1 − low_k(z1)] on k bits. A bound-controlled model promises a
 //! small |x|, so k shrinks from ℓ − 1 = 40 to e.g. 20 and the comparison costs half.
 //!
-//! Exact: no approximation error. Flights: 3 + 2·⌈log2 ⌈k/3⌉⌉ (the millionaire's leaves in two,
+//! Exact: no approximation error. Flights: 3 + 2·⌈log2 ⌈k/4⌉⌉ (the millionaire's leaves in two,
 //! its first AND level in three, every further level in two; 9 at k = 20, 11 at k = 40).
 //! Security: semi-honest (millionaire).
 

@@ -4,7 +4,8 @@
 //! the method, the domain and the error against f64, measured over the whole domain):
 //! * exp_neg: |error| ≤ 1.79 ulp on x ≤ 0 (clamped below −16); its squarings are narrow products
 //!   (|p| ≤ 1), so the shares equal `approx` only on that domain;
-//! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24] (values [2^-13, 2048]);
+//! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24] (values [2^-13, 2048]), the
+//!   quotient by Goldschmidt's two coupled steps (three rounds of products);
 //! * rsqrt:   ≤ 1 ulp + 2^-11 relative on the same domain;
 //! * tanh:    ≤ 2.7 ulp on all x; in the 1-bit-error mode within 1e-3 (3.8e-4 measured).
 //! * layer_norm_rsqrts: LayerNorm's √n/√S over the class range of its plan (see
@@ -14,7 +15,8 @@
 //! exactly the integers `approx` computes; the tests check equality.
 //!
 //! Reciprocal and rsqrt need the bit length e of their input: DReLUs of s − 2^k for
-//! k = 1 … K−1 (one batch, narrow when s has a known range), converted to arithmetic shares; the
+//! k = 1 … K−1 (one batch, narrow when s has a known range; the reciprocal skips the thresholds
+//! below a promised floor), converted to arithmetic shares; the
 //! one-hot class h_e = c_(e−1) − c_e then selects public constants by a local linear combination. These comparisons are per row in the layers
 //! (one reciprocal per Softmax row), so they cost little per element.
 //!
@@ -55,13 +57,22 @@ impl<C: Channel> Ctx<'_, C> {
     }
 
     /// 1/s with the output at `out_frac` fractional bits (approx::recip_at), on the domain
-    /// s ∈ [1, 2^K] (K = norm_bits; s = 2^K is Softmax's sum over 2048 equal scores, clamped to
-    /// class K as in `approx`), for shares of s in `s_ring` (the format's ring, or a narrower
+    /// s ∈ [2^floor, 2^K] (K = norm_bits; s = 2^K is Softmax's sum over 2048 equal scores, clamped
+    /// to class K as in `approx`), for shares of s in `s_ring` (the format's ring, or a narrower
     /// one of at least K + 2 bits, where the class comparisons then run and whose extension to
-    /// ℓ rides in the B2A's call): the class thresholds are one batch of (K + 1)-bit DReLUs and
-    /// the products are narrow (s ≤ 2^K, g = 2^(K−e) < 2^K, m ≤ 2^F + 2, y < 2^(F+2));
-    /// outside the domain the shares open to unspecified values.
-    pub fn recip_at(&mut self, s: &[u64], s_ring: Ring, out_frac: u32) -> Result<Vec<u64>> {
+    /// ℓ rides in the B2A's call). `floor` is the caller's promise s ≥ 2^floor (ReLU-normalise's
+    /// ε, Softmax's largest term): the classes below it are impossible, so only the thresholds
+    /// 2^(floor+1) … 2^(K−1) are compared, one batch of K-bit DReLUs (|s − 2^j| < 2^K); the
+    /// products are narrow (g = 2^(K−e) ≤ 2^(K−floor−1), y < 2^(F+2)). Outside the domain the
+    /// shares open to unspecified values. Flights: the DReLU batch, the B2A (2), the
+    /// normalisation (4), Goldschmidt (12), the output scaling (4).
+    pub fn recip_at(
+        &mut self,
+        s: &[u64],
+        s_ring: Ring,
+        floor: u32,
+        out_frac: u32,
+    ) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter("Recip");
         let ax = self.ax;
         let k = ax.norm_bits();
@@ -73,23 +84,31 @@ impl<C: Channel> Ctx<'_, C> {
             "a reciprocal of sums in Z_2^{}",
             s_ring.bits()
         );
-        let diffs = threshold_diffs(self, s_ring, s, 1, k);
+        ensure!(
+            floor < k,
+            InvalidArgument,
+            "a reciprocal of sums promised above 2^{floor} (the domain ends at 2^{k})"
+        );
+        let lo = floor + 1;
+        let diffs = threshold_diffs(self, s_ring, s, lo, k);
         let bits = {
             let _g = self.ch.meter().enter("Compare");
-            self.drelu_in(s_ring, &diffs, Some(k + 1))?
+            self.drelu_in(s_ring, &diffs, Some(k))?
         };
         let (s, c) = if s_ring == ring {
             (s.to_vec(), self.b2a(&bits)?)
         } else {
             extend_with_b2a(self.ot, self.ch, self.role, (s_ring, ring), s, &bits)?
         };
-        let h = onehot(self, &c, s.len(), 1, k);
-        let g = select(self, &h, 1, k, |e| ax.norm_scale(e));
-        let m = self.mul_narrow_trunc(&s, Narrow::unsigned(k + 1), &g, k - fr, fr + 2)?;
-        let y = newton_recip(self, &m)?;
+        let h = onehot(self, &c, s.len(), lo, k);
+        let g = select(self, &h, lo, k, |e| ax.norm_scale(e));
+        // g = 2^(K−e) ≤ 2^(K−lo) is the narrower factor of m = s·g.
+        let m = self.mul_narrow_trunc(&g, Narrow::unsigned(k - lo + 1), &s, k - fr, fr + 2)?;
+        let y = goldschmidt(self, &m, None)?;
         let shift = ax.recip_out_shift(out_frac);
-        // y·g < 2^(F+1+K−1): the result is below 2^(F+K−shift).
-        self.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &g, shift, fr + k - shift + 2)
+        // y·g < 2^(F+1+K−e) with e > floor: the result is below 2^(F+K−floor−shift).
+        let out = fr + k - floor - shift + 2;
+        self.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &g, shift, out)
     }
 
     /// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at).
@@ -105,7 +124,7 @@ impl<C: Channel> Ctx<'_, C> {
         self.mul_trunc(&y, &big_g, ax.rsqrt_out_shift(out_frac))
     }
 
-    /// tanh(x) (approx::tanh): sign by DReLU, exp(−2|x|), Newton quotient, sign re-applied.
+    /// tanh(x) (approx::tanh): sign by DReLU, exp(−2|x|), Goldschmidt quotient, sign re-applied.
     pub fn tanh(&mut self, x: &[u64]) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter("Tanh");
         let ring = self.ring();
@@ -120,17 +139,14 @@ impl<C: Channel> Ctx<'_, C> {
             .map(|(&v, &p)| ring.sub(ring.add(v, v), ring.mul(p, 4)))
             .collect();
         let z = self.exp_neg(&neg2a, None)?;
-        let mut den = z.clone();
-        self.add_public(&mut den, 1u64 << f);
-        let m: Vec<u64> = den
-            .iter()
-            .map(|&v| ring.mul(v, 1u64 << (fr - f - 1)))
-            .collect();
-        let y = newton_recip(self, &m)?;
-        let mut num: Vec<u64> = z.iter().map(|&v| ring.neg(v)).collect();
-        self.add_public(&mut num, 1u64 << f);
-        let p = self.mul(&num, &y)?;
-        let th = self.round(&p, fr + 1)?;
+        // m = (1 + z)/2 and num = 1 − z at F bits: N ≈ 2·tanh(|x|) at F bits.
+        let up = 1u64 << (fr - f);
+        let mut m: Vec<u64> = z.iter().map(|&v| ring.mul(v, up / 2)).collect();
+        self.add_public(&mut m, 1u64 << (fr - 1));
+        let mut num: Vec<u64> = z.iter().map(|&v| ring.neg(ring.mul(v, up))).collect();
+        self.add_public(&mut num, 1u64 << fr);
+        let n = goldschmidt(self, &m, Some(&num))?;
+        let th = self.round(&n, fr - f + 1)?;
         let pth = self.mux(&pos, &th)?;
         Ok(pth
             .iter()
@@ -140,23 +156,50 @@ impl<C: Channel> Ctx<'_, C> {
     }
 }
 
-/// Newton for 1/m on m ∈ [1/2, 1] at F = newton_frac bits (approx::newton_recip). Every value
-/// stays below 2^(F+1) (y0 = 2.914 − 2m and the iterates approach 1/m ≤ 2 from below, m·y ≈ 1),
-/// so the products are narrow ones, unsigned, with a bit of margin: 0 < m < 2^(F+1) (tanh
-/// reaches m = 1, and a fused normalisation may land m a few units above 2^F), 0 < y < 2^(F+2).
-fn newton_recip<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
+/// Goldschmidt for num/m on m ∈ [1/2, 1] at F = newton_frac bits (approx::goldschmidt; `None`
+/// for num = 1, where N0 = y0 needs no product). Three rounds of products, 12 flights: D0 and
+/// N0 in one call, then each step's two products by 1 + δ in one call. Narrow promises, with
+/// margin for the fused normalisation's m a few units outside [2^(F−1), 2^F]: y0 < 2^(F+1),
+/// |δ0| ≤ 0.086 < 2^-3, |δ1| ≤ 0.0075 < 2^-6 (each also holds the 1-bit-error mode's few ulps).
+fn goldschmidt<C: Channel>(cx: &mut Ctx<C>, m: &[u64], num: Option<&[u64]>) -> Result<Vec<u64>> {
     let ring = cx.ring();
     let fr = cx.ax.newton_frac();
-    let c0 = (2.914_213_562_373_095 * (1u64 << fr) as f64).round() as u64;
-    let mut y: Vec<u64> = m.iter().map(|&v| ring.neg(ring.add(v, v))).collect();
-    cx.add_public(&mut y, c0);
-    for _ in 0..veil_core::approx::NEWTON_ITERS {
-        let my = cx.mul_narrow_trunc(m, Narrow::unsigned(fr + 1), &y, fr, fr + 2)?;
-        let mut u: Vec<u64> = my.iter().map(|&v| ring.neg(v)).collect();
-        cx.add_public(&mut u, 2u64 << fr);
-        y = cx.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &u, fr, fr + 3)?;
-    }
-    Ok(y)
+    let n = m.len();
+    let mut y0: Vec<u64> = m.iter().map(|&v| ring.neg(ring.add(v, v))).collect();
+    cx.add_public(&mut y0, cx.ax.recip_guess());
+    let y_nw = Narrow::unsigned(fr + 1);
+    // D0 = ⌊m·y0⌋_F and N0 = ⌊num·y0⌋_F (< 2^(F+2) for num ≤ 2^F).
+    let (d0, n0) = match num {
+        None => (cx.mul_narrow_trunc(&y0, y_nw, m, fr, fr + 3)?, y0),
+        Some(num) => {
+            let a = [y0.as_slice(), y0.as_slice()].concat();
+            let b = [m, num].concat();
+            let mut d0 = cx.mul_narrow_trunc(&a, y_nw, &b, fr, fr + 3)?;
+            let n0 = d0.split_off(n);
+            (d0, n0)
+        }
+    };
+    let one_minus = |cx: &Ctx<C>, d: &[u64]| {
+        let mut delta: Vec<u64> = d.iter().map(|&v| ring.neg(v)).collect();
+        cx.add_public(&mut delta, 1u64 << fr);
+        delta
+    };
+    // D1 = D0 + ⌊D0·δ0⌋_F and N1 = N0 + ⌊N0·δ0⌋_F in one call.
+    let delta0 = one_minus(cx, &d0);
+    let a = [delta0.as_slice(), delta0.as_slice()].concat();
+    let b = [d0.as_slice(), n0.as_slice()].concat();
+    let steps = cx.mul_narrow_trunc(&a, Narrow::signed(fr - 2), &b, fr, fr + 1)?;
+    let (d1, n1): (Vec<u64>, Vec<u64>) = {
+        let (dd, dn) = steps.split_at(n);
+        (
+            d0.iter().zip(dd).map(|(&x, &d)| ring.add(x, d)).collect(),
+            n0.iter().zip(dn).map(|(&x, &d)| ring.add(x, d)).collect(),
+        )
+    };
+    // N2 = N1 + ⌊N1·δ1⌋_F.
+    let delta1 = one_minus(cx, &d1);
+    let dn = cx.mul_narrow_trunc(&delta1, Narrow::signed(fr - 5), &n1, fr, fr)?;
+    Ok(n1.iter().zip(&dn).map(|(&x, &d)| ring.add(x, d)).collect())
 }
 
 /// Newton for 1/√m on m ∈ [1/2, 1) (approx::newton_rsqrt). Narrow products: |m| < 2^(F+1) (a

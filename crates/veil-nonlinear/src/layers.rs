@@ -75,7 +75,7 @@ fn check_ring<C: Channel>(cx: &Ctx<C>, x: &RingTensor) -> Result<()> {
 impl<C: Channel> Ctx<'_, C> {
     /// GELU, tanh form, as ReLU(x) − φ(|x|) with φ piecewise cubic (approx::gelu: the clamp to
     /// [0, A], the narrow-ring powers, the segment comparisons and the telescoping selection are the
-    /// same steps). Label "GELU". Flights at the default format: 70 (faithful truncations).
+    /// same steps). Label "GELU". Flights at the default format: 64 (faithful truncations).
     pub fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter("GELU");
@@ -150,7 +150,7 @@ impl<C: Channel> Ctx<'_, C> {
     /// ReLU as a layer on a tensor (the GELU substitute): [`Ctx::relu`] on the tensor's values,
     /// named apart from it because the slice form is the primitive the other functions use.
     /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU". Flights:
-    /// 5 + 2·⌈log2 ⌈k/3⌉⌉ (13 at the models' bound).
+    /// 5 + 2·⌈log2 ⌈k/4⌉⌉ (11 at the models' bound).
     pub fn relu_tensor(&mut self, x: &RingTensor, bound: Option<u32>) -> Result<RingTensor> {
         check_ring(self, x)?;
         let y = self.relu(x.data(), bound)?;
@@ -159,7 +159,7 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// Softmax over the last dimension with max subtraction; `valid` is the public padding mask of
     /// the columns (false: excluded, output 0). Algorithm 3 / approx::softmax_row. Label "Softmax".
-    /// Flights at the default format: 114 (1-bit-error mode).
+    /// Flights at the default format: 108 (1-bit-error mode).
     pub fn softmax(&mut self, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter("Softmax");
@@ -182,16 +182,17 @@ impl<C: Channel> Ctx<'_, C> {
             .chunks(k)
             .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
             .collect();
-        // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1.
+        // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1. The row's largest
+        // score gives exp(0) = 1 (a few ulps low at most), so every sum is at least 1/2.
         let f = self.ax.fp.frac_bits();
-        let y = divide_rows(self, &e, Narrow::signed(f + 2), (&sums, ring))?;
+        let y = divide_rows(self, &e, Narrow::signed(f + 2), (&sums, ring, f - 1))?;
         RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
     }
 
     /// ReLU-normalise, the Softmax substitute: ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over valid columns,
     /// one reciprocal per row then one product per element (approx::relu_normalise_row).
     /// `bound`: promise |x| < 2^k for cheaper comparisons. Label "ReLU-normalise". Flights at
-    /// the default format: 52 (1-bit-error mode, the models' bound).
+    /// the default format: 44 (1-bit-error mode, the models' bound).
     pub fn relu_normalise(
         &mut self,
         x: &RingTensor,
@@ -226,8 +227,9 @@ impl<C: Channel> Ctx<'_, C> {
         self.add_public_in(kr, &mut sums, self.ax.relu_normalise_eps());
         // ReLU(x_i) ≤ s < 2^norm_bits in the domain: a narrow product; the output y ≤ 1 + 2^-10
         // (the reciprocal's error). The sums stay in the narrow ring: the reciprocal compares them
-        // there and extends them in its B2A's call.
-        let y = divide_rows(self, &r, Narrow::unsigned(nb), (&sums, kr))?;
+        // there and extends them in its B2A's call. Every sum is at least ε ≥ 2^eps_floor.
+        let eps_floor = 63 - self.ax.relu_normalise_eps().leading_zeros();
+        let y = divide_rows(self, &r, Narrow::unsigned(nb), (&sums, kr, eps_floor))?;
         RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
     }
 
@@ -353,17 +355,17 @@ fn valid_columns(valid: &[bool], cols: usize) -> Result<Vec<usize>> {
 }
 
 /// v_i / s_row for values `v` (row-major, the same number per row) under the promise `nw` and
-/// one sum per row: one reciprocal per row at the wide fraction, then one narrow product per
-/// value, fused with its truncation (outputs below 2^(f+1)). The last step of Softmax and
-/// ReLU-normalise.
+/// one sum per row (in `sums_ring`, each at least 2^`floor`): one reciprocal per row at the
+/// wide fraction, then one narrow product per value, fused with its truncation (outputs below
+/// 2^(f+1)). The last step of Softmax and ReLU-normalise.
 fn divide_rows<C: Channel>(
     cx: &mut Ctx<C>,
     v: &[u64],
     nw: Narrow,
-    (sums, sums_ring): (&[u64], veil_core::Ring),
+    (sums, sums_ring, floor): (&[u64], veil_core::Ring, u32),
 ) -> Result<Vec<u64>> {
     let w = cx.ax.wide_recip_frac();
-    let inv = cx.recip_at(sums, sums_ring, w)?;
+    let inv = cx.recip_at(sums, sums_ring, floor, w)?;
     let k = v.len() / sums.len().max(1);
     let inv_b: Vec<u64> = inv
         .iter()

@@ -1,7 +1,8 @@
 //! Millionaire's comparison (CrypTFlow2 / Cheetah style): XOR shares of \[a > b\] where the client
 //! privately holds a and the server privately holds b, both k-bit unsigned integers.
 //!
-//! Both values are cut into m-bit digits (m = 3). For every digit the client, as 1-of-2^m OT
+//! Both values are cut into digits of 3 bits, or of 3 and 4 bits where that saves a tree level
+//! ([`digit_widths`]). For every digit the client, as 1-of-2^m OT
 //! sender, offers the table v ↦ (\[a_j > v\], [a_j = v]) and the server selects its digit b_j
 //! in the shared-output OT (veil-ot `send_1_of_n_shared`: the client's masks are derived from the
 //! OT keys, so entry 0 is never sent): this gives XOR shares of gt_j and eq_j (the lowest digit's
@@ -10,12 +11,16 @@
 //! bit eq_hi, so one 2-bit binary COT per direction does both). The lowest node's eq is never
 //! used, and neither is any eq of the last level: those gates select gt alone (1-bit COTs).
 //!
-//! Cost per comparison of k bits (d = ⌈k/3⌉ digits): d 1-of-8 shared-output OTs (7 entries of 2
-//! bits, 1 for the lowest digit, and 3 choice bits each), d − 1 combine gates of 3 bits per
-//! direction (2 on the lowest spine and at the last level); at k = 40 about 290 bits and 68 COTs.
-//! Flights: 3 + 2·⌈log2 d⌉ — the d leaves in one batched 1-of-N call (two flights), the first AND
-//! level in three, each further level in two (its server corrections ride on the previous level's
-//! last flight).
+//! Cost per comparison of k bits in d digits: d 1-of-2^w shared-output OTs (2^w − 1 entries of 2
+//! bits, 1 for the lowest digit, and w choice bits each: 17 bits for a 3-bit digit, 34 for a
+//! 4-bit one), d − 1 combine gates of 3 bits per direction (2 on the lowest spine and at the last
+//! level); at k = 40 about 290 bits and 68 COTs. The tree's depth is what a network pays for, so
+//! d is the smallest power of two that 4-bit digits reach, ⌈log2 ⌈k/4⌉⌉ levels, and as many
+//! digits as possible stay 3 bits wide (the cheaper leaf per bit): at k = 26 two 4-bit digits and
+//! six 3-bit ones (8 digits, 3 levels, about 11 bits more than nine 3-bit digits in 4 levels).
+//! Flights: 3 + 2·⌈log2 ⌈k/4⌉⌉ — the d leaves in one batched 1-of-N call (two flights), the first
+//! AND level in three, each further level in two (its server corrections ride on the previous
+//! level's last flight).
 //!
 //! Security: semi-honest; the server's view is OT outputs masked by the client's fresh bits, the
 //! client's view is OT sender transcripts (see veil-ot).
@@ -29,8 +34,28 @@ use crate::two_way_cot::low_mask;
 
 /// Digit width m. Per compared bit, a digit costs (2^m·2 + m)/m bits of leaf OT plus ~10/m bits
 /// of combining: m = 2, 3, 4 give 9.8, 9.3, 11.2 bits at k = 40; 3 wins (CrypTFlow2 uses 4 with
-/// IKNP-era costs).
-pub(crate) const DIGIT_BITS: u32 = 3;
+/// IKNP-era costs), and 4 is used only where it removes a tree level.
+const DIGIT_BITS: u32 = 3;
+
+/// The widths of the digits of a k-bit comparison, lowest first: ⌈k/3⌉ digits of 3 bits (the
+/// top one narrower) when 4-bit digits would not need fewer tree levels; otherwise
+/// d = 2^⌈log2 ⌈k/4⌉⌉ digits (3d < k ≤ 4d), k − 3d of them 4 bits wide: the lowest first (its
+/// table carries gt alone, 15 bits instead of 30), then the top ones.
+pub(crate) fn digit_widths(bits: u32) -> Vec<u32> {
+    let levels = |d: u32| 32 - (d.max(1) - 1).leading_zeros();
+    let d3 = bits.div_ceil(DIGIT_BITS);
+    let d4 = 1u32 << levels(bits.div_ceil(DIGIT_BITS + 1));
+    if d4 >= d3 {
+        let top = bits - DIGIT_BITS * (d3 - 1);
+        return (0..d3)
+            .map(|j| if j + 1 == d3 { top } else { DIGIT_BITS })
+            .collect();
+    }
+    let fours = bits - DIGIT_BITS * d4;
+    (0..d4)
+        .map(|j| DIGIT_BITS + (j == 0 || j > d4 - fours) as u32)
+        .collect()
+}
 
 /// XOR shares of \[a > b\]: the client passes `mine = a`, the server `mine = b`; values must be
 /// below 2^bits (1 ≤ bits ≤ 64).
@@ -53,22 +78,18 @@ pub(crate) fn greater_than<C: Channel>(
         "comparison input exceeds {bits} bits"
     );
     let n = mine.len();
-    let m = DIGIT_BITS.min(bits);
-    let digits = bits.div_ceil(m) as usize;
-    let top = bits - m * (digits as u32 - 1);
     // Leaves, digit-major: nodes[j][i] = (gt, eq) shares of digit j of element i.
-    let widths: Vec<u32> = (0..digits)
-        .map(|j| if j + 1 == digits { top } else { m })
-        .collect();
-    let digit_values: Vec<Vec<u64>> = widths
-        .iter()
-        .enumerate()
-        .map(|(j, &w)| {
+    let widths = digit_widths(bits);
+    let mut digit_values = Vec::with_capacity(widths.len());
+    let mut shift = 0;
+    for &w in &widths {
+        digit_values.push(
             mine.iter()
-                .map(|&v| (v >> (m * j as u32)) & low_mask(w))
-                .collect()
-        })
-        .collect();
+                .map(|&v| (v >> shift) & low_mask(w))
+                .collect::<Vec<u64>>(),
+        );
+        shift += w;
+    }
     let mut nodes = leaves(ot, ch, role, &digit_values, &widths)?;
     while nodes.len() > 1 {
         let pairs = nodes.len() / 2;
@@ -171,9 +192,28 @@ mod tests {
     use veil_core::Prg;
 
     #[test]
+    fn digit_widths_cover_the_bits_in_the_fewest_levels() {
+        let levels = |d: usize| (usize::BITS - (d.max(1) - 1).leading_zeros()) as u32;
+        for bits in 1..=64u32 {
+            let w = digit_widths(bits);
+            assert_eq!(w.iter().sum::<u32>(), bits, "k = {bits}");
+            assert!(w.iter().all(|&x| (1..=4).contains(&x)), "k = {bits}: {w:?}");
+            assert_eq!(
+                levels(w.len()),
+                levels(bits.div_ceil(4) as usize),
+                "k = {bits}"
+            );
+        }
+        assert_eq!(digit_widths(26), [4, 3, 3, 3, 3, 3, 3, 4]);
+        assert_eq!(digit_widths(25), [4, 3, 3, 3, 3, 3, 3, 3]);
+        assert_eq!(digit_widths(24), [3; 8]);
+        assert_eq!(digit_widths(40), [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1]);
+    }
+
+    #[test]
     fn millionaire_matches_integer_comparison() {
         let mut prg = Prg::from_os_entropy();
-        for bits in [1u32, 3, 4, 5, 13, 40, 64] {
+        for bits in [1u32, 3, 4, 5, 13, 25, 26, 40, 58, 64] {
             let m = if bits == 64 {
                 u64::MAX
             } else {

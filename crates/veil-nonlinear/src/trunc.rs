@@ -14,7 +14,7 @@
 //! [`truncate_into`] delivers the result in a wider ring at no extra step (the wrap's COT is
 //! just wider), so a truncation in a narrow ring followed by a sign extension costs one COT,
 //! and a sign extension alone is the truncation by nothing ([`extend_values`]).
-//! Flights: 2 (1-bit-error mode, extension), 4 + 2·⌈log2 ⌈s/3⌉⌉ (faithful: the comparison's
+//! Flights: 2 (1-bit-error mode, extension), 4 + 2·⌈log2 ⌈s/4⌉⌉ (faithful: the comparison's
 //! last flight carries the COT call's corrections).
 //!
 //! Security: semi-honest; the COT and the comparison reveal nothing beyond their outputs.
@@ -54,7 +54,7 @@ pub(crate) fn truncate_values<C: Channel>(
 /// x'_0 + x'_1 − 2^k·w, so x' >> s = (x'_0 >> s) + (x'_1 >> s) + c − 2^(k−s)·w, and only w·2^(k−s)
 /// mod 2^ℓ' (ℓ' = to's bits) is needed: one COT of ℓ' − k + s bits, however wide `to` is.
 /// Flights: 2 in the 1-bit-error mode; in the faithful mode the carry's comparison on s bits
-/// (3 + 2·⌈log2 ⌈s/3⌉⌉), then the wrap's COT and the carry's B2A in one call (one more: its
+/// (3 + 2·⌈log2 ⌈s/4⌉⌉), then the wrap's COT and the carry's B2A in one call (one more: its
 /// corrections ride on the comparison's last flight).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn truncate_into<C: Channel>(

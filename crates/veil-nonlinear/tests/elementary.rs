@@ -63,12 +63,12 @@ fn recip_and_rsqrt_match_approx_exactly() {
     let out = run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
         let s = pick(role, &x).data();
-        let r = cx.recip_at(s, ring, a.fp.frac_bits())?;
-        let rw = cx.recip_at(s, ring, w)?;
+        let r = cx.recip_at(s, ring, 0, a.fp.frac_bits())?;
+        let rw = cx.recip_at(s, ring, 0, w)?;
         // The same sums shared in the narrowest ring the reciprocal takes (ReLU-normalise's).
         let narrow = Ring::narrow(a.norm_bits() + 2)?;
         let sn: Vec<u64> = s.iter().map(|&v| narrow.reduce(v)).collect();
-        let rn = cx.recip_at(&sn, narrow, w)?;
+        let rn = cx.recip_at(&sn, narrow, 0, w)?;
         let q = cx.rsqrt_at(s, a.fp.frac_bits())?;
         let t = |v: Vec<u64>| veil_core::RingTensor::from_vec(ring, &[v.len()], v);
         Ok((t(r)?, t(rw)?, t(q)?, t(rn)?))
@@ -90,6 +90,31 @@ fn recip_and_rsqrt_match_approx_exactly() {
     }
 }
 
+/// A promised floor s ≥ 2^p drops the thresholds below it and changes nothing else: equal to
+/// `approx` from the floor itself up to the top of the domain (Softmax's floor 2^(f−1) and
+/// ReLU-normalise's 2^3).
+#[test]
+fn recip_above_a_floor_matches_approx_exactly() {
+    let a = ax();
+    let ring = a.fp.ring;
+    let k = a.norm_bits() as i64;
+    let w = a.wide_recip_frac();
+    for floor in [3u32, a.fp.frac_bits() - 1] {
+        let p = 1i64 << floor;
+        let edges = [p, p + 1, 2 * p - 1, 2 * p, 2 * p + 1, (1 << k) - 1, 1 << k];
+        let vals = sample(ring, p, 1 << k, 30, &edges);
+        let x = share_values(ring, &vals);
+        let got = open(run_mem(|ot, ch, role| {
+            let mut cx = Ctx::new(ot, ch, role, a);
+            let r = cx.recip_at(pick(role, &x).data(), ring, floor, w)?;
+            veil_core::RingTensor::from_vec(ring, &[r.len()], r)
+        }));
+        for (i, &v) in vals.iter().enumerate() {
+            assert_eq!(got[i], a.recip_at(v, w), "floor {floor}: recip({v})");
+        }
+    }
+}
+
 /// The reciprocal in the 1-bit-error mode (fused Newton products, rounded high parts) stays
 /// within 2^-11 relative (+ 4 ulp) of 1/s over its whole domain [1, 2^K], edges included.
 #[test]
@@ -107,7 +132,7 @@ fn recip_in_the_one_bit_mode_stays_close_to_the_exact_value() {
     let got = open(run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
         cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
-        let r = cx.recip_at(pick(role, &x).data(), ring, w)?;
+        let r = cx.recip_at(pick(role, &x).data(), ring, 0, w)?;
         veil_core::RingTensor::from_vec(ring, &[r.len()], r)
     }));
     let scale = (1u64 << w) as f64;

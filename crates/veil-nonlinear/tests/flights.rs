@@ -30,17 +30,22 @@ fn flights(f: impl Fn(&mut Ctx<'_, MemChannel>, &[u64]) -> Result<()> + Sync) ->
     client
 }
 
-/// ⌈log2 d⌉ for the d = ⌈k/3⌉ digits of a k-bit comparison.
+/// ⌈log2 ⌈k/4⌉⌉: the tree levels of a k-bit comparison (its digits are 3 or 4 bits wide).
 fn tree_levels(k: u32) -> u64 {
-    let d = k.div_ceil(3);
+    let d = k.div_ceil(4);
     (32 - (d - 1).leading_zeros()) as u64
 }
 
 #[test]
 fn drelu_takes_three_plus_two_per_tree_level() {
-    for k in [4u32, 13, 20, 27, 40] {
+    for k in [3u32, 4, 5, 13, 20, 25, 26, 27, 40] {
         let got = flights(|cx, x| cx.drelu(x, Some(k)).map(drop));
-        assert_eq!(got, 3 + 2 * tree_levels(k), "DReLU at k = {k}");
+        // One digit (k ≤ 4) is its leaf alone: two flights.
+        let want = match tree_levels(k) {
+            0 => 2,
+            levels => 3 + 2 * levels,
+        };
+        assert_eq!(got, want, "DReLU at k = {k}");
     }
 }
 
@@ -147,5 +152,5 @@ fn layer_operators_take_their_documented_flights() {
         }),
     ];
     println!("relu_normalise softmax layer_norm centre_affine gelu relu: {got:?}");
-    assert_eq!(got, [52, 114, 76, 8, 70, 13]);
+    assert_eq!(got, [44, 108, 76, 8, 64, 11]);
 }
