@@ -15,7 +15,7 @@ use veil_core::{ensure, Result, Ring};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
-use crate::millionaire::greater_than;
+use crate::millionaire::greater_than_sharing_low;
 use crate::two_way_cot::low_mask;
 
 /// Bits k of the promise |x| < 2^k; `None` means no promise (k = ℓ − 1).
@@ -39,18 +39,71 @@ pub(crate) fn drelu_values<C: Channel>(
     x: &[u64],
     bound: Option<u32>,
 ) -> Result<Vec<bool>> {
+    drelu_batch(ot, ch, role, ring, x, &[], bound)
+}
+
+/// Comparisons of shared values s with the public powers of two 2^j, j ∈ `js`: the DReLUs of
+/// s − 2^j, element-major (value by value, j ascending).
+pub(crate) struct Thresholds<'a> {
+    /// This party's shares of the values s.
+    pub values: &'a [u64],
+    pub js: std::ops::Range<u32>,
+}
+
+/// XOR shares of [x ≥ 0] for `plain` (as [`drelu_values`]) followed by those of [s ≥ 2^j] for
+/// every set of [`Thresholds`], all in one comparison batch (one tree's depth) under the bound
+/// |x| < 2^k, |s − 2^j| < 2^k. The millionaire's inputs of s − 2^j and of s agree below bit j
+/// (subtracting 2^j changes no lower bit, and the client's share is s's own), so those digits'
+/// leaves are computed once per value s ([`greater_than_sharing_low`]).
+pub(crate) fn drelu_batch<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    ring: Ring,
+    plain: &[u64],
+    sets: &[Thresholds],
+    bound: Option<u32>,
+) -> Result<Vec<bool>> {
     let k = bound_bits(ring, bound)?;
+    ensure!(
+        sets.iter().all(|t| t.js.end <= k),
+        InvalidArgument,
+        "a threshold at or above the comparison bound 2^{k}"
+    );
     let offset = if role == Role::Server { 1u64 << k } else { 0 };
     let low = low_mask(k);
-    let z: Vec<u64> = x.iter().map(|&v| ring.add(v, offset)).collect();
-    let input: Vec<u64> = z
-        .iter()
-        .map(|&v| match role {
-            Role::Client => v & low,
-            Role::Server => low - (v & low),
-        })
-        .collect();
-    let carry = greater_than(ot, ch, role, &input, k)?;
+    let input = |z: u64| match role {
+        Role::Client => z & low,
+        Role::Server => low - (z & low),
+    };
+    let count = plain.len()
+        + sets
+            .iter()
+            .map(|t| t.values.len() * t.js.len())
+            .sum::<usize>();
+    let mut z = Vec::with_capacity(count);
+    let mut share = Vec::with_capacity(count);
+    let mut base = Vec::new();
+    for &v in plain {
+        z.push(ring.add(v, offset));
+        share.push(None);
+    }
+    for set in sets {
+        for &v in set.values {
+            base.push(input(ring.add(v, offset)));
+            for j in set.js.clone() {
+                let x = if role == Role::Server {
+                    ring.sub(v, 1u64 << j)
+                } else {
+                    v
+                };
+                z.push(ring.add(x, offset));
+                share.push(Some((base.len() - 1, j)));
+            }
+        }
+    }
+    let mine: Vec<u64> = z.iter().map(|&v| input(v)).collect();
+    let carry = greater_than_sharing_low(ot, ch, role, &base, &mine, &share, k)?;
     Ok(z.iter()
         .zip(carry)
         .map(|(&v, c)| (v >> k & 1 == 1) ^ c)

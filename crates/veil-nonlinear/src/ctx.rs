@@ -9,7 +9,7 @@ use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
 use crate::boolean::{bool_to_arith, mux};
-use crate::compare::drelu_values;
+use crate::compare::{drelu_batch, drelu_values, Thresholds};
 use crate::mul::{
     mul_narrow_high_values, mul_narrow_values, mul_server_row, mul_server_row_high,
     mul_server_row_narrow, mul_values, square_narrow_values, square_values, Narrow,
@@ -344,6 +344,19 @@ impl<'a, C: Channel> Ctx<'a, C> {
     pub fn drelu_in(&mut self, ring: Ring, a: &[u64], bound: Option<u32>) -> Result<Vec<bool>> {
         let _g = self.ch.meter().enter("DReLU");
         drelu_values(self.ot, self.ch, self.role, ring, a, bound)
+    }
+
+    /// [`Ctx::drelu_in`] on `plain`, then [s ≥ 2^j] for every set of thresholds, in one batch
+    /// (`compare::drelu_batch`: the thresholds of one value share their low digits' leaves).
+    pub(crate) fn drelu_thresholds_in(
+        &mut self,
+        ring: Ring,
+        plain: &[u64],
+        sets: &[Thresholds],
+        bound: Option<u32>,
+    ) -> Result<Vec<bool>> {
+        let _g = self.ch.meter().enter("DReLU");
+        drelu_batch(self.ot, self.ch, self.role, ring, plain, sets, bound)
     }
 
     pub fn mux(&mut self, b: &[bool], v: &[u64]) -> Result<Vec<u64>> {

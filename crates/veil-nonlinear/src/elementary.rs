@@ -26,6 +26,7 @@ use veil_core::approx::{LayerNormPlan, EXP_QUAD_NUM, EXP_QUAD_SHIFT};
 use veil_core::{ensure, Result, Ring};
 use veil_net::Channel;
 
+use crate::compare::Thresholds;
 use crate::ctx::Ctx;
 use crate::mul::Narrow;
 use crate::trunc::extend_with_b2a;
@@ -90,10 +91,13 @@ impl<C: Channel> Ctx<'_, C> {
             "a reciprocal of sums promised above 2^{floor} (the domain ends at 2^{k})"
         );
         let lo = floor + 1;
-        let diffs = threshold_diffs(self, s_ring, s, lo, k);
         let bits = {
             let _g = self.ch.meter().enter("Compare");
-            self.drelu_in(s_ring, &diffs, Some(k))?
+            let js = Thresholds {
+                values: s,
+                js: lo..k,
+            };
+            self.drelu_thresholds_in(s_ring, &[], &[js], Some(k))?
         };
         let (s, c) = if s_ring == ring {
             (s.to_vec(), self.b2a(&bits)?)
@@ -234,33 +238,20 @@ fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
 /// suffix OR need fewer bits per row but two prefix networks, about 4·⌈log2 b⌉ flights: these
 /// comparisons are per row, so their bytes are small and their depth is what costs.)
 fn class_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64], lo: u32, hi: u32) -> Result<Vec<u64>> {
-    let diffs = threshold_diffs(cx, cx.ring(), s, lo, hi);
     let bits = {
         let _g = cx.ch.meter().enter("Compare");
-        cx.drelu(&diffs, None)?
+        let js = Thresholds {
+            values: s,
+            js: lo..hi,
+        };
+        cx.drelu_thresholds_in(cx.ring(), &[], &[js], None)?
     };
     let c = cx.b2a(&bits)?;
     Ok(onehot(cx, &c, s.len(), lo, hi))
 }
 
-/// The shares (in `ring`) of s − 2^j for j = lo … hi − 1 (element-major), whose signs are the
-/// thresholds.
-fn threshold_diffs<C: Channel>(cx: &Ctx<C>, ring: Ring, s: &[u64], lo: u32, hi: u32) -> Vec<u64> {
-    let mut diffs = Vec::with_capacity(s.len() * (hi - lo) as usize);
-    for &v in s {
-        for j in lo..hi {
-            diffs.push(if cx.is_server() {
-                ring.sub(v, 1u64 << j)
-            } else {
-                v
-            });
-        }
-    }
-    diffs
-}
-
 /// The one-hot classes of n values from the arithmetic shares c of their thresholds
-/// ([`threshold_diffs`] order): h_e = c_(e−1) − c_e, local.
+/// (element-major, [`Thresholds`] order): h_e = c_(e−1) − c_e, local.
 fn onehot<C: Channel>(cx: &Ctx<C>, c: &[u64], n: usize, lo: u32, hi: u32) -> Vec<u64> {
     let k = (hi - lo) as usize;
     let ring = cx.ring();
@@ -322,19 +313,13 @@ pub(crate) fn layer_norm_rsqrts<C: Channel>(
     let parts = [(&plan.coarse, coarse), (&plan.fine, fine)];
     // S ∈ [0, 2^hi) whenever its root is used: the coarse sum always, the fine sum when it is
     // picked (below the switch); a wrapped fine sum of a coarse row gives a root that is dropped.
-    let mut diffs = switch.to_vec();
-    for (sum, s) in parts {
-        diffs.extend(threshold_diffs(
-            cx,
-            cx.ring(),
-            s,
-            sum.class_min,
-            sum.class_max,
-        ));
-    }
+    let sets = parts.map(|(sum, s)| Thresholds {
+        values: s,
+        js: sum.class_min..sum.class_max,
+    });
     let bits = {
         let _g = cx.ch.meter().enter("Compare");
-        cx.drelu(&diffs, None)?
+        cx.drelu_thresholds_in(cx.ring(), switch, &sets, None)?
     };
     let (use_fine, thresholds) = bits.split_at(rows);
     let c = cx.b2a(thresholds)?;

@@ -66,6 +66,24 @@ pub(crate) fn greater_than<C: Channel>(
     mine: &[u64],
     bits: u32,
 ) -> Result<Vec<bool>> {
+    greater_than_sharing_low(ot, ch, role, &[], mine, &vec![None; mine.len()], bits)
+}
+
+/// [`greater_than`] where element e may agree, on both parties' inputs, with `base[b]` on every
+/// bit below j (`share[e] = Some((b, j))`, a public fact of the batch): the leaves of the digits
+/// entirely below bit j are then the base's, computed once and used by every element sharing
+/// them (shares of the same bits may enter any number of AND gates). Comparisons of one value
+/// against many public thresholds 2^j agree below j, so about half their leaves go. The tree and
+/// its flights are [`greater_than`]'s.
+pub(crate) fn greater_than_sharing_low<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    base: &[u64],
+    mine: &[u64],
+    share: &[Option<(usize, u32)>],
+    bits: u32,
+) -> Result<Vec<bool>> {
     ensure!(
         (1..=64).contains(&bits),
         InvalidArgument,
@@ -73,24 +91,70 @@ pub(crate) fn greater_than<C: Channel>(
     );
     let vmask = low_mask(bits);
     ensure!(
-        mine.iter().all(|&v| v & !vmask == 0),
+        mine.iter().chain(base).all(|&v| v & !vmask == 0),
         InvalidArgument,
         "comparison input exceeds {bits} bits"
     );
+    ensure!(
+        share.len() == mine.len() && share.iter().flatten().all(|&(b, _)| b < base.len()),
+        InvalidArgument,
+        "a shared-digit map that does not fit the batch"
+    );
     let n = mine.len();
-    // Leaves, digit-major: nodes[j][i] = (gt, eq) shares of digit j of element i.
     let widths = digit_widths(bits);
-    let mut digit_values = Vec::with_capacity(widths.len());
-    let mut shift = 0;
+    // Per digit: which base values and which elements need a leaf of their own.
+    let mut ends = Vec::with_capacity(widths.len());
+    let mut pos = 0;
     for &w in &widths {
-        digit_values.push(
-            mine.iter()
-                .map(|&v| (v >> shift) & low_mask(w))
-                .collect::<Vec<u64>>(),
-        );
-        shift += w;
+        pos += w;
+        ends.push(pos);
     }
-    let mut nodes = leaves(ot, ch, role, &digit_values, &widths)?;
+    let shared = |e: usize, t: usize| share[e].is_some_and(|(_, j)| ends[t] <= j);
+    let mut digit_values = Vec::with_capacity(widths.len());
+    let mut base_slot = Vec::with_capacity(widths.len());
+    for (t, &w) in widths.iter().enumerate() {
+        let digit = |v: u64| (v >> (ends[t] - w)) & low_mask(w);
+        let mut slot = vec![usize::MAX; base.len()];
+        let mut values = Vec::new();
+        for e in (0..n).filter(|&e| shared(e, t)) {
+            let b = share[e].expect("shared").0;
+            if slot[b] == usize::MAX {
+                slot[b] = values.len();
+                values.push(digit(base[b]));
+            }
+        }
+        values.extend((0..n).filter(|&e| !shared(e, t)).map(|e| digit(mine[e])));
+        digit_values.push(values);
+        base_slot.push(slot);
+    }
+    let got = leaves(ot, ch, role, &digit_values, &widths)?;
+    // Leaves, digit-major: nodes[t][e] = (gt, eq) shares of digit t of element e.
+    let mut nodes = Vec::with_capacity(widths.len());
+    for (t, leaf) in got.iter().enumerate() {
+        let mut own = base_slot[t].iter().filter(|&&s| s != usize::MAX).count();
+        let mut row = Vec::with_capacity(n);
+        for e in 0..n {
+            if shared(e, t) {
+                row.push(leaf[base_slot[t][share[e].expect("shared").0]]);
+            } else {
+                row.push(leaf[own]);
+                own += 1;
+            }
+        }
+        nodes.push(row);
+    }
+    combine(ot, ch, role, nodes, n)
+}
+
+/// The comparison tree over the digit leaves (nodes[t][e]), low to high: gt = gt_hi ⊕ (eq_hi ∧
+/// gt_lo), eq = eq_hi ∧ eq_lo; returns the gt of each element.
+fn combine<C: Channel>(
+    ot: &mut OtSession,
+    ch: &mut C,
+    role: Role,
+    mut nodes: Vec<Vec<(bool, bool)>>,
+    n: usize,
+) -> Result<Vec<bool>> {
     while nodes.len() > 1 {
         let pairs = nodes.len() / 2;
         // Element-major, so the widths form one pattern per element: the lowest pair's eq is
@@ -208,6 +272,43 @@ mod tests {
         assert_eq!(digit_widths(25), [4, 3, 3, 3, 3, 3, 3, 3]);
         assert_eq!(digit_widths(24), [3; 8]);
         assert_eq!(digit_widths(40), [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1]);
+    }
+
+    /// Elements that agree with a base value below bit j (on both sides) compare exactly, for
+    /// every j from 0 (nothing shared) to past the width (everything shared), mixed in one batch
+    /// with elements that share nothing.
+    #[test]
+    fn shared_low_digits_compare_exactly() {
+        let mut prg = Prg::from_os_entropy();
+        for bits in [4u32, 13, 24, 26] {
+            let m = (1u64 << bits) - 1;
+            let (base_a, base_b): (Vec<u64>, Vec<u64>) =
+                (0..6).map(|_| (prg.u64() & m, prg.u64() & m)).unzip();
+            let (mut a, mut b, mut share) = (Vec::new(), Vec::new(), Vec::new());
+            for (i, (&ba, &bb)) in base_a.iter().zip(&base_b).enumerate() {
+                for j in 0..=bits + 2 {
+                    let keep = if j >= 64 { u64::MAX } else { (1u64 << j) - 1 };
+                    let (ra, rb) = (prg.u64() & m & !keep, prg.u64() & m & !keep);
+                    a.push(ba & keep | ra);
+                    b.push(bb & keep | rb);
+                    share.push(Some((i, j)));
+                }
+                a.push(prg.u64() & m);
+                b.push(ba);
+                share.push(None);
+            }
+            let got = open_bits(run_mem(|ot, ch, role| {
+                let (base, mine) = if role == Role::Client {
+                    (&base_a, &a)
+                } else {
+                    (&base_b, &b)
+                };
+                greater_than_sharing_low(ot, ch, role, base, mine, &share, bits)
+            }));
+            for e in 0..a.len() {
+                assert_eq!(got[e], a[e] > b[e], "bits {bits}, element {e}");
+            }
+        }
     }
 
     #[test]
