@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn digit_widths_cover_the_bits_in_the_fewest_levels() {
-        let levels = |d: usize| (usize::BITS - (d.max(1) - 1).leading_zeros()) as u32;
+        let levels = |d: usize| usize::BITS - (d.max(1) - 1).leading_zeros();
         for bits in 1..=64u32 {
             let w = digit_widths(bits);
             assert_eq!(w.iter().sum::<u32>(), bits, "k = {bits}");
