@@ -169,7 +169,8 @@ impl RingTensor {
         self.data[i * self.shape[1] + j]
     }
 
-    /// Plaintext matrix product of 2-D tensors mod 2^ℓ: the exact oracle for the HE protocols.
+    /// Plaintext matrix product of 2-D tensors mod 2^ℓ: the exact oracle for the HE protocols,
+    /// and the online step of the preprocessed products (`veil_linear::premask`).
     pub fn matmul(&self, other: &Self) -> Result<Self> {
         ensure!(self.ring == other.ring, InvalidArgument, "ring mismatch");
         ensure!(
@@ -181,21 +182,28 @@ impl RingTensor {
         );
         let (m, k, n) = (self.shape[0], self.shape[1], other.shape[1]);
         let r = self.ring;
-        let mut out = vec![0u64; m * n];
-        for i in 0..m {
+        // Blocks of rows in parallel; inside a block each row of `other` is read once for all
+        // its rows (it stays in cache), and the sums wrap in u64 (≡ mod 2^ℓ).
+        const ROWS: usize = 8;
+        let blocks = crate::parallel::parallel_map(m.div_ceil(ROWS), |blk, _| {
+            let rows = blk * ROWS..((blk + 1) * ROWS).min(m);
+            let mut out = vec![0u64; rows.len() * n];
             for t in 0..k {
-                let a = self.data[i * k + t];
-                if a == 0 {
-                    continue;
-                }
-                let row = &other.data[t * n..(t + 1) * n];
-                for (o, &b) in out[i * n..(i + 1) * n].iter_mut().zip(row) {
-                    *o = o.wrapping_add(a.wrapping_mul(b));
+                let b_row = &other.data[t * n..(t + 1) * n];
+                for (o_row, i) in out.chunks_exact_mut(n.max(1)).zip(rows.clone()) {
+                    let a = self.data[i * k + t];
+                    if a == 0 {
+                        continue;
+                    }
+                    for (o, &b) in o_row.iter_mut().zip(b_row) {
+                        *o = o.wrapping_add(a.wrapping_mul(b));
+                    }
                 }
             }
-        }
-        out.iter_mut().for_each(|v| *v = r.reduce(*v));
-        RingTensor::from_vec(r, &[m, n], out)
+            out.iter_mut().for_each(|v| *v = r.reduce(*v));
+            Ok(out)
+        })?;
+        RingTensor::from_vec(r, &[m, n], blocks.concat())
     }
 
     /// 2-D tensors with the same row count and ring, side by side: [X_1 … X_g].

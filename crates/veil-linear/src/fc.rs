@@ -15,6 +15,9 @@ use veil_net::Channel;
 
 use crate::layout::{Layout, WeightBlocking};
 use crate::matmul::{client_receive, client_send, server_respond, PreparedMatrix, ServerJob};
+use crate::premask::{
+    online_server, premask_client, premask_server, ClientMask, OnlineJob, ServerMask,
+};
 use veil_he::session::{ClientSession, ServerSession};
 
 /// Public bound on |w·2^f| for FC weights (|w| ≤ 8 at f = 13; trained BERT weights are far
@@ -159,17 +162,7 @@ pub fn fc_server<C: Channel + ?Sized>(
         ..fc.layer
     }
     .layout(pk.params())?;
-    let bias = match &fc.bias {
-        Some(b) => {
-            let data: Vec<u64> = (0..rows).flat_map(|_| b.data().iter().copied()).collect();
-            Some(RingTensor::from_vec(
-                b.ring(),
-                &[rows, fc.layer.out_features],
-                data,
-            )?)
-        }
-        None => None,
-    };
+    let bias = fc.bias_rows(rows)?;
     let job = ServerJob {
         matrix: &fc.matrix,
         layout,
@@ -177,4 +170,91 @@ pub fn fc_server<C: Channel + ?Sized>(
         add: bias.as_ref(),
     };
     Ok(server_respond(ch, pk, Some(gk), &[job])?.remove(0))
+}
+
+impl PreparedFc {
+    /// The bias repeated over `rows` rows (rows × out), or none.
+    fn bias_rows(&self, rows: usize) -> Result<Option<RingTensor>> {
+        self.bias
+            .as_ref()
+            .map(|b| {
+                let data: Vec<u64> = (0..rows).flat_map(|_| b.data().iter().copied()).collect();
+                RingTensor::from_vec(b.ring(), &[rows, self.layer.out_features], data)
+            })
+            .transpose()
+    }
+}
+
+/// Offline, client: masks for future requests of these layers (each at its `seq` rows), in one
+/// Π_MatMul batch ([`crate::premask`]). The layers must share a parameter set.
+pub fn fc_premask_client<C: Channel + ?Sized>(
+    ch: &mut C,
+    session: &ClientSession,
+    layers: &[FcLayer],
+) -> Result<Vec<ClientMask>> {
+    let Some(first) = layers.first() else {
+        return Ok(Vec::new());
+    };
+    ensure!(
+        layers.iter().all(|l| l.set == first.set),
+        InvalidArgument,
+        "preprocessed layers of one batch need one parameter set"
+    );
+    let sk = session.key(first.set)?;
+    let layouts = layers
+        .iter()
+        .map(|l| l.layout(sk.params()))
+        .collect::<Result<Vec<_>>>()?;
+    premask_client(ch, sk, &layouts)
+}
+
+/// Offline, server: the other side of [`fc_premask_client`], for each layer at `seq` rows.
+pub fn fc_premask_server<C: Channel + ?Sized>(
+    ch: &mut C,
+    session: &ServerSession,
+    requests: &[(&PreparedFc, usize)],
+) -> Result<Vec<ServerMask>> {
+    let Some(&(first, _)) = requests.first() else {
+        return Ok(Vec::new());
+    };
+    ensure!(
+        requests
+            .iter()
+            .all(|(fc, _)| fc.layer.set == first.layer.set),
+        InvalidArgument,
+        "preprocessed layers of one batch need one parameter set"
+    );
+    let (pk, gk) = session.keys_for(first.layer.set)?;
+    let products = requests
+        .iter()
+        .map(|&(fc, seq)| {
+            let layout = FcLayer { seq, ..fc.layer }.layout(pk.params())?;
+            Ok((&fc.matrix, layout))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    premask_server(ch, pk, Some(gk), &products)
+}
+
+/// Online, server: its shares of X·Wᵀ + b for each (layer, mask, X1), from the client's one
+/// message of masked inputs ([`crate::premask::online_server`]); the client's side is
+/// [`crate::premask::online_client`].
+pub fn fc_online_server<C: Channel + ?Sized>(
+    ch: &mut C,
+    requests: Vec<(&PreparedFc, ServerMask, &RingTensor)>,
+) -> Result<Vec<RingTensor>> {
+    let biases = requests
+        .iter()
+        .map(|(fc, mask, _)| fc.bias_rows(mask.shape().0))
+        .collect::<Result<Vec<_>>>()?;
+    let jobs = requests
+        .into_iter()
+        .zip(&biases)
+        .map(|((fc, mask, x1), bias)| OnlineJob {
+            matrix: &fc.matrix,
+            mask,
+            lhs_share: Some(x1),
+            add: bias.as_ref(),
+        })
+        .collect();
+    online_server(ch, jobs)
 }

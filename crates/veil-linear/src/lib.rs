@@ -18,6 +18,8 @@
 //!   model and serves every length); output at scale 2^{2f}, truncation is the caller's next step.
 //! * [`lookup`]: private table lookup (one-hot baseline and batch PIR) for private embeddings.
 //! * [`cross`]: per-head products of two shared matrices (Q·Kᵀ, A·V) via cross terms.
+//! * [`premask`]: the offline/online split of the products with a server operand: Π_MatMul
+//!   on a random mask before the prompt, a plaintext product and one message after it.
 //!
 //! The benchmark is `veil_bench::linear` (`veil bench linear`).
 //!
@@ -40,6 +42,7 @@ pub use veil_he::session::{ClientSession, ServerSession, SESSION_SETS, SHARED_SE
 pub mod cross;
 pub mod fc;
 pub mod lookup;
+pub mod premask;
 
 pub use cross::{shared_matmul_client, shared_matmul_server};
 pub use fc::{fc_client, fc_server, FcLayer, PreparedFc};

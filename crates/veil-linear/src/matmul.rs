@@ -127,6 +127,12 @@ impl PreparedMatrix {
     pub fn params(&self) -> &Params {
         &self.params
     }
+
+    /// A·B in the clear, mod 2^ℓ (A: n×k): the online step of a preprocessed product
+    /// ([`crate::premask`]), where A is a masked input the server may see.
+    pub fn plain_product(&self, a: &RingTensor) -> Result<RingTensor> {
+        a.matmul(&self.b)
+    }
 }
 
 /// The server's part of one product in a batch.
