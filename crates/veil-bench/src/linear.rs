@@ -12,7 +12,9 @@ use veil_core::{reconstruct, share, Prg, Result, Ring, RingTensor};
 use veil_he::ParamSet;
 use veil_net::{run_two_party_tcp, Channel, Role};
 
+use veil_linear::fc::{fc_online_server, fc_premask_client, fc_premask_server};
 use veil_linear::matmul::{client_receive, client_send};
+use veil_linear::premask::online_client;
 use veil_linear::{
     fc_server, shared_matmul_client, shared_matmul_server, ClientSession, FcLayer, PreparedFc,
     ServerSession,
@@ -207,6 +209,86 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
     ))
 }
 
+/// FC as [`bench_fc`], preprocessed (`veil_linear::premask`): the offline Π_MatMul on the
+/// client's mask, then the online message and plaintext product, each timed and metered apart.
+pub fn bench_fc_preprocessed(seq: usize, inp: usize, out: usize) -> Result<Value> {
+    let ring = Ring::new(veil_core::defaults::RING_BITS)?;
+    let mut g = Prg::from_os_entropy();
+    let x = RingTensor::random(ring, &[seq, inp], &mut g)?;
+    let w = model_weights(ring, &[out, inp], &mut g)?;
+    let b = RingTensor::random(ring, &[out], &mut g)?;
+    let (x0, x1) = share(&x, &mut g)?;
+    let layer = FcLayer {
+        seq,
+        max_seq: BENCH_MAX_SEQ,
+        in_features: inp,
+        out_features: out,
+        set: ParamSet::N8192,
+    };
+    let mut fc = PreparedFc::new(layer, &w, Some(&b))?;
+    for (cut, bytes) in fc.ntt_bytes()? {
+        if bytes <= BENCH_NTT_CACHE_BYTES {
+            fc.cache_ntt(cut)?;
+        }
+    }
+    let start = Barrier::new(2);
+    let (client, y1) = run_two_party_tcp(
+        |ch| {
+            let (s, su) = setup_metered(ch, |ch| ClientSession::setup(ch, ring))?;
+            start.wait();
+            let t = Instant::now();
+            let masks = {
+                let _g = ch.meter().enter(LABEL);
+                fc_premask_client(ch, &s, &[layer])?
+            };
+            let offline = measure(ch, t.elapsed().as_secs_f64(), &su);
+            ch.meter().reset();
+            start.wait();
+            let t = Instant::now();
+            let _g = ch.meter().enter(LABEL);
+            let y0 = online_client(ch, masks, &[&x0])?.remove(0);
+            let dt = t.elapsed().as_secs_f64();
+            drop(_g);
+            Ok((y0, offline, measure(ch, dt, &su)))
+        },
+        |ch| {
+            let (s, _) = setup_metered(ch, |ch| ServerSession::setup(ch, ring))?;
+            start.wait();
+            let mut masks = {
+                let _g = ch.meter().enter(LABEL);
+                fc_premask_server(ch, &s, &[(&fc, seq)])?
+            };
+            start.wait();
+            let t = Instant::now();
+            let _g = ch.meter().enter(LABEL);
+            let y1 = fc_online_server(ch, vec![(&fc, masks.remove(0), &x1)])?.remove(0);
+            Ok((y1, t.elapsed().as_secs_f64()))
+        },
+    )?;
+    let (y0, offline, mut online) = client;
+    // The client is done once it has sent; the product is ready when the server is.
+    let (y1, server_s) = y1;
+    online.time_s = online.time_s.max(server_s);
+    let mut want = x.matmul(&w.transpose()?)?;
+    for (i, v) in want.data_mut().iter_mut().enumerate() {
+        *v = ring.add(*v, b.data()[i % out]);
+    }
+    let exact = reconstruct(&y0, &y1)? == want;
+    Ok(entry(
+        &format!("FC {seq}x{inp}·{inp}x{out} preprocessed"),
+        &online,
+        json!({
+            "offline": {
+                "time_s": offline.time_s,
+                "bytes_client_to_server": offline.c2s,
+                "bytes_server_to_client": offline.s2c,
+                "rounds": offline.rounds,
+            },
+            "exact": exact,
+        }),
+    ))
+}
+
 /// `heads` products (n×k)·(k×m) with both operands shared.
 pub fn bench_shared(heads: usize, n: usize, k: usize, m: usize, name: &str) -> Result<Value> {
     let ring = Ring::new(veil_core::defaults::RING_BITS)?;
@@ -288,6 +370,15 @@ pub fn run() -> Result<Vec<Value>> {
     }
     // A short prompt against the same prepared form.
     out.push(bench_fc(16, 768, 768)?);
+    // The same products preprocessed: what remains online once the masks exist.
+    for (s, i, o) in [
+        (128, 768, 2304),
+        (128, 768, 768),
+        (128, 768, 3072),
+        (128, 3072, 768),
+    ] {
+        out.push(bench_fc_preprocessed(s, i, o)?);
+    }
     let qk = bench_shared(12, 128, 64, 128, "Q·Kᵀ")?;
     layer.push(qk.clone());
     out.push(qk);
