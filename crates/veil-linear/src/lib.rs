@@ -20,6 +20,8 @@
 //! * [`cross`]: per-head products of two shared matrices (Q·Kᵀ, A·V) via cross terms.
 //! * [`premask`]: the offline/online split of the products with a server operand: Π_MatMul
 //!   on a random mask before the prompt, a plaintext product and one message after it.
+//! * [`triples`]: the same split for the shared × shared products: Beaver matrix triples made
+//!   with [`cross`] before the prompt, opened differences and plaintext products after it.
 //!
 //! The benchmark is `veil_bench::linear` (`veil bench linear`).
 //!
@@ -43,6 +45,7 @@ pub mod cross;
 pub mod fc;
 pub mod lookup;
 pub mod premask;
+pub mod triples;
 
 pub use cross::{shared_matmul_client, shared_matmul_server};
 pub use fc::{fc_client, fc_server, FcLayer, PreparedFc};

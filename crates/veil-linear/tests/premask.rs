@@ -1,5 +1,6 @@
-//! Preprocessed FC products (veil_linear::premask): offline masks, then the online message and
-//! plaintext product; every result is compared exactly with RingTensor::matmul.
+//! Preprocessed products (veil_linear::premask for FC layers, veil_linear::triples for shared ×
+//! shared ones): offline masks or triples, then the online messages and plaintext products;
+//! every result is compared exactly with RingTensor::matmul.
 
 use veil_core::{reconstruct, share, Error, Prg, Ring, RingTensor, Seed};
 use veil_he::ParamSet;
@@ -125,4 +126,75 @@ fn masks_of_another_shape_and_wrong_messages_are_refused() {
     assert!(matches!(c, Err(Error::InvalidArgument(_))), "{c:?}");
     assert!(matches!(s.0, Err(Error::InvalidArgument(_))), "{:?}", s.0);
     assert!(matches!(s.1, Err(Error::Malformed(_))), "{:?}", s.1);
+}
+
+/// Attention-shaped products by Beaver triples: 3 heads of one shape (the block-diagonal batch)
+/// and 2 of different shapes (head by head), each equal to A·B mod 2^ℓ.
+#[test]
+fn triple_products_are_exact() {
+    use veil_linear::triples::{beaver_matmul, triples_client, triples_server};
+    let mut g = Prg::from_seed(&Seed([7; 16]));
+    for dims in [vec![(8, 16, 8); 3], vec![(5, 4, 6), (9, 3, 2)]] {
+        let a: Vec<RingTensor> = dims
+            .iter()
+            .map(|&(n, k, _)| RingTensor::random(ring(), &[n, k], &mut g).unwrap())
+            .collect();
+        let b: Vec<RingTensor> = dims
+            .iter()
+            .map(|&(_, k, m)| RingTensor::random(ring(), &[k, m], &mut g).unwrap())
+            .collect();
+        let (a0, a1): (Vec<_>, Vec<_>) = a.iter().map(|x| share(x, &mut g).unwrap()).unzip();
+        let (b0, b1): (Vec<_>, Vec<_>) = b.iter().map(|x| share(x, &mut g).unwrap()).unzip();
+        let (z0, z1) = run_two_party(
+            |ch| {
+                let s = ClientSession::setup(ch, ring())?;
+                let t = triples_client(ch, &s, ring(), &dims)?;
+                beaver_matmul(ch, veil_net::Role::Client, t, &a0, &b0)
+            },
+            |ch| {
+                let s = ServerSession::setup(ch, ring())?;
+                let t = triples_server(ch, &s, ring(), &dims)?;
+                beaver_matmul(ch, veil_net::Role::Server, t, &a1, &b1)
+            },
+        )
+        .unwrap();
+        for h in 0..dims.len() {
+            assert_eq!(
+                reconstruct(&z0[h], &z1[h]).unwrap(),
+                a[h].matmul(&b[h]).unwrap(),
+                "{dims:?}, head {h}"
+            );
+        }
+    }
+}
+
+/// Operands of another shape than the triple's are refused before anything is sent, and a
+/// short opening message is refused.
+#[test]
+fn triples_of_another_shape_and_short_openings_are_refused() {
+    use veil_linear::triples::{beaver_matmul, triples_client, triples_server};
+    let dims = [(4, 3, 2)];
+    let (c, s) = run_two_party(
+        |ch| {
+            let s = ClientSession::setup(ch, ring())?;
+            let mut t = triples_client(ch, &s, ring(), &[dims[0], dims[0]])?;
+            let a = RingTensor::zeros(ring(), &[5, 3])?;
+            let b = RingTensor::zeros(ring(), &[3, 2])?;
+            let wrong = beaver_matmul(ch, veil_net::Role::Client, vec![t.remove(0)], &[a], &[b]);
+            ch.send_msg(&[9; 5])?;
+            ch.flush()?;
+            Ok(wrong.map(drop))
+        },
+        |ch| {
+            let s = ServerSession::setup(ch, ring())?;
+            let mut t = triples_server(ch, &s, ring(), &[dims[0], dims[0]])?;
+            let a = RingTensor::zeros(ring(), &[4, 3])?;
+            let b = RingTensor::zeros(ring(), &[3, 2])?;
+            let short = beaver_matmul(ch, veil_net::Role::Server, vec![t.remove(1)], &[a], &[b]);
+            Ok(short.map(drop))
+        },
+    )
+    .unwrap();
+    assert!(matches!(c, Err(Error::InvalidArgument(_))), "{c:?}");
+    assert!(matches!(s, Err(Error::Malformed(_))), "{s:?}");
 }
