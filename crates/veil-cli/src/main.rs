@@ -248,6 +248,11 @@ enum BenchCmd {
         /// to measure what TLS costs.
         #[arg(long)]
         tls: bool,
+        /// Preprocess the inference (its linear layers, and silent-OT pools sized by one plain
+        /// inference of the same length run before it, not reported) and report that offline
+        /// phase apart from the online one (JSON: online at the top level, `offline` beside).
+        #[arg(long)]
+        preprocess: bool,
         #[arg(long)]
         json: bool,
     },
@@ -330,6 +335,7 @@ fn bench(what: BenchCmd) -> Result<()> {
             seq,
             net,
             tls,
+            preprocess,
             json,
         } => {
             let preset = match shape {
@@ -344,11 +350,13 @@ fn bench(what: BenchCmd) -> Result<()> {
             if json {
                 println!(
                     "{}",
-                    veil_private::bench::run_model_json(preset, variant, seq, net, tls)?
+                    veil_private::bench::run_model_json(
+                        preset, variant, seq, net, tls, preprocess
+                    )?
                 );
             } else {
                 let (report, prep) =
-                    veil_private::bench::run_model(preset, variant, seq, net, tls)?;
+                    veil_private::bench::run_model(preset, variant, seq, net, tls, preprocess)?;
                 println!("{} ({}), {seq} tokens; weight preparation {prep:.2} s (once per model and length)", preset.name(), variant.name());
                 print!("{}", report.to_table());
             }

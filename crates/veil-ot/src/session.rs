@@ -312,6 +312,9 @@ impl OtSession {
         self.role
     }
 
+    /// The most COTs one [`OtSession::precompute`] (or one call) may ask for.
+    pub const MAX_PRECOMPUTE: usize = MAX_COTS_PER_CALL;
+
     /// Pre-generates at least `n` COTs in each direction (offline phase), so later calls only
     /// consume. Flights: those of the refills, server's sending direction first.
     pub fn precompute<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<()> {
@@ -335,6 +338,12 @@ impl OtSession {
     /// COTs ready in (sending, receiving) direction.
     pub fn available(&self) -> (usize, usize) {
         (self.sender.available(), self.receiver.available())
+    }
+
+    /// COTs used so far in (sending, receiving) direction: one party's sending count is the
+    /// other's receiving count, so both can size a later [`OtSession::precompute`] alike.
+    pub fn consumed(&self) -> (u64, u64) {
+        (self.sender.consumed, self.receiver.consumed)
     }
 
     pub(crate) fn take_send<C: Channel>(

@@ -57,7 +57,8 @@ pub fn config(preset: Preset, variant: Variant) -> ModelConfig {
 }
 
 /// Runs one private inference of `seq` tokens, over TCP loopback (TLS 1.3 on it if `tls`) or
-/// (`net`) a link shaped like that network; returns the report plus the server's one-off
+/// (`net`) a link shaped like that network, after preprocessing it when `preprocess` (the
+/// report then has the offline phase apart); returns the report plus the server's one-off
 /// weight-preparation time.
 pub fn run_model(
     preset: Preset,
@@ -65,6 +66,7 @@ pub fn run_model(
     seq: usize,
     net: Option<NetworkModel>,
     tls: bool,
+    preprocess: bool,
 ) -> Result<(CostReport, f64)> {
     veil_core::ensure!(
         !(tls && net.is_some()),
@@ -84,20 +86,32 @@ pub fn run_model(
     let server = ServerModel::new(fixed)?;
     let prepare_s = t.elapsed().as_secs_f64();
     let (report, ()) = match net {
-        None if tls => run_two_party_tls(|ch| infer_once(ch, &x), |ch| serve_session(ch, &server))?,
-        None => run_two_party_tcp(|ch| infer_once(ch, &x), |ch| serve_session(ch, &server))?,
+        None if tls => run_two_party_tls(
+            |ch| infer_once(ch, &x, preprocess),
+            |ch| serve_session(ch, &server),
+        )?,
+        None => run_two_party_tcp(
+            |ch| infer_once(ch, &x, preprocess),
+            |ch| serve_session(ch, &server),
+        )?,
         Some(net) => run_two_party_on(
             shaped_pair(net, Arc::new(RealClock::new()))?,
-            |ch| infer_once(ch, &x),
+            |ch| infer_once(ch, &x, preprocess),
             |ch| serve_session(ch, &server),
         )?,
     };
     Ok((report, prepare_s))
 }
 
-/// The client's side of [`run_model`]: a session with one inference of `x`.
-fn infer_once<C: Channel>(ch: C, x: &RingTensor) -> Result<CostReport> {
+/// The client's side of [`run_model`]: a session with one inference of `x`, preprocessed first
+/// if asked. Preprocessing sizes the silent-OT pools from an earlier inference of the same
+/// length, so a preprocessed run is preceded by one plain inference (not reported).
+fn infer_once<C: Channel>(ch: C, x: &RingTensor, preprocess: bool) -> Result<CostReport> {
     let mut c = ClientConnection::connect(ch)?;
+    if preprocess {
+        c.infer(x)?;
+        c.preprocess(x.shape()[0])?;
+    }
     let (_, report) = c.infer(x)?;
     c.close()?;
     Ok(report)
@@ -110,13 +124,15 @@ pub fn run_model_json(
     seq: usize,
     net: Option<NetworkModel>,
     tls: bool,
+    preprocess: bool,
 ) -> Result<Value> {
-    let (report, prepare_s) = run_model(preset, variant, seq, net, tls)?;
+    let (report, prepare_s) = run_model(preset, variant, seq, net, tls, preprocess)?;
     let mut v = report.to_json();
     v["model"] = json!(preset.name());
     v["variant"] = json!(variant.name());
     v["seq"] = json!(seq);
     v["tls"] = json!(tls);
+    v["preprocessed"] = json!(preprocess);
     v["weight_preparation_s"] = json!(prepare_s);
     Ok(v)
 }

@@ -19,7 +19,10 @@
 //! "Softmax"/"ReLU-normalise", "LayerNorm"/"Centring", "Head".
 
 use veil_core::approx::{Approx, MEAN_EXTRA_BITS};
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{bail, ensure, Result, RingTensor};
+use veil_linear::fc::fc_online_server;
+use veil_linear::premask::online_client;
+use veil_linear::triples::beaver_matmul;
 use veil_linear::{fc_client, fc_server, shared_matmul_client, shared_matmul_server};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::engine::{self, Engine, LayerId, NormId};
@@ -29,6 +32,7 @@ use veil_net::{Channel, LabelGuard, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
 use crate::prepared::{fc_shape, ServerModel};
+use crate::preprocess::{ClientMaterial, ServerMaterial};
 
 /// How far below every real attention score the client pushes the scores of padding keys:
 /// far enough that Softmax's exp clamps them to exactly 0 and ReLU-normalise's ReLU zeroes
@@ -44,6 +48,13 @@ pub enum Side<'a> {
     Server(&'a ServerSession, &'a ServerModel),
 }
 
+/// This party's preprocessed material for the inference ([`crate::preprocess`]), when it has
+/// some: its linear layers then run their online steps only.
+pub enum Pre<'a> {
+    Client(&'a mut ClientMaterial),
+    Server(&'a mut ServerMaterial),
+}
+
 /// One party's state for one inference.
 pub struct Party<'a, C: Channel> {
     pub ch: &'a mut C,
@@ -51,6 +62,7 @@ pub struct Party<'a, C: Channel> {
     pub ax: Approx,
     pub cfg: &'a ModelConfig,
     pub side: Side<'a>,
+    pub pre: Option<Pre<'a>>,
 }
 
 impl<'a, C: Channel> Party<'a, C> {
@@ -147,23 +159,39 @@ impl<C: Channel> Engine for Party<'_, C> {
     fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
         let acc = {
             let _g = self.ch.meter().enter("MatMul");
-            match &self.side {
-                Side::Client(s, _) => {
+            match (&self.side, self.pre.as_mut()) {
+                (Side::Client(..), Some(Pre::Client(m))) => {
+                    online_client(self.ch, vec![m.next_fc(id)?], &[x])?.remove(0)
+                }
+                (Side::Server(_, model), Some(Pre::Server(m))) => {
+                    let fc = model.prepared().get(id)?;
+                    fc_online_server(self.ch, vec![(fc, m.next_fc(id)?, x)])?.remove(0)
+                }
+                (Side::Client(s, _), None) => {
                     fc_client(self.ch, s, &fc_shape(id, self.cfg, x.shape()[0]), x)?
                 }
-                Side::Server(s, m) => fc_server(self.ch, s, m.prepared().get(id)?, x)?,
+                (Side::Server(s, m), None) => fc_server(self.ch, s, m.prepared().get(id)?, x)?,
+                _ => bail!(InvalidArgument, "the other party's preprocessed material"),
             }
         };
         self.truncate(&acc)
     }
 
-    /// All pairs in one batch of HE products, then one truncation of every product.
+    /// All pairs in one batch of HE products (or, preprocessed, of Beaver triples), then one
+    /// truncation of every product.
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
+        let role = self.role();
         let acc = {
             let _g = self.ch.meter().enter("MatMul");
-            match &self.side {
-                Side::Client(s, _) => shared_matmul_client(self.ch, s, a, b)?,
-                Side::Server(s, ..) => shared_matmul_server(self.ch, s, a, b)?,
+            match (&self.side, self.pre.as_mut()) {
+                (_, Some(Pre::Client(m))) => {
+                    beaver_matmul(self.ch, role, m.next_products()?, a, b)?
+                }
+                (_, Some(Pre::Server(m))) => {
+                    beaver_matmul(self.ch, role, m.next_products()?, a, b)?
+                }
+                (Side::Client(s, _), None) => shared_matmul_client(self.ch, s, a, b)?,
+                (Side::Server(s, ..), None) => shared_matmul_server(self.ch, s, a, b)?,
             }
         };
         ensure!(!acc.is_empty(), InvalidArgument, "no products to compute");

@@ -7,7 +7,10 @@
 //!   token ids, position rows added by the server, embedding LayerNorm on shares;
 //! * [`forward`] — every encoder block and the head on shares, one code path for both parties,
 //!   computing exactly the integers of `veil_model::sim` (the fixed-point simulator);
-//! * [`session`] — handshake, set-up, per-inference messages, each step under a deadline;
+//! * [`preprocess`] — the linear layers' work for a future inference of a given length, done
+//!   before the prompt (FC masks, Beaver triples), which the forward pass then consumes;
+//! * [`session`] — handshake, set-up, preprocessing and per-inference messages, each step under
+//!   a deadline;
 //! * [`server`] — the multi-client server: TLS or explicit plain TCP, bounded sessions and
 //!   queue, memory estimate per session, accept back-off, structured logs, graceful shutdown;
 //! * [`report`] — cost reports per operator class with LAN/WAN times, measured over a shaped
@@ -25,6 +28,7 @@ pub mod bench;
 pub mod embedding;
 pub mod forward;
 pub mod prepared;
+pub mod preprocess;
 pub mod report;
 pub mod server;
 pub mod session;

@@ -30,6 +30,8 @@ pub struct CostReport {
     /// Whose meter produced it (fixes which direction "sent" is).
     pub role: Role,
     pub setup: PhaseCost,
+    /// The preprocessing this inference used ([`crate::preprocess`]), if any.
+    pub offline: Option<PhaseCost>,
     pub online: PhaseCost,
     /// The shaped link the times were measured on; `None`: unshaped (loopback) times.
     pub network: Option<NetworkModel>,
@@ -67,22 +69,33 @@ fn stats_json(s: &LabelStats, role: Role) -> Value {
 }
 
 impl CostReport {
+    /// The online phase at the top level (`time_s`, bytes each way, `rounds`, `per_op`,
+    /// modelled LAN/WAN), `setup`, and `offline` with the same keys when the inference used
+    /// preprocessed material.
     pub fn to_json(&self) -> Value {
-        let online = self.online.total();
-        let per_op: serde_json::Map<String, Value> = self
-            .online
+        let mut v = self.phase_json(&self.online);
+        v["setup"] = stats_json(&self.setup.total(), self.role);
+        v["offline"] = self
+            .offline
+            .as_ref()
+            .map_or(Value::Null, |p| self.phase_json(p));
+        v["network"] = self.network.as_ref().map_or(Value::Null, network_json);
+        v["measured"] = json!(self.network.is_some());
+        v
+    }
+
+    fn phase_json(&self, phase: &PhaseCost) -> Value {
+        let total = phase.total();
+        let per_op: serde_json::Map<String, Value> = phase
             .per_op
             .iter()
             .map(|(k, v)| (k.clone(), stats_json(v, self.role)))
             .collect();
-        let mut v = stats_json(&online, self.role);
+        let mut v = stats_json(&total, self.role);
         v["per_op"] = Value::Object(per_op);
-        v["setup"] = stats_json(&self.setup.total(), self.role);
-        v["network"] = self.network.as_ref().map_or(Value::Null, network_json);
-        v["measured"] = json!(self.network.is_some());
         if self.network.is_none() {
-            v["modelled_lan_s"] = json!(modelled_seconds(&online, LAN));
-            v["modelled_wan_s"] = json!(modelled_seconds(&online, WAN));
+            v["modelled_lan_s"] = json!(modelled_seconds(&total, LAN));
+            v["modelled_wan_s"] = json!(modelled_seconds(&total, WAN));
         }
         v
     }
@@ -106,6 +119,12 @@ impl CostReport {
             ));
         };
         line("set-up (once)", &self.setup.total());
+        if let Some(off) = &self.offline {
+            for (k, v) in &off.per_op {
+                line(&format!("{k} (offline)"), v);
+            }
+            line("offline total", &off.total());
+        }
         for (k, v) in &self.online.per_op {
             line(k, v);
         }
@@ -184,6 +203,7 @@ mod tests {
         let mut r = CostReport {
             role: Role::Client,
             setup: PhaseCost::default(),
+            offline: None,
             online: PhaseCost::default(),
             network: None,
         };

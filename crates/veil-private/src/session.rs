@@ -12,8 +12,15 @@
 //!    set-up: the client's BFV public keys (veil-linear), base OTs and the first silent-COT
 //!    bootstrap (veil-ot);
 //! 4. per inference: client → server `Request` = tag 1 ‖ sequence length (u32, at most the
-//!    length announced in the hello); both run [`crate::forward`]; server → client its share of
-//!    the output; tag 0 ends the session.
+//!    length announced in the hello) ‖ whether to use preprocessed material (u8); both run
+//!    [`crate::forward`]; server → client its share of the output; tag 0 ends the session;
+//! 5. preprocessing for a future inference: client → server tag 2 ‖ sequence length (u32);
+//!    server → client status (u8) ‖ the silent-OT pool size both then precompute (u64), or why
+//!    it refuses (UTF-8; over its per-session budget, [`preprocess_budget`]), then both run
+//!    [`crate::preprocess`] and fill their pools. Each party keeps the
+//!    material per length, oldest first; an inference that asks for it uses the oldest of its
+//!    length, once (a request for material the server does not hold ends the session), and
+//!    material a session did not use is dropped with it.
 //!
 //! Every step has a deadline on socket transports ([`Deadlines`], [`ClientOptions`]): a total
 //! per step, proportional to its work, so a stalled or dripping peer is dropped.
@@ -26,6 +33,7 @@
 //! costs no traffic. In private-embedding mode the client sends nothing but encrypted queries:
 //! [`ClientConnection::infer_ids`] runs [`crate::embedding`] first (cost line "Embedding").
 
+use std::collections::{HashMap, VecDeque};
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,8 +50,11 @@ use veil_net::{
 use veil_nonlinear::OtSession;
 
 use crate::embedding::{embed_client, embed_server, ServerEmbedding, DEFAULT_METHOD};
-use crate::forward::{Party, Side};
+use crate::forward::{Party, Pre, Side};
 use crate::prepared::ServerModel;
+use crate::preprocess::{
+    material_bytes, preprocess_client, preprocess_server, ClientMaterial, ServerMaterial,
+};
 use crate::report::{CostReport, PhaseCost};
 use crate::server::{ServeOptions, Server, Transport};
 
@@ -54,6 +65,25 @@ const HELLO_BYTES: usize = 12;
 const MAX_CONFIG_BYTES: usize = 1 << 20;
 const TAG_BYE: u8 = 0;
 const TAG_INFER: u8 = 1;
+const TAG_PREPROCESS: u8 = 2;
+/// What a server keeps for one session's preprocessed inferences (its masks and triples, and
+/// the silent-OT pools filled for them; a BERT-Base inference of 128 tokens needs about 160 MB
+/// of material): `VEIL_PREPROCESS_BUDGET_MIB`, 512 MiB when unset. Requests beyond it are
+/// refused with a message; the session goes on.
+pub fn preprocess_budget() -> usize {
+    const DEFAULT_MIB: usize = 512;
+    let mib = match std::env::var("VEIL_PREPROCESS_BUDGET_MIB") {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            tracing::warn!(
+                value = v,
+                "VEIL_PREPROCESS_BUDGET_MIB is not a number of MiB"
+            );
+            DEFAULT_MIB
+        }),
+        Err(_) => DEFAULT_MIB,
+    };
+    mib << 20
+}
 const STATUS_OK: u8 = 0;
 const STATUS_REFUSED: u8 = 1;
 
@@ -138,6 +168,73 @@ pub struct ClientConnection<C: Channel> {
     /// The lookup method the server announced (private-embedding mode only).
     lookup: Option<LookupMethod>,
     opts: ClientOptions,
+    /// Preprocessed material per sequence length, oldest first, with what making it cost.
+    material: HashMap<usize, VecDeque<(ClientMaterial, PhaseCost)>>,
+}
+
+/// A party's two silent-OT pools hold about this many bytes per COT (the sender's 16-byte q,
+/// the receiver's 16-byte t and its choice bit).
+const POOL_BYTES_PER_COT: usize = 33;
+
+/// What a server session holds for its preprocessed inferences: the material's bytes (against
+/// its [`preprocess_budget`]), the COTs the last inference of each length used (in its busier
+/// direction; one party's sending count is the other's receiving count), and the COTs reserved
+/// for the preprocessed inferences not yet run. Preprocessing fills both parties' pools to the
+/// reservation (the server names the size), as far as the budget's rest allows, so the online
+/// phase refills only when a length was never run before in the session (its count is then
+/// unknown) or the budget is spent; its refills are reported as "OT refill".
+struct Reserve {
+    budget: usize,
+    held: usize,
+    used: HashMap<usize, u64>,
+    reserved: u64,
+}
+
+impl Reserve {
+    fn new(budget: usize) -> Self {
+        Reserve {
+            budget,
+            held: 0,
+            used: HashMap::new(),
+            reserved: 0,
+        }
+    }
+
+    /// Whether the server's material for one more inference of `bytes` fits the budget.
+    fn admits(&self, bytes: usize) -> bool {
+        self.held + bytes <= self.budget
+    }
+
+    /// Takes one inference of `seq` tokens and `bytes` of server material; returns the COTs set
+    /// aside for it and the pool size to precompute.
+    fn take(&mut self, seq: usize, bytes: usize) -> (u64, usize) {
+        self.held += bytes;
+        let need = self.used.get(&seq).copied().unwrap_or(0);
+        self.reserved += need;
+        let room = (self.budget - self.held) / POOL_BYTES_PER_COT;
+        let fill = self
+            .reserved
+            .min(OtSession::MAX_PRECOMPUTE as u64)
+            .min(room as u64) as usize;
+        (need, fill)
+    }
+
+    /// One inference of `seq` tokens ran, from consumed-counts `before` to `after`, using the
+    /// material taken with (`need`, `bytes`) if it was preprocessed.
+    fn ran(
+        &mut self,
+        seq: usize,
+        taken: Option<(u64, usize)>,
+        before: (u64, u64),
+        after: (u64, u64),
+    ) {
+        if let Some((need, bytes)) = taken {
+            self.reserved -= need;
+            self.held -= bytes;
+        }
+        let used = (after.0 - before.0).max(after.1 - before.1);
+        self.used.insert(seq, used);
+    }
 }
 
 /// What the client feeds the encoder: its own embedding (public mode) or token ids.
@@ -229,7 +326,78 @@ impl<C: Channel> ClientConnection<C> {
             setup,
             lookup,
             opts,
+            material: HashMap::new(),
         })
+    }
+
+    /// Preprocesses the linear layers of one future inference of `seq` tokens
+    /// ([`crate::preprocess`]); the next inference of that length uses it. Returns what it cost
+    /// (the offline phase). The server may refuse (its per-session budget,
+    /// [`preprocess_budget`]); the session goes on.
+    pub fn preprocess(&mut self, seq: usize) -> Result<PhaseCost> {
+        ensure!(
+            (1..=self.cfg.max_sequence_len()).contains(&seq),
+            InvalidArgument,
+            "preprocessing for {seq} tokens (the model takes 1..={})",
+            self.cfg.max_sequence_len()
+        );
+        ensure!(
+            self.cfg.veil.embedding == EmbeddingMode::Public,
+            Unsupported,
+            "preprocessing covers public-embedding models only"
+        );
+        let allowed = self
+            .opts
+            .step_timeout
+            .map(|t| t.max(Deadlines::for_model(&self.cfg).inference(seq, 1.0)));
+        if let Some(t) = allowed {
+            self.ch.set_deadline(Some(Instant::now() + t))?;
+        }
+        let res = (|| {
+            let mut w = Writer::new();
+            w.u8(TAG_PREPROCESS).u32(seq as u32);
+            self.ch.send_msg(&w.finish())?;
+            let reply = self.ch.recv_msg(MAX_CONFIG_BYTES)?;
+            let (&status, text) = reply
+                .split_first()
+                .ok_or_else(|| veil_core::Error::Malformed("empty preprocessing status".into()))?;
+            let fill = match status {
+                STATUS_OK => {
+                    let mut r = Reader::new(text, "preprocessing status");
+                    let fill = r.u64()?;
+                    r.finish()?;
+                    ensure!(
+                        fill <= OtSession::MAX_PRECOMPUTE as u64,
+                        Malformed,
+                        "a pool of {fill} COTs"
+                    );
+                    fill as usize
+                }
+                STATUS_REFUSED => bail!(
+                    Other,
+                    "the server refused to preprocess: {}",
+                    String::from_utf8_lossy(text)
+                ),
+                s => bail!(Malformed, "unknown preprocessing status {s}"),
+            };
+            let m = preprocess_client(&mut self.ch, &self.lin, &self.cfg, self.ax.fp.ring, seq)?;
+            self.ot.precompute(&mut self.ch, fill)?;
+            Ok(m)
+        })();
+        self.ch.set_deadline(None)?;
+        let material =
+            res.map_err(|e| in_step(e, "preprocessing", allowed.unwrap_or(Duration::MAX)))?;
+        let cost = phase(&self.ch);
+        self.material
+            .entry(seq)
+            .or_default()
+            .push_back((material, cost.clone()));
+        Ok(cost)
+    }
+
+    /// How many inferences of `seq` tokens are preprocessed and not yet used.
+    pub fn preprocessed(&self, seq: usize) -> usize {
+        self.material.get(&seq).map_or(0, VecDeque::len)
     }
 
     /// The model's public configuration, as the server announced it.
@@ -353,8 +521,9 @@ impl<C: Channel> ClientConnection<C> {
         real_len: usize,
         seq: usize,
     ) -> Result<(Vec<f64>, CostReport)> {
+        let mut pre = self.material.get_mut(&seq).and_then(VecDeque::pop_front);
         let mut w = Writer::new();
-        w.u8(TAG_INFER).u32(seq as u32);
+        w.u8(TAG_INFER).u32(seq as u32).u8(pre.is_some() as u8);
         self.ch.send_msg(&w.finish())?;
         let embedded;
         let x = match (input, self.lookup) {
@@ -380,6 +549,7 @@ impl<C: Channel> ClientConnection<C> {
             ax: self.ax,
             cfg: &self.cfg,
             side: Side::Client(&self.lin, real_len),
+            pre: pre.as_mut().map(|(m, _)| Pre::Client(m)),
         }
         .encoder_and_head(x)?;
         let y1 = {
@@ -395,6 +565,7 @@ impl<C: Channel> ClientConnection<C> {
         let report = CostReport {
             role: Role::Client,
             setup: self.setup.clone(),
+            offline: pre.map(|(_, cost)| cost),
             online: phase(&self.ch),
             network: self.ch.network(),
         };
@@ -540,9 +711,13 @@ pub fn serve_admitted<C: Channel>(
     let (lin, mut ot) = setup.map_err(|e| in_step(e, "set-up", budget(setup_allowed)))?;
     count(&ch, summary);
     tracing::debug!("set-up done");
+    // Per length, oldest first: the material and what it took from the reserve.
+    type Held = (ServerMaterial, (u64, usize));
+    let mut material: HashMap<usize, VecDeque<Held>> = HashMap::new();
+    let mut reserve = Reserve::new(preprocess_budget());
     loop {
         set(&mut ch, step(|d| d.idle))?;
-        let req = match ch.recv_msg(5) {
+        let req = match ch.recv_msg(6) {
             Ok(m) => m,
             Err(veil_core::Error::Disconnected) => return Ok(()),
             Err(e) => {
@@ -560,9 +735,55 @@ pub fn serve_admitted<C: Channel>(
                 return Ok(());
             }
             TAG_INFER => {}
+            TAG_PREPROCESS => {
+                let seq = r.u32()? as usize;
+                r.finish()?;
+                ensure!(
+                    (1..=limit).contains(&seq) && emb.is_none(),
+                    Malformed,
+                    "preprocessing for {seq} tokens (1..={limit}, public-embedding models only)"
+                );
+                let bytes = material_bytes(cfg, seq, false)?;
+                if !reserve.admits(bytes) {
+                    let why = format!(
+                        "preprocessing {seq} tokens needs {} MiB, and this session holds {} MiB \
+                         of its {} MiB: use what is preprocessed first",
+                        bytes >> 20,
+                        reserve.held >> 20,
+                        reserve.budget >> 20
+                    );
+                    let mut reply = vec![STATUS_REFUSED];
+                    reply.extend_from_slice(why.as_bytes());
+                    ch.send_msg(&reply)?;
+                    ch.flush()?;
+                    tracing::info!(tokens = seq, "preprocessing refused: over the budget");
+                    continue;
+                }
+                let (need, fill) = reserve.take(seq, bytes);
+                let mut w = Writer::new();
+                w.u8(STATUS_OK).u64(fill as u64);
+                ch.send_msg(&w.finish())?;
+                let allowed = deadlines.map(|d| d.inference(seq, load()));
+                set(&mut ch, allowed)?;
+                let made = (|| {
+                    let m = preprocess_server(&mut ch, &lin, model, ax.fp.ring, seq)?;
+                    ot.precompute(&mut ch, fill)?;
+                    Ok((m, (need, bytes)))
+                })()
+                .map_err(|e| in_step(e, "preprocessing", budget(allowed)))?;
+                material.entry(seq).or_default().push_back(made);
+                tracing::info!(tokens = seq, held_bytes = reserve.held, "preprocessed");
+                count(&ch, summary);
+                continue;
+            }
             t => bail!(Malformed, "unknown request tag {t}"),
         }
         let seq = r.u32()? as usize;
+        let use_material = match r.u8()? {
+            0 => false,
+            1 => true,
+            f => bail!(Malformed, "request flag {f}"),
+        };
         r.finish()?;
         ensure!(
             (1..=limit).contains(&seq),
@@ -570,9 +791,22 @@ pub fn serve_admitted<C: Channel>(
             "requested sequence length {seq} outside 1..={limit} (the model's limit or the \
              length announced in the hello)"
         );
+        let mut pre = if use_material {
+            let m = material.get_mut(&seq).and_then(VecDeque::pop_front);
+            ensure!(
+                m.is_some(),
+                Malformed,
+                "an inference of {seq} tokens asks for preprocessed material the session does \
+                 not hold"
+            );
+            m
+        } else {
+            None
+        };
         let allowed = deadlines.map(|d| d.inference(seq, load()));
         set(&mut ch, allowed)?;
         let started = Instant::now();
+        let ots_before = ot.consumed();
         let res = (|| {
             let x1 = match emb {
                 Some(e) => embed_server(&mut ch, &mut ot, ax, &lin, &model.fixed, e, seq)?,
@@ -584,6 +818,7 @@ pub fn serve_admitted<C: Channel>(
                 ax,
                 cfg,
                 side: Side::Server(&lin, model),
+                pre: pre.as_mut().map(|(m, _)| Pre::Server(m)),
             }
             .encoder_and_head(&x1)?;
             let mut w = Writer::new();
@@ -592,9 +827,12 @@ pub fn serve_admitted<C: Channel>(
             ch.flush()
         })();
         res.map_err(|e| in_step(e, &format!("an inference of {seq} tokens"), budget(allowed)))?;
+        reserve.ran(seq, pre.as_ref().map(|p| p.1), ots_before, ot.consumed());
         let t = ch.meter().total();
         tracing::info!(
             tokens = seq,
+            preprocessed = pre.is_some(),
+            cots = reserve.used.get(&seq).copied().unwrap_or(0),
             seconds = started.elapsed().as_secs_f64(),
             bytes_sent = t.bytes_sent,
             bytes_received = t.bytes_received,

@@ -1,0 +1,234 @@
+//! Preprocessing: the linear layers' prompt-independent work for one future inference of a
+//! given length, done before the prompt exists (issue 17's offline phase).
+//!
+//! [`plan`] runs the model's one composition (`veil_model::engine`) on shapes alone, so the
+//! list of linear steps — each FC layer with its rows, each batch of attention products with
+//! its shapes — is the engine's own, in its order. [`preprocess_client`] and
+//! [`preprocess_server`] then make, for each step, a preprocessed FC mask
+//! (`veil_linear::premask`, one Π_MatMul round trip per layer) or one Beaver matrix triple per
+//! head (`veil_linear::triples`, one cross-term round trip per batch). The two-party pass
+//! ([`crate::forward::Party`]) consumes a [`Material`] step by step: its linear layers are then
+//! one message and a plaintext product, its attention products one opening each way.
+//!
+//! **Security.** Each mask and triple is the single-use value of its module (used once by
+//! construction, zeroized on drop; the online steps check shapes), so a [`Material`] is used by
+//! exactly one inference and dropped with its session. The offline transcripts are those of
+//! Π_MatMul and the cross terms (same flooding, same 128/40-bit parameters, counted against the
+//! session's HE budget); the online openings are one-time-padded.
+//! **Not preprocessed here:** the non-linear layers' silent-OT pools (they still refill inside
+//! the online phase, reported as "OT refill") and the private-embedding lookup.
+
+use std::collections::VecDeque;
+
+use veil_core::{ensure, Result, Ring, RingTensor};
+use veil_linear::fc::{fc_premask_client, fc_premask_server};
+use veil_linear::premask::{ClientMask, ServerMask};
+use veil_linear::triples::{triples_client, triples_server, Triple};
+use veil_linear::{ClientSession, ServerSession};
+use veil_model::engine::{self, Engine, LayerId, NormId};
+use veil_model::{Activation, AttentionNorm, LayerNormKind, ModelConfig};
+use veil_net::Channel;
+
+use crate::prepared::{fc_shape, ServerModel};
+
+/// One linear step of the composition, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A fully connected layer on this many rows.
+    Fc(LayerId, usize),
+    /// One batch of shared × shared products, (n, k, m) per head.
+    Products(Vec<(usize, usize, usize)>),
+}
+
+/// The linear steps of one inference of `seq` tokens, in the engine's order.
+pub fn plan(cfg: &ModelConfig, ring: Ring, seq: usize) -> Result<Vec<Step>> {
+    let mut p = Planner {
+        cfg,
+        ring,
+        steps: Vec::new(),
+    };
+    let x = RingTensor::zeros(ring, &[seq, cfg.hidden_size])?;
+    engine::encoder_and_head(&mut p, cfg, &x)?;
+    Ok(p.steps)
+}
+
+/// An engine on shapes: records the linear steps and returns zeros of the right shapes.
+struct Planner<'a> {
+    cfg: &'a ModelConfig,
+    ring: Ring,
+    steps: Vec<Step>,
+}
+
+impl Engine for Planner<'_> {
+    type Scope = ();
+
+    fn scope(&mut self, _class: &'static str) {}
+
+    fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
+        let rows = x.shape()[0];
+        self.steps.push(Step::Fc(id, rows));
+        RingTensor::zeros(self.ring, &[rows, id.dims(self.cfg).1])
+    }
+
+    fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
+        let dims: Vec<_> = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x.shape()[0], x.shape()[1], y.shape()[1]))
+            .collect();
+        let out = dims
+            .iter()
+            .map(|&(n, _, m)| RingTensor::zeros(self.ring, &[n, m]))
+            .collect();
+        self.steps.push(Step::Products(dims));
+        out
+    }
+
+    fn adjust_scores(&mut self, _scores: &mut RingTensor) -> Result<()> {
+        Ok(())
+    }
+
+    fn attention_norm(&mut self, _: AttentionNorm, scores: &RingTensor) -> Result<RingTensor> {
+        Ok(scores.clone())
+    }
+
+    fn activation(&mut self, _: Activation, x: &RingTensor) -> Result<RingTensor> {
+        Ok(x.clone())
+    }
+
+    fn norm(&mut self, _: NormId, _: LayerNormKind, x: &RingTensor) -> Result<RingTensor> {
+        Ok(x.clone())
+    }
+
+    fn tanh(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        Ok(x.clone())
+    }
+
+    fn mean_rows(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        RingTensor::zeros(self.ring, &[1, x.shape()[1]])
+    }
+}
+
+/// One party's preprocessed material for one inference of `seq` tokens: a mask per FC step
+/// and the triples of each product batch, consumed in the plan's order.
+pub struct Material<M> {
+    seq: usize,
+    fc: VecDeque<(LayerId, M)>,
+    products: VecDeque<Vec<Triple>>,
+}
+
+pub type ClientMaterial = Material<ClientMask>;
+pub type ServerMaterial = Material<ServerMask>;
+
+impl<M> Material<M> {
+    /// The prompt length it was made for.
+    pub fn seq(&self) -> usize {
+        self.seq
+    }
+
+    /// The mask of the next FC step, which must be layer `id`.
+    pub(crate) fn next_fc(&mut self, id: LayerId) -> Result<M> {
+        match self.fc.pop_front() {
+            Some((made, mask)) if made == id => Ok(mask),
+            Some((made, _)) => {
+                veil_core::bail!(InvalidArgument, "material for {made:?} used for {id:?}")
+            }
+            None => veil_core::bail!(InvalidArgument, "no preprocessed mask left for {id:?}"),
+        }
+    }
+
+    /// The triples of the next product batch.
+    pub(crate) fn next_products(&mut self) -> Result<Vec<Triple>> {
+        self.products
+            .pop_front()
+            .ok_or_else(|| veil_core::Error::InvalidArgument("no preprocessed triples left".into()))
+    }
+
+    /// Whether every step's material was used.
+    pub fn is_used_up(&self) -> bool {
+        self.fc.is_empty() && self.products.is_empty()
+    }
+}
+
+/// Bytes one party keeps for one inference of `seq` tokens: the client R and its share per FC
+/// step, the server T; both parties U, V and W per head.
+pub fn material_bytes(cfg: &ModelConfig, seq: usize, client: bool) -> Result<usize> {
+    let ring = Ring::new(veil_core::defaults::RING_BITS)?;
+    let elems: usize = plan(cfg, ring, seq)?
+        .iter()
+        .map(|s| match s {
+            Step::Fc(id, rows) => {
+                let (i, o) = id.dims(cfg);
+                rows * (o + if client { i } else { 0 })
+            }
+            Step::Products(dims) => dims.iter().map(|&(n, k, m)| n * k + k * m + n * m).sum(),
+        })
+        .sum();
+    Ok(elems * 8)
+}
+
+/// Offline, client: the material for one inference of `seq` tokens.
+pub fn preprocess_client<C: Channel>(
+    ch: &mut C,
+    lin: &ClientSession,
+    cfg: &ModelConfig,
+    ring: Ring,
+    seq: usize,
+) -> Result<ClientMaterial> {
+    let mut m = Material {
+        seq,
+        fc: VecDeque::new(),
+        products: VecDeque::new(),
+    };
+    for step in plan(cfg, ring, seq)? {
+        match step {
+            Step::Fc(id, rows) => {
+                let _g = ch.meter().enter("MatMul");
+                let mask = fc_premask_client(ch, lin, &[fc_shape(id, cfg, rows)])?.remove(0);
+                m.fc.push_back((id, mask));
+            }
+            Step::Products(dims) => {
+                let _g = ch.meter().enter("MatMul");
+                m.products.push_back(triples_client(ch, lin, ring, &dims)?);
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// Offline, server: the other side of [`preprocess_client`].
+pub fn preprocess_server<C: Channel>(
+    ch: &mut C,
+    lin: &ServerSession,
+    model: &ServerModel,
+    ring: Ring,
+    seq: usize,
+) -> Result<ServerMaterial> {
+    let cfg = model.config();
+    ensure!(
+        (1..=cfg.max_sequence_len()).contains(&seq),
+        InvalidArgument,
+        "preprocessing for {seq} tokens (the model takes 1..={})",
+        cfg.max_sequence_len()
+    );
+    let mut m = Material {
+        seq,
+        fc: VecDeque::new(),
+        products: VecDeque::new(),
+    };
+    for step in plan(cfg, ring, seq)? {
+        match step {
+            Step::Fc(id, rows) => {
+                let _g = ch.meter().enter("MatMul");
+                let fc = model.prepared().get(id)?;
+                let mask = fc_premask_server(ch, lin, &[(fc, rows)])?.remove(0);
+                m.fc.push_back((id, mask));
+            }
+            Step::Products(dims) => {
+                let _g = ch.meter().enter("MatMul");
+                m.products.push_back(triples_server(ch, lin, ring, &dims)?);
+            }
+        }
+    }
+    Ok(m)
+}

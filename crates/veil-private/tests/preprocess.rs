@@ -1,0 +1,208 @@
+//! Preprocessed inferences (veil_private::preprocess) against the simulator: with faithful
+//! truncations the private output equals the simulator's integers with and without
+//! preprocessing, for the original and the friendly operators, MPNet's position bias and mean
+//! pooling, at several lengths; material is used once, by the inference of its length; the
+//! server refuses preprocessing over its budget and requests for material it does not hold.
+
+use veil_core::wire::Writer;
+use veil_core::{FixedPoint, RingTensor};
+use veil_model::random::random_transformer_with_std;
+use veil_model::sim::FixedModel;
+use veil_model::{
+    Activation, Architecture, BlockVariant, HeadKind, ModelConfig, ProductTruncation,
+};
+use veil_net::{run_two_party, Channel};
+use veil_private::preprocess::{material_bytes, plan, Step};
+use veil_private::{serve_session, ClientConnection, ServerModel};
+
+fn tiny(arch: Architecture, variant: BlockVariant, head: HeadKind, seq: usize) -> ModelConfig {
+    let mut cfg = ModelConfig::new(arch, 50, 16, 2, 2, 32, seq, head, 2).unwrap();
+    cfg.veil.blocks = vec![variant; 2];
+    cfg.veil.product_truncation = ProductTruncation::Faithful;
+    cfg
+}
+
+fn models(cfg: &ModelConfig, seed: u8) -> (FixedModel, ServerModel) {
+    let fp = FixedPoint::default_format();
+    let t = random_transformer_with_std(cfg, [seed; 16], 0.2).unwrap();
+    let fixed = FixedModel::encode(&t, fp).unwrap();
+    (fixed.clone(), ServerModel::new(fixed).unwrap())
+}
+
+/// The simulator's output and the client's embedding of `ids`.
+fn expected(sim: &FixedModel, ids: &[u32]) -> (Vec<f64>, RingTensor) {
+    let types = vec![0u32; ids.len()];
+    let out = sim.forward(ids, &types).unwrap();
+    let want = match &out.logits {
+        Some(l) => l.decode(sim.fp()),
+        None => out.pooled.decode(sim.fp()),
+    };
+    (want, sim.embed(ids, &types).unwrap().0)
+}
+
+/// In one session: a plain inference, two preprocessed lengths (one of them twice), the
+/// preprocessed inferences in another order than their preprocessing, and a plain one after
+/// the material is used up; every output equals the simulator's, the preprocessed reports carry
+/// their offline phase, and their online MatMul traffic is a fraction of the plain one's.
+#[test]
+fn preprocessed_inferences_equal_the_simulator() {
+    let cases = [
+        tiny(
+            Architecture::Bert,
+            BlockVariant::friendly(),
+            HeadKind::Pooler,
+            16,
+        ),
+        tiny(
+            Architecture::Bert,
+            BlockVariant::exact(Activation::Gelu),
+            HeadKind::MeanPool,
+            16,
+        ),
+        tiny(
+            Architecture::MpNet,
+            BlockVariant::friendly(),
+            HeadKind::Pooler,
+            16,
+        ),
+    ];
+    for (i, cfg) in cases.iter().enumerate() {
+        let (sim, server) = models(cfg, 30 + i as u8);
+        let a: Vec<u32> = vec![3, 1, 4, 1, 5];
+        let b: Vec<u32> = vec![9, 2, 6, 5, 3, 5, 8, 9, 7];
+        let (want_a, xa) = expected(&sim, &a);
+        let (want_b, xb) = expected(&sim, &b);
+        let (got, ()) = run_two_party(
+            |ch| {
+                let mut c = ClientConnection::connect(ch)?;
+                let plain = c.infer(&xa)?;
+                c.preprocess(b.len())?;
+                c.preprocess(a.len())?;
+                c.preprocess(b.len())?;
+                assert_eq!((c.preprocessed(a.len()), c.preprocessed(b.len())), (1, 2));
+                let pa = c.infer(&xa)?;
+                let pb = c.infer(&xb)?;
+                let pb2 = c.infer(&xb)?;
+                assert_eq!((c.preprocessed(a.len()), c.preprocessed(b.len())), (0, 0));
+                let after = c.infer(&xb)?;
+                c.close()?;
+                Ok([plain, pa, pb, pb2, after])
+            },
+            |ch| serve_session(ch, &server),
+        )
+        .unwrap();
+        let wants = [&want_a, &want_a, &want_b, &want_b, &want_b];
+        for (j, ((y, report), want)) in got.iter().zip(wants).enumerate() {
+            assert_eq!(y, want, "model {i}, inference {j}");
+            assert_eq!(
+                report.offline.is_some(),
+                (1..=3).contains(&j),
+                "inference {j}"
+            );
+        }
+        let matmul = |r: &veil_private::CostReport| {
+            let s = &r.online.per_op["MatMul"];
+            s.bytes_sent + s.bytes_received
+        };
+        assert!(
+            matmul(&got[1].1) * 4 < matmul(&got[0].1),
+            "online MatMul {} vs {} bytes",
+            matmul(&got[1].1),
+            matmul(&got[0].1)
+        );
+        assert!(got[1]
+            .1
+            .offline
+            .as_ref()
+            .unwrap()
+            .per_op
+            .contains_key("MatMul"));
+    }
+}
+
+/// The plan is the engine's own sequence of linear steps: per block QKV, two product batches
+/// (one product per head), O, the two FFN layers; then the head.
+#[test]
+fn the_plan_follows_the_composition() {
+    let cfg = tiny(
+        Architecture::Bert,
+        BlockVariant::friendly(),
+        HeadKind::Pooler,
+        16,
+    );
+    let ring = FixedPoint::default_format().ring;
+    let steps = plan(&cfg, ring, 5).unwrap();
+    use veil_model::engine::LayerId::*;
+    let block = |i| {
+        vec![
+            Step::Fc(Qkv(i), 5),
+            Step::Products(vec![(5, 8, 5); 2]),
+            Step::Products(vec![(5, 5, 8); 2]),
+            Step::Fc(AttnOut(i), 5),
+            Step::Fc(Intermediate(i), 5),
+            Step::Fc(Output(i), 5),
+        ]
+    };
+    let mut want = block(0);
+    want.extend(block(1));
+    want.extend([Step::Fc(Pooler, 1), Step::Fc(Classifier, 1)]);
+    assert_eq!(steps, want);
+    assert!(material_bytes(&cfg, 5, true).unwrap() > material_bytes(&cfg, 5, false).unwrap());
+}
+
+/// A client that asks for material the server does not hold ends its session with an error
+/// on the server; a preprocessing request over the server's budget is refused with a message
+/// and the session goes on.
+#[test]
+fn the_server_refuses_what_it_cannot_honour() {
+    let cfg = tiny(
+        Architecture::Bert,
+        BlockVariant::friendly(),
+        HeadKind::Pooler,
+        512,
+    );
+    let (sim, server) = models(&cfg, 40);
+    // A budget of 40 MiB: two 512-token preprocessings of this model fit, a third does not.
+    // (The other tests of this file, if they run meanwhile, stay far below it.)
+    std::env::set_var("VEIL_PREPROCESS_BUDGET_MIB", "40");
+    let per = material_bytes(&cfg, 512, false).unwrap();
+    let fit = veil_private::session::preprocess_budget() / per;
+    assert_eq!(fit, 2, "{per} bytes per preprocessing");
+    let (want, x) = expected(&sim, &[1, 2, 3]);
+    let ((refused, y), ()) = run_two_party(
+        |ch| {
+            let mut c = ClientConnection::connect(ch)?;
+            let mut refused = None;
+            for _ in 0..=fit {
+                if let Err(e) = c.preprocess(512) {
+                    refused = Some(e.to_string());
+                    break;
+                }
+            }
+            let y = c.infer(&x)?.0;
+            c.close()?;
+            Ok((refused, y))
+        },
+        |ch| serve_session(ch, &server),
+    )
+    .unwrap();
+    let refused = refused.expect("the budget refuses one preprocessing too many");
+    assert!(refused.contains("refused to preprocess"), "{refused}");
+    assert_eq!(y, want);
+
+    // A raw client asking for preprocessed material that was never made.
+    let (_, served) = run_two_party(
+        |ch| {
+            let c = ClientConnection::connect(&mut *ch)?;
+            drop(c);
+            let mut w = Writer::new();
+            w.u8(1).u32(3).u8(1);
+            ch.send_msg(&w.finish())?;
+            ch.flush()
+        },
+        |ch| Ok(serve_session(ch, &server)),
+    )
+    .unwrap();
+    let err = served.unwrap_err().to_string();
+    assert!(err.contains("preprocessed material"), "{err}");
+}
