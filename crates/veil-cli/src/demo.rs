@@ -11,7 +11,7 @@ use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{Classification, Client, ClientModel, PromptOptions, ServerModel};
 
-pub fn print_result(text: &str, c: &Classification, json: bool) {
+fn print_result(text: &str, c: &Classification, json: bool) {
     if json {
         let v = serde_json::json!({
             "text": text, "label": c.label, "probabilities": c.probabilities, "cost": c.cost.to_json(),

@@ -95,8 +95,8 @@ enum Cmd {
     },
     /// Writes a model as a complete Hugging Face folder (config.json with Veil's "veil" object,
     /// model.safetensors, tokenizer): the built-in model or an overlay assembled with its public
-    /// tables. transformers loads it but computes the original operators, so blocks whose
-    /// operators were substituted give other outputs there.
+    /// tables. transformers reads it but computes its own operators and head, so substituted
+    /// blocks and a mean-pooling head give other outputs there.
     Export {
         #[arg(long, default_value = "default", long_help = MODEL_HELP)]
         model: String,

@@ -128,9 +128,10 @@ impl ModelSource {
     /// Veil's `"veil"` object, which `transformers` keeps as an unknown attribute),
     /// `model.safetensors` (with the task prefix, as `*ForSequenceClassification` checkpoints
     /// have it) and `tokenizer.json`; for the built-in model and overlays also the base's
-    /// `vocab.txt` and tokenizer configs. `transformers` computes the original operators:
+    /// `vocab.txt` and tokenizer configs. `transformers` computes its own operators and head:
     /// blocks whose operators Veil substituted (ReLU, ReLU-normalise, centring; listed in the
-    /// `"veil"` object) give other outputs there than in Veil.
+    /// `"veil"` object) and a mean-pooling head (it expects a pooler) give other outputs there
+    /// than in Veil.
     pub fn export(&self, dir: &Path) -> Result<()> {
         let model = self.load()?;
         self.write(&model, dir)
