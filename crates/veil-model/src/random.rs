@@ -87,6 +87,39 @@ pub fn random_transformer_with_std(
     Transformer::new(config, vb).map_err(candle_context("building a random model"))
 }
 
+/// The vocabulary of [`write_tiny_classifier`]: BERT's special tokens and six words.
+pub const TINY_WORDS: [&str; 11] = [
+    "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "great", "bad", "awful", "the", "film",
+];
+
+/// Writes a tiny random BERT classifier into `dir`: `blocks` blocks of width 16, 2 heads, 16
+/// positions, the [`TINY_WORDS`] vocabulary (`vocab.txt`), `labels` outputs, weights of
+/// standard deviation 0.2 from `seed`, and faithful truncation (so that a private pass equals
+/// the simulator bit for bit). For tests and examples of the whole client-server path.
+pub fn write_tiny_classifier(
+    dir: &std::path::Path,
+    blocks: usize,
+    labels: usize,
+    seed: u8,
+) -> Result<()> {
+    let mut cfg = ModelConfig::new(
+        Architecture::Bert,
+        TINY_WORDS.len(),
+        16,
+        blocks,
+        2,
+        32,
+        16,
+        HeadKind::Pooler,
+        labels,
+    )?;
+    cfg.veil.product_truncation = crate::variants::ProductTruncation::Faithful;
+    let t = random_transformer_with_std(&cfg, [seed; 16], 0.2)?;
+    crate::folder::save(dir, &t, None)?;
+    std::fs::write(dir.join("vocab.txt"), TINY_WORDS.join("\n"))?;
+    Ok(())
+}
+
 /// Hands out fresh seeded tensors for every requested name.
 struct SeededWeights {
     prg: Mutex<Prg>,

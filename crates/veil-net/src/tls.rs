@@ -221,6 +221,21 @@ fn write_new(path: &Path, data: &[u8], mode: u32) -> Result<()> {
         .map_err(|e| Error::Other(format!("writing {}: {e}", path.display())))
 }
 
+/// Where identities and known servers are kept by default: `$XDG_STATE_HOME/veil`, else
+/// `~/.local/state/veil`.
+pub fn default_state_dir() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d).join("veil"));
+    }
+    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h).join(".local/state/veil")),
+        None => bail!(
+            InvalidArgument,
+            "neither XDG_STATE_HOME nor HOME is set: pass --state-dir"
+        ),
+    }
+}
+
 /// Fingerprints read from a file, one per line (64 hex digits; `#` starts a comment; anything
 /// after the fingerprint on its line is a free-form name).
 pub fn read_fingerprints(path: &Path) -> Result<HashSet<Fingerprint>> {

@@ -12,9 +12,13 @@
 //! * [`session`] — handshake, set-up, preprocessing and per-inference messages, each step under
 //!   a deadline;
 //! * [`server`] — the multi-client server: TLS or explicit plain TCP, bounded sessions and
-//!   queue, memory estimate per session, accept back-off, structured logs, graceful shutdown;
+//!   queue, memory estimate per session, accept back-off, structured logs, graceful shutdown,
+//!   in the caller's thread ([`Server::run`]) or in the background ([`Server::spawn`]);
 //! * [`report`] — cost reports per operator class with LAN/WAN times, measured over a shaped
-//!   link ([`connect_shaped`], `bench::run_model` with a network) or modelled.
+//!   link ([`shaped_channel`], `bench::run_model` with a network) or modelled;
+//! * [`client`] — the client as a library: its bundle, prompts checked and embedded before
+//!   anything is sent, a [`Client`] session classifying batches of texts or token ids, and its
+//!   transport to a server (TLS with a pinned fingerprint).
 //!
 //! Security model: semi-honest client and server; 128-bit computational security (BFV, OT) and
 //! 40-bit statistical security (noise flooding), from the protocols of veil-linear and
@@ -25,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod client;
 pub mod embedding;
 pub mod forward;
 pub mod prepared;
@@ -33,10 +38,11 @@ pub mod report;
 pub mod server;
 pub mod session;
 
+pub use client::{Classification, Client, ClientModel, ClientTransport, PromptOptions};
 pub use prepared::ServerModel;
 pub use report::CostReport;
-pub use server::{ServeOptions, Server, Transport};
+pub use server::{RunningServer, ServeOptions, Server, Transport};
 pub use session::{
-    connect_loopback, connect_loopback_tls, connect_shaped, serve, serve_session,
-    serve_session_with, serve_with, ClientConnection, ClientOptions, Deadlines,
+    loopback_channel, loopback_tls_channel, serve, serve_session, serve_session_with, serve_with,
+    shaped_channel, ClientConnection, ClientOptions, Deadlines,
 };

@@ -116,6 +116,16 @@ impl ServerModel {
         Ok(ServerModel { fixed, layers })
     }
 
+    /// Encodes a loaded model at the session's fixed-point format and prepares it (with a
+    /// progress spinner: the 2-block MiniLM takes seconds, BERT-Base minutes).
+    pub fn from_model(model: &veil_model::Model, ntt_budget: usize) -> Result<Self> {
+        let pb = veil_model::progress::spinner("preparing the model's weights for HE");
+        let prepared = FixedModel::encode(&model.transformer, crate::session::session_format())
+            .and_then(|fixed| Self::with_ntt_budget(fixed, ntt_budget));
+        pb.finish_and_clear();
+        prepared
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.fixed.config
     }

@@ -311,6 +311,21 @@ impl Server {
         self.shared.threads.load(Ordering::SeqCst)
     }
 
+    /// Serves on `listener` from a background thread until [`RunningServer::stop`] (or its
+    /// drop) sets the shutdown flag; open sessions then get the grace period to finish.
+    pub fn spawn(self, listener: TcpListener) -> Result<RunningServer> {
+        let addr = listener.local_addr()?;
+        let shutdown = self.shared.opts.shutdown.clone();
+        let thread = std::thread::Builder::new()
+            .name("veil-accept".into())
+            .spawn(move || self.run(listener))?;
+        Ok(RunningServer {
+            addr,
+            shutdown,
+            thread: Some(thread),
+        })
+    }
+
     /// Accepts until the shutdown flag is set, then stops accepting, refuses queued
     /// connections and waits up to the grace period for open sessions.
     pub fn run(&self, listener: TcpListener) -> Result<()> {
@@ -420,6 +435,49 @@ impl Server {
                 .0;
         }
         Ok(())
+    }
+}
+
+/// A [`Server`] accepting in a background thread ([`Server::spawn`]).
+pub struct RunningServer {
+    addr: SocketAddr,
+    shutdown: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl RunningServer {
+    /// The address it listens on (with the port the system chose for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Whether it is still accepting (false once stopped or failed).
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops accepting, refuses queued connections, gives open sessions the grace period, and
+    /// returns how the accepting thread ended.
+    pub fn stop(mut self) -> Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        self.shutdown.store(true, Ordering::SeqCst);
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(Error::Other("the server's thread panicked".into()))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            tracing::warn!("the server stopped with an error: {e}");
+        }
     }
 }
 

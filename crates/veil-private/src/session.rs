@@ -854,19 +854,19 @@ pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
     serve_with(listener, model, DEFAULT_METHOD)
 }
 
-/// A server for `model` on a thread of this process, on a TCP loopback port, and a client
-/// session connected to it: both parties in one process (`veil demo`, `veil eval`). Plain TCP:
-/// the bytes never leave the process's machine and both ends are this process.
-pub fn connect_loopback(model: Arc<ServerModel>) -> Result<ClientConnection<TcpChannel>> {
+/// A server for `model` on a thread of this process, on a TCP loopback port, and the client's
+/// channel to it: both parties in one process (`veil demo`, `veil eval`). Plain TCP: the bytes
+/// never leave the process's machine and both ends are this process.
+pub fn loopback_channel(model: Arc<ServerModel>) -> Result<TcpChannel> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     std::thread::spawn(move || serve(listener, model));
-    ClientConnection::connect(TcpChannel::connect(addr)?)
+    TcpChannel::connect(addr)
 }
 
-/// As [`connect_loopback`], over TLS 1.3 as `veil serve` / `veil classify` run it: a fresh
+/// As [`loopback_channel`], over TLS 1.3 as `veil serve` / `veil classify` run it: a fresh
 /// in-memory server identity, the client pinning its fingerprint (to measure what TLS costs).
-pub fn connect_loopback_tls(model: Arc<ServerModel>) -> Result<ClientConnection<TlsChannel>> {
+pub fn loopback_tls_channel(model: Arc<ServerModel>) -> Result<TlsChannel> {
     let id = Identity::generate()?;
     let tls = ServerTls::new(&id, None)?;
     let listener = TcpListener::bind("127.0.0.1:0")?;
@@ -874,7 +874,7 @@ pub fn connect_loopback_tls(model: Arc<ServerModel>) -> Result<ClientConnection<
     let opts = ServeOptions::for_model(&model, Transport::Tls(tls));
     let server = Server::new(model, opts)?;
     std::thread::spawn(move || server.run(listener));
-    let ch = ClientTls {
+    ClientTls {
         pin: ServerPin::Fingerprint {
             fp: id.fingerprint(),
             source: "the in-process server".into(),
@@ -884,23 +884,19 @@ pub fn connect_loopback_tls(model: Arc<ServerModel>) -> Result<ClientConnection<
     .connect(
         std::net::TcpStream::connect(addr)?,
         Instant::now() + Duration::from_secs(30),
-    )?;
-    ClientConnection::connect(ch)
+    )
 }
 
-/// Both parties in one process, as [`connect_loopback`], but over an in-memory link shaped like
+/// Both parties in one process, as [`loopback_channel`], but over an in-memory link shaped like
 /// `net` (`veil_net::shaped_pair`, on the wall clock), so reports measure the time on `net`.
-pub fn connect_shaped(
-    model: Arc<ServerModel>,
-    net: NetworkModel,
-) -> Result<ClientConnection<MemChannel>> {
+pub fn shaped_channel(model: Arc<ServerModel>, net: NetworkModel) -> Result<MemChannel> {
     let (client, server) = shaped_pair(net, Arc::new(RealClock::new()))?;
     std::thread::spawn(move || {
         if let Err(e) = serve_session(server, &model) {
             tracing::warn!("the shaped-link server session failed: {e}");
         }
     });
-    ClientConnection::connect(client)
+    Ok(client)
 }
 
 /// [`serve`] with the lookup method of private-embedding mode chosen (the tables are prepared

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::data::{self, DatasetFormat, Example, LabelSet};
-use veil_model::{folder, BlockVariant, EmbeddingMode, TextTokenizer};
+use veil_model::{folder, BlockVariant, EmbeddingMode, ModelConfig, TextTokenizer};
 
 use crate::batch::EncodedExample;
 use crate::fixed_check::check_fixed_point;
@@ -217,9 +217,27 @@ pub fn labelled_examples(
     max_seq_len: usize,
 ) -> Result<(LabelSet, Vec<EncodedExample>)> {
     let config = folder::load_config(dir)?;
-    let tokenizer = tokenizer_for(dir, max_seq_len, config.max_sequence_len())?;
+    labelled_examples_for(&config, dir, Some(dir), file, format, max_seq_len)
+}
+
+/// [`labelled_examples`] for a model whose tokenizer files are in `tokenizer_dir` and whose
+/// training record (label names), if any, is in `record_dir` (the built-in model and overlays
+/// keep them apart; see `veil_model::source`).
+pub fn labelled_examples_for(
+    config: &ModelConfig,
+    tokenizer_dir: &Path,
+    record_dir: Option<&Path>,
+    file: &Path,
+    format: Option<DatasetFormat>,
+    max_seq_len: usize,
+) -> Result<(LabelSet, Vec<EncodedExample>)> {
+    let tokenizer = tokenizer_for(tokenizer_dir, max_seq_len, config.max_sequence_len())?;
     let raw = read_dataset(file, format.as_ref())?;
-    let labels = match TrainingRecord::read(dir)? {
+    let record = match record_dir {
+        Some(d) => TrainingRecord::read(d)?,
+        None => None,
+    };
+    let labels = match record {
         Some(r) => r.labels,
         None => LabelSet::from_examples(&raw)?,
     };

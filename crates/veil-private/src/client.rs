@@ -1,0 +1,420 @@
+//! The client as a library: what `veil classify`, `veil demo`, `veil eval` and the Python package
+//! all run.
+//!
+//! * [`ClientModel`] — the client's bundle (public configuration, tokenizer and, in
+//!   public-embedding mode, the public embedding tables): prompts are tokenised, checked and
+//!   embedded here, before anything is sent;
+//! * [`Client`] — a session with a server: it connects, compares the server's configuration with
+//!   its bundle before any key material moves, and classifies a batch of texts or token ids,
+//!   returning each [`Classification`] (label, probabilities, cost report) as a value;
+//! * [`ClientTransport`] — the client's channel to a server address: TLS 1.3 with the server's
+//!   fingerprint pinned (or trusted on first use and recorded), or plain TCP when asked for.
+//!
+//! The pipeline of one prompt: tokenise → pad (`pad_to`) → embed with the public tables (or, in
+//! private-embedding mode, send the ids through the private lookup) → the private forward pass
+//! ([`ClientConnection`]) → softmax of the revealed logits, on the client.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use veil_core::{ensure, Result};
+use veil_model::client::ClientBundle;
+use veil_model::folder::Model;
+use veil_model::source::ModelSource;
+use veil_model::tokenize::Encoded;
+use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
+use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPin, TcpChannel};
+
+use crate::report::CostReport;
+use crate::session::{session_format, ClientConnection, ClientOptions};
+
+/// exp-normalise in f64 (client-side, on the revealed logits).
+pub fn softmax(x: &[f64]) -> Vec<f64> {
+    let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
+}
+
+/// The index of the largest value (the first of equal ones; 0 for an empty slice).
+pub fn argmax(v: &[f64]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
+        .map_or(0, |(i, _)| i)
+}
+
+/// How the client sends a prompt.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PromptOptions {
+    /// Send this many tokens whatever the prompt's length (the padding is masked by the client).
+    pub pad_to: Option<usize>,
+    /// Classify the first tokens of a prompt longer than the model's limit instead of refusing it.
+    pub truncate: bool,
+}
+
+/// One classified prompt.
+#[derive(Clone, Debug)]
+pub struct Classification {
+    /// The most probable class.
+    pub label: usize,
+    /// The softmax of the logits the client reconstructed.
+    pub probabilities: Vec<f64>,
+    /// What this prompt cost (the session's set-up apart).
+    pub cost: CostReport,
+}
+
+/// What the client holds: its bundle (public configuration, tokenizer and, in public-embedding
+/// mode, the public embedding tables; see `veil_model::client`), from a bundle folder written by
+/// `veil export-client` or the public part of a full model.
+pub struct ClientModel {
+    bundle: ClientBundle,
+}
+
+impl ClientModel {
+    /// A bundle folder, or the public part of a full model folder.
+    pub fn open(dir: &Path) -> Result<Self> {
+        Ok(ClientModel {
+            bundle: ClientBundle::open(dir)?,
+        })
+    }
+
+    /// The client's model as `--model` names it (`veil_model::source`): a bundle or model
+    /// folder as it is, the built-in model (`default`) or an overlay by its public part.
+    pub fn named(spec: &str) -> Result<Self> {
+        match ModelSource::resolve(spec)? {
+            ModelSource::Folder(dir) => Self::open(&dir),
+            source => Self::from_model(&source.load()?),
+        }
+    }
+
+    /// The public part of a loaded model.
+    pub fn from_model(m: &Model) -> Result<Self> {
+        Ok(ClientModel {
+            bundle: ClientBundle::from_model(m)?,
+        })
+    }
+
+    /// The model's public configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.bundle.config
+    }
+
+    /// Options that do not depend on the prompt, checked before anything is sent: `pad_to`
+    /// needs a first-token (pooler) head and at most the model's limit.
+    pub fn check_options(&self, opts: PromptOptions) -> Result<()> {
+        let cfg = &self.bundle.config;
+        if let Some(n) = opts.pad_to {
+            ensure!(
+                (1..=cfg.max_sequence_len()).contains(&n),
+                InvalidArgument,
+                "--pad-to {n}: the model takes 1 to {} tokens",
+                cfg.max_sequence_len()
+            );
+            ensure!(
+                cfg.veil.head == HeadKind::Pooler,
+                InvalidArgument,
+                "--pad-to needs a first-token (pooler) head; this model mean-pools its outputs"
+            );
+        }
+        Ok(())
+    }
+
+    /// The server must serve the architecture the client's tables belong to.
+    pub fn check_matches(&self, server: &ModelConfig) -> Result<()> {
+        ensure!(
+            *server == self.bundle.config,
+            InvalidArgument,
+            "the server's model configuration differs from the client's model folder (another \
+             model or version is being served); nothing was sent"
+        );
+        Ok(())
+    }
+
+    /// The token ids `text` is sent as, or why it is refused: an empty prompt, one longer than
+    /// the model's limit (unless `opts.truncate`), or one longer than `--pad-to`. Checked before
+    /// anything is sent, so a refused prompt costs no traffic.
+    pub fn encode_prompt(&self, text: &str, opts: PromptOptions) -> Result<Encoded> {
+        ensure!(
+            !text.trim().is_empty(),
+            InvalidArgument,
+            "the prompt is empty: there is no text to classify"
+        );
+        let tok = &self.bundle.tokenizer;
+        let enc = tok.encode(text, None)?;
+        ensure!(
+            enc.truncated == 0 || opts.truncate,
+            InvalidArgument,
+            "the prompt has {} tokens, {} more than the model's limit of {}; pass --truncate to \
+             classify its first {}",
+            enc.len() + enc.truncated,
+            enc.truncated,
+            tok.max_len(),
+            tok.max_len()
+        );
+        self.check_length(&enc, opts)?;
+        Ok(enc)
+    }
+
+    /// Token ids given by the caller (already tokenised, special tokens included), checked as
+    /// [`Self::encode_prompt`] checks a text's: not empty, within the model's vocabulary and
+    /// limit and within `--pad-to`. Token types are all 0.
+    pub fn encode_ids(&self, ids: &[u32], opts: PromptOptions) -> Result<Encoded> {
+        ensure!(
+            !ids.is_empty(),
+            InvalidArgument,
+            "the prompt is empty: there are no token ids to classify"
+        );
+        let cfg = &self.bundle.config;
+        ensure!(
+            ids.len() <= cfg.max_sequence_len(),
+            InvalidArgument,
+            "the prompt has {} tokens, {} more than the model's limit of {}",
+            ids.len(),
+            ids.len() - cfg.max_sequence_len(),
+            cfg.max_sequence_len()
+        );
+        let types = vec![0; ids.len()];
+        cfg.check_input(ids, &types)?;
+        let enc = Encoded {
+            ids: ids.to_vec(),
+            type_ids: types,
+            truncated: 0,
+        };
+        self.check_length(&enc, opts)?;
+        Ok(enc)
+    }
+
+    fn check_length(&self, enc: &Encoded, opts: PromptOptions) -> Result<()> {
+        if let Some(total) = opts.pad_to {
+            ensure!(
+                total >= enc.len(),
+                InvalidArgument,
+                "the prompt has {} tokens, more than --pad-to {total}",
+                enc.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// The limits a session for `prompts` announces: the longest prompt (or `pad_to`), and
+    /// each step within `step_timeout`.
+    pub fn session_options(
+        &self,
+        prompts: &[Encoded],
+        opts: PromptOptions,
+        step_timeout: Option<Duration>,
+    ) -> ClientOptions {
+        let longest = prompts.iter().map(|e| e.ids.len()).max().unwrap_or(1);
+        ClientOptions {
+            max_tokens: Some(opts.pad_to.unwrap_or(longest)),
+            step_timeout,
+        }
+    }
+
+    /// Private inference of an encoded prompt on `conn`: the decoded output (logits, or the
+    /// pooled vector of an embedding model) and its cost report.
+    ///
+    /// `opts.pad_to`: send that many tokens whatever the prompt's length, so the server cannot
+    /// learn it (the padding rows embed token 0 at the following positions and are masked by the
+    /// client in every attention; see `ClientConnection::infer_padded`).
+    fn run<C: Channel>(
+        &self,
+        conn: &mut ClientConnection<C>,
+        enc: &Encoded,
+        opts: PromptOptions,
+    ) -> Result<(Vec<f64>, CostReport)> {
+        let real = enc.ids.len();
+        let total = opts.pad_to.unwrap_or(real);
+        ensure!(
+            total >= real,
+            InvalidArgument,
+            "the prompt has {real} tokens, more than --pad-to {total}"
+        );
+        let mut ids = enc.ids.clone();
+        let mut types = enc.type_ids.clone();
+        ids.resize(total, 0);
+        types.resize(total, 0);
+        match self.bundle.config.veil.embedding {
+            EmbeddingMode::Public => {
+                let x = self.bundle.embed(&ids, &types, session_format())?;
+                conn.infer_padded(&x, real)
+            }
+            EmbeddingMode::Private => conn.infer_ids_padded(&ids, &types, real),
+        }
+    }
+}
+
+/// A session with a server, on the client's side.
+pub struct Client<C: Channel> {
+    model: ClientModel,
+    conn: ClientConnection<C>,
+    opts: PromptOptions,
+}
+
+impl<C: Channel> Client<C> {
+    /// Handshake on `ch`, the server's configuration compared with `model`'s before any key
+    /// material moves, then set-up. `limits.max_tokens` is announced to the server (`None`: the
+    /// model's limit); prompts longer than it are refused later.
+    pub fn connect(
+        model: ClientModel,
+        ch: C,
+        opts: PromptOptions,
+        limits: ClientOptions,
+    ) -> Result<Self> {
+        model.check_options(opts)?;
+        let conn = ClientConnection::connect_with(ch, limits, |cfg| model.check_matches(cfg))?;
+        Ok(Client { model, conn, opts })
+    }
+
+    /// The client's model (its bundle).
+    pub fn model(&self) -> &ClientModel {
+        &self.model
+    }
+
+    /// Classifies each text privately. Every text is tokenised and checked before the first is
+    /// sent, so one refused prompt costs no traffic.
+    pub fn classify<S: AsRef<str>>(&mut self, texts: &[S]) -> Result<Vec<Classification>> {
+        let encoded = texts
+            .iter()
+            .map(|t| self.model.encode_prompt(t.as_ref(), self.opts))
+            .collect::<Result<Vec<_>>>()?;
+        self.classify_encoded(&encoded)
+    }
+
+    /// Classifies token-id sequences (special tokens included), each checked first.
+    pub fn classify_ids<S: AsRef<[u32]>>(&mut self, ids: &[S]) -> Result<Vec<Classification>> {
+        let encoded = ids
+            .iter()
+            .map(|i| self.model.encode_ids(i.as_ref(), self.opts))
+            .collect::<Result<Vec<_>>>()?;
+        self.classify_encoded(&encoded)
+    }
+
+    /// Classifies prompts encoded by [`ClientModel::encode_prompt`] or
+    /// [`ClientModel::encode_ids`].
+    pub fn classify_encoded(&mut self, prompts: &[Encoded]) -> Result<Vec<Classification>> {
+        ensure!(
+            self.model.config().veil.num_labels > 0,
+            InvalidArgument,
+            "the model has no classifier (it outputs sentence embeddings)"
+        );
+        prompts
+            .iter()
+            .map(|enc| {
+                let (logits, cost) = self.infer(enc)?;
+                let probabilities = softmax(&logits);
+                Ok(Classification {
+                    label: argmax(&probabilities),
+                    probabilities,
+                    cost,
+                })
+            })
+            .collect()
+    }
+
+    /// The raw output of one encoded prompt: logits, or the pooled vector of an embedding model.
+    pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
+        self.model.run(&mut self.conn, enc, self.opts)
+    }
+
+    /// Ends the session politely.
+    pub fn close(self) -> Result<()> {
+        self.conn.close()
+    }
+}
+
+/// How the client reaches a server over a network.
+#[derive(Clone, Debug)]
+pub struct ClientTransport {
+    /// Accept only the server with this certificate fingerprint.
+    pub server_fingerprint: Option<Fingerprint>,
+    /// Trust on first use: the file recording each server's fingerprint (default
+    /// `known_servers` in [`veil_net::tls::default_state_dir`]), when no fingerprint is given.
+    pub known_servers: Option<PathBuf>,
+    /// The client's identity directory (created if missing), for servers that require one.
+    pub client_identity: Option<PathBuf>,
+    /// Plain TCP instead of TLS (the server must say so too).
+    pub insecure_plaintext: bool,
+    /// The TCP connection and the TLS handshake must finish within this.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientTransport {
+    fn default() -> Self {
+        ClientTransport {
+            server_fingerprint: None,
+            known_servers: None,
+            client_identity: None,
+            insecure_plaintext: false,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ClientTransport {
+    /// The channel to `addr`: TLS with the server pinned (or trusted on first use and
+    /// recorded), or plain TCP when asked for. What it creates or trusts is logged.
+    pub fn connect(&self, addr: &str) -> Result<Box<dyn Channel>> {
+        let stream = veil_net::connect_timeout(addr, self.connect_timeout)?;
+        if self.insecure_plaintext {
+            tracing::warn!(
+                "--insecure-plaintext: the connection is neither encrypted nor authenticated"
+            );
+            return Ok(Box::new(TcpChannel::from_stream(stream)?));
+        }
+        let identity = match &self.client_identity {
+            Some(dir) => {
+                let (id, created) = Identity::load_or_create(dir)?;
+                if created {
+                    tracing::info!(
+                        "created the client identity in {}; its fingerprint (for the server's \
+                         --client-allow) is {}",
+                        dir.display(),
+                        id.fingerprint()
+                    );
+                }
+                Some(id)
+            }
+            None => None,
+        };
+        let mut known = None;
+        let pin = match (self.server_fingerprint, &self.known_servers) {
+            (Some(fp), _) => ServerPin::Fingerprint {
+                fp,
+                source: "--server-fingerprint".into(),
+            },
+            (None, file) => {
+                let path = match file {
+                    Some(p) => p.clone(),
+                    None => veil_net::tls::default_state_dir()?.join("known_servers"),
+                };
+                let k = KnownServers::open(&path)?;
+                let pin = match k.get(addr) {
+                    Some(fp) => ServerPin::Fingerprint {
+                        fp,
+                        source: format!(
+                            "{} (recorded on first use for {addr}; if the server's key changed \
+                             on purpose, delete that line)",
+                            path.display()
+                        ),
+                    },
+                    None => ServerPin::FirstUse,
+                };
+                known = Some(k);
+                pin
+            }
+        };
+        let first_use = matches!(pin, ServerPin::FirstUse);
+        let tls = ClientTls { pin, identity };
+        let ch = tls.connect(stream, Instant::now() + self.connect_timeout)?;
+        if let (true, Some(k), Some(fp)) = (first_use, known.as_mut(), ch.peer_fingerprint()) {
+            k.record(addr, fp)?;
+            tracing::warn!(
+                "first connection to {addr}: trusting its key {fp}, recorded in {}",
+                k.path().display()
+            );
+        }
+        Ok(Box::new(ch))
+    }
+}

@@ -1,0 +1,134 @@
+//! The library's client and server (`veil_private::{Client, Server}`, what the `veil` command and
+//! the Python package run) over TCP loopback on a tiny random model: every classification equals
+//! the fixed-point simulator's (faithful truncation makes the private pass exact), by text and by
+//! token ids, in plain TCP and over TLS with the server's fingerprint pinned; bad inputs and
+//! another model are refused with clear errors.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::sync::Arc;
+
+use veil_core::FixedPoint;
+use veil_model::sim::FixedModel;
+use veil_model::{folder, random};
+use veil_net::{Identity, ServerTls, TcpChannel};
+use veil_private::client::{argmax, softmax};
+use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::{
+    Client, ClientModel, ClientOptions, ClientTransport, PromptOptions, ServeOptions, Server,
+    ServerModel, Transport,
+};
+
+/// A tiny random classifier of `blocks` blocks written to `dir`, and loaded.
+fn tiny_model(dir: &Path, blocks: usize, seed: u8) -> folder::Model {
+    random::write_tiny_classifier(dir, blocks, 2, seed).unwrap();
+    folder::load(dir).unwrap()
+}
+
+fn serve(model: &folder::Model, transport: Transport) -> veil_private::RunningServer {
+    let server = Arc::new(ServerModel::from_model(model, DEFAULT_NTT_BUDGET_BYTES).unwrap());
+    let opts = ServeOptions::for_model(&server, transport);
+    Server::new(server, opts)
+        .unwrap()
+        .spawn(TcpListener::bind("127.0.0.1:0").unwrap())
+        .unwrap()
+}
+
+/// The simulator's probabilities for `ids`.
+fn simulated(model: &folder::Model, ids: &[u32]) -> Vec<f64> {
+    let fp = FixedPoint::default_format();
+    let fixed = FixedModel::encode(&model.transformer, fp).unwrap();
+    let sim = fixed.forward(ids, &vec![0; ids.len()]).unwrap();
+    softmax(&sim.logits_f64(fp).unwrap())
+}
+
+#[test]
+fn library_client_equals_the_simulator_over_loopback() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path(), 2, 5);
+    let running = serve(&model, Transport::Plaintext);
+    let texts = ["the film good", "awful film", "great great film the bad"];
+    let mut client = Client::connect(
+        ClientModel::open(tmp.path()).unwrap(),
+        TcpChannel::connect(running.local_addr()).unwrap(),
+        PromptOptions::default(),
+        ClientOptions::default(),
+    )
+    .unwrap();
+    let got = client.classify(&texts).unwrap();
+    assert_eq!(got.len(), texts.len());
+    let tok = model.tokenizer.as_ref().unwrap();
+    let mut ids = vec![];
+    for (text, c) in texts.iter().zip(&got) {
+        let enc = tok.encode(text, None).unwrap();
+        let want = simulated(&model, &enc.ids);
+        assert_eq!(c.probabilities, want, "{text}");
+        assert_eq!(c.label, argmax(&want));
+        let online = c.cost.online.total();
+        assert!(online.bytes_sent > 0 && online.bytes_received > 0);
+        ids.push(enc.ids);
+    }
+    // The same prompts as token ids.
+    let by_ids = client.classify_ids(&ids).unwrap();
+    for (a, b) in got.iter().zip(&by_ids) {
+        assert_eq!(a.probabilities, b.probabilities);
+    }
+    // Bad inputs are refused before anything is sent, and the session goes on.
+    let empty = client.classify(&["  "]).unwrap_err().to_string();
+    assert!(empty.contains("the prompt is empty"), "{empty}");
+    let outside = client
+        .classify_ids(&[vec![2, 99, 3]])
+        .unwrap_err()
+        .to_string();
+    assert!(outside.contains("beyond the vocabulary"), "{outside}");
+    let again = client.classify(&texts[..1]).unwrap();
+    assert_eq!(again[0].probabilities, got[0].probabilities);
+    client.close().unwrap();
+    running.stop().unwrap();
+}
+
+#[test]
+fn library_client_over_tls_pins_the_server_and_refuses_another_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let model = tiny_model(&a, 2, 7);
+    let id = Identity::generate().unwrap();
+    let running = serve(&model, Transport::Tls(ServerTls::new(&id, None).unwrap()));
+    let transport = ClientTransport {
+        server_fingerprint: Some(id.fingerprint()),
+        ..ClientTransport::default()
+    };
+    let addr = running.local_addr().to_string();
+    let mut client = Client::connect(
+        ClientModel::open(&a).unwrap(),
+        transport.connect(&addr).unwrap(),
+        PromptOptions::default(),
+        ClientOptions::default(),
+    )
+    .unwrap();
+    let got = client.classify(&["good film"]).unwrap();
+    let enc = model
+        .tokenizer
+        .as_ref()
+        .unwrap()
+        .encode("good film", None)
+        .unwrap();
+    assert_eq!(got[0].probabilities, simulated(&model, &enc.ids));
+    client.close().unwrap();
+
+    // A bundle of another shape: refused before any key material moves.
+    tiny_model(&b, 1, 1);
+    let err = Client::connect(
+        ClientModel::open(&b).unwrap(),
+        transport.connect(&addr).unwrap(),
+        PromptOptions::default(),
+        ClientOptions::default(),
+    )
+    .err()
+    .expect("another model is refused")
+    .to_string();
+    assert!(err.contains("differs"), "{err}");
+    running.stop().unwrap();
+}

@@ -1,0 +1,83 @@
+"""The Python package end to end on a tiny random model: a ``veil.Server`` in background threads,
+``veil.Client`` sessions over TLS (pinned) and plain TCP, results equal to the fixed-point
+simulator's, bundles, and the exceptions bad inputs raise."""
+
+import numpy as np
+import pytest
+
+import veil
+
+TEXTS = ["the film good", "awful film", "great great film the bad"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    veil.write_tiny_model(d, seed=3)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(tiny, tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")
+    with veil.Server(tiny, listen="127.0.0.1:0", state_dir=state) as s:
+        yield s
+
+
+def test_private_classification_equals_the_simulator(tiny, server, tmp_path):
+    expected = veil.simulate(tiny, TEXTS)
+    bundle = tmp_path / "bundle"
+    veil.export_client(tiny, bundle)
+    assert (bundle / "public.safetensors").is_file()
+    with veil.Client(bundle, server=server.address, fingerprint=server.fingerprint) as c:
+        got = c.classify(TEXTS)
+        assert len(got) == len(TEXTS)
+        for (label, probs), (want_label, want_probs) in zip(got, expected):
+            assert isinstance(probs, np.ndarray) and probs.dtype == np.float64
+            assert label == want_label
+            np.testing.assert_array_equal(probs, want_probs)
+        cost = c.cost
+        assert cost["bytes_client_to_server"] > 0 and cost["setup"]["rounds"] > 0
+        assert "MatMul" in cost["per_op"]
+        assert len(c.costs) == len(TEXTS)
+        assert c.config["veil"]["num_labels"] == 2
+    assert server.running
+
+
+def test_bad_inputs_raise_the_right_exception(tiny, server, tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        veil.Client(tmp_path / "nope", server=server.address, fingerprint=server.fingerprint)
+    with pytest.raises(FileNotFoundError, match="Hugging Face cache"):
+        veil.Server("no-org/no-such-model")
+    with pytest.raises(ValueError, match="fingerprint|hex"):
+        veil.Client(tiny, server=server.address, fingerprint="abc")
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        veil.Client(tiny, server=server.address, timeout=0)
+    wrong = "00" * 32
+    with pytest.raises(veil.VeilError):
+        veil.Client(tiny, server=server.address, fingerprint=wrong)
+    with veil.Client(tiny, server=server.address, fingerprint=server.fingerprint) as c:
+        with pytest.raises(ValueError, match="the prompt is empty"):
+            c.classify(["   "])
+        with pytest.raises(ValueError, match="more than the model's limit"):
+            c.classify(["good " * 40])
+        with pytest.raises(TypeError):
+            c.classify("a string, not a list")
+        # The session survives refused prompts.
+        assert len(c.classify(["good film"])) == 1
+    closed = veil.Client(tiny, server=server.address, fingerprint=server.fingerprint)
+    closed.close()
+    with pytest.raises(ValueError, match="closed"):
+        closed.classify(["good"])
+
+
+def test_plain_tcp_and_token_ids(tiny, tmp_path):
+    with veil.Server(tiny, insecure_plaintext=True) as s:
+        assert s.fingerprint is None
+        with veil.Client(tiny, server=s.address, insecure_plaintext=True) as c:
+            by_text = c.classify(["good film"])
+            by_ids = c.classify_ids([[2, 5, 10, 3]])
+            np.testing.assert_array_equal(by_text[0][1], by_ids[0][1])
+            with pytest.raises(ValueError):
+                c.classify_ids([[2, 500, 3]])
+    assert not s.running

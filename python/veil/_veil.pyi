@@ -1,0 +1,112 @@
+"""Type stubs of the extension module behind ``veil`` (see ``veil/__init__.py``)."""
+
+import os
+from types import TracebackType
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
+
+import numpy as np
+import numpy.typing as npt
+
+_Model = Union[str, "os.PathLike[str]"]
+_Result = Tuple[int, npt.NDArray[np.float64]]
+
+__version__: str
+
+class VeilError(RuntimeError):
+    """An error of Veil's that is not an invalid argument, a missing file, a timeout or a
+    connection failure (a malformed message from the peer, a refused session, ...)."""
+
+class Server:
+    """Serves a model to private-inference clients from background threads, with the session
+    limits of ``veil serve``. TLS 1.3 with the identity in ``state_dir`` unless
+    ``insecure_plaintext``. A context manager: leaving the ``with`` block stops it."""
+
+    def __init__(
+        self,
+        model: _Model = "default",
+        listen: str = "127.0.0.1:0",
+        *,
+        state_dir: Optional[_Model] = None,
+        insecure_plaintext: bool = False,
+        max_sessions: Optional[int] = None,
+        ntt_budget_mib: int = 2048,
+    ) -> None: ...
+    @property
+    def address(self) -> str:
+        """"HOST:PORT" the server listens on."""
+    @property
+    def fingerprint(self) -> Optional[str]:
+        """SHA-256 of the server's TLS certificate (hex); None over plain TCP."""
+    @property
+    def running(self) -> bool:
+        """Whether it still accepts connections."""
+    def stop(self) -> None:
+        """Stops accepting and waits for open sessions (at most 60 s)."""
+    def __enter__(self) -> "Server": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+
+class Client:
+    """A private-inference session with a server. ``bundle``: a bundle folder from
+    ``export_client``, a full model folder or "default". The server must have ``fingerprint``
+    (hex); without it, the first connection to an address is trusted and recorded in
+    ``known_servers``. A context manager: leaving the ``with`` block closes the session."""
+
+    def __init__(
+        self,
+        bundle: _Model = "default",
+        server: str = "127.0.0.1:7878",
+        *,
+        fingerprint: Optional[str] = None,
+        known_servers: Optional[_Model] = None,
+        identity: Optional[_Model] = None,
+        insecure_plaintext: bool = False,
+        pad_to: Optional[int] = None,
+        truncate: bool = False,
+        max_tokens: Optional[int] = None,
+        timeout: float = 600.0,
+        connect_timeout: float = 10.0,
+    ) -> None: ...
+    def classify(self, texts: Sequence[str]) -> List[_Result]:
+        """(label, probabilities) of each text, classified privately. Every text is checked
+        before the first is sent."""
+    def classify_ids(self, ids: Sequence[Sequence[int]]) -> List[_Result]:
+        """As ``classify``, on token-id sequences (special tokens included)."""
+    @property
+    def cost(self) -> Optional[Dict[str, Any]]:
+        """The cost report of the last classified prompt (None before the first)."""
+    @property
+    def costs(self) -> List[Dict[str, Any]]:
+        """The cost reports of every prompt of the last call."""
+    @property
+    def config(self) -> Dict[str, Any]:
+        """The model's public configuration (config.json)."""
+    def close(self) -> None:
+        """Ends the session politely."""
+    def __enter__(self) -> "Client": ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+
+def default_model() -> str:
+    """Path of the built-in SST-2 model as a complete Hugging Face folder (fetched and
+    assembled into the cache on first use)."""
+
+def export_client(model: _Model, out_dir: _Model) -> None:
+    """Writes the client bundle of ``model`` (config, tokenizer, public tables) to ``out_dir``."""
+
+def export(model: _Model, out_dir: _Model) -> None:
+    """Writes ``model`` as a complete Hugging Face folder to ``out_dir``."""
+
+def simulate(model: _Model, texts: Sequence[str]) -> List[_Result]:
+    """(label, probabilities) of each text from the fixed-point simulator on plaintext."""
+
+def write_tiny_model(out_dir: _Model, *, labels: int = 2, seed: int = 0) -> None:
+    """Writes a tiny random BERT classifier (vocabulary: good great bad awful the film) for tests."""
