@@ -318,6 +318,12 @@ impl<C: Channel> Client<C> {
         self.model.run(&mut self.conn, enc, self.opts)
     }
 
+    /// Preprocesses one future inference of `seq` tokens (the encoded prompt's length, padding
+    /// included: [`Encoded`]); the next prompt of that length uses it. Returns the offline cost.
+    pub fn preprocess(&mut self, seq: usize) -> Result<crate::report::PhaseCost> {
+        self.conn.preprocess(seq)
+    }
+
     /// Ends the session politely.
     pub fn close(self) -> Result<()> {
         self.conn.close()
