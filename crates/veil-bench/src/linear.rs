@@ -118,29 +118,71 @@ const BENCH_MAX_SEQ: usize = 512;
 /// server with a budget of a few GB would for one layer; BERT-Base's larger matrices do not).
 const BENCH_NTT_CACHE_BYTES: usize = 256 << 20;
 
+/// A benchmarked FC layer: random X shared, model-sized W and a bias, prepared as a server
+/// with a modest budget would (NTT forms kept up to [`BENCH_NTT_CACHE_BYTES`]).
+struct FcFixture {
+    ring: Ring,
+    x: RingTensor,
+    w: RingTensor,
+    b: RingTensor,
+    x0: RingTensor,
+    x1: RingTensor,
+    layer: FcLayer,
+    fc: PreparedFc,
+    prepare_s: f64,
+}
+
+impl FcFixture {
+    fn new(seq: usize, inp: usize, out: usize) -> Result<Self> {
+        let ring = Ring::new(veil_core::defaults::RING_BITS)?;
+        let mut g = Prg::from_os_entropy();
+        let x = RingTensor::random(ring, &[seq, inp], &mut g)?;
+        let w = model_weights(ring, &[out, inp], &mut g)?;
+        let b = RingTensor::random(ring, &[out], &mut g)?;
+        let (x0, x1) = share(&x, &mut g)?;
+        let prep = Instant::now();
+        let layer = FcLayer {
+            seq,
+            max_seq: BENCH_MAX_SEQ,
+            in_features: inp,
+            out_features: out,
+            set: ParamSet::N8192,
+        };
+        let mut fc = PreparedFc::new(layer, &w, Some(&b))?;
+        for (cut, bytes) in fc.ntt_bytes()? {
+            if bytes <= BENCH_NTT_CACHE_BYTES {
+                fc.cache_ntt(cut)?;
+            }
+        }
+        let prepare_s = prep.elapsed().as_secs_f64();
+        Ok(FcFixture {
+            ring,
+            x,
+            w,
+            b,
+            x0,
+            x1,
+            layer,
+            fc,
+            prepare_s,
+        })
+    }
+
+    /// Whether the shares open to X·Wᵀ + b.
+    fn exact(&self, y0: &RingTensor, y1: &RingTensor) -> Result<bool> {
+        let out = self.layer.out_features;
+        let mut want = self.x.matmul(&self.w.transpose()?)?;
+        for (i, v) in want.data_mut().iter_mut().enumerate() {
+            *v = self.ring.add(*v, self.b.data()[i % out]);
+        }
+        Ok(reconstruct(y0, y1)? == want)
+    }
+}
+
 /// FC with X shared between the parties, W and b the server's.
 pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
-    let ring = Ring::new(veil_core::defaults::RING_BITS)?;
-    let mut g = Prg::from_os_entropy();
-    let x = RingTensor::random(ring, &[seq, inp], &mut g)?;
-    let w = model_weights(ring, &[out, inp], &mut g)?;
-    let b = RingTensor::random(ring, &[out], &mut g)?;
-    let (x0, x1) = share(&x, &mut g)?;
-    let prep = Instant::now();
-    let layer = FcLayer {
-        seq,
-        max_seq: BENCH_MAX_SEQ,
-        in_features: inp,
-        out_features: out,
-        set: ParamSet::N8192,
-    };
-    let mut fc = PreparedFc::new(layer, &w, Some(&b))?;
-    for (cut, bytes) in fc.ntt_bytes()? {
-        if bytes <= BENCH_NTT_CACHE_BYTES {
-            fc.cache_ntt(cut)?;
-        }
-    }
-    let prepare_s = prep.elapsed().as_secs_f64();
+    let f = FcFixture::new(seq, inp, out)?;
+    let (ring, layer, prepare_s, fc) = (f.ring, f.layer, f.prepare_s, &f.fc);
     let layout = layer.layout(fc.matrix().params())?;
     let blocking = layout.blocks;
     let cpu0 = veil_core::process::cpu_seconds();
@@ -158,7 +200,7 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
             let sk = s.key(layer.set)?;
             let lay = layer.layout(sk.params())?;
             let c0 = veil_core::process::cpu_seconds();
-            client_send(ch, sk, &[lay], &[&x0])?;
+            client_send(ch, sk, &[lay], &[&f.x0])?;
             let c1 = veil_core::process::cpu_seconds();
             let y0 = client_receive(ch, sk, &[lay])?.remove(0);
             let c3 = veil_core::process::cpu_seconds();
@@ -170,7 +212,7 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
             let (s, _) = setup_metered(ch, |ch| ServerSession::setup(ch, ring))?;
             start.wait();
             let _g = ch.meter().enter(LABEL);
-            let y1 = fc_server(ch, &s, &fc, &x1);
+            let y1 = fc_server(ch, &s, fc, &f.x1);
             *server_done.lock().expect("no panics while held") = veil_core::process::cpu_seconds();
             y1
         },
@@ -187,11 +229,7 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
     let cpu_s = cpu0
         .zip(veil_core::process::cpu_seconds())
         .map(|(a, b)| b - a);
-    let mut want = x.matmul(&w.transpose()?)?;
-    for (i, v) in want.data_mut().iter_mut().enumerate() {
-        *v = ring.add(*v, b.data()[i % out]);
-    }
-    let exact = reconstruct(&y0, &y1)? == want;
+    let exact = f.exact(&y0, &y1)?;
     Ok(entry(
         &format!("FC {seq}x{inp}·{inp}x{out}"),
         &m,
@@ -212,25 +250,8 @@ pub fn bench_fc(seq: usize, inp: usize, out: usize) -> Result<Value> {
 /// FC as [`bench_fc`], preprocessed (`veil_linear::premask`): the offline Π_MatMul on the
 /// client's mask, then the online message and plaintext product, each timed and metered apart.
 pub fn bench_fc_preprocessed(seq: usize, inp: usize, out: usize) -> Result<Value> {
-    let ring = Ring::new(veil_core::defaults::RING_BITS)?;
-    let mut g = Prg::from_os_entropy();
-    let x = RingTensor::random(ring, &[seq, inp], &mut g)?;
-    let w = model_weights(ring, &[out, inp], &mut g)?;
-    let b = RingTensor::random(ring, &[out], &mut g)?;
-    let (x0, x1) = share(&x, &mut g)?;
-    let layer = FcLayer {
-        seq,
-        max_seq: BENCH_MAX_SEQ,
-        in_features: inp,
-        out_features: out,
-        set: ParamSet::N8192,
-    };
-    let mut fc = PreparedFc::new(layer, &w, Some(&b))?;
-    for (cut, bytes) in fc.ntt_bytes()? {
-        if bytes <= BENCH_NTT_CACHE_BYTES {
-            fc.cache_ntt(cut)?;
-        }
-    }
+    let f = FcFixture::new(seq, inp, out)?;
+    let (ring, layer, fc) = (f.ring, f.layer, &f.fc);
     let start = Barrier::new(2);
     let (client, y1) = run_two_party_tcp(
         |ch| {
@@ -246,7 +267,7 @@ pub fn bench_fc_preprocessed(seq: usize, inp: usize, out: usize) -> Result<Value
             start.wait();
             let t = Instant::now();
             let _g = ch.meter().enter(LABEL);
-            let y0 = online_client(ch, masks, &[&x0])?.remove(0);
+            let y0 = online_client(ch, masks, &[&f.x0])?.remove(0);
             let dt = t.elapsed().as_secs_f64();
             drop(_g);
             Ok((y0, offline, measure(ch, dt, &su)))
@@ -256,12 +277,12 @@ pub fn bench_fc_preprocessed(seq: usize, inp: usize, out: usize) -> Result<Value
             start.wait();
             let mut masks = {
                 let _g = ch.meter().enter(LABEL);
-                fc_premask_server(ch, &s, &[(&fc, seq)])?
+                fc_premask_server(ch, &s, &[(fc, seq)])?
             };
             start.wait();
             let t = Instant::now();
             let _g = ch.meter().enter(LABEL);
-            let y1 = fc_online_server(ch, vec![(&fc, masks.remove(0), &x1)])?.remove(0);
+            let y1 = fc_online_server(ch, vec![(fc, masks.remove(0), &f.x1)])?.remove(0);
             Ok((y1, t.elapsed().as_secs_f64()))
         },
     )?;
@@ -269,11 +290,7 @@ pub fn bench_fc_preprocessed(seq: usize, inp: usize, out: usize) -> Result<Value
     // The client is done once it has sent; the product is ready when the server is.
     let (y1, server_s) = y1;
     online.time_s = online.time_s.max(server_s);
-    let mut want = x.matmul(&w.transpose()?)?;
-    for (i, v) in want.data_mut().iter_mut().enumerate() {
-        *v = ring.add(*v, b.data()[i % out]);
-    }
-    let exact = reconstruct(&y0, &y1)? == want;
+    let exact = f.exact(&y0, &y1)?;
     Ok(entry(
         &format!("FC {seq}x{inp}·{inp}x{out} preprocessed"),
         &online,

@@ -346,13 +346,7 @@ impl<C: Channel> ClientConnection<C> {
             Unsupported,
             "preprocessing covers public-embedding models only"
         );
-        let allowed = self
-            .opts
-            .step_timeout
-            .map(|t| t.max(Deadlines::for_model(&self.cfg).inference(seq, 1.0)));
-        if let Some(t) = allowed {
-            self.ch.set_deadline(Some(Instant::now() + t))?;
-        }
+        let allowed = self.start_step(seq)?;
         let res = (|| {
             let mut w = Writer::new();
             w.u8(TAG_PREPROCESS).u32(seq as u32);
@@ -393,6 +387,20 @@ impl<C: Channel> ClientConnection<C> {
             .or_default()
             .push_back((material, cost.clone()));
         Ok(cost)
+    }
+
+    /// Sets the deadline of a step (an inference or its preprocessing) of `seq` tokens and
+    /// returns its allowance: at least the server's own for this length, so a long inference
+    /// of a large model is not cut short by a client default meant for the other steps.
+    fn start_step(&mut self, seq: usize) -> Result<Option<Duration>> {
+        let allowed = self
+            .opts
+            .step_timeout
+            .map(|t| t.max(Deadlines::for_model(&self.cfg).inference(seq, 1.0)));
+        if let Some(t) = allowed {
+            self.ch.set_deadline(Some(Instant::now() + t))?;
+        }
+        Ok(allowed)
     }
 
     /// How many inferences of `seq` tokens are preprocessed and not yet used.
@@ -500,15 +508,7 @@ impl<C: Channel> ClientConnection<C> {
                 "sequence length {seq} above the {n} tokens announced to the server"
             );
         }
-        // At least the server's own allowance for this length: a long inference of a large
-        // model is not cut short by a client default meant for the other steps.
-        let allowed = self
-            .opts
-            .step_timeout
-            .map(|t| t.max(Deadlines::for_model(&self.cfg).inference(seq, 1.0)));
-        if let Some(t) = allowed {
-            self.ch.set_deadline(Some(Instant::now() + t))?;
-        }
+        let allowed = self.start_step(seq)?;
         let budget = allowed.unwrap_or(Duration::MAX);
         let res = self.run_inner(input, real_len, seq);
         self.ch.set_deadline(None)?;
