@@ -82,11 +82,14 @@ pub(crate) fn drelu_batch<C: Channel>(
             .map(|t| t.values.len() * t.js.len())
             .sum::<usize>();
     let mut z = Vec::with_capacity(count);
-    let mut share = Vec::with_capacity(count);
+    // Without thresholds nothing is shared (an empty map).
+    let mut share = Vec::with_capacity(if sets.is_empty() { 0 } else { count });
     let mut base = Vec::new();
     for &v in plain {
         z.push(ring.add(v, offset));
-        share.push(None);
+    }
+    if !sets.is_empty() {
+        share.resize(plain.len(), None);
     }
     for set in sets {
         for &v in set.values {

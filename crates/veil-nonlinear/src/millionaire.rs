@@ -66,11 +66,12 @@ pub(crate) fn greater_than<C: Channel>(
     mine: &[u64],
     bits: u32,
 ) -> Result<Vec<bool>> {
-    greater_than_sharing_low(ot, ch, role, &[], mine, &vec![None; mine.len()], bits)
+    greater_than_sharing_low(ot, ch, role, &[], mine, &[], bits)
 }
 
 /// [`greater_than`] where element e may agree, on both parties' inputs, with `base[b]` on every
-/// bit below j (`share[e] = Some((b, j))`, a public fact of the batch): the leaves of the digits
+/// bit below j (`share[e] = Some((b, j))`, a public fact of the batch; an empty `share`: no
+/// element shares anything): the leaves of the digits
 /// entirely below bit j are then the base's, computed once and used by every element sharing
 /// them (shares of the same bits may enter any number of AND gates). Comparisons of one value
 /// against many public thresholds 2^j agree below j, so about half their leaves go. The tree and
@@ -96,7 +97,8 @@ pub(crate) fn greater_than_sharing_low<C: Channel>(
         "comparison input exceeds {bits} bits"
     );
     ensure!(
-        share.len() == mine.len() && share.iter().flatten().all(|&(b, _)| b < base.len()),
+        (share.is_empty() || share.len() == mine.len())
+            && share.iter().flatten().all(|&(b, _)| b < base.len()),
         InvalidArgument,
         "a shared-digit map that does not fit the batch"
     );
@@ -109,7 +111,13 @@ pub(crate) fn greater_than_sharing_low<C: Channel>(
         pos += w;
         ends.push(pos);
     }
-    let shared = |e: usize, t: usize| share[e].is_some_and(|(_, j)| ends[t] <= j);
+    let shared = |e: usize, t: usize| {
+        share
+            .get(e)
+            .copied()
+            .flatten()
+            .is_some_and(|(_, j)| ends[t] <= j)
+    };
     let mut digit_values = Vec::with_capacity(widths.len());
     let mut base_slot = Vec::with_capacity(widths.len());
     for (t, &w) in widths.iter().enumerate() {

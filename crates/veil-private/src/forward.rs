@@ -22,7 +22,7 @@ use veil_core::approx::{Approx, MEAN_EXTRA_BITS};
 use veil_core::{bail, ensure, Result, RingTensor};
 use veil_linear::fc::fc_online_server;
 use veil_linear::premask::online_client;
-use veil_linear::triples::beaver_matmul;
+use veil_linear::triples::{beaver_matmul, Triple};
 use veil_linear::{fc_client, fc_server, shared_matmul_client, shared_matmul_server};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::engine::{self, Engine, LayerId, NormId};
@@ -53,6 +53,16 @@ pub enum Side<'a> {
 pub enum Pre<'a> {
     Client(&'a mut ClientMaterial),
     Server(&'a mut ServerMaterial),
+}
+
+impl Pre<'_> {
+    /// The triples of the next product batch, whichever party's material this is.
+    fn next_products(&mut self) -> Result<Vec<Triple>> {
+        match self {
+            Pre::Client(m) => m.next_products(),
+            Pre::Server(m) => m.next_products(),
+        }
+    }
 }
 
 /// One party's state for one inference.
@@ -184,12 +194,7 @@ impl<C: Channel> Engine for Party<'_, C> {
         let acc = {
             let _g = self.ch.meter().enter("MatMul");
             match (&self.side, self.pre.as_mut()) {
-                (_, Some(Pre::Client(m))) => {
-                    beaver_matmul(self.ch, role, m.next_products()?, a, b)?
-                }
-                (_, Some(Pre::Server(m))) => {
-                    beaver_matmul(self.ch, role, m.next_products()?, a, b)?
-                }
+                (_, Some(pre)) => beaver_matmul(self.ch, role, pre.next_products()?, a, b)?,
                 (Side::Client(s, _), None) => shared_matmul_client(self.ch, s, a, b)?,
                 (Side::Server(s, ..), None) => shared_matmul_server(self.ch, s, a, b)?,
             }

@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 
-use veil_core::{ensure, Result, Ring, RingTensor};
+use veil_core::{bail, Result, Ring, RingTensor};
 use veil_linear::fc::{fc_premask_client, fc_premask_server};
 use veil_linear::premask::{ClientMask, ServerMask};
 use veil_linear::triples::{triples_client, triples_server, Triple};
@@ -150,11 +150,10 @@ impl<M> Material<M> {
     }
 }
 
-/// Bytes one party keeps for one inference of `seq` tokens: the client R and its share per FC
-/// step, the server T; both parties U, V and W per head.
-pub fn material_bytes(cfg: &ModelConfig, seq: usize, client: bool) -> Result<usize> {
-    let ring = Ring::new(veil_core::defaults::RING_BITS)?;
-    let elems: usize = plan(cfg, ring, seq)?
+/// Bytes one party keeps for the inference these steps plan: the client R and its share per
+/// FC step, the server T; both parties U, V and W per head.
+pub fn material_bytes(cfg: &ModelConfig, steps: &[Step], client: bool) -> usize {
+    let elems: usize = steps
         .iter()
         .map(|s| match s {
             Step::Fc(id, rows) => {
@@ -164,7 +163,37 @@ pub fn material_bytes(cfg: &ModelConfig, seq: usize, client: bool) -> Result<usi
             Step::Products(dims) => dims.iter().map(|&(n, k, m)| n * k + k * m + n * m).sum(),
         })
         .sum();
-    Ok(elems * 8)
+    elems * 8
+}
+
+/// What one step made: a mask, or a batch's triples.
+enum Made<M> {
+    Fc(M),
+    Products(Vec<Triple>),
+}
+
+/// The material of the planned steps of one inference of `seq` tokens, each made by `make`
+/// (this party's side of the step's offline protocol) under the meter label "MatMul".
+fn make_material<C: Channel, M>(
+    ch: &mut C,
+    seq: usize,
+    steps: &[Step],
+    mut make: impl FnMut(&mut C, &Step) -> Result<Made<M>>,
+) -> Result<Material<M>> {
+    let mut m = Material {
+        seq,
+        fc: VecDeque::new(),
+        products: VecDeque::new(),
+    };
+    for step in steps {
+        let _g = ch.meter().enter("MatMul");
+        match (step, make(ch, step)?) {
+            (Step::Fc(id, _), Made::Fc(mask)) => m.fc.push_back((*id, mask)),
+            (_, Made::Products(t)) => m.products.push_back(t),
+            (_, Made::Fc(_)) => bail!(InvalidArgument, "a mask made for a product batch"),
+        }
+    }
+    Ok(m)
 }
 
 /// Offline, client: the material for one inference of `seq` tokens.
@@ -175,60 +204,33 @@ pub fn preprocess_client<C: Channel>(
     ring: Ring,
     seq: usize,
 ) -> Result<ClientMaterial> {
-    let mut m = Material {
-        seq,
-        fc: VecDeque::new(),
-        products: VecDeque::new(),
-    };
-    for step in plan(cfg, ring, seq)? {
-        match step {
+    make_material(ch, seq, &plan(cfg, ring, seq)?, |ch, step| {
+        Ok(match step {
             Step::Fc(id, rows) => {
-                let _g = ch.meter().enter("MatMul");
-                let mask = fc_premask_client(ch, lin, &[fc_shape(id, cfg, rows)])?.remove(0);
-                m.fc.push_back((id, mask));
+                Made::Fc(fc_premask_client(ch, lin, &[fc_shape(*id, cfg, *rows)])?.remove(0))
             }
-            Step::Products(dims) => {
-                let _g = ch.meter().enter("MatMul");
-                m.products.push_back(triples_client(ch, lin, ring, &dims)?);
-            }
-        }
-    }
-    Ok(m)
+            Step::Products(dims) => Made::Products(triples_client(ch, lin, ring, dims)?),
+        })
+    })
 }
 
-/// Offline, server: the other side of [`preprocess_client`].
+/// Offline, server: the other side of [`preprocess_client`], for the steps of `plan` (the
+/// caller has it already, to check the material's size against its budget).
 pub fn preprocess_server<C: Channel>(
     ch: &mut C,
     lin: &ServerSession,
     model: &ServerModel,
     ring: Ring,
     seq: usize,
+    steps: &[Step],
 ) -> Result<ServerMaterial> {
-    let cfg = model.config();
-    ensure!(
-        (1..=cfg.max_sequence_len()).contains(&seq),
-        InvalidArgument,
-        "preprocessing for {seq} tokens (the model takes 1..={})",
-        cfg.max_sequence_len()
-    );
-    let mut m = Material {
-        seq,
-        fc: VecDeque::new(),
-        products: VecDeque::new(),
-    };
-    for step in plan(cfg, ring, seq)? {
-        match step {
+    make_material(ch, seq, steps, |ch, step| {
+        Ok(match step {
             Step::Fc(id, rows) => {
-                let _g = ch.meter().enter("MatMul");
-                let fc = model.prepared().get(id)?;
-                let mask = fc_premask_server(ch, lin, &[(fc, rows)])?.remove(0);
-                m.fc.push_back((id, mask));
+                let fc = model.prepared().get(*id)?;
+                Made::Fc(fc_premask_server(ch, lin, &[(fc, *rows)])?.remove(0))
             }
-            Step::Products(dims) => {
-                let _g = ch.meter().enter("MatMul");
-                m.products.push_back(triples_server(ch, lin, ring, &dims)?);
-            }
-        }
-    }
-    Ok(m)
+            Step::Products(dims) => Made::Products(triples_server(ch, lin, ring, dims)?),
+        })
+    })
 }

@@ -53,7 +53,7 @@ use crate::embedding::{embed_client, embed_server, ServerEmbedding, DEFAULT_METH
 use crate::forward::{Party, Pre, Side};
 use crate::prepared::ServerModel;
 use crate::preprocess::{
-    material_bytes, preprocess_client, preprocess_server, ClientMaterial, ServerMaterial,
+    material_bytes, plan, preprocess_client, preprocess_server, ClientMaterial, ServerMaterial,
 };
 use crate::report::{CostReport, PhaseCost};
 use crate::server::{ServeOptions, Server, Transport};
@@ -743,7 +743,8 @@ pub fn serve_admitted<C: Channel>(
                     Malformed,
                     "preprocessing for {seq} tokens (1..={limit}, public-embedding models only)"
                 );
-                let bytes = material_bytes(cfg, seq, false)?;
+                let steps = plan(cfg, ax.fp.ring, seq)?;
+                let bytes = material_bytes(cfg, &steps, false);
                 if !reserve.admits(bytes) {
                     let why = format!(
                         "preprocessing {seq} tokens needs {} MiB, and this session holds {} MiB \
@@ -766,7 +767,7 @@ pub fn serve_admitted<C: Channel>(
                 let allowed = deadlines.map(|d| d.inference(seq, load()));
                 set(&mut ch, allowed)?;
                 let made = (|| {
-                    let m = preprocess_server(&mut ch, &lin, model, ax.fp.ring, seq)?;
+                    let m = preprocess_server(&mut ch, &lin, model, ax.fp.ring, seq, &steps)?;
                     ot.precompute(&mut ch, fill)?;
                     Ok((m, (need, bytes)))
                 })()

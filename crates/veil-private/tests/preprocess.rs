@@ -147,7 +147,7 @@ fn the_plan_follows_the_composition() {
     want.extend(block(1));
     want.extend([Step::Fc(Pooler, 1), Step::Fc(Classifier, 1)]);
     assert_eq!(steps, want);
-    assert!(material_bytes(&cfg, 5, true).unwrap() > material_bytes(&cfg, 5, false).unwrap());
+    assert!(material_bytes(&cfg, &steps, true) > material_bytes(&cfg, &steps, false));
 }
 
 /// A client that asks for material the server does not hold ends its session with an error
@@ -165,7 +165,8 @@ fn the_server_refuses_what_it_cannot_honour() {
     // A budget of 40 MiB: two 512-token preprocessings of this model fit, a third does not.
     // (The other tests of this file, if they run meanwhile, stay far below it.)
     std::env::set_var("VEIL_PREPROCESS_BUDGET_MIB", "40");
-    let per = material_bytes(&cfg, 512, false).unwrap();
+    let ring = FixedPoint::default_format().ring;
+    let per = material_bytes(&cfg, &plan(&cfg, ring, 512).unwrap(), false);
     let fit = veil_private::session::preprocess_budget() / per;
     assert_eq!(fit, 2, "{per} bytes per preprocessing");
     let (want, x) = expected(&sim, &[1, 2, 3]);
