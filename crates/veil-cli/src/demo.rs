@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use veil_core::Result;
+use veil_core::{Error, Result};
 use veil_model::source::{ModelSource, DEFAULT_DESCRIPTION};
 use veil_model::tokenize::Encoded;
 use veil_net::{Channel, NetworkModel};
@@ -43,6 +43,7 @@ pub fn run(
     net: Option<NetworkModel>,
     tls: bool,
     json: bool,
+    preprocess_ahead: usize,
 ) -> Result<()> {
     veil_core::ensure!(
         !(tls && net.is_some()),
@@ -75,6 +76,10 @@ pub fn run(
         .collect::<Result<Vec<_>>>()?;
     let limits = client.session_options(&encoded, opts, None);
     let server = Arc::new(ServerModel::from_model(&m, DEFAULT_NTT_BUDGET_BYTES)?);
+    let pipeline = Pipeline {
+        ahead: preprocess_ahead,
+        upfront: false,
+    };
     match net {
         None if tls => classify_all(
             Client::connect(
@@ -86,6 +91,7 @@ pub fn run(
             &sentences,
             &encoded,
             json,
+            pipeline,
         )?,
         None => classify_all(
             Client::connect(
@@ -97,6 +103,7 @@ pub fn run(
             &sentences,
             &encoded,
             json,
+            pipeline,
         )?,
         Some(net) => classify_all(
             Client::connect(
@@ -108,6 +115,7 @@ pub fn run(
             &sentences,
             &encoded,
             json,
+            pipeline,
         )?,
     }
     if is_default && !json {
@@ -116,16 +124,52 @@ pub fn run(
     Ok(())
 }
 
-/// Classifies and prints each prompt on one session, then closes it.
+/// How many prompts a session keeps preprocessed ahead of the one it classifies
+/// (`--preprocess K`), and whether the first `ahead` are preprocessed before the first prompt
+/// runs (`veil classify`) or the first prompt runs at once and each next one is preprocessed
+/// while the current one is printed (`veil demo`).
+#[derive(Clone, Copy, Debug)]
+pub struct Pipeline {
+    pub ahead: usize,
+    pub upfront: bool,
+}
+
+/// Classifies and prints each prompt on one session, preprocessing as `pipeline` says, then
+/// closes it. A server that refuses to preprocess more (its budget), or a model preprocessing
+/// does not cover, is reported once; the rest run without.
 pub fn classify_all<C: Channel>(
     mut client: Client<C>,
     texts: &[String],
     encoded: &[Encoded],
     json: bool,
+    pipeline: Pipeline,
 ) -> Result<()> {
-    for (text, enc) in texts.iter().zip(encoded) {
+    let mut next = if pipeline.upfront { 0 } else { 1 };
+    let mut refused = false;
+    let mut top_up = |client: &mut Client<C>, upto: usize| -> Result<()> {
+        while next < upto.min(encoded.len()) && !refused {
+            match client.preprocess_for(&encoded[next]) {
+                Ok(_) => next += 1,
+                // Over the server's budget, or a model preprocessing does not cover (private
+                // embeddings): said once, and the prompts still run.
+                Err(Error::Refused(why) | Error::Unsupported(why)) => {
+                    eprintln!("veil: {why}; the remaining prompts run without preprocessing");
+                    refused = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    };
+    if pipeline.upfront {
+        top_up(&mut client, pipeline.ahead)?;
+    }
+    for (i, (text, enc)) in texts.iter().zip(encoded).enumerate() {
         for c in client.classify_encoded(std::slice::from_ref(enc))? {
             print_result(text, &c, json);
+        }
+        if pipeline.ahead > 0 {
+            top_up(&mut client, i + 1 + pipeline.ahead)?;
         }
     }
     client.close()

@@ -66,6 +66,11 @@ enum Cmd {
         /// serve` / `veil classify` do; by default the in-process loopback is plain TCP).
         #[arg(long)]
         tls: bool,
+        /// Preprocess the next sentence (the prompt-independent part of its inference) while
+        /// the current one is printed, keeping this many ahead; the first runs at once.
+        /// 0: no preprocessing.
+        #[arg(long, default_value_t = 1)]
+        preprocess: usize,
         #[arg(long)]
         json: bool,
     },
@@ -124,6 +129,13 @@ enum Cmd {
         /// a prompt is refused, with its token count).
         #[arg(long)]
         truncate: bool,
+        /// Before the first prompt, have the server preprocess the inferences of the first K
+        /// prompts (everything that does not depend on them: the linear layers' encrypted
+        /// work, the OT pools), and keep K preprocessed ahead while classifying, so each
+        /// prompt's latency is its online phase. The server may refuse beyond its per-session
+        /// budget; the rest then run without.
+        #[arg(long, default_value_t = 0, value_name = "K")]
+        preprocess: usize,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -256,9 +268,9 @@ enum BenchCmd {
         /// to measure what TLS costs.
         #[arg(long)]
         tls: bool,
-        /// Preprocess the inference (its linear layers, and silent-OT pools sized by one plain
-        /// inference of the same length run before it, not reported) and report that offline
-        /// phase apart from the online one (JSON: online at the top level, `offline` beside).
+        /// Preprocess the inference (its linear layers, and the silent-OT pools sized from the
+        /// model's shape, within the server's per-session budget) and report that offline phase
+        /// apart from the online one (JSON: online at the top level, `offline` beside).
         #[arg(long)]
         preprocess: bool,
         #[arg(long)]
@@ -377,15 +389,8 @@ impl ClientNetArgs {
     }
 }
 
-fn classify(
-    connect: &str,
-    model: &str,
-    file: Option<&Path>,
-    text: Vec<String>,
-    opts: PromptOptions,
-    json: bool,
-    net: &ClientNetArgs,
-) -> Result<()> {
+/// The prompts on the command line, then those of `file` (one per non-empty line).
+fn read_prompts(text: Vec<String>, file: Option<&Path>) -> Result<Vec<String>> {
     let mut prompts = text;
     if let Some(f) = file {
         let body = std::fs::read_to_string(f).map_err(|e| match e.kind() {
@@ -401,6 +406,18 @@ fn classify(
     if prompts.is_empty() {
         bail!(InvalidArgument, "nothing to classify: give text or --file");
     }
+    Ok(prompts)
+}
+
+fn classify(
+    connect: &str,
+    model: &str,
+    prompts: Vec<String>,
+    opts: PromptOptions,
+    preprocess_ahead: usize,
+    json: bool,
+    net: &ClientNetArgs,
+) -> Result<()> {
     let timeout = secs(net.timeout, "--timeout")?;
     let transport = net.transport()?;
     let client = ClientModel::named(model)?;
@@ -413,7 +430,11 @@ fn classify(
     let limits = client.session_options(&encoded, opts, Some(timeout));
     // The server's configuration is compared with the bundle before any key material moves.
     let client = Client::connect(client, transport.connect(connect)?, opts, limits)?;
-    demo::classify_all(client, &prompts, &encoded, json)
+    let pipeline = demo::Pipeline {
+        ahead: preprocess_ahead,
+        upfront: true,
+    };
+    demo::classify_all(client, &prompts, &encoded, json, pipeline)
 }
 
 /// `veil serve`: TLS identity, limits, logs, signals.
@@ -517,6 +538,7 @@ fn run(cli: Cli) -> Result<()> {
             truncate,
             net,
             tls,
+            preprocess,
             json,
         } => demo::run(
             &model,
@@ -525,6 +547,7 @@ fn run(cli: Cli) -> Result<()> {
             net,
             tls,
             json,
+            preprocess,
         ),
         Cmd::Serve {
             model,
@@ -539,14 +562,15 @@ fn run(cli: Cli) -> Result<()> {
             text,
             pad_to,
             truncate,
+            preprocess,
             json,
             net,
         } => classify(
             &connect,
             &model,
-            file.as_deref(),
-            text,
+            read_prompts(text, file.as_deref())?,
             PromptOptions { pad_to, truncate },
+            preprocess,
             json,
             &net,
         ),

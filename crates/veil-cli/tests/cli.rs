@@ -243,6 +243,44 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
             .collect()
     };
     let (from_bundle, from_folder) = (probs(&bundle), probs(&full));
+    // --preprocess 2 over three prompts: two preprocessed before the first runs, the third
+    // while the first is printed; each classified as without preprocessing.
+    let out = veil_ok(&[
+        "classify",
+        "--connect",
+        &addr,
+        "--model",
+        &s(&bundle),
+        "--known-servers",
+        &s(&known),
+        "--preprocess",
+        "2",
+        "--json",
+        "the film good",
+        "film",
+        "the film good",
+    ]);
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    for (i, r) in lines.iter().enumerate() {
+        assert!(
+            r["cost"]["offline"]["time_s"].is_number(),
+            "prompt {i}: {r}"
+        );
+        if i != 1 {
+            for (a, b) in r["probabilities"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(&from_bundle)
+            {
+                assert!((a.as_f64().unwrap() - b).abs() < 0.01, "prompt {i}: {r}");
+            }
+        }
+    }
     // Trust on first use recorded the server's fingerprint, the one in its state directory.
     let recorded = std::fs::read_to_string(&known).unwrap();
     assert!(recorded.starts_with(&format!("{addr} ")), "{recorded}");

@@ -31,6 +31,9 @@ pub enum Error {
     TimedOut(String),
     /// A file or directory that does not exist (the message names its path).
     NotFound(String),
+    /// The peer declined a request it is not obliged to grant (a session over its limits, a
+    /// preprocessing over its budget); the message is its reason.
+    Refused(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -50,6 +53,7 @@ impl fmt::Display for Error {
             Error::Other(m) => write!(f, "{m}"),
             Error::TimedOut(m) => write!(f, "timed out: {m}"),
             Error::NotFound(m) => write!(f, "not found: {m}"),
+            Error::Refused(m) => write!(f, "{m}"),
         }
     }
 }

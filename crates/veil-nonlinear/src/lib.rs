@@ -66,4 +66,4 @@ pub use layers::AffineParams;
 pub use mul::Narrow;
 pub use trunc::TruncMode;
 pub use veil_net::Role;
-pub use veil_ot::OtSession;
+pub use veil_ot::{Backend, OtSession};

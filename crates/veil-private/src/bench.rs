@@ -104,12 +104,10 @@ pub fn run_model(
 }
 
 /// The client's side of [`run_model`]: a session with one inference of `x`, preprocessed first
-/// if asked. Preprocessing sizes the silent-OT pools from an earlier inference of the same
-/// length, so a preprocessed run is preceded by one plain inference (not reported).
+/// if asked.
 fn infer_once<C: Channel>(ch: C, x: &RingTensor, preprocess: bool) -> Result<CostReport> {
     let mut c = ClientConnection::connect(ch)?;
     if preprocess {
-        c.infer(x)?;
         c.preprocess(x.shape()[0])?;
     }
     let (_, report) = c.infer(x)?;

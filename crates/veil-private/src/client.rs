@@ -225,7 +225,9 @@ impl ClientModel {
         opts: PromptOptions,
     ) -> Result<(Vec<f64>, CostReport)> {
         let real = enc.ids.len();
-        let total = opts.pad_to.unwrap_or(real);
+        let asked = opts.pad_to.unwrap_or(real);
+        // Padded up to preprocessed material's length when the head allows it.
+        let total = conn.preprocessed_length_for(asked).unwrap_or(asked);
         ensure!(
             total >= real,
             InvalidArgument,
@@ -318,10 +320,19 @@ impl<C: Channel> Client<C> {
         self.model.run(&mut self.conn, enc, self.opts)
     }
 
-    /// Preprocesses one future inference of `seq` tokens (the encoded prompt's length, padding
-    /// included: [`Encoded`]); the next prompt of that length uses it. Returns the offline cost.
+    /// Preprocesses one future inference of `seq` tokens (the length sent: `pad_to`, or the
+    /// encoded prompt's); the next prompt sent at that length uses it, and so may a shorter one
+    /// if the model's head lets the client pad it (its pooler). Returns the offline cost. A
+    /// server over its per-session budget answers [`veil_core::Error::Refused`]; the session
+    /// goes on.
     pub fn preprocess(&mut self, seq: usize) -> Result<crate::report::PhaseCost> {
         self.conn.preprocess(seq)
+    }
+
+    /// [`Self::preprocess`] for the length `enc` will be sent at.
+    pub fn preprocess_for(&mut self, enc: &Encoded) -> Result<crate::report::PhaseCost> {
+        self.conn
+            .preprocess(self.opts.pad_to.unwrap_or(enc.ids.len()))
     }
 
     /// Ends the session politely.

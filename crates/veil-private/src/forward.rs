@@ -115,7 +115,7 @@ impl<'a, C: Channel> Party<'a, C> {
     }
 
     /// ⌊x / 2^f⌋ on the shares of a product, as the config's [`ProductTruncation`] says.
-    fn truncate(&mut self, x: &RingTensor) -> Result<RingTensor> {
+    pub(crate) fn truncate(&mut self, x: &RingTensor) -> Result<RingTensor> {
         let _g = self.ch.meter().enter("Truncation");
         let f = self.ax.fp.frac_bits();
         let y = self.policy_cx().trunc(x.data(), f)?;

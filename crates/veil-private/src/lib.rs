@@ -9,6 +9,8 @@
 //!   computing exactly the integers of `veil_model::sim` (the fixed-point simulator);
 //! * [`preprocess`] — the linear layers' work for a future inference of a given length, done
 //!   before the prompt (FC masks, Beaver triples), which the forward pass then consumes;
+//! * [`pool_size`] — the silent-OT COTs an inference of a given length draws, from the public
+//!   shape alone (preprocessing fills the pools with them);
 //! * [`session`] — handshake, set-up, preprocessing and per-inference messages, each step under
 //!   a deadline;
 //! * [`server`] — the multi-client server: TLS or explicit plain TCP, bounded sessions and
@@ -32,6 +34,7 @@ pub mod bench;
 pub mod client;
 pub mod embedding;
 pub mod forward;
+pub mod pool_size;
 pub mod prepared;
 pub mod preprocess;
 pub mod report;

@@ -12,13 +12,17 @@
 //! instead of three times, and one round trip replaces three.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
+use veil_core::approx::Approx;
 use veil_core::{ensure, Error, Result, RingTensor};
 use veil_he::ParamSet;
 use veil_linear::{FcLayer, PreparedFc};
 use veil_model::engine::LayerId;
 use veil_model::sim::{FixedLinear, FixedModel};
 use veil_model::ModelConfig;
+
+use crate::pool_size::{self, Draw};
 
 /// Parameter set of the weight × share products (small fixed-point weights).
 pub const WEIGHT_SET: ParamSet = ParamSet::N8192;
@@ -87,6 +91,9 @@ pub const DEFAULT_NTT_BUDGET_BYTES: usize = 2 << 30;
 pub struct ServerModel {
     pub fixed: FixedModel,
     layers: PreparedLayers,
+    /// The COTs an inference draws, per length asked for so far (at most one entry per length
+    /// the model takes).
+    cots: Mutex<HashMap<usize, Draw>>,
 }
 
 impl ServerModel {
@@ -113,7 +120,11 @@ impl ServerModel {
             cfg.veil.num_labels
         );
         let layers = prepare(&fixed, ntt_budget)?;
-        Ok(ServerModel { fixed, layers })
+        Ok(ServerModel {
+            fixed,
+            layers,
+            cots: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Encodes a loaded model at the session's fixed-point format and prepares it (with a
@@ -133,6 +144,26 @@ impl ServerModel {
     /// The prepared layers (the same for every sequence length).
     pub fn prepared(&self) -> &PreparedLayers {
         &self.layers
+    }
+
+    /// The silent-OT COTs one inference of `seq` tokens draws, in the server's (sending,
+    /// receiving) direction: sampled once per length ([`crate::pool_size`]), then remembered.
+    pub fn cots_per_inference(&self, seq: usize) -> Result<Draw> {
+        ensure!(
+            (1..=self.config().max_sequence_len()).contains(&seq),
+            InvalidArgument,
+            "{seq} tokens (the model takes 1..={})",
+            self.config().max_sequence_len()
+        );
+        let known = self.cots.lock().map(|m| m.get(&seq).copied());
+        if let Ok(Some(d)) = known {
+            return Ok(d);
+        }
+        let d = pool_size::cots_per_inference(self, Approx::new(self.fixed.fp())?, seq)?;
+        if let Ok(mut m) = self.cots.lock() {
+            m.insert(seq, d);
+        }
+        Ok(d)
     }
 }
 

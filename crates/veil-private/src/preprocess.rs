@@ -15,8 +15,10 @@
 //! exactly one inference and dropped with its session. The offline transcripts are those of
 //! Π_MatMul and the cross terms (same flooding, same 128/40-bit parameters, counted against the
 //! session's HE budget); the online openings are one-time-padded.
-//! **Not preprocessed here:** the non-linear layers' silent-OT pools (they still refill inside
-//! the online phase, reported as "OT refill") and the private-embedding lookup.
+//! The non-linear layers' silent-OT pools are filled in the same request, with the COTs the
+//! inference will draw ([`crate::pool_size`], from the shape), as far as the server's
+//! per-session budget allows (what does not fit refills online, reported as "OT refill").
+//! **Not preprocessed:** the private-embedding lookup (such models are refused).
 
 use std::collections::VecDeque;
 
@@ -42,21 +44,27 @@ pub enum Step {
 
 /// The linear steps of one inference of `seq` tokens, in the engine's order.
 pub fn plan(cfg: &ModelConfig, ring: Ring, seq: usize) -> Result<Vec<Step>> {
-    let mut p = Planner {
-        cfg,
-        ring,
-        steps: Vec::new(),
-    };
+    let mut p = Planner::new(cfg, ring);
     let x = RingTensor::zeros(ring, &[seq, cfg.hidden_size])?;
     engine::encoder_and_head(&mut p, cfg, &x)?;
     Ok(p.steps)
 }
 
 /// An engine on shapes: records the linear steps and returns zeros of the right shapes.
-struct Planner<'a> {
+pub(crate) struct Planner<'a> {
     cfg: &'a ModelConfig,
     ring: Ring,
     steps: Vec<Step>,
+}
+
+impl<'a> Planner<'a> {
+    pub(crate) fn new(cfg: &'a ModelConfig, ring: Ring) -> Self {
+        Planner {
+            cfg,
+            ring,
+            steps: Vec::new(),
+        }
+    }
 }
 
 impl Engine for Planner<'_> {

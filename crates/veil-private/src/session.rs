@@ -177,16 +177,15 @@ pub struct ClientConnection<C: Channel> {
 const POOL_BYTES_PER_COT: usize = 33;
 
 /// What a server session holds for its preprocessed inferences: the material's bytes (against
-/// its [`preprocess_budget`]), the COTs the last inference of each length used (in its busier
-/// direction; one party's sending count is the other's receiving count), and the COTs reserved
-/// for the preprocessed inferences not yet run. Preprocessing fills both parties' pools to the
-/// reservation (the server names the size), as far as the budget's rest allows, so the online
-/// phase refills only when a length was never run before in the session (its count is then
-/// unknown) or the budget is spent; its refills are reported as "OT refill".
+/// its [`preprocess_budget`]) and the COTs reserved for the preprocessed inferences not yet run
+/// (in each one's busier direction: one party's sending count is the other's receiving count;
+/// [`ServerModel::cots_per_inference`] knows them from the shape). Preprocessing fills both
+/// parties' pools to the reservation (the server names the size), as far as the budget's rest
+/// allows, so the online phase refills only when the budget is spent; its refills are reported
+/// as "OT refill".
 struct Reserve {
     budget: usize,
     held: usize,
-    used: HashMap<usize, u64>,
     reserved: u64,
 }
 
@@ -195,7 +194,6 @@ impl Reserve {
         Reserve {
             budget,
             held: 0,
-            used: HashMap::new(),
             reserved: 0,
         }
     }
@@ -205,35 +203,21 @@ impl Reserve {
         self.held + bytes <= self.budget
     }
 
-    /// Takes one inference of `seq` tokens and `bytes` of server material; returns the COTs set
-    /// aside for it and the pool size to precompute.
-    fn take(&mut self, seq: usize, bytes: usize) -> (u64, usize) {
+    /// Takes one inference drawing `cots` with `bytes` of server material; returns the pool size
+    /// to precompute.
+    fn take(&mut self, cots: u64, bytes: usize) -> usize {
         self.held += bytes;
-        let need = self.used.get(&seq).copied().unwrap_or(0);
-        self.reserved += need;
+        self.reserved += cots;
         let room = (self.budget - self.held) / POOL_BYTES_PER_COT;
-        let fill = self
-            .reserved
+        self.reserved
             .min(OtSession::MAX_PRECOMPUTE as u64)
-            .min(room as u64) as usize;
-        (need, fill)
+            .min(room as u64) as usize
     }
 
-    /// One inference of `seq` tokens ran, from consumed-counts `before` to `after`, using the
-    /// material taken with (`need`, `bytes`) if it was preprocessed.
-    fn ran(
-        &mut self,
-        seq: usize,
-        taken: Option<(u64, usize)>,
-        before: (u64, u64),
-        after: (u64, u64),
-    ) {
-        if let Some((need, bytes)) = taken {
-            self.reserved -= need;
-            self.held -= bytes;
-        }
-        let used = (after.0 - before.0).max(after.1 - before.1);
-        self.used.insert(seq, used);
+    /// The inference that used material taken with (`cots`, `bytes`) ran.
+    fn ran(&mut self, (cots, bytes): (u64, usize)) {
+        self.reserved -= cots;
+        self.held -= bytes;
     }
 }
 
@@ -288,7 +272,7 @@ impl<C: Channel> ClientConnection<C> {
                 .map_err(|_| veil_core::Error::Malformed("server answer is not UTF-8".into()))?;
             match status {
                 STATUS_OK => {}
-                STATUS_REFUSED => bail!(Other, "the server refused the session: {text}"),
+                STATUS_REFUSED => bail!(Refused, "the server refused the session: {text}"),
                 s => bail!(Malformed, "unknown status {s} in the server's answer"),
             }
             cfg = ModelConfig::from_json(text)?;
@@ -346,6 +330,13 @@ impl<C: Channel> ClientConnection<C> {
             Unsupported,
             "preprocessing covers public-embedding models only"
         );
+        if let Some(n) = self.opts.max_tokens {
+            ensure!(
+                seq <= n,
+                InvalidArgument,
+                "preprocessing for {seq} tokens, above the {n} announced to the server"
+            );
+        }
         let allowed = self.start_step(seq)?;
         let res = (|| {
             let mut w = Writer::new();
@@ -368,7 +359,7 @@ impl<C: Channel> ClientConnection<C> {
                     fill as usize
                 }
                 STATUS_REFUSED => bail!(
-                    Other,
+                    Refused,
                     "the server refused to preprocess: {}",
                     String::from_utf8_lossy(text)
                 ),
@@ -406,6 +397,25 @@ impl<C: Channel> ClientConnection<C> {
     /// How many inferences of `seq` tokens are preprocessed and not yet used.
     pub fn preprocessed(&self, seq: usize) -> usize {
         self.material.get(&seq).map_or(0, VecDeque::len)
+    }
+
+    /// The length at which an input of `seq` rows can use preprocessed material: `seq` when
+    /// some of that length is held, else the shortest longer length held if the model's head
+    /// lets the client pad (its first-token pooler; see [`Self::infer_padded`]). Material is
+    /// never used by an inference of another length.
+    pub fn preprocessed_length_for(&self, seq: usize) -> Option<usize> {
+        let held = |n: &usize| self.preprocessed(*n) > 0;
+        if held(&seq) {
+            return Some(seq);
+        }
+        if self.cfg.veil.head != HeadKind::Pooler {
+            return None;
+        }
+        self.material
+            .keys()
+            .filter(|&&n| n > seq && held(&n))
+            .min()
+            .copied()
     }
 
     /// The model's public configuration, as the server announced it.
@@ -760,7 +770,9 @@ pub fn serve_admitted<C: Channel>(
                     tracing::info!(tokens = seq, "preprocessing refused: over the budget");
                     continue;
                 }
-                let (need, fill) = reserve.take(seq, bytes);
+                let cots = model.cots_per_inference(seq)?;
+                let need = cots.0.max(cots.1);
+                let fill = reserve.take(need, bytes);
                 let mut w = Writer::new();
                 w.u8(STATUS_OK).u64(fill as u64);
                 ch.send_msg(&w.finish())?;
@@ -828,12 +840,15 @@ pub fn serve_admitted<C: Channel>(
             ch.flush()
         })();
         res.map_err(|e| in_step(e, &format!("an inference of {seq} tokens"), budget(allowed)))?;
-        reserve.ran(seq, pre.as_ref().map(|p| p.1), ots_before, ot.consumed());
+        if let Some((_, taken)) = &pre {
+            reserve.ran(*taken);
+        }
+        let ots_after = ot.consumed();
         let t = ch.meter().total();
         tracing::info!(
             tokens = seq,
             preprocessed = pre.is_some(),
-            cots = reserve.used.get(&seq).copied().unwrap_or(0),
+            cots = (ots_after.0 - ots_before.0).max(ots_after.1 - ots_before.1),
             seconds = started.elapsed().as_secs_f64(),
             bytes_sent = t.bytes_sent,
             bytes_received = t.bytes_received,

@@ -1,8 +1,8 @@
 //! The library's client and server (`veil_private::{Client, Server}`, what the `veil` command and
 //! the Python package run) over TCP loopback on a tiny random model: every classification equals
 //! the fixed-point simulator's (faithful truncation makes the private pass exact), by text and by
-//! token ids, in plain TCP and over TLS with the server's fingerprint pinned; bad inputs and
-//! another model are refused with clear errors.
+//! token ids, preprocessed or not, in plain TCP and over TLS with the server's fingerprint
+//! pinned; bad inputs and another model are refused with clear errors.
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -83,6 +83,16 @@ fn library_client_equals_the_simulator_over_loopback() {
     assert!(outside.contains("beyond the vocabulary"), "{outside}");
     let again = client.classify(&texts[..1]).unwrap();
     assert_eq!(again[0].probabilities, got[0].probabilities);
+    // Material preprocessed for the longest prompt serves a shorter one, padded up to its
+    // length (the pooler head lets the client pad); the output is still the simulator's.
+    let longest = ids.iter().map(Vec::len).max().unwrap();
+    assert!(longest > ids[0].len());
+    client.preprocess(longest).unwrap();
+    let padded = client.classify(&texts[..1]).unwrap();
+    assert_eq!(padded[0].probabilities, got[0].probabilities);
+    assert!(padded[0].cost.offline.is_some());
+    let plain = client.classify(&texts[..1]).unwrap();
+    assert!(plain[0].cost.offline.is_none(), "the material is used once");
     client.close().unwrap();
     running.stop().unwrap();
 }

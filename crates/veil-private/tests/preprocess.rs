@@ -2,16 +2,21 @@
 //! truncations the private output equals the simulator's integers with and without
 //! preprocessing, for the original and the friendly operators, MPNet's position bias and mean
 //! pooling, at several lengths; material is used once, by the inference of its length; the
-//! server refuses preprocessing over its budget and requests for material it does not hold.
+//! server refuses preprocessing over its budget and requests for material it does not hold;
+//! the COTs the pools are filled with, known from the shape alone, are what inferences draw.
 
+use veil_core::approx::Approx;
 use veil_core::wire::Writer;
 use veil_core::{FixedPoint, RingTensor};
+use veil_linear::{ClientSession, ServerSession};
 use veil_model::random::random_transformer_with_std;
 use veil_model::sim::FixedModel;
 use veil_model::{
     Activation, Architecture, BlockVariant, HeadKind, ModelConfig, ProductTruncation,
 };
-use veil_net::{run_two_party, Channel};
+use veil_net::{run_two_party, Channel, Role};
+use veil_nonlinear::OtSession;
+use veil_private::forward::{Party, Side};
 use veil_private::preprocess::{material_bytes, plan, Step};
 use veil_private::{serve_session, ClientConnection, ServerModel};
 
@@ -206,4 +211,83 @@ fn the_server_refuses_what_it_cannot_honour() {
     .unwrap();
     let err = served.unwrap_err().to_string();
     assert!(err.contains("preprocessed material"), "{err}");
+}
+
+/// The COTs an inference draws, as `ServerModel::cots_per_inference` derives them from the shape
+/// (sampling each operator on one and two rows), equal the COTs real inferences of several
+/// lengths draw, in both directions, for the original and the friendly operators, LayerNorm on
+/// BFV, MPNet's position bias, the pooler's tanh and mean pooling, in both truncation modes.
+#[test]
+fn pool_sizes_from_the_shape_are_what_inferences_draw() {
+    let mut one_bit = tiny(
+        Architecture::Bert,
+        BlockVariant::exact(Activation::Gelu),
+        HeadKind::Pooler,
+        16,
+    );
+    one_bit.veil.product_truncation = veil_model::ProductTruncation::OneBitError;
+    let cases = [
+        tiny(
+            Architecture::Bert,
+            BlockVariant::friendly(),
+            HeadKind::Pooler,
+            16,
+        ),
+        one_bit,
+        tiny(
+            Architecture::MpNet,
+            BlockVariant::exact(Activation::Relu),
+            HeadKind::MeanPool,
+            16,
+        ),
+    ];
+    for (i, cfg) in cases.iter().enumerate() {
+        let (sim, server) = models(cfg, 50 + i as u8);
+        for seq in [1usize, 6, 13] {
+            let ids: Vec<u32> = (0..seq as u32).map(|t| (7 * t + 3) % 50).collect();
+            let (_, x) = expected(&sim, &ids);
+            let ax = Approx::new(sim.fp()).unwrap();
+            let ring = ax.fp.ring;
+            let (client, served) = run_two_party(
+                |ch| {
+                    let lin = ClientSession::setup(ch, ring)?;
+                    let mut ot = OtSession::setup(ch, Role::Client)?;
+                    let before = ot.consumed();
+                    let x0 = RingTensor::zeros(ring, x.shape())?;
+                    Party {
+                        ch,
+                        ot: &mut ot,
+                        ax,
+                        cfg,
+                        side: Side::Client(&lin, seq),
+                        pre: None,
+                    }
+                    .encoder_and_head(&x0)?;
+                    let after = ot.consumed();
+                    Ok((after.0 - before.0, after.1 - before.1))
+                },
+                |ch| {
+                    let lin = ServerSession::setup(ch, ring)?;
+                    let mut ot = OtSession::setup(ch, Role::Server)?;
+                    let before = ot.consumed();
+                    Party {
+                        ch,
+                        ot: &mut ot,
+                        ax,
+                        cfg,
+                        side: Side::Server(&lin, &server),
+                        pre: None,
+                    }
+                    .encoder_and_head(&x)?;
+                    let after = ot.consumed();
+                    Ok((after.0 - before.0, after.1 - before.1))
+                },
+            )
+            .unwrap();
+            assert_eq!(client, (served.1, served.0), "model {i}, {seq} tokens");
+            assert!(served.0 > 0 && served.1 > 0);
+            let predicted = server.cots_per_inference(seq).unwrap();
+            assert_eq!(predicted, served, "model {i}, {seq} tokens");
+        }
+    }
 }
