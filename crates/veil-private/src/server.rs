@@ -21,7 +21,9 @@ use veil_net::{Channel, ServerTls, TcpChannel};
 
 use crate::embedding::{ServerEmbedding, DEFAULT_METHOD};
 use crate::prepared::ServerModel;
-use crate::session::{read_hello, refuse, serve_admitted, Deadlines, SessionSummary};
+use crate::session::{
+    read_hello, refuse, serve_admitted, Deadlines, SessionLimits, SessionMemory, SessionSummary,
+};
 
 /// How connections are carried.
 #[derive(Clone)]
@@ -157,6 +159,24 @@ impl Drop for ThreadGuard {
     }
 }
 
+/// Preprocessing takes from the same session memory the admitted sessions' estimates do.
+impl SessionMemory for Shared {
+    fn take(&self, bytes: u64) -> bool {
+        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let free = s.reserved + bytes <= self.opts.memory_budget && !s.closing;
+        if free {
+            s.reserved += bytes;
+        }
+        free
+    }
+
+    fn give(&self, bytes: u64) {
+        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        s.reserved -= bytes;
+        self.freed.notify_all();
+    }
+}
+
 impl Shared {
     /// Waits up to `queue_wait` for a slot with `bytes` of session memory.
     fn admit(&self, bytes: u64) -> std::result::Result<Slot<'_>, String> {
@@ -266,8 +286,11 @@ impl Shared {
             &self.model,
             self.emb.as_ref(),
             announced,
-            Some(d),
-            &|| self.load(),
+            &SessionLimits {
+                deadlines: Some(d),
+                load: &|| self.load(),
+                memory: self,
+            },
             &mut summary,
         );
         drop(slot);

@@ -172,52 +172,103 @@ pub struct ClientConnection<C: Channel> {
     material: HashMap<usize, VecDeque<(ClientMaterial, PhaseCost)>>,
 }
 
+/// Where the server's sessions take memory beyond their admitted working set (preprocessed
+/// material and filled OT pools): the server's memory for sessions, shared by all of them
+/// ([`crate::server`]), so preprocessing cannot push a server past it.
+pub trait SessionMemory {
+    /// Takes `bytes` if they are free now (never waits); whether it did.
+    fn take(&self, bytes: u64) -> bool;
+    /// Gives back bytes taken.
+    fn give(&self, bytes: u64);
+}
+
+/// No memory shared with other sessions (one session, as in tests and `veil demo`): only the
+/// session's own preprocessing budget applies.
+pub struct UnsharedMemory;
+
+impl SessionMemory for UnsharedMemory {
+    fn take(&self, _bytes: u64) -> bool {
+        true
+    }
+
+    fn give(&self, _bytes: u64) {}
+}
+
 /// A party's two silent-OT pools hold about this many bytes per COT (the sender's 16-byte q,
 /// the receiver's 16-byte t and its choice bit).
 const POOL_BYTES_PER_COT: usize = 33;
 
-/// What a server session holds for its preprocessed inferences: the material's bytes (against
-/// its [`preprocess_budget`]) and the COTs reserved for the preprocessed inferences not yet run
-/// (in each one's busier direction: one party's sending count is the other's receiving count;
+/// What a server session holds for its preprocessed inferences: the material's bytes and the OT
+/// pools' (against its [`preprocess_budget`], and taken from the server's [`SessionMemory`]),
+/// and the COTs reserved for the preprocessed inferences not yet run (in each one's busier
+/// direction: one party's sending count is the other's receiving count;
 /// [`ServerModel::cots_per_inference`] knows them from the shape). Preprocessing fills both
 /// parties' pools to the reservation (the server names the size), as far as the budget's rest
 /// allows, so the online phase refills only when the budget is spent; its refills are reported
-/// as "OT refill".
-struct Reserve {
+/// as "OT refill". Everything taken is given back when the session ends, however it ends.
+struct Reserve<'a> {
+    memory: &'a dyn SessionMemory,
     budget: usize,
+    /// Material bytes of the preprocessed inferences not yet run.
     held: usize,
+    /// Bytes of the pools as filled so far (they do not shrink during the session).
+    pools: usize,
     reserved: u64,
 }
 
-impl Reserve {
-    fn new(budget: usize) -> Self {
+impl<'a> Reserve<'a> {
+    fn new(budget: usize, memory: &'a dyn SessionMemory) -> Self {
         Reserve {
+            memory,
             budget,
             held: 0,
+            pools: 0,
             reserved: 0,
         }
     }
 
-    /// Whether the server's material for one more inference of `bytes` fits the budget.
-    fn admits(&self, bytes: usize) -> bool {
-        self.held + bytes <= self.budget
-    }
-
     /// Takes one inference drawing `cots` with `bytes` of server material; returns the pool size
-    /// to precompute.
-    fn take(&mut self, cots: u64, bytes: usize) -> usize {
-        self.held += bytes;
-        self.reserved += cots;
-        let room = (self.budget - self.held) / POOL_BYTES_PER_COT;
-        self.reserved
+    /// to precompute, or why it cannot.
+    fn take(&mut self, cots: u64, bytes: usize) -> std::result::Result<usize, String> {
+        let mib = |b: usize| b >> 20;
+        if self.held + self.pools + bytes > self.budget {
+            return Err(format!(
+                "this preprocessing needs {} MiB, and this session holds {} MiB of its {} MiB: \
+                 use what is preprocessed first",
+                mib(bytes),
+                mib(self.held + self.pools),
+                mib(self.budget)
+            ));
+        }
+        let reserved = self.reserved + cots;
+        let room = (self.budget - self.held - bytes) / POOL_BYTES_PER_COT;
+        let fill = reserved
             .min(OtSession::MAX_PRECOMPUTE as u64)
-            .min(room as u64) as usize
+            .min(room as u64) as usize;
+        let pools = self.pools.max(fill * POOL_BYTES_PER_COT);
+        let more = bytes + (pools - self.pools);
+        if !self.memory.take(more as u64) {
+            return Err(format!(
+                "this preprocessing needs {} MiB, and the server's session memory is in use by \
+                 other sessions: try again later",
+                mib(more)
+            ));
+        }
+        (self.held, self.pools, self.reserved) = (self.held + bytes, pools, reserved);
+        Ok(fill)
     }
 
     /// The inference that used material taken with (`cots`, `bytes`) ran.
     fn ran(&mut self, (cots, bytes): (u64, usize)) {
         self.reserved -= cots;
         self.held -= bytes;
+        self.memory.give(bytes as u64);
+    }
+}
+
+impl Drop for Reserve<'_> {
+    fn drop(&mut self) {
+        self.memory.give((self.held + self.pools) as u64);
     }
 }
 
@@ -612,8 +663,11 @@ pub fn serve_session_with<C: Channel>(
         model,
         emb,
         max_tokens,
-        None,
-        &|| 1.0,
+        &SessionLimits {
+            deadlines: None,
+            load: &|| 1.0,
+            memory: &UnsharedMemory,
+        },
         &mut SessionSummary::default(),
     )
 }
@@ -663,18 +717,27 @@ pub struct SessionSummary {
     pub bytes_received: u64,
 }
 
+/// What bounds a served session besides its announced length.
+pub struct SessionLimits<'a> {
+    /// Each step's deadline (none without).
+    pub deadlines: Option<&'a Deadlines>,
+    /// The factor stretching an inference's deadline when sessions share the cores.
+    pub load: &'a dyn Fn() -> f64,
+    /// Where preprocessing takes its memory from.
+    pub memory: &'a dyn SessionMemory,
+}
+
 /// Serves an admitted session (its hello read, announcing `max_tokens`, 0 for the model's
-/// limit) until the client says goodbye or fails. `deadlines`: each step's (none without);
-/// `load()`: the factor stretching an inference's deadline when sessions share the cores.
+/// limit) until the client says goodbye or fails, within `limits`.
 pub fn serve_admitted<C: Channel>(
     mut ch: C,
     model: &ServerModel,
     emb: Option<&ServerEmbedding>,
     max_tokens: usize,
-    deadlines: Option<&Deadlines>,
-    load: &dyn Fn() -> f64,
+    limits: &SessionLimits<'_>,
     summary: &mut SessionSummary,
 ) -> Result<()> {
+    let (deadlines, load) = (limits.deadlines, limits.load);
     let private = model.config().veil.embedding == EmbeddingMode::Private;
     ensure!(
         private == emb.is_some(),
@@ -724,7 +787,7 @@ pub fn serve_admitted<C: Channel>(
     // Per length, oldest first: the material and what it took from the reserve.
     type Held = (ServerMaterial, (u64, usize));
     let mut material: HashMap<usize, VecDeque<Held>> = HashMap::new();
-    let mut reserve = Reserve::new(preprocess_budget());
+    let mut reserve = Reserve::new(preprocess_budget(), limits.memory);
     loop {
         set(&mut ch, step(|d| d.idle))?;
         let req = match ch.recv_msg(6) {
@@ -755,24 +818,19 @@ pub fn serve_admitted<C: Channel>(
                 );
                 let steps = plan(cfg, ax.fp.ring, seq)?;
                 let bytes = material_bytes(cfg, &steps, false);
-                if !reserve.admits(bytes) {
-                    let why = format!(
-                        "preprocessing {seq} tokens needs {} MiB, and this session holds {} MiB \
-                         of its {} MiB: use what is preprocessed first",
-                        bytes >> 20,
-                        reserve.held >> 20,
-                        reserve.budget >> 20
-                    );
-                    let mut reply = vec![STATUS_REFUSED];
-                    reply.extend_from_slice(why.as_bytes());
-                    ch.send_msg(&reply)?;
-                    ch.flush()?;
-                    tracing::info!(tokens = seq, "preprocessing refused: over the budget");
-                    continue;
-                }
                 let cots = model.cots_per_inference(seq)?;
                 let need = cots.0.max(cots.1);
-                let fill = reserve.take(need, bytes);
+                let fill = match reserve.take(need, bytes) {
+                    Ok(fill) => fill,
+                    Err(why) => {
+                        let mut reply = vec![STATUS_REFUSED];
+                        reply.extend_from_slice(why.as_bytes());
+                        ch.send_msg(&reply)?;
+                        ch.flush()?;
+                        tracing::info!(tokens = seq, why, "preprocessing refused");
+                        continue;
+                    }
+                };
                 let mut w = Writer::new();
                 w.u8(STATUS_OK).u64(fill as u64);
                 ch.send_msg(&w.finish())?;
@@ -785,7 +843,11 @@ pub fn serve_admitted<C: Channel>(
                 })()
                 .map_err(|e| in_step(e, "preprocessing", budget(allowed)))?;
                 material.entry(seq).or_default().push_back(made);
-                tracing::info!(tokens = seq, held_bytes = reserve.held, "preprocessed");
+                tracing::info!(
+                    tokens = seq,
+                    held_bytes = reserve.held + reserve.pools,
+                    "preprocessed"
+                );
                 count(&ch, summary);
                 continue;
             }

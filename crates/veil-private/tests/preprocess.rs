@@ -291,3 +291,114 @@ fn pool_sizes_from_the_shape_are_what_inferences_draw() {
         }
     }
 }
+
+/// Bad preprocessing messages end that client's session with an error and lose nothing else:
+/// a request for no tokens, one over the announced length, and a request followed by a garbage
+/// first message (a wrong-sized encrypted mask), each on its own connection to a running
+/// server; an honest client is then served, preprocessed, with the simulator's output.
+#[test]
+fn malformed_preprocessing_ends_that_session_and_others_are_served() {
+    use std::net::TcpListener;
+    use std::sync::Arc;
+    use veil_net::TcpChannel;
+    use veil_private::{ClientOptions, ServeOptions, Server, Transport};
+
+    let cfg = tiny(
+        Architecture::Bert,
+        BlockVariant::friendly(),
+        HeadKind::Pooler,
+        16,
+    );
+    let (sim, server) = models(&cfg, 60);
+    let server = Arc::new(server);
+    let opts = ServeOptions::for_model(&server, Transport::Plaintext);
+    let running = Server::new(server, opts)
+        .unwrap()
+        .spawn(TcpListener::bind("127.0.0.1:0").unwrap())
+        .unwrap();
+    let addr = running.local_addr();
+    let announce = ClientOptions {
+        max_tokens: Some(8),
+        ..ClientOptions::default()
+    };
+    let bad: [&[&[u8]]; 3] = [
+        &[&[2, 0, 0, 0, 0]],
+        &[&[2, 9, 0, 0, 0]],
+        &[&[2, 3, 0, 0, 0], &[0xff; 40]],
+    ];
+    for (i, messages) in bad.iter().enumerate() {
+        let mut ch = TcpChannel::connect(addr).unwrap();
+        drop(ClientConnection::connect_with(&mut ch, announce.clone(), |_| Ok(())).unwrap());
+        for m in *messages {
+            ch.send_msg(m).unwrap();
+        }
+        ch.flush().unwrap();
+        // The server answers what it answers (a status, for the third) and hangs up.
+        let mut ended = false;
+        for _ in 0..4 {
+            if ch.recv_msg(1 << 20).is_err() {
+                ended = true;
+                break;
+            }
+        }
+        assert!(ended, "bad client {i} was not disconnected");
+    }
+    let ids = [4u32, 8, 15];
+    let (want, x) = expected(&sim, &ids);
+    let mut c = ClientConnection::connect(TcpChannel::connect(addr).unwrap()).unwrap();
+    c.preprocess(ids.len()).unwrap();
+    let (y, report) = c.infer(&x).unwrap();
+    c.close().unwrap();
+    assert_eq!(y, want);
+    assert!(report.offline.is_some());
+    running.stop().unwrap();
+}
+
+/// Preprocessing takes its memory from the server's session memory, shared with the other
+/// sessions: a server with room for a session's working set and one preprocessing grants the
+/// first, refuses the second (saying why; the session goes on and infers), and gets everything
+/// back when the session ends with its material unused: the next session can preprocess again.
+#[test]
+fn preprocessing_is_refused_beyond_the_servers_session_memory() {
+    use std::net::TcpListener;
+    use std::sync::Arc;
+    use veil_net::TcpChannel;
+    use veil_private::server::session_memory_estimate;
+    use veil_private::{ServeOptions, Server, Transport};
+
+    let cfg = tiny(
+        Architecture::Bert,
+        BlockVariant::friendly(),
+        HeadKind::Pooler,
+        16,
+    );
+    let (sim, server) = models(&cfg, 61);
+    let ids = [4u32, 8, 15, 16];
+    let ring = FixedPoint::default_format().ring;
+    let material = material_bytes(&cfg, &plan(&cfg, ring, ids.len()).unwrap(), false) as u64;
+    let cots = server.cots_per_inference(ids.len()).unwrap();
+    let one = material + 33 * cots.0.max(cots.1);
+    let server = Arc::new(server);
+    let mut opts = ServeOptions::for_model(&server, Transport::Plaintext);
+    opts.memory_budget = session_memory_estimate(&cfg, 16) + one + 1024;
+    let running = Server::new(server, opts)
+        .unwrap()
+        .spawn(TcpListener::bind("127.0.0.1:0").unwrap())
+        .unwrap();
+    let (want, x) = expected(&sim, &ids);
+    for session in 0..2 {
+        let mut c =
+            ClientConnection::connect(TcpChannel::connect(running.local_addr()).unwrap()).unwrap();
+        c.preprocess(ids.len()).unwrap();
+        let err = c.preprocess(ids.len()).unwrap_err();
+        assert!(matches!(err, veil_core::Error::Refused(_)), "{err}");
+        assert!(err.to_string().contains("session memory"), "{err}");
+        if session == 1 {
+            let (y, report) = c.infer(&x).unwrap();
+            assert_eq!(y, want);
+            assert!(report.offline.is_some());
+        }
+        c.close().unwrap();
+    }
+    running.stop().unwrap();
+}
