@@ -328,7 +328,7 @@ fn malformed_preprocessing_ends_that_session_and_others_are_served() {
     ];
     for (i, messages) in bad.iter().enumerate() {
         let mut ch = TcpChannel::connect(addr).unwrap();
-        drop(ClientConnection::connect_with(&mut ch, announce.clone(), |_| Ok(())).unwrap());
+        drop(ClientConnection::connect_with(&mut ch, announce, |_| Ok(())).unwrap());
         for m in *messages {
             ch.send_msg(m).unwrap();
         }
