@@ -94,11 +94,11 @@ fn refill_size(available: usize, need: usize) -> usize {
 
 /// Capacity of a silent pool buffer that must hold `need` COTs: the iteration plus room for a
 /// leftover of a quarter iteration, so calls of up to ~1.5 M OTs never grow the buffer a second
-/// time, and at least `need` plus one iteration, so a call needing several iterations grows it
-/// once, not at every iteration (each fresh buffer costs the kernel page clearing: ~0.1 s per
+/// time, and at least `need` plus two iterations (the first iteration's place and the last
+/// appended one), so a call needing several iterations grows it once, not at every iteration (each fresh buffer costs the kernel page clearing: ~0.1 s per
 /// 100 MB).
 fn silent_capacity(iteration_len: usize, need: usize) -> usize {
-    (iteration_len + iteration_len / 4).max(need + iteration_len)
+    (iteration_len + iteration_len / 4).max(need + 2 * iteration_len)
 }
 
 /// Capacity of a grown IKNP pool buffer (geometric growth: repeated refills rarely allocate).
@@ -147,19 +147,35 @@ impl SenderPool {
                 (self.pos, self.end) = (0, len);
             }
             SendEngine::Silent(e) => {
+                let (n, cap) = (e.iteration_len(), silent_capacity(e.iteration_len(), need));
+                let mut first = true;
                 while self.end - self.pos < need {
-                    // The leftover moves behind the iteration's place in the same buffer, the
-                    // iteration overwrites the consumed COTs, and its usable part followed by
-                    // the leftover is the new pool (both parties lay it out the same way).
-                    let (n, left) = (e.iteration_len(), self.end - self.pos);
                     let live = self.pos..self.end;
-                    let out = self
-                        .q
-                        .make_room(live, n, n + left, silent_capacity(n, need));
-                    (self.pos, self.end) = (n, n + left);
-                    let start = e.extend_into(ch, &mut out[..n])?;
+                    let start = if first {
+                        // The leftover moves behind the iteration's place in the same buffer,
+                        // the iteration overwrites the consumed COTs, and its usable part
+                        // followed by the leftover is the new pool (both parties lay it out the
+                        // same way).
+                        let left = live.len();
+                        let out = self.q.make_room(live, n, n + left, cap);
+                        (self.pos, self.end) = (n, n + left);
+                        e.extend_into(ch, &mut out[..n])?
+                    } else {
+                        // Further iterations of one refill are appended, their usable part
+                        // moved down over their reserve prefix: each COT is copied once, so a
+                        // large preprocessing pool costs linear, not quadratic, copying.
+                        let end = self.end;
+                        let out = self.q.make_room(live.clone(), live.start, end + n, cap);
+                        let start = e.extend_into(ch, &mut out[end..end + n])?;
+                        out.copy_within(end + start..end + n, end);
+                        self.end = end + n - start;
+                        start
+                    };
                     assert_eq!(start, e.reserve_len(), "silent OT reserve length");
-                    self.pos = start;
+                    if first {
+                        self.pos = start;
+                    }
+                    first = false;
                 }
             }
         }
@@ -230,17 +246,33 @@ impl ReceiverPool {
                 (self.pos, self.end) = (0, len);
             }
             RecvEngine::Silent(e) => {
+                let (n, cap) = (e.iteration_len(), silent_capacity(e.iteration_len(), need));
+                let mut first = true;
                 while self.end - self.pos < need {
                     // As for the sender, with the choice bits alongside.
-                    let (n, left) = (e.iteration_len(), self.end - self.pos);
                     let live = self.pos..self.end;
-                    let cap = silent_capacity(n, need);
-                    let t = self.t.make_room(live.clone(), n, n + left, cap);
-                    let bits = self.bits.make_room(live, n, n + left, cap);
-                    (self.pos, self.end) = (n, n + left);
-                    let start = e.extend_into(ch, &mut t[..n], &mut bits[..n])?;
+                    let start = if first {
+                        let left = live.len();
+                        let t = self.t.make_room(live.clone(), n, n + left, cap);
+                        let bits = self.bits.make_room(live, n, n + left, cap);
+                        (self.pos, self.end) = (n, n + left);
+                        e.extend_into(ch, &mut t[..n], &mut bits[..n])?
+                    } else {
+                        let end = self.end;
+                        let t = self.t.make_room(live.clone(), live.start, end + n, cap);
+                        let bits = self.bits.make_room(live.clone(), live.start, end + n, cap);
+                        let start =
+                            e.extend_into(ch, &mut t[end..end + n], &mut bits[end..end + n])?;
+                        t.copy_within(end + start..end + n, end);
+                        bits.copy_within(end + start..end + n, end);
+                        self.end = end + n - start;
+                        start
+                    };
                     assert_eq!(start, e.reserve_len(), "silent OT reserve length");
-                    self.pos = start;
+                    if first {
+                        self.pos = start;
+                    }
+                    first = false;
                 }
             }
         }

@@ -405,6 +405,32 @@ fn precompute_then_consume_over_tcp() {
     }
 }
 
+/// A pool filled by several silent iterations in one refill (the later ones appended to the
+/// first): every COT of it, to the last, is a correct correlation.
+#[test]
+fn a_multi_iteration_pool_is_correct_to_its_end() {
+    let n = 13_000_000;
+    let deltas = random_values(n, 1);
+    let choices = random_bools(n);
+    let (d, c) = (deltas.clone(), choices.clone());
+    let (y, x) = with_sessions(
+        Backend::Silent,
+        move |s, ch| {
+            s.precompute(ch, n)?;
+            s.recv_xor_cot(ch, &c, 1)
+        },
+        move |s, ch| {
+            s.precompute(ch, n)?;
+            s.send_xor_cot(ch, &d, 1)
+        },
+    )
+    .unwrap();
+    for i in 0..n {
+        assert_eq!(y[i], x[i] ^ (choices[i] as u64 & deltas[i]), "COT {i}");
+    }
+    assert_balanced(x[n - 100_000..].iter().map(|v| v & 1 == 1), "x of the last COTs");
+}
+
 #[test]
 fn invalid_arguments_are_errors() {
     let r = with_sessions(

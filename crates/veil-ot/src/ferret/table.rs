@@ -124,7 +124,9 @@ impl<T: DefaultIsZeroes> PoolBuf<T> {
                 written: len,
             };
         } else {
-            self.buf.copy_within(live, at);
+            if live.start != at {
+                self.buf.copy_within(live, at);
+            }
             self.written = self.written.max(len);
         }
         &mut self.buf[..len]
