@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod demo;
+mod eval_cmd;
 mod train_cmd;
 
 use std::net::TcpListener;
@@ -148,7 +149,7 @@ enum Cmd {
     Substitute(train_cmd::SubstituteArgs),
     /// Accuracy of a classifier in f32, in the fixed-point simulator and (--private N) in the real
     /// two-party protocol, with their agreement.
-    Eval(train_cmd::EvalArgs),
+    Eval(eval_cmd::EvalArgs),
     /// Benchmarks (release build; both parties on this machine over TCP loopback).
     Bench {
         #[command(subcommand)]
@@ -598,7 +599,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Finetune(a) => train_cmd::finetune(a, cli.quiet),
         Cmd::Substitute(a) => train_cmd::substitute(a, cli.quiet),
-        Cmd::Eval(a) => train_cmd::eval(a),
+        Cmd::Eval(a) => eval_cmd::eval(a),
         Cmd::Bench { what } => bench(what),
     }
 }

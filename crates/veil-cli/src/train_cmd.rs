@@ -1,20 +1,12 @@
-//! `veil finetune`, `veil substitute` and `veil eval`: the command-line faces of veil-train's
-//! workflows, and the three-way evaluation (f32, fixed-point simulator, real two-party protocol).
+//! `veil finetune` and `veil substitute`: the command-line faces of veil-train's workflows, and
+//! the dataset-format options they share with `veil eval` ([`crate::eval_cmd`]).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, ValueEnum};
-use veil_core::{ensure, FixedPoint, Result};
+use veil_core::{ensure, Result};
 use veil_model::data::{Columns, DatasetFormat};
-use veil_model::sim::FixedModel;
-use veil_model::source::ModelSource;
-use veil_model::tokenize::Encoded;
-use veil_private::client::argmax;
-use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
-use veil_private::{Client, ClientModel, ClientOptions, PromptOptions, ServerModel};
-use veil_train::workflow::labelled_examples_for;
 use veil_train::{DataOptions, FinetuneOptions, LossWeights, SubstituteOptions, TrainConfig};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -43,7 +35,7 @@ pub struct FormatArgs {
     label_column: Option<String>,
     /// Tokens per example after truncation (capped by the model's position table).
     #[arg(long, default_value_t = 128)]
-    max_seq_len: usize,
+    pub(crate) max_seq_len: usize,
 }
 
 impl FormatArgs {
@@ -55,7 +47,7 @@ impl FormatArgs {
         })
     }
 
-    fn format(&self) -> Result<Option<DatasetFormat>> {
+    pub(crate) fn format(&self) -> Result<Option<DatasetFormat>> {
         Ok(match self.format {
             None => None,
             Some(FormatArg::Lines) => Some(DatasetFormat::LabelSentenceLines),
@@ -253,187 +245,5 @@ pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
             "seconds": started.elapsed().as_secs_f64(),
         })
     );
-    Ok(())
-}
-
-#[derive(Args)]
-pub struct EvalArgs {
-    /// A classifier: `default`, a model folder, an overlay folder or a model id in the local
-    /// Hugging Face cache (as `veil serve --model`).
-    #[arg(long, default_value = "default")]
-    model: String,
-    /// A labelled file (same formats as finetune).
-    #[arg(long)]
-    data: PathBuf,
-    #[command(flatten)]
-    format: FormatArgs,
-    /// Evaluate only the first N examples.
-    #[arg(long)]
-    limit: Option<usize>,
-    /// Also run the first N examples through the real two-party protocol (TCP loopback).
-    #[arg(long, default_value_t = 0)]
-    private: usize,
-    #[arg(long)]
-    json: bool,
-}
-
-/// Counts of one evaluated path.
-#[derive(Default)]
-struct Tally {
-    examples: usize,
-    correct: usize,
-}
-
-impl Tally {
-    fn add(&mut self, predicted: usize, label: u32) {
-        self.examples += 1;
-        self.correct += (predicted == label as usize) as usize;
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "examples": self.examples,
-            "correct": self.correct,
-            "accuracy": self.correct as f64 / self.examples.max(1) as f64,
-        })
-    }
-}
-
-/// `veil eval`: accuracy of the f32 model, the fixed-point simulator and (for `--private N`
-/// examples) the two-party protocol, and how often they agree.
-pub fn eval(a: EvalArgs) -> Result<()> {
-    let source = ModelSource::resolve(&a.model)?;
-    let model = source.load()?;
-    let (labels, mut examples) = labelled_examples_for(
-        &model.config,
-        &source.tokenizer_folder()?,
-        source.record_folder(),
-        &a.data,
-        a.format.format()?,
-        a.format.max_seq_len,
-    )?;
-    ensure!(
-        model.config.veil.num_labels == labels.names.len(),
-        InvalidArgument,
-        "the model has {} outputs but the data has {} classes",
-        model.config.veil.num_labels,
-        labels.names.len()
-    );
-    if let Some(n) = a.limit {
-        examples.truncate(n);
-    }
-    ensure!(
-        !examples.is_empty(),
-        InvalidArgument,
-        "no examples to evaluate"
-    );
-    let fp = FixedPoint::default_format();
-    let fixed = FixedModel::encode(&model.transformer, fp)?;
-    let private_n = a.private.min(examples.len());
-    // A server thread over loopback and this process's client (the library's, embedding with
-    // the public tables as any client does), only when private runs are asked.
-    let mut client = (private_n > 0)
-        .then(|| -> Result<_> {
-            let server = Arc::new(ServerModel::from_model(&model, DEFAULT_NTT_BUDGET_BYTES)?);
-            Client::connect(
-                ClientModel::from_model(&model)?,
-                veil_private::loopback_channel(server)?,
-                PromptOptions::default(),
-                ClientOptions::default(),
-            )
-        })
-        .transpose()?;
-    let (mut f32_tally, mut sim_tally, mut private_tally) =
-        (Tally::default(), Tally::default(), Tally::default());
-    let (mut agree_f32_sim, mut agree_sim_private) = (0usize, 0usize);
-    let (mut max_logit_gap, mut private_seconds, mut private_bytes) = (0f64, 0f64, 0u64);
-    let mut sim_warnings = 0usize;
-    let pb = veil_model::progress::bar(examples.len() as u64, "evaluating");
-    for (i, ex) in examples.iter().enumerate() {
-        pb.inc(1);
-        let f: Vec<f64> = model
-            .transformer
-            .output_f32(&ex.ids, &ex.type_ids)
-            .map_err(|e| veil_core::Error::Other(format!("candle: {e}")))?
-            .into_iter()
-            .map(f64::from)
-            .collect();
-        let sim = fixed.forward(&ex.ids, &ex.type_ids)?;
-        sim_warnings += sim.warnings.len();
-        let s = sim.logits_f64(fp).ok_or_else(|| {
-            veil_core::Error::InvalidArgument("the model has no classifier".into())
-        })?;
-        f32_tally.add(argmax(&f), ex.label);
-        sim_tally.add(argmax(&s), ex.label);
-        agree_f32_sim += (argmax(&f) == argmax(&s)) as usize;
-        if let (Some(c), true) = (client.as_mut(), i < private_n) {
-            let enc = Encoded {
-                ids: ex.ids.clone(),
-                type_ids: ex.type_ids.clone(),
-                truncated: 0,
-            };
-            let (p, report) = c.infer(&enc)?;
-            private_tally.add(argmax(&p), ex.label);
-            agree_sim_private += (argmax(&p) == argmax(&s)) as usize;
-            max_logit_gap = p
-                .iter()
-                .zip(&s)
-                .fold(max_logit_gap, |m, (a, b)| m.max((a - b).abs()));
-            let t = report.online.total();
-            private_seconds += t.seconds;
-            private_bytes += t.bytes_sent + t.bytes_received;
-        }
-    }
-    pb.finish_and_clear();
-    if let Some(c) = client {
-        c.close()?;
-    }
-    let n = examples.len();
-    let doc = serde_json::json!({
-        "model": a.model, "data": a.data, "labels": labels.names,
-        "f32": f32_tally.json(),
-        "fixed_point": sim_tally.json(),
-        "fixed_point_warnings": sim_warnings,
-        "agreement_f32_fixed": agree_f32_sim as f64 / n as f64,
-        "private": (private_n > 0).then(|| serde_json::json!({
-            "tally": private_tally.json(),
-            "agreement_with_fixed": agree_sim_private as f64 / private_n as f64,
-            "max_abs_logit_difference_vs_fixed": max_logit_gap,
-            "mean_online_seconds": private_seconds / private_n as f64,
-            "mean_online_bytes": private_bytes as f64 / private_n as f64,
-        })),
-    });
-    if a.json {
-        println!("{doc}");
-        return Ok(());
-    }
-    let pct = |t: &Tally| 100.0 * t.correct as f64 / t.examples.max(1) as f64;
-    println!("{} examples of {}", n, a.data.display());
-    println!(
-        "  f32            {:6.2} % ({}/{})",
-        pct(&f32_tally),
-        f32_tally.correct,
-        n
-    );
-    println!(
-        "  fixed point    {:6.2} % ({}/{}), argmax agrees with f32 on {:.2} %, {} simulator warnings",
-        pct(&sim_tally),
-        sim_tally.correct,
-        n,
-        100.0 * agree_f32_sim as f64 / n as f64,
-        sim_warnings
-    );
-    if private_n > 0 {
-        println!(
-            "  private (2PC)  {:6.2} % ({}/{}), argmax agrees with fixed point on {:.2} %, max |Δlogit| {:.2e}; {:.1} s and {:.1} MB online per example",
-            pct(&private_tally),
-            private_tally.correct,
-            private_n,
-            100.0 * agree_sim_private as f64 / private_n as f64,
-            max_logit_gap,
-            private_seconds / private_n as f64,
-            private_bytes as f64 / private_n as f64 / 1e6
-        );
-    }
     Ok(())
 }

@@ -117,6 +117,45 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
         .unwrap();
     assert!(dev <= 0.02, "2PC logits {dev} away from the simulator's");
     assert!(r["agreement_f32_fixed"].as_f64().unwrap() >= 0.9, "{r}");
+
+    // With a journal: a run of 2 private examples, then the same command for 3 resumes is
+    // refused (another evaluation), and the same command again runs nothing privately and
+    // reports the journal's results.
+    let journal = tmp.path().join("private.jsonl");
+    let eval = |n: &str| {
+        veil(&[
+            "eval",
+            "--model",
+            &s(&tuned),
+            "--data",
+            &s(&data),
+            "--private",
+            n,
+            "--journal",
+            &s(&journal),
+            "--json",
+        ])
+    };
+    let first = eval("2");
+    assert!(first.status.success());
+    let first: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(first["private"]["resumed_from_journal"], 0);
+    assert_eq!(
+        std::fs::read_to_string(&journal).unwrap().lines().count(),
+        3
+    );
+    let other = eval("3");
+    assert!(!other.status.success());
+    assert!(String::from_utf8_lossy(&other.stderr).contains("another evaluation"));
+    let again: serde_json::Value = serde_json::from_slice(&eval("2").stdout).unwrap();
+    assert_eq!(again["private"]["resumed_from_journal"], 2);
+    for key in [
+        "tally",
+        "max_abs_logit_difference_vs_fixed",
+        "logit_difference_ulp_histogram",
+    ] {
+        assert_eq!(again["private"][key], first["private"][key], "{key}");
+    }
 }
 
 #[test]

@@ -428,7 +428,10 @@ fn a_multi_iteration_pool_is_correct_to_its_end() {
     for i in 0..n {
         assert_eq!(y[i], x[i] ^ (choices[i] as u64 & deltas[i]), "COT {i}");
     }
-    assert_balanced(x[n - 100_000..].iter().map(|v| v & 1 == 1), "x of the last COTs");
+    assert_balanced(
+        x[n - 100_000..].iter().map(|v| v & 1 == 1),
+        "x of the last COTs",
+    );
 }
 
 #[test]

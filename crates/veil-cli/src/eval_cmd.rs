@@ -1,0 +1,433 @@
+//! `veil eval`: accuracy of the f32 model, the fixed-point simulator and, for `--private N`
+//! examples, the real two-party protocol, with how often they agree and how far the private
+//! logits are from the simulator's. A long private evaluation (every SST-2 dev sentence takes
+//! tens of minutes on two cores) keeps a journal (`--journal FILE`): each private result is
+//! appended and flushed as it finishes, and a re-run of the same command resumes after the last.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use veil_core::{ensure, Error, FixedPoint, Result};
+use veil_model::sim::FixedModel;
+use veil_model::source::ModelSource;
+use veil_model::tokenize::Encoded;
+use veil_private::client::argmax;
+use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::{Client, ClientModel, ClientOptions, PromptOptions, ServerModel};
+use veil_train::workflow::labelled_examples_for;
+
+use crate::train_cmd::FormatArgs;
+
+#[derive(Args)]
+pub struct EvalArgs {
+    /// A classifier: `default`, a model folder, an overlay folder or a model id in the local
+    /// Hugging Face cache (as `veil serve --model`).
+    #[arg(long, default_value = "default")]
+    model: String,
+    /// A labelled file (same formats as finetune).
+    #[arg(long)]
+    data: PathBuf,
+    #[command(flatten)]
+    format: FormatArgs,
+    /// Evaluate only the first N examples.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Also run the first N examples through the real two-party protocol (TCP loopback).
+    #[arg(long, default_value_t = 0)]
+    private: usize,
+    /// Append each private result to this file as it finishes; a re-run of the same command
+    /// with the same file runs only the examples not in it.
+    #[arg(long)]
+    journal: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+/// Counts of one evaluated path.
+#[derive(Default)]
+struct Tally {
+    examples: usize,
+    correct: usize,
+}
+
+impl Tally {
+    fn add(&mut self, predicted: usize, label: u32) {
+        self.examples += 1;
+        self.correct += (predicted == label as usize) as usize;
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "examples": self.examples,
+            "correct": self.correct,
+            "accuracy": self.correct as f64 / self.examples.max(1) as f64,
+        })
+    }
+}
+
+/// One example's private run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct PrivateResult {
+    index: usize,
+    logits: Vec<f64>,
+    online_seconds: f64,
+    online_bytes: u64,
+    /// The whole inference as the client saw it (embedding, online phase, decoding).
+    wall_seconds: f64,
+}
+
+/// What a journal was written for: a different model, data file or example count is refused.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct JournalHeader {
+    veil_eval_journal: u32,
+    model: String,
+    data: PathBuf,
+    examples: usize,
+}
+
+/// The private results so far, in a JSON-lines file: the header, then one result per line.
+struct Journal {
+    file: File,
+    done: HashMap<usize, PrivateResult>,
+}
+
+impl Journal {
+    /// Opens (or creates) the journal at `path` for `header`. A line cut short by a crash is
+    /// dropped (the file is rewritten without it).
+    fn open(path: &Path, header: &JournalHeader) -> Result<Journal> {
+        let bad = |what: String| Error::Malformed(format!("journal {}: {what}", path.display()));
+        let mut done = HashMap::new();
+        if path.exists() {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
+            let mut lines = text.lines();
+            let first: JournalHeader = lines
+                .next()
+                .and_then(|l| serde_json::from_str(l).ok())
+                .ok_or_else(|| bad("no header line".into()))?;
+            ensure!(
+                first == *header,
+                InvalidArgument,
+                "the journal {} was written for another evaluation ({:?}); remove it or name \
+                 another",
+                path.display(),
+                first
+            );
+            for line in lines {
+                let Ok(r) = serde_json::from_str::<PrivateResult>(line) else {
+                    break;
+                };
+                ensure!(
+                    r.index < header.examples,
+                    Malformed,
+                    "journal {}: example {} of {}",
+                    path.display(),
+                    r.index,
+                    header.examples
+                );
+                done.insert(r.index, r);
+            }
+        }
+        let mut body = serde_json::to_string(header).map_err(|e| bad(e.to_string()))? + "\n";
+        let mut kept: Vec<_> = done.values().collect();
+        kept.sort_by_key(|r| r.index);
+        for r in kept {
+            body += &(serde_json::to_string(r).map_err(|e| bad(e.to_string()))? + "\n");
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, body).map_err(|e| Error::Other(format!("{}: {e}", tmp.display())))?;
+        std::fs::rename(&tmp, path)
+            .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
+        Ok(Journal { file, done })
+    }
+
+    fn record(&mut self, r: &PrivateResult) -> Result<()> {
+        let line = serde_json::to_string(r).map_err(|e| Error::Other(e.to_string()))? + "\n";
+        self.file.write_all(line.as_bytes())?;
+        self.file.sync_data()?;
+        self.done.insert(r.index, r.clone());
+        Ok(())
+    }
+}
+
+/// The largest |private − simulator| logit difference per example, in ulps of the fixed-point
+/// format (2^−f): how many examples fall in each bucket.
+fn gap_histogram(gaps_ulp: &[f64]) -> serde_json::Value {
+    let buckets = [
+        (0.0, "0"),
+        (1.0, "<=1"),
+        (2.0, "<=2"),
+        (4.0, "<=4"),
+        (16.0, "<=16"),
+    ];
+    let mut out = serde_json::Map::new();
+    let mut below = 0;
+    for (limit, name) in buckets {
+        let n = gaps_ulp.iter().filter(|&&g| g <= limit).count();
+        out.insert(name.into(), (n - below).into());
+        below = n;
+    }
+    out.insert(">16".into(), (gaps_ulp.len() - below).into());
+    serde_json::Value::Object(out)
+}
+
+/// `veil eval`.
+pub fn eval(a: EvalArgs) -> Result<()> {
+    let started = Instant::now();
+    let source = ModelSource::resolve(&a.model)?;
+    let model = source.load()?;
+    let (labels, mut examples) = labelled_examples_for(
+        &model.config,
+        &source.tokenizer_folder()?,
+        source.record_folder(),
+        &a.data,
+        a.format.format()?,
+        a.format.max_seq_len,
+    )?;
+    ensure!(
+        model.config.veil.num_labels == labels.names.len(),
+        InvalidArgument,
+        "the model has {} outputs but the data has {} classes",
+        model.config.veil.num_labels,
+        labels.names.len()
+    );
+    if let Some(n) = a.limit {
+        examples.truncate(n);
+    }
+    ensure!(
+        !examples.is_empty(),
+        InvalidArgument,
+        "no examples to evaluate"
+    );
+    let fp = FixedPoint::default_format();
+    let fixed = FixedModel::encode(&model.transformer, fp)?;
+    let private_n = a.private.min(examples.len());
+    let mut journal = match &a.journal {
+        Some(path) => {
+            let header = JournalHeader {
+                veil_eval_journal: 1,
+                model: a.model.clone(),
+                data: a.data.clone(),
+                examples: private_n,
+            };
+            Some(Journal::open(path, &header)?)
+        }
+        None => None,
+    };
+    let resumed = journal.as_ref().map_or(0, |j| j.done.len());
+    // A server thread over loopback and this process's client (the library's, embedding with
+    // the public tables as any client does), only when private runs remain.
+    let mut client = (private_n > resumed)
+        .then(|| -> Result<_> {
+            let server = Arc::new(ServerModel::from_model(&model, DEFAULT_NTT_BUDGET_BYTES)?);
+            Client::connect(
+                ClientModel::from_model(&model)?,
+                veil_private::loopback_channel(server)?,
+                PromptOptions::default(),
+                ClientOptions::default(),
+            )
+        })
+        .transpose()?;
+    let (mut f32_tally, mut sim_tally, mut private_tally) =
+        (Tally::default(), Tally::default(), Tally::default());
+    let (mut agree_f32_sim, mut agree_sim_private) = (0usize, 0usize);
+    let (mut private_seconds, mut private_wall, mut private_bytes) = (0f64, 0f64, 0u64);
+    let mut gaps_ulp = Vec::with_capacity(private_n);
+    let mut sim_warnings = 0usize;
+    let ulp = 2f64.powi(-(fp.frac_bits() as i32));
+    let pb = veil_model::progress::bar(examples.len() as u64, "evaluating");
+    for (i, ex) in examples.iter().enumerate() {
+        pb.inc(1);
+        let f: Vec<f64> = model
+            .transformer
+            .output_f32(&ex.ids, &ex.type_ids)
+            .map_err(|e| Error::Other(format!("candle: {e}")))?
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        let sim = fixed.forward(&ex.ids, &ex.type_ids)?;
+        sim_warnings += sim.warnings.len();
+        let s = sim
+            .logits_f64(fp)
+            .ok_or_else(|| Error::InvalidArgument("the model has no classifier".into()))?;
+        f32_tally.add(argmax(&f), ex.label);
+        sim_tally.add(argmax(&s), ex.label);
+        agree_f32_sim += (argmax(&f) == argmax(&s)) as usize;
+        if i >= private_n {
+            continue;
+        }
+        let known = journal.as_ref().and_then(|j| j.done.get(&i).cloned());
+        let r = match (known, client.as_mut()) {
+            (Some(r), _) => r,
+            (None, Some(c)) => {
+                let enc = Encoded {
+                    ids: ex.ids.clone(),
+                    type_ids: ex.type_ids.clone(),
+                    truncated: 0,
+                };
+                let t0 = Instant::now();
+                let (logits, report) = c.infer(&enc)?;
+                let t = report.online.total();
+                let r = PrivateResult {
+                    index: i,
+                    logits,
+                    online_seconds: t.seconds,
+                    online_bytes: t.bytes_sent + t.bytes_received,
+                    wall_seconds: t0.elapsed().as_secs_f64(),
+                };
+                if let Some(j) = journal.as_mut() {
+                    j.record(&r)?;
+                }
+                r
+            }
+            (None, None) => unreachable!("a client runs while private examples remain"),
+        };
+        private_tally.add(argmax(&r.logits), ex.label);
+        agree_sim_private += (argmax(&r.logits) == argmax(&s)) as usize;
+        let gap = r
+            .logits
+            .iter()
+            .zip(&s)
+            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        gaps_ulp.push(gap / ulp);
+        private_seconds += r.online_seconds;
+        private_wall += r.wall_seconds;
+        private_bytes += r.online_bytes;
+    }
+    pb.finish_and_clear();
+    if let Some(c) = client {
+        c.close()?;
+    }
+    let n = examples.len();
+    let max_gap = gaps_ulp.iter().fold(0f64, |m, &g| m.max(g)) * ulp;
+    let doc = serde_json::json!({
+        "model": a.model, "data": a.data, "labels": labels.names,
+        "f32": f32_tally.json(),
+        "fixed_point": sim_tally.json(),
+        "fixed_point_warnings": sim_warnings,
+        "agreement_f32_fixed": agree_f32_sim as f64 / n as f64,
+        "private": (private_n > 0).then(|| serde_json::json!({
+            "tally": private_tally.json(),
+            "agreement_with_fixed": agree_sim_private as f64 / private_n as f64,
+            "argmax_equal_to_fixed": agree_sim_private,
+            "max_abs_logit_difference_vs_fixed": max_gap,
+            "logit_difference_ulp_histogram": gap_histogram(&gaps_ulp),
+            "mean_online_seconds": private_seconds / private_n as f64,
+            "mean_online_bytes": private_bytes as f64 / private_n as f64,
+            "total_private_wall_seconds": private_wall,
+            "resumed_from_journal": resumed,
+        })),
+        "wall_seconds": started.elapsed().as_secs_f64(),
+    });
+    if a.json {
+        println!("{doc}");
+        return Ok(());
+    }
+    let pct = |t: &Tally| 100.0 * t.correct as f64 / t.examples.max(1) as f64;
+    println!("{} examples of {}", n, a.data.display());
+    println!(
+        "  f32            {:6.2} % ({}/{})",
+        pct(&f32_tally),
+        f32_tally.correct,
+        n
+    );
+    println!(
+        "  fixed point    {:6.2} % ({}/{}), argmax agrees with f32 on {:.2} %, {} simulator warnings",
+        pct(&sim_tally),
+        sim_tally.correct,
+        n,
+        100.0 * agree_f32_sim as f64 / n as f64,
+        sim_warnings
+    );
+    if private_n > 0 {
+        println!(
+            "  private (2PC)  {:6.2} % ({}/{}), argmax equals fixed point on {}/{}, max |Δlogit| {:.2e} ({} in ulps); {:.1} s and {:.1} MB online per example, {:.0} s in all{}",
+            pct(&private_tally),
+            private_tally.correct,
+            private_n,
+            agree_sim_private,
+            private_n,
+            max_gap,
+            gap_histogram(&gaps_ulp),
+            private_seconds / private_n as f64,
+            private_bytes as f64 / private_n as f64 / 1e6,
+            private_wall,
+            if resumed > 0 {
+                format!(" ({resumed} resumed from the journal)")
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(examples: usize) -> JournalHeader {
+        JournalHeader {
+            veil_eval_journal: 1,
+            model: "m".into(),
+            data: "d.tsv".into(),
+            examples,
+        }
+    }
+
+    fn result(index: usize) -> PrivateResult {
+        PrivateResult {
+            index,
+            logits: vec![0.5, -1.25],
+            online_seconds: 0.1,
+            online_bytes: 10,
+            wall_seconds: 0.2,
+        }
+    }
+
+    /// Results survive a re-open, a line cut short by a crash is dropped (and the file stays
+    /// appendable), and a journal of another evaluation is refused.
+    #[test]
+    fn journal_resumes_and_refuses_another_evaluation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = Journal::open(&path, &header(5)).unwrap();
+        j.record(&result(0)).unwrap();
+        j.record(&result(1)).unwrap();
+        drop(j);
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"index\":2,\"logi").unwrap();
+        drop(f);
+        let mut j = Journal::open(&path, &header(5)).unwrap();
+        assert_eq!(j.done.len(), 2);
+        assert_eq!(j.done[&1], result(1));
+        j.record(&result(2)).unwrap();
+        drop(j);
+        let j = Journal::open(&path, &header(5)).unwrap();
+        assert_eq!(j.done.len(), 3);
+        let err = Journal::open(&path, &header(6)).err().unwrap().to_string();
+        assert!(err.contains("another evaluation"), "{err}");
+        std::fs::write(&path, "not json\n").unwrap();
+        assert!(Journal::open(&path, &header(5)).is_err());
+    }
+
+    #[test]
+    fn gaps_fall_in_their_buckets() {
+        let h = gap_histogram(&[0.0, 0.0, 1.0, 3.0, 20.0]);
+        assert_eq!(h["0"], 2);
+        assert_eq!(h["<=1"], 1);
+        assert_eq!(h["<=2"], 0);
+        assert_eq!(h["<=4"], 1);
+        assert_eq!(h[">16"], 1);
+    }
+}
