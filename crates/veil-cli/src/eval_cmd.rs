@@ -49,25 +49,43 @@ pub struct EvalArgs {
     json: bool,
 }
 
-/// Counts of one evaluated path.
+/// Counts of one evaluated path, with the confusion counts of class 1 for F1 (MRPC's metric,
+/// the paper's for paraphrase: class 1 = "equivalent").
 #[derive(Default)]
 struct Tally {
     examples: usize,
     correct: usize,
+    true_positive: usize,
+    false_positive: usize,
+    false_negative: usize,
 }
 
 impl Tally {
     fn add(&mut self, predicted: usize, label: u32) {
+        let (p, l) = (predicted == 1, label == 1);
         self.examples += 1;
         self.correct += (predicted == label as usize) as usize;
+        self.true_positive += (p && l) as usize;
+        self.false_positive += (p && !l) as usize;
+        self.false_negative += (!p && l) as usize;
     }
 
-    fn json(&self) -> serde_json::Value {
-        serde_json::json!({
+    /// F1 of class 1: 2·TP / (2·TP + FP + FN).
+    fn f1(&self) -> f64 {
+        let tp2 = 2 * self.true_positive;
+        tp2 as f64 / (tp2 + self.false_positive + self.false_negative).max(1) as f64
+    }
+
+    fn json(&self, binary: bool) -> serde_json::Value {
+        let mut v = serde_json::json!({
             "examples": self.examples,
             "correct": self.correct,
             "accuracy": self.correct as f64 / self.examples.max(1) as f64,
-        })
+        });
+        if binary {
+            v["f1"] = self.f1().into();
+        }
+        v
     }
 }
 
@@ -309,15 +327,16 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         c.close()?;
     }
     let n = examples.len();
+    let binary = labels.names.len() == 2;
     let max_gap = gaps_ulp.iter().fold(0f64, |m, &g| m.max(g)) * ulp;
     let doc = serde_json::json!({
         "model": a.model, "data": a.data, "labels": labels.names,
-        "f32": f32_tally.json(),
-        "fixed_point": sim_tally.json(),
+        "f32": f32_tally.json(binary),
+        "fixed_point": sim_tally.json(binary),
         "fixed_point_warnings": sim_warnings,
         "agreement_f32_fixed": agree_f32_sim as f64 / n as f64,
         "private": (private_n > 0).then(|| serde_json::json!({
-            "tally": private_tally.json(),
+            "tally": private_tally.json(binary),
             "agreement_with_fixed": agree_sim_private as f64 / private_n as f64,
             "argmax_equal_to_fixed": agree_sim_private,
             "max_abs_logit_difference_vs_fixed": max_gap,
@@ -333,16 +352,22 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         println!("{doc}");
         return Ok(());
     }
-    let pct = |t: &Tally| 100.0 * t.correct as f64 / t.examples.max(1) as f64;
+    let pct = |t: &Tally| {
+        let acc = 100.0 * t.correct as f64 / t.examples.max(1) as f64;
+        match binary {
+            true => format!("{acc:6.2} % (F1 {:.2} %)", 100.0 * t.f1()),
+            false => format!("{acc:6.2} %"),
+        }
+    };
     println!("{} examples of {}", n, a.data.display());
     println!(
-        "  f32            {:6.2} % ({}/{})",
+        "  f32            {} ({}/{})",
         pct(&f32_tally),
         f32_tally.correct,
         n
     );
     println!(
-        "  fixed point    {:6.2} % ({}/{}), argmax agrees with f32 on {:.2} %, {} simulator warnings",
+        "  fixed point    {} ({}/{}), argmax agrees with f32 on {:.2} %, {} simulator warnings",
         pct(&sim_tally),
         sim_tally.correct,
         n,
@@ -351,7 +376,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     );
     if private_n > 0 {
         println!(
-            "  private (2PC)  {:6.2} % ({}/{}), argmax equals fixed point on {}/{}, max |Δlogit| {:.2e} ({} in ulps); {:.1} s and {:.1} MB online per example, {:.0} s in all{}",
+            "  private (2PC)  {} ({}/{}), argmax equals fixed point on {}/{}, max |Δlogit| {:.2e} ({} in ulps); {:.1} s and {:.1} MB online per example, {:.0} s in all{}",
             pct(&private_tally),
             private_tally.correct,
             private_n,
@@ -419,6 +444,18 @@ mod tests {
         assert!(err.contains("another evaluation"), "{err}");
         std::fs::write(&path, "not json\n").unwrap();
         assert!(Journal::open(&path, &header(5)).is_err());
+    }
+
+    #[test]
+    fn f1_of_class_one() {
+        let mut t = Tally::default();
+        for (p, l) in [(1, 1), (1, 1), (1, 0), (0, 1), (0, 0)] {
+            t.add(p, l);
+        }
+        // TP 2, FP 1, FN 1: F1 = 4 / 6.
+        assert!((t.f1() - 4.0 / 6.0).abs() < 1e-12);
+        assert_eq!(t.json(false).get("f1"), None);
+        assert_eq!(t.json(true)["correct"], 3);
     }
 
     #[test]
