@@ -14,17 +14,31 @@ use veil_model::sim::FixedModel;
 use veil_model::{
     Activation, Architecture, BlockVariant, HeadKind, ModelConfig, ProductTruncation,
 };
-use veil_net::{run_two_party, Channel, Role};
+use veil_net::{run_two_party, Channel, Role, TcpChannel};
 use veil_nonlinear::OtSession;
 use veil_private::forward::{Party, Side};
 use veil_private::preprocess::{material_bytes, plan, Step};
 use veil_private::{serve_session, ClientConnection, ServerModel};
+use veil_private::{ClientOptions, RunningServer, ServeOptions, Server, Transport};
 
 fn tiny(arch: Architecture, variant: BlockVariant, head: HeadKind, seq: usize) -> ModelConfig {
     let mut cfg = ModelConfig::new(arch, 50, 16, 2, 2, 32, seq, head, 2).unwrap();
     cfg.veil.blocks = vec![variant; 2];
     cfg.veil.product_truncation = ProductTruncation::Faithful;
     cfg
+}
+
+/// A running plain-TCP server for `server`, with its session memory set to `memory` if given.
+fn spawn(server: ServerModel, memory: Option<u64>) -> RunningServer {
+    let server = std::sync::Arc::new(server);
+    let mut opts = ServeOptions::for_model(&server, Transport::Plaintext);
+    if let Some(m) = memory {
+        opts.memory_budget = m;
+    }
+    Server::new(server, opts)
+        .unwrap()
+        .spawn(std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .unwrap()
 }
 
 fn models(cfg: &ModelConfig, seed: u8) -> (FixedModel, ServerModel) {
@@ -298,11 +312,6 @@ fn pool_sizes_from_the_shape_are_what_inferences_draw() {
 /// server; an honest client is then served, preprocessed, with the simulator's output.
 #[test]
 fn malformed_preprocessing_ends_that_session_and_others_are_served() {
-    use std::net::TcpListener;
-    use std::sync::Arc;
-    use veil_net::TcpChannel;
-    use veil_private::{ClientOptions, ServeOptions, Server, Transport};
-
     let cfg = tiny(
         Architecture::Bert,
         BlockVariant::friendly(),
@@ -310,12 +319,7 @@ fn malformed_preprocessing_ends_that_session_and_others_are_served() {
         16,
     );
     let (sim, server) = models(&cfg, 60);
-    let server = Arc::new(server);
-    let opts = ServeOptions::for_model(&server, Transport::Plaintext);
-    let running = Server::new(server, opts)
-        .unwrap()
-        .spawn(TcpListener::bind("127.0.0.1:0").unwrap())
-        .unwrap();
+    let running = spawn(server, None);
     let addr = running.local_addr();
     let announce = ClientOptions {
         max_tokens: Some(8),
@@ -360,11 +364,7 @@ fn malformed_preprocessing_ends_that_session_and_others_are_served() {
 /// back when the session ends with its material unused: the next session can preprocess again.
 #[test]
 fn preprocessing_is_refused_beyond_the_servers_session_memory() {
-    use std::net::TcpListener;
-    use std::sync::Arc;
-    use veil_net::TcpChannel;
     use veil_private::server::session_memory_estimate;
-    use veil_private::{ServeOptions, Server, Transport};
 
     let cfg = tiny(
         Architecture::Bert,
@@ -378,13 +378,7 @@ fn preprocessing_is_refused_beyond_the_servers_session_memory() {
     let material = material_bytes(&cfg, &plan(&cfg, ring, ids.len()).unwrap(), false) as u64;
     let cots = server.cots_per_inference(ids.len()).unwrap();
     let one = material + 33 * cots.0.max(cots.1);
-    let server = Arc::new(server);
-    let mut opts = ServeOptions::for_model(&server, Transport::Plaintext);
-    opts.memory_budget = session_memory_estimate(&cfg, 16) + one + 1024;
-    let running = Server::new(server, opts)
-        .unwrap()
-        .spawn(TcpListener::bind("127.0.0.1:0").unwrap())
-        .unwrap();
+    let running = spawn(server, Some(session_memory_estimate(&cfg, 16) + one + 1024));
     let (want, x) = expected(&sim, &ids);
     for session in 0..2 {
         let mut c =
