@@ -15,7 +15,9 @@ use veil_private::client::argmax;
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{Client, ClientModel, ClientOptions, PromptOptions, ServerModel};
 use veil_train::workflow::labelled_examples_for;
-use veil_train::{DataOptions, FinetuneOptions, LossWeights, SubstituteOptions, TrainConfig};
+use veil_train::{
+    DataOptions, FinetuneOptions, LossWeights, SubstituteOptions, SubstituteOutcome, TrainConfig,
+};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum FormatArg {
@@ -220,6 +222,10 @@ pub struct SubstituteArgs {
     simulate: usize,
     #[arg(long)]
     freeze_embeddings: Option<bool>,
+    /// Stop after this many steps (of 4 × blocks); running the same command again resumes from
+    /// OUT/progress, as it does after an interruption.
+    #[arg(long)]
+    stop_after_steps: Option<usize>,
 }
 
 pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
@@ -239,9 +245,22 @@ pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
     o.substitution.max_accuracy_drop = a.max_drop / 100.0;
     o.simulate_examples = a.simulate;
     o.freeze_embeddings = a.freeze_embeddings;
+    o.stop_after_steps = a.stop_after_steps;
     o.progress = !quiet;
-    let out = veil_train::substitute(&o)?;
-    let r = &out.report.substitution;
+    let doc = match veil_train::substitute(&o)? {
+        SubstituteOutcome::Finished(doc) => doc,
+        SubstituteOutcome::Stopped {
+            steps_done,
+            total_steps,
+        } => {
+            println!(
+                "stopped after {steps_done} of {total_steps} steps; run the same command again \
+                 to resume"
+            );
+            return Ok(());
+        }
+    };
+    let r = &doc.substitution;
     println!(
         "{}",
         serde_json::json!({
@@ -249,6 +268,7 @@ pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
             "original_accuracy": r.original.accuracy,
             "final_accuracy": r.final_evaluation.accuracy,
             "replaced": veil_train::Operator::ALL.map(|op| (op.label(), r.replaced(op))),
+            "resumed_steps": r.resumed_steps(),
             "reports": ["substitution.json", "substitution.md", "accuracy.svg"],
             "seconds": started.elapsed().as_secs_f64(),
         })

@@ -6,7 +6,8 @@
 //! * [`init`] — seeded initialisation of new parameters;
 //! * [`checkpoint`] — crash-safe checkpoints for resuming a run;
 //! * [`train`] — the fine-tuning loop and evaluation;
-//! * [`substitute`] — Algorithm 5, generic over a [`SubstitutionTarget`];
+//! * [`substitute`] — Algorithm 5, generic over a [`SubstitutionTarget`], resumable step by
+//!   step from a progress folder;
 //! * [`report`] — JSON, Markdown and SVG reports of a substitution run;
 //! * [`transformer`] — a veil-model transformer made trainable (VarMap, freezing, variants);
 //! * [`fixed_check`] — overflow check of a model in veil-model's fixed-point simulator;
@@ -31,9 +32,13 @@ mod tiny;
 
 pub use batch::{Batch, ClassifierOutput, EncodedExample, SequenceClassifier};
 pub use loss::LossWeights;
-pub use substitute::{run_substitution, Operator, SubstitutionConfig, SubstitutionTarget};
+pub use substitute::{
+    run_substitution, Operator, Resume, RunOutcome, SubstitutionConfig, SubstitutionTarget,
+};
 pub use train::{evaluate, train, Evaluation, RunControl, TrainConfig, TrainSummary};
-pub use workflow::{finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions};
+pub use workflow::{
+    finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions, SubstituteOutcome,
+};
 
 /// candle's errors into Veil's (the orphan rule forbids a `From` impl between two foreign types).
 pub(crate) fn candle_err(e: candle_core::Error) -> veil_core::Error {

@@ -128,20 +128,30 @@ impl TrainSummary {
     }
 }
 
-/// FNV-1a over the token ids and labels: cheap, and any change of the data changes it.
-fn fingerprint(data: &[EncodedExample]) -> u64 {
-    let mut h = 0xcbf29ce484222325u64;
-    let mut eat = |x: u32| {
-        for b in x.to_le_bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
-        }
-    };
-    for e in data {
-        eat(e.ids.len() as u32);
-        e.ids.iter().chain(&e.type_ids).for_each(|&x| eat(x));
-        eat(e.label);
+/// FNV-1a: a cheap hash under which any change of the input changes the value.
+pub(crate) struct Fnv(pub u64);
+
+impl Fnv {
+    pub fn new() -> Self {
+        Fnv(0xcbf29ce484222325)
     }
-    h
+
+    pub fn eat(&mut self, x: u32) {
+        for b in x.to_le_bytes() {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+    }
+}
+
+/// Fingerprint of the token ids and labels.
+pub(crate) fn fingerprint(data: &[EncodedExample]) -> u64 {
+    let mut h = Fnv::new();
+    for e in data {
+        h.eat(e.ids.len() as u32);
+        e.ids.iter().chain(&e.type_ids).for_each(|&x| h.eat(x));
+        h.eat(e.label);
+    }
+    h.0
 }
 
 /// Batches sorted together by length: a window of this many batches is sorted by sequence

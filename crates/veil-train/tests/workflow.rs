@@ -10,7 +10,7 @@ use veil_train::transformer::{Freeze, TrainableTransformer};
 use veil_train::workflow::{labelled_examples, TrainingRecord, RECORD_FILE};
 use veil_train::{
     evaluate, finetune, substitute, train, DataOptions, EncodedExample, FinetuneOptions,
-    LossWeights, Operator, RunControl, SubstituteOptions, TrainConfig,
+    LossWeights, Operator, RunControl, SubstituteOptions, SubstituteOutcome, TrainConfig,
 };
 
 const POSITIVE: [&str; 3] = ["good", "great", "fine"];
@@ -257,7 +257,9 @@ fn substitute_writes_a_model_that_loads_with_its_variants() {
     };
     opts.progress = false;
     opts.simulate_examples = 4;
-    let doc = substitute(&opts).unwrap().report;
+    let SubstituteOutcome::Finished(doc) = substitute(&opts).unwrap() else {
+        panic!("stopped without a step limit")
+    };
     let report = &doc.substitution;
     assert_eq!(report.steps.len(), 8);
     assert!(report.original.accuracy >= 0.9);
@@ -309,6 +311,87 @@ fn substitute_writes_a_model_that_loads_with_its_variants() {
     assert_eq!(fp.per_block.len(), 2);
     assert!(fp.overflow_free(), "{fp:?}");
     assert!(fp.per_block.iter().all(|b| b.max_error < 0.1), "{fp:?}");
+}
+
+#[test]
+fn substitute_resumes_step_by_step_and_refuses_other_options() {
+    let fx = Fixture::new();
+    finetune(&fx.finetune_options("ft")).unwrap();
+    let options = |out: &str, stop_after_steps: Option<usize>| {
+        let mut o = SubstituteOptions::new(fx.root.join("ft"), fx.data(), fx.root.join(out));
+        o.train = TrainConfig {
+            epochs: 1,
+            batch_size: 16,
+            learning_rate: 2e-3,
+            checkpoint_every: 5,
+            ..fx.finetune_options("unused").train
+        };
+        o.progress = false;
+        o.simulate_examples = 0;
+        o.stop_after_steps = stop_after_steps;
+        o
+    };
+    let finished = |o: &SubstituteOptions| match substitute(o).unwrap() {
+        SubstituteOutcome::Finished(doc) => doc.substitution,
+        stopped => panic!("{stopped:?}"),
+    };
+    let want = finished(&options("straight", None));
+
+    let sub = fx.root.join("sub");
+    match substitute(&options("sub", Some(3))).unwrap() {
+        SubstituteOutcome::Stopped {
+            steps_done,
+            total_steps,
+        } => assert_eq!((steps_done, total_steps), (3, 8)),
+        other => panic!("{other:?}"),
+    }
+    assert!(sub.join("progress/progress.json").is_file());
+    assert!(!sub.join("config.json").exists(), "no model before the end");
+
+    let mut other = options("sub", None);
+    other.train.learning_rate = 1e-3;
+    let err = substitute(&other).unwrap_err().to_string();
+    assert!(err.contains("differing: train_config"), "{err}");
+
+    let got = finished(&options("sub", None));
+    assert_eq!(got.steps.len(), 8);
+    for (i, (g, w)) in got.steps.iter().zip(&want.steps).enumerate() {
+        assert_eq!(g.resumed, i < 3, "step {i}");
+        assert_eq!((g.operator, g.block), (w.operator, w.block));
+        assert_eq!(
+            (g.accuracy, g.accepted),
+            (w.accuracy, w.accepted),
+            "step {i}"
+        );
+        assert!((g.train_loss - w.train_loss).abs() < 1e-4, "step {i}");
+    }
+    assert_eq!(
+        got.final_evaluation.accuracy,
+        want.final_evaluation.accuracy
+    );
+    let variants = |dir: &str| folder::load(&fx.root.join(dir)).unwrap().config.veil.blocks;
+    assert_eq!(variants("sub"), variants("straight"));
+    let md = std::fs::read_to_string(sub.join("substitution.md")).unwrap();
+    assert!(md.contains("3 of 8 steps"), "{md}");
+
+    // The progress stays: running again redoes nothing and rewrites the same model.
+    let again = finished(&options("sub", None));
+    assert_eq!(again.resumed_steps(), 8);
+    assert_eq!(variants("sub"), variants("straight"));
+    let names: Vec<String> = std::fs::read_dir(sub.join("progress"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert!(names.is_empty(), "training checkpoints left: {names:?}");
+
+    // A damaged state is a clear error, not a panic.
+    let progress = std::fs::read_to_string(sub.join("progress/progress.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&progress).unwrap();
+    let state = sub.join("progress").join(state["state"].as_str().unwrap());
+    std::fs::write(state.join("params.safetensors"), b"garbage").unwrap();
+    let err = substitute(&options("sub", None)).unwrap_err().to_string();
+    assert!(err.contains("params.safetensors"), "{err}");
 }
 
 #[test]
