@@ -226,6 +226,13 @@ pub struct SubstituteArgs {
     /// OUT/progress, as it does after an interruption.
     #[arg(long)]
     stop_after_steps: Option<usize>,
+    /// Retry a rejected step up to N times from the accepted model, each with --retry-factor
+    /// times the previous attempt's updates, before rolling it back (0: the paper's one try).
+    #[arg(long, default_value_t = 0)]
+    retries: u32,
+    /// Growth of the updates from one attempt of a step to the next (> 1).
+    #[arg(long, default_value_t = 2.0)]
+    retry_factor: f64,
 }
 
 pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
@@ -246,6 +253,8 @@ pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
     o.simulate_examples = a.simulate;
     o.freeze_embeddings = a.freeze_embeddings;
     o.stop_after_steps = a.stop_after_steps;
+    o.substitution.retries = a.retries;
+    o.substitution.retry_factor = a.retry_factor;
     o.progress = !quiet;
     let doc = match veil_train::substitute(&o)? {
         SubstituteOutcome::Finished(doc) => doc,

@@ -156,13 +156,18 @@ pub fn markdown(doc: &ReportDocument) -> String {
     let _ = writeln!(w, "\n## Every step\n");
     let _ = writeln!(
         w,
-        "| # | Operator | Block | B | Train loss | Dev accuracy % | Decision | max abs hidden state per block | Time s | Resumed |"
+        "| # | Operator | Block | B | Train loss | Dev accuracy % | Decision | max abs hidden state per block | Time s | Resumed | Attempts: updates → accuracy % |"
     );
-    let _ = writeln!(w, "|---:|---|---:|---:|---:|---:|---|---|---:|---|");
+    let _ = writeln!(w, "|---:|---|---:|---:|---:|---:|---|---|---:|---|---|");
     for (i, s) in sub.steps.iter().enumerate() {
+        let attempts: Vec<String> = s
+            .attempts
+            .iter()
+            .map(|a| format!("{} → {}", a.updates, pct(a.accuracy)))
+            .collect();
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} | {:.4} | {} | {} | {} | {:.1} | {} |",
+            "| {} | {} | {} | {} | {:.4} | {} | {} | {} | {:.1} | {} | {} |",
             i + 1,
             s.operator.label(),
             s.block,
@@ -172,7 +177,8 @@ pub fn markdown(doc: &ReportDocument) -> String {
             if s.accepted { "accepted" } else { "rejected" },
             max_list(&s.max_abs_hidden),
             s.seconds,
-            if s.resumed { "yes" } else { "" }
+            if s.resumed { "yes" } else { "" },
+            attempts.join("; ")
         );
     }
     let _ = writeln!(w, "\n## Final model\n");
@@ -382,6 +388,7 @@ mod tests {
         let md = markdown(&doc);
         assert!(md.contains("resumed: 1 of 8 steps"), "{md}");
         assert_eq!(md.matches("| yes |").count(), 1);
+        assert_eq!(md.matches("| 10 → ").count(), 8, "{md}");
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! to 0: replace the operator in block i of the accepted model, fine-tune with blocks 0 … i−1
 //! frozen, evaluate on dev, and keep the change only if accuracy > α − Δα, where α is the
 //! original model's accuracy.
-//! A rejected change is rolled back to the accepted model's parameters and variants.
+//! A rejected change is rolled back to the accepted model's parameters and variants; with
+//! [`SubstitutionConfig::retries`] it is first tried again from the accepted model with F×,
+//! F²×, … the updates.
 //!
 //! Runs take hours on a small machine and may be killed at any moment, so with a [`Resume`]
 //! folder the loop persists its progress after every step: the accepted model's state (through
@@ -14,14 +16,15 @@
 //! the interrupted step continues from its own training checkpoint. Folder layout:
 //!
 //! * `progress.json` — a [`SavedProgress`]: fingerprint, original and accepted evaluations,
-//!   completed steps, and the name of the state folder. Written last and atomically (temporary
+//!   completed steps, rejected attempts of the step in progress, and the name of the state
+//!   folder. Written last and atomically (temporary
 //!   file + rename), so it always names a complete state: a crash leaves the previous step's
 //!   progress valid.
 //! * `state-<k>/` — the accepted model after step k (whatever the target's `save` writes; for
 //!   the transformer `params.safetensors` and `variants.json`). Absent until a step is
 //!   accepted: the starting model is the state then. Older states are removed once superseded.
-//! * `step-<k>/` — the training checkpoint of step k while it runs; removed once the step's
-//!   outcome is in `progress.json`.
+//! * `step-<k>-attempt-<r>/` — the training checkpoint of attempt r of step k while it runs;
+//!   removed once the attempt's outcome is in `progress.json`.
 //!
 //! The loop is written against [`SubstitutionTarget`] so it can be tested with scripted
 //! accuracies and run on the real model through an adapter.
@@ -92,6 +95,12 @@ pub struct SubstitutionConfig {
     pub stages: Vec<Stage>,
     /// Δα, as a fraction (0.02 = two accuracy points).
     pub max_accuracy_drop: f64,
+    /// How often a rejected step is tried again, from the accepted model, with a larger
+    /// budget before it is rolled back for good (0: the paper's single attempt). A step that
+    /// only needed more training to recover is then kept.
+    pub retries: u32,
+    /// Budget growth per retry: retry r fine-tunes with `retry_factor`^r times the updates.
+    pub retry_factor: f64,
 }
 
 impl Default for SubstitutionConfig {
@@ -99,6 +108,8 @@ impl Default for SubstitutionConfig {
         SubstitutionConfig {
             stages: paper_stages(),
             max_accuracy_drop: 0.02,
+            retries: 0,
+            retry_factor: 2.0,
         }
     }
 }
@@ -115,6 +126,13 @@ impl SubstitutionConfig {
             !self.stages.is_empty(),
             InvalidArgument,
             "no substitution stages"
+        );
+        // Retrying with the same budget would repeat the same seeded run.
+        ensure!(
+            self.retry_factor > 1.0 && self.retry_factor.powi(self.retries as i32).is_finite(),
+            InvalidArgument,
+            "the retry factor must be > 1 (and its power per retry finite), got {}",
+            self.retry_factor
         );
         for stage in &self.stages {
             if let Some(b) = stage.bound {
@@ -145,6 +163,9 @@ pub struct FinetuneRequest<'a> {
     pub block: usize,
     /// Hidden-state bound B (`None` = ∞).
     pub bound: Option<f64>,
+    /// Multiple of the configured number of updates: 1 for a step's first attempt, F^r for
+    /// its r-th retry.
+    pub budget: f64,
     /// Where the run keeps its training checkpoint; one found there is continued (the run was
     /// interrupted). `None`: no checkpoints.
     pub checkpoint_dir: Option<&'a Path>,
@@ -182,7 +203,7 @@ pub trait SubstitutionTarget {
     fn evaluate(&mut self) -> Result<Evaluation>;
 }
 
-/// One substitution attempt.
+/// One substitution step: an operator in a block, kept or rolled back.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
     pub operator: Operator,
@@ -195,9 +216,30 @@ pub struct StepRecord {
     /// Time this step took in the invocation that finished it.
     pub seconds: f64,
     /// Whether an earlier, interrupted invocation did (some of) this step's work: the step was
-    /// finished before and its record reloaded, or its fine-tuning continued a checkpoint.
+    /// finished before and its record reloaded, or some of its attempts were, or its
+    /// fine-tuning continued a checkpoint.
     #[serde(default)]
     pub resumed: bool,
+    /// Every fine-tuning of the step: the first, then the retries of a rejected one. The
+    /// fields above are the last attempt's.
+    #[serde(default)]
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// One fine-tuning and evaluation of a step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// 0 for the first, r for the r-th retry.
+    pub attempt: u32,
+    /// Updates of the fine-tuning run.
+    pub updates: u64,
+    /// Mean training loss over the updates the invocation that finished the attempt ran.
+    pub train_loss: f64,
+    pub accuracy: f64,
+    pub max_abs_hidden: Vec<f32>,
+    /// The update an interrupted fine-tuning was continued from.
+    pub resumed_from: Option<u64>,
+    pub seconds: f64,
 }
 
 /// The accepted model at the end of a stage.
@@ -274,6 +316,8 @@ pub struct SavedProgress {
     pub state: Option<String>,
     /// Completed steps, in order.
     pub steps: Vec<StepRecord>,
+    /// The rejected attempts so far of the step in progress.
+    pub pending: Vec<AttemptRecord>,
     /// Time of the invocations so far.
     pub seconds: f64,
 }
@@ -370,9 +414,9 @@ impl<'a> Store<'a> {
         write_json_atomically(&self.path(), progress)
     }
 
-    /// The training checkpoint folder of step `k`.
-    fn checkpoint_dir(&self, k: usize) -> PathBuf {
-        self.dir.join(format!("step-{k}"))
+    /// The training checkpoint folder of attempt `attempt` of step `k`.
+    fn checkpoint_dir(&self, k: usize, attempt: u32) -> PathBuf {
+        self.dir.join(format!("step-{k}-attempt-{attempt}"))
     }
 
     /// Saves the target's current state as the state after step `k`; returns its name.
@@ -466,10 +510,10 @@ pub fn run_substitution<T: SubstitutionTarget>(
         Some(store) => store.load(&schedule)?,
         None => None,
     };
-    let mut progress = match saved {
-        Some(mut saved) => {
+    let mut progress = match (saved, &store) {
+        (Some(mut saved), Some(store)) => {
             if let Some(state) = &saved.state {
-                target.load(&store.as_ref().expect("loaded from a store").dir.join(state))?;
+                target.load(&store.dir.join(state))?;
             }
             for step in &mut saved.steps {
                 step.resumed = true;
@@ -477,7 +521,7 @@ pub fn run_substitution<T: SubstitutionTarget>(
             }
             saved
         }
-        None => {
+        _ => {
             let original = target.evaluate()?;
             let fresh = SavedProgress {
                 version: PROGRESS_VERSION,
@@ -488,6 +532,7 @@ pub fn run_substitution<T: SubstitutionTarget>(
                 original,
                 state: None,
                 steps: vec![],
+                pending: vec![],
                 seconds: 0.0,
             };
             if let Some(store) = &store {
@@ -510,49 +555,76 @@ pub fn run_substitution<T: SubstitutionTarget>(
         }
         let step_started = Instant::now();
         let accepted_state = target.snapshot()?;
-        target.substitute(stage.operator, block)?;
-        let checkpoint = store.as_ref().map(|s| s.checkpoint_dir(k));
-        let tuned = target.finetune(&FinetuneRequest {
-            operator: stage.operator,
-            block,
-            bound: stage.bound,
-            checkpoint_dir: checkpoint.as_deref(),
-        })?;
-        let eval = target.evaluate()?;
-        let accepted = eval.accuracy > threshold;
-        let superseded = if accepted {
-            progress.accepted = eval.clone();
-            match &store {
-                Some(store) => progress.state.replace(store.save_state(target, k)?),
-                None => None,
+        // Attempts an earlier invocation made (all rejected) are not made again.
+        let mut resumed = !progress.pending.is_empty();
+        loop {
+            let attempt = progress.pending.len() as u32;
+            let attempt_started = Instant::now();
+            target.substitute(stage.operator, block)?;
+            let checkpoint = store.as_ref().map(|s| s.checkpoint_dir(k, attempt));
+            let tuned = target.finetune(&FinetuneRequest {
+                operator: stage.operator,
+                block,
+                bound: stage.bound,
+                budget: config.retry_factor.powi(attempt as i32),
+                checkpoint_dir: checkpoint.as_deref(),
+            })?;
+            let eval = target.evaluate()?;
+            let accepted = eval.accuracy > threshold;
+            let superseded = if accepted {
+                progress.accepted = eval.clone();
+                match &store {
+                    Some(store) => progress.state.replace(store.save_state(target, k)?),
+                    None => None,
+                }
+            } else {
+                // The next attempt, or the next step, starts from the accepted model.
+                target.restore(&accepted_state)?;
+                None
+            };
+            resumed |= tuned.resumed_from.is_some();
+            progress.pending.push(AttemptRecord {
+                attempt,
+                updates: tuned.updates,
+                train_loss: tuned.mean_loss,
+                accuracy: eval.accuracy,
+                max_abs_hidden: eval.max_abs_hidden.clone(),
+                resumed_from: tuned.resumed_from,
+                seconds: attempt_started.elapsed().as_secs_f64(),
+            });
+            let done = accepted || attempt >= config.retries;
+            if done {
+                progress.steps.push(StepRecord {
+                    operator: stage.operator,
+                    block,
+                    bound: stage.bound,
+                    train_loss: tuned.mean_loss,
+                    accuracy: eval.accuracy,
+                    accepted,
+                    max_abs_hidden: eval.max_abs_hidden,
+                    seconds: step_started.elapsed().as_secs_f64(),
+                    resumed,
+                    attempts: std::mem::take(&mut progress.pending),
+                });
             }
-        } else {
-            target.restore(&accepted_state)?;
-            None
-        };
-        progress.steps.push(StepRecord {
-            operator: stage.operator,
-            block,
-            bound: stage.bound,
-            train_loss: tuned.mean_loss,
-            accuracy: eval.accuracy,
-            accepted,
-            max_abs_hidden: eval.max_abs_hidden,
-            seconds: step_started.elapsed().as_secs_f64(),
-            resumed: tuned.resumed_from.is_some(),
-        });
-        if let Some(store) = &store {
-            progress.seconds = earlier_seconds + started.elapsed().as_secs_f64();
-            store.commit(&progress)?;
-            // Best effort: progress.json no longer needs either.
-            if let Some(dir) = &checkpoint {
-                let _ = std::fs::remove_dir_all(dir);
+            if let Some(store) = &store {
+                progress.seconds = earlier_seconds + started.elapsed().as_secs_f64();
+                store.commit(&progress)?;
+                // Best effort: progress.json no longer needs either.
+                if let Some(dir) = &checkpoint {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                if let Some(old) = superseded {
+                    let _ = std::fs::remove_dir_all(store.dir.join(old));
+                }
             }
-            if let Some(old) = superseded {
-                let _ = std::fs::remove_dir_all(store.dir.join(old));
+            if done {
+                break;
             }
         }
-        on_step(progress.steps.last().expect("just pushed"));
+        if let Some(step) = progress.steps.last() {
+            on_step(step);
+        }
     }
     Ok(RunOutcome::Finished(SubstitutionReport {
         num_blocks: n,
@@ -580,6 +652,8 @@ pub(crate) mod tests {
         pub replaced: Vec<(Operator, usize)>,
         pub accuracies: VecDeque<f64>,
         pub finetuned: Vec<(Operator, usize, Option<f64>)>,
+        /// The budget of every fine-tuning.
+        pub budgets: Vec<f64>,
         pub evaluated_states: Vec<Vec<(Operator, usize)>>,
         /// The fine-tuning call (0-based) in which "the process is killed": it fails after
         /// writing its checkpoint.
@@ -595,6 +669,7 @@ pub(crate) mod tests {
                 replaced: vec![],
                 accuracies: accuracies.iter().copied().collect(),
                 finetuned: vec![],
+                budgets: vec![],
                 evaluated_states: vec![],
                 kill_at_finetune: None,
                 continued: vec![],
@@ -634,6 +709,7 @@ pub(crate) mod tests {
         }
         fn finetune(&mut self, r: &FinetuneRequest<'_>) -> Result<Finetuned> {
             self.finetuned.push((r.operator, r.block, r.bound));
+            self.budgets.push(r.budget);
             let mut resumed_from = None;
             if let Some(dir) = r.checkpoint_dir {
                 if dir.join("marker").exists() {
@@ -649,7 +725,7 @@ pub(crate) mod tests {
             }
             Ok(Finetuned {
                 mean_loss: 0.5,
-                updates: 10,
+                updates: (10.0 * r.budget).round() as u64,
                 resumed_from,
             })
         }
@@ -742,6 +818,16 @@ pub(crate) mod tests {
             ..Default::default()
         };
         assert!(run_substitution(&mut target, &no_stages, None, |_| {}).is_err());
+        for (retries, retry_factor) in [(1, 1.0), (1, 0.5), (1, f64::NAN), (400, 10.0)] {
+            let bad_retry = SubstitutionConfig {
+                retries,
+                retry_factor,
+                ..Default::default()
+            };
+            let err = run_substitution(&mut target, &bad_retry, None, |_| {}).unwrap_err();
+            assert!(err.to_string().contains("retry factor"), "{err}");
+        }
+        assert!(target.finetuned.is_empty());
         let mut empty = ScriptedTarget::new(0, &[0.9]);
         assert!(
             run_substitution(&mut empty, &SubstitutionConfig::default(), None, |_| {}).is_err()
@@ -766,6 +852,15 @@ pub(crate) mod tests {
         StepRecord {
             seconds: 0.0,
             resumed: false,
+            attempts: step
+                .attempts
+                .iter()
+                .map(|a| AttemptRecord {
+                    seconds: 0.0,
+                    resumed_from: None,
+                    ..a.clone()
+                })
+                .collect(),
             ..step.clone()
         }
     }
@@ -783,23 +878,24 @@ pub(crate) mod tests {
         names
     }
 
-    #[test]
-    fn an_interrupted_run_resumes_where_it_stopped() {
-        let config = SubstitutionConfig::default();
+    /// Kills a run in each of its fine-tunings in turn, runs it again in a new "process", and
+    /// checks that nothing finished is redone and that the outcome is the uninterrupted run's.
+    fn assert_resumes_after_every_kill(config: &SubstitutionConfig, script: &[f64]) {
         let straight_dir = tempfile::tempdir().unwrap();
-        let mut straight = ScriptedTarget::new(2, &SCRIPT);
+        let mut straight = ScriptedTarget::new(2, script);
         let want = run_substitution(
             &mut straight,
-            &config,
+            config,
             Some(&resume(straight_dir.path())),
             |_| {},
         )
         .unwrap()
         .finished()
         .unwrap();
+        assert!(straight.accuracies.is_empty(), "script not used up");
         // Persisting does not change what the run does.
-        let mut plain = ScriptedTarget::new(2, &SCRIPT);
-        let plain = run_substitution(&mut plain, &config, None, |_| {})
+        let mut plain = ScriptedTarget::new(2, script);
+        let plain = run_substitution(&mut plain, config, None, |_| {})
             .unwrap()
             .finished()
             .unwrap();
@@ -807,52 +903,157 @@ pub(crate) mod tests {
             plain.steps.iter().map(comparable).collect::<Vec<_>>(),
             want.steps.iter().map(comparable).collect::<Vec<_>>()
         );
-        // Last accepted step: LN2 block 1 (step 6); its state is all that is left.
-        assert_eq!(
-            folder_names(straight_dir.path()),
-            ["progress.json", "state-6"]
-        );
+        let left = folder_names(straight_dir.path());
+        assert_eq!(left.len(), 2, "the progress and one state: {left:?}");
+        // Step of each fine-tuning call, and its attempt.
+        let calls: Vec<(usize, u32)> = want
+            .steps
+            .iter()
+            .enumerate()
+            .flat_map(|(k, s)| s.attempts.iter().map(move |a| (k, a.attempt)))
+            .collect();
+        assert_eq!(calls.len(), straight.finetuned.len());
 
-        for kill in 0..8 {
+        for (kill, &(step, attempt)) in calls.iter().enumerate() {
             let dir = tempfile::tempdir().unwrap();
-            let mut first = ScriptedTarget::new(2, &SCRIPT);
+            let mut first = ScriptedTarget::new(2, script);
             first.kill_at_finetune = Some(kill);
-            let err = run_substitution(&mut first, &config, Some(&resume(dir.path())), |_| {})
+            let err = run_substitution(&mut first, config, Some(&resume(dir.path())), |_| {})
                 .unwrap_err();
             assert!(err.to_string().contains("killed"), "{err}");
-            assert_eq!(read_progress(dir.path()).steps.len(), kill);
-            assert!(dir.path().join(format!("step-{kill}/marker")).exists());
+            let saved = read_progress(dir.path());
+            assert_eq!(
+                (saved.steps.len(), saved.pending.len() as u32),
+                (step, attempt)
+            );
+            let checkpoint = dir.path().join(format!("step-{step}-attempt-{attempt}"));
+            assert!(checkpoint.join("marker").exists());
 
             // A new process: the starting model again, and only the accuracies of the
-            // evaluations still to come (the original and the finished steps are not redone).
-            let mut second = ScriptedTarget::new(2, &SCRIPT[1 + kill..]);
+            // evaluations still to come (the original and the finished attempts are not redone).
+            let mut second = ScriptedTarget::new(2, &script[1 + kill..]);
             let mut seen = 0;
-            let got = run_substitution(&mut second, &config, Some(&resume(dir.path())), |_| {
+            let got = run_substitution(&mut second, config, Some(&resume(dir.path())), |_| {
                 seen += 1
             })
             .unwrap()
             .finished()
             .unwrap();
-            assert_eq!(seen, 8, "reloaded steps are reported too");
+            assert_eq!(seen, want.steps.len(), "reloaded steps are reported too");
             assert_eq!(first.finetuned, straight.finetuned[..=kill]);
             assert_eq!(
                 second.finetuned,
                 straight.finetuned[kill..],
                 "kill at {kill}"
             );
-            assert_eq!(second.continued, [dir.path().join(format!("step-{kill}"))]);
+            assert_eq!(second.budgets, straight.budgets[kill..]);
+            assert_eq!(second.continued, [checkpoint]);
             assert_eq!(second.replaced, straight.replaced);
             for (i, (g, w)) in got.steps.iter().zip(&want.steps).enumerate() {
-                assert_eq!(g.resumed, i <= kill, "step {i} after a kill at {kill}");
+                assert_eq!(g.resumed, i <= step, "step {i} after a kill at {kill}");
                 assert_eq!(comparable(g), comparable(w));
             }
-            assert_eq!(got.resumed_steps(), kill + 1);
+            assert_eq!(got.resumed_steps(), step + 1);
             assert_eq!(
                 (&got.original, &got.stages, &got.final_evaluation),
                 (&want.original, &want.stages, &want.final_evaluation)
             );
-            assert_eq!(folder_names(dir.path()), ["progress.json", "state-6"]);
+            assert_eq!(folder_names(dir.path()), left);
         }
+    }
+
+    #[test]
+    fn an_interrupted_run_resumes_where_it_stopped() {
+        assert_resumes_after_every_kill(&SubstitutionConfig::default(), &SCRIPT);
+    }
+
+    /// Original 0.90 and threshold 0.88, two blocks, GELU and Softmax, two retries at 3×.
+    fn retrying() -> (SubstitutionConfig, [f64; 8]) {
+        let config = SubstitutionConfig {
+            stages: paper_stages()[..2].to_vec(),
+            retries: 2,
+            retry_factor: 3.0,
+            ..SubstitutionConfig::default()
+        };
+        let script = [
+            0.90, // original
+            0.95, // GELU 1: accepted at once
+            0.5, 0.89, // GELU 0: rejected, accepted on the first retry
+            0.1, 0.2, 0.3,  // Softmax 1: rejected three times, rolled back
+            0.93, // Softmax 0: accepted
+        ];
+        (config, script)
+    }
+
+    #[test]
+    fn a_rejected_step_is_retried_with_a_growing_budget() {
+        use Operator::*;
+        let (config, script) = retrying();
+        let mut target = ScriptedTarget::new(2, &script);
+        let report = run_substitution(&mut target, &config, None, |_| {})
+            .unwrap()
+            .finished()
+            .unwrap();
+        let attempts: Vec<Vec<(u32, u64, f64)>> = report
+            .steps
+            .iter()
+            .map(|s| {
+                s.attempts
+                    .iter()
+                    .map(|a| (a.attempt, a.updates, a.accuracy))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            attempts,
+            [
+                vec![(0, 10, 0.95)],
+                vec![(0, 10, 0.5), (1, 30, 0.89)],
+                vec![(0, 10, 0.1), (1, 30, 0.2), (2, 90, 0.3)],
+                vec![(0, 10, 0.93)],
+            ]
+        );
+        assert_eq!(target.budgets, [1.0, 1.0, 3.0, 1.0, 3.0, 9.0, 1.0]);
+        let decided: Vec<(bool, f64)> = report
+            .steps
+            .iter()
+            .map(|s| (s.accepted, s.accuracy))
+            .collect();
+        assert_eq!(
+            decided,
+            [(true, 0.95), (true, 0.89), (false, 0.3), (true, 0.93)]
+        );
+        // Every attempt starts from the accepted model plus this step's replacement.
+        let softmax_1 = vec![(Gelu, 1), (Gelu, 0), (Softmax, 1)];
+        assert_eq!(target.evaluated_states[2], [(Gelu, 1), (Gelu, 0)]);
+        assert_eq!(target.evaluated_states[3], [(Gelu, 1), (Gelu, 0)]);
+        assert_eq!(
+            target.evaluated_states[4..7],
+            [softmax_1.clone(), softmax_1.clone(), softmax_1]
+        );
+        assert_eq!(target.replaced, [(Gelu, 1), (Gelu, 0), (Softmax, 0)]);
+        assert_eq!(report.replaced(Gelu), 2);
+        assert_eq!(report.stages[1].accuracy, 0.93);
+
+        // The default is the paper's single attempt.
+        let once = SubstitutionConfig {
+            retries: 0,
+            ..config
+        };
+        let mut target = ScriptedTarget::new(2, &[0.90, 0.95, 0.5, 0.1, 0.93]);
+        let report = run_substitution(&mut target, &once, None, |_| {})
+            .unwrap()
+            .finished()
+            .unwrap();
+        assert!(report.steps.iter().all(|s| s.attempts.len() == 1));
+        assert_eq!(target.budgets, [1.0; 4]);
+        assert_eq!(SubstitutionConfig::default().retries, 0);
+    }
+
+    #[test]
+    fn an_interrupted_retry_resumes_without_redoing_attempts() {
+        let (config, script) = retrying();
+        assert_resumes_after_every_kill(&config, &script);
     }
 
     #[test]

@@ -96,6 +96,41 @@ impl TrainConfig {
         );
         Ok(())
     }
+
+    /// Updates of a run over `examples` training examples.
+    pub fn total_steps(&self, examples: usize) -> u64 {
+        let per_epoch = examples.div_ceil(self.batch_size.max(1)) as u64;
+        (per_epoch * self.epochs as u64).min(self.max_steps.unwrap_or(u64::MAX))
+    }
+
+    /// This config with `factor` times its updates over `examples` examples (rounded up; the
+    /// schedule stretches over the longer run): the budget of a retried substitution step.
+    pub fn scaled(&self, examples: usize, factor: f64) -> Result<TrainConfig> {
+        self.validate()?;
+        ensure!(examples > 0, InvalidArgument, "no training examples");
+        ensure!(
+            factor.is_finite() && factor >= 1.0,
+            InvalidArgument,
+            "update budget factor must be ≥ 1, got {factor}"
+        );
+        if factor == 1.0 {
+            return Ok(self.clone());
+        }
+        let updates = (self.total_steps(examples) as f64 * factor).ceil();
+        let per_epoch = examples.div_ceil(self.batch_size) as u64;
+        let epochs = (updates / per_epoch as f64).ceil();
+        ensure!(
+            epochs <= u32::MAX as f64,
+            InvalidArgument,
+            "{factor} × the updates of {} epochs is too many",
+            self.epochs
+        );
+        Ok(TrainConfig {
+            epochs: epochs as u32,
+            max_steps: Some(updates as u64),
+            ..self.clone()
+        })
+    }
 }
 
 /// How the run should behave around its own lifetime (not part of what is being trained, so
@@ -203,8 +238,7 @@ pub fn train<M: SequenceClassifier>(
     );
     let device = Device::Cpu;
     let batches_per_epoch = data.len().div_ceil(config.batch_size) as u64;
-    let total_steps =
-        (batches_per_epoch * config.epochs as u64).min(config.max_steps.unwrap_or(u64::MAX));
+    let total_steps = config.total_steps(data.len());
     let schedule = LinearSchedule {
         peak: config.learning_rate,
         warmup: (total_steps as f64 * config.warmup_fraction) as u64,
@@ -606,6 +640,39 @@ mod tests {
         std::fs::write(dir.path().join("state.json"), b"{").unwrap();
         let err = train(&model, model.named_vars(), &data, &quick_config(), &control).unwrap_err();
         assert!(err.to_string().contains("state.json"), "{err}");
+    }
+
+    #[test]
+    fn scaled_budgets_multiply_the_updates() {
+        let config = quick_config(); // 3 epochs of 16
+        assert_eq!(config.total_steps(100), 21); // 7 batches per epoch
+        assert_eq!(config.scaled(100, 1.0).unwrap(), config);
+        let twice = config.scaled(100, 2.0).unwrap();
+        assert_eq!((twice.epochs, twice.max_steps), (6, Some(42)));
+        assert_eq!(twice.total_steps(100), 42);
+        let odd = config.scaled(100, 1.5).unwrap(); // 31.5 → 32 updates, 5 epochs
+        assert_eq!((odd.epochs, odd.total_steps(100)), (5, 32));
+        let capped = TrainConfig {
+            max_steps: Some(10),
+            ..config.clone()
+        };
+        assert_eq!(capped.scaled(100, 4.0).unwrap().total_steps(100), 40);
+        // The scaled run really makes that many updates.
+        let data = synthetic_task(32, 14);
+        let model = TinyClassifier::new(4, 15);
+        let run = train(
+            &model,
+            model.named_vars(),
+            &data,
+            &capped.scaled(32, 3.0).unwrap(),
+            &RunControl::default(),
+        )
+        .unwrap();
+        assert_eq!(run.steps_done, 18); // 3 × min(2 × 3, 10)
+        for bad in [0.5, f64::NAN, f64::INFINITY, 1e12] {
+            assert!(config.scaled(100, bad).is_err(), "{bad}");
+        }
+        assert!(config.scaled(0, 2.0).is_err());
     }
 
     #[test]

@@ -416,7 +416,7 @@ impl SubstitutionTarget for TransformerTarget<'_> {
                 bound: request.bound,
                 ..self.train_config.loss
             },
-            ..self.train_config.clone()
+            ..self.train_config.scaled(self.train.len(), request.budget)?
         };
         let freeze = Freeze {
             embeddings: self.freeze_embeddings,

@@ -395,6 +395,44 @@ fn substitute_resumes_step_by_step_and_refuses_other_options() {
 }
 
 #[test]
+fn substitute_retries_rejected_steps_with_more_updates() {
+    let fx = Fixture::new();
+    finetune(&fx.finetune_options("ft")).unwrap();
+    let mut o = SubstituteOptions::new(fx.root.join("ft"), fx.data(), fx.root.join("retry"));
+    o.train = TrainConfig {
+        epochs: 1,
+        batch_size: 16,
+        learning_rate: 2e-3,
+        ..fx.finetune_options("unused").train
+    };
+    o.progress = false;
+    o.simulate_examples = 0;
+    o.substitution.stages = veil_train::substitute::paper_stages()[..1].to_vec();
+    // Only improvements pass, so steps get rejected and retried.
+    o.substitution.max_accuracy_drop = 0.0;
+    o.substitution.retries = 1;
+    let SubstituteOutcome::Finished(doc) = substitute(&o).unwrap() else {
+        panic!("stopped without a step limit")
+    };
+    let report = &doc.substitution;
+    let mut retried = 0;
+    for step in &report.steps {
+        let last = step.attempts.last().unwrap();
+        assert_eq!(step.accepted, last.accuracy > report.threshold);
+        assert_eq!(step.accuracy, last.accuracy);
+        assert_eq!(step.attempts[0].updates, 12); // 192 examples in batches of 16
+        if step.attempts.len() == 2 {
+            retried += 1;
+            assert!(step.attempts[0].accuracy <= report.threshold);
+            assert_eq!(step.attempts[1].updates, 24);
+        } else {
+            assert!(step.accepted, "{step:?}");
+        }
+    }
+    assert!(retried > 0, "{report:?}");
+}
+
+#[test]
 fn substitute_needs_a_trained_classifier() {
     let fx = Fixture::new();
     let mut opts = SubstituteOptions::new(fx.root.join("base"), fx.data(), fx.root.join("sub"));
