@@ -233,6 +233,10 @@ pub struct SubstituteArgs {
     /// Growth of the updates from one attempt of a step to the next (> 1).
     #[arg(long, default_value_t = 2.0)]
     retry_factor: f64,
+    /// Weight W of a distillation term towards --model (KL of the class distributions plus
+    /// the hidden states' mean squared difference) added to the loss; 0: off, as in the paper.
+    #[arg(long, default_value_t = 0.0)]
+    distill: f64,
 }
 
 pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
@@ -255,6 +259,7 @@ pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
     o.stop_after_steps = a.stop_after_steps;
     o.substitution.retries = a.retries;
     o.substitution.retry_factor = a.retry_factor;
+    o.train.loss.distill = a.distill;
     o.progress = !quiet;
     let doc = match veil_train::substitute(&o)? {
         SubstituteOutcome::Finished(doc) => doc,

@@ -1,7 +1,8 @@
 //! Fine-tuning with the bound loss, and the layer-by-layer substitution workflow (Algorithm 5).
 //!
 //! * [`batch`] — tokenised examples, padded batches, the [`SequenceClassifier`] trait;
-//! * [`loss`] — Eq. 1 of the paper: task + weight decay + hidden-state bound;
+//! * [`loss`] — Eq. 1 of the paper: task + weight decay + hidden-state bound, and an optional
+//!   distillation term towards a teacher model;
 //! * [`optim`] — AdamW with resumable state, linear warm-up/decay, gradient clipping;
 //! * [`init`] — seeded initialisation of new parameters;
 //! * [`checkpoint`] — crash-safe checkpoints for resuming a run;
@@ -35,7 +36,9 @@ pub use loss::LossWeights;
 pub use substitute::{
     run_substitution, Operator, Resume, RunOutcome, SubstitutionConfig, SubstitutionTarget,
 };
-pub use train::{evaluate, train, Evaluation, RunControl, TrainConfig, TrainSummary};
+pub use train::{
+    evaluate, train, train_with_teacher, Evaluation, RunControl, TrainConfig, TrainSummary,
+};
 pub use workflow::{
     finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions, SubstituteOutcome,
 };

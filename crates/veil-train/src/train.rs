@@ -229,7 +229,25 @@ pub fn train<M: SequenceClassifier>(
     config: &TrainConfig,
     control: &RunControl<'_>,
 ) -> Result<TrainSummary> {
+    train_with_teacher(model, None, trainable, data, config, control)
+}
+
+/// [`train`] with a frozen `teacher` for the distillation term of `config.loss` (needed when
+/// its weight is > 0). The teacher only runs forward; it is never updated.
+pub fn train_with_teacher<M: SequenceClassifier>(
+    model: &M,
+    teacher: Option<&dyn SequenceClassifier>,
+    trainable: Vec<(String, Var)>,
+    data: &[EncodedExample],
+    config: &TrainConfig,
+    control: &RunControl<'_>,
+) -> Result<TrainSummary> {
     config.validate()?;
+    ensure!(
+        config.loss.distill == 0.0 || teacher.is_some(),
+        InvalidArgument,
+        "the distillation weight is set but there is no teacher model"
+    );
     ensure!(!data.is_empty(), InvalidArgument, "no training examples");
     ensure!(
         !trainable.is_empty(),
@@ -305,14 +323,21 @@ pub fn train<M: SequenceClassifier>(
             .map(|&i| &data[i])
             .collect();
         let batch = Batch::new(&members, &device)?;
+        // The teacher first, detached at once, so its graph is gone before the student's.
+        let teacher_out = match teacher {
+            Some(t) if config.loss.distill > 0.0 => {
+                Some(t.forward(&batch).map_err(candle_err)?.detach())
+            }
+            _ => None,
+        };
         let out = model.forward(&batch).map_err(candle_err)?;
         let terms = combined_loss(
             &config.loss,
-            &out.logits,
+            &out,
             &batch.labels,
-            &out.hidden_states,
             &batch.attention_mask,
             &vars,
+            teacher_out.as_ref(),
         )?;
         let total: f32 = terms.total.to_scalar().map_err(candle_err)?;
         ensure!(
@@ -330,11 +355,16 @@ pub fn train<M: SequenceClassifier>(
         let done = step + 1;
         bar.set_position(done);
         bar.set_message(format!(
-            "epoch {} loss {:.4} (task {:.4} bound {:.3}) acc {:.1}%",
+            "epoch {} loss {:.4} (task {:.4} bound {:.3}{}) acc {:.1}%",
             epoch + 1,
             loss_sum / (done - first_step) as f64,
             terms.task,
             terms.bound,
+            if teacher_out.is_some() {
+                format!(" distill {:.4}", terms.distill)
+            } else {
+                String::new()
+            },
             100.0 * hits as f64 / seen as f64
         ));
         if let Some(dir) = control.checkpoint_dir {
@@ -547,14 +577,95 @@ mod tests {
         };
         let free = run(LossWeights::task_only());
         let bounded = run(LossWeights {
-            alpha1: 0.0,
             alpha2: 0.5,
             bound: Some(2.0),
+            ..LossWeights::task_only()
         });
         assert!(
             bounded < 0.5 * free,
             "bounded max |h| {bounded} vs unbounded {free}"
         );
+    }
+
+    /// Mean distillation term of `student` against `teacher` over `data`.
+    fn distill_term(
+        student: &TinyClassifier,
+        teacher: &TinyClassifier,
+        data: &[EncodedExample],
+    ) -> f32 {
+        let members: Vec<&EncodedExample> = data.iter().collect();
+        let batch = Batch::new(&members, &Device::Cpu).unwrap();
+        let (s, t) = (
+            student.forward(&batch).unwrap(),
+            teacher.forward(&batch).unwrap(),
+        );
+        crate::loss::distill_loss(&s, &t, &batch.attention_mask)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
+    #[test]
+    fn distillation_pulls_the_student_towards_a_frozen_teacher() {
+        let data = synthetic_task(128, 16);
+        let teacher = TinyClassifier::new(8, 17);
+        train(
+            &teacher,
+            teacher.named_vars(),
+            &data,
+            &quick_config(),
+            &RunControl::default(),
+        )
+        .unwrap();
+        let teacher_weights = teacher.snapshot();
+        assert!(distill_term(&teacher, &teacher, &data).abs() < 1e-6);
+        let twin = TinyClassifier::new(8, 17);
+        for ((_, a), (_, b)) in twin.named_vars().iter().zip(teacher.named_vars()) {
+            a.set(b.as_tensor()).unwrap();
+        }
+        assert!(
+            distill_term(&twin, &teacher, &data).abs() < 1e-6,
+            "student = teacher"
+        );
+
+        // Same start, trained with and without the term.
+        let student = TinyClassifier::new(8, 18);
+        let plain = TinyClassifier::new(8, 18);
+        let config = TrainConfig {
+            loss: LossWeights {
+                distill: 1.0,
+                ..LossWeights::task_only()
+            },
+            ..quick_config()
+        };
+        let before = distill_term(&student, &teacher, &data);
+        assert!(before > 0.05, "{before}");
+        let control = RunControl::default();
+        let vars = student.named_vars();
+        train_with_teacher(&student, Some(&teacher), vars, &data, &config, &control).unwrap();
+        let plain_config = TrainConfig {
+            loss: LossWeights::task_only(),
+            ..quick_config()
+        };
+        train(&plain, plain.named_vars(), &data, &plain_config, &control).unwrap();
+        let (after, without) = (
+            distill_term(&student, &teacher, &data),
+            distill_term(&plain, &teacher, &data),
+        );
+        assert!(
+            after < 0.7 * before && after < 0.7 * without,
+            "before {before}, after {after}, trained without the term {without}"
+        );
+        assert_eq!(teacher.snapshot(), teacher_weights, "the teacher moved");
+        let err = train(
+            &student,
+            student.named_vars(),
+            &data,
+            &config,
+            &RunControl::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("teacher"), "{err}");
     }
 
     #[test]

@@ -19,8 +19,8 @@ use crate::substitute::{
     SubstitutionTarget,
 };
 use crate::train::{
-    evaluate, fingerprint as data_fingerprint, train, Evaluation, Fnv, RunControl, TrainConfig,
-    TrainSummary,
+    evaluate, fingerprint as data_fingerprint, train, train_with_teacher, Evaluation, Fnv,
+    RunControl, TrainConfig, TrainSummary,
 };
 use crate::transformer::{Freeze, LoadInfo, TrainableTransformer};
 
@@ -92,6 +92,7 @@ pub struct SubstituteOptions {
     pub data: DataOptions,
     pub substitution: SubstitutionConfig,
     /// The fine-tuning after each substitution; its `loss.bound` is replaced by the stage's B.
+    /// With `loss.distill` > 0 the model in `model` is also the teacher of every step.
     pub train: TrainConfig,
     pub freeze_embeddings: Option<bool>,
     pub eval_batch_size: usize,
@@ -345,6 +346,8 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
 /// The real model behind Algorithm 5.
 struct TransformerTarget<'a> {
     model: TrainableTransformer,
+    /// The original model, for distillation (`train_config.loss.distill` > 0).
+    teacher: Option<TrainableTransformer>,
     train: &'a [EncodedExample],
     dev: &'a [EncodedExample],
     train_config: TrainConfig,
@@ -429,7 +432,11 @@ impl SubstitutionTarget for TransformerTarget<'_> {
             progress: self.progress,
         };
         let view = self.model.frozen_view(freeze);
-        let summary = train(&view, trainable, self.train, &config, &control)?;
+        let teacher = self
+            .teacher
+            .as_ref()
+            .map(|t| t as &dyn crate::SequenceClassifier);
+        let summary = train_with_teacher(&view, teacher, trainable, self.train, &config, &control)?;
         Ok(Finetuned {
             mean_loss: summary.mean_loss,
             updates: summary.total_steps,
@@ -516,6 +523,8 @@ fn run_fingerprint(
 /// it when run again with the same options. The folder stays when the run finishes (running
 /// again then only rewrites the model and the reports); remove it to start over.
 pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
+    // Bad settings fail now, not after the original model's evaluation.
+    opts.train.validate()?;
     let config = folder::load_config(&opts.model)?;
     let tokenizer = tokenizer_for(
         &opts.model,
@@ -542,8 +551,18 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
         .or(prior.as_ref().map(|r| r.freeze_embeddings))
         .unwrap_or(default_freeze(&model, None));
     let fingerprint = run_fingerprint(opts, &data, &model, freeze_embeddings)?;
+    // Loaded once from the source folder and never trained: every step distils towards the
+    // original model, also after a resume.
+    let teacher = if opts.train.loss.distill > 0.0 {
+        let (teacher, _) =
+            TrainableTransformer::load(&opts.model, data.labels.len(), None, opts.train.seed)?;
+        Some(teacher)
+    } else {
+        None
+    };
     let mut target = TransformerTarget {
         model,
+        teacher,
         train: &data.train,
         dev: &data.dev,
         train_config: opts.train.clone(),

@@ -433,6 +433,54 @@ fn substitute_retries_rejected_steps_with_more_updates() {
 }
 
 #[test]
+fn substitute_distils_towards_the_original_model() {
+    let fx = Fixture::new();
+    finetune(&fx.finetune_options("ft")).unwrap();
+    let options = |out: &str, distill: f64| {
+        let mut o = SubstituteOptions::new(fx.root.join("ft"), fx.data(), fx.root.join(out));
+        o.train = TrainConfig {
+            epochs: 1,
+            batch_size: 16,
+            learning_rate: 2e-3,
+            ..fx.finetune_options("unused").train
+        };
+        o.train.loss.distill = distill;
+        o.progress = false;
+        o.simulate_examples = 0;
+        o.substitution.stages = veil_train::substitute::paper_stages()[..1].to_vec();
+        o
+    };
+    let run = |o: &SubstituteOptions| match substitute(o).unwrap() {
+        SubstituteOutcome::Finished(doc) => doc.substitution,
+        stopped => panic!("{stopped:?}"),
+    };
+    let plain = run(&options("plain", 0.0));
+    let mut first = options("distilled", 1.0);
+    first.stop_after_steps = Some(1);
+    assert!(matches!(
+        substitute(&first).unwrap(),
+        SubstituteOutcome::Stopped { steps_done: 1, .. }
+    ));
+    // The weight is part of the run: progress made with it is not continued without it.
+    let err = substitute(&options("distilled", 0.0))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("differing: train_config"), "{err}");
+    let distilled = run(&options("distilled", 1.0));
+    assert_eq!(distilled.steps.len(), 2);
+    // The same first step (GELU in the top block), trained under a different loss.
+    assert!(
+        (distilled.steps[0].train_loss - plain.steps[0].train_loss).abs() > 1e-4,
+        "{distilled:?} {plain:?}"
+    );
+    let bad = options("bad", -1.0);
+    assert!(substitute(&bad)
+        .unwrap_err()
+        .to_string()
+        .contains("distillation"));
+}
+
+#[test]
 fn substitute_needs_a_trained_classifier() {
     let fx = Fixture::new();
     let mut opts = SubstituteOptions::new(fx.root.join("base"), fx.data(), fx.root.join("sub"));
