@@ -16,7 +16,8 @@ use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{Client, ClientModel, ClientOptions, PromptOptions, ServerModel};
 use veil_train::workflow::labelled_examples_for;
 use veil_train::{
-    DataOptions, FinetuneOptions, LossWeights, SubstituteOptions, SubstituteOutcome, TrainConfig,
+    BlockOrder, DataOptions, FinetuneOptions, LossWeights, Operator, SubstituteOptions,
+    SubstituteOutcome, TrainConfig,
 };
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -237,6 +238,31 @@ pub struct SubstituteArgs {
     /// the hidden states' mean squared difference) added to the loss; 0: off, as in the paper.
     #[arg(long, default_value_t = 0.0)]
     distill: f64,
+    /// Order in which each stage visits the blocks: down (n−1 … 0, the paper's) or up.
+    #[arg(long, value_enum, default_value_t = BlockOrderArg::Down)]
+    block_order: BlockOrderArg,
+    /// A stage's own peak learning rate, as OP=LR with OP one of gelu, softmax, ln1, ln2
+    /// (repeatable; other stages use --lr).
+    #[arg(long, value_name = "OP=LR", value_parser = parse_stage_lr)]
+    stage_lr: Vec<(Operator, f64)>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BlockOrderArg {
+    Down,
+    Up,
+}
+
+/// `OP=LR` of `--stage-lr`.
+fn parse_stage_lr(s: &str) -> std::result::Result<(Operator, f64), String> {
+    let (op, lr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not OP=LR"))?;
+    let op: Operator = op.parse().map_err(|e: veil_core::Error| e.to_string())?;
+    let lr: f64 = lr
+        .parse()
+        .map_err(|_| format!("{lr:?} is not a learning rate"))?;
+    Ok((op, lr))
 }
 
 pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
@@ -260,6 +286,26 @@ pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
     o.substitution.retries = a.retries;
     o.substitution.retry_factor = a.retry_factor;
     o.train.loss.distill = a.distill;
+    o.substitution.block_order = match a.block_order {
+        BlockOrderArg::Down => BlockOrder::Down,
+        BlockOrderArg::Up => BlockOrder::Up,
+    };
+    for (i, &(op, lr)) in a.stage_lr.iter().enumerate() {
+        ensure!(
+            a.stage_lr[..i].iter().all(|&(seen, _)| seen != op),
+            InvalidArgument,
+            "--stage-lr gives {} twice",
+            op.label()
+        );
+        for stage in o
+            .substitution
+            .stages
+            .iter_mut()
+            .filter(|s| s.operator == op)
+        {
+            stage.learning_rate = Some(lr);
+        }
+    }
     o.progress = !quiet;
     let doc = match veil_train::substitute(&o)? {
         SubstituteOutcome::Finished(doc) => doc,
@@ -281,7 +327,7 @@ pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
             "out": a.out,
             "original_accuracy": r.original.accuracy,
             "final_accuracy": r.final_evaluation.accuracy,
-            "replaced": veil_train::Operator::ALL.map(|op| (op.label(), r.replaced(op))),
+            "replaced": Operator::ALL.map(|op| (op.label(), r.replaced(op))),
             "resumed_steps": r.resumed_steps(),
             "reports": ["substitution.json", "substitution.md", "accuracy.svg"],
             "seconds": started.elapsed().as_secs_f64(),

@@ -34,7 +34,8 @@ mod tiny;
 pub use batch::{Batch, ClassifierOutput, EncodedExample, SequenceClassifier};
 pub use loss::LossWeights;
 pub use substitute::{
-    run_substitution, Operator, Resume, RunOutcome, SubstitutionConfig, SubstitutionTarget,
+    run_substitution, BlockOrder, Operator, Resume, RunOutcome, SubstitutionConfig,
+    SubstitutionTarget,
 };
 pub use train::{
     evaluate, train, train_with_teacher, Evaluation, RunControl, TrainConfig, TrainSummary,

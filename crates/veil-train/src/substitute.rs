@@ -1,8 +1,9 @@
 //! The substitution workflow (paper Algorithm 5, §3.3 and §4.2).
 //!
 //! For each operator type in turn (GELU → ReLU, Softmax → ReLU-normalise, LN1 and LN2 →
-//! centring plus affine), with that stage's hidden-state bound B, and for block i = n−1 down
-//! to 0: replace the operator in block i of the accepted model, fine-tune with blocks 0 … i−1
+//! centring plus affine), with that stage's hidden-state bound B (and optionally its own
+//! learning rate), and for block i = n−1 down to 0 (or, with [`BlockOrder::Up`], 0 up to
+//! n−1): replace the operator in block i of the accepted model, fine-tune with blocks 0 … i−1
 //! frozen, evaluate on dev, and keep the change only if accuracy > α − Δα, where α is the
 //! original model's accuracy.
 //! A rejected change is rolled back to the accepted model's parameters and variants; with
@@ -71,12 +72,32 @@ impl Operator {
     }
 }
 
+impl std::str::FromStr for Operator {
+    type Err = Error;
+
+    /// The label, in any case (`gelu`, `softmax`, `ln1`, `ln2`).
+    fn from_str(s: &str) -> Result<Operator> {
+        Operator::ALL
+            .into_iter()
+            .find(|op| op.label().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unknown operator {s:?}: expected GELU, Softmax, LN1 or LN2"
+                ))
+            })
+    }
+}
+
 /// One pass over all blocks for one operator type.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stage {
     pub operator: Operator,
     /// Hidden-state bound B for the fine-tuning of this stage (`None` = ∞).
     pub bound: Option<f64>,
+    /// Peak learning rate of this stage's fine-tuning (`None`: the training settings' own);
+    /// some operators recover with gentler or bolder steps than others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning_rate: Option<f64>,
 }
 
 /// The paper's schedule: GELU (B = ∞), Softmax (32), LN1 (24), LN2 (16).
@@ -85,8 +106,24 @@ pub fn paper_stages() -> Vec<Stage> {
     Operator::ALL
         .into_iter()
         .zip(bounds)
-        .map(|(operator, bound)| Stage { operator, bound })
+        .map(|(operator, bound)| Stage {
+            operator,
+            bound,
+            learning_rate: None,
+        })
         .collect()
+}
+
+/// The order in which a stage visits the blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BlockOrder {
+    /// n−1 down to 0, as the paper: each step trains only the blocks at and above the
+    /// replaced one, which were changed least by the stage so far.
+    #[default]
+    Down,
+    /// 0 up to n−1: each step can still adapt every block above the replaced one, including
+    /// the ones replaced later. Blocks below the replaced one stay frozen either way.
+    Up,
 }
 
 /// Settings of the workflow.
@@ -101,6 +138,7 @@ pub struct SubstitutionConfig {
     pub retries: u32,
     /// Budget growth per retry: retry r fine-tunes with `retry_factor`^r times the updates.
     pub retry_factor: f64,
+    pub block_order: BlockOrder,
 }
 
 impl Default for SubstitutionConfig {
@@ -110,6 +148,7 @@ impl Default for SubstitutionConfig {
             max_accuracy_drop: 0.02,
             retries: 0,
             retry_factor: 2.0,
+            block_order: BlockOrder::Down,
         }
     }
 }
@@ -142,15 +181,27 @@ impl SubstitutionConfig {
                     "stage bound must be > 0, got {b}"
                 );
             }
+            if let Some(lr) = stage.learning_rate {
+                ensure!(
+                    lr.is_finite() && lr > 0.0,
+                    InvalidArgument,
+                    "{} stage learning rate must be > 0, got {lr}",
+                    stage.operator.label()
+                );
+            }
         }
         Ok(())
     }
 
     /// Every step in order: (stage, block).
     fn schedule(&self, blocks: usize) -> Vec<(Stage, usize)> {
+        let order: Vec<usize> = match self.block_order {
+            BlockOrder::Down => (0..blocks).rev().collect(),
+            BlockOrder::Up => (0..blocks).collect(),
+        };
         self.stages
             .iter()
-            .flat_map(|&stage| (0..blocks).rev().map(move |block| (stage, block)))
+            .flat_map(|&stage| order.iter().map(move |&block| (stage, block)))
             .collect()
     }
 }
@@ -166,6 +217,8 @@ pub struct FinetuneRequest<'a> {
     /// Multiple of the configured number of updates: 1 for a step's first attempt, F^r for
     /// its r-th retry.
     pub budget: f64,
+    /// The stage's learning rate, if it has its own.
+    pub learning_rate: Option<f64>,
     /// Where the run keeps its training checkpoint; one found there is continued (the run was
     /// interrupted). `None`: no checkpoints.
     pub checkpoint_dir: Option<&'a Path>,
@@ -567,6 +620,7 @@ pub fn run_substitution<T: SubstitutionTarget>(
                 block,
                 bound: stage.bound,
                 budget: config.retry_factor.powi(attempt as i32),
+                learning_rate: stage.learning_rate,
                 checkpoint_dir: checkpoint.as_deref(),
             })?;
             let eval = target.evaluate()?;
@@ -652,8 +706,9 @@ pub(crate) mod tests {
         pub replaced: Vec<(Operator, usize)>,
         pub accuracies: VecDeque<f64>,
         pub finetuned: Vec<(Operator, usize, Option<f64>)>,
-        /// The budget of every fine-tuning.
+        /// The budget and learning rate of every fine-tuning.
         pub budgets: Vec<f64>,
+        pub learning_rates: Vec<Option<f64>>,
         pub evaluated_states: Vec<Vec<(Operator, usize)>>,
         /// The fine-tuning call (0-based) in which "the process is killed": it fails after
         /// writing its checkpoint.
@@ -670,6 +725,7 @@ pub(crate) mod tests {
                 accuracies: accuracies.iter().copied().collect(),
                 finetuned: vec![],
                 budgets: vec![],
+                learning_rates: vec![],
                 evaluated_states: vec![],
                 kill_at_finetune: None,
                 continued: vec![],
@@ -710,6 +766,7 @@ pub(crate) mod tests {
         fn finetune(&mut self, r: &FinetuneRequest<'_>) -> Result<Finetuned> {
             self.finetuned.push((r.operator, r.block, r.bound));
             self.budgets.push(r.budget);
+            self.learning_rates.push(r.learning_rate);
             let mut resumed_from = None;
             if let Some(dir) = r.checkpoint_dir {
                 if dir.join("marker").exists() {
@@ -1048,6 +1105,60 @@ pub(crate) mod tests {
         assert!(report.steps.iter().all(|s| s.attempts.len() == 1));
         assert_eq!(target.budgets, [1.0; 4]);
         assert_eq!(SubstitutionConfig::default().retries, 0);
+    }
+
+    #[test]
+    fn blocks_upwards_and_stage_learning_rates() {
+        use Operator::*;
+        let mut stages = paper_stages();
+        stages[1].learning_rate = Some(1e-4);
+        let config = SubstitutionConfig {
+            stages,
+            block_order: BlockOrder::Up,
+            ..SubstitutionConfig::default()
+        };
+        let mut target = ScriptedTarget::new(2, &SCRIPT);
+        let report = run_substitution(&mut target, &config, None, |_| {})
+            .unwrap()
+            .finished()
+            .unwrap();
+        let order: Vec<(Operator, usize)> =
+            report.steps.iter().map(|s| (s.operator, s.block)).collect();
+        assert_eq!(
+            order[..4],
+            [(Gelu, 0), (Gelu, 1), (Softmax, 0), (Softmax, 1)]
+        );
+        // Same script as the downward test: the same decisions, now on the other blocks.
+        assert_eq!(
+            target.replaced,
+            [(Gelu, 0), (Gelu, 1), (Softmax, 1), (LayerNorm2, 0)]
+        );
+        assert_eq!(report.stages[1].replaced_blocks, [1]);
+        assert_eq!(
+            target.learning_rates,
+            [None, None, Some(1e-4), Some(1e-4), None, None, None, None]
+        );
+        let bad = SubstitutionConfig {
+            stages: vec![Stage {
+                learning_rate: Some(0.0),
+                ..paper_stages()[0]
+            }],
+            ..SubstitutionConfig::default()
+        };
+        let err = run_substitution(&mut target, &bad, None, |_| {}).unwrap_err();
+        assert!(
+            err.to_string().contains("GELU stage learning rate"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn operators_parse_from_their_labels() {
+        for op in Operator::ALL {
+            assert_eq!(op.label().parse::<Operator>().unwrap(), op);
+            assert_eq!(op.label().to_lowercase().parse::<Operator>().unwrap(), op);
+        }
+        assert!("layernorm".parse::<Operator>().is_err());
     }
 
     #[test]

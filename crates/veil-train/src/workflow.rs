@@ -414,12 +414,14 @@ impl SubstitutionTarget for TransformerTarget<'_> {
     /// projections of the block trainable; they belong to block `block`, which is trainable
     /// anyway, so every operator uses the same rule.
     fn finetune(&mut self, request: &FinetuneRequest<'_>) -> Result<Finetuned> {
+        let scaled = self.train_config.scaled(self.train.len(), request.budget)?;
         let config = TrainConfig {
             loss: crate::LossWeights {
                 bound: request.bound,
                 ..self.train_config.loss
             },
-            ..self.train_config.scaled(self.train.len(), request.budget)?
+            learning_rate: request.learning_rate.unwrap_or(scaled.learning_rate),
+            ..scaled
         };
         let freeze = Freeze {
             embeddings: self.freeze_embeddings,

@@ -481,6 +481,38 @@ fn substitute_distils_towards_the_original_model() {
 }
 
 #[test]
+fn substitute_trains_a_stage_at_its_own_learning_rate() {
+    let fx = Fixture::new();
+    finetune(&fx.finetune_options("ft")).unwrap();
+    let run = |out: &str, learning_rate: Option<f64>| {
+        let mut o = SubstituteOptions::new(fx.root.join("ft"), fx.data(), fx.root.join(out));
+        o.train = TrainConfig {
+            epochs: 1,
+            batch_size: 16,
+            learning_rate: 2e-3,
+            ..fx.finetune_options("unused").train
+        };
+        o.progress = false;
+        o.simulate_examples = 0;
+        o.substitution.stages = veil_train::substitute::paper_stages()[..1].to_vec();
+        o.substitution.stages[0].learning_rate = learning_rate;
+        o.stop_after_steps = Some(1);
+        substitute(&o).unwrap();
+        // The stopped run's record of its one step.
+        let progress = std::fs::read(fx.root.join(out).join("progress/progress.json")).unwrap();
+        let progress: serde_json::Value = serde_json::from_slice(&progress).unwrap();
+        progress["steps"][0]["train_loss"].as_f64().unwrap()
+    };
+    let (default, same, frozen) = (
+        run("default", None),
+        run("same", Some(2e-3)),
+        run("frozen", Some(1e-12)),
+    );
+    assert!((default - same).abs() < 1e-6, "{default} vs {same}");
+    assert!((default - frozen).abs() > 1e-3, "{default} vs {frozen}");
+}
+
+#[test]
 fn substitute_needs_a_trained_classifier() {
     let fx = Fixture::new();
     let mut opts = SubstituteOptions::new(fx.root.join("base"), fx.data(), fx.root.join("sub"));
