@@ -141,6 +141,9 @@ pub struct SubstitutionConfig {
     pub block_order: BlockOrder,
 }
 
+/// Far more retries than any budget allows (each one multiplies the updates).
+const MAX_RETRIES: u32 = 64;
+
 impl Default for SubstitutionConfig {
     fn default() -> Self {
         SubstitutionConfig {
@@ -165,6 +168,12 @@ impl SubstitutionConfig {
             !self.stages.is_empty(),
             InvalidArgument,
             "no substitution stages"
+        );
+        ensure!(
+            self.retries <= MAX_RETRIES,
+            InvalidArgument,
+            "at most {MAX_RETRIES} retries, got {}",
+            self.retries
         );
         // Retrying with the same budget would repeat the same seeded run.
         ensure!(
@@ -403,7 +412,7 @@ impl<'a> Store<'a> {
     }
 
     /// Saved progress, checked against this run's fingerprint and schedule.
-    fn load(&self, schedule: &[(Stage, usize)]) -> Result<Option<SavedProgress>> {
+    fn load(&self, schedule: &[(Stage, usize)], retries: u32) -> Result<Option<SavedProgress>> {
         let path = self.path();
         if !path.exists() {
             return Ok(None);
@@ -450,6 +459,20 @@ impl<'a> Store<'a> {
                     .all(|(s, (stage, block))| s.operator == stage.operator && s.block == *block),
             Malformed,
             "{}: its steps do not follow the schedule",
+            path.display()
+        );
+        // Pending attempts belong to an unfinished step and are all retried but the last.
+        ensure!(
+            saved.pending.is_empty()
+                || (saved.steps.len() < schedule.len()
+                    && saved.pending.len() <= retries as usize
+                    && saved
+                        .pending
+                        .iter()
+                        .enumerate()
+                        .all(|(i, a)| a.attempt as usize == i)),
+            Malformed,
+            "{}: its pending attempts do not fit the run",
             path.display()
         );
         if let Some(state) = &saved.state {
@@ -560,7 +583,7 @@ pub fn run_substitution<T: SubstitutionTarget>(
     let schedule = config.schedule(n);
     let store = resume.map(|r| Store::new(r, config, n)).transpose()?;
     let saved = match &store {
-        Some(store) => store.load(&schedule)?,
+        Some(store) => store.load(&schedule, config.retries)?,
         None => None,
     };
     let mut progress = match (saved, &store) {
@@ -875,7 +898,7 @@ pub(crate) mod tests {
             ..Default::default()
         };
         assert!(run_substitution(&mut target, &no_stages, None, |_| {}).is_err());
-        for (retries, retry_factor) in [(1, 1.0), (1, 0.5), (1, f64::NAN), (400, 10.0)] {
+        for (retries, retry_factor) in [(1, 1.0), (1, 0.5), (1, f64::NAN), (60, 1e10)] {
             let bad_retry = SubstitutionConfig {
                 retries,
                 retry_factor,
@@ -884,6 +907,13 @@ pub(crate) mod tests {
             let err = run_substitution(&mut target, &bad_retry, None, |_| {}).unwrap_err();
             assert!(err.to_string().contains("retry factor"), "{err}");
         }
+        let too_many = SubstitutionConfig {
+            retries: u32::MAX,
+            retry_factor: 1.000001,
+            ..Default::default()
+        };
+        let err = run_substitution(&mut target, &too_many, None, |_| {}).unwrap_err();
+        assert!(err.to_string().contains("at most"), "{err}");
         assert!(target.finetuned.is_empty());
         let mut empty = ScriptedTarget::new(0, &[0.9]);
         assert!(
@@ -1217,6 +1247,14 @@ pub(crate) mod tests {
             (good.replace("\"state-1\"", "\"state-2\""), "state folder"),
             (good.replace("\"block\": 0", "\"block\": 7"), "schedule"),
             (good.replace("\"version\": 1", "\"version\": 9"), "version"),
+            (
+                good.replace(
+                    "\"pending\": []",
+                    r#""pending": [{"attempt": 0, "updates": 1, "train_loss": 0.5, "accuracy": 0.1,
+                        "max_abs_hidden": [], "resumed_from": null, "seconds": 0.0}]"#,
+                ),
+                "pending attempts",
+            ),
         ] {
             assert_ne!(bad, good);
             std::fs::write(&path, &bad).unwrap();
