@@ -18,9 +18,8 @@
 //!
 //! * `progress.json` — a [`SavedProgress`]: fingerprint, original and accepted evaluations,
 //!   completed steps, rejected attempts of the step in progress, and the name of the state
-//!   folder. Written last and atomically (temporary
-//!   file + rename), so it always names a complete state: a crash leaves the previous step's
-//!   progress valid.
+//!   folder. Written last and atomically (temporary file + rename), so it always names a
+//!   complete state: a crash leaves the previous step's progress valid.
 //! * `state-<k>/` — the accepted model after step k (whatever the target's `save` writes; for
 //!   the transformer `params.safetensors` and `variants.json`). Absent until a step is
 //!   accepted: the starting model is the state then. Older states are removed once superseded.
