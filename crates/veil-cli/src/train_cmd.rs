@@ -7,7 +7,10 @@ use std::time::Instant;
 use clap::{Args, ValueEnum};
 use veil_core::{ensure, Result};
 use veil_model::data::{Columns, DatasetFormat};
-use veil_train::{DataOptions, FinetuneOptions, LossWeights, SubstituteOptions, TrainConfig};
+use veil_train::{
+    BlockOrder, DataOptions, FinetuneOptions, LossWeights, Operator, SubstituteOptions,
+    SubstituteOutcome, TrainConfig,
+};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum FormatArg {
@@ -212,6 +215,46 @@ pub struct SubstituteArgs {
     simulate: usize,
     #[arg(long)]
     freeze_embeddings: Option<bool>,
+    /// Stop after this many steps (of 4 × blocks); running the same command again resumes from
+    /// OUT/progress, as it does after an interruption.
+    #[arg(long)]
+    stop_after_steps: Option<usize>,
+    /// Retry a rejected step up to N times from the accepted model, each with --retry-factor
+    /// times the previous attempt's updates, before rolling it back (0: the paper's one try).
+    #[arg(long, default_value_t = 0)]
+    retries: u32,
+    /// Growth of the updates from one attempt of a step to the next (> 1).
+    #[arg(long, default_value_t = 2.0)]
+    retry_factor: f64,
+    /// Weight W of a distillation term towards --model (KL of the class distributions plus
+    /// the hidden states' mean squared difference) added to the loss; 0: off, as in the paper.
+    #[arg(long, default_value_t = 0.0)]
+    distill: f64,
+    /// Order in which each stage visits the blocks: down (n−1 … 0, the paper's) or up.
+    #[arg(long, value_enum, default_value_t = BlockOrderArg::Down)]
+    block_order: BlockOrderArg,
+    /// A stage's own peak learning rate, as OP=LR with OP one of gelu, softmax, ln1, ln2
+    /// (repeatable; other stages use --lr).
+    #[arg(long, value_name = "OP=LR", value_parser = parse_stage_lr)]
+    stage_lr: Vec<(Operator, f64)>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BlockOrderArg {
+    Down,
+    Up,
+}
+
+/// `OP=LR` of `--stage-lr`.
+fn parse_stage_lr(s: &str) -> std::result::Result<(Operator, f64), String> {
+    let (op, lr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not OP=LR"))?;
+    let op: Operator = op.parse().map_err(|e: veil_core::Error| e.to_string())?;
+    let lr: f64 = lr
+        .parse()
+        .map_err(|_| format!("{lr:?} is not a learning rate"))?;
+    Ok((op, lr))
 }
 
 pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
@@ -231,16 +274,53 @@ pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
     o.substitution.max_accuracy_drop = a.max_drop / 100.0;
     o.simulate_examples = a.simulate;
     o.freeze_embeddings = a.freeze_embeddings;
+    o.stop_after_steps = a.stop_after_steps;
+    o.substitution.retries = a.retries;
+    o.substitution.retry_factor = a.retry_factor;
+    o.train.loss.distill = a.distill;
+    o.substitution.block_order = match a.block_order {
+        BlockOrderArg::Down => BlockOrder::Down,
+        BlockOrderArg::Up => BlockOrder::Up,
+    };
+    for (i, &(op, lr)) in a.stage_lr.iter().enumerate() {
+        ensure!(
+            a.stage_lr[..i].iter().all(|&(seen, _)| seen != op),
+            InvalidArgument,
+            "--stage-lr gives {} twice",
+            op.label()
+        );
+        for stage in o
+            .substitution
+            .stages
+            .iter_mut()
+            .filter(|s| s.operator == op)
+        {
+            stage.learning_rate = Some(lr);
+        }
+    }
     o.progress = !quiet;
-    let out = veil_train::substitute(&o)?;
-    let r = &out.report.substitution;
+    let doc = match veil_train::substitute(&o)? {
+        SubstituteOutcome::Finished(doc) => doc,
+        SubstituteOutcome::Stopped {
+            steps_done,
+            total_steps,
+        } => {
+            println!(
+                "stopped after {steps_done} of {total_steps} steps; run the same command again \
+                 to resume"
+            );
+            return Ok(());
+        }
+    };
+    let r = &doc.substitution;
     println!(
         "{}",
         serde_json::json!({
             "out": a.out,
             "original_accuracy": r.original.accuracy,
             "final_accuracy": r.final_evaluation.accuracy,
-            "replaced": veil_train::Operator::ALL.map(|op| (op.label(), r.replaced(op))),
+            "replaced": Operator::ALL.map(|op| (op.label(), r.replaced(op))),
+            "resumed_steps": r.resumed_steps(),
             "reports": ["substitution.json", "substitution.md", "accuracy.svg"],
             "seconds": started.elapsed().as_secs_f64(),
         })

@@ -577,3 +577,121 @@ fn accept_errors_are_backed_off_and_the_server_recovers() {
     assert!(failed < 40, "{failed} accept errors logged: a loop\n{text}");
     assert!(text.contains("timed out"), "{text}");
 }
+
+#[test]
+fn substitute_stops_resumes_and_takes_its_levers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, tuned, sub, data) = (
+        tmp.path().join("base"),
+        tmp.path().join("tuned"),
+        tmp.path().join("sub"),
+        tmp.path().join("data.txt"),
+    );
+    tiny_folder(&base, 0, 3);
+    data_file(&data);
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    veil_ok(&[
+        "finetune",
+        "--model",
+        &s(&base),
+        "--train",
+        &s(&data),
+        "--dev",
+        &s(&data),
+        "--out",
+        &s(&tuned),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--lr",
+        "3e-3",
+        "--quiet",
+    ]);
+    let substitute = |extra: &[&str]| {
+        let mut args = vec![
+            "substitute",
+            "--model",
+            &s(&tuned),
+            "--train",
+            &s(&data),
+            "--dev",
+            &s(&data),
+            "--out",
+            &s(&sub),
+            "--batch-size",
+            "8",
+            "--max-steps",
+            "2",
+            "--simulate",
+            "0",
+            "--retries",
+            "1",
+            "--retry-factor",
+            "1.5",
+            "--distill",
+            "0.5",
+            "--block-order",
+            "up",
+            "--stage-lr",
+            "softmax=1e-3",
+            "--stage-lr",
+            "LN2=2e-3",
+            "--quiet",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        veil(&args)
+    };
+    let out = substitute(&["--stop-after-steps", "2"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("stopped after 2 of 4 steps"), "{said}");
+
+    let out = substitute(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["resumed_steps"], 2, "{r}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(sub.join("substitution.json")).unwrap()).unwrap();
+    let steps = report["substitution"]["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 4);
+    for step in steps {
+        let attempts = step["attempts"].as_array().unwrap();
+        assert_eq!(attempts[0]["updates"], 2);
+        if attempts.len() == 2 {
+            assert_eq!(attempts[1]["updates"], 3);
+        }
+    }
+
+    // Other options do not continue this run; bad levers are refused before any work.
+    let out = substitute(&["--max-drop", "3"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("differing: substitution"), "{err}");
+    for (args, says) in [
+        (&["--stage-lr", "layernorm=1e-3"][..], "unknown operator"),
+        (&["--stage-lr", "gelu"][..], "OP=LR"),
+        (&["--stage-lr", "gelu=fast"][..], "learning rate"),
+        (
+            &["--stage-lr", "gelu=1e-3", "--stage-lr", "GELU=2e-3"][..],
+            "twice",
+        ),
+    ] {
+        let out = substitute(args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use veil_model::data::{shared_dataset, DatasetFormat};
 use veil_train::workflow::labelled_examples;
-use veil_train::{finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions};
+use veil_train::{
+    finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions, SubstituteOutcome,
+};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -58,8 +60,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if let Some(a) = alpha1 {
                 opts.train.loss.alpha1 = a;
             }
-            let out = substitute(&opts)?;
-            println!("{}", serde_json::to_string(&out.report)?);
+            match substitute(&opts)? {
+                SubstituteOutcome::Finished(report) => {
+                    println!("{}", serde_json::to_string(&report)?)
+                }
+                SubstituteOutcome::Stopped {
+                    steps_done,
+                    total_steps,
+                } => println!("stopped after {steps_done} of {total_steps} steps"),
+            }
             println!("seconds {}", started.elapsed().as_secs_f64());
         }
         Some("simulate") if args.len() == 3 => {

@@ -75,6 +75,17 @@ pub struct ClassifierOutput {
     pub hidden_states: Vec<Tensor>,
 }
 
+impl ClassifierOutput {
+    /// The same values cut from the autograd graph, which is freed with the originals (a
+    /// teacher's outputs need no gradient, and its graph would double a step's memory).
+    pub fn detach(&self) -> ClassifierOutput {
+        ClassifierOutput {
+            logits: self.logits.detach(),
+            hidden_states: self.hidden_states.iter().map(Tensor::detach).collect(),
+        }
+    }
+}
+
 /// A model the trainer can fine-tune: a differentiable forward pass over a batch.
 pub trait SequenceClassifier {
     fn forward(&self, batch: &Batch) -> candle_core::Result<ClassifierOutput>;

@@ -38,7 +38,7 @@ fn optimizer_file(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("optimizer-{step}.safetensors"))
 }
 
-fn io_err(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
+pub(crate) fn io_err(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Other(format!("{what} {}: {e}", path.display()))
 }
 
@@ -53,16 +53,24 @@ pub fn save(dir: &Path, params: &[(String, Var)], opt: &AdamW, state: &TrainStat
     candle_core::safetensors::save(&tensors, params_file(dir, state.step)).map_err(candle_err)?;
     candle_core::safetensors::save(&opt.state_tensors(), optimizer_file(dir, state.step))
         .map_err(candle_err)?;
-    let tmp = dir.join("state.json.tmp");
-    let json = serde_json::to_vec_pretty(state).map_err(|e| Error::Other(e.to_string()))?;
-    std::fs::write(&tmp, json).map_err(|e| io_err("cannot write", &tmp, e))?;
-    std::fs::rename(&tmp, dir.join(STATE_FILE)).map_err(|e| io_err("cannot commit", dir, e))?;
+    write_json_atomically(&dir.join(STATE_FILE), state)?;
     if let Some(old) = previous.filter(|&s| s != state.step) {
         // Best effort: a leftover old file is harmless, state.json no longer points at it.
         let _ = std::fs::remove_file(params_file(dir, old));
         let _ = std::fs::remove_file(optimizer_file(dir, old));
     }
     Ok(())
+}
+
+/// Writes `value` as JSON to `path` through a temporary file and a rename, so a reader sees the
+/// old or the new content, never a torn one.
+pub(crate) fn write_json_atomically(path: &Path, value: &impl Serialize) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let json = serde_json::to_vec_pretty(value).map_err(|e| Error::Other(e.to_string()))?;
+    std::fs::write(&tmp, json).map_err(|e| io_err("cannot write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io_err("cannot commit", path, e))
 }
 
 /// Reads `state.json` if the folder has a checkpoint.

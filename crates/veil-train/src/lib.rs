@@ -1,12 +1,14 @@
 //! Fine-tuning with the bound loss, and the layer-by-layer substitution workflow (Algorithm 5).
 //!
 //! * [`batch`] — tokenised examples, padded batches, the [`SequenceClassifier`] trait;
-//! * [`loss`] — Eq. 1 of the paper: task + weight decay + hidden-state bound;
+//! * [`loss`] — Eq. 1 of the paper: task + weight decay + hidden-state bound, and an optional
+//!   distillation term towards a teacher model;
 //! * [`optim`] — AdamW with resumable state, linear warm-up/decay, gradient clipping;
 //! * [`init`] — seeded initialisation of new parameters;
 //! * [`checkpoint`] — crash-safe checkpoints for resuming a run;
 //! * [`train`] — the fine-tuning loop and evaluation;
-//! * [`substitute`] — Algorithm 5, generic over a [`SubstitutionTarget`];
+//! * [`substitute`] — Algorithm 5, generic over a [`SubstitutionTarget`], resumable step by
+//!   step from a progress folder;
 //! * [`report`] — JSON, Markdown and SVG reports of a substitution run;
 //! * [`transformer`] — a veil-model transformer made trainable (VarMap, freezing, variants);
 //! * [`fixed_check`] — overflow check of a model in veil-model's fixed-point simulator;
@@ -31,9 +33,16 @@ mod tiny;
 
 pub use batch::{Batch, ClassifierOutput, EncodedExample, SequenceClassifier};
 pub use loss::LossWeights;
-pub use substitute::{run_substitution, Operator, SubstitutionConfig, SubstitutionTarget};
-pub use train::{evaluate, train, Evaluation, RunControl, TrainConfig, TrainSummary};
-pub use workflow::{finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions};
+pub use substitute::{
+    run_substitution, BlockOrder, Operator, Resume, RunOutcome, SubstitutionConfig,
+    SubstitutionTarget,
+};
+pub use train::{
+    evaluate, train, train_with_teacher, Evaluation, RunControl, TrainConfig, TrainSummary,
+};
+pub use workflow::{
+    finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions, SubstituteOutcome,
+};
 
 /// candle's errors into Veil's (the orphan rule forbids a `From` impl between two foreign types).
 pub(crate) fn candle_err(e: candle_core::Error) -> veil_core::Error {

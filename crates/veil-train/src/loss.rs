@@ -18,22 +18,38 @@
 //!   the same for every model size and the term acts as a mild L2 pull towards zero.
 //! * L_bound is computed per example (the paper's "for some sample x") over its non-padding
 //!   positions and averaged over the batch.
+//!
+//! Beyond the paper, an optional distillation term (as MPCFormer does) pulls a substituted
+//! model towards the original one, whose outputs say more per example than the labels do:
+//! L += W·L_distill, L_distill = KL(p_teacher ‖ p_student) of the class distributions at
+//! temperature 1, plus the mean over blocks of the mean squared difference of the hidden
+//! states over real tokens. W = 0 (the default) is the paper's loss.
 
 use candle_core::{DType, Tensor, Var, D};
 use serde::{Deserialize, Serialize};
-use veil_core::{ensure, Result};
+use veil_core::{bail, ensure, Result};
 
+use crate::batch::ClassifierOutput;
 use crate::candle_err;
 
 /// Keeps the gradient of the L2 norm finite at zero: ‖x‖ ≈ sqrt(‖x‖² + ε²) − ε, off by < ε.
 const NORM_EPS: f64 = 1e-6;
 
-/// α1, α2 and the bound B of Eq. 1. `bound: None` is B = ∞ (no bound control).
+/// α1, α2 and the bound B of Eq. 1, and the weight W of the distillation term. `bound: None`
+/// is B = ∞ (no bound control).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LossWeights {
     pub alpha1: f64,
     pub alpha2: f64,
     pub bound: Option<f64>,
+    /// W; 0 turns distillation off. Left out of the JSON when 0, so settings saved before it
+    /// existed (checkpoints, fingerprints) still compare equal.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub distill: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl LossWeights {
@@ -43,6 +59,7 @@ impl LossWeights {
             alpha1: 0.1,
             alpha2: 0.2,
             bound,
+            distill: 0.0,
         }
     }
 
@@ -52,6 +69,7 @@ impl LossWeights {
             alpha1: 0.0,
             alpha2: 0.0,
             bound: None,
+            distill: 0.0,
         }
     }
 
@@ -70,16 +88,23 @@ impl LossWeights {
                 "bound B must be > 0, got {b}"
             );
         }
+        ensure!(
+            self.distill.is_finite() && self.distill >= 0.0,
+            InvalidArgument,
+            "distillation weight must be ≥ 0, got {}",
+            self.distill
+        );
         Ok(())
     }
 }
 
-/// The total loss (for backpropagation) and its three terms (for logging).
+/// The total loss (for backpropagation) and its terms (for logging).
 pub struct LossTerms {
     pub total: Tensor,
     pub task: f32,
     pub decay: f32,
     pub bound: f32,
+    pub distill: f32,
 }
 
 /// Mean cross-entropy of `logits` (batch × classes) against `labels` (batch, u32).
@@ -142,35 +167,107 @@ pub fn bound_loss(hidden_states: &[Tensor], mask: &Tensor, bound: f64) -> Result
     total.expect("non-empty").mean_all().map_err(candle_err)
 }
 
-/// Eq. 1 for one batch. `trainable` are the parameters the decay term applies to.
+/// L_distill of the module docs for one batch (`mask` as for [`bound_loss`]). The teacher's
+/// outputs are detached here, so no gradient ever reaches the teacher.
+pub fn distill_loss(
+    student: &ClassifierOutput,
+    teacher: &ClassifierOutput,
+    mask: &Tensor,
+) -> Result<Tensor> {
+    let blocks = student.hidden_states.len();
+    ensure!(
+        blocks > 0 && blocks == teacher.hidden_states.len(),
+        InvalidArgument,
+        "distillation needs the hidden states of every block of both models (student {blocks}, \
+         teacher {})",
+        teacher.hidden_states.len()
+    );
+    ensure!(
+        student.logits.dims() == teacher.logits.dims(),
+        InvalidArgument,
+        "student logits {:?} and teacher logits {:?} differ in shape",
+        student.logits.dims(),
+        teacher.logits.dims()
+    );
+    for (s, t) in student.hidden_states.iter().zip(&teacher.hidden_states) {
+        ensure!(
+            s.rank() == 3 && s.dims() == t.dims(),
+            InvalidArgument,
+            "hidden states {:?} and {:?}: need equal batch × seq × hidden",
+            s.dims(),
+            t.dims()
+        );
+    }
+    (|| {
+        let log_s = candle_nn::ops::log_softmax(&student.logits, D::Minus1)?;
+        let log_t = candle_nn::ops::log_softmax(&teacher.logits.detach(), D::Minus1)?;
+        let kl = (log_t.exp()? * (log_t - log_s)?)?
+            .sum(D::Minus1)?
+            .mean_all()?;
+        let mask = mask.to_dtype(DType::F32)?;
+        let hidden = student.hidden_states[0].dim(2)?;
+        // Real-token entries per block, ≥ 1 for any batch of non-empty examples.
+        let entries = (mask.sum_all()? * hidden as f64)?;
+        let mask = mask.unsqueeze(D::Minus1)?;
+        let mut squares: Option<Tensor> = None;
+        for (s, t) in student.hidden_states.iter().zip(&teacher.hidden_states) {
+            let sq = (s - t.detach())?.broadcast_mul(&mask)?.sqr()?.sum_all()?;
+            squares = Some(match squares {
+                None => sq,
+                Some(acc) => (acc + sq)?,
+            });
+        }
+        let mse = match squares {
+            Some(sq) => (sq / entries)? / blocks as f64,
+            None => candle_core::bail!("no hidden states"),
+        }?;
+        kl + mse
+    })()
+    .map_err(candle_err)
+}
+
+/// Eq. 1 for one batch, plus the distillation term towards `teacher`'s outputs on the same
+/// batch when `weights.distill` > 0. `trainable` are the parameters the decay term applies to.
 pub fn combined_loss(
     weights: &LossWeights,
-    logits: &Tensor,
+    out: &ClassifierOutput,
     labels: &Tensor,
-    hidden_states: &[Tensor],
     mask: &Tensor,
     trainable: &[Var],
+    teacher: Option<&ClassifierOutput>,
 ) -> Result<LossTerms> {
     weights.validate()?;
-    let task = task_loss(logits, labels)?;
+    let task = task_loss(&out.logits, labels)?;
     let mut total = (&task * (1.0 - weights.alpha1 - weights.alpha2)).map_err(candle_err)?;
     let scalar = |t: &Tensor| t.to_dtype(DType::F32).and_then(|t| t.to_scalar::<f32>());
-    let mut terms = (scalar(&task).map_err(candle_err)?, 0.0, 0.0);
+    let mut terms = (scalar(&task).map_err(candle_err)?, 0.0, 0.0, 0.0);
     if weights.alpha1 > 0.0 {
         let decay = decay_loss(trainable)?;
         terms.1 = scalar(&decay).map_err(candle_err)?;
         total = (total + (decay * weights.alpha1).map_err(candle_err)?).map_err(candle_err)?;
     }
     if let (Some(b), true) = (weights.bound, weights.alpha2 > 0.0) {
-        let bound = bound_loss(hidden_states, mask, b)?;
+        let bound = bound_loss(&out.hidden_states, mask, b)?;
         terms.2 = scalar(&bound).map_err(candle_err)?;
         total = (total + (bound * weights.alpha2).map_err(candle_err)?).map_err(candle_err)?;
+    }
+    if weights.distill > 0.0 {
+        let Some(teacher) = teacher else {
+            bail!(
+                InvalidArgument,
+                "the distillation weight is set but there is no teacher model"
+            )
+        };
+        let distill = distill_loss(out, teacher, mask)?;
+        terms.3 = scalar(&distill).map_err(candle_err)?;
+        total = (total + (distill * weights.distill).map_err(candle_err)?).map_err(candle_err)?;
     }
     Ok(LossTerms {
         total,
         task: terms.0,
         decay: terms.1,
         bound: terms.2,
+        distill: terms.3,
     })
 }
 
@@ -246,13 +343,17 @@ mod tests {
         let mask = t(&[1.0], &[1, 1]);
         let w = Var::from_tensor(&t(&[2.0, 0.0, 0.0, 0.0], &[2, 2])).unwrap();
         let weights = LossWeights::paper(Some(1.0));
+        let out = ClassifierOutput {
+            logits: logits.clone(),
+            hidden_states: vec![h],
+        };
         let terms = combined_loss(
             &weights,
-            &logits,
+            &out,
             &labels,
-            std::slice::from_ref(&h),
             &mask,
             std::slice::from_ref(&w),
+            None,
         )
         .unwrap();
         // task ln 2, decay ½·4/4 = 0.5, bound |4 − 1| = 3.
@@ -264,15 +365,82 @@ mod tests {
         // B = ∞ drops the bound term but keeps the task weight at 1 − α1 − α2.
         let terms = combined_loss(
             &LossWeights::paper(None),
-            &logits,
+            &out,
             &labels,
-            &[h],
             &mask,
-            &[w],
+            std::slice::from_ref(&w),
+            None,
         )
         .unwrap();
         assert!((val(&terms.total) - (0.7 * 2f32.ln() + 0.1 * 0.5)).abs() < 1e-6);
         assert_eq!(terms.bound, 0.0);
+        // W adds W · L_distill on top (here KL of (½, ½) against (1/4, 3/4), and ½ (4² + 0²)
+        // for the hidden state against zeros); without a teacher it is an error.
+        let teacher = ClassifierOutput {
+            logits: t(&[0.0, 3f32.ln()], &[1, 2]),
+            hidden_states: vec![t(&[0.0, 0.0], &[1, 1, 2])],
+        };
+        let distilled = LossWeights {
+            distill: 0.5,
+            ..LossWeights::paper(None)
+        };
+        let terms = combined_loss(
+            &distilled,
+            &out,
+            &labels,
+            &mask,
+            std::slice::from_ref(&w),
+            Some(&teacher),
+        )
+        .unwrap();
+        let kl = 0.25 * (0.25f32 / 0.5).ln() + 0.75 * (0.75f32 / 0.5).ln();
+        assert!(
+            (terms.distill - (kl + 8.0)).abs() < 1e-5,
+            "{}",
+            terms.distill
+        );
+        let want = 0.7 * 2f32.ln() + 0.1 * 0.5 + 0.5 * (kl + 8.0);
+        assert!((val(&terms.total) - want).abs() < 1e-5);
+        let Err(err) = combined_loss(&distilled, &out, &labels, &mask, &[w], None) else {
+            panic!("distillation without a teacher")
+        };
+        assert!(err.to_string().contains("teacher"), "{err}");
+    }
+
+    #[test]
+    fn distill_by_hand_and_no_gradient_to_the_teacher() {
+        // Batch 2: example 0 has one real token of two, example 1 two. Hidden 2, two blocks.
+        let mask = t(&[1.0, 0.0, 1.0, 1.0], &[2, 2]);
+        let student = ClassifierOutput {
+            logits: t(&[0.0, 0.0, 1.0, 1.0], &[2, 2]),
+            hidden_states: vec![
+                t(&[1.0, 2.0, 9.0, 9.0, 0.0, 0.0, 0.0, 1.0], &[2, 2, 2]),
+                t(&[0.0; 8], &[2, 2, 2]),
+            ],
+        };
+        let teacher_logits = Var::from_tensor(&t(&[0.0, 3f32.ln(), 1.0, 1.0], &[2, 2])).unwrap();
+        let teacher_h = Var::from_tensor(&t(&[0.0; 8], &[2, 2, 2])).unwrap();
+        let teacher = ClassifierOutput {
+            logits: teacher_logits.as_tensor().clone(),
+            hidden_states: vec![teacher_h.as_tensor().clone(), teacher_h.as_tensor().clone()],
+        };
+        let loss = distill_loss(&student, &teacher, &mask).unwrap();
+        // KL: row 0 as above, row 1 equal distributions → 0; mean over rows.
+        let kl = (0.25 * (0.5f32).ln() + 0.75 * (1.5f32).ln()) / 2.0;
+        // Block 0: real entries (1, 2) and (0, 0), (0, 1) → (1 + 4 + 1) / 6; block 1: 0.
+        let mse = (6.0 / 6.0 + 0.0) / 2.0;
+        assert!((val(&loss) - (kl + mse)).abs() < 1e-6, "{}", val(&loss));
+        let grads = loss.backward().unwrap();
+        assert!(grads.get(teacher_logits.as_tensor()).is_none());
+        assert!(grads.get(teacher_h.as_tensor()).is_none());
+        // Against itself it is zero.
+        assert!(val(&distill_loss(&student, &student, &mask).unwrap()).abs() < 1e-7);
+        // Mismatched models are an error, not a panic.
+        let one_block = ClassifierOutput {
+            logits: student.logits.clone(),
+            hidden_states: vec![student.hidden_states[0].clone()],
+        };
+        assert!(distill_loss(&student, &one_block, &mask).is_err());
     }
 
     #[test]
@@ -280,17 +448,24 @@ mod tests {
         assert!(LossWeights {
             alpha1: 0.5,
             alpha2: 0.5,
-            bound: None
+            ..LossWeights::task_only()
         }
         .validate()
         .is_err());
         assert!(LossWeights {
             alpha1: -0.1,
-            alpha2: 0.0,
-            bound: None
+            ..LossWeights::task_only()
         }
         .validate()
         .is_err());
+        for distill in [-1.0, f64::NAN, f64::INFINITY] {
+            assert!(LossWeights {
+                distill,
+                ..LossWeights::task_only()
+            }
+            .validate()
+            .is_err());
+        }
         assert!(LossWeights::paper(Some(0.0)).validate().is_err());
         assert!(LossWeights::paper(Some(f64::NAN)).validate().is_err());
         assert!(LossWeights::paper(Some(16.0)).validate().is_ok());

@@ -106,6 +106,15 @@ pub fn markdown(doc: &ReportDocument) -> String {
         pct(sub.final_evaluation.accuracy),
         sub.seconds
     );
+    let resumed = sub.resumed_steps();
+    if resumed > 0 {
+        let _ = writeln!(
+            w,
+            "The run was interrupted and resumed: {resumed} of {} steps were (partly) done by an \
+             earlier invocation (Resumed column).\n",
+            sub.steps.len()
+        );
+    }
     let _ = writeln!(w, "## Replaced operators (as the paper's Table 3)\n");
     let _ = writeln!(w, "| Model | #Blocks | Task | GELU | Softmax | LN1 | LN2 |");
     let _ = writeln!(w, "|---|---:|---|---:|---:|---:|---:|");
@@ -147,13 +156,18 @@ pub fn markdown(doc: &ReportDocument) -> String {
     let _ = writeln!(w, "\n## Every step\n");
     let _ = writeln!(
         w,
-        "| # | Operator | Block | B | Train loss | Dev accuracy % | Decision | max abs hidden state per block | Time s |"
+        "| # | Operator | Block | B | Train loss | Dev accuracy % | Decision | max abs hidden state per block | Time s | Resumed | Attempts: updates → accuracy % |"
     );
-    let _ = writeln!(w, "|---:|---|---:|---:|---:|---:|---|---|---:|");
+    let _ = writeln!(w, "|---:|---|---:|---:|---:|---:|---|---|---:|---|---|");
     for (i, s) in sub.steps.iter().enumerate() {
+        let attempts: Vec<String> = s
+            .attempts
+            .iter()
+            .map(|a| format!("{} → {}", a.updates, pct(a.accuracy)))
+            .collect();
         let _ = writeln!(
             w,
-            "| {} | {} | {} | {} | {:.4} | {} | {} | {} | {:.1} |",
+            "| {} | {} | {} | {} | {:.4} | {} | {} | {} | {:.1} | {} | {} |",
             i + 1,
             s.operator.label(),
             s.block,
@@ -162,7 +176,9 @@ pub fn markdown(doc: &ReportDocument) -> String {
             pct(s.accuracy),
             if s.accepted { "accepted" } else { "rejected" },
             max_list(&s.max_abs_hidden),
-            s.seconds
+            s.seconds,
+            if s.resumed { "yes" } else { "" },
+            attempts.join("; ")
         );
     }
     let _ = writeln!(w, "\n## Final model\n");
@@ -321,7 +337,10 @@ mod tests {
         let script = [0.90, 0.91, 0.89, 0.88, 0.95, 0.10, 0.87, 0.889, 0.5];
         let mut target = ScriptedTarget::new(2, &script);
         let substitution =
-            run_substitution(&mut target, &SubstitutionConfig::default(), |_| {}).unwrap();
+            run_substitution(&mut target, &SubstitutionConfig::default(), None, |_| {})
+                .unwrap()
+                .finished()
+                .unwrap();
         ReportDocument {
             model: "tiny<2>".into(),
             task: "SST-2".into(),
@@ -363,6 +382,13 @@ mod tests {
         assert!(md.contains("| −Softmax | 32 | 0 | 95.00 |"), "{md}");
         assert!(md.contains("| −LN1 | 24 | none | 95.00 |"), "{md}");
         assert!(md.contains("no overflow in any block"));
+        assert!(!md.contains("resumed:"), "{md}");
+        let mut doc = document();
+        doc.substitution.steps[0].resumed = true;
+        let md = markdown(&doc);
+        assert!(md.contains("resumed: 1 of 8 steps"), "{md}");
+        assert_eq!(md.matches("| yes |").count(), 1);
+        assert_eq!(md.matches("| 10 → ").count(), 8, "{md}");
     }
 
     #[test]

@@ -96,6 +96,41 @@ impl TrainConfig {
         );
         Ok(())
     }
+
+    /// Updates of a run over `examples` training examples.
+    pub fn total_steps(&self, examples: usize) -> u64 {
+        let per_epoch = examples.div_ceil(self.batch_size.max(1)) as u64;
+        (per_epoch * self.epochs as u64).min(self.max_steps.unwrap_or(u64::MAX))
+    }
+
+    /// This config with `factor` times its updates over `examples` examples (rounded up; the
+    /// schedule stretches over the longer run): the budget of a retried substitution step.
+    pub fn scaled(&self, examples: usize, factor: f64) -> Result<TrainConfig> {
+        self.validate()?;
+        ensure!(examples > 0, InvalidArgument, "no training examples");
+        ensure!(
+            factor.is_finite() && factor >= 1.0,
+            InvalidArgument,
+            "update budget factor must be ≥ 1, got {factor}"
+        );
+        if factor == 1.0 {
+            return Ok(self.clone());
+        }
+        let updates = (self.total_steps(examples) as f64 * factor).ceil();
+        let per_epoch = examples.div_ceil(self.batch_size) as u64;
+        let epochs = (updates / per_epoch as f64).ceil();
+        ensure!(
+            epochs <= u32::MAX as f64,
+            InvalidArgument,
+            "{factor} × the updates of {} epochs is too many",
+            self.epochs
+        );
+        Ok(TrainConfig {
+            epochs: epochs as u32,
+            max_steps: Some(updates as u64),
+            ..self.clone()
+        })
+    }
 }
 
 /// How the run should behave around its own lifetime (not part of what is being trained, so
@@ -128,20 +163,30 @@ impl TrainSummary {
     }
 }
 
-/// FNV-1a over the token ids and labels: cheap, and any change of the data changes it.
-fn fingerprint(data: &[EncodedExample]) -> u64 {
-    let mut h = 0xcbf29ce484222325u64;
-    let mut eat = |x: u32| {
-        for b in x.to_le_bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x100000001b3);
-        }
-    };
-    for e in data {
-        eat(e.ids.len() as u32);
-        e.ids.iter().chain(&e.type_ids).for_each(|&x| eat(x));
-        eat(e.label);
+/// FNV-1a: a cheap hash under which any change of the input changes the value.
+pub(crate) struct Fnv(pub u64);
+
+impl Fnv {
+    pub fn new() -> Self {
+        Fnv(0xcbf29ce484222325)
     }
-    h
+
+    pub fn eat(&mut self, x: u32) {
+        for b in x.to_le_bytes() {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+    }
+}
+
+/// Fingerprint of the token ids and labels.
+pub(crate) fn fingerprint(data: &[EncodedExample]) -> u64 {
+    let mut h = Fnv::new();
+    for e in data {
+        h.eat(e.ids.len() as u32);
+        e.ids.iter().chain(&e.type_ids).for_each(|&x| h.eat(x));
+        h.eat(e.label);
+    }
+    h.0
 }
 
 /// Batches sorted together by length: a window of this many batches is sorted by sequence
@@ -184,7 +229,25 @@ pub fn train<M: SequenceClassifier>(
     config: &TrainConfig,
     control: &RunControl<'_>,
 ) -> Result<TrainSummary> {
+    train_with_teacher(model, None, trainable, data, config, control)
+}
+
+/// [`train`] with a frozen `teacher` for the distillation term of `config.loss` (needed when
+/// its weight is > 0). The teacher only runs forward; it is never updated.
+pub fn train_with_teacher<M: SequenceClassifier>(
+    model: &M,
+    teacher: Option<&dyn SequenceClassifier>,
+    trainable: Vec<(String, Var)>,
+    data: &[EncodedExample],
+    config: &TrainConfig,
+    control: &RunControl<'_>,
+) -> Result<TrainSummary> {
     config.validate()?;
+    ensure!(
+        config.loss.distill == 0.0 || teacher.is_some(),
+        InvalidArgument,
+        "the distillation weight is set but there is no teacher model"
+    );
     ensure!(!data.is_empty(), InvalidArgument, "no training examples");
     ensure!(
         !trainable.is_empty(),
@@ -193,8 +256,7 @@ pub fn train<M: SequenceClassifier>(
     );
     let device = Device::Cpu;
     let batches_per_epoch = data.len().div_ceil(config.batch_size) as u64;
-    let total_steps =
-        (batches_per_epoch * config.epochs as u64).min(config.max_steps.unwrap_or(u64::MAX));
+    let total_steps = config.total_steps(data.len());
     let schedule = LinearSchedule {
         peak: config.learning_rate,
         warmup: (total_steps as f64 * config.warmup_fraction) as u64,
@@ -261,14 +323,21 @@ pub fn train<M: SequenceClassifier>(
             .map(|&i| &data[i])
             .collect();
         let batch = Batch::new(&members, &device)?;
+        // The teacher first, detached at once, so its graph is gone before the student's.
+        let teacher_out = match teacher {
+            Some(t) if config.loss.distill > 0.0 => {
+                Some(t.forward(&batch).map_err(candle_err)?.detach())
+            }
+            _ => None,
+        };
         let out = model.forward(&batch).map_err(candle_err)?;
         let terms = combined_loss(
             &config.loss,
-            &out.logits,
+            &out,
             &batch.labels,
-            &out.hidden_states,
             &batch.attention_mask,
             &vars,
+            teacher_out.as_ref(),
         )?;
         let total: f32 = terms.total.to_scalar().map_err(candle_err)?;
         ensure!(
@@ -286,11 +355,16 @@ pub fn train<M: SequenceClassifier>(
         let done = step + 1;
         bar.set_position(done);
         bar.set_message(format!(
-            "epoch {} loss {:.4} (task {:.4} bound {:.3}) acc {:.1}%",
+            "epoch {} loss {:.4} (task {:.4} bound {:.3}{}) acc {:.1}%",
             epoch + 1,
             loss_sum / (done - first_step) as f64,
             terms.task,
             terms.bound,
+            if teacher_out.is_some() {
+                format!(" distill {:.4}", terms.distill)
+            } else {
+                String::new()
+            },
             100.0 * hits as f64 / seen as f64
         ));
         if let Some(dir) = control.checkpoint_dir {
@@ -503,14 +577,95 @@ mod tests {
         };
         let free = run(LossWeights::task_only());
         let bounded = run(LossWeights {
-            alpha1: 0.0,
             alpha2: 0.5,
             bound: Some(2.0),
+            ..LossWeights::task_only()
         });
         assert!(
             bounded < 0.5 * free,
             "bounded max |h| {bounded} vs unbounded {free}"
         );
+    }
+
+    /// Mean distillation term of `student` against `teacher` over `data`.
+    fn distill_term(
+        student: &TinyClassifier,
+        teacher: &TinyClassifier,
+        data: &[EncodedExample],
+    ) -> f32 {
+        let members: Vec<&EncodedExample> = data.iter().collect();
+        let batch = Batch::new(&members, &Device::Cpu).unwrap();
+        let (s, t) = (
+            student.forward(&batch).unwrap(),
+            teacher.forward(&batch).unwrap(),
+        );
+        crate::loss::distill_loss(&s, &t, &batch.attention_mask)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
+    #[test]
+    fn distillation_pulls_the_student_towards_a_frozen_teacher() {
+        let data = synthetic_task(128, 16);
+        let teacher = TinyClassifier::new(8, 17);
+        train(
+            &teacher,
+            teacher.named_vars(),
+            &data,
+            &quick_config(),
+            &RunControl::default(),
+        )
+        .unwrap();
+        let teacher_weights = teacher.snapshot();
+        assert!(distill_term(&teacher, &teacher, &data).abs() < 1e-6);
+        let twin = TinyClassifier::new(8, 17);
+        for ((_, a), (_, b)) in twin.named_vars().iter().zip(teacher.named_vars()) {
+            a.set(b.as_tensor()).unwrap();
+        }
+        assert!(
+            distill_term(&twin, &teacher, &data).abs() < 1e-6,
+            "student = teacher"
+        );
+
+        // Same start, trained with and without the term.
+        let student = TinyClassifier::new(8, 18);
+        let plain = TinyClassifier::new(8, 18);
+        let config = TrainConfig {
+            loss: LossWeights {
+                distill: 1.0,
+                ..LossWeights::task_only()
+            },
+            ..quick_config()
+        };
+        let before = distill_term(&student, &teacher, &data);
+        assert!(before > 0.05, "{before}");
+        let control = RunControl::default();
+        let vars = student.named_vars();
+        train_with_teacher(&student, Some(&teacher), vars, &data, &config, &control).unwrap();
+        let plain_config = TrainConfig {
+            loss: LossWeights::task_only(),
+            ..quick_config()
+        };
+        train(&plain, plain.named_vars(), &data, &plain_config, &control).unwrap();
+        let (after, without) = (
+            distill_term(&student, &teacher, &data),
+            distill_term(&plain, &teacher, &data),
+        );
+        assert!(
+            after < 0.7 * before && after < 0.7 * without,
+            "before {before}, after {after}, trained without the term {without}"
+        );
+        assert_eq!(teacher.snapshot(), teacher_weights, "the teacher moved");
+        let err = train(
+            &student,
+            student.named_vars(),
+            &data,
+            &config,
+            &RunControl::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("teacher"), "{err}");
     }
 
     #[test]
@@ -596,6 +751,39 @@ mod tests {
         std::fs::write(dir.path().join("state.json"), b"{").unwrap();
         let err = train(&model, model.named_vars(), &data, &quick_config(), &control).unwrap_err();
         assert!(err.to_string().contains("state.json"), "{err}");
+    }
+
+    #[test]
+    fn scaled_budgets_multiply_the_updates() {
+        let config = quick_config(); // 3 epochs of 16
+        assert_eq!(config.total_steps(100), 21); // 7 batches per epoch
+        assert_eq!(config.scaled(100, 1.0).unwrap(), config);
+        let twice = config.scaled(100, 2.0).unwrap();
+        assert_eq!((twice.epochs, twice.max_steps), (6, Some(42)));
+        assert_eq!(twice.total_steps(100), 42);
+        let odd = config.scaled(100, 1.5).unwrap(); // 31.5 → 32 updates, 5 epochs
+        assert_eq!((odd.epochs, odd.total_steps(100)), (5, 32));
+        let capped = TrainConfig {
+            max_steps: Some(10),
+            ..config.clone()
+        };
+        assert_eq!(capped.scaled(100, 4.0).unwrap().total_steps(100), 40);
+        // The scaled run really makes that many updates.
+        let data = synthetic_task(32, 14);
+        let model = TinyClassifier::new(4, 15);
+        let run = train(
+            &model,
+            model.named_vars(),
+            &data,
+            &capped.scaled(32, 3.0).unwrap(),
+            &RunControl::default(),
+        )
+        .unwrap();
+        assert_eq!(run.steps_done, 18); // 3 × min(2 × 3, 10)
+        for bad in [0.5, f64::NAN, f64::INFINITY, 1e12] {
+            assert!(config.scaled(100, bad).is_err(), "{bad}");
+        }
+        assert!(config.scaled(0, 2.0).is_err());
     }
 
     #[test]

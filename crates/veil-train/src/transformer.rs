@@ -2,6 +2,7 @@
 //! blocks can switch operator variants, and parameters are grouped (embeddings / block i / head)
 //! so a run can freeze the embedding tables and the blocks below the one being substituted.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor, Var};
@@ -13,6 +14,10 @@ use veil_model::{folder, BlockVariant, ModelConfig, Transformer};
 use crate::batch::{Batch, ClassifierOutput, SequenceClassifier};
 use crate::candle_err;
 use crate::init::{fill_normal, fill_zeros};
+
+/// Files of [`TrainableTransformer::write_state`].
+const STATE_PARAMS: &str = "params.safetensors";
+const STATE_VARIANTS: &str = "variants.json";
 
 /// HF's initialiser range for new dense layers.
 const NEW_WEIGHT_STD: f64 = 0.02;
@@ -88,7 +93,7 @@ impl TrainableTransformer {
     /// Weights the config does not use (e.g. blocks cut away, an unused pooler) are ignored.
     pub fn from_weights(
         config: &ModelConfig,
-        weights: &std::collections::HashMap<String, Tensor>,
+        weights: &HashMap<String, Tensor>,
         seed: u64,
     ) -> Result<(Self, LoadInfo)> {
         let varmap = VarMap::new();
@@ -234,6 +239,74 @@ impl TrainableTransformer {
             var.set(value).map_err(candle_err)?;
         }
         Ok(())
+    }
+
+    /// Writes every parameter and the block variants into `dir` (`params.safetensors`,
+    /// `variants.json`): the state a substitution run resumes from.
+    pub fn write_state(&self, dir: &Path) -> Result<()> {
+        let tensors: HashMap<String, Tensor> = self
+            .params
+            .iter()
+            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+            .collect();
+        candle_core::safetensors::save(&tensors, dir.join(STATE_PARAMS)).map_err(candle_err)?;
+        let json =
+            serde_json::to_vec_pretty(&self.variants()).map_err(|e| Error::Other(e.to_string()))?;
+        let path = dir.join(STATE_VARIANTS);
+        std::fs::write(&path, json)
+            .map_err(|e| Error::Other(format!("cannot write {}: {e}", path.display())))
+    }
+
+    /// Restores what [`Self::write_state`] wrote, after checking it fits this model.
+    pub fn read_state(&mut self, dir: &Path) -> Result<()> {
+        let path = dir.join(STATE_VARIANTS);
+        let bytes = std::fs::read(&path)
+            .map_err(|e| Error::Other(format!("cannot read {}: {e}", path.display())))?;
+        let variants: Vec<BlockVariant> = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::Malformed(format!("{}: {e}", path.display())))?;
+        ensure!(
+            variants.len() == self.num_blocks(),
+            Malformed,
+            "{} has {} blocks, the model {}",
+            path.display(),
+            variants.len(),
+            self.num_blocks()
+        );
+        let path = dir.join(STATE_PARAMS);
+        let saved = candle_core::safetensors::load(&path, &Device::Cpu)
+            .map_err(|e| Error::Malformed(format!("{}: {e}", path.display())))?;
+        ensure!(
+            saved.len() == self.params.len(),
+            Malformed,
+            "{} has {} parameters, the model {}",
+            path.display(),
+            saved.len(),
+            self.params.len()
+        );
+        let values = self
+            .params
+            .iter()
+            .map(|(name, var)| {
+                let t = saved.get(name).ok_or_else(|| {
+                    Error::Malformed(format!("{} has no parameter {name:?}", path.display()))
+                })?;
+                ensure!(
+                    t.dims() == var.dims() && t.dtype() == var.dtype(),
+                    Malformed,
+                    "{}: parameter {name:?} is {:?} {:?}, the model's {:?} {:?}",
+                    path.display(),
+                    t.dtype(),
+                    t.dims(),
+                    var.dtype(),
+                    var.dims()
+                );
+                Ok(t.clone())
+            })
+            .collect::<Result<Vec<Tensor>>>()?;
+        for (i, v) in variants.into_iter().enumerate() {
+            self.set_variant(i, v)?;
+        }
+        self.set_parameter_values(&values)
     }
 
     /// Writes the model folder (config with variants, weights, tokenizer).

@@ -1,6 +1,8 @@
 //! The two end-to-end workflows behind `veil finetune` and `veil substitute`: read the data,
 //! load the model folder, tokenise, train (or run Algorithm 5), evaluate, and write the output
-//! folder with a `veil-training.json` record of what was done.
+//! folder with a `veil-training.json` record of what was done. Both resume when run again after
+//! an interruption: `finetune` from `out/checkpoint`, `substitute` step by step from
+//! `out/progress` (see [`crate::substitute`] for its layout).
 
 use std::path::{Path, PathBuf};
 
@@ -12,8 +14,14 @@ use veil_model::{folder, BlockVariant, EmbeddingMode, ModelConfig, TextTokenizer
 use crate::batch::EncodedExample;
 use crate::fixed_check::check_fixed_point;
 use crate::report::{write_reports, ReportDocument};
-use crate::substitute::{run_substitution, Operator, SubstitutionConfig, SubstitutionTarget};
-use crate::train::{evaluate, train, Evaluation, RunControl, TrainConfig, TrainSummary};
+use crate::substitute::{
+    run_substitution, FinetuneRequest, Finetuned, Operator, Resume, RunOutcome, SubstitutionConfig,
+    SubstitutionTarget,
+};
+use crate::train::{
+    evaluate, fingerprint as data_fingerprint, train, train_with_teacher, Evaluation, Fnv,
+    RunControl, TrainConfig, TrainSummary,
+};
 use crate::transformer::{Freeze, LoadInfo, TrainableTransformer};
 
 /// The record written next to the weights of every folder this crate produces.
@@ -84,6 +92,7 @@ pub struct SubstituteOptions {
     pub data: DataOptions,
     pub substitution: SubstitutionConfig,
     /// The fine-tuning after each substitution; its `loss.bound` is replaced by the stage's B.
+    /// With `loss.distill` > 0 the model in `model` is also the teacher of every step.
     pub train: TrainConfig,
     pub freeze_embeddings: Option<bool>,
     pub eval_batch_size: usize,
@@ -91,6 +100,9 @@ pub struct SubstituteOptions {
     /// Dev examples pushed through the fixed-point simulator at the project's default ℓ and f
     /// for the overflow check of the report; 0 skips the check.
     pub simulate_examples: usize,
+    /// Stop once this many steps are done (the progress stays in `out/progress`; running again
+    /// with the same options continues).
+    pub stop_after_steps: Option<usize>,
 }
 
 impl SubstituteOptions {
@@ -108,6 +120,7 @@ impl SubstituteOptions {
             eval_batch_size: 64,
             progress: true,
             simulate_examples: 32,
+            stop_after_steps: None,
         }
     }
 }
@@ -333,6 +346,8 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
 /// The real model behind Algorithm 5.
 struct TransformerTarget<'a> {
     model: TrainableTransformer,
+    /// The original model, for distillation (`train_config.loss.distill` > 0).
+    teacher: Option<TrainableTransformer>,
     train: &'a [EncodedExample],
     dev: &'a [EncodedExample],
     train_config: TrainConfig,
@@ -367,6 +382,14 @@ pub fn substituted(variant: BlockVariant, op: Operator) -> BlockVariant {
 impl SubstitutionTarget for TransformerTarget<'_> {
     type Snapshot = (Vec<BlockVariant>, Vec<candle_core::Tensor>);
 
+    fn save(&self, dir: &Path) -> Result<()> {
+        self.model.write_state(dir)
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<()> {
+        self.model.read_state(dir)
+    }
+
     fn num_blocks(&self) -> usize {
         self.model.num_blocks()
     }
@@ -390,25 +413,37 @@ impl SubstitutionTarget for TransformerTarget<'_> {
     /// Blocks `0 .. block` frozen. For Softmax the paper makes the attention input/output
     /// projections of the block trainable; they belong to block `block`, which is trainable
     /// anyway, so every operator uses the same rule.
-    fn finetune(&mut self, _op: Operator, block: usize, bound: Option<f64>) -> Result<f64> {
+    fn finetune(&mut self, request: &FinetuneRequest<'_>) -> Result<Finetuned> {
+        let scaled = self.train_config.scaled(self.train.len(), request.budget)?;
         let config = TrainConfig {
             loss: crate::LossWeights {
-                bound,
+                bound: request.bound,
                 ..self.train_config.loss
             },
-            ..self.train_config.clone()
+            learning_rate: request.learning_rate.unwrap_or(scaled.learning_rate),
+            ..scaled
         };
         let freeze = Freeze {
             embeddings: self.freeze_embeddings,
-            blocks_below: block,
+            blocks_below: request.block,
         };
         let trainable = self.model.trainable(freeze);
         let control = RunControl {
+            checkpoint_dir: request.checkpoint_dir,
+            stop_after: None,
             progress: self.progress,
-            ..Default::default()
         };
         let view = self.model.frozen_view(freeze);
-        Ok(train(&view, trainable, self.train, &config, &control)?.mean_loss)
+        let teacher = self
+            .teacher
+            .as_ref()
+            .map(|t| t as &dyn crate::SequenceClassifier);
+        let summary = train_with_teacher(&view, teacher, trainable, self.train, &config, &control)?;
+        Ok(Finetuned {
+            mean_loss: summary.mean_loss,
+            updates: summary.total_steps,
+            resumed_from: summary.resumed_from,
+        })
     }
 
     fn evaluate(&mut self) -> Result<Evaluation> {
@@ -418,13 +453,80 @@ impl SubstitutionTarget for TransformerTarget<'_> {
 
 /// Result of [`substitute`].
 #[derive(Clone, Debug)]
-pub struct SubstituteOutcome {
-    pub report: ReportDocument,
+pub enum SubstituteOutcome {
+    Finished(Box<ReportDocument>),
+    /// Stopped by `stop_after_steps`; running again with the same options continues.
+    Stopped {
+        steps_done: usize,
+        total_steps: usize,
+    },
+}
+
+/// Folder of `out` where a substitution run keeps its progress.
+pub const PROGRESS_DIR: &str = "progress";
+
+/// What a substitution run depends on besides its [`SubstitutionConfig`]: progress saved under
+/// another fingerprint belongs to another run. Data and weights are hashed, not just named, so
+/// a file rewritten in place is noticed too.
+fn run_fingerprint(
+    opts: &SubstituteOptions,
+    data: &PreparedData,
+    model: &TrainableTransformer,
+    freeze_embeddings: bool,
+) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let mut weights = Fnv::new();
+    for (name, var) in model.params() {
+        name.bytes().for_each(|b| weights.eat(b as u32));
+        let values = var
+            .as_tensor()
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(crate::candle_err)?;
+        values.iter().for_each(|v| weights.eat(v.to_bits()));
+    }
+    // Absolute, so the same run started from another directory is still the same run.
+    let absolute = |p: &Path| -> Result<serde_json::Value> {
+        let p = std::fs::canonicalize(p)
+            .map_err(|e| Error::Other(format!("cannot resolve {}: {e}", p.display())))?;
+        Ok(p.display().to_string().into())
+    };
+    let json_err = |e: serde_json::Error| Error::Other(e.to_string());
+    let mut map = serde_json::Map::new();
+    let mut put = |key: &str, value: serde_json::Value| map.insert(key.into(), value);
+    put("model", absolute(&opts.model)?);
+    put("model_weights", format!("{:016x}", weights.0).into());
+    put("train_file", absolute(&opts.data.train)?);
+    put("dev_file", absolute(&opts.data.dev)?);
+    put(
+        "train_data",
+        format!("{:016x}", data_fingerprint(&data.train)).into(),
+    );
+    put(
+        "dev_data",
+        format!("{:016x}", data_fingerprint(&data.dev)).into(),
+    );
+    put(
+        "labels",
+        serde_json::to_value(&data.labels).map_err(json_err)?,
+    );
+    put(
+        "train_config",
+        serde_json::to_value(&opts.train).map_err(json_err)?,
+    );
+    put("freeze_embeddings", freeze_embeddings.into());
+    put("eval_batch_size", opts.eval_batch_size.into());
+    Ok(map)
 }
 
 /// Runs Algorithm 5 on a fine-tuned classifier folder and writes the accepted model and the
 /// reports (`substitution.{json,md}`, `accuracy.svg`) into `opts.out`.
+///
+/// Progress is kept in `out/progress` after every step, and an interrupted run continues from
+/// it when run again with the same options. The folder stays when the run finishes (running
+/// again then only rewrites the model and the reports); remove it to start over.
 pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
+    // Bad settings fail now, not after the original model's evaluation.
+    opts.train.validate()?;
     let config = folder::load_config(&opts.model)?;
     let tokenizer = tokenizer_for(
         &opts.model,
@@ -450,8 +552,19 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
         .freeze_embeddings
         .or(prior.as_ref().map(|r| r.freeze_embeddings))
         .unwrap_or(default_freeze(&model, None));
+    let fingerprint = run_fingerprint(opts, &data, &model, freeze_embeddings)?;
+    // Loaded once from the source folder and never trained: every step distils towards the
+    // original model, also after a resume.
+    let teacher = if opts.train.loss.distill > 0.0 {
+        let (teacher, _) =
+            TrainableTransformer::load(&opts.model, data.labels.len(), None, opts.train.seed)?;
+        Some(teacher)
+    } else {
+        None
+    };
     let mut target = TransformerTarget {
         model,
+        teacher,
         train: &data.train,
         dev: &data.dev,
         train_config: opts.train.clone(),
@@ -459,11 +572,17 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
         eval_batch_size: opts.eval_batch_size,
         progress: opts.progress,
     };
+    let progress_dir = opts.out.join(PROGRESS_DIR);
+    let resume = Resume {
+        dir: &progress_dir,
+        fingerprint,
+        stop_after: opts.stop_after_steps,
+    };
     let progress = opts.progress;
-    let report = run_substitution(&mut target, &opts.substitution, |step| {
+    let outcome = run_substitution(&mut target, &opts.substitution, Some(&resume), |step| {
         if progress {
             eprintln!(
-                "{} block {}: dev accuracy {:.2} % → {}",
+                "{} block {}: dev accuracy {:.2} % → {}{}",
                 step.operator.label(),
                 step.block,
                 100.0 * step.accuracy,
@@ -471,10 +590,23 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
                     "accepted"
                 } else {
                     "rejected"
-                }
+                },
+                if step.resumed { " (resumed)" } else { "" }
             );
         }
     })?;
+    let report = match outcome {
+        RunOutcome::Finished(report) => report,
+        RunOutcome::Stopped {
+            steps_done,
+            total_steps,
+        } => {
+            return Ok(SubstituteOutcome::Stopped {
+                steps_done,
+                total_steps,
+            })
+        }
+    };
     let model = target.model;
     model.save(&opts.out, Some(&tokenizer))?;
     TrainingRecord {
@@ -514,5 +646,5 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
         fixed_point,
     };
     write_reports(&opts.out, &doc)?;
-    Ok(SubstituteOutcome { report: doc })
+    Ok(SubstituteOutcome::Finished(Box::new(doc)))
 }

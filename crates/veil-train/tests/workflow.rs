@@ -10,7 +10,7 @@ use veil_train::transformer::{Freeze, TrainableTransformer};
 use veil_train::workflow::{labelled_examples, TrainingRecord, RECORD_FILE};
 use veil_train::{
     evaluate, finetune, substitute, train, DataOptions, EncodedExample, FinetuneOptions,
-    LossWeights, Operator, RunControl, SubstituteOptions, TrainConfig,
+    LossWeights, Operator, RunControl, SubstituteOptions, SubstituteOutcome, TrainConfig,
 };
 
 const POSITIVE: [&str; 3] = ["good", "great", "fine"];
@@ -257,7 +257,9 @@ fn substitute_writes_a_model_that_loads_with_its_variants() {
     };
     opts.progress = false;
     opts.simulate_examples = 4;
-    let doc = substitute(&opts).unwrap().report;
+    let SubstituteOutcome::Finished(doc) = substitute(&opts).unwrap() else {
+        panic!("stopped without a step limit")
+    };
     let report = &doc.substitution;
     assert_eq!(report.steps.len(), 8);
     assert!(report.original.accuracy >= 0.9);
@@ -309,6 +311,205 @@ fn substitute_writes_a_model_that_loads_with_its_variants() {
     assert_eq!(fp.per_block.len(), 2);
     assert!(fp.overflow_free(), "{fp:?}");
     assert!(fp.per_block.iter().all(|b| b.max_error < 0.1), "{fp:?}");
+}
+
+#[test]
+fn substitute_resumes_step_by_step_and_refuses_other_options() {
+    let fx = Fixture::new();
+    finetune(&fx.finetune_options("ft")).unwrap();
+    let options = |out: &str, stop_after_steps: Option<usize>| {
+        let mut o = SubstituteOptions::new(fx.root.join("ft"), fx.data(), fx.root.join(out));
+        o.train = TrainConfig {
+            epochs: 1,
+            batch_size: 16,
+            learning_rate: 2e-3,
+            checkpoint_every: 5,
+            ..fx.finetune_options("unused").train
+        };
+        o.progress = false;
+        o.simulate_examples = 0;
+        o.stop_after_steps = stop_after_steps;
+        o
+    };
+    let finished = |o: &SubstituteOptions| match substitute(o).unwrap() {
+        SubstituteOutcome::Finished(doc) => doc.substitution,
+        stopped => panic!("{stopped:?}"),
+    };
+    let want = finished(&options("straight", None));
+
+    let sub = fx.root.join("sub");
+    match substitute(&options("sub", Some(3))).unwrap() {
+        SubstituteOutcome::Stopped {
+            steps_done,
+            total_steps,
+        } => assert_eq!((steps_done, total_steps), (3, 8)),
+        other => panic!("{other:?}"),
+    }
+    assert!(sub.join("progress/progress.json").is_file());
+    assert!(!sub.join("config.json").exists(), "no model before the end");
+
+    let mut other = options("sub", None);
+    other.train.learning_rate = 1e-3;
+    let err = substitute(&other).unwrap_err().to_string();
+    assert!(err.contains("differing: train_config"), "{err}");
+
+    let got = finished(&options("sub", None));
+    assert_eq!(got.steps.len(), 8);
+    for (i, (g, w)) in got.steps.iter().zip(&want.steps).enumerate() {
+        assert_eq!(g.resumed, i < 3, "step {i}");
+        assert_eq!((g.operator, g.block), (w.operator, w.block));
+        assert_eq!(
+            (g.accuracy, g.accepted),
+            (w.accuracy, w.accepted),
+            "step {i}"
+        );
+        assert!((g.train_loss - w.train_loss).abs() < 1e-4, "step {i}");
+    }
+    assert_eq!(
+        got.final_evaluation.accuracy,
+        want.final_evaluation.accuracy
+    );
+    let variants = |dir: &str| folder::load(&fx.root.join(dir)).unwrap().config.veil.blocks;
+    assert_eq!(variants("sub"), variants("straight"));
+    let md = std::fs::read_to_string(sub.join("substitution.md")).unwrap();
+    assert!(md.contains("3 of 8 steps"), "{md}");
+
+    // The progress stays: running again redoes nothing and rewrites the same model.
+    let again = finished(&options("sub", None));
+    assert_eq!(again.resumed_steps(), 8);
+    assert_eq!(variants("sub"), variants("straight"));
+    let names: Vec<String> = std::fs::read_dir(sub.join("progress"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert!(names.is_empty(), "training checkpoints left: {names:?}");
+
+    // A damaged state is a clear error, not a panic.
+    let progress = std::fs::read_to_string(sub.join("progress/progress.json")).unwrap();
+    let state: serde_json::Value = serde_json::from_str(&progress).unwrap();
+    let state = sub.join("progress").join(state["state"].as_str().unwrap());
+    std::fs::write(state.join("params.safetensors"), b"garbage").unwrap();
+    let err = substitute(&options("sub", None)).unwrap_err().to_string();
+    assert!(err.contains("params.safetensors"), "{err}");
+}
+
+#[test]
+fn substitute_retries_rejected_steps_with_more_updates() {
+    let fx = Fixture::new();
+    finetune(&fx.finetune_options("ft")).unwrap();
+    let mut o = SubstituteOptions::new(fx.root.join("ft"), fx.data(), fx.root.join("retry"));
+    o.train = TrainConfig {
+        epochs: 1,
+        batch_size: 16,
+        learning_rate: 2e-3,
+        ..fx.finetune_options("unused").train
+    };
+    o.progress = false;
+    o.simulate_examples = 0;
+    o.substitution.stages = veil_train::substitute::paper_stages()[..1].to_vec();
+    // Only improvements pass, so steps get rejected and retried.
+    o.substitution.max_accuracy_drop = 0.0;
+    o.substitution.retries = 1;
+    let SubstituteOutcome::Finished(doc) = substitute(&o).unwrap() else {
+        panic!("stopped without a step limit")
+    };
+    let report = &doc.substitution;
+    let mut retried = 0;
+    for step in &report.steps {
+        let last = step.attempts.last().unwrap();
+        assert_eq!(step.accepted, last.accuracy > report.threshold);
+        assert_eq!(step.accuracy, last.accuracy);
+        assert_eq!(step.attempts[0].updates, 12); // 192 examples in batches of 16
+        if step.attempts.len() == 2 {
+            retried += 1;
+            assert!(step.attempts[0].accuracy <= report.threshold);
+            assert_eq!(step.attempts[1].updates, 24);
+        } else {
+            assert!(step.accepted, "{step:?}");
+        }
+    }
+    assert!(retried > 0, "{report:?}");
+}
+
+#[test]
+fn substitute_distils_towards_the_original_model() {
+    let fx = Fixture::new();
+    finetune(&fx.finetune_options("ft")).unwrap();
+    let options = |out: &str, distill: f64| {
+        let mut o = SubstituteOptions::new(fx.root.join("ft"), fx.data(), fx.root.join(out));
+        o.train = TrainConfig {
+            epochs: 1,
+            batch_size: 16,
+            learning_rate: 2e-3,
+            ..fx.finetune_options("unused").train
+        };
+        o.train.loss.distill = distill;
+        o.progress = false;
+        o.simulate_examples = 0;
+        o.substitution.stages = veil_train::substitute::paper_stages()[..1].to_vec();
+        o
+    };
+    let run = |o: &SubstituteOptions| match substitute(o).unwrap() {
+        SubstituteOutcome::Finished(doc) => doc.substitution,
+        stopped => panic!("{stopped:?}"),
+    };
+    let plain = run(&options("plain", 0.0));
+    let mut first = options("distilled", 1.0);
+    first.stop_after_steps = Some(1);
+    assert!(matches!(
+        substitute(&first).unwrap(),
+        SubstituteOutcome::Stopped { steps_done: 1, .. }
+    ));
+    // The weight is part of the run: progress made with it is not continued without it.
+    let err = substitute(&options("distilled", 0.0))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("differing: train_config"), "{err}");
+    let distilled = run(&options("distilled", 1.0));
+    assert_eq!(distilled.steps.len(), 2);
+    // The same first step (GELU in the top block), trained under a different loss.
+    assert!(
+        (distilled.steps[0].train_loss - plain.steps[0].train_loss).abs() > 1e-4,
+        "{distilled:?} {plain:?}"
+    );
+    let bad = options("bad", -1.0);
+    assert!(substitute(&bad)
+        .unwrap_err()
+        .to_string()
+        .contains("distillation"));
+}
+
+#[test]
+fn substitute_trains_a_stage_at_its_own_learning_rate() {
+    let fx = Fixture::new();
+    finetune(&fx.finetune_options("ft")).unwrap();
+    let run = |out: &str, learning_rate: Option<f64>| {
+        let mut o = SubstituteOptions::new(fx.root.join("ft"), fx.data(), fx.root.join(out));
+        o.train = TrainConfig {
+            epochs: 1,
+            batch_size: 16,
+            learning_rate: 2e-3,
+            ..fx.finetune_options("unused").train
+        };
+        o.progress = false;
+        o.simulate_examples = 0;
+        o.substitution.stages = veil_train::substitute::paper_stages()[..1].to_vec();
+        o.substitution.stages[0].learning_rate = learning_rate;
+        o.stop_after_steps = Some(1);
+        substitute(&o).unwrap();
+        // The stopped run's record of its one step.
+        let progress = std::fs::read(fx.root.join(out).join("progress/progress.json")).unwrap();
+        let progress: serde_json::Value = serde_json::from_slice(&progress).unwrap();
+        progress["steps"][0]["train_loss"].as_f64().unwrap()
+    };
+    let (default, same, frozen) = (
+        run("default", None),
+        run("same", Some(2e-3)),
+        run("frozen", Some(1e-12)),
+    );
+    assert!((default - same).abs() < 1e-6, "{default} vs {same}");
+    assert!((default - frozen).abs() > 1e-3, "{default} vs {frozen}");
 }
 
 #[test]
