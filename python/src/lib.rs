@@ -24,7 +24,7 @@ use pyo3::types::PyTuple;
 use veil_core::{Error, FixedPoint};
 use veil_model::random;
 use veil_model::source::ModelSource;
-use veil_net::{Channel, Fingerprint, Identity, ServerTls};
+use veil_net::{Channel, Fingerprint, Identity, Role, ServerTls};
 use veil_private::client::{argmax, softmax};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
@@ -305,6 +305,32 @@ impl Client {
     fn classify_ids<'py>(&self, py: Python<'py>, ids: Vec<Vec<u32>>) -> PyResult<Results<'py>> {
         let out = self.run(py, |c| c.classify_ids(&ids))?;
         Ok(to_py(py, &out))
+    }
+
+    /// Has the server preprocess the inferences of `texts` now, before they are classified
+    /// (everything that does not depend on them: the linear layers' encrypted work and the
+    /// oblivious-transfer pools); their later `classify` then runs only the online phase, and
+    /// its cost report has an `offline` part. Returns the offline cost of each, as dicts.
+    /// Raises VeilError if the server refuses (its per-session budget or its memory; the
+    /// session goes on) or the model has private embeddings (not preprocessed).
+    fn preprocess(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<Py<PyAny>>> {
+        let mut guard = lock(&self.inner);
+        let client = guard
+            .as_mut()
+            .ok_or_else(|| PyValueError::new_err("the session is closed"))?;
+        let costs = py
+            .detach(|| -> veil_core::Result<Vec<serde_json::Value>> {
+                let encoded = texts
+                    .iter()
+                    .map(|t| client.model().encode_prompt(t, client.options()))
+                    .collect::<veil_core::Result<Vec<_>>>()?;
+                encoded
+                    .iter()
+                    .map(|e| Ok(client.preprocess_for(e)?.to_json(Role::Client)))
+                    .collect()
+            })
+            .map_err(py_err)?;
+        costs.iter().map(|v| json_to_py(py, v)).collect()
     }
 
     /// The cost report of the last classified prompt, as a dict: online time, bytes each way

@@ -39,8 +39,17 @@ def test_private_classification_equals_the_simulator(tiny, server, tmp_path):
         cost = c.cost
         assert cost["bytes_client_to_server"] > 0 and cost["setup"]["rounds"] > 0
         assert "MatMul" in cost["per_op"]
+        assert cost["offline"] is None
         assert len(c.costs) == len(TEXTS)
         assert c.config["veil"]["num_labels"] == 2
+        # Preprocessed, the same results; the reports carry the offline phase.
+        offline = c.preprocess(TEXTS[:2])
+        assert len(offline) == 2 and offline[0]["bytes_client_to_server"] > 0
+        again = c.classify(TEXTS[:2])
+        for (label, probs), (want_label, want_probs) in zip(again, expected):
+            assert label == want_label
+            np.testing.assert_array_equal(probs, want_probs)
+        assert all(r["offline"]["time_s"] > 0 for r in c.costs)
     assert server.running
 
 

@@ -76,6 +76,10 @@ class Client:
         before the first is sent."""
     def classify_ids(self, ids: Sequence[Sequence[int]]) -> List[_Result]:
         """As ``classify``, on token-id sequences (special tokens included)."""
+    def preprocess(self, texts: Sequence[str]) -> List[Dict[str, Any]]:
+        """Has the server preprocess the inferences of these texts now (the prompt-independent
+        work); their later ``classify`` runs only the online phase. Returns each offline cost.
+        Raises VeilError if the server refuses (its budget; the session goes on)."""
     @property
     def cost(self) -> Optional[Dict[str, Any]]:
         """The cost report of the last classified prompt (None before the first)."""

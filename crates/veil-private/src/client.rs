@@ -274,6 +274,11 @@ impl<C: Channel> Client<C> {
         &self.model
     }
 
+    /// How this session sends prompts.
+    pub fn options(&self) -> PromptOptions {
+        self.opts
+    }
+
     /// Classifies each text privately. Every text is tokenised and checked before the first is
     /// sent, so one refused prompt costs no traffic.
     pub fn classify<S: AsRef<str>>(&mut self, texts: &[S]) -> Result<Vec<Classification>> {

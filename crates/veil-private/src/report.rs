@@ -22,6 +22,19 @@ impl PhaseCost {
         self.per_op.values().for_each(|s| t.add(s));
         t
     }
+
+    /// `time_s`, bytes each way and `rounds` of the whole phase, and `per_op` with the same
+    /// keys, as metered by `role`.
+    pub fn to_json(&self, role: Role) -> Value {
+        let per_op: serde_json::Map<String, Value> = self
+            .per_op
+            .iter()
+            .map(|(k, v)| (k.clone(), stats_json(v, role)))
+            .collect();
+        let mut v = stats_json(&self.total(), role);
+        v["per_op"] = Value::Object(per_op);
+        v
+    }
 }
 
 /// The report of one private inference.
@@ -86,13 +99,7 @@ impl CostReport {
 
     fn phase_json(&self, phase: &PhaseCost) -> Value {
         let total = phase.total();
-        let per_op: serde_json::Map<String, Value> = phase
-            .per_op
-            .iter()
-            .map(|(k, v)| (k.clone(), stats_json(v, self.role)))
-            .collect();
-        let mut v = stats_json(&total, self.role);
-        v["per_op"] = Value::Object(per_op);
+        let mut v = phase.to_json(self.role);
         if self.network.is_none() {
             v["modelled_lan_s"] = json!(modelled_seconds(&total, LAN));
             v["modelled_wan_s"] = json!(modelled_seconds(&total, WAN));
