@@ -181,22 +181,32 @@ impl Journal {
 /// The largest |private − simulator| logit difference per example, in ulps of the fixed-point
 /// format (2^−f): how many examples fall in each bucket.
 fn gap_histogram(gaps_ulp: &[f64]) -> serde_json::Value {
-    let buckets = [
-        (0.0, "0"),
-        (1.0, "<=1"),
-        (2.0, "<=2"),
-        (4.0, "<=4"),
-        (16.0, "<=16"),
-    ];
+    let limits = [0.0, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0];
     let mut out = serde_json::Map::new();
     let mut below = 0;
-    for (limit, name) in buckets {
+    for limit in limits {
         let n = gaps_ulp.iter().filter(|&&g| g <= limit).count();
-        out.insert(name.into(), (n - below).into());
+        let name = if limit == 0.0 {
+            "0".to_string()
+        } else {
+            format!("<={limit}")
+        };
+        out.insert(name, (n - below).into());
         below = n;
     }
-    out.insert(">16".into(), (gaps_ulp.len() - below).into());
+    out.insert(">1024".into(), (gaps_ulp.len() - below).into());
     serde_json::Value::Object(out)
+}
+
+/// The median, 90th and 99th percentiles of the gaps (nearest rank), in ulps.
+fn gap_quantiles(gaps_ulp: &[f64]) -> serde_json::Value {
+    let mut g = gaps_ulp.to_vec();
+    g.sort_by(f64::total_cmp);
+    let at = |q: f64| match g.len() {
+        0 => 0.0,
+        n => g[((q * n as f64).ceil() as usize).clamp(1, n) - 1],
+    };
+    serde_json::json!({"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)})
 }
 
 /// `veil eval`.
@@ -341,6 +351,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             "argmax_equal_to_fixed": agree_sim_private,
             "max_abs_logit_difference_vs_fixed": max_gap,
             "logit_difference_ulp_histogram": gap_histogram(&gaps_ulp),
+            "logit_difference_ulp_quantiles": gap_quantiles(&gaps_ulp),
             "mean_online_seconds": private_seconds / private_n as f64,
             "mean_online_bytes": private_bytes as f64 / private_n as f64,
             "total_private_wall_seconds": private_wall,
@@ -460,11 +471,18 @@ mod tests {
 
     #[test]
     fn gaps_fall_in_their_buckets() {
-        let h = gap_histogram(&[0.0, 0.0, 1.0, 3.0, 20.0]);
+        let gaps = [0.0, 0.0, 1.0, 3.0, 20.0, 2000.0];
+        let h = gap_histogram(&gaps);
         assert_eq!(h["0"], 2);
         assert_eq!(h["<=1"], 1);
-        assert_eq!(h["<=2"], 0);
         assert_eq!(h["<=4"], 1);
-        assert_eq!(h[">16"], 1);
+        assert_eq!(h["<=16"], 0);
+        assert_eq!(h["<=64"], 1);
+        assert_eq!(h[">1024"], 1);
+        let q = gap_quantiles(&gaps);
+        assert_eq!(
+            (q["p50"].as_f64(), q["p99"].as_f64()),
+            (Some(1.0), Some(2000.0))
+        );
     }
 }
