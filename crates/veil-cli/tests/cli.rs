@@ -118,6 +118,38 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
     assert!(dev <= 0.02, "2PC logits {dev} away from the simulator's");
     assert!(r["agreement_f32_fixed"].as_f64().unwrap() >= 0.9, "{r}");
 
+    // Sentence pairs (GLUE MRPC's layout, byte-order mark included): segment ids and [SEP] go
+    // through the private protocol as through the simulator; F1 is reported beside accuracy.
+    let pairs = tmp.path().join("pairs.tsv");
+    let mut tsv = String::from("\u{feff}Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n");
+    for (i, (a, b)) in [
+        ("the film good", "good film"),
+        ("the film bad", "great film"),
+    ]
+    .iter()
+    .cycle()
+    .take(4)
+    .enumerate()
+    {
+        tsv += &format!("{}\t{i}\t{}\t{a}\t{b}\n", 1 - i % 2, i + 10);
+    }
+    std::fs::write(&pairs, tsv).unwrap();
+    let out = veil_ok(&[
+        "eval",
+        "--model",
+        &s(&tuned),
+        "--data",
+        &s(&pairs),
+        "--private",
+        "4",
+        "--json",
+    ]);
+    let r: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(r["private"]["argmax_equal_to_fixed"], 4, "{r}");
+    let gap = &r["private"]["max_abs_logit_difference_vs_fixed"];
+    assert!(gap.as_f64().unwrap() <= 0.02, "{r}");
+    assert!(r["private"]["tally"]["f1"].is_number(), "{r}");
+
     // With a journal: a run of 2 private examples, then the same command for 3 resumes is
     // refused (another evaluation), and the same command again runs nothing privately and
     // reports the journal's results.
