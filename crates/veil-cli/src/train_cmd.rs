@@ -187,7 +187,7 @@ pub fn finetune(a: FinetuneArgs, quiet: bool) -> Result<()> {
             "{}",
             serde_json::json!({
                 "out": a.out, "updates": s.steps_done, "mean_loss": s.mean_loss,
-                "train_accuracy": s.train_accuracy, "dev_accuracy": dev.accuracy,
+                "train_accuracy": s.train_accuracy, "dev_accuracy": dev.accuracy, "dev_f1": dev.f1,
                 "dev_examples": dev.examples, "max_abs_hidden": dev.max_abs_hidden,
                 "seconds": started.elapsed().as_secs_f64(),
             })
@@ -319,6 +319,8 @@ pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
             "out": a.out,
             "original_accuracy": r.original.accuracy,
             "final_accuracy": r.final_evaluation.accuracy,
+            "original_f1": r.original.f1,
+            "final_f1": r.final_evaluation.f1,
             "replaced": Operator::ALL.map(|op| (op.label(), r.replaced(op))),
             "resumed_steps": r.resumed_steps(),
             "reports": ["substitution.json", "substitution.md", "accuracy.svg"],

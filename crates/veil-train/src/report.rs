@@ -135,14 +135,34 @@ pub fn markdown(doc: &ReportDocument) -> String {
         "## Accuracy after each stage (as the paper's Figure 3)\n"
     );
     let _ = writeln!(w, "![accuracy after each stage](accuracy.svg)\n");
-    let _ = writeln!(w, "| Stage | B | Replaced blocks | Dev accuracy % |");
-    let _ = writeln!(w, "|---|---:|---|---:|");
-    let _ = writeln!(w, "| Original | – | – | {} |", pct(sub.original.accuracy));
+    // Two-class tasks also get F1 (the paper reports accuracy and F1 for MRPC).
+    let with_f1 = sub.original.f1.is_some();
+    let f1_cell = |f1: Option<f64>| match (with_f1, f1) {
+        (false, _) => String::new(),
+        (true, Some(v)) => format!(" {} |", pct(v)),
+        (true, None) => " – |".into(),
+    };
+    let (f1_head, f1_rule) = if with_f1 {
+        (" Dev F1 % |", "---:|")
+    } else {
+        ("", "")
+    };
+    let _ = writeln!(
+        w,
+        "| Stage | B | Replaced blocks | Dev accuracy % |{f1_head}"
+    );
+    let _ = writeln!(w, "|---|---:|---|---:|{f1_rule}");
+    let _ = writeln!(
+        w,
+        "| Original | – | – | {} |{}",
+        pct(sub.original.accuracy),
+        f1_cell(sub.original.f1)
+    );
     for s in &sub.stages {
         let blocks: Vec<String> = s.replaced_blocks.iter().map(|b| b.to_string()).collect();
         let _ = writeln!(
             w,
-            "| −{} | {} | {} | {} |",
+            "| −{} | {} | {} | {} |{}",
             s.operator.label(),
             bound_label(s.bound),
             if blocks.is_empty() {
@@ -150,7 +170,8 @@ pub fn markdown(doc: &ReportDocument) -> String {
             } else {
                 blocks.join(", ")
             },
-            pct(s.accuracy)
+            pct(s.accuracy),
+            f1_cell(s.f1)
         );
     }
     let _ = writeln!(w, "\n## Every step\n");
@@ -389,6 +410,22 @@ mod tests {
         assert!(md.contains("resumed: 1 of 8 steps"), "{md}");
         assert_eq!(md.matches("| yes |").count(), 1);
         assert_eq!(md.matches("| 10 → ").count(), 8, "{md}");
+        assert!(!md.contains("Dev F1"), "{md}");
+    }
+
+    /// A two-class task's report has F1 beside accuracy in the stage table.
+    #[test]
+    fn two_class_reports_have_f1_per_stage() {
+        let mut doc = document();
+        let sub = &mut doc.substitution;
+        sub.original.f1 = Some(0.8);
+        for (i, s) in sub.stages.iter_mut().enumerate() {
+            s.f1 = Some(0.7 + 0.01 * i as f64);
+        }
+        let md = markdown(&doc);
+        assert!(md.contains("| Dev accuracy % | Dev F1 % |"), "{md}");
+        assert!(md.contains("| Original | – | – | 90.00 | 80.00 |"), "{md}");
+        assert!(md.contains("| −Softmax | 32 | 0 | 95.00 | 71.00 |"), "{md}");
     }
 
     #[test]

@@ -272,6 +272,9 @@ pub struct StepRecord {
     pub bound: Option<f64>,
     pub train_loss: f64,
     pub accuracy: f64,
+    /// Dev F1 of class 1 on a two-class task ([`Evaluation::f1`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f1: Option<f64>,
     pub accepted: bool,
     pub max_abs_hidden: Vec<f32>,
     /// Time this step took in the invocation that finished it.
@@ -312,6 +315,9 @@ pub struct StageRecord {
     pub replaced_blocks: Vec<usize>,
     /// Dev accuracy of the accepted model after the stage.
     pub accuracy: f64,
+    /// Its dev F1 on a two-class task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f1: Option<f64>,
 }
 
 /// Everything the workflow did, for the JSON/Markdown/SVG reports.
@@ -525,7 +531,7 @@ fn stage_records(
     original: &Evaluation,
     steps: &[StepRecord],
 ) -> Vec<StageRecord> {
-    let mut accuracy = original.accuracy;
+    let (mut accuracy, mut f1) = (original.accuracy, original.f1);
     config
         .stages
         .iter()
@@ -534,13 +540,14 @@ fn stage_records(
             let mut replaced_blocks = Vec::new();
             for s in chunk.iter().filter(|s| s.accepted) {
                 replaced_blocks.push(s.block);
-                accuracy = s.accuracy;
+                (accuracy, f1) = (s.accuracy, s.f1);
             }
             StageRecord {
                 operator: stage.operator,
                 bound: stage.bound,
                 replaced_blocks,
                 accuracy,
+                f1,
             }
         })
         .collect()
@@ -676,6 +683,7 @@ pub fn run_substitution<T: SubstitutionTarget>(
                     bound: stage.bound,
                     train_loss: tuned.mean_loss,
                     accuracy: eval.accuracy,
+                    f1: eval.f1,
                     accepted,
                     max_abs_hidden: eval.max_abs_hidden,
                     seconds: step_started.elapsed().as_secs_f64(),
@@ -818,6 +826,7 @@ pub(crate) mod tests {
                 accuracy,
                 examples: 100,
                 max_abs_hidden: vec![accuracy as f32; 2],
+                f1: None,
             })
         }
     }

@@ -400,6 +400,22 @@ pub struct Evaluation {
     pub accuracy: f64,
     pub examples: usize,
     pub max_abs_hidden: Vec<f32>,
+    /// F1 of class 1 on a two-class task (MRPC's metric, class 1 = "equivalent"); `None` for
+    /// more classes (and in records written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub f1: Option<f64>,
+}
+
+/// F1 of class 1: 2·TP / (2·TP + FP + FN) over (predicted, label) pairs (0 when class 1 is
+/// neither predicted nor present).
+pub fn f1_of_class_one(pairs: impl IntoIterator<Item = (u32, u32)>) -> f64 {
+    let (mut tp, mut fp, mut fn_) = (0usize, 0usize, 0usize);
+    for (p, l) in pairs {
+        tp += (p == 1 && l == 1) as usize;
+        fp += (p == 1 && l != 1) as usize;
+        fn_ += (p != 1 && l == 1) as usize;
+    }
+    (2 * tp) as f64 / (2 * tp + fp + fn_).max(1) as f64
 }
 
 pub fn evaluate<M: SequenceClassifier>(
@@ -411,11 +427,18 @@ pub fn evaluate<M: SequenceClassifier>(
     ensure!(batch_size > 0, InvalidArgument, "batch size must be > 0");
     let mut hits = 0usize;
     let mut max_abs: Vec<f32> = Vec::new();
+    let mut pairs: Vec<(u32, u32)> = Vec::with_capacity(data.len());
+    let mut classes = 0;
     for chunk in data.chunks(batch_size) {
         let members: Vec<&EncodedExample> = chunk.iter().collect();
         let batch = Batch::new(&members, &Device::Cpu)?;
         let out = model.forward(&batch).map_err(candle_err)?;
         hits += correct(&out.logits, &batch.labels).map_err(candle_err)?;
+        classes = out.logits.dim(D::Minus1).map_err(candle_err)?;
+        let predicted =
+            (|| out.logits.argmax(D::Minus1)?.to_vec1::<u32>())().map_err(candle_err)?;
+        let labels = batch.labels.to_vec1::<u32>().map_err(candle_err)?;
+        pairs.extend(predicted.into_iter().zip(labels));
         let mask = batch
             .attention_mask
             .unsqueeze(D::Minus1)
@@ -443,6 +466,7 @@ pub fn evaluate<M: SequenceClassifier>(
     Ok(Evaluation {
         accuracy: hits as f64 / data.len() as f64,
         examples: data.len(),
+        f1: (classes == 2).then(|| f1_of_class_one(pairs)),
         max_abs_hidden: max_abs,
     })
 }
@@ -527,6 +551,18 @@ mod tests {
         );
         assert_eq!(after.examples, 128);
         assert_eq!(after.max_abs_hidden.len(), 2);
+        // A two-class task: F1 of class 1 beside accuracy.
+        let f1 = after.f1.expect("F1 on a two-class task");
+        assert!(f1 > 0.85, "F1 {f1}");
+    }
+
+    #[test]
+    fn f1_counts_class_one() {
+        // TP 2, FP 1, FN 1, TN 1: 4 / 6.
+        let pairs = [(1, 1), (1, 1), (1, 0), (0, 1), (0, 0)];
+        assert!((f1_of_class_one(pairs) - 4.0 / 6.0).abs() < 1e-12);
+        assert_eq!(f1_of_class_one([(0, 0), (0, 0)]), 0.0);
+        assert_eq!(f1_of_class_one([(1, 1)]), 1.0);
     }
 
     #[test]
