@@ -10,12 +10,34 @@ use veil_model::{
     TextTokenizer,
 };
 
-/// A fresh temporary directory per test.
-fn temp_dir(name: &str) -> PathBuf {
+/// A fresh temporary directory per test, removed when the test is done with it.
+struct TempFolder(PathBuf);
+
+impl std::ops::Deref for TempFolder {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TempFolder {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFolder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(name: &str) -> TempFolder {
     let d = std::env::temp_dir().join(format!("veil-model-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TempFolder(d)
 }
 
 const WORDS: &[&str] = &[
@@ -32,7 +54,7 @@ fn tiny_config(arch: Architecture, head: HeadKind, labels: usize) -> ModelConfig
 }
 
 /// Writes a tiny random folder and returns it.
-fn tiny_folder(name: &str, cfg: &ModelConfig) -> PathBuf {
+fn tiny_folder(name: &str, cfg: &ModelConfig) -> TempFolder {
     let dir = temp_dir(name);
     let t = random_transformer(cfg, [7; 16]).unwrap();
     write_vocab(&dir);
