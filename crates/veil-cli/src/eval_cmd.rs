@@ -318,7 +318,11 @@ pub fn eval(a: EvalArgs) -> Result<()> {
                 }
                 r
             }
-            (None, None) => unreachable!("a client runs while private examples remain"),
+            (None, None) => {
+                return Err(Error::Other(format!(
+                    "example {i} is neither in the journal nor run: no session was opened"
+                )))
+            }
         };
         private_tally.add(argmax(&r.logits), ex.label);
         agree_sim_private += (argmax(&r.logits) == argmax(&s)) as usize;
@@ -339,6 +343,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let n = examples.len();
     let binary = labels.names.len() == 2;
     let max_gap = gaps_ulp.iter().fold(0f64, |m, &g| m.max(g)) * ulp;
+    let histogram = gap_histogram(&gaps_ulp);
     let doc = serde_json::json!({
         "model": a.model, "data": a.data, "labels": labels.names,
         "f32": f32_tally.json(binary),
@@ -350,7 +355,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             "agreement_with_fixed": agree_sim_private as f64 / private_n as f64,
             "argmax_equal_to_fixed": agree_sim_private,
             "max_abs_logit_difference_vs_fixed": max_gap,
-            "logit_difference_ulp_histogram": gap_histogram(&gaps_ulp),
+            "logit_difference_ulp_histogram": histogram,
             "logit_difference_ulp_quantiles": gap_quantiles(&gaps_ulp),
             "mean_online_seconds": private_seconds / private_n as f64,
             "mean_online_bytes": private_bytes as f64 / private_n as f64,
@@ -394,7 +399,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             agree_sim_private,
             private_n,
             max_gap,
-            gap_histogram(&gaps_ulp),
+            histogram,
             private_seconds / private_n as f64,
             private_bytes as f64 / private_n as f64 / 1e6,
             private_wall,

@@ -21,7 +21,7 @@ use veil_core::approx::Approx;
 use veil_core::{Result, RingTensor};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::engine::{self, Engine, LayerId, NormId};
-use veil_model::{Activation, AttentionNorm, LayerNormKind};
+use veil_model::{Activation, AttentionNorm, LayerNormKind, ModelConfig};
 use veil_net::{run_two_party, Channel, Role};
 use veil_nonlinear::{Backend, OtSession};
 
@@ -37,44 +37,40 @@ pub type Draw = (u64, u64);
 pub fn cots_per_inference(model: &ServerModel, ax: Approx, seq: usize) -> Result<Draw> {
     let cfg = model.config();
     let ring = ax.fp.ring;
+    // Both parties walk the composition in lock-step; only their set-up and side differ.
     let (_, server) = run_two_party(
         |ch| {
             let lin = ClientSession::setup(ch, ring)?;
-            let mut ot = OtSession::setup_with(ch, Role::Client, Backend::Iknp)?;
-            walk(
-                Party {
-                    ch,
-                    ot: &mut ot,
-                    ax,
-                    cfg,
-                    side: Side::Client(&lin, seq),
-                    pre: None,
-                },
-                seq,
-            )
+            let ot = OtSession::setup_with(ch, Role::Client, Backend::Iknp)?;
+            walk(ch, ot, ax, cfg, Side::Client(&lin, seq), seq)
         },
         |ch| {
             let lin = ServerSession::setup(ch, ring)?;
-            let mut ot = OtSession::setup_with(ch, Role::Server, Backend::Iknp)?;
-            walk(
-                Party {
-                    ch,
-                    ot: &mut ot,
-                    ax,
-                    cfg,
-                    side: Side::Server(&lin, model),
-                    pre: None,
-                },
-                seq,
-            )
+            let ot = OtSession::setup_with(ch, Role::Server, Backend::Iknp)?;
+            walk(ch, ot, ax, cfg, Side::Server(&lin, model), seq)
         },
     )?;
     Ok(server)
 }
 
 /// One party's walk through the composition for `seq` tokens, sampling each call.
-fn walk<C: Channel>(party: Party<'_, C>, seq: usize) -> Result<Draw> {
-    let (cfg, ring) = (party.cfg, party.ax.fp.ring);
+fn walk<C: Channel>(
+    ch: &mut C,
+    mut ot: OtSession,
+    ax: Approx,
+    cfg: &ModelConfig,
+    side: Side<'_>,
+    seq: usize,
+) -> Result<Draw> {
+    let ring = ax.fp.ring;
+    let party = Party {
+        ch,
+        ot: &mut ot,
+        ax,
+        cfg,
+        side,
+        pre: None,
+    };
     let mut s = Sampler {
         shapes: Planner::new(cfg, ring),
         party,

@@ -370,24 +370,12 @@ impl<C: Channel> ClientConnection<C> {
     /// (the offline phase). The server may refuse (its per-session budget,
     /// [`preprocess_budget`]); the session goes on.
     pub fn preprocess(&mut self, seq: usize) -> Result<PhaseCost> {
-        ensure!(
-            (1..=self.cfg.max_sequence_len()).contains(&seq),
-            InvalidArgument,
-            "preprocessing for {seq} tokens (the model takes 1..={})",
-            self.cfg.max_sequence_len()
-        );
+        self.check_length(seq)?;
         ensure!(
             self.cfg.veil.embedding == EmbeddingMode::Public,
             Unsupported,
             "preprocessing covers public-embedding models only"
         );
-        if let Some(n) = self.opts.max_tokens {
-            ensure!(
-                seq <= n,
-                InvalidArgument,
-                "preprocessing for {seq} tokens, above the {n} announced to the server"
-            );
-        }
         let allowed = self.start_step(seq)?;
         let res = (|| {
             let mut w = Writer::new();
@@ -429,6 +417,25 @@ impl<C: Channel> ClientConnection<C> {
             .or_default()
             .push_back((material, cost.clone()));
         Ok(cost)
+    }
+
+    /// A step of `seq` tokens (an inference or its preprocessing) must fit the model and the
+    /// length announced in the hello: the server ends a session that asks for more.
+    fn check_length(&self, seq: usize) -> Result<()> {
+        ensure!(
+            (1..=self.cfg.max_sequence_len()).contains(&seq),
+            InvalidArgument,
+            "sequence length {seq} outside 1..={}",
+            self.cfg.max_sequence_len()
+        );
+        if let Some(n) = self.opts.max_tokens {
+            ensure!(
+                seq <= n,
+                InvalidArgument,
+                "sequence length {seq} above the {n} tokens announced to the server"
+            );
+        }
+        Ok(())
     }
 
     /// Sets the deadline of a step (an inference or its preprocessing) of `seq` tokens and
@@ -556,19 +563,7 @@ impl<C: Channel> ClientConnection<C> {
             Input::Embedded(x) => x.shape()[0],
             Input::Ids(ids, _) => ids.len(),
         };
-        ensure!(
-            (1..=self.cfg.max_sequence_len()).contains(&seq),
-            InvalidArgument,
-            "sequence length {seq} outside 1..={}",
-            self.cfg.max_sequence_len()
-        );
-        if let Some(n) = self.opts.max_tokens {
-            ensure!(
-                seq <= n,
-                InvalidArgument,
-                "sequence length {seq} above the {n} tokens announced to the server"
-            );
-        }
+        self.check_length(seq)?;
         let allowed = self.start_step(seq)?;
         let budget = allowed.unwrap_or(Duration::MAX);
         let res = self.run_inner(input, real_len, seq);
