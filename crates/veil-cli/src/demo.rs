@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use veil_core::{Error, Result};
-use veil_model::source::{ModelSource, DEFAULT_DESCRIPTION};
+use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
 use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
@@ -57,9 +57,12 @@ pub fn run(
     };
     let link = net.map_or(plain.to_string(), |n| format!("a link shaped like {n}"));
     let source = ModelSource::resolve(model)?;
-    let is_default = source == ModelSource::Default;
-    if is_default {
-        eprintln!("veil demo: default model = {DEFAULT_DESCRIPTION}, run privately over {link}.");
+    let built_in = source.built_in();
+    if let Some(b) = built_in {
+        eprintln!(
+            "veil demo: model {} = {}, run privately over {link}.",
+            b.name, b.description
+        );
     }
     let m = source.load()?;
     let client = ClientModel::from_model(&m)?;
@@ -118,8 +121,14 @@ pub fn run(
             pipeline,
         )?,
     }
-    if is_default && !json {
-        println!("\nlabels: 0 = negative, 1 = positive");
+    if let (Some(b), false) = (built_in, json) {
+        let labels: Vec<String> = b
+            .labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| format!("{i} = {l}"))
+            .collect();
+        println!("\nlabels: {}", labels.join(", "));
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod demo;
+mod embed_cmd;
 mod eval_cmd;
 mod train_cmd;
 
@@ -150,6 +151,9 @@ enum Cmd {
     /// Accuracy of a classifier in f32, in the fixed-point simulator and (--private N) in the real
     /// two-party protocol, with their agreement.
     Eval(eval_cmd::EvalArgs),
+    /// Sentence vectors of an encoder (its pooled output) in f32, in the fixed-point simulator and
+    /// (--private N) in the real two-party protocol, with their cosine agreement and cost.
+    Embed(embed_cmd::EmbedArgs),
     /// Benchmarks (release build; both parties on this machine over TCP loopback).
     Bench {
         #[command(subcommand)]
@@ -600,6 +604,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Finetune(a) => train_cmd::finetune(a, cli.quiet),
         Cmd::Substitute(a) => train_cmd::substitute(a, cli.quiet),
         Cmd::Eval(a) => eval_cmd::eval(a),
+        Cmd::Embed(a) => embed_cmd::embed(a),
         Cmd::Bench { what } => bench(what),
     }
 }

@@ -190,6 +190,44 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
     }
 }
 
+/// `veil embed` on an encoder without a classifier: its pooled vectors in f32, fixed point and
+/// the real protocol agree (cosine near 1, private within the one-bit truncation's reach of the
+/// simulator), sentences come from a file and the command line, and a run without sentences is
+/// refused.
+#[test]
+fn embed_compares_pooled_vectors_across_f32_fixed_point_and_2pc() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, data) = (tmp.path().join("enc"), tmp.path().join("s.txt"));
+    tiny_folder(&model, 0, 5);
+    std::fs::write(&data, "the film good\n\nthe film awful\n").unwrap();
+    let m = model.to_str().unwrap();
+    let out = veil_ok(&[
+        "embed",
+        "--model",
+        m,
+        "--data",
+        data.to_str().unwrap(),
+        "--private",
+        "2",
+        "--json",
+        "great film",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["sentences"], 3);
+    assert_eq!(v["private"]["sentences"], 2);
+    assert_eq!(v["fixed_point"]["warnings"].as_array().unwrap().len(), 0);
+    let fixed = v["fixed_point"]["min_cosine_to_f32"].as_f64().unwrap();
+    let private = v["private"]["min_cosine_to_f32"].as_f64().unwrap();
+    assert!(fixed > 0.999 && private > 0.999, "{v}");
+    let gap = v["private"]["max_difference_to_fixed"].as_f64().unwrap();
+    assert!(gap < 64.0 / 8192.0, "private vs fixed {gap}");
+    let per = v["per_sentence"].as_array().unwrap();
+    assert!(per[0]["cosine_private_f32"].is_number() && per[2]["cosine_private_f32"].is_null());
+    let out = veil(&["embed", "--model", m]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no sentences"));
+}
+
 #[test]
 fn bad_arguments_get_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();

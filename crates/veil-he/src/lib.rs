@@ -54,7 +54,7 @@
 //!    range and sets c0'; modulus switching and dropping coefficients are public post-processing.
 //!
 //! B is computed from **public** data only (with packing: + the merge's worst-case noise): the plaintext's declared bound max|w| (weights:
-//! `veil_linear::fc::WEIGHT_BOUND` = 2^16 at f = 13; shares: 2^(ℓ−1)) times its number of slots,
+//! `veil_linear::fc::WEIGHT_BOUND` = 2^17 at f = 13; shares: 2^(ℓ−1)) times its number of slots,
 //! never from secret values; [`NttPlaintext`] refuses coefficients above the bound and
 //! [`Accumulator`] carries the bounds, so [`Accumulator::into_response`] always checks.
 //!
@@ -73,11 +73,11 @@
 //!
 //! | set | N | Q | p | h | flood b | hides (69-bit margin) | c0 / c1 bits | for |
 //! |---|---|---|---|---|---|---|---|---|
-//! | N8192 | 8192 | 3 × 50-bit (≈150) | ≈2^57 | 14 | 104 | 2^36 | 44 / 57 | FC weights ≤ 2^16 |
+//! | N8192 | 8192 | 3 × 50-bit (≈150) | ≈2^57 | 14 | 104 | 2^36 | 44 / 57 | FC weights ≤ 2^17 |
 //! | N8192Q4 | 8192 | 4 × 42-bit (≈168) | ≈2^57 | 14 | 122 | 2^54 | 44 / 57 | ℓ-bit shares |
 //!
 //! For a product Σ_c w_c × Enc(m_c) with S weight slots in all under the bound W, B ≈ S·W +
-//! 9.86·√(10.5·S)·W + 2·21·N. BERT-Base FC layers (S ≤ 3072·64, W = 2^16) give B ≤ 2^34;
+//! 9.86·√(10.5·S)·W + 2·21·N. BERT-Base FC layers (S ≤ 3072·64, W = 2^17) give B ≤ 2^35;
 //! per-head attention products with share operands (S ≤ 128·64, W = 2^40) give B ≤ 2^54. N = 4096
 //! (log Q ≤ 109) cannot reach a 69-bit margin over even the re-randomisation noise, so it is
 //! gone; `ParamSet::N4096` remains as an alias of the weight set for existing callers.

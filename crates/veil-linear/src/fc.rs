@@ -20,10 +20,11 @@ use crate::premask::{
 };
 use veil_he::session::{ClientSession, ServerSession};
 
-/// Public bound on |w·2^f| for FC weights (|w| ≤ 8 at f = 13; trained BERT weights are far
-/// smaller). The flooding check uses this bound, and larger weights are refused as
-/// [`veil_core::Error::Insecure`].
-pub const WEIGHT_BOUND: u64 = 1 << 16;
+/// Public bound on |w·2^f| for FC weights (|w| ≤ 16 at f = 13: all-mpnet-base-v2's FFN output
+/// weights reach 15.6, so 8 was too small for real Base models; the layouts chosen for BERT
+/// shapes are the same at either bound). The flooding check uses this bound, and larger weights
+/// are refused as [`veil_core::Error::Insecure`].
+pub const WEIGHT_BOUND: u64 = 1 << 17;
 
 /// Public description of an FC layer as both parties see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

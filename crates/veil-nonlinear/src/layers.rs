@@ -8,8 +8,8 @@
 //! * Softmax (Alg. 3, max subtraction, public padding mask): ≤ 8e-4 per output (the rounding
 //!   errors of the row's exp values add up in the sum);
 //! * ReLU-normalise: ReLU(x_i) / (Σ_j ReLU(x_j) + ε): ≤ 3e-4;
-//! * LayerNorm (Alg. 4, γ and β private to the server), on |x − mean| < 1024 and
-//!   var + ε ≥ 2^-13: ≤ 1 ulp + |γ|·(2.5e-3 + 2.5e-4/√(var + ε))
+//! * LayerNorm (Alg. 4, γ and β private to the server), on |x − mean| < 2048 and
+//!   var + ε ≥ 2^-13: ≤ 1 ulp + |γ|·(4.5e-3 + 2.5e-4/√(var + ε))
 //!   (`approx::layer_norm_error_bound`). The variance comes from a coarse sum of squares of
 //!   pre-shifted deviations (whole domain) or an exact one (Σd² < 4096), chosen per row by one
 //!   comparison; the 1/n is folded into the public constants of the row's rsqrt;
@@ -18,7 +18,7 @@
 //! Products by a value of known small magnitude use the narrow (mixed-width) product of
 //! [`mod@crate::mul`]: e_i·(1/s) in Softmax (e ∈ [0, 1], always), ReLU(x_i)·(1/s) in ReLU-normalise
 //! (relies on the domain s < 2048), the squares and d·r in LayerNorm (rely on the domain
-//! |x − mean| < 1024), the products by γ (the server promises |γ| < 2^[`GAMMA_BITS`] and errs
+//! |x − mean| < 2048), the products by γ (the server promises |γ| < 2^[`GAMMA_BITS`] and errs
 //! otherwise). Outside those domains the shares no longer open to `approx` (GELU and Softmax
 //! still do, for every input).
 //!
