@@ -159,8 +159,17 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
     if let Some(c) = client {
         c.close()?;
     }
-    let min = |v: &mut dyn Iterator<Item = f64>| v.fold(f64::INFINITY, f64::min);
-    let max = |v: &mut dyn Iterator<Item = f64>| v.fold(0f64, f64::max);
+    // NaN (an overflowing output) must show in the summary, not be skipped by min/max.
+    let nan_or = |a: f64, b: f64, pick: fn(f64, f64) -> f64| {
+        if a.is_nan() || b.is_nan() {
+            f64::NAN
+        } else {
+            pick(a, b)
+        }
+    };
+    let min =
+        |v: &mut dyn Iterator<Item = f64>| v.fold(f64::INFINITY, |a, b| nan_or(a, b, f64::min));
+    let max = |v: &mut dyn Iterator<Item = f64>| v.fold(0f64, |a, b| nan_or(a, b, f64::max));
     let privates: Vec<&PrivateCompared> =
         compared.iter().filter_map(|c| c.private.as_ref()).collect();
     let ulp = 1.0 / fp.scale();

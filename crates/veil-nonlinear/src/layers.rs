@@ -516,7 +516,7 @@ fn normalised_bits(n: usize) -> u32 {
 }
 
 /// The 1-bit-error mode's sums of squares come from one exact sum Σd² in a ring of
-/// W = 2·dev + ⌈log2 n⌉ + 2 ≤ 64 bits (58 for BERT rows at (41, 13)), the narrowest (and at
+/// W = 2·dev + ⌈log2 n⌉ + 2 ≤ 64 bits (60 for BERT rows at (41, 13)), the narrowest (and at
 /// least ℓ) where Σd² < 2^(W−2) is exact and can be truncated (on COTs every square's COT is
 /// W − j bits wide, so the narrowest ring is the cheapest). The fine sum is its low ℓ bits (the
 /// faithful path's value), the coarse one ⌊Σd² / 2^(2f − g_c)⌋ per row (1 ulp low at most; the

@@ -59,8 +59,10 @@ use crate::report::{CostReport, PhaseCost};
 use crate::server::{ServeOptions, Server, Transport};
 
 const MAGIC: &[u8; 4] = b"VEIL";
-/// The protocol version; 2 added the hello's length and the server's status byte.
-pub const VERSION: u32 = 2;
+/// The protocol version; 2 added the hello's length and the server's status byte; 3 widened
+/// LayerNorm's domain to 2^11 (its narrow widths, HE planes and wide ring change) and the FC
+/// weight bound to 2^17 (which the layout search both parties run depends on).
+pub const VERSION: u32 = 3;
 const HELLO_BYTES: usize = 12;
 const MAX_CONFIG_BYTES: usize = 1 << 20;
 const TAG_BYE: u8 = 0;
