@@ -6,15 +6,15 @@
 //! whether the protocol's fixed-point format holds the model's real activations.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
 use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::sim::FixedModel;
 use veil_model::source::ModelSource;
-use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
-use veil_private::{Client, ClientModel, ClientOptions, PromptOptions, ServerModel};
+use veil_private::{ClientModel, PromptOptions};
+
+use crate::compare::{f32_output, loopback_client, max_abs_difference};
 
 #[derive(Args)]
 pub struct EmbedArgs {
@@ -51,11 +51,6 @@ fn cosine(a: &[f64], b: &[f64]) -> f64 {
     } else {
         dot / n
     }
-}
-
-/// The largest |a_i − b_i|.
-fn max_abs_difference(a: &[f64], b: &[f64]) -> f64 {
-    a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()))
 }
 
 /// One sentence's vectors compared.
@@ -109,15 +104,7 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
     let fixed = FixedModel::encode(&model.transformer, fp)?;
     let private_n = a.private.min(texts.len());
     let mut client = (private_n > 0)
-        .then(|| -> Result<_> {
-            let server = Arc::new(ServerModel::from_model(&model, DEFAULT_NTT_BUDGET_BYTES)?);
-            Client::connect(
-                client_model,
-                veil_private::loopback_channel(server)?,
-                opts,
-                ClientOptions::default(),
-            )
-        })
+        .then(|| loopback_client(&model, client_model, opts))
         .transpose()?;
     let mut warnings: Vec<String> = vec![];
     let mut compared = Vec::with_capacity(texts.len());
@@ -125,13 +112,7 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
     let pb = veil_model::progress::bar(texts.len() as u64, "embedding");
     for (i, enc) in encoded.iter().enumerate() {
         pb.inc(1);
-        let f: Vec<f64> = model
-            .transformer
-            .output_f32(&enc.ids, &enc.type_ids)
-            .map_err(|e| Error::Other(format!("candle: {e}")))?
-            .into_iter()
-            .map(f64::from)
-            .collect();
+        let f = f32_output(&model, &enc.ids, &enc.type_ids)?;
         let sim = fixed.forward(&enc.ids, &enc.type_ids)?;
         warnings.extend(sim.warnings.iter().map(|w| format!("sentence {i}: {w}")));
         let s = sim.logits_f64(fp).unwrap_or_else(|| sim.pooled.decode(fp));
@@ -248,11 +229,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cosine_and_difference() {
+    fn cosine_of_edge_vectors() {
         assert!((cosine(&[1.0, 0.0], &[2.0, 0.0]) - 1.0).abs() < 1e-12);
         assert!(cosine(&[1.0, 0.0], &[0.0, 3.0]).abs() < 1e-12);
         assert!((cosine(&[1.0, 1.0], &[-1.0, -1.0]) + 1.0).abs() < 1e-12);
         assert_eq!(cosine(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
-        assert_eq!(max_abs_difference(&[1.0, -2.0], &[1.5, 1.0]), 3.0);
     }
 }

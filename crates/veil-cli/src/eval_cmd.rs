@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
@@ -18,10 +17,10 @@ use veil_model::sim::FixedModel;
 use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
 use veil_private::client::argmax;
-use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
-use veil_private::{Client, ClientModel, ClientOptions, PromptOptions, ServerModel};
+use veil_private::{ClientModel, PromptOptions};
 use veil_train::workflow::labelled_examples_for;
 
+use crate::compare::{f32_output, loopback_client, max_abs_difference};
 use crate::train_cmd::FormatArgs;
 
 #[derive(Args)]
@@ -253,16 +252,13 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         None => None,
     };
     let resumed = journal.as_ref().map_or(0, |j| j.done.len());
-    // A server thread over loopback and this process's client (the library's, embedding with
-    // the public tables as any client does), only when private runs remain.
+    // A private session only when private runs remain.
     let mut client = (private_n > resumed)
-        .then(|| -> Result<_> {
-            let server = Arc::new(ServerModel::from_model(&model, DEFAULT_NTT_BUDGET_BYTES)?);
-            Client::connect(
+        .then(|| {
+            loopback_client(
+                &model,
                 ClientModel::from_model(&model)?,
-                veil_private::loopback_channel(server)?,
                 PromptOptions::default(),
-                ClientOptions::default(),
             )
         })
         .transpose()?;
@@ -272,17 +268,11 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let (mut private_seconds, mut private_wall, mut private_bytes) = (0f64, 0f64, 0u64);
     let mut gaps_ulp = Vec::with_capacity(private_n);
     let mut sim_warnings = 0usize;
-    let ulp = 2f64.powi(-(fp.frac_bits() as i32));
+    let ulp = 1.0 / fp.scale();
     let pb = veil_model::progress::bar(examples.len() as u64, "evaluating");
     for (i, ex) in examples.iter().enumerate() {
         pb.inc(1);
-        let f: Vec<f64> = model
-            .transformer
-            .output_f32(&ex.ids, &ex.type_ids)
-            .map_err(|e| Error::Other(format!("candle: {e}")))?
-            .into_iter()
-            .map(f64::from)
-            .collect();
+        let f = f32_output(&model, &ex.ids, &ex.type_ids)?;
         let sim = fixed.forward(&ex.ids, &ex.type_ids)?;
         sim_warnings += sim.warnings.len();
         let s = sim
@@ -326,12 +316,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         };
         private_tally.add(argmax(&r.logits), ex.label);
         agree_sim_private += (argmax(&r.logits) == argmax(&s)) as usize;
-        let gap = r
-            .logits
-            .iter()
-            .zip(&s)
-            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-        gaps_ulp.push(gap / ulp);
+        gaps_ulp.push(max_abs_difference(&r.logits, &s) / ulp);
         private_seconds += r.online_seconds;
         private_wall += r.wall_seconds;
         private_bytes += r.online_bytes;
@@ -460,6 +445,24 @@ mod tests {
         assert!(err.contains("another evaluation"), "{err}");
         std::fs::write(&path, "not json\n").unwrap();
         assert!(Journal::open(&path, &header(5)).is_err());
+    }
+
+    /// Re-opening rewrites the journal; every number must come back as it was written (a
+    /// timing of 17 significant digits is where a fast, inexact float parser differs).
+    #[test]
+    fn a_reopened_journal_keeps_its_records_byte_for_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.jsonl");
+        let mut j = Journal::open(&path, &header(5)).unwrap();
+        j.record(&PrivateResult {
+            online_seconds: 12.955465373999997,
+            ..result(0)
+        })
+        .unwrap();
+        drop(j);
+        let before = std::fs::read(&path).unwrap();
+        drop(Journal::open(&path, &header(5)).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), before);
     }
 
     #[test]

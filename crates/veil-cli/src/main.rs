@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod compare;
 mod demo;
 mod embed_cmd;
 mod eval_cmd;
