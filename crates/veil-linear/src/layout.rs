@@ -506,7 +506,7 @@ mod tests {
             (128, 768, 768),
             (1, 1, 1),
         ] {
-            let lay = Layout::search(&p, n, k, m, 1 << 16).unwrap();
+            let lay = Layout::search(&p, n, k, m, crate::fc::WEIGHT_BOUND).unwrap();
             let b = lay.blocks;
             assert!(b.n_w * b.k_w * b.m_w <= big_n);
             let a_t = RingTensor::random(ring, &[n, k], &mut g).unwrap();
@@ -545,7 +545,7 @@ mod tests {
         let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
         let mut lays: Vec<Layout> = [(128, 40, 70), (39, 79, 39), (128, 768, 768), (5, 7, 3)]
             .iter()
-            .map(|&(n, k, m)| Layout::search(&p, n, k, m, 1 << 16).unwrap())
+            .map(|&(n, k, m)| Layout::search(&p, n, k, m, crate::fc::WEIGHT_BOUND).unwrap())
             .collect();
         lays.push(Layout {
             n: 150,
@@ -576,6 +576,30 @@ mod tests {
                 }
             }
             assert!(seen.iter().all(|&v| v == 1), "{lay:?}");
+        }
+    }
+
+    /// The weight bound was doubled (2^16 → 2^17) for all-mpnet-base-v2's FFN weights; the
+    /// flooding margin of N8192 still covers every BERT shape, so the layouts (and with them
+    /// the costs measured before the change) stay the same. If a bound change ever moves a
+    /// layout, this says so and the benchmarks must be re-measured.
+    #[test]
+    fn bert_layouts_do_not_depend_on_the_doubled_weight_bound() {
+        let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
+        let bound = crate::fc::WEIGHT_BOUND;
+        for (k, m) in [
+            (768, 768),
+            (768, 3072),
+            (3072, 768),
+            (384, 1536),
+            (1536, 384),
+            (128, 512),
+        ] {
+            for n in [1, 16, 128, 512] {
+                let now = WeightBlocking::for_rows(&p, n, 512, k, m, bound).unwrap();
+                let before = WeightBlocking::for_rows(&p, n, 512, k, m, bound / 2).unwrap();
+                assert_eq!(now, before, "{n}x{k}x{m}");
+            }
         }
     }
 
@@ -702,10 +726,11 @@ mod tests {
     #[test]
     fn weight_blocking_serves_every_length() {
         let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
-        let cuts = WeightBlocking::all_for(&p, 512, 768, 768, 1 << 16).unwrap();
+        let cuts = WeightBlocking::all_for(&p, 512, 768, 768, crate::fc::WEIGHT_BOUND).unwrap();
         assert!((1..=2).contains(&cuts.len()));
         for n in [1, 7, 16, 17, 128, 512] {
-            let wb = WeightBlocking::for_rows(&p, n, 512, 768, 768, 1 << 16).unwrap();
+            let wb =
+                WeightBlocking::for_rows(&p, n, 512, 768, 768, crate::fc::WEIGHT_BOUND).unwrap();
             assert!(cuts.contains(&wb));
             let lay = Layout::for_weights(&p, n, 768, 768, wb).unwrap();
             assert_eq!(lay.weight_blocking(), wb);
