@@ -636,7 +636,17 @@ impl Approx {
         }
     }
 
+    /// The longest LayerNorm row the ring holds (0 if none): n squared deviations below
+    /// 2^LAYER_NORM_DEV_BITS must sum below 2^(ℓ−2). 2^17 at ℓ = 41; a model whose hidden size
+    /// exceeds it is refused when it is prepared, before any row reaches [`Approx::layer_norm_plan`].
+    pub fn layer_norm_max_row(&self) -> usize {
+        (self.fp.ring.bits() - 2)
+            .checked_sub(2 * LAYER_NORM_DEV_BITS)
+            .map_or(0, |room| 1usize << room)
+    }
+
     /// The public parameters of LayerNorm on rows of n values (see [`LayerNormPlan`]).
+    /// Precondition: 0 < n ≤ [`Approx::layer_norm_max_row`].
     pub fn layer_norm_plan(&self, n: usize, eps: f64) -> LayerNormPlan {
         assert!(n > 0, "LayerNorm of an empty row");
         let l = self.fp.ring.bits();
@@ -1066,6 +1076,17 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The row limit is where the plan's own room check turns negative: ℓ = 41 holds 2^17.
+    #[test]
+    fn layer_norm_row_limit() {
+        let a = ax();
+        assert_eq!(a.layer_norm_max_row(), 1 << 17);
+        a.layer_norm_plan(1 << 17, 1e-5);
+        let narrow = Approx::new(FixedPoint::new(32, 8).unwrap()).unwrap();
+        assert_eq!(narrow.layer_norm_max_row(), 256);
+        narrow.layer_norm_plan(256, 1e-5);
     }
 
     #[test]

@@ -290,6 +290,14 @@ impl FixedModel {
     /// Encodes an f32 model at the fixed-point format `fp`.
     pub fn encode(model: &Transformer, fp: FixedPoint) -> Result<Self> {
         let approx = Approx::new(fp)?;
+        let hidden = model.config.hidden_size;
+        ensure!(
+            hidden <= approx.layer_norm_max_row(),
+            InvalidArgument,
+            "hidden size {hidden} exceeds the {} values a LayerNorm row may have at ℓ = {}",
+            approx.layer_norm_max_row(),
+            fp.ring.bits()
+        );
         let blocks = model
             .blocks
             .iter()

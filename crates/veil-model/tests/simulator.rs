@@ -177,4 +177,22 @@ fn simulator_rejects_bad_inputs() {
         fixed.forward(&[1; 41], &[0; 41]).is_err(),
         "longer than the position table"
     );
+    // A ring too narrow for LayerNorm rows of 512 (ℓ = 32 holds 256): refused, not a panic.
+    let wide = ModelConfig::new(
+        Architecture::Bert,
+        50,
+        512,
+        1,
+        4,
+        64,
+        40,
+        HeadKind::Pooler,
+        2,
+    )
+    .unwrap();
+    let wide = random_transformer_with_std(&wide, [1; 16], 0.1).unwrap();
+    let narrow = FixedPoint::new(32, 8).unwrap();
+    let err = FixedModel::encode(&wide, narrow).err().unwrap().to_string();
+    assert!(err.contains("hidden size 512"), "{err}");
+    assert!(FixedModel::encode(&wide, fp).is_ok());
 }

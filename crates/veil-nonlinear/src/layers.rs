@@ -246,7 +246,7 @@ impl<C: Channel> Ctx<'_, C> {
         let _g = self.ch.meter().enter("LayerNorm");
         let ring = self.ring();
         let cols = row_len(x)?;
-        let max_cols = 1usize << (ring.bits() - 2 - 2 * veil_core::approx::LAYER_NORM_DEV_BITS);
+        let max_cols = self.ax.layer_norm_max_row();
         ensure!(
             cols <= max_cols,
             InvalidArgument,
