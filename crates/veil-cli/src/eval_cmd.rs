@@ -252,16 +252,17 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         None => None,
     };
     let resumed = journal.as_ref().map_or(0, |j| j.done.len());
-    // A private session only when private runs remain.
-    let mut client = (private_n > resumed)
-        .then(|| {
-            loopback_client(
-                &model,
-                ClientModel::from_model(&model)?,
-                PromptOptions::default(),
-            )
-        })
-        .transpose()?;
+    // A private session only when private runs remain; a new one (fresh keys) whenever the
+    // next example might not fit in what the current session's keys may still reveal.
+    let connect = || {
+        loopback_client(
+            &model,
+            ClientModel::from_model(&model)?,
+            PromptOptions::default(),
+        )
+    };
+    let mut client = (private_n > resumed).then(connect).transpose()?;
+    let mut sessions = usize::from(client.is_some());
     let (mut f32_tally, mut sim_tally, mut private_tally) =
         (Tally::default(), Tally::default(), Tally::default());
     let (mut agree_f32_sim, mut agree_sim_private) = (0usize, 0usize);
@@ -293,6 +294,10 @@ pub fn eval(a: EvalArgs) -> Result<()> {
                     type_ids: ex.type_ids.clone(),
                     truncated: 0,
                 };
+                if !c.key_budget_fits(&enc) {
+                    std::mem::replace(c, connect()?).close()?;
+                    sessions += 1;
+                }
                 let t0 = Instant::now();
                 let (logits, report) = c.infer(&enc)?;
                 let t = report.online.total();
@@ -346,6 +351,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             "mean_online_bytes": private_bytes as f64 / private_n as f64,
             "total_private_wall_seconds": private_wall,
             "resumed_from_journal": resumed,
+            "sessions": sessions,
         })),
         "wall_seconds": started.elapsed().as_secs_f64(),
     });

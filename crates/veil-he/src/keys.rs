@@ -32,6 +32,9 @@ pub struct SecretKey {
     pub(crate) neg_s_ntt: Vec<u64>,
     /// s in the NTT domain of the final modulus.
     pub(crate) s_final_ntt: Vec<u64>,
+    /// Response coefficients decrypted under this key: the same count the server keeps on the
+    /// public key ([`PublicKey::revealed`]), so the client sees its key's budget run down.
+    revealed: AtomicU64,
 }
 
 impl Drop for SecretKey {
@@ -60,11 +63,22 @@ impl SecretKey {
             params: params.clone(),
             neg_s_ntt: neg.data,
             s_final_ntt: s_final,
+            revealed: AtomicU64::new(0),
         }
     }
 
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// Response coefficients decrypted under this key so far (at most
+    /// 2^[`SESSION_REVEALED_LOG2`]: the server refuses responses beyond it).
+    pub fn revealed(&self) -> u64 {
+        self.revealed.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn count_revealed(&self, count: usize) {
+        self.revealed.fetch_add(count as u64, Ordering::SeqCst);
     }
 
     /// pk = (-a·s + e, a) with a expanded from a fresh seed.

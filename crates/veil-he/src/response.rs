@@ -208,6 +208,7 @@ impl SecretKey {
             InvalidArgument,
             "response does not match the expected layout"
         );
+        self.count_revealed(positions.len());
         let mut cs = r.c1.clone();
         inner.final_plan.fwd(&mut cs);
         inner

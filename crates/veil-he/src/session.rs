@@ -51,6 +51,16 @@ impl ClientSession {
         Ok(ClientSession { keys })
     }
 
+    /// The most response coefficients any of this session's keys has decrypted: the key
+    /// closest to the server's per-key limit of 2^[`crate::params::SESSION_REVEALED_LOG2`].
+    pub fn most_revealed(&self) -> u64 {
+        self.keys
+            .iter()
+            .map(|(_, k)| k.revealed())
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn key(&self, set: ParamSet) -> Result<&SecretKey> {
         self.keys
             .iter()

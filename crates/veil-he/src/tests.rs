@@ -103,6 +103,9 @@ fn check_products(set: ParamSet, weight_bits: u32, count: usize, tag: u8) {
     for (k, &j) in positions.iter().enumerate() {
         assert_eq!(got[k], ring.add(want[j], 5), "coefficient {j}");
     }
+    // The client's count of revealed coefficients is the server's.
+    assert_eq!(sk.revealed(), positions.len() as u64);
+    assert_eq!(pk.revealed(), sk.revealed());
 }
 
 #[test]

@@ -25,6 +25,7 @@ use veil_model::tokenize::Encoded;
 use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
 use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPin, TcpChannel};
 
+use crate::key_budget::{key_limit, KeyBudget};
 use crate::report::CostReport;
 use crate::session::{session_format, ClientConnection, ClientOptions};
 
@@ -252,6 +253,7 @@ pub struct Client<C: Channel> {
     model: ClientModel,
     conn: ClientConnection<C>,
     opts: PromptOptions,
+    budget: KeyBudget,
 }
 
 impl<C: Channel> Client<C> {
@@ -266,7 +268,12 @@ impl<C: Channel> Client<C> {
     ) -> Result<Self> {
         model.check_options(opts)?;
         let conn = ClientConnection::connect_with(ch, limits, |cfg| model.check_matches(cfg))?;
-        Ok(Client { model, conn, opts })
+        Ok(Client {
+            model,
+            conn,
+            opts,
+            budget: KeyBudget::default(),
+        })
     }
 
     /// The client's model (its bundle).
@@ -322,7 +329,29 @@ impl<C: Channel> Client<C> {
 
     /// The raw output of one encoded prompt: logits, or the pooled vector of an embedding model.
     pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
-        self.model.run(&mut self.conn, enc, self.opts)
+        let before = self.conn.key_revealed();
+        let out = self.model.run(&mut self.conn, enc, self.opts)?;
+        self.budget
+            .record(self.sent_length(enc), self.conn.key_revealed() - before);
+        Ok(out)
+    }
+
+    /// Whether the inference of `enc` is known to fit in what this session's keys may still
+    /// reveal ([`crate::key_budget`]). When it is not, start a new session (`connect` again)
+    /// before sending it: the server would refuse part-way and end this one.
+    pub fn key_budget_fits(&self, enc: &Encoded) -> bool {
+        self.budget
+            .fits(self.conn.key_revealed(), self.sent_length(enc), key_limit())
+    }
+
+    /// Response coefficients revealed under this session's fullest key so far.
+    pub fn key_revealed(&self) -> u64 {
+        self.conn.key_revealed()
+    }
+
+    /// The length `enc` is sent at.
+    fn sent_length(&self, enc: &Encoded) -> usize {
+        self.opts.pad_to.unwrap_or(enc.ids.len())
     }
 
     /// Preprocesses one future inference of `seq` tokens (the length sent: `pad_to`, or the
@@ -331,13 +360,15 @@ impl<C: Channel> Client<C> {
     /// server over its per-session budget answers [`veil_core::Error::Refused`]; the session
     /// goes on.
     pub fn preprocess(&mut self, seq: usize) -> Result<crate::report::PhaseCost> {
-        self.conn.preprocess(seq)
+        let before = self.conn.key_revealed();
+        let cost = self.conn.preprocess(seq)?;
+        self.budget.record(seq, self.conn.key_revealed() - before);
+        Ok(cost)
     }
 
     /// [`Self::preprocess`] for the length `enc` will be sent at.
     pub fn preprocess_for(&mut self, enc: &Encoded) -> Result<crate::report::PhaseCost> {
-        self.conn
-            .preprocess(self.opts.pad_to.unwrap_or(enc.ids.len()))
+        self.preprocess(self.sent_length(enc))
     }
 
     /// Ends the session politely.

@@ -34,6 +34,7 @@ pub mod bench;
 pub mod client;
 pub mod embedding;
 pub mod forward;
+pub mod key_budget;
 pub mod pool_size;
 pub mod prepared;
 pub mod preprocess;

@@ -281,6 +281,12 @@ enum Input<'a> {
 }
 
 impl<C: Channel> ClientConnection<C> {
+    /// Response coefficients revealed under this session's fullest key (the server refuses
+    /// past [`crate::key_budget::key_limit`]).
+    pub fn key_revealed(&self) -> u64 {
+        self.lin.most_revealed()
+    }
+
     /// Handshake and set-up.
     pub fn connect(ch: C) -> Result<Self> {
         Self::connect_with(ch, ClientOptions::default(), |_| Ok(()))

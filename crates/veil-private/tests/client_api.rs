@@ -83,6 +83,39 @@ fn library_client_equals_the_simulator_over_loopback() {
     assert!(outside.contains("beyond the vocabulary"), "{outside}");
     let again = client.classify(&texts[..1]).unwrap();
     assert_eq!(again[0].probabilities, got[0].probabilities);
+    // The client counts what its keys reveal (as the server does, which refuses past the
+    // limit): the same prompt reveals as much again, and the next is known to fit.
+    let before = client.key_revealed();
+    assert!(before > 0);
+    client.classify(&texts[..1]).unwrap();
+    let once = client.key_revealed() - before;
+    assert!(once > 0);
+    client.classify(&texts[..1]).unwrap();
+    assert_eq!(client.key_revealed() - before, 2 * once);
+    let enc = client
+        .model()
+        .encode_prompt(texts[2], PromptOptions::default())
+        .unwrap();
+    assert!(client.key_budget_fits(&enc));
+    // What an inference reveals grows with its length n no faster than n² (the bound
+    // `key_budget` relies on to let an unmeasured longer prompt through).
+    let words = [
+        "the", "film", "good", "awful", "great", "bad", "the", "film",
+    ];
+    let mut by_len = vec![];
+    for k in 1..=words.len() {
+        let before = client.key_revealed();
+        let c = client.classify(&[words[..k].join(" ")]).unwrap();
+        let n = tok.encode(&words[..k].join(" "), None).unwrap().ids.len();
+        assert!(!c.is_empty());
+        by_len.push((n, client.key_revealed() - before));
+    }
+    for &(l, fl) in &by_len {
+        for &(n, fn_) in by_len.iter().filter(|(n, _)| *n > l) {
+            assert!(fl <= fn_, "{by_len:?}");
+            assert!(fn_ * (l * l) as u64 <= fl * (n * n) as u64, "{by_len:?}");
+        }
+    }
     // Material preprocessed for the longest prompt serves a shorter one, padded up to its
     // length (the pooler head lets the client pad); the output is still the simulator's.
     let longest = ids.iter().map(Vec::len).max().unwrap();
