@@ -328,18 +328,7 @@ impl<C: Channel> Client<C> {
     }
 
     /// The raw output of one encoded prompt: logits, or the pooled vector of an embedding model.
-    /// A prompt that might not fit in what this session's keys may still reveal is refused
-    /// ([`veil_core::Error::Refused`]) before anything is sent, and the session goes on.
     pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
-        ensure!(
-            self.key_budget_fits(enc),
-            Refused,
-            "this session's keys have revealed {} of the {} response coefficients one key may \
-             reveal, and {} tokens may need more: start a new session",
-            self.key_revealed(),
-            key_limit(),
-            self.sent_length(enc)
-        );
         let before = self.conn.key_revealed();
         let out = self.model.run(&mut self.conn, enc, self.opts)?;
         self.budget
