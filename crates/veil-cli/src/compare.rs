@@ -1,14 +1,20 @@
 //! What `veil eval` and `veil embed` share when they set one model's f32 run, its fixed-point
 //! simulation and its private run side by side: the f32 output in f64, the largest difference
-//! between two outputs, and a private session with a server thread over TCP loopback.
+//! between two outputs, and private sessions with a server thread over TCP loopback.
 
+use std::net::TcpListener;
 use std::sync::Arc;
 
 use veil_core::{Error, Result};
+use veil_model::tokenize::Encoded;
 use veil_model::Model;
 use veil_net::TcpChannel;
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
-use veil_private::{Client, ClientModel, ClientOptions, PromptOptions, ServerModel};
+use veil_private::CostReport;
+use veil_private::{
+    Client, ClientModel, ClientOptions, PromptOptions, RunningServer, ServeOptions, Server,
+    ServerModel, Transport,
+};
 
 /// The f32 model's logits (or pooled vector when it has no classifier), widened to f64 so it
 /// compares with the decoded fixed-point outputs.
@@ -27,20 +33,67 @@ pub fn max_abs_difference(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()))
 }
 
-/// A client session with a server thread of `model` on TCP loopback; the client embeds with
-/// the public tables as any client does.
-pub fn loopback_client(
-    model: &Model,
-    client_model: ClientModel,
+/// Private runs of `model` with both parties in this process: a server prepared once on a TCP
+/// loopback port, and client sessions to it. A new session (fresh keys) is opened whenever the
+/// next prompt might not fit in what the current session's keys may still reveal
+/// ([`Client::key_budget_fits`]), so a run of any length neither meets the server's refusal nor
+/// prepares the model again.
+pub struct Loopback<'m> {
+    model: &'m Model,
     opts: PromptOptions,
-) -> Result<Client<TcpChannel>> {
-    let server = Arc::new(ServerModel::from_model(model, DEFAULT_NTT_BUDGET_BYTES)?);
-    Client::connect(
-        client_model,
-        veil_private::loopback_channel(server)?,
-        opts,
-        ClientOptions::default(),
-    )
+    server: RunningServer,
+    client: Option<Client<TcpChannel>>,
+    sessions: usize,
+}
+
+impl<'m> Loopback<'m> {
+    pub fn start(model: &'m Model, opts: PromptOptions) -> Result<Self> {
+        let prepared = Arc::new(ServerModel::from_model(model, DEFAULT_NTT_BUDGET_BYTES)?);
+        let serve = ServeOptions::for_model(&prepared, Transport::Plaintext);
+        let server = Server::new(prepared, serve)?.spawn(TcpListener::bind("127.0.0.1:0")?)?;
+        Ok(Loopback {
+            model,
+            opts,
+            server,
+            client: None,
+            sessions: 0,
+        })
+    }
+
+    /// The private output of `enc` (the client embeds with the public tables as any client does).
+    pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
+        if self
+            .client
+            .as_ref()
+            .is_some_and(|c| !c.key_budget_fits(enc))
+        {
+            self.client.take().map(Client::close).transpose()?;
+        }
+        let client = match &mut self.client {
+            Some(c) => c,
+            None => {
+                self.sessions += 1;
+                self.client.insert(Client::connect(
+                    ClientModel::from_model(self.model)?,
+                    TcpChannel::connect(self.server.local_addr())?,
+                    self.opts,
+                    ClientOptions::default(),
+                )?)
+            }
+        };
+        client.infer(enc)
+    }
+
+    /// Sessions opened so far.
+    pub fn sessions(&self) -> usize {
+        self.sessions
+    }
+
+    /// Ends the session and stops the server.
+    pub fn stop(self) -> Result<()> {
+        self.client.map(Client::close).transpose()?;
+        self.server.stop()
+    }
 }
 
 #[cfg(test)]

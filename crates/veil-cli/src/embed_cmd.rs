@@ -14,7 +14,7 @@ use veil_model::sim::FixedModel;
 use veil_model::source::ModelSource;
 use veil_private::{ClientModel, PromptOptions};
 
-use crate::compare::{f32_output, loopback_client, max_abs_difference};
+use crate::compare::{f32_output, max_abs_difference, Loopback};
 
 #[derive(Args)]
 pub struct EmbedArgs {
@@ -103,8 +103,8 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&model.transformer, fp)?;
     let private_n = a.private.min(texts.len());
-    let mut client = (private_n > 0)
-        .then(|| loopback_client(&model, client_model, opts))
+    let mut loopback = (private_n > 0)
+        .then(|| Loopback::start(&model, opts))
         .transpose()?;
     let mut warnings: Vec<String> = vec![];
     let mut compared = Vec::with_capacity(texts.len());
@@ -116,7 +116,7 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
         let sim = fixed.forward(&enc.ids, &enc.type_ids)?;
         warnings.extend(sim.warnings.iter().map(|w| format!("sentence {i}: {w}")));
         let s = sim.logits_f64(fp).unwrap_or_else(|| sim.pooled.decode(fp));
-        let private = match client.as_mut().filter(|_| i < private_n) {
+        let private = match loopback.as_mut().filter(|_| i < private_n) {
             Some(c) => {
                 let (p, report) = c.infer(enc)?;
                 let t = report.online.total();
@@ -137,8 +137,8 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
         });
     }
     pb.finish_and_clear();
-    if let Some(c) = client {
-        c.close()?;
+    if let Some(l) = loopback {
+        l.stop()?;
     }
     // NaN (an overflowing output) must show in the summary, not be skipped by min/max.
     let nan_or = |a: f64, b: f64, pick: fn(f64, f64) -> f64| {

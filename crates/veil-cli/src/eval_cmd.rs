@@ -17,10 +17,10 @@ use veil_model::sim::FixedModel;
 use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
 use veil_private::client::argmax;
-use veil_private::{ClientModel, PromptOptions};
+use veil_private::PromptOptions;
 use veil_train::workflow::labelled_examples_for;
 
-use crate::compare::{f32_output, loopback_client, max_abs_difference};
+use crate::compare::{f32_output, max_abs_difference, Loopback};
 use crate::train_cmd::FormatArgs;
 
 #[derive(Args)]
@@ -252,17 +252,10 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         None => None,
     };
     let resumed = journal.as_ref().map_or(0, |j| j.done.len());
-    // A private session only when private runs remain; a new one (fresh keys) whenever the
-    // next example might not fit in what the current session's keys may still reveal.
-    let connect = || {
-        loopback_client(
-            &model,
-            ClientModel::from_model(&model)?,
-            PromptOptions::default(),
-        )
-    };
-    let mut client = (private_n > resumed).then(connect).transpose()?;
-    let mut sessions = usize::from(client.is_some());
+    // Private runs only when some remain.
+    let mut private = (private_n > resumed)
+        .then(|| Loopback::start(&model, PromptOptions::default()))
+        .transpose()?;
     let (mut f32_tally, mut sim_tally, mut private_tally) =
         (Tally::default(), Tally::default(), Tally::default());
     let (mut agree_f32_sim, mut agree_sim_private) = (0usize, 0usize);
@@ -286,20 +279,16 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             continue;
         }
         let known = journal.as_ref().and_then(|j| j.done.get(&i).cloned());
-        let r = match (known, client.as_mut()) {
+        let r = match (known, private.as_mut()) {
             (Some(r), _) => r,
-            (None, Some(c)) => {
+            (None, Some(p)) => {
                 let enc = Encoded {
                     ids: ex.ids.clone(),
                     type_ids: ex.type_ids.clone(),
                     truncated: 0,
                 };
-                if !c.key_budget_fits(&enc) {
-                    std::mem::replace(c, connect()?).close()?;
-                    sessions += 1;
-                }
                 let t0 = Instant::now();
-                let (logits, report) = c.infer(&enc)?;
+                let (logits, report) = p.infer(&enc)?;
                 let t = report.online.total();
                 let r = PrivateResult {
                     index: i,
@@ -327,8 +316,9 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         private_bytes += r.online_bytes;
     }
     pb.finish_and_clear();
-    if let Some(c) = client {
-        c.close()?;
+    let sessions = private.as_ref().map_or(0, Loopback::sessions);
+    if let Some(p) = private {
+        p.stop()?;
     }
     let n = examples.len();
     let binary = labels.names.len() == 2;

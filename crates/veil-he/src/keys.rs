@@ -7,7 +7,7 @@ use std::sync::Arc;
 use veil_core::{ensure, Prg, Result, Seed};
 use zeroize::Zeroize;
 
-use crate::params::SESSION_REVEALED_LOG2;
+use crate::params::{SESSION_REVEALED_LIMIT, SESSION_REVEALED_LOG2};
 
 use crate::math::{fill_uniform_mod, neg_mod, sample_cbd, sample_ternary, signed_mod};
 use crate::params::Params;
@@ -132,11 +132,11 @@ impl PublicKey {
     /// Reserves `count` more revealed coefficients, or refuses ([`veil_core::Error::Insecure`])
     /// if the session total would exceed 2^[`SESSION_REVEALED_LOG2`].
     pub(crate) fn reserve_revealed(&self, count: usize) -> Result<()> {
-        let limit = 1u64 << SESSION_REVEALED_LOG2;
         let reserved = self
             .revealed
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |r| {
-                r.checked_add(count as u64).filter(|&t| t <= limit)
+                r.checked_add(count as u64)
+                    .filter(|&t| t <= SESSION_REVEALED_LIMIT)
             });
         ensure!(
             reserved.is_ok(),

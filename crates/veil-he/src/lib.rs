@@ -98,7 +98,8 @@ pub mod params;
 pub(crate) mod poly;
 
 pub use params::{
-    NoiseBudget, ParamSet, Params, FLOOD_MARGIN_BITS, SESSION_REVEALED_LOG2, STAT_SECURITY_BITS,
+    NoiseBudget, ParamSet, Params, FLOOD_MARGIN_BITS, SESSION_REVEALED_LIMIT,
+    SESSION_REVEALED_LOG2, STAT_SECURITY_BITS,
 };
 pub mod cipher;
 pub mod galois;

@@ -31,6 +31,9 @@ pub const STAT_SECURITY_BITS: f64 = 40.0;
 /// a BERT-Base inference (≈2^24) sixteen times over. Enforced per [`crate::PublicKey`].
 pub const SESSION_REVEALED_LOG2: u32 = 28;
 
+/// 2^[`SESSION_REVEALED_LOG2`]: the count itself, as the server enforces it and a client tracks it.
+pub const SESSION_REVEALED_LIMIT: u64 = 1 << SESSION_REVEALED_LOG2;
+
 /// Flooding margin, in bits, every revealed coefficient needs: with D = 2^28 coefficients per
 /// session, each 2^-69-close to simulated and each tail bound failing with probability ≤ 2^-69,
 /// the transcript is within D·2^-69 + D·2^-69 = 2^-40 (see the crate docs).

@@ -491,7 +491,7 @@ mod tests {
         let pk = sk.public_key(&mut g);
         let clone = pk.clone();
         clone
-            .reserve_revealed((1 << crate::params::SESSION_REVEALED_LOG2) - 2)
+            .reserve_revealed(crate::params::SESSION_REVEALED_LIMIT as usize - 2)
             .unwrap();
         assert!(Accumulator::new(&p)
             .into_response(&pk, &[0, 1], &[0, 0], &mut g)

@@ -25,7 +25,7 @@ use veil_model::tokenize::Encoded;
 use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
 use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPin, TcpChannel};
 
-use crate::key_budget::{key_limit, KeyBudget};
+use crate::key_budget::KeyBudget;
 use crate::report::CostReport;
 use crate::session::{session_format, ClientConnection, ClientOptions};
 
@@ -340,8 +340,11 @@ impl<C: Channel> Client<C> {
     /// reveal ([`crate::key_budget`]). When it is not, start a new session (`connect` again)
     /// before sending it: the server would refuse part-way and end this one.
     pub fn key_budget_fits(&self, enc: &Encoded) -> bool {
-        self.budget
-            .fits(self.conn.key_revealed(), self.sent_length(enc), key_limit())
+        self.budget.fits(
+            self.conn.key_revealed(),
+            self.sent_length(enc),
+            veil_he::SESSION_REVEALED_LIMIT,
+        )
     }
 
     /// Response coefficients revealed under this session's fullest key so far.

@@ -1,5 +1,5 @@
 //! How far a session's HE keys can still go. The server refuses responses past
-//! 2^[`SESSION_REVEALED_LOG2`] revealed coefficients per key (where the flooding argument stops
+//! [`veil_he::SESSION_REVEALED_LIMIT`] revealed coefficients per key (where the flooding argument stops
 //! holding) and the session then ends part-way through an inference. A client that runs many
 //! prompts over one session (a dev-set evaluation, a long `classify`) asks [`KeyBudget::fits`]
 //! before each and starts a new session, with fresh keys, when the next might not fit.
@@ -12,8 +12,6 @@
 //! refusal to make). The server's count is the enforcement; this only avoids running into it.
 
 use std::collections::BTreeMap;
-
-pub use veil_he::SESSION_REVEALED_LOG2;
 
 /// Coefficients revealed by an inference of each length seen (the largest seen).
 #[derive(Clone, Debug, Default)]
@@ -46,11 +44,6 @@ impl KeyBudget {
             None => revealed == 0,
         }
     }
-}
-
-/// The server's per-key limit.
-pub fn key_limit() -> u64 {
-    1u64 << SESSION_REVEALED_LOG2
 }
 
 #[cfg(test)]

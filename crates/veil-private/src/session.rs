@@ -282,7 +282,7 @@ enum Input<'a> {
 
 impl<C: Channel> ClientConnection<C> {
     /// Response coefficients revealed under this session's fullest key (the server refuses
-    /// past [`crate::key_budget::key_limit`]).
+    /// past [`veil_he::SESSION_REVEALED_LIMIT`]).
     pub fn key_revealed(&self) -> u64 {
         self.lin.most_revealed()
     }
