@@ -189,6 +189,7 @@ pub fn finetune(a: FinetuneArgs, quiet: bool) -> Result<()> {
                 "out": a.out, "updates": s.steps_done, "mean_loss": s.mean_loss,
                 "train_accuracy": s.train_accuracy, "dev_accuracy": dev.accuracy, "dev_f1": dev.f1,
                 "dev_examples": dev.examples, "max_abs_hidden": dev.max_abs_hidden,
+                "already_finished": out.already_finished,
                 "seconds": started.elapsed().as_secs_f64(),
             })
         ),

@@ -277,12 +277,18 @@ pub struct FinetuneOutcome {
     pub summary: TrainSummary,
     /// `None` when the run stopped early (resume by running again with the same options).
     pub dev: Option<Evaluation>,
+    /// `out` already held this run, finished: nothing was trained, the outcome is the recorded one.
+    pub already_finished: bool,
 }
 
 /// Fine-tunes a model folder on a dataset and writes the classifier folder to `opts.out`.
-/// An interrupted run resumes from `out/checkpoint`.
+/// An interrupted run resumes from `out/checkpoint`; a finished one with the same settings is
+/// reported, not trained again; a folder holding another finished run is refused.
 pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
     let config = folder::load_config(&opts.model)?;
+    if let Some(outcome) = finished_run(opts, config.num_layers)? {
+        return Ok(outcome);
+    }
     let tokenizer = tokenizer_for(
         &opts.model,
         opts.data.max_seq_len,
@@ -316,7 +322,11 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
         &control,
     )?;
     if !summary.finished() {
-        return Ok(FinetuneOutcome { summary, dev: None });
+        return Ok(FinetuneOutcome {
+            summary,
+            dev: None,
+            already_finished: false,
+        });
     }
     let dev = evaluate(&model, &data.dev, opts.eval_batch_size)?;
     model.save(&opts.out, Some(&tokenizer))?;
@@ -340,7 +350,53 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
     Ok(FinetuneOutcome {
         summary,
         dev: Some(dev),
+        already_finished: false,
     })
+}
+
+/// The recorded outcome when `opts.out` holds a finished fine-tune with `opts`' settings. Running
+/// the resume command once more must not train for hours again and overwrite the model; a finished
+/// run of other settings (or another workflow) is refused rather than overwritten. The data files
+/// are compared by path: edit them and a new run needs a new `out`.
+fn finished_run(opts: &FinetuneOptions, source_layers: usize) -> Result<Option<FinetuneOutcome>> {
+    let Some(record) = TrainingRecord::read(&opts.out)? else {
+        return Ok(None);
+    };
+    let same = record.workflow == "finetune"
+        && record.source_model == opts.model.display().to_string()
+        && record.train_file == opts.data.train.display().to_string()
+        && record.dev_file == opts.data.dev.display().to_string()
+        && record.train_config == as_recorded(&opts.train)?
+        && record.num_layers == opts.num_layers.unwrap_or(source_layers)
+        && opts
+            .freeze_embeddings
+            .is_none_or(|f| f == record.freeze_embeddings);
+    ensure!(
+        same,
+        InvalidArgument,
+        "{} already holds a finished {} run with other settings; choose another output folder \
+         or remove it",
+        opts.out.display(),
+        record.workflow
+    );
+    let summary = record.summary.ok_or_else(|| {
+        Error::Malformed(format!(
+            "{}: finished fine-tune without its summary",
+            opts.out.join(RECORD_FILE).display()
+        ))
+    })?;
+    Ok(Some(FinetuneOutcome {
+        summary,
+        dev: Some(record.dev),
+        already_finished: true,
+    }))
+}
+
+/// `config` as it reads back from a record (floats through decimal text), so that equal settings
+/// compare equal.
+fn as_recorded(config: &TrainConfig) -> Result<TrainConfig> {
+    let text = serde_json::to_string(config).map_err(|e| Error::Other(e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| Error::Other(e.to_string()))
 }
 
 /// The real model behind Algorithm 5.

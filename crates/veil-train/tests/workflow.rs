@@ -161,7 +161,22 @@ fn finetune_resumes_after_interruption() {
     let rest = finetune(&opts).unwrap();
     assert_eq!(rest.summary.resumed_from, Some(10));
     assert_eq!(rest.summary.steps_done, 24);
-    assert!(rest.dev.is_some());
+    assert!(rest.dev.is_some() && !rest.already_finished);
+
+    // The same command once more reports the finished run and leaves the model as it was.
+    let model_file = fx.root.join("ft/model.safetensors");
+    let trained = std::fs::read(&model_file).unwrap();
+    let again = finetune(&opts).unwrap();
+    assert!(again.already_finished);
+    assert_eq!(again.summary, rest.summary);
+    assert_eq!(again.dev, rest.dev);
+    assert_eq!(std::fs::read(&model_file).unwrap(), trained);
+
+    // Other settings into the same folder are refused, not trained over it.
+    opts.train.learning_rate *= 2.0;
+    let err = finetune(&opts).unwrap_err().to_string();
+    assert!(err.contains("other settings"), "{err}");
+    assert_eq!(std::fs::read(&model_file).unwrap(), trained);
 }
 
 #[test]
