@@ -301,6 +301,17 @@ impl Client {
         Ok(to_py(py, &out))
     }
 
+    /// As `classify`, on sentence pairs (first, second) for a pair model such as
+    /// mrpc-minilm-l6: each sent as `[CLS] first [SEP] second [SEP]`, segment ids 0 then 1.
+    fn classify_pairs<'py>(
+        &self,
+        py: Python<'py>,
+        pairs: Vec<(String, String)>,
+    ) -> PyResult<Results<'py>> {
+        let out = self.run(py, |c| c.classify_pairs(&pairs))?;
+        Ok(to_py(py, &out))
+    }
+
     /// As `classify`, on token-id sequences (special tokens included, token types 0).
     fn classify_ids<'py>(&self, py: Python<'py>, ids: Vec<Vec<u32>>) -> PyResult<Results<'py>> {
         let out = self.run(py, |c| c.classify_ids(&ids))?;

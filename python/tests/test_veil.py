@@ -89,4 +89,11 @@ def test_plain_tcp_and_token_ids(tiny, tmp_path):
             np.testing.assert_array_equal(by_text[0][1], by_ids[0][1])
             with pytest.raises(ValueError):
                 c.classify_ids([[2, 500, 3]])
+            # A pair is one prompt with segment ids 0 then 1, not the two texts run together.
+            (pair,) = c.classify_pairs([("good film", "bad film")])
+            (joined,) = c.classify(["good film bad film"])
+            assert pair[1].shape == (2,) and abs(pair[1].sum() - 1) < 1e-9
+            assert not np.array_equal(pair[1], joined[1])
+            with pytest.raises(ValueError, match="both sentences"):
+                c.classify_pairs([("good film", "")])
     assert not s.running

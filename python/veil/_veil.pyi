@@ -74,6 +74,9 @@ class Client:
     def classify(self, texts: Sequence[str]) -> List[_Result]:
         """(label, probabilities) of each text, classified privately. Every text is checked
         before the first is sent."""
+    def classify_pairs(self, pairs: Sequence[Tuple[str, str]]) -> List[_Result]:
+        """As ``classify``, on sentence pairs (first, second) for a pair model such as
+        ``mrpc-minilm-l6``."""
     def classify_ids(self, ids: Sequence[Sequence[int]]) -> List[_Result]:
         """As ``classify``, on token-id sequences (special tokens included)."""
     def preprocess(self, texts: Sequence[str]) -> List[Dict[str, Any]]:

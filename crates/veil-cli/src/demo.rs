@@ -5,22 +5,29 @@
 use std::sync::Arc;
 
 use veil_core::{Error, Result};
-use veil_model::source::ModelSource;
+use veil_model::source::{ModelSource, Task};
 use veil_model::tokenize::Encoded;
 use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{Classification, Client, ClientModel, PromptOptions, ServerModel};
 
-fn print_result(text: &str, c: &Classification, json: bool) {
+use crate::prompt::Prompt;
+
+fn print_result(prompt: &Prompt, c: &Classification, json: bool) {
     if json {
-        let v = serde_json::json!({
-            "text": text, "label": c.label, "probabilities": c.probabilities, "cost": c.cost.to_json(),
+        let mut v = serde_json::json!({
+            "text": prompt.text, "label": c.label, "probabilities": c.probabilities,
+            "cost": c.cost.to_json(),
         });
+        if let Some(second) = &prompt.pair {
+            v["pair"] = second.as_str().into();
+        }
         println!("{v}");
     } else {
         let p: Vec<String> = c.probabilities.iter().map(|p| format!("{p:.3}")).collect();
         println!(
-            "\n\"{text}\"\n  → label {}   probabilities [{}]",
+            "\n{}\n  → label {}   probabilities [{}]",
+            prompt.quoted(),
             c.label,
             p.join(", ")
         );
@@ -28,17 +35,11 @@ fn print_result(text: &str, c: &Classification, json: bool) {
     }
 }
 
-const DEFAULT_SENTENCES: [&str; 3] = [
-    "a gripping, beautifully acted film",
-    "a dull and lifeless mess",
-    "the best movie i have seen this year",
-];
-
 /// `veil demo`: a server thread and this process's client over TCP loopback, or over a link
 /// shaped like `net` (the reports then measure the time on it).
 pub fn run(
     model: &str,
-    sentences: Vec<String>,
+    prompts: Vec<Prompt>,
     opts: PromptOptions,
     net: Option<NetworkModel>,
     tls: bool,
@@ -66,16 +67,24 @@ pub fn run(
     }
     let m = source.load()?;
     let client = ClientModel::from_model(&m)?;
-    let sentences: Vec<String> = if sentences.is_empty() {
-        DEFAULT_SENTENCES.iter().map(|s| s.to_string()).collect()
+    let prompts: Vec<Prompt> = if prompts.is_empty() {
+        // A folder's task is unknown: the sentiment sentences, as for the default model.
+        let task = built_in.map_or(Task::Sentiment, |b| b.task);
+        task.demo_prompts()
+            .iter()
+            .map(|&(text, pair)| Prompt {
+                text: text.into(),
+                pair: pair.map(Into::into),
+            })
+            .collect()
     } else {
-        sentences
+        prompts
     };
     // Refuse a bad option or prompt before the server is prepared or any key moves.
     client.check_options(opts)?;
-    let encoded = sentences
+    let encoded = prompts
         .iter()
-        .map(|s| client.encode_prompt(s, opts))
+        .map(|p| p.encode(&client, opts))
         .collect::<Result<Vec<_>>>()?;
     let limits = client.session_options(&encoded, opts, None);
     let server = Arc::new(ServerModel::from_model(&m, DEFAULT_NTT_BUDGET_BYTES)?);
@@ -91,7 +100,7 @@ pub fn run(
                 opts,
                 limits,
             )?,
-            &sentences,
+            &prompts,
             &encoded,
             json,
             pipeline,
@@ -103,7 +112,7 @@ pub fn run(
                 opts,
                 limits,
             )?,
-            &sentences,
+            &prompts,
             &encoded,
             json,
             pipeline,
@@ -115,7 +124,7 @@ pub fn run(
                 opts,
                 limits,
             )?,
-            &sentences,
+            &prompts,
             &encoded,
             json,
             pipeline,
@@ -123,7 +132,8 @@ pub fn run(
     }
     if let (Some(b), false) = (built_in, json) {
         let labels: Vec<String> = b
-            .labels
+            .task
+            .labels()
             .iter()
             .enumerate()
             .map(|(i, l)| format!("{i} = {l}"))
@@ -148,7 +158,7 @@ pub struct Pipeline {
 /// does not cover, is reported once; the rest run without.
 pub fn classify_all<C: Channel>(
     mut client: Client<C>,
-    texts: &[String],
+    prompts: &[Prompt],
     encoded: &[Encoded],
     json: bool,
     pipeline: Pipeline,
@@ -173,9 +183,9 @@ pub fn classify_all<C: Channel>(
     if pipeline.upfront {
         top_up(&mut client, pipeline.ahead)?;
     }
-    for (i, (text, enc)) in texts.iter().zip(encoded).enumerate() {
+    for (i, (prompt, enc)) in prompts.iter().zip(encoded).enumerate() {
         for c in client.classify_encoded(std::slice::from_ref(enc))? {
-            print_result(text, &c, json);
+            print_result(prompt, &c, json);
         }
         if pipeline.ahead > 0 {
             top_up(&mut client, i + 1 + pipeline.ahead)?;

@@ -6,10 +6,11 @@ mod compare;
 mod demo;
 mod embed_cmd;
 mod eval_cmd;
+mod prompt;
 mod train_cmd;
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -50,8 +51,12 @@ enum Cmd {
         /// A model with a classifier.
         #[arg(long, default_value = "default", long_help = MODEL_HELP)]
         model: String,
-        /// Sentences to classify (default: a few built-in ones).
+        /// Sentences to classify (default: a few for the model's task).
         sentences: Vec<String>,
+        /// The sentences are pairs (a paraphrase model such as mrpc-minilm-l6): taken two at a
+        /// time, first then second.
+        #[arg(long)]
+        pairs: bool,
         /// Pad every prompt to this many tokens so the server cannot learn its length
         /// (pooler-head models only).
         #[arg(long)]
@@ -121,10 +126,14 @@ enum Cmd {
         /// `veil serve` (only its public part is used).
         #[arg(long)]
         model: String,
-        /// One prompt per line.
+        /// One prompt per line (with --pairs: FIRST<TAB>SECOND).
         #[arg(long)]
         file: Option<PathBuf>,
         text: Vec<String>,
+        /// Each prompt is a sentence pair (a paraphrase model such as mrpc-minilm-l6): the
+        /// texts two at a time, and the lines of --file split at a tab.
+        #[arg(long)]
+        pairs: bool,
         /// Pad every prompt to this many tokens so the server cannot learn its length
         /// (pooler-head models only).
         #[arg(long)]
@@ -396,30 +405,10 @@ impl ClientNetArgs {
     }
 }
 
-/// The prompts on the command line, then those of `file` (one per non-empty line).
-fn read_prompts(text: Vec<String>, file: Option<&Path>) -> Result<Vec<String>> {
-    let mut prompts = text;
-    if let Some(f) = file {
-        let body = std::fs::read_to_string(f).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::NotFound(f.display().to_string()),
-            _ => Error::Other(format!("{}: {e}", f.display())),
-        })?;
-        prompts.extend(
-            body.lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(str::to_string),
-        );
-    }
-    if prompts.is_empty() {
-        bail!(InvalidArgument, "nothing to classify: give text or --file");
-    }
-    Ok(prompts)
-}
-
 fn classify(
     connect: &str,
     model: &str,
-    prompts: Vec<String>,
+    prompts: Vec<prompt::Prompt>,
     opts: PromptOptions,
     preprocess_ahead: usize,
     json: bool,
@@ -432,7 +421,7 @@ fn classify(
     // Every prompt is checked before the connection (and its key material) is made.
     let encoded = prompts
         .iter()
-        .map(|p| client.encode_prompt(p, opts))
+        .map(|p| p.encode(&client, opts))
         .collect::<Result<Vec<_>>>()?;
     let limits = client.session_options(&encoded, opts, Some(timeout));
     // The server's configuration is compared with the bundle before any key material moves.
@@ -541,6 +530,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Demo {
             model,
             sentences,
+            pairs,
             pad_to,
             truncate,
             net,
@@ -549,7 +539,7 @@ fn run(cli: Cli) -> Result<()> {
             json,
         } => demo::run(
             &model,
-            sentences,
+            prompt::from_arguments(sentences, pairs)?,
             PromptOptions { pad_to, truncate },
             net,
             tls,
@@ -567,6 +557,7 @@ fn run(cli: Cli) -> Result<()> {
             model,
             file,
             text,
+            pairs,
             pad_to,
             truncate,
             preprocess,
@@ -575,7 +566,7 @@ fn run(cli: Cli) -> Result<()> {
         } => classify(
             &connect,
             &model,
-            read_prompts(text, file.as_deref())?,
+            prompt::read_prompts(text, file.as_deref(), pairs)?,
             PromptOptions { pad_to, truncate },
             preprocess,
             json,

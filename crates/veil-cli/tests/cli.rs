@@ -471,6 +471,38 @@ fn empty_and_over_long_prompts_are_refused_unless_truncated() {
     assert!(String::from_utf8_lossy(&ok).contains("\"label\""));
 }
 
+/// `--pairs`: the texts two at a time, each pair one prompt (reported with both sentences); an
+/// odd count is refused before the server is prepared.
+#[test]
+fn demo_classifies_sentence_pairs() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_folder(tmp.path(), 2, 47);
+    let dir = tmp.path().to_str().unwrap();
+    let out = veil_ok(&[
+        "demo",
+        "--model",
+        dir,
+        "--pairs",
+        "--json",
+        "good film",
+        "bad film",
+        "the film",
+        "great",
+    ]);
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["text"], "good film");
+    assert_eq!(lines[0]["pair"], "bad film");
+    assert_eq!(lines[1]["pair"], "great");
+    let out = veil(&["demo", "--model", dir, "--pairs", "good film"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("two at a time"), "{err}");
+}
+
 /// `--net` runs the demo over a shaped link and the report says its time was measured there;
 /// a malformed `--net` is refused with the syntax.
 #[test]

@@ -34,8 +34,7 @@ pub struct BuiltIn {
     pub name: &'static str,
     /// What it is, for messages.
     pub description: &'static str,
-    /// The meaning of each output, in order.
-    pub labels: &'static [&'static str],
+    pub task: Task,
     config: &'static str,
     overlay: &'static [u8],
 }
@@ -54,13 +53,58 @@ impl std::fmt::Debug for BuiltIn {
     }
 }
 
+/// What a built-in classifier was trained for: the meaning of its outputs and the prompts
+/// `veil demo` shows it with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Task {
+    /// SST-2: one sentence, negative or positive.
+    Sentiment,
+    /// MRPC: a sentence pair, whether the second restates the first.
+    Paraphrase,
+}
+
+/// A prompt as a built-in task takes it: one text, or a sentence pair.
+pub type DemoPrompt = (&'static str, Option<&'static str>);
+
+impl Task {
+    /// The meaning of each output, in order (the labels of the training data: SST-2's 0/1,
+    /// MRPC's Quality 0/1).
+    pub fn labels(self) -> &'static [&'static str] {
+        match self {
+            Task::Sentiment => &["negative", "positive"],
+            Task::Paraphrase => &["not a paraphrase", "paraphrase"],
+        }
+    }
+
+    /// Prompts for `veil demo` when none are given.
+    pub fn demo_prompts(self) -> &'static [DemoPrompt] {
+        match self {
+            Task::Sentiment => &[
+                ("a gripping, beautifully acted film", None),
+                ("a dull and lifeless mess", None),
+                ("the best movie i have seen this year", None),
+            ],
+            Task::Paraphrase => &[
+                (
+                    "The company said its profit rose 10 percent in the third quarter.",
+                    Some("Third-quarter profit rose 10 percent, the company said."),
+                ),
+                (
+                    "The company said its profit rose 10 percent in the third quarter.",
+                    Some("The weather in the city was cold and rainy all week."),
+                ),
+            ],
+        }
+    }
+}
+
 /// The built-in models; the first is `default`.
 pub static BUILT_IN: [BuiltIn; 2] = [
     BuiltIn {
         name: "sst2-minilm-l2",
         description: "all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 and made \
              privacy-friendly (sentiment; 7 of 8 GELU/Softmax/LayerNorm replaced)",
-        labels: &["negative", "positive"],
+        task: Task::Sentiment,
         config: include_str!("../../../models/sst2-minilm-l2/config.json"),
         overlay: include_bytes!("../../../models/sst2-minilm-l2/overlay.safetensors"),
     },
@@ -68,7 +112,7 @@ pub static BUILT_IN: [BuiltIn; 2] = [
         name: "sst2-minilm-l6",
         description: "all-MiniLM-L6-v2 (all 6 blocks), fine-tuned on SST-2 and made \
              privacy-friendly (sentiment; 22 of 24 GELU/Softmax/LayerNorm replaced)",
-        labels: &["negative", "positive"],
+        task: Task::Sentiment,
         config: include_str!("../../../models/sst2-minilm-l6/config.json"),
         overlay: include_bytes!("../../../models/sst2-minilm-l6/overlay.safetensors"),
     },
@@ -389,7 +433,7 @@ mod tests {
         for b in &BUILT_IN {
             assert_eq!(ModelSource::resolve(b.name).unwrap().built_in(), Some(b));
             let config = crate::config::ModelConfig::from_json(b.config).unwrap();
-            assert_eq!(config.veil.num_labels, b.labels.len(), "{}", b.name);
+            assert_eq!(config.veil.num_labels, b.task.labels().len(), "{}", b.name);
         }
     }
 

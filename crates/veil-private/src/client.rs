@@ -136,13 +136,29 @@ impl ClientModel {
     /// the model's limit (unless `opts.truncate`), or one longer than `--pad-to`. Checked before
     /// anything is sent, so a refused prompt costs no traffic.
     pub fn encode_prompt(&self, text: &str, opts: PromptOptions) -> Result<Encoded> {
+        self.encode_text(text, None, opts)
+    }
+
+    /// A sentence pair (MRPC-style tasks) as the model was trained on it: `[CLS] first [SEP]
+    /// second [SEP]`, segment ids 0 then 1; checked as [`Self::encode_prompt`] checks one text,
+    /// both sentences non-empty.
+    pub fn encode_pair(&self, first: &str, second: &str, opts: PromptOptions) -> Result<Encoded> {
+        self.encode_text(first, Some(second), opts)
+    }
+
+    fn encode_text(&self, text: &str, pair: Option<&str>, opts: PromptOptions) -> Result<Encoded> {
         ensure!(
-            !text.trim().is_empty(),
+            !text.trim().is_empty() && pair.is_none_or(|p| !p.trim().is_empty()),
             InvalidArgument,
-            "the prompt is empty: there is no text to classify"
+            "the prompt is empty: there is no text to classify{}",
+            if pair.is_some() {
+                " (both sentences of a pair need text)"
+            } else {
+                ""
+            }
         );
         let tok = &self.bundle.tokenizer;
-        let enc = tok.encode(text, None)?;
+        let enc = tok.encode(text, pair)?;
         ensure!(
             enc.truncated == 0 || opts.truncate,
             InvalidArgument,
@@ -292,6 +308,19 @@ impl<C: Channel> Client<C> {
         let encoded = texts
             .iter()
             .map(|t| self.model.encode_prompt(t.as_ref(), self.opts))
+            .collect::<Result<Vec<_>>>()?;
+        self.classify_encoded(&encoded)
+    }
+
+    /// Classifies sentence pairs (first, second), each checked first as [`Self::classify`]
+    /// checks texts.
+    pub fn classify_pairs<A: AsRef<str>, B: AsRef<str>>(
+        &mut self,
+        pairs: &[(A, B)],
+    ) -> Result<Vec<Classification>> {
+        let encoded = pairs
+            .iter()
+            .map(|(a, b)| self.model.encode_pair(a.as_ref(), b.as_ref(), self.opts))
             .collect::<Result<Vec<_>>>()?;
         self.classify_encoded(&encoded)
     }

@@ -34,11 +34,11 @@ fn serve(model: &folder::Model, transport: Transport) -> veil_private::RunningSe
         .unwrap()
 }
 
-/// The simulator's probabilities for `ids`.
-fn simulated(model: &folder::Model, ids: &[u32]) -> Vec<f64> {
+/// The simulator's probabilities for `ids` (segment ids `types`).
+fn simulated(model: &folder::Model, ids: &[u32], types: &[u32]) -> Vec<f64> {
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&model.transformer, fp).unwrap();
-    let sim = fixed.forward(ids, &vec![0; ids.len()]).unwrap();
+    let sim = fixed.forward(ids, types).unwrap();
     softmax(&sim.logits_f64(fp).unwrap())
 }
 
@@ -61,7 +61,7 @@ fn library_client_equals_the_simulator_over_loopback() {
     let mut ids = vec![];
     for (text, c) in texts.iter().zip(&got) {
         let enc = tok.encode(text, None).unwrap();
-        let want = simulated(&model, &enc.ids);
+        let want = simulated(&model, &enc.ids, &enc.type_ids);
         assert_eq!(c.probabilities, want, "{text}");
         assert_eq!(c.label, argmax(&want));
         let online = c.cost.online.total();
@@ -73,6 +73,19 @@ fn library_client_equals_the_simulator_over_loopback() {
     for (a, b) in got.iter().zip(&by_ids) {
         assert_eq!(a.probabilities, b.probabilities);
     }
+    // Sentence pairs, `[CLS] a [SEP] b [SEP]` with segment ids 0 then 1.
+    let pairs = [("good film", "awful film"), ("the film", "great")];
+    let by_pair = client.classify_pairs(&pairs).unwrap();
+    for ((a, b), c) in pairs.iter().zip(&by_pair) {
+        let enc = tok.encode(a, Some(b)).unwrap();
+        assert!(enc.type_ids.contains(&1), "{:?}", enc.type_ids);
+        assert_eq!(c.probabilities, simulated(&model, &enc.ids, &enc.type_ids));
+    }
+    let half = client
+        .classify_pairs(&[("good film", " ")])
+        .unwrap_err()
+        .to_string();
+    assert!(half.contains("both sentences"), "{half}");
     // Bad inputs are refused before anything is sent, and the session goes on.
     let empty = client.classify(&["  "]).unwrap_err().to_string();
     assert!(empty.contains("the prompt is empty"), "{empty}");
@@ -158,7 +171,10 @@ fn library_client_over_tls_pins_the_server_and_refuses_another_model() {
         .unwrap()
         .encode("good film", None)
         .unwrap();
-    assert_eq!(got[0].probabilities, simulated(&model, &enc.ids));
+    assert_eq!(
+        got[0].probabilities,
+        simulated(&model, &enc.ids, &enc.type_ids)
+    );
     client.close().unwrap();
 
     // A bundle of another shape: refused before any key material moves.

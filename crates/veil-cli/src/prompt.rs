@@ -1,0 +1,150 @@
+//! The prompts `veil demo` and `veil classify` take: one text each, or with `--pairs` sentence
+//! pairs (MRPC-style models), from arguments or a file.
+
+use std::path::Path;
+
+use veil_core::{bail, ensure, Error, Result};
+use veil_model::tokenize::Encoded;
+use veil_private::{ClientModel, PromptOptions};
+
+/// One prompt: a text, or a sentence pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prompt {
+    pub text: String,
+    pub pair: Option<String>,
+}
+
+impl Prompt {
+    pub fn single(text: impl Into<String>) -> Self {
+        Prompt {
+            text: text.into(),
+            pair: None,
+        }
+    }
+
+    /// Tokenised and checked by the client's model (before anything is sent).
+    pub fn encode(&self, client: &ClientModel, opts: PromptOptions) -> Result<Encoded> {
+        match &self.pair {
+            Some(second) => client.encode_pair(&self.text, second, opts),
+            None => client.encode_prompt(&self.text, opts),
+        }
+    }
+
+    /// For the printed result: `"text"`, or `"first" ‖ "second"`.
+    pub fn quoted(&self) -> String {
+        match &self.pair {
+            Some(second) => format!("\"{}\" ‖ \"{second}\"", self.text),
+            None => format!("\"{}\"", self.text),
+        }
+    }
+}
+
+/// The prompts of a command line: the `text` arguments, then the non-empty lines of `file`.
+/// With `pairs`, the arguments are taken two at a time and each line is `FIRST<TAB>SECOND`.
+pub fn read_prompts(text: Vec<String>, file: Option<&Path>, pairs: bool) -> Result<Vec<Prompt>> {
+    let mut prompts = from_arguments(text, pairs)?;
+    if let Some(f) = file {
+        let body = std::fs::read_to_string(f).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound(f.display().to_string()),
+            _ => Error::Other(format!("{}: {e}", f.display())),
+        })?;
+        for (i, line) in body.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            prompts.push(if pairs {
+                match line.split('\t').collect::<Vec<_>>()[..] {
+                    [first, second] => Prompt {
+                        text: first.to_string(),
+                        pair: Some(second.to_string()),
+                    },
+                    _ => bail!(
+                        InvalidArgument,
+                        "{} line {}: with --pairs each line is FIRST<TAB>SECOND (one tab)",
+                        f.display(),
+                        i + 1
+                    ),
+                }
+            } else {
+                Prompt::single(line)
+            });
+        }
+    }
+    ensure!(
+        !prompts.is_empty(),
+        InvalidArgument,
+        "nothing to classify: give text or --file"
+    );
+    Ok(prompts)
+}
+
+/// `text` as prompts: one each, or with `pairs` two at a time.
+pub fn from_arguments(text: Vec<String>, pairs: bool) -> Result<Vec<Prompt>> {
+    if !pairs {
+        return Ok(text.into_iter().map(Prompt::single).collect());
+    }
+    ensure!(
+        text.len().is_multiple_of(2),
+        InvalidArgument,
+        "--pairs takes the texts two at a time (first, second); {} were given",
+        text.len()
+    );
+    let mut it = text.into_iter();
+    let mut prompts = Vec::new();
+    while let (Some(text), Some(second)) = (it.next(), it.next()) {
+        prompts.push(Prompt {
+            text,
+            pair: Some(second),
+        });
+    }
+    Ok(prompts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(s: &[&str]) -> Vec<String> {
+        s.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn arguments_and_lines_become_single_prompts_or_pairs() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.txt");
+        std::fs::write(&file, "c one\tc two\n\n d one\td two\n").unwrap();
+        let got = read_prompts(strings(&["a", "b"]), Some(&file), true).unwrap();
+        let pair = |a: &str, b: &str| Prompt {
+            text: a.into(),
+            pair: Some(b.into()),
+        };
+        assert_eq!(
+            got,
+            [
+                pair("a", "b"),
+                pair("c one", "c two"),
+                pair(" d one", "d two")
+            ]
+        );
+        assert_eq!(got[0].quoted(), "\"a\" ‖ \"b\"");
+
+        let single = read_prompts(strings(&["a"]), Some(&file), false).unwrap();
+        assert_eq!(single.len(), 3);
+        assert_eq!(single[1], Prompt::single("c one\tc two"));
+        assert_eq!(single[0].quoted(), "\"a\"");
+    }
+
+    #[test]
+    fn malformed_pairs_and_nothing_at_all_are_refused() {
+        let err = |r: Result<Vec<Prompt>>| r.unwrap_err().to_string();
+        assert!(err(from_arguments(strings(&["a", "b", "c"]), true)).contains("3 were given"));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.txt");
+        std::fs::write(&file, "a\tb\nno tab here\n").unwrap();
+        assert!(err(read_prompts(vec![], Some(&file), true)).contains("line 2"));
+        std::fs::write(&file, "a\tb\tc\n").unwrap();
+        assert!(err(read_prompts(vec![], Some(&file), true)).contains("line 1"));
+        assert!(err(read_prompts(vec![], None, false)).contains("nothing to classify"));
+        assert!(err(read_prompts(vec![], Some(&dir.path().join("none")), false)).contains("none"));
+    }
+}
