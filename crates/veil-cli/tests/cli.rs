@@ -63,6 +63,14 @@ fn veil_ok(args: &[&str]) -> Vec<u8> {
     out.stdout
 }
 
+/// Output of `--json` with one object per line.
+fn json_lines(out: &[u8]) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
 fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
     let tmp = tempfile::tempdir().unwrap();
@@ -369,10 +377,7 @@ fn client_bundle_classifies_against_a_served_model_without_its_weights() {
         "film",
         "the film good",
     ]);
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&out);
     assert_eq!(lines.len(), 3);
     for (i, r) in lines.iter().enumerate() {
         assert!(
@@ -489,10 +494,7 @@ fn demo_classifies_sentence_pairs() {
         "the film",
         "great",
     ]);
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&out);
     assert_eq!(lines.len(), 2);
     assert_eq!(lines[0]["text"], "good film");
     assert_eq!(lines[0]["pair"], "bad film");
