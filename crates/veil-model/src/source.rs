@@ -86,12 +86,12 @@ impl Task {
             ],
             Task::Paraphrase => &[
                 (
-                    "The company said its profit rose 10 percent in the third quarter.",
-                    Some("Third-quarter profit rose 10 percent, the company said."),
+                    "The Senate passed the bill.",
+                    Some("The bill was passed by the Senate."),
                 ),
                 (
-                    "The company said its profit rose 10 percent in the third quarter.",
-                    Some("The weather in the city was cold and rainy all week."),
+                    "Police arrested two men after the robbery.",
+                    Some("The team won its third straight game."),
                 ),
             ],
         }
@@ -99,7 +99,7 @@ impl Task {
 }
 
 /// The built-in models; the first is `default`.
-pub static BUILT_IN: [BuiltIn; 2] = [
+pub static BUILT_IN: [BuiltIn; 3] = [
     BuiltIn {
         name: "sst2-minilm-l2",
         description: "all-MiniLM-L6-v2 cut to 2 blocks, fine-tuned on SST-2 and made \
@@ -115,6 +115,14 @@ pub static BUILT_IN: [BuiltIn; 2] = [
         task: Task::Sentiment,
         config: include_str!("../../../models/sst2-minilm-l6/config.json"),
         overlay: include_bytes!("../../../models/sst2-minilm-l6/overlay.safetensors"),
+    },
+    BuiltIn {
+        name: "mrpc-minilm-l6",
+        description: "all-MiniLM-L6-v2 (all 6 blocks), fine-tuned on MRPC sentence pairs and made \
+             privacy-friendly (paraphrase; 20 of 24 GELU/Softmax/LayerNorm replaced)",
+        task: Task::Paraphrase,
+        config: include_str!("../../../models/mrpc-minilm-l6/config.json"),
+        overlay: include_bytes!("../../../models/mrpc-minilm-l6/overlay.safetensors"),
     },
 ];
 
