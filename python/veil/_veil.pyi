@@ -76,7 +76,8 @@ class Client:
         before the first is sent."""
     def classify_pairs(self, pairs: Sequence[Tuple[str, str]]) -> List[_Result]:
         """As ``classify``, on sentence pairs (first, second) for a pair model such as
-        ``mrpc-minilm-l6``."""
+        ``mrpc-minilm-l6``. A built-in model takes the prompts of its task: ``classify`` on a
+        pair model, or ``classify_pairs`` on a sentiment model, raises ValueError."""
     def classify_ids(self, ids: Sequence[Sequence[int]]) -> List[_Result]:
         """As ``classify``, on token-id sequences (special tokens included)."""
     def preprocess(self, texts: Sequence[str]) -> List[Dict[str, Any]]:

@@ -65,8 +65,6 @@ pub fn run(
             b.name, b.description
         );
     }
-    let m = source.load()?;
-    let client = ClientModel::from_model(&m)?;
     let prompts: Vec<Prompt> = if prompts.is_empty() {
         // A folder's task is unknown: the sentiment sentences, as for the default model.
         let task = built_in.map_or(Task::Sentiment, |b| b.task);
@@ -80,6 +78,9 @@ pub fn run(
     } else {
         prompts
     };
+    crate::prompt::check_task(&source, &prompts)?;
+    let m = source.load()?;
+    let client = ClientModel::from_model(&m)?;
     // Refuse a bad option or prompt before the server is prepared or any key moves.
     client.check_options(opts)?;
     let encoded = prompts

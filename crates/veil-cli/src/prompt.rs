@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use veil_core::{bail, ensure, Error, Result};
+use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
 use veil_private::{ClientModel, PromptOptions};
 
@@ -37,6 +38,23 @@ impl Prompt {
             None => format!("\"{}\"", self.text),
         }
     }
+}
+
+/// A built-in model's prompts must be of its task (`BuiltIn::check_prompt_kind`); folders say
+/// nothing of their task and are not checked.
+pub fn check_task(source: &ModelSource, prompts: &[Prompt]) -> Result<()> {
+    let Some(b) = source.built_in() else {
+        return Ok(());
+    };
+    for pairs in [false, true] {
+        if prompts.iter().any(|p| p.pair.is_some() == pairs) {
+            b.check_prompt_kind(pairs).map_err(|e| {
+                let flag = if pairs { "leave out" } else { "pass" };
+                Error::InvalidArgument(format!("{e}: {flag} --pairs"))
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// The prompts of a command line: the `text` arguments, then the non-empty lines of `file`.
@@ -132,6 +150,27 @@ mod tests {
         assert_eq!(single.len(), 3);
         assert_eq!(single[1], Prompt::single("c one\tc two"));
         assert_eq!(single[0].quoted(), "\"a\"");
+    }
+
+    #[test]
+    fn a_built_in_model_takes_prompts_of_its_task() {
+        let sentence = [Prompt::single("a fine film")];
+        let pair = from_arguments(strings(&["a", "b"]), true).unwrap();
+        let check = |name: &str, p: &[Prompt]| check_task(&ModelSource::resolve(name).unwrap(), p);
+        check("default", &sentence).unwrap();
+        check("mrpc-minilm-l6", &pair).unwrap();
+        let err = check("mrpc-minilm-l6", &sentence).unwrap_err().to_string();
+        assert!(
+            err.contains("sentence pairs (first, second): pass --pairs"),
+            "{err}"
+        );
+        let err = check("sst2-minilm-l6", &pair).unwrap_err().to_string();
+        assert!(err.contains("not pairs: leave out --pairs"), "{err}");
+        // A folder's task is unknown.
+        let dir = tempfile::tempdir().unwrap();
+        let folder = ModelSource::resolve(dir.path().to_str().unwrap()).unwrap();
+        check_task(&folder, &pair).unwrap();
+        check_task(&folder, &sentence).unwrap();
     }
 
     #[test]

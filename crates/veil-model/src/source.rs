@@ -39,6 +39,28 @@ pub struct BuiltIn {
     overlay: &'static [u8],
 }
 
+impl BuiltIn {
+    /// Refuses prompts of the other kind than its task's (`pairs`: sentence pairs): a paraphrase
+    /// model reads a lone sentence (and a sentiment model a pair) as an input it was never
+    /// trained on, and would answer anyway.
+    pub fn check_prompt_kind(&self, pairs: bool) -> Result<()> {
+        let wanted = self.task.takes_pairs();
+        if pairs != wanted {
+            bail!(
+                InvalidArgument,
+                "{} classifies {}",
+                self.name,
+                if wanted {
+                    "sentence pairs (first, second)"
+                } else {
+                    "single sentences, not pairs"
+                }
+            );
+        }
+        Ok(())
+    }
+}
+
 impl PartialEq for BuiltIn {
     fn eq(&self, other: &Self) -> bool {
         self.name == other.name
@@ -74,6 +96,11 @@ impl Task {
             Task::Sentiment => &["negative", "positive"],
             Task::Paraphrase => &["not a paraphrase", "paraphrase"],
         }
+    }
+
+    /// Whether a prompt is a sentence pair.
+    pub fn takes_pairs(self) -> bool {
+        self == Task::Paraphrase
     }
 
     /// Prompts for `veil demo` when none are given.
