@@ -290,7 +290,9 @@ impl Client {
         let client = py
             .detach(move || -> veil_core::Result<_> {
                 let model = ClientModel::named(&bundle)?;
-                veil_private::Client::connect(model, transport.connect(&server)?, opts, limits)
+                // A long-lived client continues on new sessions as each one's keys are spent.
+                let reconnect = move || transport.connect(&server);
+                veil_private::Client::connect_renewing(model, reconnect, opts, limits)
             })
             .map_err(py_err)?;
         let config: serde_json::Value = serde_json::from_str(&client.model().config().to_json())

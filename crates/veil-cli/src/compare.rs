@@ -34,64 +34,43 @@ pub fn max_abs_difference(a: &[f64], b: &[f64]) -> f64 {
 }
 
 /// Private runs of `model` with both parties in this process: a server prepared once on a TCP
-/// loopback port, and client sessions to it. A new session (fresh keys) is opened whenever the
-/// next prompt might not fit in what the current session's keys may still reveal
-/// ([`Client::key_budget_fits`]), so a run of any length neither meets the server's refusal nor
-/// prepares the model again.
-pub struct Loopback<'m> {
-    model: &'m Model,
-    opts: PromptOptions,
+/// loopback port, and a renewing client ([`Client::connect_renewing`]): a new session (fresh
+/// keys) whenever the next prompt might not fit in what the current one's keys may still
+/// reveal, so a run of any length neither meets the server's refusal nor prepares the model
+/// again.
+pub struct Loopback {
     server: RunningServer,
-    client: Option<Client<TcpChannel>>,
-    sessions: usize,
+    client: Client<TcpChannel>,
 }
 
-impl<'m> Loopback<'m> {
-    pub fn start(model: &'m Model, opts: PromptOptions) -> Result<Self> {
+impl Loopback {
+    pub fn start(model: &Model, opts: PromptOptions) -> Result<Self> {
         let prepared = Arc::new(ServerModel::from_model(model, DEFAULT_NTT_BUDGET_BYTES)?);
         let serve = ServeOptions::for_model(&prepared, Transport::Plaintext);
         let server = Server::new(prepared, serve)?.spawn(TcpListener::bind("127.0.0.1:0")?)?;
-        Ok(Loopback {
-            model,
+        let addr = server.local_addr();
+        let client = Client::connect_renewing(
+            ClientModel::from_model(model)?,
+            move || TcpChannel::connect(addr),
             opts,
-            server,
-            client: None,
-            sessions: 0,
-        })
+            ClientOptions::default(),
+        )?;
+        Ok(Loopback { server, client })
     }
 
     /// The private output of `enc` (the client embeds with the public tables as any client does).
     pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
-        if self
-            .client
-            .as_ref()
-            .is_some_and(|c| !c.key_budget_fits(enc))
-        {
-            self.client.take().map(Client::close).transpose()?;
-        }
-        let client = match &mut self.client {
-            Some(c) => c,
-            None => {
-                self.sessions += 1;
-                self.client.insert(Client::connect(
-                    ClientModel::from_model(self.model)?,
-                    TcpChannel::connect(self.server.local_addr())?,
-                    self.opts,
-                    ClientOptions::default(),
-                )?)
-            }
-        };
-        client.infer(enc)
+        self.client.infer(enc)
     }
 
     /// Sessions opened so far.
     pub fn sessions(&self) -> usize {
-        self.sessions
+        self.client.sessions()
     }
 
     /// Ends the session and stops the server.
     pub fn stop(self) -> Result<()> {
-        self.client.map(Client::close).transpose()?;
+        self.client.close()?;
         self.server.stop()
     }
 }

@@ -95,9 +95,9 @@ pub fn run(
     };
     match net {
         None if tls => classify_all(
-            Client::connect(
+            Client::connect_renewing(
                 client,
-                veil_private::loopback_tls_channel(server)?,
+                move || veil_private::loopback_tls_channel(server.clone()),
                 opts,
                 limits,
             )?,
@@ -107,9 +107,9 @@ pub fn run(
             pipeline,
         )?,
         None => classify_all(
-            Client::connect(
+            Client::connect_renewing(
                 client,
-                veil_private::loopback_channel(server)?,
+                move || veil_private::loopback_channel(server.clone()),
                 opts,
                 limits,
             )?,
@@ -119,9 +119,9 @@ pub fn run(
             pipeline,
         )?,
         Some(net) => classify_all(
-            Client::connect(
+            Client::connect_renewing(
                 client,
-                veil_private::shaped_channel(server, net)?,
+                move || veil_private::shaped_channel(server.clone(), net),
                 opts,
                 limits,
             )?,

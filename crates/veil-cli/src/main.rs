@@ -426,8 +426,10 @@ fn classify(
         .map(|p| p.encode(&client, opts))
         .collect::<Result<Vec<_>>>()?;
     let limits = client.session_options(&encoded, opts, Some(timeout));
-    // The server's configuration is compared with the bundle before any key material moves.
-    let client = Client::connect(client, transport.connect(connect)?, opts, limits)?;
+    // The server's configuration is compared with the bundle before any key material moves;
+    // a long run continues on new sessions as each one's keys are spent.
+    let addr = connect.to_string();
+    let client = Client::connect_renewing(client, move || transport.connect(&addr), opts, limits)?;
     let pipeline = demo::Pipeline {
         ahead: preprocess_ahead,
         upfront: true,

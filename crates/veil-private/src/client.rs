@@ -5,8 +5,10 @@
 //!   public-embedding mode, the public embedding tables): prompts are tokenised, checked and
 //!   embedded here, before anything is sent;
 //! * [`Client`] — a session with a server: it connects, compares the server's configuration with
-//!   its bundle before any key material moves, and classifies a batch of texts or token ids,
-//!   returning each [`Classification`] (label, probabilities, cost report) as a value;
+//!   its bundle before any key material moves, and classifies a batch of texts, sentence pairs
+//!   or token ids, returning each [`Classification`] (label, probabilities, cost report) as a
+//!   value; made with [`Client::connect_renewing`] it moves to a new session (fresh keys) before
+//!   the current keys would reveal more than the server allows;
 //! * [`ClientTransport`] — the client's channel to a server address: TLS 1.3 with the server's
 //!   fingerprint pinned (or trusted on first use and recorded), or plain TCP when asked for.
 //!
@@ -264,12 +266,22 @@ impl ClientModel {
     }
 }
 
-/// A session with a server, on the client's side.
+/// Opens a new channel to the same server, for a new session.
+pub type Reconnect<C> = Box<dyn FnMut() -> Result<C> + Send>;
+
+/// A session with a server, on the client's side; with a [`Reconnect`], a series of sessions.
 pub struct Client<C: Channel> {
     model: ClientModel,
     conn: ClientConnection<C>,
     opts: PromptOptions,
+    limits: ClientOptions,
     budget: KeyBudget,
+    /// Where a new session comes from when this one's keys are nearly spent (`None`: the
+    /// caller rotates sessions itself, or meets the server's refusal).
+    reconnect: Option<Reconnect<C>>,
+    /// What a key may reveal: the server's limit (lower in tests, to reach it).
+    key_limit: u64,
+    sessions: usize,
 }
 
 impl<C: Channel> Client<C> {
@@ -288,8 +300,63 @@ impl<C: Channel> Client<C> {
             model,
             conn,
             opts,
+            limits,
             budget: KeyBudget::default(),
+            reconnect: None,
+            key_limit: veil_he::SESSION_REVEALED_LIMIT,
+            sessions: 1,
         })
+    }
+
+    /// As [`Self::connect`] on a channel from `reconnect`, which is called again for a new
+    /// session (fresh keys, the old one closed) before a prompt that might not fit in what the
+    /// current keys may still reveal ([`Self::key_budget_fits`]): any number of prompts then
+    /// runs without meeting the server's refusal. Material preprocessed in the old session is
+    /// lost with it (those prompts run their offline part online).
+    pub fn connect_renewing(
+        model: ClientModel,
+        mut reconnect: impl FnMut() -> Result<C> + Send + 'static,
+        opts: PromptOptions,
+        limits: ClientOptions,
+    ) -> Result<Self> {
+        let ch = reconnect()?;
+        let mut client = Self::connect(model, ch, opts, limits)?;
+        client.reconnect = Some(Box::new(reconnect));
+        Ok(client)
+    }
+
+    /// Sessions this client has opened (more than one only with [`Self::connect_renewing`]).
+    pub fn sessions(&self) -> usize {
+        self.sessions
+    }
+
+    /// A new session in place of this one, if this one's keys have revealed anything, `enc`
+    /// is not covered by preprocessed material (already paid for under these keys) and might
+    /// not fit in what they have left.
+    fn renew_for(&mut self, enc: &Encoded) -> Result<()> {
+        if self.conn.key_revealed() == 0
+            || self
+                .conn
+                .preprocessed_length_for(self.sent_length(enc))
+                .is_some()
+            || self.key_budget_fits(enc)
+        {
+            return Ok(());
+        }
+        let Some(reconnect) = self.reconnect.as_mut() else {
+            return Ok(());
+        };
+        let model = &self.model;
+        let fresh = ClientConnection::connect_with(reconnect()?, self.limits, |cfg| {
+            model.check_matches(cfg)
+        })?;
+        let old = std::mem::replace(&mut self.conn, fresh);
+        self.sessions += 1;
+        // Its keys are done with either way; a server already gone is not this prompt's failure.
+        if let Err(e) = old.close() {
+            tracing::debug!(error = %e, "closing the spent session");
+        }
+        Ok(())
     }
 
     /// The client's model (its bundle).
@@ -358,6 +425,7 @@ impl<C: Channel> Client<C> {
 
     /// The raw output of one encoded prompt: logits, or the pooled vector of an embedding model.
     pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
+        self.renew_for(enc)?;
         let before = self.conn.key_revealed();
         let out = self.model.run(&mut self.conn, enc, self.opts)?;
         self.budget
@@ -366,13 +434,13 @@ impl<C: Channel> Client<C> {
     }
 
     /// Whether the inference of `enc` is known to fit in what this session's keys may still
-    /// reveal ([`crate::key_budget`]). When it is not, start a new session (`connect` again)
-    /// before sending it: the server would refuse part-way and end this one.
+    /// reveal ([`crate::key_budget`]). When it is not, the server might refuse part-way and end
+    /// the session: a client made by [`Self::connect_renewing`] opens a new one first.
     pub fn key_budget_fits(&self, enc: &Encoded) -> bool {
         self.budget.fits(
             self.conn.key_revealed(),
             self.sent_length(enc),
-            veil_he::SESSION_REVEALED_LIMIT,
+            self.key_limit,
         )
     }
 
@@ -501,5 +569,79 @@ impl ClientTransport {
             );
         }
         Ok(Box::new(ch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::sync::Arc;
+
+    use veil_model::{folder, random};
+
+    use super::*;
+    use crate::prepared::DEFAULT_NTT_BUDGET_BYTES;
+    use crate::{ServeOptions, Server, ServerModel, Transport};
+
+    /// With a key limit that holds two inferences, a renewing client opens a new session before
+    /// every third prompt (unless preprocessed material already covers it), and every answer is
+    /// the one the first session gave; a client without `reconnect` stays on its session.
+    #[test]
+    fn a_renewing_client_opens_a_new_session_before_the_keys_run_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        random::write_tiny_classifier(tmp.path(), 1, 2, 3).unwrap();
+        let model = folder::load(tmp.path()).unwrap();
+        let server = Arc::new(ServerModel::from_model(&model, DEFAULT_NTT_BUDGET_BYTES).unwrap());
+        let opts = ServeOptions::for_model(&server, Transport::Plaintext);
+        let running = Server::new(server, opts)
+            .unwrap()
+            .spawn(TcpListener::bind("127.0.0.1:0").unwrap())
+            .unwrap();
+        let addr = running.local_addr();
+        let open = || ClientModel::open(tmp.path()).unwrap();
+        let mut client = Client::connect_renewing(
+            open(),
+            move || TcpChannel::connect(addr),
+            PromptOptions::default(),
+            ClientOptions::default(),
+        )
+        .unwrap();
+        let text = ["good film"];
+        let first = client.classify(&text).unwrap()[0].probabilities.clone();
+        let once = client.key_revealed();
+        client.key_limit = 2 * once + once / 2;
+        let mut sessions = vec![];
+        for _ in 0..4 {
+            let got = client.classify(&text).unwrap();
+            assert_eq!(got[0].probabilities, first);
+            sessions.push(client.sessions());
+        }
+        assert_eq!(sessions, [1, 2, 2, 3]);
+        // Material preprocessed under these keys covers the next prompt: no new session for it.
+        let enc = client
+            .model()
+            .encode_prompt(text[0], PromptOptions::default())
+            .unwrap();
+        client.preprocess_for(&enc).unwrap();
+        assert!(!client.key_budget_fits(&enc));
+        let got = client.classify(&text).unwrap();
+        assert_eq!(got[0].probabilities, first);
+        assert!(got[0].cost.offline.is_some());
+        assert_eq!(client.sessions(), 3);
+        client.close().unwrap();
+
+        let mut fixed = Client::connect(
+            open(),
+            TcpChannel::connect(addr).unwrap(),
+            PromptOptions::default(),
+            ClientOptions::default(),
+        )
+        .unwrap();
+        fixed.key_limit = 1;
+        fixed.classify(&text).unwrap();
+        fixed.classify(&text).unwrap();
+        assert_eq!(fixed.sessions(), 1);
+        fixed.close().unwrap();
+        running.stop().unwrap();
     }
 }

@@ -2,7 +2,8 @@
 //! [`veil_he::SESSION_REVEALED_LIMIT`] revealed coefficients per key (where the flooding argument stops
 //! holding) and the session then ends part-way through an inference. A client that runs many
 //! prompts over one session (a dev-set evaluation, a long `classify`) asks [`KeyBudget::fits`]
-//! before each and starts a new session, with fresh keys, when the next might not fit.
+//! before each and starts a new session, with fresh keys, when the next might not fit
+//! (`Client::connect_renewing`).
 //!
 //! What one inference reveals is a public function of its length n: a sum of output counts,
 //! n·m per linear layer, n·n per attention product, a constant for the head, so a polynomial
