@@ -33,6 +33,9 @@ pub fn max_abs_difference(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()))
 }
 
+/// How much longer than a remote client's a step of the in-process client may take.
+const LOCAL_SLOWNESS: u32 = 10;
+
 /// Private runs of `model` with both parties in this process: a server prepared once on a TCP
 /// loopback port, and a renewing client ([`Client::connect_renewing`]): a new session (fresh
 /// keys) whenever the next prompt might not fit in what the current one's keys may still
@@ -46,7 +49,11 @@ pub struct Loopback {
 impl Loopback {
     pub fn start(model: &Model, opts: PromptOptions) -> Result<Self> {
         let prepared = Arc::new(ServerModel::from_model(model, DEFAULT_NTT_BUDGET_BYTES)?);
-        let serve = ServeOptions::for_model(&prepared, Transport::Plaintext);
+        let mut serve = ServeOptions::for_model(&prepared, Transport::Plaintext);
+        // Both parties are this process: the server's deadlines guard against a remote peer
+        // holding its threads, not against this machine being slow (an unoptimised build, or
+        // cores busy with other work, takes many times a release build's time).
+        serve.deadlines = serve.deadlines.stretched(LOCAL_SLOWNESS);
         let server = Server::new(prepared, serve)?.spawn(TcpListener::bind("127.0.0.1:0")?)?;
         let addr = server.local_addr();
         let client = Client::connect_renewing(

@@ -120,6 +120,16 @@ impl Deadlines {
         }
     }
 
+    /// These deadlines with the set-up's and each inference's allowance `factor` times longer.
+    pub fn stretched(self, factor: u32) -> Self {
+        Deadlines {
+            setup: self.setup * factor,
+            infer_base: self.infer_base * factor,
+            infer_per_token: self.infer_per_token * factor,
+            ..self
+        }
+    }
+
     /// The deadline of one inference of `seq` tokens, stretched by `load` (≥ 1).
     pub fn inference(&self, seq: usize, load: f64) -> Duration {
         (self.infer_base + self.infer_per_token.mul_f64(seq as f64)).mul_f64(load.max(1.0))
@@ -990,4 +1000,19 @@ pub fn serve_with(
     let mut opts = ServeOptions::for_model(&model, Transport::Plaintext);
     opts.method = method;
     Server::new(model, opts)?.run(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stretched_deadlines_lengthen_set_up_and_inference_only() {
+        let cfg = veil_model::random::Preset::BertTiny.config();
+        let d = Deadlines::for_model(&cfg);
+        let s = d.stretched(10);
+        assert_eq!(s.inference(8, 1.0), d.inference(8, 1.0) * 10);
+        assert_eq!(s.setup, d.setup * 10);
+        assert_eq!((s.handshake, s.idle), (d.handshake, d.idle));
+    }
 }
