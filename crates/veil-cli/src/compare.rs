@@ -41,13 +41,17 @@ const LOCAL_SLOWNESS: u32 = 10;
 /// keys) whenever the next prompt might not fit in what the current one's keys may still
 /// reveal, so a run of any length neither meets the server's refusal nor prepares the model
 /// again.
-pub struct Loopback {
+pub struct Loopback<'m> {
     server: RunningServer,
-    client: Client<TcpChannel>,
+    model: &'m Model,
+    opts: PromptOptions,
+    /// Connected at the first inference: a resumed evaluation may spend a long time on the
+    /// examples it already has before it needs one, and an idle session is dropped.
+    session: Option<Client<TcpChannel>>,
 }
 
-impl Loopback {
-    pub fn start(model: &Model, opts: PromptOptions) -> Result<Self> {
+impl<'m> Loopback<'m> {
+    pub fn start(model: &'m Model, opts: PromptOptions) -> Result<Self> {
         let prepared = Arc::new(ServerModel::from_model(model, DEFAULT_NTT_BUDGET_BYTES)?);
         let mut serve = ServeOptions::for_model(&prepared, Transport::Plaintext);
         // Both parties are this process: the server's deadlines guard against a remote peer
@@ -55,29 +59,39 @@ impl Loopback {
         // cores busy with other work, takes many times a release build's time).
         serve.deadlines = serve.deadlines.stretched(LOCAL_SLOWNESS);
         let server = Server::new(prepared, serve)?.spawn(TcpListener::bind("127.0.0.1:0")?)?;
-        let addr = server.local_addr();
-        let client = Client::connect_renewing(
-            ClientModel::from_model(model)?,
-            move || TcpChannel::connect(addr),
+        Ok(Loopback {
+            server,
+            model,
             opts,
-            ClientOptions::default(),
-        )?;
-        Ok(Loopback { server, client })
+            session: None,
+        })
     }
 
     /// The private output of `enc` (the client embeds with the public tables as any client does).
     pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
-        self.client.infer(enc)
+        let session = match &mut self.session {
+            Some(s) => s,
+            None => {
+                let addr = self.server.local_addr();
+                self.session.insert(Client::connect_renewing(
+                    ClientModel::from_model(self.model)?,
+                    move || TcpChannel::connect(addr),
+                    self.opts,
+                    ClientOptions::default(),
+                )?)
+            }
+        };
+        session.infer(enc)
     }
 
     /// Sessions opened so far.
     pub fn sessions(&self) -> usize {
-        self.client.sessions()
+        self.session.as_ref().map_or(0, Client::sessions)
     }
 
     /// Ends the session and stops the server.
     pub fn stop(self) -> Result<()> {
-        self.client.close()?;
+        self.session.map(Client::close).transpose()?;
         self.server.stop()
     }
 }

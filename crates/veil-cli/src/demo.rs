@@ -166,14 +166,22 @@ pub fn classify_all<C: Channel>(
 ) -> Result<()> {
     let mut next = if pipeline.upfront { 0 } else { 1 };
     let mut refused = false;
-    let mut top_up = |client: &mut Client<C>, upto: usize| -> Result<()> {
+    // A new session (the old one's keys spent) may take preprocessing again.
+    let mut session = client.sessions();
+    // Preprocesses prompts `from..upto` not yet preprocessed.
+    let mut top_up = |client: &mut Client<C>, from: usize, upto: usize| -> Result<()> {
+        if client.sessions() != session {
+            session = client.sessions();
+            refused = false;
+        }
+        next = next.max(from);
         while next < upto.min(encoded.len()) && !refused {
             match client.preprocess_for(&encoded[next]) {
                 Ok(_) => next += 1,
                 // Over the server's budget, or a model preprocessing does not cover (private
                 // embeddings): said once, and the prompts still run.
                 Err(Error::Refused(why) | Error::Unsupported(why)) => {
-                    eprintln!("veil: {why}; the remaining prompts run without preprocessing");
+                    eprintln!("veil: {why}; the next prompts run without preprocessing");
                     refused = true;
                 }
                 Err(e) => return Err(e),
@@ -182,14 +190,14 @@ pub fn classify_all<C: Channel>(
         Ok(())
     };
     if pipeline.upfront {
-        top_up(&mut client, pipeline.ahead)?;
+        top_up(&mut client, 0, pipeline.ahead)?;
     }
     for (i, (prompt, enc)) in prompts.iter().zip(encoded).enumerate() {
         for c in client.classify_encoded(std::slice::from_ref(enc))? {
             print_result(prompt, &c, json);
         }
         if pipeline.ahead > 0 {
-            top_up(&mut client, i + 1 + pipeline.ahead)?;
+            top_up(&mut client, i + 1, i + 1 + pipeline.ahead)?;
         }
     }
     client.close()

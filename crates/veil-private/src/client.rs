@@ -19,7 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use veil_core::{ensure, Result};
+use veil_core::{bail, ensure, Result};
 use veil_model::client::ClientBundle;
 use veil_model::folder::Model;
 use veil_model::source::ModelSource;
@@ -165,11 +165,14 @@ impl ClientModel {
             enc.truncated == 0 || opts.truncate,
             InvalidArgument,
             "the prompt has {} tokens, {} more than the model's limit of {}; pass --truncate to \
-             classify its first {}",
+             classify {}",
             enc.len() + enc.truncated,
             enc.truncated,
             tok.max_len(),
-            tok.max_len()
+            match pair {
+                None => format!("its first {}", tok.max_len()),
+                Some(_) => format!("it cut to {} (the longer sentence first)", tok.max_len()),
+            }
         );
         self.check_length(&enc, opts)?;
         Ok(enc)
@@ -272,7 +275,8 @@ pub type Reconnect<C> = Box<dyn FnMut() -> Result<C> + Send>;
 /// A session with a server, on the client's side; with a [`Reconnect`], a series of sessions.
 pub struct Client<C: Channel> {
     model: ClientModel,
-    conn: ClientConnection<C>,
+    /// `None` only between closing a spent session and opening its successor, if that failed.
+    conn: Option<ClientConnection<C>>,
     opts: PromptOptions,
     limits: ClientOptions,
     budget: KeyBudget,
@@ -298,7 +302,7 @@ impl<C: Channel> Client<C> {
         let conn = ClientConnection::connect_with(ch, limits, |cfg| model.check_matches(cfg))?;
         Ok(Client {
             model,
-            conn,
+            conn: Some(conn),
             opts,
             limits,
             budget: KeyBudget::default(),
@@ -309,10 +313,12 @@ impl<C: Channel> Client<C> {
     }
 
     /// As [`Self::connect`] on a channel from `reconnect`, which is called again for a new
-    /// session (fresh keys, the old one closed) before a prompt that might not fit in what the
-    /// current keys may still reveal ([`Self::key_budget_fits`]): any number of prompts then
-    /// runs without meeting the server's refusal. Material preprocessed in the old session is
-    /// lost with it (those prompts run their offline part online).
+    /// session (the spent one closed first, then fresh keys) before an inference or a
+    /// preprocessing that might not fit in what the current keys may still reveal
+    /// ([`Self::key_budget_fits`]): any number of prompts then runs without meeting the server's
+    /// refusal. Work preprocessed under the current keys is used first: an inference it covers
+    /// does not renew, and preprocessing more while some is held is refused
+    /// ([`veil_core::Error::Refused`]) rather than throwing it away.
     pub fn connect_renewing(
         model: ClientModel,
         mut reconnect: impl FnMut() -> Result<C> + Send + 'static,
@@ -330,32 +336,32 @@ impl<C: Channel> Client<C> {
         self.sessions
     }
 
-    /// A new session in place of this one, if this one's keys have revealed anything, `enc`
-    /// is not covered by preprocessed material (already paid for under these keys) and might
-    /// not fit in what they have left.
-    fn renew_for(&mut self, enc: &Encoded) -> Result<()> {
-        if self.conn.key_revealed() == 0
-            || self
-                .conn
-                .preprocessed_length_for(self.sent_length(enc))
-                .is_some()
-            || self.key_budget_fits(enc)
-        {
-            return Ok(());
-        }
-        let Some(reconnect) = self.reconnect.as_mut() else {
+    /// A new session in place of this one when there is none (opening one failed before) or
+    /// this one's keys have revealed something and might not cover `len` more tokens of work,
+    /// unless that work is `covered` by material preprocessed under them.
+    fn renew_if_spent(&mut self, len: usize, covered: bool) -> Result<()> {
+        let spent = match &self.conn {
+            None => true,
+            Some(c) => {
+                let revealed = c.key_revealed();
+                revealed > 0 && !covered && !self.budget.fits(revealed, len, self.key_limit)
+            }
+        };
+        let Some(reconnect) = self.reconnect.as_mut().filter(|_| spent) else {
             return Ok(());
         };
+        // Closed first: a server may hold one session per client, and these keys are done.
+        if let Some(old) = self.conn.take() {
+            if let Err(e) = old.close() {
+                tracing::debug!(error = %e, "closing the spent session");
+            }
+        }
         let model = &self.model;
         let fresh = ClientConnection::connect_with(reconnect()?, self.limits, |cfg| {
             model.check_matches(cfg)
         })?;
-        let old = std::mem::replace(&mut self.conn, fresh);
+        self.conn = Some(fresh);
         self.sessions += 1;
-        // Its keys are done with either way; a server already gone is not this prompt's failure.
-        if let Err(e) = old.close() {
-            tracing::debug!(error = %e, "closing the spent session");
-        }
         Ok(())
     }
 
@@ -425,11 +431,14 @@ impl<C: Channel> Client<C> {
 
     /// The raw output of one encoded prompt: logits, or the pooled vector of an embedding model.
     pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
-        self.renew_for(enc)?;
-        let before = self.conn.key_revealed();
-        let out = self.model.run(&mut self.conn, enc, self.opts)?;
-        self.budget
-            .record(self.sent_length(enc), self.conn.key_revealed() - before);
+        let len = self.sent_length(enc);
+        let covered =
+            (self.conn.as_ref()).is_some_and(|c| c.preprocessed_length_for(len).is_some());
+        self.renew_if_spent(len, covered)?;
+        let conn = self.conn.as_mut().ok_or_else(no_session)?;
+        let before = conn.key_revealed();
+        let out = self.model.run(conn, enc, self.opts)?;
+        self.budget.record(len, conn.key_revealed() - before);
         Ok(out)
     }
 
@@ -437,16 +446,16 @@ impl<C: Channel> Client<C> {
     /// reveal ([`crate::key_budget`]). When it is not, the server might refuse part-way and end
     /// the session: a client made by [`Self::connect_renewing`] opens a new one first.
     pub fn key_budget_fits(&self, enc: &Encoded) -> bool {
-        self.budget.fits(
-            self.conn.key_revealed(),
-            self.sent_length(enc),
-            self.key_limit,
-        )
+        self.fits(self.sent_length(enc))
+    }
+
+    fn fits(&self, len: usize) -> bool {
+        self.budget.fits(self.key_revealed(), len, self.key_limit)
     }
 
     /// Response coefficients revealed under this session's fullest key so far.
     pub fn key_revealed(&self) -> u64 {
-        self.conn.key_revealed()
+        self.conn.as_ref().map_or(0, ClientConnection::key_revealed)
     }
 
     /// The length `enc` is sent at.
@@ -460,9 +469,19 @@ impl<C: Channel> Client<C> {
     /// server over its per-session budget answers [`veil_core::Error::Refused`]; the session
     /// goes on.
     pub fn preprocess(&mut self, seq: usize) -> Result<crate::report::PhaseCost> {
-        let before = self.conn.key_revealed();
-        let cost = self.conn.preprocess(seq)?;
-        self.budget.record(seq, self.conn.key_revealed() - before);
+        let holds = (self.conn.as_ref()).is_some_and(ClientConnection::holds_preprocessed);
+        if holds && self.key_revealed() > 0 && !self.fits(seq) {
+            bail!(
+                Refused,
+                "this session's keys are nearly spent: no more preprocessing until the next \
+                 session"
+            );
+        }
+        self.renew_if_spent(seq, false)?;
+        let conn = self.conn.as_mut().ok_or_else(no_session)?;
+        let before = conn.key_revealed();
+        let cost = conn.preprocess(seq)?;
+        self.budget.record(seq, conn.key_revealed() - before);
         Ok(cost)
     }
 
@@ -473,8 +492,17 @@ impl<C: Channel> Client<C> {
 
     /// Ends the session politely.
     pub fn close(self) -> Result<()> {
-        self.conn.close()
+        self.conn.map_or(Ok(()), ClientConnection::close)
     }
+}
+
+/// A renewing client whose new session could not be opened; the next prompt tries again.
+fn no_session() -> veil_core::Error {
+    veil_core::Error::Other(
+        "no session: opening a new one (the last one's keys were spent) failed; the next prompt \
+         tries again"
+            .into(),
+    )
 }
 
 /// How the client reaches a server over a network.
@@ -584,8 +612,9 @@ mod tests {
     use crate::{ServeOptions, Server, ServerModel, Transport};
 
     /// With a key limit that holds two inferences, a renewing client opens a new session before
-    /// every third prompt (unless preprocessed material already covers it), and every answer is
-    /// the one the first session gave; a client without `reconnect` stays on its session.
+    /// every third prompt or preprocessing (unless preprocessed material already covers it, or
+    /// would be lost), and every answer is the one the first session gave; a client without
+    /// `reconnect` stays on its session.
     #[test]
     fn a_renewing_client_opens_a_new_session_before_the_keys_run_out() {
         let tmp = tempfile::tempdir().unwrap();
@@ -628,6 +657,21 @@ mod tests {
         assert_eq!(got[0].probabilities, first);
         assert!(got[0].cost.offline.is_some());
         assert_eq!(client.sessions(), 3);
+        // Preprocessing renews as inference does when nothing preprocessed is held, and is
+        // refused, not renewed, while some is (it was paid for under these keys).
+        client.preprocess_for(&enc).unwrap();
+        assert_eq!(client.sessions(), 4);
+        client.preprocess_for(&enc).unwrap();
+        let refused = client.preprocess_for(&enc).unwrap_err();
+        assert!(matches!(refused, veil_core::Error::Refused(_)), "{refused}");
+        for _ in 0..2 {
+            let got = client.classify(&text).unwrap();
+            assert_eq!(got[0].probabilities, first);
+            assert!(got[0].cost.offline.is_some());
+        }
+        assert_eq!(client.sessions(), 4);
+        client.classify(&text).unwrap();
+        assert_eq!(client.sessions(), 5);
         client.close().unwrap();
 
         let mut fixed = Client::connect(

@@ -475,6 +475,11 @@ impl<C: Channel> ClientConnection<C> {
         self.material.get(&seq).map_or(0, VecDeque::len)
     }
 
+    /// Whether any preprocessed material is held (work already paid for under these keys).
+    pub fn holds_preprocessed(&self) -> bool {
+        self.material.values().any(|q| !q.is_empty())
+    }
+
     /// The length at which an input of `seq` rows can use preprocessed material: `seq` when
     /// some of that length is held, else the shortest longer length held if the model's head
     /// lets the client pad (its first-token pooler; see [`Self::infer_padded`]). Material is

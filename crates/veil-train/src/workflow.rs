@@ -49,6 +49,11 @@ impl DataOptions {
     }
 }
 
+/// The dataset format and maximum length `data` reads its files with, as a record keeps them.
+pub fn data_settings(data: &DataOptions) -> String {
+    format!("format {:?}, max_seq_len {}", data.format, data.max_seq_len)
+}
+
 /// `veil finetune --model DIR --train FILE --dev FILE --out DIR`.
 #[derive(Clone, Debug)]
 pub struct FinetuneOptions {
@@ -133,6 +138,9 @@ pub struct TrainingRecord {
     pub source_model: String,
     pub train_file: String,
     pub dev_file: String,
+    /// How the files were read ([`data_settings`]); absent in records older than the field.
+    #[serde(default)]
+    pub data_settings: Option<String>,
     /// Class names, index = class id of the classifier.
     pub labels: LabelSet,
     pub freeze_embeddings: bool,
@@ -267,8 +275,8 @@ fn tokenizer_for(dir: &Path, max_seq_len: usize, model_limit: usize) -> Result<T
     TextTokenizer::from_folder(dir, max_seq_len.min(model_limit))
 }
 
-fn default_freeze(model: &TrainableTransformer, choice: Option<bool>) -> bool {
-    choice.unwrap_or(model.config().veil.embedding == EmbeddingMode::Public)
+fn default_freeze(config: &ModelConfig, choice: Option<bool>) -> bool {
+    choice.unwrap_or(config.veil.embedding == EmbeddingMode::Public)
 }
 
 /// Result of [`finetune`].
@@ -286,7 +294,7 @@ pub struct FinetuneOutcome {
 /// reported, not trained again; a folder holding another finished run is refused.
 pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
     let config = folder::load_config(&opts.model)?;
-    if let Some(outcome) = finished_run(opts, config.num_layers)? {
+    if let Some(outcome) = finished_run(opts, &config)? {
         return Ok(outcome);
     }
     let tokenizer = tokenizer_for(
@@ -302,7 +310,7 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
         opts.num_layers,
         opts.train.seed,
     )?;
-    let freeze_embeddings = default_freeze(&model, opts.freeze_embeddings);
+    let freeze_embeddings = default_freeze(model.config(), opts.freeze_embeddings);
     let freeze = Freeze {
         embeddings: freeze_embeddings,
         blocks_below: 0,
@@ -335,6 +343,7 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
         source_model: opts.model.display().to_string(),
         train_file: opts.data.train.display().to_string(),
         dev_file: opts.data.dev.display().to_string(),
+        data_settings: Some(data_settings(&opts.data)),
         labels: data.labels,
         freeze_embeddings,
         num_layers: model.num_blocks(),
@@ -358,19 +367,24 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
 /// the resume command once more must not train for hours again and overwrite the model; a finished
 /// run of other settings (or another workflow) is refused rather than overwritten. The data files
 /// are compared by path: edit them and a new run needs a new `out`.
-fn finished_run(opts: &FinetuneOptions, source_layers: usize) -> Result<Option<FinetuneOutcome>> {
+fn finished_run(opts: &FinetuneOptions, source: &ModelConfig) -> Result<Option<FinetuneOutcome>> {
     let Some(record) = TrainingRecord::read(&opts.out)? else {
         return Ok(None);
     };
+    // How often checkpoints were written does not change what was trained.
+    let train = TrainConfig {
+        checkpoint_every: record.train_config.checkpoint_every,
+        ..as_recorded(&opts.train)?
+    };
+    let freeze = default_freeze(source, opts.freeze_embeddings);
     let same = record.workflow == "finetune"
         && record.source_model == opts.model.display().to_string()
         && record.train_file == opts.data.train.display().to_string()
         && record.dev_file == opts.data.dev.display().to_string()
-        && record.train_config == as_recorded(&opts.train)?
-        && record.num_layers == opts.num_layers.unwrap_or(source_layers)
-        && opts
-            .freeze_embeddings
-            .is_none_or(|f| f == record.freeze_embeddings);
+        && (record.data_settings.as_ref()).is_none_or(|d| *d == data_settings(&opts.data))
+        && record.train_config == train
+        && record.num_layers == opts.num_layers.unwrap_or(source.num_layers)
+        && record.freeze_embeddings == freeze;
     ensure!(
         same,
         InvalidArgument,
@@ -607,7 +621,7 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
     let freeze_embeddings = opts
         .freeze_embeddings
         .or(prior.as_ref().map(|r| r.freeze_embeddings))
-        .unwrap_or(default_freeze(&model, None));
+        .unwrap_or(default_freeze(model.config(), None));
     let fingerprint = run_fingerprint(opts, &data, &model, freeze_embeddings)?;
     // Loaded once from the source folder and never trained: every step distils towards the
     // original model, also after a resume.
@@ -670,6 +684,7 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
         source_model: opts.model.display().to_string(),
         train_file: opts.data.train.display().to_string(),
         dev_file: opts.data.dev.display().to_string(),
+        data_settings: Some(data_settings(&opts.data)),
         labels: data.labels,
         freeze_embeddings,
         num_layers: model.num_blocks(),

@@ -172,11 +172,27 @@ fn finetune_resumes_after_interruption() {
     assert_eq!(again.dev, rest.dev);
     assert_eq!(std::fs::read(&model_file).unwrap(), trained);
 
+    // How often checkpoints are written does not matter; explicitly what the default chose
+    // (frozen public embeddings) neither.
+    opts.train.checkpoint_every += 1;
+    opts.freeze_embeddings = Some(true);
+    assert!(finetune(&opts).unwrap().already_finished);
+
     // Other settings into the same folder are refused, not trained over it.
-    opts.train.learning_rate *= 2.0;
-    let err = finetune(&opts).unwrap_err().to_string();
-    assert!(err.contains("other settings"), "{err}");
-    assert_eq!(std::fs::read(&model_file).unwrap(), trained);
+    let refused = |o: &FinetuneOptions| {
+        let err = finetune(o).unwrap_err().to_string();
+        assert!(err.contains("other settings"), "{err}");
+        assert_eq!(std::fs::read(&model_file).unwrap(), trained);
+    };
+    let mut other = opts.clone();
+    other.train.learning_rate *= 2.0;
+    refused(&other);
+    let mut other = opts.clone();
+    other.freeze_embeddings = Some(false);
+    refused(&other);
+    let mut other = opts.clone();
+    other.data.max_seq_len -= 1;
+    refused(&other);
 }
 
 #[test]
