@@ -46,15 +46,13 @@ pub fn check_task(source: &ModelSource, prompts: &[Prompt]) -> Result<()> {
     let Some(b) = source.built_in() else {
         return Ok(());
     };
-    for pairs in [false, true] {
-        if prompts.iter().any(|p| p.pair.is_some() == pairs) {
-            b.check_prompt_kind(pairs).map_err(|e| {
-                let flag = if pairs { "leave out" } else { "pass" };
-                Error::InvalidArgument(format!("{e}: {flag} --pairs"))
-            })?;
-        }
-    }
-    Ok(())
+    prompts.iter().try_for_each(|p| {
+        let pairs = p.pair.is_some();
+        b.check_prompt_kind(pairs).map_err(|e| {
+            let flag = if pairs { "leave out" } else { "pass" };
+            Error::InvalidArgument(format!("{e}: {flag} --pairs"))
+        })
+    })
 }
 
 /// The prompts of a command line: the `text` arguments, then the non-empty lines of `file`.

@@ -340,13 +340,7 @@ impl<C: Channel> Client<C> {
     /// this one's keys have revealed something and might not cover `len` more tokens of work,
     /// unless that work is `covered` by material preprocessed under them.
     fn renew_if_spent(&mut self, len: usize, covered: bool) -> Result<()> {
-        let spent = match &self.conn {
-            None => true,
-            Some(c) => {
-                let revealed = c.key_revealed();
-                revealed > 0 && !covered && !self.budget.fits(revealed, len, self.key_limit)
-            }
-        };
+        let spent = self.conn.is_none() || (!covered && self.spent_for(len));
         let Some(reconnect) = self.reconnect.as_mut().filter(|_| spent) else {
             return Ok(());
         };
@@ -453,6 +447,12 @@ impl<C: Channel> Client<C> {
         self.budget.fits(self.key_revealed(), len, self.key_limit)
     }
 
+    /// Whether these keys have revealed something and might not cover `len` more tokens of work
+    /// (fresh keys always take one inference: the server refuses a key too small for it).
+    fn spent_for(&self, len: usize) -> bool {
+        self.key_revealed() > 0 && !self.fits(len)
+    }
+
     /// Response coefficients revealed under this session's fullest key so far.
     pub fn key_revealed(&self) -> u64 {
         self.conn.as_ref().map_or(0, ClientConnection::key_revealed)
@@ -470,7 +470,7 @@ impl<C: Channel> Client<C> {
     /// goes on.
     pub fn preprocess(&mut self, seq: usize) -> Result<crate::report::PhaseCost> {
         let holds = (self.conn.as_ref()).is_some_and(ClientConnection::holds_preprocessed);
-        if holds && self.key_revealed() > 0 && !self.fits(seq) {
+        if holds && self.spent_for(seq) {
             bail!(
                 Refused,
                 "this session's keys are nearly spent: no more preprocessing until the next \
