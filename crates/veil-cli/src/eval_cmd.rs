@@ -261,6 +261,9 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let (mut agree_f32_sim, mut agree_sim_private) = (0usize, 0usize);
     let (mut private_seconds, mut private_wall, mut private_bytes) = (0f64, 0f64, 0u64);
     let mut gaps_ulp = Vec::with_capacity(private_n);
+    // The examples where the private argmax is not the simulator's, with the three paths'
+    // logits: the simulator's margin says whether truncation error alone can explain it.
+    let mut disagreements = Vec::new();
     let mut sim_warnings = 0usize;
     let ulp = 1.0 / fp.scale();
     let pb = veil_model::progress::bar(examples.len() as u64, "evaluating");
@@ -309,7 +312,14 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             }
         };
         private_tally.add(argmax(&r.logits), ex.label);
-        agree_sim_private += (argmax(&r.logits) == argmax(&s)) as usize;
+        if argmax(&r.logits) == argmax(&s) {
+            agree_sim_private += 1;
+        } else {
+            disagreements.push(serde_json::json!({
+                "index": i, "label": ex.label, "tokens": ex.ids.len(),
+                "f32_logits": f, "fixed_logits": s, "private_logits": r.logits,
+            }));
+        }
         gaps_ulp.push(max_abs_difference(&r.logits, &s) / ulp);
         private_seconds += r.online_seconds;
         private_wall += r.wall_seconds;
@@ -334,6 +344,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             "tally": private_tally.json(binary),
             "agreement_with_fixed": agree_sim_private as f64 / private_n as f64,
             "argmax_equal_to_fixed": agree_sim_private,
+            "argmax_differs_from_fixed": disagreements,
             "max_abs_logit_difference_vs_fixed": max_gap,
             "logit_difference_ulp_histogram": histogram,
             "logit_difference_ulp_quantiles": gap_quantiles(&gaps_ulp),
@@ -390,6 +401,12 @@ pub fn eval(a: EvalArgs) -> Result<()> {
                 String::new()
             }
         );
+        for d in &disagreements {
+            println!(
+                "    example {} (0-based): private logits {}, fixed point {}, f32 {}",
+                d["index"], d["private_logits"], d["fixed_logits"], d["f32_logits"]
+            );
+        }
     }
     Ok(())
 }

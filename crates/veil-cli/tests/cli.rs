@@ -154,6 +154,10 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
     ]);
     let r: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(r["private"]["argmax_equal_to_fixed"], 4, "{r}");
+    assert_eq!(
+        r["private"]["argmax_differs_from_fixed"],
+        serde_json::json!([])
+    );
     let gap = &r["private"]["max_abs_logit_difference_vs_fixed"];
     assert!(gap.as_f64().unwrap() <= 0.02, "{r}");
     assert!(r["private"]["tally"]["f1"].is_number(), "{r}");
@@ -196,6 +200,27 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
     ] {
         assert_eq!(again["private"][key], first["private"][key], "{key}");
     }
+
+    // A journal whose first result answers the other class is reported as a disagreement,
+    // by index, with the three paths' logits.
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let logits = &mut lines[1]["logits"];
+    let swapped = serde_json::json!([logits[1].clone(), logits[0].clone()]);
+    assert_ne!(*logits, swapped, "tied logits cannot be told apart");
+    *logits = swapped.clone();
+    let edited: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    std::fs::write(&journal, edited).unwrap();
+    let swapped_run: serde_json::Value = serde_json::from_slice(&eval("2").stdout).unwrap();
+    assert_eq!(swapped_run["private"]["argmax_equal_to_fixed"], 1);
+    let differs = &swapped_run["private"]["argmax_differs_from_fixed"];
+    assert_eq!(differs.as_array().map(Vec::len), Some(1), "{differs}");
+    assert_eq!(differs[0]["index"], 0);
+    assert_eq!(differs[0]["private_logits"], swapped);
+    assert!(differs[0]["fixed_logits"].is_array() && differs[0]["f32_logits"].is_array());
 }
 
 /// `veil embed` on an encoder without a classifier: its pooled vectors in f32, fixed point and
