@@ -2,7 +2,6 @@
 //! simulation and its private run side by side: the f32 output in f64, the largest difference
 //! between two outputs, and private sessions with a server thread over TCP loopback.
 
-use std::net::TcpListener;
 use std::sync::Arc;
 
 use veil_core::{Error, Result};
@@ -12,8 +11,7 @@ use veil_net::TcpChannel;
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::CostReport;
 use veil_private::{
-    Client, ClientModel, ClientOptions, PromptOptions, RunningServer, ServeOptions, Server,
-    ServerModel, Transport,
+    Client, ClientModel, ClientOptions, LoopbackServer, PromptOptions, ServerModel,
 };
 
 /// The f32 model's logits (or pooled vector when it has no classifier), widened to f64 so it
@@ -33,16 +31,13 @@ pub fn max_abs_difference(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()))
 }
 
-/// How much longer than a remote client's a step of the in-process client may take.
-const LOCAL_SLOWNESS: u32 = 10;
-
 /// Private runs of `model` with both parties in this process: a server prepared once on a TCP
 /// loopback port, and a renewing client ([`Client::connect_renewing`]): a new session (fresh
 /// keys) whenever the next prompt might not fit in what the current one's keys may still
 /// reveal, so a run of any length neither meets the server's refusal nor prepares the model
 /// again.
 pub struct Loopback<'m> {
-    server: RunningServer,
+    server: LoopbackServer,
     model: &'m Model,
     opts: PromptOptions,
     /// Connected at the first inference: a resumed evaluation may spend a long time on the
@@ -53,12 +48,7 @@ pub struct Loopback<'m> {
 impl<'m> Loopback<'m> {
     pub fn start(model: &'m Model, opts: PromptOptions) -> Result<Self> {
         let prepared = Arc::new(ServerModel::from_model(model, DEFAULT_NTT_BUDGET_BYTES)?);
-        let mut serve = ServeOptions::for_model(&prepared, Transport::Plaintext);
-        // Both parties are this process: the server's deadlines guard against a remote peer
-        // holding its threads, not against this machine being slow (an unoptimised build, or
-        // cores busy with other work, takes many times a release build's time).
-        serve.deadlines = serve.deadlines.stretched(LOCAL_SLOWNESS);
-        let server = Server::new(prepared, serve)?.spawn(TcpListener::bind("127.0.0.1:0")?)?;
+        let server = LoopbackServer::plain(prepared)?;
         Ok(Loopback {
             server,
             model,
@@ -71,15 +61,12 @@ impl<'m> Loopback<'m> {
     pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
         let session = match &mut self.session {
             Some(s) => s,
-            None => {
-                let addr = self.server.local_addr();
-                self.session.insert(Client::connect_renewing(
-                    ClientModel::from_model(self.model)?,
-                    move || TcpChannel::connect(addr),
-                    self.opts,
-                    ClientOptions::default(),
-                )?)
-            }
+            None => self.session.insert(Client::connect_renewing(
+                ClientModel::from_model(self.model)?,
+                self.server.plain_connector(),
+                self.opts,
+                ClientOptions::default(),
+            )?),
         };
         session.infer(enc)
     }

@@ -9,7 +9,9 @@ use veil_model::source::{ModelSource, Task};
 use veil_model::tokenize::Encoded;
 use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
-use veil_private::{Classification, Client, ClientModel, PromptOptions, ServerModel};
+use veil_private::{
+    Classification, Client, ClientModel, ClientOptions, LoopbackServer, PromptOptions, ServerModel,
+};
 
 use crate::prompt::Prompt;
 
@@ -89,47 +91,31 @@ pub fn run(
         .collect::<Result<Vec<_>>>()?;
     let limits = client.session_options(&encoded, opts, None);
     let server = Arc::new(ServerModel::from_model(&m, DEFAULT_NTT_BUDGET_BYTES)?);
-    let pipeline = Pipeline {
-        ahead: preprocess_ahead,
-        upfront: false,
+    let run = Run {
+        prompts: &prompts,
+        encoded: &encoded,
+        opts,
+        limits,
+        json,
+        pipeline: Pipeline {
+            ahead: preprocess_ahead,
+            upfront: false,
+        },
     };
     match net {
-        None if tls => classify_all(
-            Client::connect_renewing(
-                client,
-                move || veil_private::loopback_tls_channel(server.clone()),
-                opts,
-                limits,
-            )?,
-            &prompts,
-            &encoded,
-            json,
-            pipeline,
-        )?,
-        None => classify_all(
-            Client::connect_renewing(
-                client,
-                move || veil_private::loopback_channel(server.clone()),
-                opts,
-                limits,
-            )?,
-            &prompts,
-            &encoded,
-            json,
-            pipeline,
-        )?,
-        Some(net) => classify_all(
-            Client::connect_renewing(
-                client,
-                move || veil_private::shaped_channel(server.clone(), net),
-                opts,
-                limits,
-            )?,
-            &prompts,
-            &encoded,
-            json,
-            pipeline,
-        )?,
+        None if tls => {
+            let server = LoopbackServer::tls(server)?;
+            run.on(client, server.tls_connector())?;
+            server.stop()?;
+        }
+        None => {
+            let server = LoopbackServer::plain(server)?;
+            run.on(client, server.plain_connector())?;
+            server.stop()?;
+        }
+        Some(net) => run.on(client, move || {
+            veil_private::shaped_channel(server.clone(), net)
+        })?,
     }
     if let (Some(b), false) = (built_in, json) {
         let labels: Vec<String> = b
@@ -142,6 +128,28 @@ pub fn run(
         println!("\nlabels: {}", labels.join(", "));
     }
     Ok(())
+}
+
+/// The demo's prompts and how to run them, whatever the channel to the server.
+struct Run<'a> {
+    prompts: &'a [Prompt],
+    encoded: &'a [Encoded],
+    opts: PromptOptions,
+    limits: ClientOptions,
+    json: bool,
+    pipeline: Pipeline,
+}
+
+impl Run<'_> {
+    /// Classifies every prompt with a renewing client whose sessions `connect` opens.
+    fn on<C: Channel>(
+        &self,
+        client: ClientModel,
+        connect: impl FnMut() -> Result<C> + Send + 'static,
+    ) -> Result<()> {
+        let client = Client::connect_renewing(client, connect, self.opts, self.limits)?;
+        classify_all(client, self.prompts, self.encoded, self.json, self.pipeline)
+    }
 }
 
 /// How many prompts a session keeps preprocessed ahead of the one it classifies

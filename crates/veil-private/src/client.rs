@@ -602,14 +602,13 @@ impl ClientTransport {
 
 #[cfg(test)]
 mod tests {
-    use std::net::TcpListener;
     use std::sync::Arc;
 
     use veil_model::{folder, random};
 
     use super::*;
     use crate::prepared::DEFAULT_NTT_BUDGET_BYTES;
-    use crate::{ServeOptions, Server, ServerModel, Transport};
+    use crate::{LoopbackServer, ServerModel};
 
     /// With a key limit that holds two inferences, a renewing client opens a new session before
     /// every third prompt or preprocessing (unless preprocessed material already covers it, or
@@ -621,16 +620,11 @@ mod tests {
         random::write_tiny_classifier(tmp.path(), 1, 2, 3).unwrap();
         let model = folder::load(tmp.path()).unwrap();
         let server = Arc::new(ServerModel::from_model(&model, DEFAULT_NTT_BUDGET_BYTES).unwrap());
-        let opts = ServeOptions::for_model(&server, Transport::Plaintext);
-        let running = Server::new(server, opts)
-            .unwrap()
-            .spawn(TcpListener::bind("127.0.0.1:0").unwrap())
-            .unwrap();
-        let addr = running.local_addr();
+        let running = LoopbackServer::plain(server).unwrap();
         let open = || ClientModel::open(tmp.path()).unwrap();
         let mut client = Client::connect_renewing(
             open(),
-            move || TcpChannel::connect(addr),
+            running.plain_connector(),
             PromptOptions::default(),
             ClientOptions::default(),
         )
@@ -676,7 +670,7 @@ mod tests {
 
         let mut fixed = Client::connect(
             open(),
-            TcpChannel::connect(addr).unwrap(),
+            running.plain_connector()().unwrap(),
             PromptOptions::default(),
             ClientOptions::default(),
         )

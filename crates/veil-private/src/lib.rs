@@ -35,6 +35,7 @@ pub mod client;
 pub mod embedding;
 pub mod forward;
 pub mod key_budget;
+pub mod loopback;
 pub mod pool_size;
 pub mod prepared;
 pub mod preprocess;
@@ -43,10 +44,11 @@ pub mod server;
 pub mod session;
 
 pub use client::{Classification, Client, ClientModel, ClientTransport, PromptOptions};
+pub use loopback::LoopbackServer;
 pub use prepared::ServerModel;
 pub use report::CostReport;
 pub use server::{RunningServer, ServeOptions, Server, Transport};
 pub use session::{
-    loopback_channel, loopback_tls_channel, serve, serve_session, serve_session_with, serve_with,
-    shaped_channel, ClientConnection, ClientOptions, Deadlines,
+    serve, serve_session, serve_session_with, serve_with, shaped_channel, ClientConnection,
+    ClientOptions, Deadlines,
 };

@@ -43,10 +43,7 @@ use veil_core::wire::{Reader, Writer};
 use veil_core::{bail, ensure, FixedPoint, Result, RingTensor};
 use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
-use veil_net::{
-    shaped_pair, Channel, ClientTls, Identity, MemChannel, NetworkModel, RealClock, Role,
-    ServerPin, ServerTls, TcpChannel, TlsChannel,
-};
+use veil_net::{shaped_pair, Channel, MemChannel, NetworkModel, RealClock, Role};
 use veil_nonlinear::OtSession;
 
 use crate::embedding::{embed_client, embed_server, ServerEmbedding, DEFAULT_METHOD};
@@ -950,41 +947,8 @@ pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
     serve_with(listener, model, DEFAULT_METHOD)
 }
 
-/// A server for `model` on a thread of this process, on a TCP loopback port, and the client's
-/// channel to it: both parties in one process (`veil demo`, `veil eval`). Plain TCP: the bytes
-/// never leave the process's machine and both ends are this process.
-pub fn loopback_channel(model: Arc<ServerModel>) -> Result<TcpChannel> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    std::thread::spawn(move || serve(listener, model));
-    TcpChannel::connect(addr)
-}
-
-/// As [`loopback_channel`], over TLS 1.3 as `veil serve` / `veil classify` run it: a fresh
-/// in-memory server identity, the client pinning its fingerprint (to measure what TLS costs).
-pub fn loopback_tls_channel(model: Arc<ServerModel>) -> Result<TlsChannel> {
-    let id = Identity::generate()?;
-    let tls = ServerTls::new(&id, None)?;
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let opts = ServeOptions::for_model(&model, Transport::Tls(tls));
-    let server = Server::new(model, opts)?;
-    std::thread::spawn(move || server.run(listener));
-    ClientTls {
-        pin: ServerPin::Fingerprint {
-            fp: id.fingerprint(),
-            source: "the in-process server".into(),
-        },
-        identity: None,
-    }
-    .connect(
-        std::net::TcpStream::connect(addr)?,
-        Instant::now() + Duration::from_secs(30),
-    )
-}
-
-/// Both parties in one process, as [`loopback_channel`], but over an in-memory link shaped like
-/// `net` (`veil_net::shaped_pair`, on the wall clock), so reports measure the time on `net`.
+/// Both parties in one process, as [`crate::loopback::LoopbackServer`], but over an in-memory
+/// link shaped like `net` (`veil_net::shaped_pair`, on the wall clock), so reports measure the time on `net`.
 pub fn shaped_channel(model: Arc<ServerModel>, net: NetworkModel) -> Result<MemChannel> {
     let (client, server) = shaped_pair(net, Arc::new(RealClock::new()))?;
     std::thread::spawn(move || {
