@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use veil_core::{Error, FixedPoint};
 use veil_model::random;
-use veil_model::source::{BuiltIn, ModelSource};
+use veil_model::source::ModelSource;
 use veil_net::{Channel, Fingerprint, Identity, Role, ServerTls};
 use veil_private::client::{argmax, softmax};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
@@ -218,8 +218,6 @@ struct Client {
     inner: Mutex<Option<veil_private::Client<Box<dyn Channel>>>>,
     costs: Mutex<Vec<serde_json::Value>>,
     config: serde_json::Value,
-    /// The built-in model `bundle` names, whose task says whether prompts are pairs.
-    built_in: Option<&'static BuiltIn>,
 }
 
 impl Client {
@@ -238,14 +236,6 @@ impl Client {
         let out = py.detach(|| f(client)).map_err(py_err)?;
         *lock(&self.costs) = out.iter().map(|c| c.cost.to_json()).collect();
         Ok(out)
-    }
-
-    /// A built-in model's prompts must be of its task (`pairs`: sentence pairs).
-    fn check_prompt_kind(&self, pairs: bool) -> PyResult<()> {
-        match self.built_in {
-            Some(b) => b.check_prompt_kind(pairs).map_err(py_err),
-            None => Ok(()),
-        }
     }
 }
 
@@ -269,7 +259,6 @@ impl Client {
         connect_timeout: f64,
     ) -> PyResult<Self> {
         let bundle = spec(&bundle)?.to_string();
-        let built_in = ModelSource::resolve(&bundle).map_err(py_err)?.built_in();
         let server = server.to_string();
         let server_fingerprint = fingerprint
             .map(|f| f.parse::<Fingerprint>())
@@ -303,7 +292,6 @@ impl Client {
             inner: Mutex::new(Some(client)),
             costs: Mutex::new(vec![]),
             config,
-            built_in,
         })
     }
 
@@ -311,20 +299,19 @@ impl Client {
     /// Every text is checked before the first is sent (an empty prompt or one over the model's
     /// limit raises ValueError and costs no traffic).
     fn classify<'py>(&self, py: Python<'py>, texts: Vec<String>) -> PyResult<Results<'py>> {
-        self.check_prompt_kind(false)?;
         let out = self.run(py, |c| c.classify(&texts))?;
         Ok(to_py(py, &out))
     }
 
     /// As `classify`, on sentence pairs (first, second) for a pair model such as
     /// mrpc-minilm-l6: each sent as `[CLS] first [SEP] second [SEP]`, segment ids 0 then 1. A
-    /// built-in model takes the prompts of its task (ValueError otherwise, in both methods).
+    /// model whose config records what it was trained on takes only that kind (ValueError
+    /// otherwise, in all three methods).
     fn classify_pairs<'py>(
         &self,
         py: Python<'py>,
         pairs: Vec<(String, String)>,
     ) -> PyResult<Results<'py>> {
-        self.check_prompt_kind(true)?;
         let out = self.run(py, |c| c.classify_pairs(&pairs))?;
         Ok(to_py(py, &out))
     }

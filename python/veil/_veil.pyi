@@ -76,10 +76,12 @@ class Client:
         before the first is sent."""
     def classify_pairs(self, pairs: Sequence[Tuple[str, str]]) -> List[_Result]:
         """As ``classify``, on sentence pairs (first, second) for a pair model such as
-        ``mrpc-minilm-l6``. A built-in model takes the prompts of its task: ``classify`` on a
+        ``mrpc-minilm-l6``. A model whose config records what it was trained on
+        (``veil.inputs``, as fine-tuning writes it) takes only that kind: ``classify`` on a
         pair model, or ``classify_pairs`` on a sentiment model, raises ValueError."""
     def classify_ids(self, ids: Sequence[Sequence[int]]) -> List[_Result]:
-        """As ``classify``, on token-id sequences (special tokens included)."""
+        """As ``classify``, on token-id sequences (special tokens included, token types 0:
+        a pair model raises ValueError)."""
     def preprocess(self, texts: Sequence[str]) -> List[Dict[str, Any]]:
         """Has the server preprocess the inferences of these texts now (the prompt-independent
         work); their later ``classify`` runs only the online phase. Returns each offline cost.

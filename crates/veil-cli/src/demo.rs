@@ -7,6 +7,7 @@ use std::sync::Arc;
 use veil_core::{Error, Result};
 use veil_model::source::{ModelSource, Task};
 use veil_model::tokenize::Encoded;
+use veil_model::Inputs;
 use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
@@ -67,9 +68,16 @@ pub fn run(
             b.name, b.description
         );
     }
+    let m = source.load()?;
+    let client = ClientModel::from_model(&m)?;
     let prompts: Vec<Prompt> = if prompts.is_empty() {
-        // A folder's task is unknown: the sentiment sentences, as for the default model.
-        let task = built_in.map_or(Task::Sentiment, |b| b.task);
+        // A folder's examples follow what it was trained on: pairs when its config says so,
+        // otherwise the sentiment sentences of the default model.
+        let task = match (built_in, client.config().veil.inputs) {
+            (Some(b), _) => b.task,
+            (None, Some(Inputs::Pairs)) => Task::Paraphrase,
+            (None, _) => Task::Sentiment,
+        };
         task.demo_prompts()
             .iter()
             .map(|&(text, pair)| Prompt {
@@ -80,9 +88,7 @@ pub fn run(
     } else {
         prompts
     };
-    crate::prompt::check_task(&source, &prompts)?;
-    let m = source.load()?;
-    let client = ClientModel::from_model(&m)?;
+    crate::prompt::check_kind(&client, &prompts)?;
     // Refuse a bad option or prompt before the server is prepared or any key moves.
     client.check_options(opts)?;
     let encoded = prompts

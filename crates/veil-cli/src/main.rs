@@ -417,8 +417,8 @@ fn classify(
 ) -> Result<()> {
     let timeout = secs(net.timeout, "--timeout")?;
     let transport = net.transport()?;
-    prompt::check_task(&ModelSource::resolve(model)?, &prompts)?;
     let client = ClientModel::named(model)?;
+    prompt::check_kind(&client, &prompts)?;
     client.check_options(opts)?;
     // Every prompt is checked before the connection (and its key material) is made.
     let encoded = prompts

@@ -4,7 +4,6 @@
 use std::path::Path;
 
 use veil_core::{bail, ensure, Error, Result};
-use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
 use veil_private::{ClientModel, PromptOptions};
 
@@ -40,15 +39,12 @@ impl Prompt {
     }
 }
 
-/// A built-in model's prompts must be of its task (`BuiltIn::check_prompt_kind`); folders say
-/// nothing of their task and are not checked.
-pub fn check_task(source: &ModelSource, prompts: &[Prompt]) -> Result<()> {
-    let Some(b) = source.built_in() else {
-        return Ok(());
-    };
+/// Every prompt must be of the kind the model was trained on (`ClientModel::check_prompt_kind`,
+/// from its config), said with the flag that changes it.
+pub fn check_kind(client: &ClientModel, prompts: &[Prompt]) -> Result<()> {
     prompts.iter().try_for_each(|p| {
         let pairs = p.pair.is_some();
-        b.check_prompt_kind(pairs).map_err(|e| {
+        client.check_prompt_kind(pairs).map_err(|e| {
             let flag = if pairs { "leave out" } else { "pass" };
             Error::InvalidArgument(format!("{e}: {flag} --pairs"))
         })
@@ -150,25 +146,50 @@ mod tests {
         assert_eq!(single[0].quoted(), "\"a\"");
     }
 
+    /// A tiny classifier whose config records `inputs` (`None`: nothing recorded).
+    fn client_trained_on(inputs: Option<&str>) -> ClientModel {
+        let dir = tempfile::tempdir().unwrap();
+        veil_model::random::write_tiny_classifier(dir.path(), 1, 2, 1).unwrap();
+        let path = dir.path().join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        if let Some(i) = inputs {
+            config["veil"]["inputs"] = i.into();
+        }
+        std::fs::write(&path, config.to_string()).unwrap();
+        ClientModel::open(dir.path()).unwrap()
+    }
+
     #[test]
-    fn a_built_in_model_takes_prompts_of_its_task() {
+    fn prompts_must_be_of_the_kind_the_model_was_trained_on() {
         let sentence = [Prompt::single("a fine film")];
         let pair = from_arguments(strings(&["a", "b"]), true).unwrap();
-        let check = |name: &str, p: &[Prompt]| check_task(&ModelSource::resolve(name).unwrap(), p);
-        check("default", &sentence).unwrap();
-        check("mrpc-minilm-l6", &pair).unwrap();
-        let err = check("mrpc-minilm-l6", &sentence).unwrap_err().to_string();
+        let (singles, pairs) = (
+            client_trained_on(Some("single")),
+            client_trained_on(Some("pairs")),
+        );
+        check_kind(&singles, &sentence).unwrap();
+        check_kind(&pairs, &pair).unwrap();
+        let err = check_kind(&pairs, &sentence).unwrap_err().to_string();
         assert!(
-            err.contains("sentence pairs (first, second): pass --pairs"),
+            err.contains("sentence pairs (first, second), not single texts: pass --pairs"),
             "{err}"
         );
-        let err = check("sst2-minilm-l6", &pair).unwrap_err().to_string();
-        assert!(err.contains("not pairs: leave out --pairs"), "{err}");
-        // A folder's task is unknown.
-        let dir = tempfile::tempdir().unwrap();
-        let folder = ModelSource::resolve(dir.path().to_str().unwrap()).unwrap();
-        check_task(&folder, &pair).unwrap();
-        check_task(&folder, &sentence).unwrap();
+        let err = check_kind(&singles, &pair).unwrap_err().to_string();
+        assert!(
+            err.contains("not sentence pairs: leave out --pairs"),
+            "{err}"
+        );
+        // Encoding refuses them too (the library and Python clients), token ids included.
+        let opts = PromptOptions::default();
+        assert!(pairs.encode_prompt("a fine film", opts).is_err());
+        assert!(pairs.encode_ids(&[2, 5, 3], opts).is_err());
+        assert!(singles.encode_pair("a", "b", opts).is_err());
+        pairs.encode_pair("a", "b", opts).unwrap();
+        // Nothing recorded: either kind.
+        let unknown = client_trained_on(None);
+        check_kind(&unknown, &pair).unwrap();
+        check_kind(&unknown, &sentence).unwrap();
     }
 
     #[test]

@@ -142,10 +142,35 @@ fn finetune_then_eval_agrees_across_f32_fixed_point_and_2pc() {
         tsv += &format!("{}\t{i}\t{}\t{a}\t{b}\n", 1 - i % 2, i + 10);
     }
     std::fs::write(&pairs, tsv).unwrap();
+    // The single-sentence classifier refuses them; one fine-tuned on them records it.
+    let refused = veil(&["eval", "--model", &s(&tuned), "--data", &s(&pairs)]);
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("classifies single texts"), "{why}");
+    let paired = tmp.path().join("paired");
+    veil_ok(&[
+        "finetune",
+        "--model",
+        &s(&base),
+        "--train",
+        &s(&pairs),
+        "--dev",
+        &s(&pairs),
+        "--out",
+        &s(&paired),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--quiet",
+    ]);
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(paired.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["veil"]["inputs"], "pairs");
     let out = veil_ok(&[
         "eval",
         "--model",
-        &s(&tuned),
+        &s(&paired),
         "--data",
         &s(&pairs),
         "--private",
@@ -502,7 +527,8 @@ fn empty_and_over_long_prompts_are_refused_unless_truncated() {
 }
 
 /// `--pairs`: the texts two at a time, each pair one prompt (reported with both sentences); an
-/// odd count is refused before the server is prepared.
+/// odd count is refused before the server is prepared, and so are single texts for a model
+/// trained on pairs.
 #[test]
 fn demo_classifies_sentence_pairs() {
     let tmp = tempfile::tempdir().unwrap();
@@ -528,6 +554,23 @@ fn demo_classifies_sentence_pairs() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("two at a time"), "{err}");
+
+    // A folder whose config records pairs refuses single texts, and its default prompts are
+    // the paraphrase pairs.
+    let config_path = tmp.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    config["veil"]["inputs"] = "pairs".into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let out = veil(&["demo", "--model", dir, "good film"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("pass --pairs"), "{err}");
+    let lines = json_lines(&veil_ok(&["demo", "--model", dir, "--truncate", "--json"]));
+    assert!(
+        !lines.is_empty() && lines.iter().all(|l| l["pair"].is_string()),
+        "{lines:?}"
+    );
 }
 
 /// `--net` runs the demo over a shaped link and the report says its time was measured there;

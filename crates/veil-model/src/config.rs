@@ -6,7 +6,9 @@
 //! [`ModelConfig::to_json`] writes a config HF can read back, with the `"veil"` object added;
 //! a folder without `"veil"` gets the original operators in every block.
 
-use crate::variants::{Activation, BlockVariant, EmbeddingMode, HeadKind, ProductTruncation};
+use crate::variants::{
+    Activation, BlockVariant, EmbeddingMode, HeadKind, Inputs, ProductTruncation,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use veil_core::{bail, ensure, Result};
@@ -66,6 +68,10 @@ pub struct VeilSettings {
     pub num_labels: usize,
     /// One entry per encoder block.
     pub blocks: Vec<BlockVariant>,
+    /// The prompts a classifier was trained on; `None`: not recorded (a pre-trained encoder,
+    /// or a folder written before it was), and prompts of either kind are taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Inputs>,
 }
 
 /// Everything the forward pass needs to know about a model's shape and operators.
@@ -130,6 +136,7 @@ impl ModelConfig {
                 head,
                 num_labels,
                 blocks: vec![BlockVariant::exact(Activation::Gelu); num_layers],
+                inputs: None,
             },
         };
         cfg.validate()?;
@@ -360,6 +367,7 @@ fn default_settings(
         },
         num_labels,
         blocks: vec![BlockVariant::exact(act); num_layers],
+        inputs: None,
     })
 }
 

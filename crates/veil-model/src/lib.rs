@@ -86,7 +86,7 @@ pub use folder::Model;
 pub use nn::{Batch, ForwardOutput, Transformer};
 pub use tokenize::{Encoded, TextTokenizer};
 pub use variants::{
-    Activation, AttentionNorm, BlockVariant, EmbeddingMode, HeadKind, LayerNormKind,
+    Activation, AttentionNorm, BlockVariant, EmbeddingMode, HeadKind, Inputs, LayerNormKind,
     ProductTruncation,
 };
 

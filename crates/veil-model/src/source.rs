@@ -23,6 +23,7 @@ use veil_core::{bail, Error, Result};
 
 use crate::fetch::{cache_dir, minilm_l6};
 use crate::folder::{self, has_weights, load_overlay, Model};
+use crate::Inputs;
 
 /// The name that means the first built-in model.
 pub const DEFAULT: &str = "default";
@@ -37,28 +38,6 @@ pub struct BuiltIn {
     pub task: Task,
     config: &'static str,
     overlay: &'static [u8],
-}
-
-impl BuiltIn {
-    /// Refuses prompts of the other kind than its task's (`pairs`: sentence pairs): a paraphrase
-    /// model reads a lone sentence (and a sentiment model a pair) as an input it was never
-    /// trained on, and would answer anyway.
-    pub fn check_prompt_kind(&self, pairs: bool) -> Result<()> {
-        let wanted = self.task.takes_pairs();
-        if pairs != wanted {
-            bail!(
-                InvalidArgument,
-                "{} classifies {}",
-                self.name,
-                if wanted {
-                    "sentence pairs (first, second)"
-                } else {
-                    "single sentences, not pairs"
-                }
-            );
-        }
-        Ok(())
-    }
 }
 
 impl PartialEq for BuiltIn {
@@ -98,9 +77,12 @@ impl Task {
         }
     }
 
-    /// Whether a prompt is a sentence pair.
-    pub fn takes_pairs(self) -> bool {
-        self == Task::Paraphrase
+    /// What its prompts are (its model's config records the same: `veil.inputs`).
+    pub fn inputs(self) -> Inputs {
+        match self {
+            Task::Sentiment => Inputs::Single,
+            Task::Paraphrase => Inputs::Pairs,
+        }
     }
 
     /// Prompts for `veil demo` when none are given.
@@ -469,6 +451,7 @@ mod tests {
             assert_eq!(ModelSource::resolve(b.name).unwrap().built_in(), Some(b));
             let config = crate::config::ModelConfig::from_json(b.config).unwrap();
             assert_eq!(config.veil.num_labels, b.task.labels().len(), "{}", b.name);
+            assert_eq!(config.veil.inputs, Some(b.task.inputs()), "{}", b.name);
         }
     }
 

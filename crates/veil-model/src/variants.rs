@@ -120,6 +120,26 @@ pub enum ProductTruncation {
     OneBitError,
 }
 
+/// What a classifier's prompt is: one text, or a sentence pair (`[CLS] a [SEP] b [SEP]`, segment
+/// ids 0 then 1). Recorded by fine-tuning from its training data, because a model reads a
+/// prompt of the other kind as an input it never saw and answers anyway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Inputs {
+    Single,
+    Pairs,
+}
+
+impl Inputs {
+    /// What a prompt of this kind is, for messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Inputs::Single => "single texts, not sentence pairs",
+            Inputs::Pairs => "sentence pairs (first, second), not single texts",
+        }
+    }
+}
+
 /// What turns the last hidden states into the model output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -24,7 +24,7 @@ use veil_model::client::ClientBundle;
 use veil_model::folder::Model;
 use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
-use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
+use veil_model::{EmbeddingMode, HeadKind, Inputs, ModelConfig};
 use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPin, TcpChannel};
 
 use crate::key_budget::KeyBudget;
@@ -148,7 +148,22 @@ impl ClientModel {
         self.encode_text(first, Some(second), opts)
     }
 
+    /// Refuses a prompt of the other kind than the model was trained on (`pairs`: a sentence
+    /// pair), when its config records that.
+    pub fn check_prompt_kind(&self, pairs: bool) -> Result<()> {
+        let trained = self.bundle.config.veil.inputs;
+        let given = if pairs { Inputs::Pairs } else { Inputs::Single };
+        ensure!(
+            trained.is_none_or(|t| t == given),
+            InvalidArgument,
+            "this model classifies {}",
+            trained.map_or("", Inputs::describe)
+        );
+        Ok(())
+    }
+
     fn encode_text(&self, text: &str, pair: Option<&str>, opts: PromptOptions) -> Result<Encoded> {
+        self.check_prompt_kind(pair.is_some())?;
         ensure!(
             !text.trim().is_empty() && pair.is_none_or(|p| !p.trim().is_empty()),
             InvalidArgument,
@@ -180,8 +195,10 @@ impl ClientModel {
 
     /// Token ids given by the caller (already tokenised, special tokens included), checked as
     /// [`Self::encode_prompt`] checks a text's: not empty, within the model's vocabulary and
-    /// limit and within `--pad-to`. Token types are all 0.
+    /// limit and within `--pad-to`. Token types are all 0, so a model trained on sentence
+    /// pairs refuses them (its second segment's type is 1: [`Self::encode_pair`]).
     pub fn encode_ids(&self, ids: &[u32], opts: PromptOptions) -> Result<Encoded> {
+        self.check_prompt_kind(false)?;
         ensure!(
             !ids.is_empty(),
             InvalidArgument,

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use rand::SeedableRng;
 use veil_core::{bail, ensure, Error, Result};
-use veil_model::{folder, BlockVariant, ModelConfig, Transformer};
+use veil_model::{folder, BlockVariant, Inputs, ModelConfig, Transformer};
 
 use crate::batch::{Batch, ClassifierOutput, SequenceClassifier};
 use crate::candle_err;
@@ -181,6 +181,11 @@ impl TrainableTransformer {
 
     pub fn config(&self) -> &ModelConfig {
         &self.transformer.config
+    }
+
+    /// Records in the config that is saved with it what its prompts are (the training data's).
+    pub fn record_inputs(&mut self, inputs: Inputs) {
+        self.transformer.config.veil.inputs = Some(inputs);
     }
 
     pub fn num_blocks(&self) -> usize {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::data::{self, DatasetFormat, Example, LabelSet};
-use veil_model::{folder, BlockVariant, EmbeddingMode, ModelConfig, TextTokenizer};
+use veil_model::{folder, BlockVariant, EmbeddingMode, Inputs, ModelConfig, TextTokenizer};
 
 use crate::batch::EncodedExample;
 use crate::fixed_check::check_fixed_point;
@@ -175,6 +175,7 @@ impl TrainingRecord {
 /// Labelled, tokenised train and dev sets.
 struct PreparedData {
     labels: LabelSet,
+    inputs: Inputs,
     train: Vec<EncodedExample>,
     dev: Vec<EncodedExample>,
 }
@@ -214,18 +215,63 @@ fn encode_labelled(
 
 fn prepare(
     opts: &DataOptions,
+    config: &ModelConfig,
     labels: Option<LabelSet>,
     tokenizer: &TextTokenizer,
 ) -> Result<PreparedData> {
     let train_raw = read_dataset(&opts.train, opts.format.as_ref())?;
     let dev_raw = read_dataset(&opts.dev, opts.format.as_ref())?;
+    let inputs = inputs_of(&train_raw, &opts.train)?;
+    ensure!(
+        inputs_of(&dev_raw, &opts.dev)? == inputs,
+        InvalidArgument,
+        "the training file holds {}, the dev file the other kind",
+        inputs.describe()
+    );
+    check_inputs(config, inputs, &opts.train)?;
     let labels = match labels {
         Some(l) => l,
         None => LabelSet::from_examples(&train_raw)?,
     };
     let train = encode_labelled(&labels, &train_raw, &opts.train, tokenizer)?;
     let dev = encode_labelled(&labels, &dev_raw, &opts.dev, tokenizer)?;
-    Ok(PreparedData { labels, train, dev })
+    Ok(PreparedData {
+        labels,
+        inputs,
+        train,
+        dev,
+    })
+}
+
+/// Whether a file's examples are single texts or sentence pairs; a file mixing them is refused
+/// (a classifier takes one kind).
+fn inputs_of(examples: &[Example], file: &Path) -> Result<Inputs> {
+    let pairs = examples.iter().filter(|e| e.text_b.is_some()).count();
+    ensure!(
+        pairs == 0 || pairs == examples.len(),
+        InvalidArgument,
+        "{}: {pairs} of its {} examples are sentence pairs and the rest single texts; a \
+         classifier takes one kind",
+        file.display(),
+        examples.len()
+    );
+    Ok(if pairs > 0 {
+        Inputs::Pairs
+    } else {
+        Inputs::Single
+    })
+}
+
+/// Refuses examples of the other kind than `config`'s classifier was trained on.
+fn check_inputs(config: &ModelConfig, inputs: Inputs, file: &Path) -> Result<()> {
+    ensure!(
+        config.veil.inputs.is_none_or(|t| t == inputs),
+        InvalidArgument,
+        "{}: the model classifies {}; this file holds the other kind",
+        file.display(),
+        config.veil.inputs.map_or("", Inputs::describe)
+    );
+    Ok(())
 }
 
 /// A labelled file tokenised for the model folder `dir`, with the label set the model was
@@ -254,6 +300,7 @@ pub fn labelled_examples_for(
 ) -> Result<(LabelSet, Vec<EncodedExample>)> {
     let tokenizer = tokenizer_for(tokenizer_dir, max_seq_len, config.max_sequence_len())?;
     let raw = read_dataset(file, format.as_ref())?;
+    check_inputs(config, inputs_of(&raw, file)?, file)?;
     let record = match record_dir {
         Some(d) => TrainingRecord::read(d)?,
         None => None,
@@ -303,13 +350,14 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
         config.max_sequence_len(),
     )?;
     let prior_labels = TrainingRecord::read(&opts.model)?.map(|r| r.labels);
-    let data = prepare(&opts.data, prior_labels, &tokenizer)?;
-    let (model, info): (TrainableTransformer, LoadInfo) = TrainableTransformer::load(
+    let data = prepare(&opts.data, &config, prior_labels, &tokenizer)?;
+    let (mut model, info): (TrainableTransformer, LoadInfo) = TrainableTransformer::load(
         &opts.model,
         data.labels.len(),
         opts.num_layers,
         opts.train.seed,
     )?;
+    model.record_inputs(data.inputs);
     let freeze_embeddings = default_freeze(model.config(), opts.freeze_embeddings);
     let freeze = Freeze {
         embeddings: freeze_embeddings,
@@ -606,6 +654,7 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
     let prior = TrainingRecord::read(&opts.model)?;
     let data = prepare(
         &opts.data,
+        &config,
         prior.as_ref().map(|r| r.labels.clone()),
         &tokenizer,
     )?;
@@ -718,4 +767,53 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
     };
     write_reports(&opts.out, &doc)?;
     Ok(SubstituteOutcome::Finished(Box::new(doc)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(pair: Option<&str>) -> Example {
+        Example {
+            line: 1,
+            text_a: "a".into(),
+            text_b: pair.map(Into::into),
+            label: "0".into(),
+        }
+    }
+
+    /// A file is single texts or pairs, never both; a classifier that records its kind
+    /// refuses the other, one that does not takes either.
+    #[test]
+    fn data_of_one_kind_and_of_the_model_s_kind() {
+        let file = Path::new("d.tsv");
+        let (single, pair) = (example(None), example(Some("b")));
+        assert_eq!(inputs_of(&[single.clone()], file).unwrap(), Inputs::Single);
+        assert_eq!(inputs_of(&[pair.clone()], file).unwrap(), Inputs::Pairs);
+        let err = inputs_of(&[single, pair], file).unwrap_err().to_string();
+        assert!(
+            err.contains("1 of its 2 examples are sentence pairs"),
+            "{err}"
+        );
+
+        let mut config = ModelConfig::new(
+            veil_model::Architecture::Bert,
+            10,
+            8,
+            1,
+            2,
+            16,
+            16,
+            veil_model::HeadKind::MeanPool,
+            2,
+        )
+        .unwrap();
+        check_inputs(&config, Inputs::Pairs, file).unwrap();
+        config.veil.inputs = Some(Inputs::Single);
+        check_inputs(&config, Inputs::Single, file).unwrap();
+        let err = check_inputs(&config, Inputs::Pairs, file)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("classifies single texts"), "{err}");
+    }
 }
