@@ -788,8 +788,14 @@ mod tests {
     fn data_of_one_kind_and_of_the_model_s_kind() {
         let file = Path::new("d.tsv");
         let (single, pair) = (example(None), example(Some("b")));
-        assert_eq!(inputs_of(&[single.clone()], file).unwrap(), Inputs::Single);
-        assert_eq!(inputs_of(&[pair.clone()], file).unwrap(), Inputs::Pairs);
+        assert_eq!(
+            inputs_of(std::slice::from_ref(&single), file).unwrap(),
+            Inputs::Single
+        );
+        assert_eq!(
+            inputs_of(std::slice::from_ref(&pair), file).unwrap(),
+            Inputs::Pairs
+        );
         let err = inputs_of(&[single, pair], file).unwrap_err().to_string();
         assert!(
             err.contains("1 of its 2 examples are sentence pairs"),
