@@ -24,6 +24,7 @@ use pyo3::types::PyTuple;
 use veil_core::{Error, FixedPoint};
 use veil_model::random;
 use veil_model::source::ModelSource;
+use veil_model::Encoded;
 use veil_net::{Channel, Fingerprint, Identity, Role, ServerTls};
 use veil_private::client::{argmax, softmax};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
@@ -83,6 +84,23 @@ fn json_to_py(py: Python<'_>, v: &serde_json::Value) -> PyResult<Py<PyAny>> {
 }
 
 type Results<'py> = Vec<(usize, Bound<'py, PyArray1<f64>>)>;
+
+/// A prompt as `preprocess` and `simulate` take it: a text, or a `(first, second)` sentence
+/// pair (for a model trained on pairs).
+#[derive(FromPyObject)]
+enum Prompt {
+    Text(String),
+    Pair(String, String),
+}
+
+impl Prompt {
+    fn encode(&self, model: &ClientModel, opts: PromptOptions) -> veil_core::Result<Encoded> {
+        match self {
+            Prompt::Text(t) => model.encode_prompt(t, opts),
+            Prompt::Pair(a, b) => model.encode_pair(a, b, opts),
+        }
+    }
+}
 
 fn to_py<'py>(py: Python<'py>, cs: &[Classification]) -> Results<'py> {
     cs.iter()
@@ -316,28 +334,30 @@ impl Client {
         Ok(to_py(py, &out))
     }
 
-    /// As `classify`, on token-id sequences (special tokens included, token types 0).
+    /// As `classify`, on token-id sequences (special tokens included, token types 0: a model
+    /// trained on sentence pairs refuses them with ValueError).
     fn classify_ids<'py>(&self, py: Python<'py>, ids: Vec<Vec<u32>>) -> PyResult<Results<'py>> {
         let out = self.run(py, |c| c.classify_ids(&ids))?;
         Ok(to_py(py, &out))
     }
 
-    /// Has the server preprocess the inferences of `texts` now, before they are classified
+    /// Has the server preprocess the inferences of `prompts` (texts, or `(first, second)`
+    /// pairs for a pair model) now, before they are classified
     /// (everything that does not depend on them: the linear layers' encrypted work and the
     /// oblivious-transfer pools); their later `classify` then runs only the online phase, and
     /// its cost report has an `offline` part. Returns the offline cost of each, as dicts.
     /// Raises VeilError if the server refuses (its per-session budget or its memory; the
     /// session goes on) or the model has private embeddings (not preprocessed).
-    fn preprocess(&self, py: Python<'_>, texts: Vec<String>) -> PyResult<Vec<Py<PyAny>>> {
+    fn preprocess(&self, py: Python<'_>, prompts: Vec<Prompt>) -> PyResult<Vec<Py<PyAny>>> {
         let mut guard = lock(&self.inner);
         let client = guard
             .as_mut()
             .ok_or_else(|| PyValueError::new_err("the session is closed"))?;
         let costs = py
             .detach(|| -> veil_core::Result<Vec<serde_json::Value>> {
-                let encoded = texts
+                let encoded = prompts
                     .iter()
-                    .map(|t| client.model().encode_prompt(t, client.options()))
+                    .map(|p| p.encode(client.model(), client.options()))
                     .collect::<veil_core::Result<Vec<_>>>()?;
                 encoded
                     .iter()
@@ -427,11 +447,12 @@ fn export(py: Python<'_>, model: PathBuf, out_dir: PathBuf) -> PyResult<()> {
 }
 
 /// The fixed-point simulator on plaintext (the model's owner's view, for tests and what-ifs):
-/// (label, probabilities) of each text, which a private classification reproduces (exactly
+/// (label, probabilities) of each prompt (a text, or a `(first, second)` pair for a pair
+/// model), which a private classification reproduces (exactly
 /// when the model's config asks for faithful truncation, within one ulp per product
 /// otherwise).
 #[pyfunction]
-fn simulate<'py>(py: Python<'py>, model: PathBuf, texts: Vec<String>) -> PyResult<Results<'py>> {
+fn simulate<'py>(py: Python<'py>, model: PathBuf, prompts: Vec<Prompt>) -> PyResult<Results<'py>> {
     let model = spec(&model)?.to_string();
     let out = py
         .detach(move || -> veil_core::Result<Vec<Vec<f64>>> {
@@ -439,10 +460,10 @@ fn simulate<'py>(py: Python<'py>, model: PathBuf, texts: Vec<String>) -> PyResul
             let client = ClientModel::from_model(&m)?;
             let fp = FixedPoint::default_format();
             let fixed = veil_model::sim::FixedModel::encode(&m.transformer, fp)?;
-            texts
+            prompts
                 .iter()
-                .map(|t| {
-                    let enc = client.encode_prompt(t, PromptOptions::default())?;
+                .map(|p| {
+                    let enc = p.encode(&client, PromptOptions::default())?;
                     let sim = fixed.forward(&enc.ids, &enc.type_ids)?;
                     let logits = sim.logits_f64(fp).ok_or_else(|| {
                         Error::InvalidArgument(

@@ -2,6 +2,9 @@
 ``veil.Client`` sessions over TLS (pinned) and plain TCP, results equal to the fixed-point
 simulator's, bundles, and the exceptions bad inputs raise."""
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
@@ -97,3 +100,27 @@ def test_plain_tcp_and_token_ids(tiny, tmp_path):
             with pytest.raises(ValueError, match="both sentences"):
                 c.classify_pairs([("good film", "")])
     assert not s.running
+
+
+def test_a_model_trained_on_pairs_takes_only_pairs(tiny, server, tmp_path):
+    paired = tmp_path / "paired"
+    shutil.copytree(tiny, paired)
+    config = json.loads((paired / "config.json").read_text())
+    config["veil"]["inputs"] = "pairs"
+    (paired / "config.json").write_text(json.dumps(config))
+    pair = ("good film", "bad film")
+    (want,) = veil.simulate(paired, [pair])
+    with pytest.raises(ValueError, match="sentence pairs"):
+        veil.simulate(paired, ["good film"])
+    # The served folder records nothing; what is compared is what both parties compute with.
+    with veil.Client(paired, server=server.address, fingerprint=server.fingerprint) as c:
+        with pytest.raises(ValueError, match="sentence pairs"):
+            c.classify(["good film"])
+        with pytest.raises(ValueError, match="sentence pairs"):
+            c.classify_ids([[2, 5, 3]])
+        (offline,) = c.preprocess([pair])
+        assert offline["bytes_client_to_server"] > 0
+        ((label, probs),) = c.classify_pairs([pair])
+        assert label == want[0]
+        np.testing.assert_array_equal(probs, want[1])
+        assert c.costs[0]["offline"] is not None

@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 _Model = Union[str, "os.PathLike[str]"]
 _Result = Tuple[int, npt.NDArray[np.float64]]
+_Prompt = Union[str, Tuple[str, str]]
 
 __version__: str
 
@@ -82,8 +83,9 @@ class Client:
     def classify_ids(self, ids: Sequence[Sequence[int]]) -> List[_Result]:
         """As ``classify``, on token-id sequences (special tokens included, token types 0:
         a pair model raises ValueError)."""
-    def preprocess(self, texts: Sequence[str]) -> List[Dict[str, Any]]:
-        """Has the server preprocess the inferences of these texts now (the prompt-independent
+    def preprocess(self, prompts: Sequence[_Prompt]) -> List[Dict[str, Any]]:
+        """Has the server preprocess the inferences of these prompts (texts, or ``(first,
+        second)`` pairs for a pair model) now (the prompt-independent
         work); their later ``classify`` runs only the online phase. Returns each offline cost.
         Raises VeilError if the server refuses (its budget; the session goes on)."""
     @property
@@ -115,8 +117,9 @@ def export_client(model: _Model, out_dir: _Model) -> None:
 def export(model: _Model, out_dir: _Model) -> None:
     """Writes ``model`` as a complete Hugging Face folder to ``out_dir``."""
 
-def simulate(model: _Model, texts: Sequence[str]) -> List[_Result]:
-    """(label, probabilities) of each text from the fixed-point simulator on plaintext."""
+def simulate(model: _Model, prompts: Sequence[_Prompt]) -> List[_Result]:
+    """(label, probabilities) of each prompt (a text, or a ``(first, second)`` pair for a pair
+    model) from the fixed-point simulator on plaintext."""
 
 def write_tiny_model(out_dir: _Model, *, labels: int = 2, seed: int = 0) -> None:
     """Writes a tiny random BERT classifier (vocabulary: good great bad awful the film) for tests."""

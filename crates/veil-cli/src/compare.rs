@@ -37,12 +37,14 @@ pub fn max_abs_difference(a: &[f64], b: &[f64]) -> f64 {
 /// reveal, so a run of any length neither meets the server's refusal nor prepares the model
 /// again.
 pub struct Loopback<'m> {
+    /// Connected at the first inference: a resumed evaluation may spend a long time on the
+    /// examples it already has before it needs one, and an idle session is dropped. Declared
+    /// before `server` so that, dropped on an error, the session ends before the server waits
+    /// out its grace period for it.
+    session: Option<Client<TcpChannel>>,
     server: LoopbackServer,
     model: &'m Model,
     opts: PromptOptions,
-    /// Connected at the first inference: a resumed evaluation may spend a long time on the
-    /// examples it already has before it needs one, and an idle session is dropped.
-    session: Option<Client<TcpChannel>>,
 }
 
 impl<'m> Loopback<'m> {
@@ -50,10 +52,10 @@ impl<'m> Loopback<'m> {
         let prepared = Arc::new(ServerModel::from_model(model, DEFAULT_NTT_BUDGET_BYTES)?);
         let server = LoopbackServer::plain(prepared)?;
         Ok(Loopback {
+            session: None,
             server,
             model,
             opts,
-            session: None,
         })
     }
 

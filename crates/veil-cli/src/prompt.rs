@@ -44,9 +44,12 @@ impl Prompt {
 pub fn check_kind(client: &ClientModel, prompts: &[Prompt]) -> Result<()> {
     prompts.iter().try_for_each(|p| {
         let pairs = p.pair.is_some();
-        client.check_prompt_kind(pairs).map_err(|e| {
-            let flag = if pairs { "leave out" } else { "pass" };
-            Error::InvalidArgument(format!("{e}: {flag} --pairs"))
+        client.check_prompt_kind(pairs).map_err(|e| match e {
+            Error::InvalidArgument(why) => {
+                let flag = if pairs { "leave out" } else { "pass" };
+                Error::InvalidArgument(format!("{why}: {flag} --pairs"))
+            }
+            e => e,
         })
     })
 }

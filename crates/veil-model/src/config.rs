@@ -143,6 +143,15 @@ impl ModelConfig {
         Ok(cfg)
     }
 
+    /// The config as a server announces it and a client compares it: what both parties compute
+    /// with. `veil.inputs` is left out: it only guards the client's own prompts, and a client
+    /// that predates it still reads the announcement.
+    pub fn announced(&self) -> ModelConfig {
+        let mut c = self.clone();
+        c.veil.inputs = None;
+        c
+    }
+
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads
     }

@@ -131,6 +131,18 @@ pub enum Inputs {
 }
 
 impl Inputs {
+    /// Refuses `given` prompts for a model trained on the other kind (`recorded`; `None`: not
+    /// recorded, either kind is taken).
+    pub fn check(recorded: Option<Inputs>, given: Inputs) -> veil_core::Result<()> {
+        match recorded {
+            Some(r) if r != given => Err(veil_core::Error::InvalidArgument(format!(
+                "the model classifies {}",
+                r.describe()
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// What a prompt of this kind is, for messages.
     pub fn describe(self) -> &'static str {
         match self {

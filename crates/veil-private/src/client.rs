@@ -126,7 +126,7 @@ impl ClientModel {
     /// The server must serve the architecture the client's tables belong to.
     pub fn check_matches(&self, server: &ModelConfig) -> Result<()> {
         ensure!(
-            *server == self.bundle.config,
+            server.announced() == self.bundle.config.announced(),
             InvalidArgument,
             "the server's model configuration differs from the client's model folder (another \
              model or version is being served); nothing was sent"
@@ -151,15 +151,8 @@ impl ClientModel {
     /// Refuses a prompt of the other kind than the model was trained on (`pairs`: a sentence
     /// pair), when its config records that.
     pub fn check_prompt_kind(&self, pairs: bool) -> Result<()> {
-        let trained = self.bundle.config.veil.inputs;
         let given = if pairs { Inputs::Pairs } else { Inputs::Single };
-        ensure!(
-            trained.is_none_or(|t| t == given),
-            InvalidArgument,
-            "this model classifies {}",
-            trained.map_or("", Inputs::describe)
-        );
-        Ok(())
+        Inputs::check(self.bundle.config.veil.inputs, given)
     }
 
     fn encode_text(&self, text: &str, pair: Option<&str>, opts: PromptOptions) -> Result<Encoded> {

@@ -125,7 +125,8 @@ impl CostReport {
                 s.rounds()
             ));
         };
-        line("set-up (once)", &self.setup.total());
+        // Once per session: a renewing client pays it again with each new key.
+        line("session set-up", &self.setup.total());
         if let Some(off) = &self.offline {
             for (k, v) in &off.per_op {
                 line(&format!("{k} (offline)"), v);

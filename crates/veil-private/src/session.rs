@@ -786,7 +786,7 @@ pub fn serve_admitted<C: Channel>(
     let setup_allowed = deadlines.map(|d| d.setup.mul_f64(load().max(1.0)));
     set(&mut ch, setup_allowed)?;
     let mut hello = vec![STATUS_OK];
-    hello.extend_from_slice(cfg.to_json().as_bytes());
+    hello.extend_from_slice(cfg.announced().to_json().as_bytes());
     ch.send_msg(&hello)?;
     if let Some(e) = emb {
         ch.send_msg(&[e.method().tag()])?;
@@ -948,7 +948,8 @@ pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
 }
 
 /// Both parties in one process, as [`crate::loopback::LoopbackServer`], but over an in-memory
-/// link shaped like `net` (`veil_net::shaped_pair`, on the wall clock), so reports measure the time on `net`.
+/// link shaped like `net` (`veil_net::shaped_pair`, on the wall clock), so reports measure the
+/// time on `net`.
 pub fn shaped_channel(model: Arc<ServerModel>, net: NetworkModel) -> Result<MemChannel> {
     let (client, server) = shaped_pair(net, Arc::new(RealClock::new()))?;
     std::thread::spawn(move || {

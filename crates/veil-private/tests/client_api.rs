@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use veil_core::FixedPoint;
 use veil_model::sim::FixedModel;
-use veil_model::{folder, random};
+use veil_model::{folder, random, Inputs};
 use veil_net::{Identity, ServerTls, TcpChannel};
 use veil_private::client::{argmax, softmax};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
@@ -149,7 +149,10 @@ fn library_client_over_tls_pins_the_server_and_refuses_another_model() {
     let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
     std::fs::create_dir_all(&a).unwrap();
     std::fs::create_dir_all(&b).unwrap();
-    let model = tiny_model(&a, 2, 7);
+    let mut model = tiny_model(&a, 2, 7);
+    // The server's folder records its inputs, the client's bundle (written before such records)
+    // does not: the field is the client's own check, not part of what is compared.
+    model.transformer.config.veil.inputs = Some(Inputs::Single);
     let id = Identity::generate().unwrap();
     let running = serve(&model, Transport::Tls(ServerTls::new(&id, None).unwrap()));
     let transport = ClientTransport {
@@ -176,6 +179,38 @@ fn library_client_over_tls_pins_the_server_and_refuses_another_model() {
         simulated(&model, &enc.ids, &enc.type_ids)
     );
     client.close().unwrap();
+
+    // A bundle that records pairs connects, and refuses a single text before sending it.
+    let c = tmp.path().join("c");
+    std::fs::create_dir_all(&c).unwrap();
+    for f in std::fs::read_dir(&a).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, c.join(f.file_name().unwrap())).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(c.join("config.json")).unwrap()).unwrap();
+    config["veil"]["inputs"] = "pairs".into();
+    std::fs::write(c.join("config.json"), config.to_string()).unwrap();
+    let mut pairs_client = Client::connect(
+        ClientModel::open(&c).unwrap(),
+        transport.connect(&addr).unwrap(),
+        PromptOptions::default(),
+        ClientOptions::default(),
+    )
+    .unwrap();
+    let err = pairs_client
+        .classify(&["good film"])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sentence pairs"), "{err}");
+    assert_eq!(
+        pairs_client
+            .classify_pairs(&[("good film", "bad film")])
+            .unwrap()
+            .len(),
+        1
+    );
+    pairs_client.close().unwrap();
 
     // A bundle of another shape: refused before any key material moves.
     tiny_model(&b, 1, 1);

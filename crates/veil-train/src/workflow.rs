@@ -215,7 +215,6 @@ fn encode_labelled(
 
 fn prepare(
     opts: &DataOptions,
-    config: &ModelConfig,
     labels: Option<LabelSet>,
     tokenizer: &TextTokenizer,
 ) -> Result<PreparedData> {
@@ -225,10 +224,10 @@ fn prepare(
     ensure!(
         inputs_of(&dev_raw, &opts.dev)? == inputs,
         InvalidArgument,
-        "the training file holds {}, the dev file the other kind",
-        inputs.describe()
+        "{} and {} hold different kinds of examples (single texts and sentence pairs)",
+        opts.train.display(),
+        opts.dev.display()
     );
-    check_inputs(config, inputs, &opts.train)?;
     let labels = match labels {
         Some(l) => l,
         None => LabelSet::from_examples(&train_raw)?,
@@ -264,14 +263,13 @@ fn inputs_of(examples: &[Example], file: &Path) -> Result<Inputs> {
 
 /// Refuses examples of the other kind than `config`'s classifier was trained on.
 fn check_inputs(config: &ModelConfig, inputs: Inputs, file: &Path) -> Result<()> {
-    ensure!(
-        config.veil.inputs.is_none_or(|t| t == inputs),
-        InvalidArgument,
-        "{}: the model classifies {}; this file holds the other kind",
-        file.display(),
-        config.veil.inputs.map_or("", Inputs::describe)
-    );
-    Ok(())
+    Inputs::check(config.veil.inputs, inputs).map_err(|e| match e {
+        Error::InvalidArgument(why) => Error::InvalidArgument(format!(
+            "{}: {why}; the file holds the other kind",
+            file.display()
+        )),
+        e => e,
+    })
 }
 
 /// A labelled file tokenised for the model folder `dir`, with the label set the model was
@@ -300,7 +298,9 @@ pub fn labelled_examples_for(
 ) -> Result<(LabelSet, Vec<EncodedExample>)> {
     let tokenizer = tokenizer_for(tokenizer_dir, max_seq_len, config.max_sequence_len())?;
     let raw = read_dataset(file, format.as_ref())?;
-    check_inputs(config, inputs_of(&raw, file)?, file)?;
+    if config.veil.inputs.is_some() {
+        check_inputs(config, inputs_of(&raw, file)?, file)?;
+    }
     let record = match record_dir {
         Some(d) => TrainingRecord::read(d)?,
         None => None,
@@ -350,7 +350,8 @@ pub fn finetune(opts: &FinetuneOptions) -> Result<FinetuneOutcome> {
         config.max_sequence_len(),
     )?;
     let prior_labels = TrainingRecord::read(&opts.model)?.map(|r| r.labels);
-    let data = prepare(&opts.data, &config, prior_labels, &tokenizer)?;
+    // A classifier may be fine-tuned on the other kind of prompt: it records the new kind.
+    let data = prepare(&opts.data, prior_labels, &tokenizer)?;
     let (mut model, info): (TrainableTransformer, LoadInfo) = TrainableTransformer::load(
         &opts.model,
         data.labels.len(),
@@ -654,12 +655,14 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
     let prior = TrainingRecord::read(&opts.model)?;
     let data = prepare(
         &opts.data,
-        &config,
         prior.as_ref().map(|r| r.labels.clone()),
         &tokenizer,
     )?;
-    let (model, info) =
+    check_inputs(&config, data.inputs, &opts.data.train)?;
+    let (mut model, info) =
         TrainableTransformer::load(&opts.model, data.labels.len(), None, opts.train.seed)?;
+    // A folder fine-tuned before the kind was recorded gets it here.
+    model.record_inputs(data.inputs);
     if !info.initialised.is_empty() {
         return Err(Error::InvalidArgument(format!(
             "{} has no trained classifier ({} missing); run `veil finetune` first",
