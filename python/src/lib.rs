@@ -96,8 +96,8 @@ enum Prompt {
 impl Prompt {
     fn encode(&self, model: &ClientModel, opts: PromptOptions) -> veil_core::Result<Encoded> {
         match self {
-            Prompt::Text(t) => model.encode_prompt(t, opts),
-            Prompt::Pair(a, b) => model.encode_pair(a, b, opts),
+            Prompt::Text(t) => model.encode(t, None, opts),
+            Prompt::Pair(a, b) => model.encode(a, Some(b), opts),
         }
     }
 }

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use veil_core::{bail, ensure, Error, Result};
 use veil_model::tokenize::Encoded;
+use veil_model::Inputs;
 use veil_private::{ClientModel, PromptOptions};
 
 /// One prompt: a text, or a sentence pair.
@@ -24,10 +25,7 @@ impl Prompt {
 
     /// Tokenised and checked by the client's model (before anything is sent).
     pub fn encode(&self, client: &ClientModel, opts: PromptOptions) -> Result<Encoded> {
-        match &self.pair {
-            Some(second) => client.encode_pair(&self.text, second, opts),
-            None => client.encode_prompt(&self.text, opts),
-        }
+        client.encode(&self.text, self.pair.as_deref(), opts)
     }
 
     /// For the printed result: `"text"`, or `"first" ‖ "second"`.
@@ -39,19 +37,18 @@ impl Prompt {
     }
 }
 
-/// Every prompt must be of the kind the model was trained on (`ClientModel::check_prompt_kind`,
-/// from its config), said with the flag that changes it.
+/// Every prompt must be of the kind the model was trained on (its config's `veil.inputs`, which
+/// encoding checks too), said here with the flag that changes it.
 pub fn check_kind(client: &ClientModel, prompts: &[Prompt]) -> Result<()> {
-    prompts.iter().try_for_each(|p| {
+    let recorded = client.config().veil.inputs;
+    for p in prompts {
         let pairs = p.pair.is_some();
-        client.check_prompt_kind(pairs).map_err(|e| match e {
-            Error::InvalidArgument(why) => {
-                let flag = if pairs { "leave out" } else { "pass" };
-                Error::InvalidArgument(format!("{why}: {flag} --pairs"))
-            }
-            e => e,
-        })
-    })
+        if let Some(why) = Inputs::refusal(recorded, Inputs::of(pairs)) {
+            let flag = if pairs { "leave out" } else { "pass" };
+            bail!(InvalidArgument, "{why}: {flag} --pairs");
+        }
+    }
+    Ok(())
 }
 
 /// The prompts of a command line: the `text` arguments, then the non-empty lines of `file`.

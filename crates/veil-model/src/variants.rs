@@ -131,20 +131,25 @@ pub enum Inputs {
 }
 
 impl Inputs {
-    /// Refuses `given` prompts for a model trained on the other kind (`recorded`; `None`: not
-    /// recorded, either kind is taken).
-    pub fn check(recorded: Option<Inputs>, given: Inputs) -> veil_core::Result<()> {
-        match recorded {
-            Some(r) if r != given => Err(veil_core::Error::InvalidArgument(format!(
-                "the model classifies {}",
-                r.describe()
-            ))),
-            _ => Ok(()),
+    /// The kind of a prompt that is (`pairs`) or is not a sentence pair.
+    pub fn of(pairs: bool) -> Self {
+        if pairs {
+            Inputs::Pairs
+        } else {
+            Inputs::Single
         }
     }
 
+    /// Why `given` prompts do not suit a model trained on `recorded` (`None`: not recorded,
+    /// either kind is taken); each caller says it with its own context.
+    pub fn refusal(recorded: Option<Inputs>, given: Inputs) -> Option<String> {
+        recorded
+            .filter(|&r| r != given)
+            .map(|r| format!("the model classifies {}", r.describe()))
+    }
+
     /// What a prompt of this kind is, for messages.
-    pub fn describe(self) -> &'static str {
+    fn describe(self) -> &'static str {
         match self {
             Inputs::Single => "single texts, not sentence pairs",
             Inputs::Pairs => "sentence pairs (first, second), not single texts",

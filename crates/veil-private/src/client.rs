@@ -138,24 +138,28 @@ impl ClientModel {
     /// the model's limit (unless `opts.truncate`), or one longer than `--pad-to`. Checked before
     /// anything is sent, so a refused prompt costs no traffic.
     pub fn encode_prompt(&self, text: &str, opts: PromptOptions) -> Result<Encoded> {
-        self.encode_text(text, None, opts)
+        self.encode(text, None, opts)
     }
 
     /// A sentence pair (MRPC-style tasks) as the model was trained on it: `[CLS] first [SEP]
     /// second [SEP]`, segment ids 0 then 1; checked as [`Self::encode_prompt`] checks one text,
     /// both sentences non-empty.
     pub fn encode_pair(&self, first: &str, second: &str, opts: PromptOptions) -> Result<Encoded> {
-        self.encode_text(first, Some(second), opts)
+        self.encode(first, Some(second), opts)
     }
 
     /// Refuses a prompt of the other kind than the model was trained on (`pairs`: a sentence
     /// pair), when its config records that.
-    pub fn check_prompt_kind(&self, pairs: bool) -> Result<()> {
-        let given = if pairs { Inputs::Pairs } else { Inputs::Single };
-        Inputs::check(self.bundle.config.veil.inputs, given)
+    fn check_prompt_kind(&self, pairs: bool) -> Result<()> {
+        match Inputs::refusal(self.bundle.config.veil.inputs, Inputs::of(pairs)) {
+            Some(why) => bail!(InvalidArgument, "{why}"),
+            None => Ok(()),
+        }
     }
 
-    fn encode_text(&self, text: &str, pair: Option<&str>, opts: PromptOptions) -> Result<Encoded> {
+    /// A text, or with `pair` a sentence pair, checked and tokenised as
+    /// [`Self::encode_prompt`] and [`Self::encode_pair`] say.
+    pub fn encode(&self, text: &str, pair: Option<&str>, opts: PromptOptions) -> Result<Encoded> {
         self.check_prompt_kind(pair.is_some())?;
         ensure!(
             !text.trim().is_empty() && pair.is_none_or(|p| !p.trim().is_empty()),

@@ -254,22 +254,18 @@ fn inputs_of(examples: &[Example], file: &Path) -> Result<Inputs> {
         file.display(),
         examples.len()
     );
-    Ok(if pairs > 0 {
-        Inputs::Pairs
-    } else {
-        Inputs::Single
-    })
+    Ok(Inputs::of(pairs > 0))
 }
 
 /// Refuses examples of the other kind than `config`'s classifier was trained on.
 fn check_inputs(config: &ModelConfig, inputs: Inputs, file: &Path) -> Result<()> {
-    Inputs::check(config.veil.inputs, inputs).map_err(|e| match e {
-        Error::InvalidArgument(why) => Error::InvalidArgument(format!(
+    match Inputs::refusal(config.veil.inputs, inputs) {
+        Some(why) => Err(Error::InvalidArgument(format!(
             "{}: {why}; the file holds the other kind",
             file.display()
-        )),
-        e => e,
-    })
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// A labelled file tokenised for the model folder `dir`, with the label set the model was
