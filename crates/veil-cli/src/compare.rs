@@ -36,25 +36,28 @@ pub fn max_abs_difference(a: &[f64], b: &[f64]) -> f64 {
 /// keys) whenever the next prompt might not fit in what the current one's keys may still
 /// reveal, so a run of any length neither meets the server's refusal nor prepares the model
 /// again.
-pub struct Loopback<'m> {
+pub struct Loopback {
     /// Connected at the first inference: a resumed evaluation may spend a long time on the
     /// examples it already has before it needs one, and an idle session is dropped. Declared
     /// before `server` so that, dropped on an error, the session ends before the server waits
     /// out its grace period for it.
     session: Option<Client<TcpChannel>>,
     server: LoopbackServer,
-    model: &'m Model,
+    /// The client's half of the model, until the session takes it.
+    client: Option<ClientModel>,
     opts: PromptOptions,
 }
 
-impl<'m> Loopback<'m> {
-    pub fn start(model: &'m Model, opts: PromptOptions) -> Result<Self> {
+impl Loopback {
+    /// A server prepared from `model`, and `client` (the public half of the same model, which
+    /// the caller may have encoded its prompts with) for the session.
+    pub fn start(model: &Model, client: ClientModel, opts: PromptOptions) -> Result<Self> {
         let prepared = Arc::new(ServerModel::from_model(model, DEFAULT_NTT_BUDGET_BYTES)?);
         let server = LoopbackServer::plain(prepared)?;
         Ok(Loopback {
             session: None,
             server,
-            model,
+            client: Some(client),
             opts,
         })
     }
@@ -63,12 +66,17 @@ impl<'m> Loopback<'m> {
     pub fn infer(&mut self, enc: &Encoded) -> Result<(Vec<f64>, CostReport)> {
         let session = match &mut self.session {
             Some(s) => s,
-            None => self.session.insert(Client::connect_renewing(
-                ClientModel::from_model(self.model)?,
-                self.server.plain_connector(),
-                self.opts,
-                ClientOptions::default(),
-            )?),
+            None => {
+                let client = self.client.take().ok_or_else(|| {
+                    Error::Other("the private session failed to open earlier".into())
+                })?;
+                self.session.insert(Client::connect_renewing(
+                    client,
+                    self.server.plain_connector(),
+                    self.opts,
+                    ClientOptions::default(),
+                )?)
+            }
         };
         session.infer(enc)
     }

@@ -68,6 +68,10 @@ pub fn run(
             b.name, b.description
         );
     }
+    // Given prompts of the wrong kind are refused before a built-in's tables are fetched.
+    if let (Some(b), false) = (built_in, prompts.is_empty()) {
+        crate::prompt::check_kind(Some(b.task.inputs()), &prompts)?;
+    }
     let m = source.load()?;
     let client = ClientModel::from_model(&m)?;
     let prompts: Vec<Prompt> = if prompts.is_empty() {
@@ -88,7 +92,7 @@ pub fn run(
     } else {
         prompts
     };
-    crate::prompt::check_kind(&client, &prompts)?;
+    crate::prompt::check_kind(client.config().veil.inputs, &prompts)?;
     // Refuse a bad option or prompt before the server is prepared or any key moves.
     client.check_options(opts)?;
     let encoded = prompts

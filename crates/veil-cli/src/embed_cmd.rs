@@ -104,7 +104,7 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
     let fixed = FixedModel::encode(&model.transformer, fp)?;
     let private_n = a.private.min(texts.len());
     let mut loopback = (private_n > 0)
-        .then(|| Loopback::start(&model, opts))
+        .then(|| Loopback::start(&model, client_model, opts))
         .transpose()?;
     let mut warnings: Vec<String> = vec![];
     let mut compared = Vec::with_capacity(texts.len());

@@ -17,7 +17,7 @@ use veil_model::sim::FixedModel;
 use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
 use veil_private::client::argmax;
-use veil_private::PromptOptions;
+use veil_private::{ClientModel, PromptOptions};
 use veil_train::workflow::labelled_examples_for;
 
 use crate::compare::{f32_output, max_abs_difference, Loopback};
@@ -254,7 +254,10 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let resumed = journal.as_ref().map_or(0, |j| j.done.len());
     // Private runs only when some remain.
     let mut private = (private_n > resumed)
-        .then(|| Loopback::start(&model, PromptOptions::default()))
+        .then(|| {
+            let client = ClientModel::from_model(&model)?;
+            Loopback::start(&model, client, PromptOptions::default())
+        })
         .transpose()?;
     let (mut f32_tally, mut sim_tally, mut private_tally) =
         (Tally::default(), Tally::default(), Tally::default());

@@ -417,8 +417,12 @@ fn classify(
 ) -> Result<()> {
     let timeout = secs(net.timeout, "--timeout")?;
     let transport = net.transport()?;
+    // A built-in model's kind is known before its public tables are fetched (on first use).
+    if let Some(b) = ModelSource::resolve(model)?.built_in() {
+        prompt::check_kind(Some(b.task.inputs()), &prompts)?;
+    }
     let client = ClientModel::named(model)?;
-    prompt::check_kind(&client, &prompts)?;
+    prompt::check_kind(client.config().veil.inputs, &prompts)?;
     client.check_options(opts)?;
     // Every prompt is checked before the connection (and its key material) is made.
     let encoded = prompts

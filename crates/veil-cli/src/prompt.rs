@@ -37,10 +37,9 @@ impl Prompt {
     }
 }
 
-/// Every prompt must be of the kind the model was trained on (its config's `veil.inputs`, which
-/// encoding checks too), said here with the flag that changes it.
-pub fn check_kind(client: &ClientModel, prompts: &[Prompt]) -> Result<()> {
-    let recorded = client.config().veil.inputs;
+/// Every prompt must be of the kind the model was trained on (`recorded`: its config's
+/// `veil.inputs`, which encoding checks too), said here with the flag that changes it.
+pub fn check_kind(recorded: Option<Inputs>, prompts: &[Prompt]) -> Result<()> {
     for p in prompts {
         let pairs = p.pair.is_some();
         if let Some(why) = Inputs::refusal(recorded, Inputs::of(pairs)) {
@@ -168,14 +167,15 @@ mod tests {
             client_trained_on(Some("single")),
             client_trained_on(Some("pairs")),
         );
-        check_kind(&singles, &sentence).unwrap();
-        check_kind(&pairs, &pair).unwrap();
-        let err = check_kind(&pairs, &sentence).unwrap_err().to_string();
+        let kind = |c: &ClientModel| c.config().veil.inputs;
+        check_kind(kind(&singles), &sentence).unwrap();
+        check_kind(kind(&pairs), &pair).unwrap();
+        let err = check_kind(kind(&pairs), &sentence).unwrap_err().to_string();
         assert!(
             err.contains("sentence pairs (first, second), not single texts: pass --pairs"),
             "{err}"
         );
-        let err = check_kind(&singles, &pair).unwrap_err().to_string();
+        let err = check_kind(kind(&singles), &pair).unwrap_err().to_string();
         assert!(
             err.contains("not sentence pairs: leave out --pairs"),
             "{err}"
@@ -188,8 +188,8 @@ mod tests {
         pairs.encode_pair("a", "b", opts).unwrap();
         // Nothing recorded: either kind.
         let unknown = client_trained_on(None);
-        check_kind(&unknown, &pair).unwrap();
-        check_kind(&unknown, &sentence).unwrap();
+        check_kind(kind(&unknown), &pair).unwrap();
+        check_kind(kind(&unknown), &sentence).unwrap();
     }
 
     #[test]

@@ -573,6 +573,36 @@ fn demo_classifies_sentence_pairs() {
     );
 }
 
+/// A built-in model's prompt kind is known without its public tables: prompts of the other kind
+/// are refused before anything is fetched (here the cache is a file, so any fetch would fail).
+#[test]
+fn built_in_models_refuse_the_wrong_prompt_kind_before_fetching() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("not-a-folder");
+    std::fs::write(&cache, "").unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args(args)
+            .env("VEIL_CACHE", &cache)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "veil {args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["demo", "--model", "mrpc-minilm-l6", "one sentence"]);
+    assert!(err.contains("pass --pairs"), "{err}");
+    let err = run(&["demo", "--model", "sst2-minilm-l6", "--pairs", "a", "b"]);
+    assert!(err.contains("leave out --pairs"), "{err}");
+    let err = run(&[
+        "classify",
+        "--connect=127.0.0.1:9",
+        "--model=mrpc-minilm-l6",
+        "--insecure-plaintext",
+        "one sentence",
+    ]);
+    assert!(err.contains("pass --pairs"), "{err}");
+}
+
 /// `--net` runs the demo over a shaped link and the report says its time was measured there;
 /// a malformed `--net` is refused with the syntax.
 #[test]
