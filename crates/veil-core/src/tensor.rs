@@ -17,6 +17,13 @@ fn numel(shape: &[usize]) -> Result<usize> {
     })
 }
 
+/// Zeroes the entries (for shares and masks that must not outlive their use).
+impl zeroize::Zeroize for RingTensor {
+    fn zeroize(&mut self) {
+        self.data.zeroize();
+    }
+}
+
 impl RingTensor {
     pub fn zeros(ring: Ring, shape: &[usize]) -> Result<Self> {
         Ok(RingTensor {

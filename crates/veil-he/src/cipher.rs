@@ -116,6 +116,7 @@ impl EvalCiphertext {
         let mut s = scaled_message(p, m);
         s.ntt(p);
         self.c0.add_assign(p, &s);
+        s.data.zeroize();
         Ok(())
     }
 }

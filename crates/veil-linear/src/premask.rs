@@ -23,7 +23,7 @@ use veil_core::wire::{Reader, Writer};
 use veil_core::{bitpack, ensure, Prg, Result, RingTensor};
 use veil_he::{GaloisKeys, PublicKey, SecretKey};
 use veil_net::Channel;
-use zeroize::Zeroize;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::layout::Layout;
 use crate::matmul::{client_receive, client_send, server_respond, PreparedMatrix, ServerJob};
@@ -81,6 +81,12 @@ impl ServerMask {
     }
 }
 
+impl Drop for ServerMask {
+    fn drop(&mut self) {
+        self.t.data_mut().zeroize();
+    }
+}
+
 /// Offline, client: one fresh mask per layout, all in one Π_MatMul batch (two flights).
 pub fn premask_client<C: Channel + ?Sized>(
     ch: &mut C,
@@ -89,16 +95,19 @@ pub fn premask_client<C: Channel + ?Sized>(
 ) -> Result<Vec<ClientMask>> {
     let ring = sk.params().ring();
     let mut prg = Prg::from_os_entropy();
-    let masks = layouts
-        .iter()
-        .map(|l| RingTensor::random(ring, &[l.n, l.k], &mut prg))
-        .collect::<Result<Vec<_>>>()?;
+    // Zeroizing until each is in its ClientMask, so a peer's error leaves no mask behind.
+    let mut masks = Zeroizing::new(
+        layouts
+            .iter()
+            .map(|l| RingTensor::random(ring, &[l.n, l.k], &mut prg))
+            .collect::<Result<Vec<_>>>()?,
+    );
     let refs: Vec<&RingTensor> = masks.iter().collect();
     client_send(ch, sk, layouts, &refs)?;
     let shares = client_receive(ch, sk, layouts)?;
     Ok(layouts
         .iter()
-        .zip(masks)
+        .zip(std::mem::take(&mut *masks))
         .zip(shares)
         .map(|((&layout, r), share)| ClientMask { layout, r, share })
         .collect())

@@ -20,7 +20,7 @@
 use veil_core::wire::Writer;
 use veil_core::{bitpack, ensure, Prg, Result, Ring, RingTensor};
 use veil_net::{Channel, Role};
-use zeroize::Zeroize;
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::cross::{shared_matmul_client, shared_matmul_server};
 use veil_he::session::{ClientSession, ServerSession};
@@ -59,13 +59,14 @@ impl Drop for Triple {
 }
 
 /// This party's uniform shares of U_h and V_h for every shape (n, k, m).
-fn random_operands(
-    ring: Ring,
-    dims: &[(usize, usize, usize)],
-) -> Result<(Vec<RingTensor>, Vec<RingTensor>)> {
+/// Operands wiped on drop until they are in their [`Triple`]s, so a peer's error while the
+/// triples are made leaves none behind.
+type Operands = Zeroizing<Vec<RingTensor>>;
+
+fn random_operands(ring: Ring, dims: &[(usize, usize, usize)]) -> Result<(Operands, Operands)> {
     let mut prg = Prg::from_os_entropy();
-    let mut us = Vec::with_capacity(dims.len());
-    let mut vs = Vec::with_capacity(dims.len());
+    let mut us = Zeroizing::new(Vec::with_capacity(dims.len()));
+    let mut vs = Zeroizing::new(Vec::with_capacity(dims.len()));
     for &(n, k, m) in dims {
         us.push(RingTensor::random(ring, &[n, k], &mut prg)?);
         vs.push(RingTensor::random(ring, &[k, m], &mut prg)?);
@@ -73,9 +74,10 @@ fn random_operands(
     Ok((us, vs))
 }
 
-fn assemble(us: Vec<RingTensor>, vs: Vec<RingTensor>, ws: Vec<RingTensor>) -> Vec<Triple> {
-    us.into_iter()
-        .zip(vs)
+fn assemble(mut us: Operands, mut vs: Operands, ws: Vec<RingTensor>) -> Vec<Triple> {
+    std::mem::take(&mut *us)
+        .into_iter()
+        .zip(std::mem::take(&mut *vs))
         .zip(ws)
         .map(|((u, v), w)| Triple { u, v, w })
         .collect()

@@ -157,7 +157,6 @@ impl ModelConfig {
     }
 
     /// Checks the shape relations the forward pass relies on.
-    #[allow(clippy::manual_is_multiple_of)] // is_multiple_of needs Rust 1.87; MSRV is 1.85
     pub fn validate(&self) -> Result<()> {
         for (name, v) in [
             ("vocab_size", self.vocab_size),
@@ -170,7 +169,7 @@ impl ModelConfig {
             ensure!(v > 0, Malformed, "config.json: {name} must be positive");
         }
         ensure!(
-            self.hidden_size % self.num_heads == 0,
+            self.hidden_size.is_multiple_of(self.num_heads),
             Malformed,
             "config.json: hidden_size {} is not a multiple of num_attention_heads {}",
             self.hidden_size,
@@ -406,7 +405,7 @@ fn opt_usize(o: &Map<String, Value>, k: &str) -> Result<Option<usize>> {
     match o.get(k) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64().and_then(|x| usize::try_from(x).ok()) {
-            Some(x) if x <= 1 << 32 => Ok(Some(x)),
+            Some(x) if x < 1 << 32 => Ok(Some(x)),
             _ => bail!(
                 Malformed,
                 "config.json: field {k:?} is not a non-negative integer below 2^32: {v}"

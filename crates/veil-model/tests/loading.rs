@@ -216,6 +216,12 @@ fn broken_configs_are_named() {
     });
     expect_error(&dir, &["vocab_size"]);
     reset();
+    // A token id is 32 bits: 2^32 does not fit (it would wrap to 0).
+    edit_config(&dir, |o| {
+        o.insert("pad_token_id".into(), (1u64 << 32).into());
+    });
+    expect_error(&dir, &["pad_token_id", "below 2^32"]);
+    reset();
     edit_config(&dir, |o| {
         o["veil"]["blocks"][0]["activation"] = "swish".into();
     });

@@ -106,6 +106,17 @@ fn iknp_capacity(len: usize) -> usize {
     2 * len
 }
 
+/// The COTs a pool holding `available` may hold after it is made to hold `need`: `need` when
+/// it already does (nothing is allocated), else the capacity its refill gives the new buffer
+/// (`iteration`: the silent engine's iteration length; `None` for IKNP).
+fn capacity_after(available: usize, need: usize, iteration: Option<usize>) -> usize {
+    match iteration {
+        _ if need <= available => need,
+        Some(n) => silent_capacity(n, need),
+        None => iknp_capacity(available + refill_size(available, need)),
+    }
+}
+
 impl SenderPool {
     fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
         let mut iknp = IknpSender::setup(ch)?;
@@ -129,6 +140,15 @@ impl SenderPool {
 
     fn available(&self) -> usize {
         self.end - self.pos
+    }
+
+    /// The COTs this pool may hold after `ensure(need)` (see [`capacity_after`]).
+    fn capacity_after(&self, need: usize) -> usize {
+        let iteration = match &self.engine {
+            SendEngine::Iknp(_) => None,
+            SendEngine::Silent(e) => Some(e.iteration_len()),
+        };
+        capacity_after(self.available(), need, iteration)
     }
 
     fn ensure<C: Channel>(&mut self, ch: &mut C, need: usize) -> Result<()> {
@@ -224,6 +244,15 @@ impl ReceiverPool {
 
     fn available(&self) -> usize {
         self.end - self.pos
+    }
+
+    /// The COTs this pool may hold after `ensure(need)` (see [`capacity_after`]).
+    fn capacity_after(&self, need: usize) -> usize {
+        let iteration = match &self.engine {
+            RecvEngine::Iknp(_) => None,
+            RecvEngine::Silent(e) => Some(e.iteration_len()),
+        };
+        capacity_after(self.available(), need, iteration)
     }
 
     fn ensure<C: Channel>(&mut self, ch: &mut C, need: usize) -> Result<()> {
@@ -372,6 +401,15 @@ impl OtSession {
         (self.sender.available(), self.receiver.available())
     }
 
+    /// The COTs the larger pool may hold after [`OtSession::precompute`]`(n)`: `n` when both
+    /// already hold that many, else what a growing pool allocates (its refill's iterations
+    /// beside the leftover), so preprocessing budgets the memory it really takes.
+    pub fn pool_capacity_after(&self, n: usize) -> usize {
+        self.sender
+            .capacity_after(n)
+            .max(self.receiver.capacity_after(n))
+    }
+
     /// COTs used so far in (sending, receiving) direction: one party's sending count is the
     /// other's receiving count, so both can size a later [`OtSession::precompute`] alike.
     pub fn consumed(&self) -> (u64, u64) {
@@ -392,5 +430,21 @@ impl OtSession {
         n: usize,
     ) -> Result<ReceiverBatch<'_>> {
         self.receiver.take(ch, n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool that holds the need allocates nothing; a growing silent pool gets the need and
+    /// two iterations (at least 1.25 of one), an IKNP pool twice what its refill leaves.
+    #[test]
+    fn the_capacity_after_a_refill_is_what_the_refill_allocates() {
+        assert_eq!(capacity_after(500, 500, Some(1_000)), 500);
+        assert_eq!(capacity_after(0, 1, Some(1_000)), 2_001);
+        assert_eq!(capacity_after(10, 5_000, Some(1_000)), 7_000);
+        assert_eq!(capacity_after(0, 10, None), 2 * IKNP_MIN_REFILL);
+        assert_eq!(capacity_after(10, 1 << 20, None), 2 << 20);
     }
 }

@@ -20,14 +20,14 @@
 //! (the lookup is exact mod 2^ℓ; with the batched method, except with the negligible hashing
 //! failure of [`veil_linear::lookup`], which the client reports as an error).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use veil_core::approx::Approx;
 use veil_core::{ensure, Error, Result, RingTensor};
-use veil_linear::lookup::{lookup_client, lookup_server, LookupShape};
+use veil_linear::lookup::{lookup_client, lookup_server, LookupShape, CANDIDATES};
 use veil_linear::{ClientSession, LookupMethod, PreparedLookup, ServerSession};
 use veil_model::sim::FixedModel;
-use veil_model::ModelConfig;
+use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, Role};
 use veil_nonlinear::{AffineParams, Ctx, OtSession};
 
@@ -46,10 +46,29 @@ pub const TABLE_NTT_CACHE_BYTES: usize = 256 << 20;
 
 /// Sequence lengths whose prepared lookup is kept (most recently used first). The lookup's
 /// plan depends on the number of queries, so each length has its own preparation; keeping a
-/// bounded few makes the server's memory independent of how many lengths it serves (at most
-/// this many × [`TABLE_NTT_CACHE_BYTES`] plus the parts), at the price of preparing again a
-/// length that was evicted.
+/// bounded few makes the server's memory independent of how many lengths it serves, at the
+/// price of preparing again a length that was evicted. A preparation a session is using is
+/// never evicted, and one length is prepared at a time, so at most this many plus one exist
+/// ([`cache_bytes`]).
 pub const PREPARED_LENGTHS_KEPT: usize = 4;
+
+/// An upper estimate of one length's prepared lookup in memory: the batched plan puts each
+/// table row in [`CANDIDATES`] bins (one copy more while a part is being prepared), and the
+/// NTT-domain cache. The one-hot plan keeps a single copy, so this covers it too.
+pub fn preparation_bytes(cfg: &ModelConfig) -> u64 {
+    let rows = (cfg.vocab_size + cfg.type_vocab_size) as u64;
+    (CANDIDATES as u64 + 1) * rows * cfg.hidden_size as u64 * 8 + TABLE_NTT_CACHE_BYTES as u64
+}
+
+/// The memory a server keeps for its prepared embedding lookups: [`PREPARED_LENGTHS_KEPT`]
+/// preparations and the one being made, in private-embedding mode; none otherwise. The server
+/// reserves it from its memory budget for its whole life.
+pub fn cache_bytes(cfg: &ModelConfig) -> u64 {
+    match cfg.veil.embedding {
+        EmbeddingMode::Private => (PREPARED_LENGTHS_KEPT as u64 + 1) * preparation_bytes(cfg),
+        EmbeddingMode::Public => 0,
+    }
+}
 
 /// The public lookup shape of a model at `seq` tokens: the word table, then the token-type
 /// table if the model has one.
@@ -99,7 +118,36 @@ macro_rules! encode_table {
 pub struct ServerEmbedding {
     method: LookupMethod,
     tables: Tables,
-    prepared: Mutex<Vec<(usize, Arc<PreparedLookup>)>>,
+    /// Prepared lookups by length, most recently used first. Locked only to find, insert or
+    /// evict, never while a length is prepared, so sessions at a kept length do not wait.
+    kept: Mutex<Vec<(usize, Arc<PreparedLookup>)>>,
+    /// Signalled when a session stops using a preparation (which may then be evicted).
+    released: Condvar,
+    /// Held while a length is prepared: one at a time, so preparing lengths in turn cannot
+    /// make the server hold more than [`cache_bytes`].
+    preparing: Mutex<()>,
+}
+
+/// A session's use of a prepared lookup: while it lasts, the preparation is not evicted.
+pub struct PreparationInUse<'a> {
+    lookup: Option<Arc<PreparedLookup>>,
+    emb: &'a ServerEmbedding,
+}
+
+impl std::ops::Deref for PreparationInUse<'_> {
+    type Target = PreparedLookup;
+    fn deref(&self) -> &PreparedLookup {
+        self.lookup.as_deref().expect("held until dropped")
+    }
+}
+
+impl Drop for PreparationInUse<'_> {
+    fn drop(&mut self) {
+        // Release the reference first, then signal under the lock a waiter checks it under.
+        self.lookup = None;
+        let _kept = self.emb.kept.lock().unwrap_or_else(|e| e.into_inner());
+        self.emb.released.notify_all();
+    }
 }
 
 impl ServerEmbedding {
@@ -117,7 +165,9 @@ impl ServerEmbedding {
         Ok(ServerEmbedding {
             method,
             tables,
-            prepared: Mutex::new(Vec::new()),
+            kept: Mutex::new(Vec::new()),
+            released: Condvar::new(),
+            preparing: Mutex::new(()),
         })
     }
 
@@ -126,13 +176,15 @@ impl ServerEmbedding {
     }
 
     /// The tables prepared for `seq` tokens (prepared now unless one of the recently used
-    /// lengths).
-    pub fn prepared(&self, seq: usize) -> Result<Arc<PreparedLookup>> {
-        let mut cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = cache.iter().position(|(n, _)| *n == seq) {
-            let hit = cache.remove(i);
-            let p = hit.1.clone();
-            cache.insert(0, hit);
+    /// lengths). Preparing a new length waits until a kept one is not in use, which an
+    /// inference's deadline bounds.
+    pub fn prepared(&self, seq: usize) -> Result<PreparationInUse<'_>> {
+        if let Some(p) = self.kept_use(seq) {
+            return Ok(p);
+        }
+        let _one = self.preparing.lock().unwrap_or_else(|e| e.into_inner());
+        // Another session may have prepared it while this one waited.
+        if let Some(p) = self.kept_use(seq) {
             return Ok(p);
         }
         let mut tables = vec![&self.tables.word];
@@ -143,15 +195,38 @@ impl ServerEmbedding {
             self.method,
             TABLE_NTT_CACHE_BYTES,
         )?);
-        cache.insert(0, (seq, p.clone()));
-        cache.truncate(PREPARED_LENGTHS_KEPT);
-        Ok(p)
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        while kept.len() >= PREPARED_LENGTHS_KEPT {
+            // The least recently used preparation no session holds.
+            match kept.iter().rposition(|(_, q)| Arc::strong_count(q) == 1) {
+                Some(i) => drop(kept.remove(i)),
+                None => kept = self.released.wait(kept).unwrap_or_else(|e| e.into_inner()),
+            }
+        }
+        kept.insert(0, (seq, p.clone()));
+        Ok(PreparationInUse {
+            lookup: Some(p),
+            emb: self,
+        })
+    }
+
+    /// The kept preparation for `seq`, moved to the front, if there is one.
+    fn kept_use(&self, seq: usize) -> Option<PreparationInUse<'_>> {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let i = kept.iter().position(|(n, _)| *n == seq)?;
+        let hit = kept.remove(i);
+        let p = hit.1.clone();
+        kept.insert(0, hit);
+        Some(PreparationInUse {
+            lookup: Some(p),
+            emb: self,
+        })
     }
 
     /// The lengths whose preparation is kept, most recently used first.
     pub fn kept_lengths(&self) -> Vec<usize> {
-        let cache = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
-        cache.iter().map(|(n, _)| *n).collect()
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter().map(|(n, _)| *n).collect()
     }
 
     /// The position rows of a `seq`-token input (seq × hidden).
@@ -209,6 +284,7 @@ pub fn embed_server<C: Channel>(
     let _g = ch.meter().enter(LABEL);
     let prepared = emb.prepared(seq)?;
     let mut sum = lookup_server(ch, lin, &prepared)?;
+    drop(prepared);
     sum.add_in_place(&emb.positions(&model.config, seq)?)?;
     let norm = &model.embedding_norm;
     let params = AffineParams {

@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use veil_core::{Error, Result};
+use veil_core::{ensure, Error, Result};
 use veil_linear::LookupMethod;
 use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, ServerTls, TcpChannel};
 
-use crate::embedding::{ServerEmbedding, DEFAULT_METHOD};
+use crate::embedding::{self, ServerEmbedding, DEFAULT_METHOD};
 use crate::prepared::ServerModel;
 use crate::session::{
     read_hello, refuse, serve_admitted, Deadlines, SessionLimits, SessionMemory, SessionSummary,
@@ -47,7 +47,8 @@ pub struct ServeOptions {
     pub queue_wait: Duration,
     pub deadlines: Deadlines,
     /// Memory for sessions, in bytes: admitted sessions' estimates
-    /// ([`session_memory_estimate`] at their announced length) stay below it.
+    /// ([`session_memory_estimate`] at their announced length) stay below it, with the
+    /// private-embedding lookups' share ([`embedding::cache_bytes`]) reserved from it first.
     pub memory_budget: u64,
     /// Set to stop accepting; open sessions then get `shutdown_grace` to finish.
     pub shutdown: Arc<AtomicBool>,
@@ -92,14 +93,16 @@ pub fn available_memory() -> Option<u64> {
 }
 
 impl ServeOptions {
-    /// Defaults for `model`: session memory = 80 % of the memory available now (4 GiB if
-    /// unknown), as many sessions at the model's longest prompt as fit (1 to 64), a queue of
-    /// twice that (at least 4) waiting up to 30 s, [`Deadlines::for_model`].
+    /// Defaults for `model`: memory = 80 % of the memory available now (4 GiB if unknown), as
+    /// many sessions at the model's longest prompt as fit beside the embedding lookups' share
+    /// (1 to 64), a queue of twice that (at least 4) waiting up to 30 s,
+    /// [`Deadlines::for_model`].
     pub fn for_model(model: &ServerModel, transport: Transport) -> Self {
         let cfg = model.config();
         let budget = available_memory().map_or(4 << 30, |m| m / 5 * 4);
         let peak = session_memory_estimate(cfg, cfg.max_sequence_len());
-        let max_sessions = (budget / peak).clamp(1, 64) as usize;
+        let for_sessions = budget.saturating_sub(embedding::cache_bytes(cfg));
+        let max_sessions = (for_sessions / peak).clamp(1, 64) as usize;
         ServeOptions {
             transport,
             max_sessions,
@@ -251,12 +254,13 @@ impl Shared {
             n => n.min(cfg.max_sequence_len()),
         };
         let bytes = session_memory_estimate(cfg, tokens);
-        if bytes > self.opts.memory_budget {
+        let for_sessions = self.opts.memory_budget - embedding::cache_bytes(cfg);
+        if bytes > for_sessions {
             let why = format!(
                 "a session of up to {tokens} tokens needs about {} MiB, more than this server's \
                  session memory ({} MiB): send shorter prompts",
                 bytes >> 20,
-                self.opts.memory_budget >> 20
+                for_sessions >> 20
             );
             let _ = refuse(&mut ch, &why);
             return Err(Error::Other(format!("refused: {why}")));
@@ -311,12 +315,25 @@ impl Server {
             EmbeddingMode::Private => Some(ServerEmbedding::new(&model.fixed, opts.method)?),
             EmbeddingMode::Public => None,
         };
+        let lookups = embedding::cache_bytes(model.config());
+        ensure!(
+            lookups < opts.memory_budget,
+            InvalidArgument,
+            "a memory budget of {} MiB leaves nothing for sessions beside the {} MiB the \
+             private-embedding lookups may keep",
+            opts.memory_budget >> 20,
+            lookups >> 20
+        );
         Ok(Server {
             shared: Arc::new(Shared {
                 model,
                 emb,
                 opts,
-                slots: Mutex::new(Slots::default()),
+                // The embedding lookups' share is reserved for the server's life.
+                slots: Mutex::new(Slots {
+                    reserved: lookups,
+                    ..Slots::default()
+                }),
                 freed: Condvar::new(),
                 threads: AtomicUsize::new(0),
                 ended: Condvar::new(),

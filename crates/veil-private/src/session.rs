@@ -236,25 +236,50 @@ impl<'a> Reserve<'a> {
         }
     }
 
-    /// Takes one inference drawing `cots` with `bytes` of server material; returns the pool size
-    /// to precompute, or why it cannot.
-    fn take(&mut self, cots: u64, bytes: usize) -> std::result::Result<usize, String> {
-        let mib = |b: usize| b >> 20;
+    /// Whether this session's budget has room for `bytes` more material (checked before the
+    /// inference's COT count is worked out, which may take a while the first time).
+    fn room_for(&self, bytes: usize) -> std::result::Result<(), String> {
         if self.held + self.pools + bytes > self.budget {
             return Err(format!(
                 "this preprocessing needs {} MiB, and this session holds {} MiB of its {} MiB: \
                  use what is preprocessed first",
-                mib(bytes),
-                mib(self.held + self.pools),
-                mib(self.budget)
+                bytes >> 20,
+                (self.held + self.pools) >> 20,
+                self.budget >> 20
             ));
         }
+        Ok(())
+    }
+
+    /// Takes one inference drawing `cots` with `bytes` of server material; returns the pool size
+    /// to precompute, or why it cannot. `pool_cots(fill)`: what the pools may hold after
+    /// precomputing `fill` ([`OtSession::pool_capacity_after`]), nondecreasing in `fill`.
+    fn take(
+        &mut self,
+        cots: u64,
+        bytes: usize,
+        pool_cots: impl Fn(usize) -> usize,
+    ) -> std::result::Result<usize, String> {
+        let mib = |b: usize| b >> 20;
+        self.room_for(bytes)?;
         let reserved = self.reserved + cots;
-        let room = (self.budget - self.held - bytes) / POOL_BYTES_PER_COT;
-        let fill = reserved
-            .min(OtSession::MAX_PRECOMPUTE as u64)
-            .min(room as u64) as usize;
-        let pools = self.pools.max(fill * POOL_BYTES_PER_COT);
+        let room = self.budget - self.held - bytes;
+        let fits = |fill: usize| pool_cots(fill) * POOL_BYTES_PER_COT <= room;
+        let mut fill = reserved.min(OtSession::MAX_PRECOMPUTE as u64) as usize;
+        if !fits(fill) {
+            // The largest fill whose pools fit (pool_cots(0) = 0 always does).
+            let (mut lo, mut hi) = (0, fill);
+            while lo < hi {
+                let mid = hi - (hi - lo) / 2;
+                if fits(mid) {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            fill = lo;
+        }
+        let pools = self.pools.max(pool_cots(fill) * POOL_BYTES_PER_COT);
         let more = bytes + (pools - self.pools);
         if !self.memory.take(more as u64) {
             return Err(format!(
@@ -833,9 +858,18 @@ pub fn serve_admitted<C: Channel>(
                 );
                 let steps = plan(cfg, ax.fp.ring, seq)?;
                 let bytes = material_bytes(cfg, &steps, false);
-                let cots = model.cots_per_inference(seq)?;
-                let need = cots.0.max(cots.1);
-                let fill = match reserve.take(need, bytes) {
+                // Refused before the inference's COT count is sampled (a local run of the
+                // protocol, the first time a length is asked for).
+                let fill = match reserve.room_for(bytes) {
+                    Ok(()) => {
+                        let cots = model.cots_per_inference(seq)?;
+                        let need = cots.0.max(cots.1);
+                        let pool_cots = |f| ot.pool_capacity_after(f);
+                        reserve.take(need, bytes, pool_cots).map(|f| (f, need))
+                    }
+                    Err(why) => Err(why),
+                };
+                let (fill, need) = match fill {
                     Ok(fill) => fill,
                     Err(why) => {
                         let mut reply = vec![STATUS_REFUSED];
@@ -984,5 +1018,29 @@ mod tests {
         assert_eq!(s.inference(8, 1.0), d.inference(8, 1.0) * 10);
         assert_eq!(s.setup, d.setup * 10);
         assert_eq!((s.handshake, s.idle), (d.handshake, d.idle));
+    }
+
+    /// Preprocessing charges the pools' memory as the pools will hold it: the COTs asked for
+    /// while they fit in what the pools hold, the grown buffer (refill iterations included)
+    /// once they must grow, with the fill cut to what the budget's rest can hold then.
+    #[test]
+    fn preprocessing_charges_what_the_pools_allocate() {
+        // Pools that hold 1,000 COTs and grow to the need plus 10,000 beyond that.
+        let pool_cots = |f: usize| if f <= 1_000 { f } else { f + 10_000 };
+        let budget = 100 + POOL_BYTES_PER_COT * 12_000;
+        let mut r = Reserve::new(budget, &UnsharedMemory);
+        assert_eq!(r.take(800, 100, pool_cots), Ok(800));
+        assert_eq!(r.pools, 800 * POOL_BYTES_PER_COT);
+        // 1,600 reserved: the pools grow, to 11,600 COTs, which fit.
+        assert_eq!(r.take(800, 0, pool_cots), Ok(1_600));
+        assert_eq!(r.pools, 11_600 * POOL_BYTES_PER_COT);
+        // 2,400 would need 12,400 COTs of pool: the fill is cut to the 2,000 that fit.
+        assert_eq!(r.take(800, 0, pool_cots), Ok(2_000));
+        assert_eq!(r.pools, 12_000 * POOL_BYTES_PER_COT);
+        // Material beyond the budget is refused before anything else.
+        assert!(r
+            .room_for(1)
+            .unwrap_err()
+            .contains("use what is preprocessed first"));
     }
 }

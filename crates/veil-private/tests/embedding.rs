@@ -176,3 +176,68 @@ fn prepared_lookups_are_bounded_in_number() {
     assert_eq!(kept[0], 5);
     assert!(!kept.contains(&1));
 }
+
+/// A preparation a session is using is not evicted: a new length waits until one is free
+/// (so no more than the kept lengths and the one being prepared exist), while sessions at kept
+/// lengths go on without waiting for it.
+#[test]
+fn a_preparation_in_use_is_not_evicted() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    use veil_private::embedding::PREPARED_LENGTHS_KEPT;
+    let cfg = tiny(Architecture::Bert, BlockVariant::friendly());
+    let (fixed, _) = models(&cfg, 9);
+    let emb = ServerEmbedding::new(&fixed, LookupMethod::OneHot).unwrap();
+    let lengths: Vec<usize> = (1..=PREPARED_LENGTHS_KEPT).collect();
+    let mut in_use: Vec<_> = lengths.iter().map(|&n| emb.prepared(n).unwrap()).collect();
+    let new_length = PREPARED_LENGTHS_KEPT + 1;
+    std::thread::scope(|s| {
+        let (done, finished) = mpsc::channel();
+        let emb = &emb;
+        s.spawn(move || {
+            let p = emb.prepared(new_length).unwrap();
+            done.send(p.shape().queries).unwrap();
+        });
+        assert!(
+            finished.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a length was evicted while in use"
+        );
+        // A kept length is served while the new one waits for room.
+        assert_eq!(emb.prepared(1).unwrap().shape().queries, 1);
+        drop(in_use.remove(1)); // length 2, now the only one free
+        assert_eq!(finished.recv().unwrap(), new_length);
+    });
+    let kept = emb.kept_lengths();
+    assert_eq!(kept.len(), PREPARED_LENGTHS_KEPT);
+    assert_eq!(kept[0], new_length);
+    assert!(!kept.contains(&2), "{kept:?}");
+}
+
+/// The lookups' memory ([`cache_bytes`]: the kept lengths and the one being prepared) is
+/// reserved from the server's budget: a budget that leaves nothing for sessions beside it is
+/// refused at start, and a public-embedding model reserves nothing.
+#[test]
+fn the_lookups_memory_is_reserved_from_the_servers_budget() {
+    use std::sync::Arc;
+    use veil_private::embedding::{cache_bytes, preparation_bytes, PREPARED_LENGTHS_KEPT};
+    use veil_private::{ServeOptions, Server, Transport};
+    let cfg = tiny(Architecture::Bert, BlockVariant::friendly());
+    let reserved = cache_bytes(&cfg);
+    assert_eq!(
+        reserved,
+        (PREPARED_LENGTHS_KEPT as u64 + 1) * preparation_bytes(&cfg)
+    );
+    let (_, server) = models(&cfg, 9);
+    let server = Arc::new(server);
+    let mut opts = ServeOptions::for_model(&server, Transport::Plaintext);
+    opts.memory_budget = reserved;
+    let err = Server::new(server.clone(), opts).err().unwrap().to_string();
+    assert!(err.contains("leaves nothing for sessions"), "{err}");
+    let mut opts = ServeOptions::for_model(&server, Transport::Plaintext);
+    opts.memory_budget = reserved + 1;
+    Server::new(server, opts).unwrap();
+
+    let mut public = cfg.clone();
+    public.veil.embedding = EmbeddingMode::Public;
+    assert_eq!(cache_bytes(&public), 0);
+}

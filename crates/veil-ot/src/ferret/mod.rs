@@ -215,7 +215,8 @@ impl FerretSender {
         let base = Zeroizing::new(iknp.extend(ch, boot.base_cots())?);
         let delta = iknp.delta();
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
-        let mut out = vec![0u128; boot.n];
+        // Zeroizing, so a send that fails leaves none of the sender's COTs behind.
+        let mut out = Zeroizing::new(vec![0u128; boot.n]);
         sender_iteration(ch, &boot, &boot_matrix, delta, &base, &mut prg, &mut out)?;
         let mut reserve = HugeTable::new(main.base_cots());
         reserve
@@ -228,7 +229,7 @@ impl FerretSender {
             reserve,
             prg,
         };
-        Ok((sender, out, main.base_cots()))
+        Ok((sender, std::mem::take(&mut *out), main.base_cots()))
     }
 
     pub fn delta(&self) -> u128 {
@@ -301,7 +302,9 @@ impl FerretReceiver {
             Zeroizing::new((0..boot.base_cots()).map(|_| prg.bit() as u8).collect());
         let base = Zeroizing::new(iknp.extend(ch, &base_bits)?);
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
-        let (mut out, mut bits) = (vec![0u128; boot.n], vec![0u8; boot.n]);
+        // Zeroizing, so a peer's error leaves none of the receiver's COTs behind.
+        let mut out = Zeroizing::new(vec![0u128; boot.n]);
+        let mut bits = Zeroizing::new(vec![0u8; boot.n]);
         receiver_iteration(
             ch,
             &boot,
@@ -320,7 +323,12 @@ impl FerretReceiver {
             reserve,
             reserve_bits: bits[..r].to_vec(),
         };
-        Ok((receiver, out, bits, r))
+        Ok((
+            receiver,
+            std::mem::take(&mut *out),
+            std::mem::take(&mut *bits),
+            r,
+        ))
     }
 
     /// One main iteration into `out` and `bits` (allocations reused): returns `start`, the
