@@ -105,10 +105,10 @@ pub enum EmbeddingMode {
     Private,
 }
 
-/// How the private pass truncates after each linear or attention product and inside the
-/// friendly operators (ReLU-normalise, centring); the simulator always computes the faithful
-/// ⌊x / 2^f⌋, and GELU, Softmax and LayerNorm always truncate faithfully. A deployment choice the server announces in the config it
-/// sends, so both parties run the same protocol.
+/// How the private pass truncates: after each linear or attention product, and in the
+/// operators' internal truncations (Softmax, ReLU-normalise, LayerNorm, centring, the pooler's
+/// tanh; GELU stays exact); the simulator always computes the faithful ⌊x / 2^f⌋. A deployment
+/// choice the server announces in the config it sends, so both parties run the same protocol.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProductTruncation {
