@@ -418,10 +418,12 @@ fn classify(
     let timeout = secs(net.timeout, "--timeout")?;
     let transport = net.transport()?;
     // A built-in model's kind is known before its public tables are fetched (on first use).
-    if let Some(b) = ModelSource::resolve(model)?.built_in() {
+    // Resolved once: resolving a PyPI encoder's name verifies its cached files.
+    let source = ModelSource::resolve(model)?;
+    if let Some(b) = source.built_in() {
         prompt::check_kind(Some(b.task.inputs()), &prompts)?;
     }
-    let client = ClientModel::named(model)?;
+    let client = ClientModel::from_source(&source)?;
     prompt::check_kind(client.config().veil.inputs, &prompts)?;
     client.check_options(opts)?;
     // Every prompt is checked before the connection (and its key material) is made.

@@ -85,8 +85,14 @@ impl ClientModel {
     /// The client's model as `--model` names it (`veil_model::source`): a bundle or model
     /// folder as it is, the built-in model (`default`) or an overlay by its public part.
     pub fn named(spec: &str) -> Result<Self> {
-        match ModelSource::resolve(spec)? {
-            ModelSource::Folder(dir) => Self::open(&dir),
+        Self::from_source(&ModelSource::resolve(spec)?)
+    }
+
+    /// The client's model from a resolved `--model` (a folder is opened without loading its
+    /// weights).
+    pub fn from_source(source: &ModelSource) -> Result<Self> {
+        match source {
+            ModelSource::Folder(dir) => Self::open(dir),
             source => Self::from_model(&source.load()?),
         }
     }

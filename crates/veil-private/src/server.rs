@@ -128,6 +128,8 @@ struct Shared {
     model: Arc<ServerModel>,
     emb: Option<ServerEmbedding>,
     opts: ServeOptions,
+    /// The memory budget less the embedding lookups' share: what one session may need at most.
+    session_memory: u64,
     slots: Mutex<Slots>,
     freed: Condvar,
     /// Connection threads alive.
@@ -254,13 +256,12 @@ impl Shared {
             n => n.min(cfg.max_sequence_len()),
         };
         let bytes = session_memory_estimate(cfg, tokens);
-        let for_sessions = self.opts.memory_budget - embedding::cache_bytes(cfg);
-        if bytes > for_sessions {
+        if bytes > self.session_memory {
             let why = format!(
                 "a session of up to {tokens} tokens needs about {} MiB, more than this server's \
                  session memory ({} MiB): send shorter prompts",
                 bytes >> 20,
-                for_sessions >> 20
+                self.session_memory >> 20
             );
             let _ = refuse(&mut ch, &why);
             return Err(Error::Other(format!("refused: {why}")));
@@ -328,6 +329,7 @@ impl Server {
             shared: Arc::new(Shared {
                 model,
                 emb,
+                session_memory: opts.memory_budget - lookups,
                 opts,
                 // The embedding lookups' share is reserved for the server's life.
                 slots: Mutex::new(Slots {
