@@ -10,6 +10,7 @@
 //! chosen part: single protocols, shapes or operators.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 pub mod linear;
 pub mod nonlinear;

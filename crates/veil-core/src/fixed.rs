@@ -7,6 +7,7 @@ use crate::{ensure, Result, Ring};
 pub struct FracBits(u32);
 
 impl FracBits {
+    /// The count `f`, refused when 2f + 2 exceeds the ring's bits.
     pub fn new(f: u32, ring: Ring) -> Result<Self> {
         ensure!(
             f >= 1 && 2 * f + 2 <= ring.bits(),
@@ -17,6 +18,7 @@ impl FracBits {
         Ok(FracBits(f))
     }
 
+    /// The number of fractional bits.
     pub fn get(self) -> u32 {
         self.0
     }
@@ -25,11 +27,13 @@ impl FracBits {
 /// A fixed-point format: the ring and the scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FixedPoint {
+    /// The ring the values live in.
     pub ring: Ring,
     frac: FracBits,
 }
 
 impl FixedPoint {
+    /// The format (ℓ, f), refused when either is out of range.
     pub fn new(ring_bits: u32, frac_bits: u32) -> Result<Self> {
         let ring = Ring::new(ring_bits)?;
         Ok(FixedPoint {
@@ -45,11 +49,13 @@ impl FixedPoint {
     }
 
     #[inline]
+    /// f, the number of fractional bits.
     pub fn frac_bits(self) -> u32 {
         self.frac.get()
     }
 
     #[inline]
+    /// 2^f, the value of one unit in the last place.
     pub fn scale(self) -> f64 {
         (1u64 << self.frac.get()) as f64
     }
@@ -74,6 +80,7 @@ impl FixedPoint {
     }
 
     #[inline]
+    /// The real a ring element stands for (two's complement, divided by 2^f).
     pub fn decode(self, x: u64) -> f64 {
         self.ring.to_signed(x) as f64 / self.scale()
     }

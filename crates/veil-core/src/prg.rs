@@ -53,6 +53,7 @@ impl Drop for Prg {
 }
 
 impl Prg {
+    /// A PRG expanding `seed`: both parties holding the seed draw the same stream.
     pub fn from_seed(seed: &Seed) -> Self {
         Prg {
             cipher: Aes128::new(&seed.0.into()),
@@ -81,6 +82,7 @@ impl Prg {
         self.pos = 0;
     }
 
+    /// Fills `out` with the next bytes of the stream.
     pub fn fill(&mut self, out: &mut [u8]) {
         let mut off = 0;
         while off < out.len() {
@@ -94,18 +96,21 @@ impl Prg {
         }
     }
 
+    /// The next 16 bytes of the stream.
     pub fn block(&mut self) -> Block {
         let mut b = [0u8; 16];
         self.fill(&mut b);
         b
     }
 
+    /// The next 8 bytes of the stream as a little-endian `u64`.
     pub fn u64(&mut self) -> u64 {
         let mut b = [0u8; 8];
         self.fill(&mut b);
         u64::from_le_bytes(b)
     }
 
+    /// A uniform bit.
     pub fn bit(&mut self) -> bool {
         let mut b = [0u8; 1];
         self.fill(&mut b);

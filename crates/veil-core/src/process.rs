@@ -3,17 +3,13 @@
 
 /// Keeps freed memory in the heap instead of returning it to the OS. The HE code allocates and
 /// frees polynomials of 64–260 KB at a high rate; with glibc's defaults each such buffer is
-/// mapped, zeroed by the kernel and unmapped again, which cost 30–60 % of a key switch, a
-/// response and an encryption (`cargo run --release -p veil-he --example calibrate`,
-/// 2026-11-24) and slowed the OT protocols too. After this call buffers up to 32 MiB (glibc's
-/// largest threshold) come from the heap and the heap is never trimmed, so the process's
-/// memory is bounded by its peak (which the server's limits bound). The number of malloc
-/// arenas is capped at the number of cores: with glibc's default (8 per core) the buffers of
-/// the worker pool and of the session threads spread over many arenas, each keeping its own
-/// peak (measured when every HE batch started new threads, BERT-Tiny substituted: MatMul
-/// 1.1 → 0.9 s; the demo's memory after twenty prompts of twenty lengths 1.31× → 1.25× that
-/// after the first). mimalloc was measured
-/// as the alternative and slowed the OT protocols. No effect outside glibc.
+/// mapped, zeroed by the kernel and unmapped again, a large part of a key switch, a response
+/// and an encryption (measurements in docs/BENCHMARKS.md, "Moved from code comments"). After
+/// this call buffers up to 32 MiB (glibc's largest threshold) come from the heap and the heap
+/// is never trimmed, so the process's memory is bounded by its peak (which the server's limits
+/// bound). The number of malloc arenas is capped at the number of cores: with glibc's default
+/// (8 per core) the buffers of the worker pool and of the session threads spread over many
+/// arenas, each keeping its own peak. No effect outside glibc.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -7,9 +7,12 @@ use crate::{ensure, Result};
 pub struct RingBits(u32);
 
 impl RingBits {
+    /// The narrowest ring the protocols support.
     pub const MIN: u32 = 32;
+    /// The widest ring (one `u64` per element).
     pub const MAX: u32 = 64;
 
+    /// ℓ, refused outside [`RingBits::MIN`]..=[`RingBits::MAX`].
     pub fn new(bits: u32) -> Result<Self> {
         ensure!(
             (Self::MIN..=Self::MAX).contains(&bits),
@@ -21,6 +24,7 @@ impl RingBits {
         Ok(RingBits(bits))
     }
 
+    /// ℓ.
     pub fn get(self) -> u32 {
         self.0
     }
@@ -34,6 +38,7 @@ pub struct Ring {
 }
 
 impl Ring {
+    /// Z_{2^bits}, refused outside 32..=64.
     pub fn new(bits: u32) -> Result<Self> {
         Ok(Self::from_bits(RingBits::new(bits)?))
     }
@@ -55,6 +60,7 @@ impl Ring {
         Ok(Ring { bits, mask })
     }
 
+    /// Z_{2^bits} of an already validated width.
     pub fn from_bits(bits: RingBits) -> Self {
         let b = bits.get();
         let mask = if b == 64 { u64::MAX } else { (1u64 << b) - 1 };
@@ -80,31 +86,37 @@ impl Ring {
     }
 
     #[inline]
+    /// x mod 2^ℓ.
     pub fn reduce(self, x: u64) -> u64 {
         x & self.mask
     }
 
     #[inline]
+    /// Whether x is a reduced element (< 2^ℓ).
     pub fn contains(self, x: u64) -> bool {
         x & !self.mask == 0
     }
 
     #[inline]
+    /// a + b mod 2^ℓ.
     pub fn add(self, a: u64, b: u64) -> u64 {
         a.wrapping_add(b) & self.mask
     }
 
     #[inline]
+    /// a − b mod 2^ℓ.
     pub fn sub(self, a: u64, b: u64) -> u64 {
         a.wrapping_sub(b) & self.mask
     }
 
     #[inline]
+    /// −a mod 2^ℓ.
     pub fn neg(self, a: u64) -> u64 {
         a.wrapping_neg() & self.mask
     }
 
     #[inline]
+    /// a·b mod 2^ℓ.
     pub fn mul(self, a: u64, b: u64) -> u64 {
         a.wrapping_mul(b) & self.mask
     }

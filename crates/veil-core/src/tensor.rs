@@ -4,6 +4,8 @@
 use crate::{ensure, FixedPoint, Prg, Result, Ring};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
+/// A row-major tensor of ring elements with a checked shape: shares, their sums and the exact
+/// integer oracle of the protocols (`matmul`).
 pub struct RingTensor {
     ring: Ring,
     shape: Vec<usize>,
@@ -25,6 +27,7 @@ impl zeroize::Zeroize for RingTensor {
 }
 
 impl RingTensor {
+    /// All zeros.
     pub fn zeros(ring: Ring, shape: &[usize]) -> Result<Self> {
         Ok(RingTensor {
             ring,
@@ -55,12 +58,14 @@ impl RingTensor {
         })
     }
 
+    /// Uniform elements drawn from `prg` (a random mask or share).
     pub fn random(ring: Ring, shape: &[usize], prg: &mut Prg) -> Result<Self> {
         let mut t = Self::zeros(ring, shape)?;
         prg.fill_ring(ring, &mut t.data);
         Ok(t)
     }
 
+    /// Encodes reals in the fixed-point format `fp`.
     pub fn encode(fp: FixedPoint, shape: &[usize], values: &[f64]) -> Result<Self> {
         Self::from_vec(
             fp.ring,
@@ -69,25 +74,32 @@ impl RingTensor {
         )
     }
 
+    /// The reals the elements stand for in the format `fp`.
     pub fn decode(&self, fp: FixedPoint) -> Vec<f64> {
         self.data.iter().map(|&v| fp.decode(v)).collect()
     }
 
+    /// The ring of the elements.
     pub fn ring(&self) -> Ring {
         self.ring
     }
+    /// The dimensions, outermost first.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
+    /// The number of elements.
     pub fn len(&self) -> usize {
         self.data.len()
     }
+    /// Whether the tensor has no elements.
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }
+    /// The elements, row-major.
     pub fn data(&self) -> &[u64] {
         &self.data
     }
+    /// The elements, row-major, without a copy.
     pub fn into_data(self) -> Vec<u64> {
         self.data
     }
@@ -97,6 +109,7 @@ impl RingTensor {
         &mut self.data
     }
 
+    /// The same elements under another shape with as many elements.
     pub fn reshape(mut self, shape: &[usize]) -> Result<Self> {
         ensure!(
             numel(shape)? == self.data.len(),
@@ -120,18 +133,21 @@ impl RingTensor {
         Ok(())
     }
 
+    /// Element-wise sum (shapes and rings must match).
     pub fn add(&self, other: &Self) -> Result<Self> {
         let mut out = self.clone();
         out.add_in_place(other)?;
         Ok(out)
     }
 
+    /// Element-wise difference (shapes and rings must match).
     pub fn sub(&self, other: &Self) -> Result<Self> {
         let mut out = self.clone();
         out.sub_in_place(other)?;
         Ok(out)
     }
 
+    /// [`RingTensor::add`] in place.
     pub fn add_in_place(&mut self, other: &Self) -> Result<()> {
         self.check_same(other)?;
         let r = self.ring;
@@ -142,6 +158,7 @@ impl RingTensor {
         Ok(())
     }
 
+    /// [`RingTensor::sub`] in place.
     pub fn sub_in_place(&mut self, other: &Self) -> Result<()> {
         self.check_same(other)?;
         let r = self.ring;
@@ -152,6 +169,7 @@ impl RingTensor {
         Ok(())
     }
 
+    /// Element-wise negation.
     pub fn neg(&self) -> Self {
         let r = self.ring;
         RingTensor {

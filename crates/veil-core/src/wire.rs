@@ -7,31 +7,38 @@
 use crate::{bail, bitpack, ensure, Error, Result, Ring};
 
 #[derive(Default)]
+/// Builds a message in the canonical encoding (little-endian integers, length-prefixed bytes).
 pub struct Writer {
     buf: Vec<u8>,
 }
 
 impl Writer {
+    /// An empty message.
     pub fn new() -> Self {
         Self::default()
     }
+    /// An empty message with room for `n` bytes.
     pub fn with_capacity(n: usize) -> Self {
         Writer {
             buf: Vec::with_capacity(n),
         }
     }
+    /// Appends one byte.
     pub fn u8(&mut self, v: u8) -> &mut Self {
         self.buf.push(v);
         self
     }
+    /// Appends a little-endian `u32`.
     pub fn u32(&mut self, v: u32) -> &mut Self {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
     }
+    /// Appends a little-endian `u64`.
     pub fn u64(&mut self, v: u64) -> &mut Self {
         self.buf.extend_from_slice(&v.to_le_bytes());
         self
     }
+    /// Appends raw bytes (no length prefix).
     pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.buf.extend_from_slice(v);
         self
@@ -51,17 +58,22 @@ impl Writer {
     pub fn ring_elems(&mut self, ring: Ring, values: &[u64]) -> &mut Self {
         self.packed(values, ring.byte_len())
     }
+    /// The message.
     pub fn finish(self) -> Vec<u8> {
         self.buf
     }
+    /// Bytes written so far.
     pub fn len(&self) -> usize {
         self.buf.len()
     }
+    /// Whether nothing was written.
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
 }
 
+/// Reads a message in the canonical encoding: every read checks the bytes left, and
+/// [`Reader::finish`] refuses trailing bytes.
 pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
@@ -74,6 +86,7 @@ impl<'a> Reader<'a> {
         Reader { buf, pos: 0, what }
     }
 
+    /// The next `n` bytes; `Error::Malformed` when fewer are left.
     pub fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self
             .pos
@@ -91,19 +104,23 @@ impl<'a> Reader<'a> {
         self.pos = end;
         Ok(s)
     }
+    /// The next byte.
     pub fn u8(&mut self) -> Result<u8> {
         Ok(self.take(1)?[0])
     }
+    /// The next little-endian `u32`.
     pub fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(
             self.take(4)?.try_into().expect("4 bytes"),
         ))
     }
+    /// The next little-endian `u64`.
     pub fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
+    /// The next `N` bytes as an array.
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
         Ok(self.take(N)?.try_into().expect("N bytes"))
     }
@@ -178,6 +195,7 @@ impl<'a> Reader<'a> {
         }
         Ok(out)
     }
+    /// Bytes not read yet.
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }

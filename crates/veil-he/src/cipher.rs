@@ -100,6 +100,7 @@ pub struct EvalCiphertext {
 }
 
 impl EvalCiphertext {
+    /// The full ciphertext: c1 regenerated from its seed, both parts in NTT form.
     pub fn expand(p: &Params, ct: &SeededCiphertext) -> Self {
         EvalCiphertext {
             c0: RnsPoly {
@@ -203,6 +204,7 @@ pub struct Accumulator {
 }
 
 impl Accumulator {
+    /// An empty sum (zero ciphertext, zero noise bounds).
     pub fn new(p: &Params) -> Self {
         Accumulator {
             c0: RnsPoly::zero(p),
@@ -213,6 +215,7 @@ impl Accumulator {
         }
     }
 
+    /// Adds ct × w, carrying w's public bound into the noise bounds.
     pub fn mul_acc(&mut self, p: &Params, ct: &EvalCiphertext, w: &NttPlaintext) {
         self.c0.mul_acc(p, &ct.c0.data, &w.data.data);
         self.c1.mul_acc(p, &ct.c1.data, &w.data.data);

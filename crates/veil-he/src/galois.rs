@@ -38,7 +38,7 @@ pub const GALOIS_LEVELS: usize = 6;
 
 /// The Galois element of level `level` (u = 2^level): k = 1 + N/u, the automorphism that maps
 /// X^u to −X^u and fixes X^{2u}.
-pub fn galois_element(n: usize, level: usize) -> usize {
+pub(crate) fn galois_element(n: usize, level: usize) -> usize {
     1 + (n >> level)
 }
 
@@ -200,7 +200,7 @@ impl SecretKey {
 }
 
 /// Worst-case noise one key switch adds (see the module docs).
-pub fn ks_noise_bound(p: &Params) -> Result<f64> {
+pub(crate) fn ks_noise_bound(p: &Params) -> Result<f64> {
     let sp = special(p)?;
     let n = p.degree() as f64;
     let digits: f64 = p
@@ -212,6 +212,7 @@ pub fn ks_noise_bound(p: &Params) -> Result<f64> {
 }
 
 impl GaloisKeys {
+    /// The parameters the keys were made for.
     pub fn params(&self) -> &Params {
         &self.params
     }

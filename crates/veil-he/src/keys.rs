@@ -67,6 +67,7 @@ impl SecretKey {
         }
     }
 
+    /// The parameters of the key.
     pub fn params(&self) -> &Params {
         &self.params
     }
@@ -120,6 +121,7 @@ impl PublicKey {
         }
     }
 
+    /// The parameters of the key.
     pub fn params(&self) -> &Params {
         &self.params
     }

@@ -19,6 +19,8 @@
 //!   many products. The merge is exact on the kept coefficients; its key-switching noise is
 //!   bounded in the worst case ([`PackShape::noise_bound`]) and carried into the checks below.
 //! * [`wire`]: canonical bit-packed encodings of all four messages with strict validation.
+//! * [`round_trip`]: the share-product exchange built from these (encrypt, multiply, mask,
+//!   respond, decrypt), once for every HE protocol on shares.
 //!
 //! # Why the response is safe to send (semi-honest client), per session transcript
 //! With secret-key encryption and c1 = a known to the client, the raw product has
@@ -48,7 +50,7 @@
 //! 2. *Flooding.* Given |X| ≤ B, SD(X + E, E) = |X|/2^(b+1) ≤ B/2^(b+1) for uniform E of width
 //!    2^(b+1). Floods are independent per coefficient, so replacing the D coefficients one at a
 //!    time by a fresh uniform value adds at most D·B/2^(b+1) ≤ 2^-41 when
-//!    b + 1 − log2 B ≥ [`params::FLOOD_MARGIN_BITS`] = 40 + 28 + 1 = 69, the margin
+//!    b + 1 − log2 B ≥ [`FLOOD_MARGIN_BITS`] = 40 + 28 + 1 = 69, the margin
 //!    [`NoiseBudget::check`] enforces.
 //! 3. Total: 2^-41 + 2^-41 = 2^-40. The simulator samples uniform c1', uniform v in the flood
 //!    range and sets c0'; modulus switching and dropping coefficients are public post-processing.
@@ -79,8 +81,8 @@
 //! For a product Σ_c w_c × Enc(m_c) with S weight slots in all under the bound W, B ≈ S·W +
 //! 9.86·√(10.5·S)·W + 2·21·N. BERT-Base FC layers (S ≤ 3072·64, W = 2^17) give B ≤ 2^35;
 //! per-head attention products with share operands (S ≤ 128·64, W = 2^40) give B ≤ 2^54. N = 4096
-//! (log Q ≤ 109) cannot reach a 69-bit margin over even the re-randomisation noise, so it is
-//! gone; `ParamSet::N4096` remains as an alias of the weight set for existing callers.
+//! (log Q ≤ 109) cannot reach a 69-bit margin over even the re-randomisation noise, so no set
+//! uses it.
 //! Exactness holds for every product the check accepts and any ℓ in 32..=41 (larger ℓ is
 //! refused at construction). The tests run products at the largest weights the check accepts
 //! (`edge_weights_*`) and check the switch's rounding against an exact long division at the
@@ -92,30 +94,31 @@
 //! decryption buffer c1·s are zeroized after use, and the secret key on drop.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
-pub(crate) mod math;
-pub mod params;
-pub(crate) mod poly;
-
-pub use params::{
-    NoiseBudget, ParamSet, Params, FLOOD_MARGIN_BITS, SESSION_REVEALED_LIMIT,
-    SESSION_REVEALED_LOG2, STAT_SECURITY_BITS,
-};
-pub mod cipher;
-pub mod galois;
-pub mod keys;
-pub mod pack;
-pub mod response;
+mod cipher;
+mod galois;
+mod keys;
+mod math;
+mod pack;
+mod params;
+mod poly;
+mod response;
+pub mod round_trip;
 pub mod session;
+pub mod wire;
 
 pub use cipher::{Accumulator, EvalCiphertext, NttPlaintext, SeededCiphertext};
 pub use galois::{GaloisKeys, GALOIS_LEVELS};
 pub use keys::{PublicKey, SecretKey};
 pub use pack::PackShape;
+pub use params::{
+    NoiseBudget, ParamSet, Params, FLOOD_MARGIN_BITS, SESSION_REVEALED_LIMIT,
+    SESSION_REVEALED_LOG2, STAT_SECURITY_BITS,
+};
 pub use response::Response;
 
 #[cfg(test)]
 mod cross_check;
 #[cfg(test)]
-pub(crate) mod tests;
-pub mod wire;
+mod tests;

@@ -68,7 +68,7 @@ pub(crate) struct ShoupConst {
 }
 
 impl ShoupConst {
-    pub fn new(w: u64, q: u64) -> Self {
+    pub(crate) fn new(w: u64, q: u64) -> Self {
         ShoupConst {
             w,
             w_shoup: (((w as u128) << 64) / q as u128) as u64,
@@ -77,7 +77,7 @@ impl ShoupConst {
 
     /// x·w mod q for any x < q.
     #[inline]
-    pub fn mul(self, x: u64, q: u64) -> u64 {
+    pub(crate) fn mul(self, x: u64, q: u64) -> u64 {
         let quot = ((x as u128 * self.w_shoup as u128) >> 64) as u64;
         let r = x.wrapping_mul(self.w).wrapping_sub(quot.wrapping_mul(q));
         reduce_once(r, q)

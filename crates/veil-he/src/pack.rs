@@ -39,12 +39,15 @@ pub struct PackShape {
     pub stride: usize,
     /// Power of two in 2..=stride: members per packed ciphertext.
     pub leaves: usize,
+    /// Coefficient of each member's first useful value (its class modulo the stride).
     pub offset: usize,
 }
 
 type Ct = (RnsPoly, RnsPoly);
 
 impl PackShape {
+    /// A merge of up to `leaves` members whose useful coefficients sit at `offset` + multiples of
+    /// `stride`; refused unless both are powers of two the Galois keys can serve.
     pub fn new(stride: usize, leaves: usize, offset: usize) -> Result<Self> {
         ensure!(
             stride.is_power_of_two()

@@ -57,12 +57,8 @@ pub enum ParamSet {
     N8192Q4,
 }
 
-#[allow(non_upper_case_globals)]
 impl ParamSet {
-    /// Former name of the fixed-point weight set (the N = 4096 set could not meet the
-    /// session-level flooding bound); kept so existing callers keep working. Use [`ParamSet::N8192`].
-    pub const N4096: ParamSet = ParamSet::N8192;
-
+    /// The set's one-byte id on the wire.
     pub fn id(self) -> u8 {
         match self {
             ParamSet::N8192 => 2,
@@ -70,6 +66,7 @@ impl ParamSet {
         }
     }
 
+    /// The set of a wire id; unknown ids are `Error::Malformed`.
     pub fn from_id(id: u8) -> Result<Self> {
         match id {
             2 => Ok(ParamSet::N8192),
@@ -172,6 +169,7 @@ pub struct NoiseBudget {
     pub flood_bits: u32,
     /// Bits per sent c0 coefficient (after dropping) and per c1 coefficient.
     pub c0_width: u32,
+    /// Bits sent per c1 coefficient.
     pub c1_width: u32,
     /// log2(Q / p), how much switching shrinks the noise.
     pub log2_q_over_p: f64,
@@ -393,27 +391,35 @@ impl Params {
     pub(crate) fn inner(&self) -> &Inner {
         &self.inner
     }
+    /// The named set, if these are one.
     pub fn set(&self) -> Option<ParamSet> {
         self.inner.set
     }
+    /// N, the ring degree.
     pub fn degree(&self) -> usize {
         self.inner.n
     }
+    /// The plaintext ring Z_{2^ℓ}.
     pub fn ring(&self) -> Ring {
         self.inner.ring
     }
+    /// The RNS primes of Q.
     pub fn moduli(&self) -> &[u64] {
         &self.inner.moduli
     }
+    /// The number of RNS primes.
     pub fn limbs(&self) -> usize {
         self.inner.moduli.len()
     }
+    /// log2 Q.
     pub fn log2_q(&self) -> f64 {
         self.inner.log2_q
     }
+    /// The prime responses are switched to.
     pub fn final_modulus(&self) -> u64 {
         self.inner.final_modulus
     }
+    /// The noise budget of a response.
     pub fn budget(&self) -> &NoiseBudget {
         &self.inner.budget
     }

@@ -13,14 +13,14 @@ pub(crate) struct RnsPoly {
 }
 
 impl RnsPoly {
-    pub fn zero(p: &Params) -> Self {
+    pub(crate) fn zero(p: &Params) -> Self {
         RnsPoly {
             data: vec![0; p.limbs() * p.degree()],
         }
     }
 
     /// Small signed coefficients (length ≤ N, the rest zero) reduced into every limb.
-    pub fn from_signed(p: &Params, coeffs: &[i64]) -> Self {
+    pub(crate) fn from_signed(p: &Params, coeffs: &[i64]) -> Self {
         let n = p.degree();
         let mut out = Self::zero(p);
         for (limb, &q) in out.data.chunks_exact_mut(n).zip(p.moduli()) {
@@ -31,18 +31,18 @@ impl RnsPoly {
         out
     }
 
-    pub fn limbs_mut(&mut self, n: usize) -> std::slice::ChunksExactMut<'_, u64> {
+    pub(crate) fn limbs_mut(&mut self, n: usize) -> std::slice::ChunksExactMut<'_, u64> {
         self.data.chunks_exact_mut(n)
     }
 
-    pub fn ntt(&mut self, p: &Params) {
+    pub(crate) fn ntt(&mut self, p: &Params) {
         let n = p.degree();
         for (limb, plan) in self.data.chunks_exact_mut(n).zip(&p.inner().plans) {
             plan.fwd(limb);
         }
     }
 
-    pub fn intt(&mut self, p: &Params) {
+    pub(crate) fn intt(&mut self, p: &Params) {
         let n = p.degree();
         for (limb, plan) in self.data.chunks_exact_mut(n).zip(&p.inner().plans) {
             plan.inv(limb);
@@ -51,7 +51,7 @@ impl RnsPoly {
     }
 
     /// `self += a ⊙ b` in the NTT domain.
-    pub fn mul_acc(&mut self, p: &Params, a: &[u64], b: &[u64]) {
+    pub(crate) fn mul_acc(&mut self, p: &Params, a: &[u64], b: &[u64]) {
         let n = p.degree();
         for (i, plan) in p.inner().plans.iter().enumerate() {
             let r = i * n..(i + 1) * n;
@@ -60,7 +60,7 @@ impl RnsPoly {
     }
 
     /// `self −= other` (either domain).
-    pub fn sub_assign(&mut self, p: &Params, other: &RnsPoly) {
+    pub(crate) fn sub_assign(&mut self, p: &Params, other: &RnsPoly) {
         let n = p.degree();
         for (i, &q) in p.moduli().iter().enumerate() {
             for (x, &y) in self.data[i * n..(i + 1) * n]
@@ -75,7 +75,7 @@ impl RnsPoly {
     /// Inverse transform whose 1/N normalisation is replaced by a multiplication by the public
     /// constant c_i of each limb (which must include N^-1): one pass instead of two when the
     /// result is scaled anyway.
-    pub fn intt_scaled(&mut self, p: &Params, c: &[crate::math::ShoupConst]) {
+    pub(crate) fn intt_scaled(&mut self, p: &Params, c: &[crate::math::ShoupConst]) {
         let n = p.degree();
         for (((limb, plan), &q), ci) in self
             .data
@@ -92,7 +92,7 @@ impl RnsPoly {
     }
 
     /// X^e · self for 0 ≤ e < 2N, coefficient domain (a signed rotation: X^N = −1).
-    pub fn monomial_mul(&self, p: &Params, e: usize) -> RnsPoly {
+    pub(crate) fn monomial_mul(&self, p: &Params, e: usize) -> RnsPoly {
         let n = p.degree();
         let (shift, flip) = (e % n, e >= n);
         let mut out = RnsPoly::zero(p);
@@ -115,7 +115,7 @@ impl RnsPoly {
         out
     }
 
-    pub fn add_assign(&mut self, p: &Params, other: &RnsPoly) {
+    pub(crate) fn add_assign(&mut self, p: &Params, other: &RnsPoly) {
         let n = p.degree();
         for (i, &q) in p.moduli().iter().enumerate() {
             for (x, &y) in self.data[i * n..(i + 1) * n]

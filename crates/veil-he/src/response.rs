@@ -31,6 +31,7 @@ pub struct Response {
 }
 
 impl Response {
+    /// The number of c0 coefficients sent.
     pub fn needed(&self) -> usize {
         self.c0.len()
     }

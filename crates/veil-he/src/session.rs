@@ -18,10 +18,12 @@ pub const SHARED_SET: ParamSet = ParamSet::N8192Q4;
 /// conversation needs a new session.
 pub const SESSION_SETS: [ParamSet; 2] = [ParamSet::N8192, SHARED_SET];
 
+/// The client's keys of a session: one secret key per parameter set.
 pub struct ClientSession {
     keys: Vec<(ParamSet, SecretKey)>,
 }
 
+/// The server's view of a session's keys: the client's public and Galois keys per set.
 pub struct ServerSession {
     keys: Vec<(ParamSet, PublicKey, GaloisKeys)>,
 }
@@ -61,6 +63,7 @@ impl ClientSession {
             .unwrap_or(0)
     }
 
+    /// The secret key of `set`; an error when the session has none.
     pub fn key(&self, set: ParamSet) -> Result<&SecretKey> {
         self.keys
             .iter()
@@ -71,6 +74,7 @@ impl ClientSession {
 }
 
 impl ServerSession {
+    /// Receives the client's keys for [`SESSION_SETS`] (the peer of [`ClientSession::setup`]).
     pub fn setup<C: Channel + ?Sized>(ch: &mut C, ring: Ring) -> Result<Self> {
         Self::setup_for(ch, ring, &SESSION_SETS)
     }
@@ -94,6 +98,7 @@ impl ServerSession {
         Ok(ServerSession { keys })
     }
 
+    /// The client's public key of `set`; an error when the session has none.
     pub fn key(&self, set: ParamSet) -> Result<&PublicKey> {
         self.keys_for(set).map(|(pk, _)| pk)
     }

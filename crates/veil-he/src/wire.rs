@@ -77,6 +77,7 @@ fn unpack_limbs(r: &mut Reader<'_>, p: &Params) -> Result<Vec<u64>> {
     Ok(out)
 }
 
+/// A public key: its seed and the bit-packed residues of pk0.
 pub fn encode_public_key(pk: &PublicKey) -> Vec<u8> {
     let p = pk.params();
     let mut w = Writer::new();
@@ -86,6 +87,7 @@ pub fn encode_public_key(pk: &PublicKey) -> Vec<u8> {
     w.finish()
 }
 
+/// The public key of [`encode_public_key`]; refuses any other length or out-of-range residues.
 pub fn decode_public_key(p: &Params, bytes: &[u8]) -> Result<PublicKey> {
     let what = "BFV public key";
     let mut r = Reader::new(bytes, what);
@@ -105,6 +107,7 @@ pub fn galois_keys_len(p: &Params) -> usize {
     96 + p.limbs() * 8 + GALOIS_LEVELS * p.limbs() * per_digit
 }
 
+/// Galois keys: their seed and the bit-packed residues of every key's b part.
 pub fn encode_galois_keys(gk: &GaloisKeys) -> Result<Vec<u8>> {
     let p = gk.params();
     let pm = special(p)?.modulus;
@@ -121,6 +124,7 @@ pub fn encode_galois_keys(gk: &GaloisKeys) -> Result<Vec<u8>> {
     Ok(w.finish())
 }
 
+/// The keys of [`encode_galois_keys`]; refuses any other length or out-of-range residues.
 pub fn decode_galois_keys(p: &Params, bytes: &[u8]) -> Result<GaloisKeys> {
     let what = "BFV Galois keys";
     let mut r = Reader::new(bytes, what);
@@ -159,6 +163,7 @@ pub fn ciphertexts_len(p: &Params, count: usize) -> usize {
     64 + p.limbs() * 8 + count * (p.ciphertext_bits() as usize / 8 + p.limbs() + 1)
 }
 
+/// Seeded ciphertexts, one after the other: seed and bit-packed c0.
 pub fn encode_ciphertexts(p: &Params, cts: &[SeededCiphertext]) -> Vec<u8> {
     let mut w = Writer::with_capacity(ciphertexts_len(p, cts.len()));
     header(&mut w, KIND_CIPHERTEXTS, p);
@@ -204,6 +209,7 @@ pub fn responses_len(p: &Params, needed: &[usize]) -> usize {
             .sum::<usize>()
 }
 
+/// Responses, one after the other: c1, then the needed c0 coefficients.
 pub fn encode_responses(p: &Params, rs: &[Response]) -> Vec<u8> {
     let b = p.budget();
     let needed: Vec<usize> = rs.iter().map(Response::needed).collect();

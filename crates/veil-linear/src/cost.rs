@@ -21,24 +21,23 @@
 //! plus its bits at [`PRICING_LINK_BITS_PER_S`], the geometric mean of the cost report's LAN
 //! (3 Gbit/s) and WAN (100 Mbit/s) rates, so neither link's optimum is far off.
 //!
-//! The constants are medians of three single-thread runs on the project machine (2-core AMD
-//! EPYC; tfhe-ntt picks its AVX-512 IFMA kernels there at run time), with the `veil` binary's
-//! allocator settings (`veil_core::process`), measured with
-//! `cargo run --release -p veil-he --example calibrate` on 2026-11-24 (19:55 UTC).
-//! Both parties must derive the same layout, so the prices are constants, never re-measured
-//! at run time.
+//! The constants are medians of three single-thread runs of
+//! `cargo run --release -p veil-he --example calibrate` on the project machine, with the `veil`
+//! binary's allocator settings (`veil_core::process`); the run and its machine are recorded in
+//! docs/BENCHMARKS.md ("Moved from code comments"). Both parties must derive the same layout,
+//! so the prices are constants, never re-measured at run time.
 
 use veil_he::Params;
 
 /// Cores the price assumes share a batch (the project machine's two).
-pub const PRICING_THREADS: f64 = 2.0;
+pub(crate) const PRICING_THREADS: f64 = 2.0;
 
 /// Link rate traffic is priced at: √(3 Gbit/s · 100 Mbit/s) ≈ 548 Mbit/s.
-pub const PRICING_LINK_BITS_PER_S: f64 = 5.48e8;
+pub(crate) const PRICING_LINK_BITS_PER_S: f64 = 5.48e8;
 
 /// Single-thread cost in µs of each HE operation at one parameter set.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct OpCosts {
+pub(crate) struct OpCosts {
     pub encrypt: f64,
     /// Seed expansion plus folding in the server's share.
     pub expand_and_fold: f64,
@@ -50,7 +49,7 @@ pub struct OpCosts {
 }
 
 /// Three 50-bit limbs (`ParamSet::N8192`).
-pub const COSTS_3_LIMBS: OpCosts = OpCosts {
+pub(crate) const COSTS_3_LIMBS: OpCosts = OpCosts {
     encrypt: 202.0,
     expand_and_fold: 69.0 + 83.9,
     weight_ntt: 40.8,
@@ -61,7 +60,7 @@ pub const COSTS_3_LIMBS: OpCosts = OpCosts {
 };
 
 /// Four 42-bit limbs (`ParamSet::N8192Q4`).
-pub const COSTS_4_LIMBS: OpCosts = OpCosts {
+pub(crate) const COSTS_4_LIMBS: OpCosts = OpCosts {
     encrypt: 256.0,
     expand_and_fold: 90.5 + 102.9,
     weight_ntt: 51.1,
@@ -73,7 +72,7 @@ pub const COSTS_4_LIMBS: OpCosts = OpCosts {
 
 impl OpCosts {
     /// The table for `p`'s limb count (Veil's two parameter sets have three and four).
-    pub fn for_params(p: &Params) -> OpCosts {
+    pub(crate) fn for_params(p: &Params) -> OpCosts {
         if p.limbs() <= 3 {
             COSTS_3_LIMBS
         } else {

@@ -21,9 +21,8 @@ use crate::premask::{
 use veil_he::session::{ClientSession, ServerSession};
 
 /// Public bound on |w·2^f| for FC weights (|w| ≤ 16 at f = 13: all-mpnet-base-v2's FFN output
-/// weights reach 15.6, so 8 was too small for real Base models; the layouts chosen for BERT
-/// shapes are the same at either bound). The flooding check uses this bound, and larger weights
-/// are refused as [`veil_core::Error::Insecure`].
+/// weights reach 15.6). The flooding check uses this bound, and larger weights are refused as
+/// [`veil_core::Error::Insecure`].
 pub const WEIGHT_BOUND: u64 = 1 << 17;
 
 /// Public description of an FC layer as both parties see it.
@@ -34,7 +33,9 @@ pub struct FcLayer {
     /// The most rows any request may have (the model's sequence limit; 1 for a pooled head):
     /// the weights are cut once for every length up to it.
     pub max_seq: usize,
+    /// Input features (columns of X, rows of Wᵀ).
     pub in_features: usize,
+    /// Output features (columns of Y).
     pub out_features: usize,
     /// [`ParamSet::N8192`] suits fixed-point model weights; see [`veil_he::ParamSet`].
     pub set: ParamSet,
@@ -121,10 +122,12 @@ impl PreparedFc {
             .sum())
     }
 
+    /// The public shape of the layer.
     pub fn layer(&self) -> &FcLayer {
         &self.layer
     }
 
+    /// The prepared weights.
     pub fn matrix(&self) -> &PreparedMatrix {
         &self.matrix
     }

@@ -39,8 +39,11 @@ use crate::cost::{OpCounts, Price};
 /// Block sizes of one matrix product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Blocking {
+    /// Rows of A per block.
     pub n_w: usize,
+    /// Inner dimension per block.
     pub k_w: usize,
+    /// Columns of B per block.
     pub m_w: usize,
     /// Responses merged into one packed ciphertext (1: no packing).
     pub pack: usize,
@@ -58,9 +61,13 @@ impl From<Blocking> for WeightBlocking {
 /// Shape and packing of A (n×k) · B (k×m).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
+    /// Rows of A.
     pub n: usize,
+    /// Columns of A, rows of B.
     pub k: usize,
+    /// Columns of B.
     pub m: usize,
+    /// The block sizes and the response packing.
     pub blocks: Blocking,
     /// B is block-diagonal with this many equal blocks of (k/heads) × (m/heads) (public
     /// structure, 1 for a dense B): the attention heads batched into one product. Weight
@@ -73,22 +80,24 @@ pub struct Layout {
 const SEARCH_CACHE_ENTRIES: usize = 4096;
 
 /// Products larger than this are refused (bounds memory a peer's shape can make us allocate).
-pub const MAX_DIM: usize = 1 << 16;
+pub(crate) const MAX_DIM: usize = 1 << 16;
 
 /// How a kept plaintext matrix (k×m) is cut into polynomials: blocks of k_w × m_w entries,
 /// independent of the number of rows it will be multiplied with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WeightBlocking {
+    /// Inner dimension per block.
     pub k_w: usize,
+    /// Columns of B per block.
     pub m_w: usize,
 }
 
 /// Requests of at most this many rows use a kept matrix's short-prompt cut; longer ones its
 /// long-prompt cut ([`WeightBlocking::for_rows`]).
-pub const SHORT_ROWS: usize = 16;
+pub(crate) const SHORT_ROWS: usize = 16;
 
 /// The row count the long-prompt cut is priced at (capped at the matrix's row limit).
-pub const LONG_REFERENCE_ROWS: usize = 128;
+pub(crate) const LONG_REFERENCE_ROWS: usize = 128;
 
 pub(crate) fn check_dims(n: usize, k: usize, m: usize) -> Result<()> {
     ensure!(
@@ -419,12 +428,15 @@ impl Layout {
             .collect()
     }
 
+    /// Blocks along the rows of A.
     pub fn row_blocks(&self) -> usize {
         self.n.div_ceil(self.blocks.n_w)
     }
+    /// Blocks along the inner dimension.
     pub fn k_blocks(&self) -> usize {
         self.k.div_ceil(self.blocks.k_w)
     }
+    /// Blocks along the columns of B.
     pub fn col_blocks(&self) -> usize {
         self.m.div_ceil(self.blocks.m_w)
     }
@@ -579,10 +591,9 @@ mod tests {
         }
     }
 
-    /// The weight bound was doubled (2^16 → 2^17) for all-mpnet-base-v2's FFN weights; the
-    /// flooding margin of N8192 still covers every BERT shape, so the layouts (and with them
-    /// the costs measured before the change) stay the same. If a bound change ever moves a
-    /// layout, this says so and the benchmarks must be re-measured.
+    /// The layouts of every BERT shape are those of half the weight bound: the flooding margin
+    /// of N8192 covers them either way. If a bound change ever moves a layout, this says so and
+    /// the benchmarks must be re-measured.
     #[test]
     fn bert_layouts_do_not_depend_on_the_doubled_weight_bound() {
         let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();

@@ -7,10 +7,10 @@
 //!   [`ServerSession::setup`]; ≈ 9.4 MB in all, set-up traffic). A session may
 //!   reveal at most 2^28 output coefficients per key (≈16 BERT-Base inferences); the server
 //!   refuses more (`Error::Insecure`), and the parties then start a new session.
-//! * [`layout`]: Cheetah coefficient packing, response packing ([`veil_he::pack`]: many
+//! * `layout`: Cheetah coefficient packing, response packing ([`veil_he::pack`]: many
 //!   responses share one c1) and the choice of blocks: kept weights are cut once for every
 //!   prompt length ([`WeightBlocking`]), one-off operands per product.
-//! * [`cost`]: the price of a blocking, CPU time of every HE operation (calibrated on the
+//! * `cost`: the price of a blocking, CPU time of every HE operation (calibrated on the
 //!   project machine) plus traffic.
 //! * [`matmul`]: the batched protocol core (one round trip for any number of products) and
 //!   [`PreparedMatrix`], the server's packed and noise-checked plaintext operand.
@@ -33,20 +33,20 @@
 //! Every protocol is metered on whatever label the caller has entered on the channel.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
-pub mod cost;
-pub mod layout;
-pub mod matmul;
-
-pub use layout::{Blocking, Layout, WeightBlocking};
-pub use matmul::{PreparedMatrix, ServerJob};
-pub use veil_he::session::{ClientSession, ServerSession, SESSION_SETS, SHARED_SET};
+mod cost;
 pub mod cross;
 pub mod fc;
+mod layout;
 pub mod lookup;
+pub mod matmul;
 pub mod premask;
 pub mod triples;
 
 pub use cross::{shared_matmul_client, shared_matmul_server};
 pub use fc::{fc_client, fc_server, FcLayer, PreparedFc};
+pub use layout::{Blocking, Layout, WeightBlocking};
 pub use lookup::{lookup_client, lookup_server, LookupMethod, LookupShape, PreparedLookup};
+pub use matmul::{PreparedMatrix, ServerJob};
+pub use veil_he::session::{ClientSession, ServerSession, SESSION_SETS, SHARED_SET};

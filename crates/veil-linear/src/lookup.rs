@@ -20,11 +20,9 @@
 //!   independent of q for the first term; small tables (vocabulary ≤ 2·queries, e.g. token
 //!   types) go through a one-hot product in the same flight.
 //!
-//! Measured at 128 queries of the 30,522-row BERT vocabulary (docs/BENCHMARKS.md): width 128,
-//! one-hot 61 k products, 73.3 MB up / 0.2 MB down; batched 6.5 k products, 64.8 / 55.4 MB.
-//! Width 768: one-hot 366 k products, 73.3 / 1.2 MB; batched 38 k products, 228 / 14.8 MB. The
-//! batched traffic is the Cheetah packing's: a part's query (slots × ≈1,400 one-hot entries)
-//! needs many sparse input ciphertexts or many responses. Compressing each part's query into
+//! The batched method needs far fewer products than the one-hot product but not less traffic
+//! (measurements in docs/BENCHMARKS.md): its traffic is the Cheetah packing's, a part's query
+//! (slots × ≈1,400 one-hot entries) needs many sparse input ciphertexts or many responses. Compressing each part's query into
 //! one ciphertext expanded by the server with Galois automorphisms (SealPIR's oblivious
 //! expansion) would cut the upload to ≈ 3V/N ciphertexts; not implemented yet.
 //!
@@ -67,6 +65,7 @@ pub enum LookupMethod {
 }
 
 impl LookupMethod {
+    /// The method's byte in the server's announcement.
     pub fn tag(self) -> u8 {
         match self {
             LookupMethod::OneHot => 1,
@@ -74,6 +73,7 @@ impl LookupMethod {
         }
     }
 
+    /// The method of an announced byte; unknown bytes are `Error::Malformed`.
     pub fn from_tag(t: u8) -> Result<Self> {
         match t {
             1 => Ok(LookupMethod::OneHot),
@@ -82,6 +82,7 @@ impl LookupMethod {
         }
     }
 
+    /// The method a command line names (`onehot` or `pir`).
     pub fn parse(s: &str) -> Result<Self> {
         match s {
             "onehot" | "one-hot" => Ok(LookupMethod::OneHot),
@@ -92,6 +93,7 @@ impl LookupMethod {
         }
     }
 
+    /// The command-line name.
     pub fn name(self) -> &'static str {
         match self {
             LookupMethod::OneHot => "onehot",
@@ -103,8 +105,11 @@ impl LookupMethod {
 /// The public shape of a lookup: vocabulary size of each table, common width, query rows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LookupShape {
+    /// Rows of each table.
     pub vocabs: Vec<usize>,
+    /// Columns of every table.
     pub width: usize,
+    /// Ids looked up per table.
     pub queries: usize,
 }
 
@@ -125,7 +130,9 @@ impl LookupShape {
 /// Parts and slots of a hashed table (public, derived from the shape).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchPlan {
+    /// Hashed parts of the table.
     pub parts: usize,
+    /// Query slots per part.
     pub slots: usize,
 }
 
@@ -370,10 +377,12 @@ impl PreparedLookup {
         })
     }
 
+    /// The public shape it serves.
     pub fn shape(&self) -> &LookupShape {
         &self.shape
     }
 
+    /// The lookup method it was prepared for.
     pub fn method(&self) -> LookupMethod {
         self.method
     }

@@ -3,10 +3,11 @@
 //! and a value to add to the product. Afterwards the client holds A·B + add − R and the server
 //! holds R, a fresh uniform matrix: an additive sharing of A·B + add mod 2^ℓ.
 //!
-//! Flow (one round trip for the whole batch): client → server: the seeded ciphertexts of every
-//! A block; server → client: one hardened response per group of `pack` output blocks (merged
-//! with the client's Galois keys, [`veil_he::pack`]; then [`veil_he::response`]: pk
-//! re-randomisation, noise flooding, modulus switching, only the needed c0 coefficients).
+//! Flow (one [`veil_he::round_trip`] for the whole batch): client → server: the seeded
+//! ciphertexts of every A block; server → client: one hardened response per group of `pack`
+//! output blocks (merged with the client's Galois keys, [`veil_he::pack`]; then
+//! [`veil_he::response`]: pk re-randomisation, noise flooding, modulus switching, only the
+//! needed c0 coefficients).
 //!
 //! **Security (semi-honest).** The server sees only BFV ciphertexts under the client's key
 //! (IND-CPA under RLWE, 128-bit parameters). The client sees responses that are simulatable from
@@ -21,9 +22,7 @@
 
 use veil_core::parallel::parallel_map;
 use veil_core::{ensure, Result, RingTensor};
-use veil_he::{
-    wire, Accumulator, EvalCiphertext, GaloisKeys, NttPlaintext, Params, PublicKey, SecretKey,
-};
+use veil_he::{round_trip, Accumulator, GaloisKeys, NttPlaintext, Params, PublicKey, SecretKey};
 use veil_net::Channel;
 
 use crate::layout::{check_dims, Layout, WeightBlocking};
@@ -124,6 +123,7 @@ impl PreparedMatrix {
             .map(|(_, b)| b.as_slice())
     }
 
+    /// The parameters the matrix was prepared for.
     pub fn params(&self) -> &Params {
         &self.params
     }
@@ -137,6 +137,7 @@ impl PreparedMatrix {
 
 /// The server's part of one product in a batch.
 pub struct ServerJob<'a> {
+    /// The server's plaintext operand B.
     pub matrix: &'a PreparedMatrix,
     /// The product's layout, as the client derives it (its k and m must be B's shape).
     pub layout: Layout,
@@ -187,12 +188,10 @@ pub fn client_send<C: Channel + ?Sized>(
             }
         }
     }
-    let cts = parallel_map(tasks.len(), |t, prg| {
+    round_trip::send_operands(ch, sk, tasks.len(), |t| {
         let (j, bi, bk) = tasks[t];
-        sk.encrypt(&layouts[j].lhs_poly(lhs[j], bi, bk), prg)
-    })?;
-    ch.send_msg(&wire::encode_ciphertexts(sk.params(), &cts))?;
-    ch.flush()
+        layouts[j].lhs_poly(lhs[j], bi, bk)
+    })
 }
 
 /// Client: receives the responses and decodes one n×m share per product.
@@ -203,20 +202,16 @@ pub fn client_receive<C: Channel + ?Sized>(
 ) -> Result<Vec<RingTensor>> {
     let p = sk.params();
     let mut tasks = Vec::new();
-    let mut needed = Vec::new();
     for (j, lay) in layouts.iter().enumerate() {
         for g in 0..lay.packed_count() {
-            let outs = lay.packed_outputs(g);
-            needed.push(outs.len());
-            tasks.push((j, outs));
+            tasks.push((j, lay.packed_outputs(g)));
         }
     }
-    let msg = ch.recv_msg(wire::responses_len(p, &needed))?;
-    let responses = wire::decode_responses(p, &msg, &needed)?;
-    let decoded = parallel_map(tasks.len(), |t, _| {
-        let positions: Vec<usize> = tasks[t].1.iter().map(|o| o.0).collect();
-        sk.decrypt_response(&responses[t], &positions)
-    })?;
+    let positions: Vec<Vec<usize>> = tasks
+        .iter()
+        .map(|(_, outs)| outs.iter().map(|o| o.0).collect())
+        .collect();
+    let decoded = round_trip::receive_results(ch, sk, &positions)?;
     let mut out: Vec<RingTensor> = layouts
         .iter()
         .map(|l| RingTensor::zeros(p.ring(), &[l.n, l.m]))
@@ -244,7 +239,6 @@ pub fn server_respond<C: Channel + ?Sized>(
 ) -> Result<Vec<RingTensor>> {
     let p = pk.params();
     let ring = p.ring();
-    let mut expected = 0;
     for job in jobs {
         let lay = job.layout;
         ensure!(
@@ -278,11 +272,7 @@ pub fn server_respond<C: Channel + ?Sized>(
             InvalidArgument,
             "a packed layout needs the client's Galois keys for these parameters"
         );
-        expected += lay.input_count();
     }
-    let msg = ch.recv_msg(wire::ciphertexts_len(p, expected))?;
-    let cts = wire::decode_ciphertexts(p, &msg, expected)?;
-
     // Expand seeds and fold in the server's share of A.
     let mut in_tasks = Vec::new();
     for (j, job) in jobs.iter().enumerate() {
@@ -293,13 +283,12 @@ pub fn server_respond<C: Channel + ?Sized>(
             }
         }
     }
-    let evals = parallel_map(in_tasks.len(), |t, _| {
+    let evals = round_trip::receive_operands(ch, p, in_tasks.len(), |t, ev| {
         let (j, bi, bk) = in_tasks[t];
-        let mut ev = EvalCiphertext::expand(p, &cts[t]);
-        if let Some(share) = jobs[j].lhs_share {
-            ev.add_plain(p, &jobs[j].layout.lhs_poly(share, bi, bk))?;
+        match jobs[j].lhs_share {
+            Some(share) => ev.add_plain(p, &jobs[j].layout.lhs_poly(share, bi, bk)),
+            None => Ok(()),
         }
-        Ok(ev)
     })?;
 
     // One task per (job, run of packed groups covering about COLUMN_GROUP column blocks):
@@ -323,6 +312,7 @@ pub fn server_respond<C: Channel + ?Sized>(
         let job = &jobs[j];
         let lay = job.layout;
         let pack = lay.blocks.pack;
+        let shape = lay.pack_shape();
         let all = lay.responses();
         let members = &all[groups.start * pack..(groups.end * pack).min(all.len())];
         let kb = lay.k_blocks();
@@ -353,21 +343,19 @@ pub fn server_respond<C: Channel + ?Sized>(
         for g in groups.clone() {
             let size = pack.min(all.len() - g * pack);
             let group: Vec<Accumulator> = accs.by_ref().take(size).collect();
-            let acc = match (lay.pack_shape(), galois) {
-                (Some(shape), Some(gk)) => gk.pack(group, &shape)?,
-                _ => group.into_iter().next().expect("one response per group"),
-            };
             let outs = lay.packed_outputs(g);
             let positions: Vec<usize> = outs.iter().map(|o| o.0).collect();
-            let mut share = Vec::with_capacity(outs.len());
-            let mut add = Vec::with_capacity(outs.len());
-            for &(_, r, c) in &outs {
-                let rv = prg.ring_elem(ring);
-                let extra = job.add.map_or(0, |a| a.at2(r, c));
-                share.push((r, c, rv));
-                add.push(ring.sub(extra, rv));
-            }
-            done.push((acc.into_response(pk, &positions, &add, prg)?, share));
+            let (response, share) = round_trip::respond(
+                pk,
+                galois,
+                group,
+                shape.as_ref(),
+                &positions,
+                |i| job.add.map_or(0, |a| a.at2(outs[i].1, outs[i].2)),
+                prg,
+            )?;
+            let share: Vec<_> = outs.iter().zip(share).map(|(o, r)| (o.1, o.2, r)).collect();
+            done.push((response, share));
         }
         Ok((j, done))
     })?;
@@ -388,7 +376,6 @@ pub fn server_respond<C: Channel + ?Sized>(
             responses.push(resp);
         }
     }
-    ch.send_msg(&wire::encode_responses(p, &responses))?;
-    ch.flush()?;
+    round_trip::send_responses(ch, p, &responses)?;
     Ok(shares)
 }

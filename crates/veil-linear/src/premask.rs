@@ -179,7 +179,9 @@ impl ClientMask {
 
 /// The server's part of one online product.
 pub struct OnlineJob<'a> {
+    /// The layer's prepared weights.
     pub matrix: &'a PreparedMatrix,
+    /// The mask made for this product in the offline phase.
     pub mask: ServerMask,
     /// The server's additive share of the left operand (n×k).
     pub lhs_share: Option<&'a RingTensor>,

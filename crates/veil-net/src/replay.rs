@@ -9,6 +9,7 @@ use crate::{Channel, Meter};
 
 /// Records what passes through `inner`, both ways.
 pub struct Recording<C> {
+    /// The channel recorded.
     pub inner: C,
     /// Every byte this side sent, in order.
     pub sent: Vec<u8>,
@@ -17,6 +18,7 @@ pub struct Recording<C> {
 }
 
 impl<C> Recording<C> {
+    /// Records everything that passes through `inner`.
     pub fn new(inner: C) -> Self {
         Recording {
             inner,
@@ -55,6 +57,7 @@ pub struct Replay {
 }
 
 impl Replay {
+    /// A peer that sends `input` (a recorded transcript) and swallows what it is sent.
     pub fn new(input: Vec<u8>) -> Self {
         Replay {
             input,

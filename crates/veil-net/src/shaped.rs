@@ -33,8 +33,11 @@ use crate::{mem, MemChannel};
 /// A network: bandwidth per direction in bits per second and round-trip time in seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NetworkModel {
+    /// Its name in reports (`LAN`, `WAN` or the `--net` text).
     pub name: &'static str,
+    /// Bandwidth per direction.
     pub bits_per_second: f64,
+    /// Round-trip time.
     pub rtt_s: f64,
 }
 
@@ -177,6 +180,7 @@ pub struct RealClock {
 }
 
 impl RealClock {
+    /// A clock at zero.
     pub fn new() -> Self {
         RealClock {
             origin: Instant::now(),

@@ -14,6 +14,7 @@ use crate::{Channel, Meter};
 
 pub(crate) const BUF_BYTES: usize = 1 << 20;
 
+/// A [`Channel`](crate::Channel) over plain TCP (buffered, Nagle off).
 pub struct TcpChannel {
     reader: BufReader<TimedStream>,
     writer: BufWriter<TimedStream>,
@@ -21,6 +22,7 @@ pub struct TcpChannel {
 }
 
 impl TcpChannel {
+    /// Connects to `addr`.
     pub fn connect(addr: impl ToSocketAddrs) -> Result<Self> {
         Self::from_stream(TcpStream::connect(addr)?)
     }
@@ -30,6 +32,7 @@ impl TcpChannel {
         Self::from_stream(connect_timeout(addr, timeout)?)
     }
 
+    /// Wraps an accepted or connected stream.
     pub fn from_stream(stream: TcpStream) -> Result<Self> {
         stream.set_nodelay(true)?;
         let stream = TimedStream::new(stream);
@@ -50,6 +53,7 @@ impl TcpChannel {
         Ok(())
     }
 
+    /// The peer's address.
     pub fn peer_addr(&self) -> Result<std::net::SocketAddr> {
         Ok(self.writer.get_ref().get_ref().peer_addr()?)
     }

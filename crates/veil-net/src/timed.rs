@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// One end of a TCP connection whose reads and writes fail with `io::ErrorKind::TimedOut` once
 /// the deadline has passed, or when the peer stays silent for longer than the idle limit.
 #[derive(Debug)]
-pub struct TimedStream {
+pub(crate) struct TimedStream {
     stream: TcpStream,
     deadline: Option<Instant>,
     idle: Option<Duration>,
@@ -19,7 +19,7 @@ pub struct TimedStream {
 const MIN_WAIT: Duration = Duration::from_millis(1);
 
 impl TimedStream {
-    pub fn new(stream: TcpStream) -> Self {
+    pub(crate) fn new(stream: TcpStream) -> Self {
         TimedStream {
             stream,
             deadline: None,
@@ -28,7 +28,7 @@ impl TimedStream {
     }
 
     /// A second handle on the same socket, with the same limits.
-    pub fn try_clone(&self) -> io::Result<Self> {
+    pub(crate) fn try_clone(&self) -> io::Result<Self> {
         Ok(TimedStream {
             stream: self.stream.try_clone()?,
             deadline: self.deadline,
@@ -36,17 +36,17 @@ impl TimedStream {
         })
     }
 
-    pub fn get_ref(&self) -> &TcpStream {
+    pub(crate) fn get_ref(&self) -> &TcpStream {
         &self.stream
     }
 
     /// Reads and writes after `deadline` fail (`None`: no total deadline).
-    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+    pub(crate) fn set_deadline(&mut self, deadline: Option<Instant>) {
         self.deadline = deadline;
     }
 
     /// One read or write waiting longer than `idle` fails (`None`: no limit).
-    pub fn set_idle(&mut self, idle: Option<Duration>) {
+    pub(crate) fn set_idle(&mut self, idle: Option<Duration>) {
         self.idle = idle;
     }
 

@@ -67,6 +67,7 @@ fn tls_err(e: rustls::Error) -> Error {
 pub struct Fingerprint(pub [u8; 32]);
 
 impl Fingerprint {
+    /// The fingerprint of a DER certificate.
     pub fn of(cert_der: &[u8]) -> Self {
         Fingerprint(Sha256::digest(cert_der).into())
     }
@@ -195,10 +196,12 @@ impl Identity {
         Ok(())
     }
 
+    /// The fingerprint of this identity's certificate.
     pub fn fingerprint(&self) -> Fingerprint {
         Fingerprint::of(&self.cert)
     }
 
+    /// This identity's certificate (DER).
     pub fn certificate_der(&self) -> &[u8] {
         &self.cert
     }
@@ -289,10 +292,12 @@ impl KnownServers {
         })
     }
 
+    /// The file the records are kept in.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The fingerprint recorded for `host`, if any.
     pub fn get(&self, host: &str) -> Option<Fingerprint> {
         self.entries.get(host).copied()
     }
@@ -323,7 +328,12 @@ impl KnownServers {
 #[derive(Clone, Debug)]
 pub enum ServerPin {
     /// Exactly this fingerprint; `source` says where the pin came from (for error messages).
-    Fingerprint { fp: Fingerprint, source: String },
+    Fingerprint {
+        /// The expected fingerprint.
+        fp: Fingerprint,
+        /// Where it came from.
+        source: String,
+    },
     /// Any certificate (first use of a known-servers file): the caller records what it saw.
     FirstUse,
 }
@@ -493,6 +503,7 @@ impl ServerTls {
         })
     }
 
+    /// The fingerprint of the server's certificate.
     pub fn fingerprint(&self) -> Fingerprint {
         self.fingerprint
     }
@@ -512,6 +523,7 @@ impl ServerTls {
 
 /// The client's TLS settings.
 pub struct ClientTls {
+    /// How the server's certificate is checked.
     pub pin: ServerPin,
     /// A client certificate, for servers that require one.
     pub identity: Option<Identity>,
@@ -604,6 +616,7 @@ impl TlsChannel {
         })
     }
 
+    /// The peer's address.
     pub fn peer_addr(&self) -> Result<std::net::SocketAddr> {
         Ok(self.writer.get_ref().get_ref().peer_addr()?)
     }

@@ -21,9 +21,13 @@ use crate::trunc::{extend_values, truncate_into, truncate_values, TruncMode};
 /// own shares. The format `ax` and the truncation mode are part of the protocol: both parties
 /// must use the same ones.
 pub struct Ctx<'a, C: Channel> {
+    /// This party's end of the OT session.
     pub ot: &'a mut OtSession,
+    /// The channel to the peer.
     pub ch: &'a mut C,
+    /// Which party this is.
     pub role: Role,
+    /// The fixed-point format and the approximations' parameters (`veil_core::approx`).
     pub ax: Approx,
     /// Truncation used inside the function protocols: `Faithful` reproduces `approx` exactly.
     pub trunc_mode: TruncMode,
@@ -36,6 +40,7 @@ pub struct Ctx<'a, C: Channel> {
 /// need a set that floods ℓ-bit plaintexts, `ParamSet::N8192Q4`).
 #[derive(Clone, Copy)]
 pub enum HeKeys<'a> {
+    /// The client's secret key.
     Client(&'a veil_he::SecretKey),
     /// The client's public key (re-randomisation) and Galois keys (response packing).
     Server(&'a veil_he::PublicKey, &'a veil_he::GaloisKeys),
@@ -99,10 +104,12 @@ impl<'a, C: Channel> Ctx<'a, C> {
         Ok(self)
     }
 
+    /// The ring of the format.
     pub fn ring(&self) -> Ring {
         self.ax.fp.ring
     }
 
+    /// Whether this party is the server.
     pub fn is_server(&self) -> bool {
         self.role == Role::Server
     }
@@ -124,6 +131,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         vec![if self.is_server() { c } else { 0 }; n]
     }
 
+    /// Element-wise a·b of two shared vectors.
     pub fn mul(&mut self, a: &[u64], b: &[u64]) -> Result<Vec<u64>> {
         self.mul_in(self.ring(), a, b)
     }
@@ -139,6 +147,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         self.mul_narrow_in(self.ring(), a, nw, b)
     }
 
+    /// [`Ctx::mul_narrow`] on shares of `ring`.
     pub fn mul_narrow_in(
         &mut self,
         ring: Ring,
@@ -259,14 +268,17 @@ impl<'a, C: Channel> Ctx<'a, C> {
         self.square_narrow_in(self.ring(), a, nw)
     }
 
+    /// [`Ctx::square_narrow`] on shares of `ring`.
     pub fn square_narrow_in(&mut self, ring: Ring, a: &[u64], nw: Narrow) -> Result<Vec<u64>> {
         square_narrow_values(self.ot, self.ch, self.role, ring, a, nw)
     }
 
+    /// Element-wise a².
     pub fn square(&mut self, a: &[u64]) -> Result<Vec<u64>> {
         self.square_in(self.ring(), a)
     }
 
+    /// [`Ctx::square`] on shares of `ring`.
     pub fn square_in(&mut self, ring: Ring, a: &[u64]) -> Result<Vec<u64>> {
         square_values(self.ot, self.ch, self.role, ring, a)
     }
@@ -305,6 +317,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         extend_values(self.ot, self.ch, self.role, from, to, a)
     }
 
+    /// ⌊a·b / 2^s⌋ with the context's truncation mode.
     pub fn mul_trunc(&mut self, a: &[u64], b: &[u64], s: u32) -> Result<Vec<u64>> {
         let p = self.mul(a, b)?;
         self.trunc(&p, s)
@@ -336,6 +349,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         Ok(mul_server_row_narrow(self.ot, self.ch, self.role, &t, gamma, g)?.into_data())
     }
 
+    /// XOR shares of [a ≥ 0]; `bound` promises |a| < 2^bound, so fewer bits are compared.
     pub fn drelu(&mut self, a: &[u64], bound: Option<u32>) -> Result<Vec<bool>> {
         self.drelu_in(self.ring(), a, bound)
     }
@@ -359,6 +373,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         drelu_batch(self.ot, self.ch, self.role, ring, plain, sets, bound)
     }
 
+    /// b ? v : 0 for XOR-shared bits b.
     pub fn mux(&mut self, b: &[bool], v: &[u64]) -> Result<Vec<u64>> {
         self.mux_in(self.ring(), b, v)
     }
@@ -368,12 +383,14 @@ impl<'a, C: Channel> Ctx<'a, C> {
         mux(self.ot, self.ch, self.role, ring, b, v)
     }
 
+    /// max(a, 0), with [`Ctx::drelu`]'s `bound`.
     pub fn relu(&mut self, a: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter("ReLU");
         let b = self.drelu(a, bound)?;
         self.mux(&b, a)
     }
 
+    /// Additive shares of XOR-shared bits.
     pub fn b2a(&mut self, b: &[bool]) -> Result<Vec<u64>> {
         bool_to_arith(self.ot, self.ch, self.role, self.ring(), b)
     }

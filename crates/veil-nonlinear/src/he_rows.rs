@@ -18,9 +18,10 @@
 //!   products at R·j + k.
 //!
 //! # Security and error
-//! Semi-honest, as veil-he's products: the server sees seeded RLWE ciphertexts under the client's
-//! key; the client sees only re-randomised, noise-flooded responses carrying result + mask at
-//! the coefficients it needs, the server keeping −mask (uniform in Z_2^ℓ) as its share. Every
+//! Each product is one [`veil_he::round_trip`], as Π_MatMul's. Semi-honest, as veil-he's
+//! products: the server sees seeded RLWE ciphertexts under the client's key; the client sees
+//! only re-randomised, noise-flooded responses carrying result − r at the coefficients it
+//! needs, the server keeping r (uniform in Z_2^ℓ) as its share. Every
 //! plaintext is multiplied in under a public bound (a vector's declared bound, 2^(ℓ−1) for a
 //! share scalar), which is what the flooding check of [`veil_he::Accumulator::into_response`]
 //! uses. Results are exact mod 2^ℓ. Every coefficient revealed counts against the key's session
@@ -33,8 +34,8 @@
 use veil_core::parallel::parallel_map;
 use veil_core::{ensure, Prg, Result, Ring};
 use veil_he::{
-    wire, Accumulator, EvalCiphertext, GaloisKeys, NttPlaintext, PackShape, Params, PublicKey,
-    SecretKey, GALOIS_LEVELS,
+    round_trip, Accumulator, EvalCiphertext, GaloisKeys, NttPlaintext, PackShape, Params,
+    PublicKey, Response, SecretKey, GALOIS_LEVELS,
 };
 use veil_net::Channel;
 
@@ -155,9 +156,7 @@ pub(crate) fn client_open<'k, C: Channel>(
         "{} values for {rows} rows of {cols}",
         u.len()
     );
-    let cts = parallel_map(lay.ciphertexts(), |c, prg| sk.encrypt(&lay.poly(u, c), prg))?;
-    ch.send_msg(&wire::encode_ciphertexts(p, &cts))?;
-    ch.flush()?;
+    round_trip::send_operands(ch, sk, lay.ciphertexts(), |c| lay.poly(u, c))?;
     Ok(RowsClient { sk, lay })
 }
 
@@ -176,26 +175,11 @@ pub(crate) fn server_open<'k, C: Channel>(
         "public and Galois keys of different parameters"
     );
     let lay = Layout::new(p, rows, cols)?;
-    let count = lay.ciphertexts();
-    let msg = ch.recv_msg(wire::ciphertexts_len(p, count))?;
-    let cts = wire::decode_ciphertexts(p, &msg, count)?
-        .iter()
-        .map(|ct| EvalCiphertext::expand(p, ct))
-        .collect();
+    let cts = round_trip::receive_operands(ch, p, lay.ciphertexts(), |_, _| Ok(()))?;
     Ok(RowsServer { pk, gk, lay, cts })
 }
 
 impl RowsClient<'_> {
-    fn receive<C: Channel>(&self, ch: &mut C, positions: &[Vec<usize>]) -> Result<Vec<Vec<u64>>> {
-        let p = self.sk.params();
-        let needed: Vec<usize> = positions.iter().map(Vec::len).collect();
-        let msg = ch.recv_msg(wire::responses_len(p, &needed))?;
-        let responses = wire::decode_responses(p, &msg, &needed)?;
-        parallel_map(responses.len(), |g, _| {
-            self.sk.decrypt_response(&responses[g], &positions[g])
-        })
-    }
-
     /// Shares of Σ_j U_kj·v_kj for each of the server's `vectors` (plane-major: `[vector][row]`).
     pub(crate) fn inner_products<C: Channel>(
         &self,
@@ -206,7 +190,7 @@ impl RowsClient<'_> {
         let positions: Vec<Vec<usize>> = Layout::dot_groups(members)
             .map(|(_, count)| Layout::dot_positions(count))
             .collect();
-        let flat: Vec<u64> = self.receive(ch, &positions)?.concat();
+        let flat: Vec<u64> = round_trip::receive_results(ch, self.sk, &positions)?.concat();
         Ok(flat.chunks(self.lay.rows).map(<[u64]>::to_vec).collect())
     }
 
@@ -215,7 +199,7 @@ impl RowsClient<'_> {
         let positions: Vec<Vec<usize>> = (0..self.lay.ciphertexts())
             .map(|c| self.lay.scaled_positions(c))
             .collect();
-        Ok(self.receive(ch, &positions)?.concat())
+        Ok(round_trip::receive_results(ch, self.sk, &positions)?.concat())
     }
 }
 
@@ -228,33 +212,28 @@ impl RowsServer<'_> {
         self.params().ring()
     }
 
-    /// Packs `members` (all with their useful coefficients on `positions`' residue), hardens
-    /// the result and draws the masks: returns (response, this party's shares).
+    /// One masked response from `members` (see [`round_trip::respond`]).
     fn respond(
         &self,
         members: Vec<Accumulator>,
         shape: Option<PackShape>,
         positions: &[usize],
         prg: &mut Prg,
-    ) -> Result<(veil_he::Response, Vec<u64>)> {
-        let acc = match shape {
-            Some(s) => self.gk.pack(members, &s)?,
-            None => members.into_iter().next().expect("one member"),
-        };
-        let ring = self.ring();
-        let masks: Vec<u64> = (0..positions.len()).map(|_| prg.ring_elem(ring)).collect();
-        let response = acc.into_response(self.pk, positions, &masks, prg)?;
-        Ok((response, masks.iter().map(|&m| ring.neg(m)).collect()))
+    ) -> Result<(Response, Vec<u64>)> {
+        round_trip::respond(
+            self.pk,
+            Some(self.gk),
+            members,
+            shape.as_ref(),
+            positions,
+            |_| 0,
+            prg,
+        )
     }
 
-    fn send<C: Channel>(
-        &self,
-        ch: &mut C,
-        parts: Vec<(veil_he::Response, Vec<u64>)>,
-    ) -> Result<Vec<u64>> {
+    fn send<C: Channel>(&self, ch: &mut C, parts: Vec<(Response, Vec<u64>)>) -> Result<Vec<u64>> {
         let (responses, shares): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
-        ch.send_msg(&wire::encode_responses(self.params(), &responses))?;
-        ch.flush()?;
+        round_trip::send_responses(ch, self.params(), &responses)?;
         Ok(shares.concat())
     }
 

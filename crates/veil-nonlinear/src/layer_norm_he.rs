@@ -45,9 +45,9 @@ pub(crate) struct NormHe<'k> {
 }
 
 /// Shortest rows that go to HE. Its cost is per row: one packed inner product per plane (five
-/// at (41, 13) with rows of 768), ≈ 4 ms of server CPU each on this machine, ≈ 21 ms per row. Its saving is per
-/// value (≈ 1,000 bits of the square, ≈ 500 of d·r): a row of 768 saves ≈ 144 kB, 11 ms on a
-/// 100 Mbit/s link; a row of 128 (BERT-Tiny) only ≈ 24 kB, 2 ms, so short rows stay on COTs.
+/// at (41, 13) with rows of 768). Its saving is per value (≈ 1,000 bits of the square, ≈ 500 of
+/// d·r), so a BERT-Base row (768) gains and a BERT-Tiny row (128) does not: short rows stay on
+/// COTs (the measured costs are in docs/BENCHMARKS.md, "Moved from code comments").
 pub(crate) const HE_MIN_COLS: usize = 512;
 
 /// Takes the narrow share of d (promise `nw`) and sends the client's encrypted centred share,

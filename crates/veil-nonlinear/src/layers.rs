@@ -440,7 +440,9 @@ pub(crate) const GAMMA_BITS: u32 = 5;
 /// [`Ctx::layer_norm`] and [`Ctx::centre_affine`]: the server promises |γ| < 32 (2^`GAMMA_BITS`),
 /// and a larger γ is an error on the server.
 pub struct AffineParams<'a> {
+    /// γ, one per column.
     pub gamma: &'a [u64],
+    /// β, one per column.
     pub beta: &'a [u64],
 }
 

@@ -43,6 +43,7 @@
 //! input and output.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 mod boolean;
 mod compare;
@@ -59,6 +60,7 @@ mod two_way_cot;
 /// The two-party test harness, shared with the integration tests.
 #[cfg(test)]
 #[path = "../tests/common/mod.rs"]
+#[allow(unreachable_pub)]
 mod test_harness;
 
 pub use ctx::{Ctx, HeKeys};

@@ -164,9 +164,8 @@ fn layer_norm_with_he_keys_within_bound() {
 /// fall back to COTs instead of failing. (41, 13)'s bounds do not apply at 2^-9, so both paths
 /// are held to 0.05 + 3 % of the value (r has few fractional bits in these formats, so at
 /// σ ≈ 300 one unit of it is about 2 %; the tiny-variance row, whose mean error is amplified by
-/// 1/σ, is left out). At (33, 9) with rows of 1,024 (when the domain was 2^10) this caught the
-/// rsqrt's output constants overflowing the ring (a whole row off by its deviations, errors ≈
-/// 5–10 on values ≈ 3).
+/// 1/σ, is left out). Narrow formats with long rows are where the rsqrt's output constants can
+/// overflow the ring (a whole row off by its deviations).
 #[test]
 fn layer_norm_with_he_keys_in_narrow_formats() {
     let cases: [(u32, u32, &[usize]); 2] = [(33, 9, &[512]), (35, 10, &[1024, 2048])];

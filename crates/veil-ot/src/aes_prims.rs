@@ -40,7 +40,7 @@ fn ccr_pi() -> &'static Aes128 {
 
 /// Encrypts `data` in place, viewing each `u128` as one AES block.
 #[inline]
-pub fn encrypt_in_place(cipher: &Aes128, data: &mut [u128]) {
+pub(crate) fn encrypt_in_place(cipher: &Aes128, data: &mut [u128]) {
     // SAFETY: `aes::Block` is a 16-byte array with alignment 1; a `u128` slice has the same
     // length in bytes and stricter alignment, so the reinterpretation is valid for its lifetime.
     let blocks =
@@ -52,7 +52,7 @@ pub fn encrypt_in_place(cipher: &Aes128, data: &mut [u128]) {
 const BATCH: usize = 64;
 
 /// `out[i] = H(x[i], tweak_base + i)` for the TCCR hash. `x` and `out` have equal length.
-pub fn tccr_hash_seq(x: &[u128], tweak_base: u128, out: &mut [u128]) {
+pub(crate) fn tccr_hash_seq(x: &[u128], tweak_base: u128, out: &mut [u128]) {
     assert_eq!(x.len(), out.len(), "tccr_hash_seq: length mismatch");
     let mut saved = [0u128; BATCH];
     for (c, (xs, os)) in x.chunks(BATCH).zip(out.chunks_mut(BATCH)).enumerate() {
@@ -72,7 +72,7 @@ pub fn tccr_hash_seq(x: &[u128], tweak_base: u128, out: &mut [u128]) {
 }
 
 /// `out[i] = H(x[i], tweaks[i])` for arbitrary tweaks.
-pub fn tccr_hash_tweaked(x: &[u128], tweaks: &[u128], out: &mut [u128]) {
+pub(crate) fn tccr_hash_tweaked(x: &[u128], tweaks: &[u128], out: &mut [u128]) {
     assert!(
         x.len() == out.len() && x.len() == tweaks.len(),
         "tccr_hash_tweaked: length mismatch"
@@ -97,8 +97,9 @@ pub fn tccr_hash_tweaked(x: &[u128], tweaks: &[u128], out: &mut [u128]) {
     }
 }
 
+#[cfg(test)]
 /// One TCCR hash (convenience for small inputs).
-pub fn tccr_hash(x: u128, tweak: u128) -> u128 {
+pub(crate) fn tccr_hash(x: u128, tweak: u128) -> u128 {
     let mut out = [0u128];
     tccr_hash_seq(&[x], tweak, &mut out);
     out[0]
@@ -111,7 +112,7 @@ fn sigma(x: u128) -> u128 {
 }
 
 /// `out[i] = H(x[i])` for the circular-correlation-robust hash (equal lengths).
-pub fn ccr_hash(x: &[u128], out: &mut [u128]) {
+pub(crate) fn ccr_hash(x: &[u128], out: &mut [u128]) {
     assert_eq!(x.len(), out.len(), "ccr_hash: length mismatch");
     for (o, &v) in out.iter_mut().zip(x) {
         *o = sigma(v);
@@ -128,13 +129,13 @@ pub fn ccr_hash(x: &[u128], out: &mut [u128]) {
 
 /// AES-128-CTR over `u128` blocks with a secret key; the counter persists across calls so one
 /// stream can be consumed in chunks.
-pub struct AesCtr {
+pub(crate) struct AesCtr {
     cipher: Aes128,
     counter: u128,
 }
 
 impl AesCtr {
-    pub fn new(key: u128) -> Self {
+    pub(crate) fn new(key: u128) -> Self {
         AesCtr {
             cipher: Aes128::new(&key.to_le_bytes().into()),
             counter: 0,
@@ -142,7 +143,7 @@ impl AesCtr {
     }
 
     /// Overwrites `out` with the next `out.len()` keystream blocks.
-    pub fn fill(&mut self, out: &mut [u128]) {
+    pub(crate) fn fill(&mut self, out: &mut [u128]) {
         for o in out.iter_mut() {
             *o = self.counter;
             self.counter = self.counter.wrapping_add(1);

@@ -88,28 +88,9 @@ impl OtSession {
         self.recv_cot(ch, choices, widths, Group::Add)
     }
 
-    /// Binary COT sender: correlations `δ_i < 2^bits`; returns `x_i`.
-    pub fn send_xor_cot<C: Channel>(
-        &mut self,
-        ch: &mut C,
-        deltas: &[u64],
-        bits: u32,
-    ) -> Result<Vec<u64>> {
-        self.send_xor_cot_widths(ch, deltas, &[bits])
-    }
-
-    /// Binary COT receiver: returns `y_i = x_i ⊕ c_i·δ_i`.
-    pub fn recv_xor_cot<C: Channel>(
-        &mut self,
-        ch: &mut C,
-        choices: &[bool],
-        bits: u32,
-    ) -> Result<Vec<u64>> {
-        self.recv_xor_cot_widths(ch, choices, &[bits])
-    }
-
-    /// [`OtSession::send_xor_cot`] with COT i `widths[i mod widths.len()]` bits wide, as
-    /// [`OtSession::send_arith_cot_widths`].
+    /// Binary COT sender: correlations `δ_i`, COT i `widths[i mod widths.len()]` bits wide (as
+    /// [`OtSession::send_arith_cot_widths`]); returns `x_i`, the receiver getting
+    /// `y_i = x_i ⊕ c_i·δ_i`.
     pub fn send_xor_cot_widths<C: Channel>(
         &mut self,
         ch: &mut C,

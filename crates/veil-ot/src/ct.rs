@@ -3,7 +3,7 @@
 
 /// All ones if `a == b`, else zero, computed without a branch.
 #[inline]
-pub fn eq_mask(a: usize, b: usize) -> u64 {
+pub(crate) fn eq_mask(a: usize, b: usize) -> u64 {
     let x = (a ^ b) as u64;
     // `x | -x` has its top bit set exactly when x != 0.
     ((x | x.wrapping_neg()) >> 63).wrapping_sub(1)
@@ -11,13 +11,13 @@ pub fn eq_mask(a: usize, b: usize) -> u64 {
 
 /// [`eq_mask`] widened to a block.
 #[inline]
-pub fn eq_mask_128(a: usize, b: usize) -> u128 {
+pub(crate) fn eq_mask_128(a: usize, b: usize) -> u128 {
     0u128.wrapping_sub((eq_mask(a, b) & 1) as u128)
 }
 
 /// `bit` (0 or 1) as a mask: all ones for 1, zero for 0.
 #[inline]
-pub fn bit_mask_128(bit: u128) -> u128 {
+pub(crate) fn bit_mask_128(bit: u128) -> u128 {
     0u128.wrapping_sub(bit & 1)
 }
 

@@ -56,6 +56,7 @@ impl IknpSender {
         })
     }
 
+    /// Δ, the correlation every COT of this sender carries.
     pub fn delta(&self) -> u128 {
         self.delta
     }

@@ -2,15 +2,15 @@
 //! derived flavours the non-linear protocols consume through [`OtSession`].
 //!
 //! Layers, bottom up:
-//! * [`aes_prims`] — fixed-key AES hashes (TCCR, CCR), AES-CTR column PRG;
+//! * `aes_prims` — fixed-key AES hashes (TCCR, CCR), AES-CTR column PRG;
 //! * [`base_ot`] — Chou–Orlandi OT on Ristretto, for the 128 IKNP seeds;
-//! * [`iknp`] + [`transpose`] — IKNP extension producing Δ-correlated OT (128 bits/COT);
+//! * [`iknp`] + `transpose` — IKNP extension producing Δ-correlated OT (128 bits/COT);
 //! * [`ferret`] — silent COT: Half-Tree single-point COTs, regular-noise LPN, bootstrap loop
 //!   (≈ 0.39 bits/COT);
-//! * [`session`] — COT pools per direction, refilled on demand, and the flavours on top:
-//!   [`chosen`] (1-of-2), [`one_of_n`] (1-of-2^k), [`arith`] (additive COT in Z_{2^k}, one width
-//!   or a cycling pattern of widths, and binary COT with an XOR correlation),
-//!   [`random_bits`] (random bit-OT).
+//! * `session` — COT pools per direction, refilled on demand, and the flavours the
+//!   non-linear protocols draw from them: `one_of_n` (1-of-2^k with XOR-shared output, the
+//!   millionaire's leaves) and `arith` (additive COT in Z_{2^k}, one width or a cycling
+//!   pattern of widths, and binary COT with an XOR correlation).
 //!
 //! The benchmark over TCP loopback is `veil_bench::ot` (`veil bench ot`).
 //!
@@ -20,18 +20,18 @@
 //! branches or secret-dependent addresses (helpers in `ct`); secret buffers are zeroized,
 //! also on early returns.
 
-pub mod aes_prims;
-pub mod arith;
+#![warn(unreachable_pub, missing_docs)]
+
+mod aes_prims;
+mod arith;
 pub mod base_ot;
-pub mod chosen;
 mod ct;
 mod derand;
 pub mod ferret;
 pub mod iknp;
-pub mod one_of_n;
-pub mod random_bits;
-pub mod session;
-pub mod transpose;
+mod one_of_n;
+mod session;
+mod transpose;
 
 pub use one_of_n::OneOfN;
-pub use session::{Backend, OtSession};
+pub use session::{Backend, OtSession, MAX_COTS_PER_CALL, REFILL_CLASS};

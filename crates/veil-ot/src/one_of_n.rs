@@ -6,7 +6,7 @@
 //! of N/2·bits bits; the receiver can compute `S_{j,c_j}` only. Message x is masked with
 //! `K_x = ⊕_j S_{j,x_j}[x without bit j]` (a `bits`-bit chunk). Every chunk of an unknown
 //! stream masks exactly one message, so all keys other than `K_c` are jointly pseudo-random
-//! (TCCR with a unique tweak per COT and block). Sender → receiver: `N·bits` bits per OT.
+//! (TCCR with a unique tweak per COT and block). Sender → receiver: `(N − 1)·bits` bits per OT.
 //! Cost per OT: `2·log_n·⌈N·bits/256⌉` hashes for the sender (8 for the comparison protocol's
 //! N = 16, bits ≤ 16), half that for the receiver. Two flights per call (plus refills), also for
 //! a call of several groups of OTs with their own N and widths ([`OneOfN`]: the millionaire's
@@ -15,7 +15,7 @@
 //! bits), the sender assembles a row's N pads with word shifts and the receiver selects its
 //! message from one word; the bytes on the wire are the same.
 //!
-//! Shared-output variant ([`OtSession::send_1_of_n_shared`]): the sender's output share is derived
+//! XOR-shared output ([`OtSession::send_1_of_n_shared_groups`]): the sender's output share is derived
 //! from the keys, r = m_0 ⊕ K_0, and the rows sent are m_x ⊕ r ⊕ K_x for x ≥ 1 only (the one for
 //! x = 0 is zero by construction), so the receiver gets m_c ⊕ r: XOR shares of m_c for
 //! (N − 1)·bits bits instead of N·bits. r is pseudo-random to the receiver (K_0 is unknown to it
@@ -107,8 +107,11 @@ const OTS_PER_BATCH: usize = 1024;
 /// N = 2^`log_n` messages of `bits` bits each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OneOfN {
+    /// log2 N: each OT chooses one of N = 2^log_n messages.
     pub log_n: u32,
+    /// The number of OTs.
     pub count: usize,
+    /// Bits per message.
     pub bits: u32,
 }
 
@@ -141,75 +144,19 @@ fn receiver_part<'a>(batch: &ReceiverBatch<'a>, first: usize, len: usize) -> Rec
 }
 
 impl OtSession {
-    /// 1-out-of-N OT sender: `table` holds count × N messages (< 2^bits), row i = OT i.
-    pub fn send_1_of_n<C: Channel>(
-        &mut self,
-        ch: &mut C,
-        log_n: u32,
-        table: &[u64],
-        bits: u32,
-    ) -> Result<()> {
-        let n_msgs = check_log_n(log_n)?;
-        ensure!(
-            table.len().is_multiple_of(n_msgs),
-            InvalidArgument,
-            "1-of-N table length {} is not a multiple of N = {n_msgs}",
-            table.len()
-        );
-        // Checked before any traffic, so a bad table leaves the session usable.
-        check_values(table, bits, "send_1_of_n table")?;
-        let count = table.len() / n_msgs;
-        let group = OneOfN { log_n, count, bits };
-        self.send_groups(ch, &[group], false, |_, i, row| {
-            row.copy_from_slice(&table[i * n_msgs..(i + 1) * n_msgs]);
-            Ok(())
-        })
-        .map(drop)
-    }
-
-    /// 1-out-of-N OT with XOR-shared output (module doc) on `count` OTs whose N messages
-    /// (< 2^bits) `fill_row(i, row)` writes on demand, so no count × N table is ever allocated.
-    /// A message of more than `bits` bits is a caller bug: an error that leaves this session
-    /// out of step with the peer. Returns this sender's share r_i of each OT; the receiver's
-    /// [`OtSession::recv_1_of_n_shared`] returns `row_i[c_i] ⊕ r_i`.
-    pub fn send_1_of_n_shared<C: Channel>(
-        &mut self,
-        ch: &mut C,
-        log_n: u32,
-        count: usize,
-        bits: u32,
-        mut fill_row: impl FnMut(usize, &mut [u64]),
-    ) -> Result<Vec<u64>> {
-        let group = OneOfN { log_n, count, bits };
-        let mut shares =
-            self.send_1_of_n_shared_groups(ch, &[group], |_, i, row| fill_row(i, row))?;
-        Ok(shares.pop().unwrap_or_default())
-    }
-
-    /// [`OtSession::send_1_of_n_shared`] for several groups of OTs (each its own N and width)
-    /// in one call: two flights in all instead of two per group. `fill_row(g, i, row)` writes OT
-    /// i of group g; returns the shares group by group. The receiver calls
-    /// [`OtSession::recv_1_of_n_shared_groups`] with the same groups.
+    /// 1-out-of-N OT with XOR-shared output (module doc) on several groups of OTs (each its own
+    /// N and width) in one call: two flights in all. `fill_row(g, i, row)` writes the N messages
+    /// (< 2^bits) of OT i of group g on demand, so no count × N table is ever allocated; a
+    /// message of more than `bits` bits is a caller bug: an error that leaves this session out
+    /// of step with the peer. Returns this sender's share r_i of each OT, group by group; the
+    /// receiver's [`OtSession::recv_1_of_n_shared_groups`] (with the same groups) returns
+    /// `row_i[c_i] ⊕ r_i`. Flights: the corrections of all groups come in one, their masked rows
+    /// go back in one.
     pub fn send_1_of_n_shared_groups<C: Channel>(
         &mut self,
         ch: &mut C,
         groups: &[OneOfN],
         mut fill_row: impl FnMut(usize, usize, &mut [u64]),
-    ) -> Result<Vec<Vec<u64>>> {
-        self.send_groups(ch, groups, true, |g, i, row| {
-            fill_row(g, i, row);
-            check_values(row, groups[g].bits, "1-of-N message")
-        })
-    }
-
-    /// The sender of every variant: the corrections of all groups in one flight, their masked
-    /// rows in one flight back. `shared`: derive r from K_0 and skip the zero row x = 0.
-    fn send_groups<C: Channel>(
-        &mut self,
-        ch: &mut C,
-        groups: &[OneOfN],
-        shared: bool,
-        mut next_row: impl FnMut(usize, usize, &mut [u64]) -> Result<()>,
     ) -> Result<Vec<Vec<u64>>> {
         for g in groups {
             g.check()?;
@@ -220,8 +167,9 @@ impl OtSession {
         let (mut first, mut messages, mut shares) = (0, Vec::new(), Vec::new());
         for (gi, g) in groups.iter().enumerate() {
             let part = sender_part(&batch, first, g.cots());
-            let (msg, sh) = mask_rows(&part, &d[first..first + g.cots()], *g, shared, |i, row| {
-                next_row(gi, i, row)
+            let (msg, sh) = mask_rows(&part, &d[first..first + g.cots()], *g, |i, row| {
+                fill_row(gi, i, row);
+                check_values(row, g.bits, "1-of-N message")
             })?;
             first += g.cots();
             messages.push(msg);
@@ -234,45 +182,12 @@ impl OtSession {
         Ok(shares)
     }
 
-    /// 1-out-of-N OT receiver: one choice < N per OT; returns `table[i][choice_i]`.
-    pub fn recv_1_of_n<C: Channel>(
-        &mut self,
-        ch: &mut C,
-        log_n: u32,
-        choices: &[u8],
-        bits: u32,
-    ) -> Result<Vec<u64>> {
-        let mut out = self.recv_groups(ch, &[(log_n, bits, choices)], false)?;
-        Ok(out.pop().unwrap_or_default())
-    }
-
-    /// Receiver of [`OtSession::send_1_of_n_shared`]: returns `row_i[choice_i] ⊕ r_i`.
-    pub fn recv_1_of_n_shared<C: Channel>(
-        &mut self,
-        ch: &mut C,
-        log_n: u32,
-        choices: &[u8],
-        bits: u32,
-    ) -> Result<Vec<u64>> {
-        let mut out = self.recv_groups(ch, &[(log_n, bits, choices)], true)?;
-        Ok(out.pop().unwrap_or_default())
-    }
-
     /// Receiver of [`OtSession::send_1_of_n_shared_groups`]: per group (log_n, bits, choices),
     /// in the sender's order; returns `row_i[choice_i] ⊕ r_i` group by group.
     pub fn recv_1_of_n_shared_groups<C: Channel>(
         &mut self,
         ch: &mut C,
         groups: &[(u32, u32, &[u8])],
-    ) -> Result<Vec<Vec<u64>>> {
-        self.recv_groups(ch, groups, true)
-    }
-
-    fn recv_groups<C: Channel>(
-        &mut self,
-        ch: &mut C,
-        groups: &[(u32, u32, &[u8])],
-        shared: bool,
     ) -> Result<Vec<Vec<u64>>> {
         let shapes: Vec<OneOfN> = groups
             .iter()
@@ -313,19 +228,17 @@ impl OtSession {
             first += g.cots();
         }
         for ((g, &(_, _, choices)), out) in shapes.iter().zip(groups).zip(&mut keys) {
-            unmask_rows(ch, *g, choices, shared, out)?;
+            unmask_rows(ch, *g, choices, out)?;
         }
         Ok(keys)
     }
 }
 
-/// The sender's masked rows of one group (the bytes to send) and, when `shared`, its output
-/// shares. `next_row(i, row)` writes OT i's messages, already checked to fit `bits`.
+/// The sender's masked rows of one group (the bytes to send) and its output shares. `next_row(i, row)` writes OT i's messages, already checked to fit `bits`.
 fn mask_rows(
     batch: &SenderBatch<'_>,
     d: &[u8],
     g: OneOfN,
-    shared: bool,
     mut next_row: impl FnMut(usize, &mut [u64]) -> Result<()>,
 ) -> Result<(Vec<u8>, Vec<u64>)> {
     let OneOfN { log_n, count, bits } = g;
@@ -333,14 +246,15 @@ fn mask_rows(
     let l = log_n as usize;
     let blocks = stream_blocks(n_msgs, bits);
     let packed = packed_rows(n_msgs, bits);
-    let sent = n_msgs - shared as usize;
+    // Row x = 0 is zero by construction and not sent.
+    let sent = n_msgs - 1;
     // Same bytes either way: a row of `sent` `bits`-bit values is one sent·bits-bit value.
     let mut out = if packed {
         BitWriter::new(count, sent as u32 * bits)
     } else {
         BitWriter::new(count * sent, bits)
     };
-    let mut shares = Vec::with_capacity(if shared { count } else { 0 });
+    let mut shares = Vec::with_capacity(count);
     // The N keys of the current OT; wiped on every exit, early or not.
     let mut pad = Zeroizing::new([0u64; 256]);
     let mut row = Zeroizing::new(vec![0u64; n_msgs]);
@@ -375,13 +289,9 @@ fn mask_rows(
                 let k = (i - first) * l;
                 let msgs = row.iter().rev().fold(0u64, |a, &v| (a << bits) | v);
                 let masked = msgs ^ row_pads(&streams[2 * k..2 * (k + l)], l, bits);
-                if shared {
-                    let r = masked & m;
-                    shares.push(r);
-                    out.push((masked ^ (r * ones)) >> bits);
-                } else {
-                    out.push(masked);
-                }
+                let r = masked & m;
+                shares.push(r);
+                out.push((masked ^ (r * ones)) >> bits);
                 continue;
             }
             pad[..n_msgs].fill(0);
@@ -404,13 +314,11 @@ fn mask_rows(
                     }
                 }
             }
-            let r = if shared { row[0] ^ pad[0] } else { 0 };
-            for (x, p) in row.iter().zip(pad.iter()).skip(shared as usize) {
+            let r = row[0] ^ pad[0];
+            for (x, p) in row.iter().zip(pad.iter()).skip(1) {
                 out.push(x ^ p ^ r);
             }
-            if shared {
-                shares.push(r);
-            }
+            shares.push(r);
         }
     }
     Ok((out.finish(), shares))
@@ -454,17 +362,15 @@ fn unmask_rows<C: Channel>(
     ch: &mut C,
     g: OneOfN,
     choices: &[u8],
-    shared: bool,
     out: &mut [u64],
 ) -> Result<()> {
     let n_msgs = 1usize << g.log_n;
-    // In the shared variant row x = 0 is zero and not sent: K_0 alone is the output for c = 0.
-    let first_sent = shared as usize;
-    let sent = g.count * (n_msgs - first_sent);
+    // Row x = 0 is zero and not sent: K_0 alone is the output for c = 0.
+    let sent = g.count * (n_msgs - 1);
     let msg = ch.recv_msg_exact(packed_len(sent, g.bits))?;
     let mut y = BitReader::new(&msg, sent, g.bits, "1-of-N OT ciphertexts")?;
     for (o, &c) in out.iter_mut().zip(choices) {
-        *o ^= (first_sent..n_msgs).fold(0u64, |acc, x| {
+        *o ^= (1..n_msgs).fold(0u64, |acc, x| {
             acc | (y.next_value() & eq_mask(x, c as usize))
         });
     }

@@ -11,6 +11,8 @@
 //! Every consumed COT has a per-direction index that both parties know; flavours derive their
 //! hash tweaks from it, so no tweak is ever reused within a session.
 
+use std::ops::Range;
+
 use veil_core::{ensure, Prg, Result};
 use veil_net::{Channel, Role};
 use zeroize::{Zeroize, Zeroizing};
@@ -40,37 +42,69 @@ pub const REFILL_CLASS: &str = "OT refill";
 /// Upper bound on COTs requested in one call (bounds allocations from caller mistakes).
 pub const MAX_COTS_PER_CALL: usize = 1 << 26;
 
-enum SendEngine {
-    Iknp(IknpSender),
-    Silent(Box<FerretSender>),
+/// One direction's engine: IKNP, or silent COT bootstrapped from it.
+enum Engine<I, S> {
+    Iknp(I),
+    Silent(Box<S>),
 }
 
-enum RecvEngine {
-    Iknp(IknpReceiver),
-    Silent(Box<FerretReceiver>),
+/// One direction's COT storage, and how each engine writes into it: the sender's `q`, or the
+/// receiver's `t` with its choice bits. The refill logic ([`Pool::ensure`]) is the same for both.
+trait Lanes {
+    type Iknp;
+    type Silent;
+
+    /// IKNP: extends by `m` COTs and stores them after the `live` ones, which move to the front.
+    fn iknp_refill<C: Channel>(
+        &mut self,
+        e: &mut Self::Iknp,
+        ch: &mut C,
+        live: Range<usize>,
+        m: usize,
+    ) -> Result<()>;
+
+    /// Silent: moves the `live` entries to `at` in buffers of `len` (a new one of at least `cap`
+    /// when they grow), then runs one iteration into `slot`; returns its reserve prefix length.
+    #[allow(clippy::too_many_arguments)]
+    fn silent_iteration<C: Channel>(
+        &mut self,
+        e: &mut Self::Silent,
+        ch: &mut C,
+        live: Range<usize>,
+        at: usize,
+        len: usize,
+        cap: usize,
+        slot: Range<usize>,
+    ) -> Result<usize>;
+
+    /// Moves the entries `src` down to `dest`.
+    fn copy_within(&mut self, src: Range<usize>, dest: usize);
+
+    /// The silent engine's iteration length and reserve prefix length.
+    fn silent_lens(e: &Self::Silent) -> (usize, usize);
 }
 
-/// COTs this party sends: `q_i`, with the receiver holding `q_i ⊕ r_i·Δ`. The unconsumed ones
-/// are `q[pos..end]`.
-struct SenderPool {
-    engine: SendEngine,
+/// COTs this party sends: `q_i`, with the receiver holding `q_i ⊕ r_i·Δ`.
+struct Sending {
     delta: u128,
     q: PoolBuf<u128>,
-    pos: usize,
-    end: usize,
-    consumed: u64,
 }
 
-/// COTs this party receives: choice bits `r_i` and `t_i = q_i ⊕ r_i·Δ`.
-/// The unconsumed ones are `t[pos..end]`, `bits[pos..end]`.
-struct ReceiverPool {
-    engine: RecvEngine,
+/// COTs this party receives: choice bits `r_i` and `t_i = q_i ⊕ r_i·Δ`; `prg` draws the IKNP
+/// engine's choices.
+struct Receiving {
     t: PoolBuf<u128>,
     bits: PoolBuf<u8>,
+    prg: Prg,
+}
+
+/// A pool of one direction: the unconsumed COTs are entries `pos..end` of its lanes.
+struct Pool<L: Lanes> {
+    engine: Engine<L::Iknp, L::Silent>,
+    lanes: L,
     pos: usize,
     end: usize,
     consumed: u64,
-    prg: Prg,
 }
 
 /// A run of random COTs handed to a flavour (sender side).
@@ -95,8 +129,8 @@ fn refill_size(available: usize, need: usize) -> usize {
 /// Capacity of a silent pool buffer that must hold `need` COTs: the iteration plus room for a
 /// leftover of a quarter iteration, so calls of up to ~1.5 M OTs never grow the buffer a second
 /// time, and at least `need` plus two iterations (the first iteration's place and the last
-/// appended one), so a call needing several iterations grows it once, not at every iteration (each fresh buffer costs the kernel page clearing: ~0.1 s per
-/// 100 MB).
+/// appended one), so a call needing several iterations grows it once, not at every iteration
+/// (each fresh buffer costs the kernel's page clearing).
 fn silent_capacity(iteration_len: usize, need: usize) -> usize {
     (iteration_len + iteration_len / 4).max(need + 2 * iteration_len)
 }
@@ -117,25 +151,105 @@ fn capacity_after(available: usize, need: usize, iteration: Option<usize>) -> us
     }
 }
 
-impl SenderPool {
-    fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
-        let mut iknp = IknpSender::setup(ch)?;
-        let delta = iknp.delta();
-        let (engine, q, pos) = match backend {
-            Backend::Iknp => (SendEngine::Iknp(iknp), Vec::new(), 0),
-            Backend::Silent => {
-                let (ferret, q, start) = FerretSender::setup(ch, &mut iknp)?;
-                (SendEngine::Silent(Box::new(ferret)), q, start)
-            }
-        };
-        Ok(SenderPool {
+impl Lanes for Sending {
+    type Iknp = IknpSender;
+    type Silent = FerretSender;
+
+    fn iknp_refill<C: Channel>(
+        &mut self,
+        e: &mut IknpSender,
+        ch: &mut C,
+        live: Range<usize>,
+        m: usize,
+    ) -> Result<()> {
+        let left = live.len();
+        let more = Zeroizing::new(e.extend(ch, m)?);
+        let len = left + more.len();
+        let out = self.q.make_room(live, 0, len, iknp_capacity(len));
+        out[left..].copy_from_slice(&more);
+        Ok(())
+    }
+
+    fn silent_iteration<C: Channel>(
+        &mut self,
+        e: &mut FerretSender,
+        ch: &mut C,
+        live: Range<usize>,
+        at: usize,
+        len: usize,
+        cap: usize,
+        slot: Range<usize>,
+    ) -> Result<usize> {
+        let out = self.q.make_room(live, at, len, cap);
+        e.extend_into(ch, &mut out[slot])
+    }
+
+    fn copy_within(&mut self, src: Range<usize>, dest: usize) {
+        self.q.copy_within(src, dest);
+    }
+
+    fn silent_lens(e: &FerretSender) -> (usize, usize) {
+        (e.iteration_len(), e.reserve_len())
+    }
+}
+
+impl Lanes for Receiving {
+    type Iknp = IknpReceiver;
+    type Silent = FerretReceiver;
+
+    fn iknp_refill<C: Channel>(
+        &mut self,
+        e: &mut IknpReceiver,
+        ch: &mut C,
+        live: Range<usize>,
+        m: usize,
+    ) -> Result<()> {
+        let left = live.len();
+        let choices: Zeroizing<Vec<u8>> =
+            Zeroizing::new((0..m).map(|_| self.prg.bit() as u8).collect());
+        let more = Zeroizing::new(e.extend(ch, &choices)?);
+        let len = left + m;
+        let t = self.t.make_room(live.clone(), 0, len, iknp_capacity(len));
+        t[left..].copy_from_slice(&more);
+        let bits = self.bits.make_room(live, 0, len, iknp_capacity(len));
+        bits[left..].copy_from_slice(&choices);
+        Ok(())
+    }
+
+    fn silent_iteration<C: Channel>(
+        &mut self,
+        e: &mut FerretReceiver,
+        ch: &mut C,
+        live: Range<usize>,
+        at: usize,
+        len: usize,
+        cap: usize,
+        slot: Range<usize>,
+    ) -> Result<usize> {
+        let t = self.t.make_room(live.clone(), at, len, cap);
+        let bits = self.bits.make_room(live, at, len, cap);
+        e.extend_into(ch, &mut t[slot.clone()], &mut bits[slot])
+    }
+
+    fn copy_within(&mut self, src: Range<usize>, dest: usize) {
+        self.t.copy_within(src.clone(), dest);
+        self.bits.copy_within(src, dest);
+    }
+
+    fn silent_lens(e: &FerretReceiver) -> (usize, usize) {
+        (e.iteration_len(), e.reserve_len())
+    }
+}
+
+impl<L: Lanes> Pool<L> {
+    fn new(engine: Engine<L::Iknp, L::Silent>, lanes: L, pos: usize, end: usize) -> Self {
+        Pool {
             engine,
-            delta,
-            end: q.len(),
-            q: PoolBuf::from_vec(q),
+            lanes,
             pos,
+            end,
             consumed: 0,
-        })
+        }
     }
 
     fn available(&self) -> usize {
@@ -145,29 +259,28 @@ impl SenderPool {
     /// The COTs this pool may hold after `ensure(need)` (see [`capacity_after`]).
     fn capacity_after(&self, need: usize) -> usize {
         let iteration = match &self.engine {
-            SendEngine::Iknp(_) => None,
-            SendEngine::Silent(e) => Some(e.iteration_len()),
+            Engine::Iknp(_) => None,
+            Engine::Silent(e) => Some(L::silent_lens(e).0),
         };
         capacity_after(self.available(), need, iteration)
     }
 
+    /// Refills until the pool holds `need` COTs (both parties run the same refills).
     fn ensure<C: Channel>(&mut self, ch: &mut C, need: usize) -> Result<()> {
         if self.available() >= need {
             return Ok(());
         }
         let _g = ch.meter().enter_class(REFILL_CLASS);
+        let left = self.available();
         match &mut self.engine {
-            SendEngine::Iknp(e) => {
-                let left = self.end - self.pos;
-                let more = Zeroizing::new(e.extend(ch, refill_size(left, need))?);
-                let len = left + more.len();
-                let live = self.pos..self.end;
-                let out = self.q.make_room(live, 0, len, iknp_capacity(len));
-                out[left..].copy_from_slice(&more);
-                (self.pos, self.end) = (0, len);
+            Engine::Iknp(e) => {
+                let m = refill_size(left, need);
+                self.lanes.iknp_refill(e, ch, self.pos..self.end, m)?;
+                (self.pos, self.end) = (0, left + m);
             }
-            SendEngine::Silent(e) => {
-                let (n, cap) = (e.iteration_len(), silent_capacity(e.iteration_len(), need));
+            Engine::Silent(e) => {
+                let (n, reserve) = L::silent_lens(e);
+                let cap = silent_capacity(n, need);
                 let mut first = true;
                 while self.end - self.pos < need {
                     let live = self.pos..self.end;
@@ -177,21 +290,23 @@ impl SenderPool {
                         // followed by the leftover is the new pool (both parties lay it out the
                         // same way).
                         let left = live.len();
-                        let out = self.q.make_room(live, n, n + left, cap);
                         (self.pos, self.end) = (n, n + left);
-                        e.extend_into(ch, &mut out[..n])?
+                        self.lanes
+                            .silent_iteration(e, ch, live, n, n + left, cap, 0..n)?
                     } else {
                         // Further iterations of one refill are appended, their usable part
                         // moved down over their reserve prefix: each COT is copied once, so a
                         // large preprocessing pool costs linear, not quadratic, copying.
                         let end = self.end;
-                        let out = self.q.make_room(live.clone(), live.start, end + n, cap);
-                        let start = e.extend_into(ch, &mut out[end..end + n])?;
-                        out.copy_within(end + start..end + n, end);
+                        let at = live.start;
+                        let start =
+                            self.lanes
+                                .silent_iteration(e, ch, live, at, end + n, cap, end..end + n)?;
+                        self.lanes.copy_within(end + start..end + n, end);
                         self.end = end + n - start;
                         start
                     };
-                    assert_eq!(start, e.reserve_len(), "silent OT reserve length");
+                    assert_eq!(start, reserve, "silent OT reserve length");
                     if first {
                         self.pos = start;
                     }
@@ -202,7 +317,9 @@ impl SenderPool {
         Ok(())
     }
 
-    fn take<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<SenderBatch<'_>> {
+    /// Takes `n` COTs from the front (refilling first when needed): their first entry and their
+    /// session-wide index.
+    fn take<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<(usize, u64)> {
         ensure!(
             n <= MAX_COTS_PER_CALL,
             InvalidArgument,
@@ -213,122 +330,52 @@ impl SenderPool {
         self.pos += n;
         let index = self.consumed;
         self.consumed += n as u64;
-        Ok(SenderBatch {
-            delta: self.delta,
-            q: &self.q.as_slice()[start..start + n],
-            index,
-        })
+        Ok((start, index))
     }
 }
 
-impl ReceiverPool {
+impl Pool<Sending> {
+    fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
+        let mut iknp = IknpSender::setup(ch)?;
+        let delta = iknp.delta();
+        let (engine, q, pos) = match backend {
+            Backend::Iknp => (Engine::Iknp(iknp), Vec::new(), 0),
+            Backend::Silent => {
+                let (ferret, q, start) = FerretSender::setup(ch, &mut iknp)?;
+                (Engine::Silent(Box::new(ferret)), q, start)
+            }
+        };
+        let end = q.len();
+        let lanes = Sending {
+            delta,
+            q: PoolBuf::from_vec(q),
+        };
+        Ok(Pool::new(engine, lanes, pos, end))
+    }
+}
+
+impl Pool<Receiving> {
     fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
         let mut iknp = IknpReceiver::setup(ch)?;
         let (engine, t, bits, pos) = match backend {
-            Backend::Iknp => (RecvEngine::Iknp(iknp), Vec::new(), Vec::new(), 0),
+            Backend::Iknp => (Engine::Iknp(iknp), Vec::new(), Vec::new(), 0),
             Backend::Silent => {
                 let (ferret, t, bits, start) = FerretReceiver::setup(ch, &mut iknp)?;
-                (RecvEngine::Silent(Box::new(ferret)), t, bits, start)
+                (Engine::Silent(Box::new(ferret)), t, bits, start)
             }
         };
-        Ok(ReceiverPool {
-            engine,
-            end: t.len(),
+        let end = t.len();
+        let lanes = Receiving {
             t: PoolBuf::from_vec(t),
             bits: PoolBuf::from_vec(bits),
-            pos,
-            consumed: 0,
             prg: Prg::from_os_entropy(),
-        })
-    }
-
-    fn available(&self) -> usize {
-        self.end - self.pos
-    }
-
-    /// The COTs this pool may hold after `ensure(need)` (see [`capacity_after`]).
-    fn capacity_after(&self, need: usize) -> usize {
-        let iteration = match &self.engine {
-            RecvEngine::Iknp(_) => None,
-            RecvEngine::Silent(e) => Some(e.iteration_len()),
         };
-        capacity_after(self.available(), need, iteration)
-    }
-
-    fn ensure<C: Channel>(&mut self, ch: &mut C, need: usize) -> Result<()> {
-        if self.available() >= need {
-            return Ok(());
-        }
-        let _g = ch.meter().enter_class(REFILL_CLASS);
-        match &mut self.engine {
-            RecvEngine::Iknp(e) => {
-                let left = self.end - self.pos;
-                let m = refill_size(left, need);
-                let choices: Zeroizing<Vec<u8>> =
-                    Zeroizing::new((0..m).map(|_| self.prg.bit() as u8).collect());
-                let more = Zeroizing::new(e.extend(ch, &choices)?);
-                let (len, live) = (left + m, self.pos..self.end);
-                let t = self.t.make_room(live.clone(), 0, len, iknp_capacity(len));
-                t[left..].copy_from_slice(&more);
-                let bits = self.bits.make_room(live, 0, len, iknp_capacity(len));
-                bits[left..].copy_from_slice(&choices);
-                (self.pos, self.end) = (0, len);
-            }
-            RecvEngine::Silent(e) => {
-                let (n, cap) = (e.iteration_len(), silent_capacity(e.iteration_len(), need));
-                let mut first = true;
-                while self.end - self.pos < need {
-                    // As for the sender, with the choice bits alongside.
-                    let live = self.pos..self.end;
-                    let start = if first {
-                        let left = live.len();
-                        let t = self.t.make_room(live.clone(), n, n + left, cap);
-                        let bits = self.bits.make_room(live, n, n + left, cap);
-                        (self.pos, self.end) = (n, n + left);
-                        e.extend_into(ch, &mut t[..n], &mut bits[..n])?
-                    } else {
-                        let end = self.end;
-                        let t = self.t.make_room(live.clone(), live.start, end + n, cap);
-                        let bits = self.bits.make_room(live.clone(), live.start, end + n, cap);
-                        let start =
-                            e.extend_into(ch, &mut t[end..end + n], &mut bits[end..end + n])?;
-                        t.copy_within(end + start..end + n, end);
-                        bits.copy_within(end + start..end + n, end);
-                        self.end = end + n - start;
-                        start
-                    };
-                    assert_eq!(start, e.reserve_len(), "silent OT reserve length");
-                    if first {
-                        self.pos = start;
-                    }
-                    first = false;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn take<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<ReceiverBatch<'_>> {
-        ensure!(
-            n <= MAX_COTS_PER_CALL,
-            InvalidArgument,
-            "{n} OTs in one call exceed {MAX_COTS_PER_CALL}"
-        );
-        self.ensure(ch, n)?;
-        let start = self.pos;
-        self.pos += n;
-        let index = self.consumed;
-        self.consumed += n as u64;
-        Ok(ReceiverBatch {
-            t: &self.t.as_slice()[start..start + n],
-            bits: &self.bits.as_slice()[start..start + n],
-            index,
-        })
+        Ok(Pool::new(engine, lanes, pos, end))
     }
 }
 
 /// The pool buffers wipe themselves ([`PoolBuf`]).
-impl Drop for SenderPool {
+impl Drop for Sending {
     fn drop(&mut self) {
         self.delta.zeroize();
     }
@@ -337,8 +384,8 @@ impl Drop for SenderPool {
 /// One party's end of an OT session with the peer (see the module doc).
 pub struct OtSession {
     role: Role,
-    sender: SenderPool,
-    receiver: ReceiverPool,
+    sender: Pool<Sending>,
+    receiver: Pool<Receiving>,
 }
 
 impl OtSession {
@@ -354,12 +401,12 @@ impl OtSession {
     pub fn setup_with<C: Channel>(ch: &mut C, role: Role, backend: Backend) -> Result<OtSession> {
         let (sender, receiver) = match role {
             Role::Server => {
-                let s = SenderPool::setup(ch, backend)?;
-                (s, ReceiverPool::setup(ch, backend)?)
+                let s = Pool::<Sending>::setup(ch, backend)?;
+                (s, Pool::<Receiving>::setup(ch, backend)?)
             }
             Role::Client => {
-                let r = ReceiverPool::setup(ch, backend)?;
-                (SenderPool::setup(ch, backend)?, r)
+                let r = Pool::<Receiving>::setup(ch, backend)?;
+                (Pool::<Sending>::setup(ch, backend)?, r)
             }
         };
         Ok(OtSession {
@@ -369,6 +416,7 @@ impl OtSession {
         })
     }
 
+    /// Which party this is.
     pub fn role(&self) -> Role {
         self.role
     }
@@ -421,7 +469,13 @@ impl OtSession {
         ch: &mut C,
         n: usize,
     ) -> Result<SenderBatch<'_>> {
-        self.sender.take(ch, n)
+        let (start, index) = self.sender.take(ch, n)?;
+        let lanes = &self.sender.lanes;
+        Ok(SenderBatch {
+            delta: lanes.delta,
+            q: &lanes.q.as_slice()[start..start + n],
+            index,
+        })
     }
 
     pub(crate) fn take_recv<C: Channel>(
@@ -429,7 +483,13 @@ impl OtSession {
         ch: &mut C,
         n: usize,
     ) -> Result<ReceiverBatch<'_>> {
-        self.receiver.take(ch, n)
+        let (start, index) = self.receiver.take(ch, n)?;
+        let lanes = &self.receiver.lanes;
+        Ok(ReceiverBatch {
+            t: &lanes.t.as_slice()[start..start + n],
+            bits: &lanes.bits.as_slice()[start..start + n],
+            index,
+        })
     }
 }
 

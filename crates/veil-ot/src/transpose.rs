@@ -18,7 +18,7 @@ const MASKS: [(usize, u128); 7] = [
 
 /// Transposes a 128×128 bit matrix in place: afterwards bit `j` of `m[i]` is the former bit `i`
 /// of `m[j]`.
-pub fn transpose_128(m: &mut [u128; 128]) {
+pub(crate) fn transpose_128(m: &mut [u128; 128]) {
     #[cfg(target_arch = "x86_64")]
     transpose_128_sse2(m);
     #[cfg(not(target_arch = "x86_64"))]
@@ -76,7 +76,7 @@ fn transpose_128_portable(m: &mut [u128; 128]) {
 
 /// `cols[j]` holds column `j` as `words` u128 words (bit `i` of word `w` = row `128w + i`).
 /// Writes row `r` (bit `j` = column `j`'s bit `r`) to `rows[r]`, for `128 * words` rows.
-pub fn transpose_columns(cols: &[u128], words: usize, rows: &mut [u128]) {
+pub(crate) fn transpose_columns(cols: &[u128], words: usize, rows: &mut [u128]) {
     assert_eq!(
         cols.len(),
         128 * words,

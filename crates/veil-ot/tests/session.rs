@@ -55,64 +55,37 @@ fn assert_balanced(bits: impl Iterator<Item = bool>, what: &str) {
     );
 }
 
-fn check_chosen(backend: Backend, n: usize, bits: u32) {
-    let msgs: Vec<[u64; 2]> = random_values(2 * n, bits)
-        .chunks(2)
-        .map(|c| [c[0], c[1]])
-        .collect();
-    let choices = random_bools(n);
-    let (m_a, c_a, m_b, c_b) = (msgs.clone(), choices.clone(), msgs.clone(), choices.clone());
-    let (got_client, got_server) = with_sessions(
-        backend,
-        move |s, c| {
-            let a = s.recv_chosen(c, &c_a, bits)?;
-            s.send_chosen(c, &m_b, bits)?;
-            Ok(a)
-        },
-        move |s, c| {
-            s.send_chosen(c, &m_a, bits)?;
-            s.recv_chosen(c, &c_b, bits)
-        },
-    )
-    .unwrap();
-    for i in 0..n {
-        let want = msgs[i][choices[i] as usize];
-        assert_eq!(got_client[i], want, "client-received OT {i}");
-        assert_eq!(got_server[i], want, "server-received OT {i}");
-    }
-}
-
-/// Checks 1-of-N against its ideal functionality. `shared`: the shared-output variant, where the
-/// sender's share r_i (< 2^bits) XOR the receiver's output is the chosen message, for every choice
-/// including 0 (whose row is never sent); otherwise the receiver gets the message itself.
-fn check_1_of_n(backend: Backend, log_n: u32, count: usize, bits: u32, shared: bool) {
+/// Checks 1-of-N against its ideal functionality: the sender's share r_i (< 2^bits) XOR the
+/// receiver's output is the chosen message, for every choice including 0 (whose row is never
+/// sent).
+fn check_1_of_n(backend: Backend, log_n: u32, count: usize, bits: u32) {
     let n = 1usize << log_n;
     let table = random_values(count * n, bits);
     let mut p = Prg::from_os_entropy();
     let mut choices: Vec<u8> = (0..count).map(|_| p.below(n as u64) as u8).collect();
-    choices[0] = 0;
+    if count > 0 {
+        choices[0] = 0;
+    }
     let (t, c) = (table.clone(), choices.clone());
-    let (got, shares) = with_sessions(
+    let group = OneOfN { log_n, count, bits };
+    let (mut got, mut shares) = with_sessions(
         backend,
-        move |s, ch| match shared {
-            true => s.recv_1_of_n_shared(ch, log_n, &c, bits),
-            false => s.recv_1_of_n(ch, log_n, &c, bits),
-        },
-        move |s, ch| match shared {
-            true => s.send_1_of_n_shared(ch, log_n, count, bits, |i, row| {
+        move |s, ch| s.recv_1_of_n_shared_groups(ch, &[(log_n, bits, &c)]),
+        move |s, ch| {
+            s.send_1_of_n_shared_groups(ch, &[group], |_, i, row| {
                 row.copy_from_slice(&t[i * n..(i + 1) * n])
-            }),
-            false => s.send_1_of_n(ch, log_n, &t, bits).map(|()| vec![0; count]),
+            })
         },
     )
     .unwrap();
+    let (got, shares) = (got.remove(0), shares.remove(0));
     assert_eq!(shares.len(), count);
     for i in 0..count {
         assert_eq!(shares[i] & !mask(bits), 0, "share {i} exceeds {bits} bits");
         assert_eq!(
             got[i] ^ shares[i],
             table[i * n + choices[i] as usize],
-            "log_n {log_n} OT {i} (shared: {shared})"
+            "log_n {log_n} OT {i}"
         );
     }
 }
@@ -125,11 +98,11 @@ fn check_cot(backend: Backend, n: usize, bits: u32, xor: bool) {
     let (y, x) = with_sessions(
         backend,
         move |s, ch| match xor {
-            true => s.recv_xor_cot(ch, &c, bits),
+            true => s.recv_xor_cot_widths(ch, &c, &[bits]),
             false => s.recv_arith_cot(ch, &c, bits),
         },
         move |s, ch| match xor {
-            true => s.send_xor_cot(ch, &d, bits),
+            true => s.send_xor_cot_widths(ch, &d, &[bits]),
             false => s.send_arith_cot(ch, &d, bits),
         },
     )
@@ -149,39 +122,18 @@ fn check_cot(backend: Backend, n: usize, bits: u32, xor: bool) {
 }
 
 #[test]
-fn iknp_chosen_ot_matches_ideal_functionality_both_directions() {
-    check_chosen(Backend::Iknp, 100_000, 1);
-    check_chosen(Backend::Iknp, 20_000, 41);
-    check_chosen(Backend::Iknp, 20_000, 64);
-    check_chosen(Backend::Iknp, 0, 8);
-    check_chosen(Backend::Iknp, 3, 7);
-}
-
-#[test]
 fn iknp_1_of_n_matches_ideal_functionality_for_every_n() {
-    check_1_of_n(Backend::Iknp, 4, 20_000, 2, false);
+    check_1_of_n(Backend::Iknp, 4, 20_000, 2);
     // The millionaire's leaves: rows of one word (packed path) and the widest such row.
-    check_1_of_n(Backend::Iknp, 3, 5_000, 1, false);
-    check_1_of_n(Backend::Iknp, 3, 5_000, 2, false);
-    check_1_of_n(Backend::Iknp, 3, 300, 8, false);
-    check_1_of_n(Backend::Iknp, 2, 300, 16, false);
-    // Every N, both variants.
-    for (log_n, shared) in (1..=8).flat_map(|l| [(l, false), (l, true)]) {
-        check_1_of_n(
-            Backend::Iknp,
-            log_n,
-            300,
-            if log_n % 2 == 0 { 64 } else { 5 },
-            shared,
-        );
+    check_1_of_n(Backend::Iknp, 3, 5_000, 1);
+    check_1_of_n(Backend::Iknp, 3, 5_000, 2);
+    check_1_of_n(Backend::Iknp, 3, 300, 8);
+    check_1_of_n(Backend::Iknp, 2, 300, 16);
+    check_1_of_n(Backend::Iknp, 2, 0, 16);
+    // Every N.
+    for log_n in 1..=8 {
+        check_1_of_n(Backend::Iknp, log_n, 300, if log_n % 2 == 0 { 64 } else { 5 });
     }
-}
-
-#[test]
-fn shared_1_of_n_matches_ideal_functionality() {
-    // The millionaire's leaves (packed rows); every N is in the test above.
-    check_1_of_n(Backend::Iknp, 3, 5_000, 1, true);
-    check_1_of_n(Backend::Iknp, 3, 5_000, 2, true);
 }
 
 /// Grouped shared 1-of-N (one call, groups of different N, widths and counts, an empty one
@@ -347,32 +299,47 @@ impl Channel for Recording<'_> {
 
 #[test]
 fn ciphertexts_of_constant_messages_look_random() {
-    // All messages are zero, so the wire carries the bare pads: the one the receiver can remove
-    // and the one it must not learn. Both must be unbiased, not constant.
+    // All messages and correlations are zero, so the wire carries bare pads the receiver must
+    // not learn: 1-of-2 rows K_0 ⊕ K_1 (choice 0, K_1 unknown) and COT words pad_0 − pad_1. Both
+    // must be unbiased, not constant.
     let n = 40_000;
-    let (wire, ()) = with_sessions(
-        Backend::Iknp,
-        move |s, ch| {
-            s.precompute(ch, n)?;
-            let mut rec = Recording {
-                inner: ch,
-                received: Vec::new(),
-            };
-            let got = s.recv_chosen(&mut rec, &vec![false; n], 8)?;
-            assert!(got.iter().all(|&m| m == 0));
-            Ok(rec.received)
-        },
-        move |s, ch| {
-            s.precompute(ch, n)?;
-            s.send_chosen(ch, &vec![[0, 0]; n], 8)
-        },
-    )
-    .unwrap();
-    let body = &wire[4..]; // skip the length prefix; then pairs of bytes (y0, y1)
-    assert_eq!(body.len(), 2 * n);
-    assert_balanced(body.chunks(2).map(|p| p[1] & 1 == 1), "unchosen pad bit 0");
-    assert_balanced(body.chunks(2).map(|p| p[1] >> 7 == 1), "unchosen pad bit 7");
-    assert_balanced(body.chunks(2).map(|p| p[0] & 1 == 1), "chosen pad bit 0");
+    for cot in [false, true] {
+        let group = OneOfN {
+            log_n: 1,
+            count: n,
+            bits: 8,
+        };
+        let (wire, ()) = with_sessions(
+            Backend::Iknp,
+            move |s, ch| {
+                s.precompute(ch, n)?;
+                let mut rec = Recording {
+                    inner: ch,
+                    received: Vec::new(),
+                };
+                if cot {
+                    s.recv_arith_cot(&mut rec, &vec![false; n], 8)?;
+                } else {
+                    s.recv_1_of_n_shared_groups(&mut rec, &[(1, 8, &vec![0; n])])?;
+                }
+                Ok(rec.received)
+            },
+            move |s, ch| {
+                s.precompute(ch, n)?;
+                if cot {
+                    s.send_arith_cot(ch, &vec![0; n], 8).map(drop)
+                } else {
+                    s.send_1_of_n_shared_groups(ch, &[group], |_, _, row| row.fill(0))
+                        .map(drop)
+                }
+            },
+        )
+        .unwrap();
+        let body = &wire[4..]; // skip the length prefix; then one byte per OT
+        assert_eq!(body.len(), n);
+        assert_balanced(body.iter().map(|b| b & 1 == 1), "pad bit 0");
+        assert_balanced(body.iter().map(|b| b >> 7 == 1), "pad bit 7");
+    }
 }
 
 #[test]
@@ -417,11 +384,11 @@ fn a_multi_iteration_pool_is_correct_to_its_end() {
         Backend::Silent,
         move |s, ch| {
             s.precompute(ch, n)?;
-            s.recv_xor_cot(ch, &c, 1)
+            s.recv_xor_cot_widths(ch, &c, &[1])
         },
         move |s, ch| {
             s.precompute(ch, n)?;
-            s.send_xor_cot(ch, &d, 1)
+            s.send_xor_cot_widths(ch, &d, &[1])
         },
     )
     .unwrap();
@@ -439,27 +406,22 @@ fn invalid_arguments_are_errors() {
     let r = with_sessions(
         Backend::Iknp,
         |s, ch| {
-            assert!(matches!(
-                s.recv_chosen(ch, &[true], 0),
-                Err(Error::InvalidArgument(_))
-            ));
-            assert!(matches!(
-                s.recv_1_of_n(ch, 2, &[4], 8),
-                Err(Error::InvalidArgument(_))
-            ));
-            assert!(matches!(
-                s.recv_1_of_n(ch, 9, &[0], 8),
-                Err(Error::InvalidArgument(_))
-            ));
+            for (log_n, bits, choice) in [(2, 0, 1u8), (2, 8, 4), (9, 8, 0)] {
+                assert!(matches!(
+                    s.recv_1_of_n_shared_groups(ch, &[(log_n, bits, &[choice])]),
+                    Err(Error::InvalidArgument(_))
+                ));
+            }
             Ok(())
         },
         |s, ch| {
+            let too_big = OneOfN {
+                log_n: 9,
+                count: 1,
+                bits: 8,
+            };
             assert!(matches!(
-                s.send_chosen(ch, &[[4, 0]], 2),
-                Err(Error::InvalidArgument(_))
-            ));
-            assert!(matches!(
-                s.send_1_of_n(ch, 2, &[0, 1, 2], 8),
+                s.send_1_of_n_shared_groups(ch, &[too_big], |_, _, _| ()),
                 Err(Error::InvalidArgument(_))
             ));
             assert!(matches!(
@@ -470,34 +432,6 @@ fn invalid_arguments_are_errors() {
         },
     );
     r.unwrap();
-}
-
-/// After set-up, the peer replies to a chosen OT with `reply` (or hangs up if `None`).
-fn chosen_receiver_against_bad_sender(reply: Option<Vec<u8>>) -> Result<Vec<u64>> {
-    receiver_against_bad_sender(
-        3,
-        |s, ch| s.recv_chosen(ch, &[true, false, true], 16),
-        reply,
-    )
-}
-
-#[test]
-fn bad_sender_messages_are_errors_not_panics() {
-    // Correct length is 3 OTs × 2 × 16 bits = 12 bytes.
-    assert!(matches!(
-        chosen_receiver_against_bad_sender(Some(vec![0; 11])),
-        Err(Error::Malformed(_))
-    ));
-    assert!(matches!(
-        chosen_receiver_against_bad_sender(Some(vec![0; 13])),
-        Err(Error::TooLarge { .. })
-    ));
-    assert!(matches!(
-        chosen_receiver_against_bad_sender(None),
-        Err(Error::Disconnected)
-    ));
-    // Garbage of the right length decodes to garbage messages: no error is possible, no panic.
-    assert!(chosen_receiver_against_bad_sender(Some(vec![0xa5; 12])).is_ok());
 }
 
 /// A receiver (`recv`, after pre-generating `cots` COTs) facing a sender that reads the choice
@@ -525,28 +459,36 @@ fn receiver_against_bad_sender(
     Ok(r)
 }
 
-/// The shared-output 1-of-4 receiver (3 OTs of 8 bits: 3 × 3 rows = 9 bytes) against a sender
-/// that replies with `reply`.
-fn shared_receiver_against_bad_sender(reply: Vec<u8>) -> Result<Vec<u64>> {
+/// The 1-of-4 receiver (3 OTs of 8 bits: 3 × 3 rows = 9 bytes) against a sender that replies
+/// with `reply` (or hangs up if `None`).
+fn shared_receiver_against_bad_sender(reply: Option<Vec<u8>>) -> Result<Vec<u64>> {
     receiver_against_bad_sender(
         6,
-        |s, ch| s.recv_1_of_n_shared(ch, 2, &[0, 3, 1], 8),
-        Some(reply),
+        |s, ch| {
+            let mut out = s.recv_1_of_n_shared_groups(ch, &[(2, 8, &[0, 3, 1])])?;
+            Ok(out.remove(0))
+        },
+        reply,
     )
 }
 
 #[test]
-fn bad_shared_1_of_n_messages_are_errors_not_panics() {
+fn bad_sender_messages_are_errors_not_panics() {
     assert!(matches!(
-        shared_receiver_against_bad_sender(vec![0; 8]),
+        shared_receiver_against_bad_sender(Some(vec![0; 8])),
         Err(Error::Malformed(_))
     ));
-    // The plain variant's length (row 0 included) is too long here.
+    // A length with row 0 included is too long.
     assert!(matches!(
-        shared_receiver_against_bad_sender(vec![0; 12]),
+        shared_receiver_against_bad_sender(Some(vec![0; 12])),
         Err(Error::TooLarge { .. })
     ));
-    assert!(shared_receiver_against_bad_sender(vec![0x5a; 9]).is_ok());
+    assert!(matches!(
+        shared_receiver_against_bad_sender(None),
+        Err(Error::Disconnected)
+    ));
+    // Garbage of the right length decodes to garbage messages: no error is possible, no panic.
+    assert!(shared_receiver_against_bad_sender(Some(vec![0x5a; 9])).is_ok());
 }
 
 /// A multi-width COT receiver (widths 7 and 3 for 3 COTs: 17 bits, 3 bytes with 7 zero padding
@@ -589,7 +531,13 @@ fn bad_receiver_messages_are_errors_not_panics() {
             },
             |s, ch| {
                 s.precompute(ch, 5)?;
-                s.send_1_of_n(ch, 1, &[0; 10], 8)
+                let group = OneOfN {
+                    log_n: 1,
+                    count: 5,
+                    bits: 8,
+                };
+                s.send_1_of_n_shared_groups(ch, &[group], |_, _, row| row.fill(0))
+                    .map(drop)
             },
         );
         match r {
@@ -613,7 +561,7 @@ fn garbage_during_setup_is_an_error() {
 }
 
 /// Drains each pool to 1000 COTs, then takes 6000: the refill (a second main iteration in each
-/// direction) moves the 1000 behind the new batch, and the random OTs span the seam.
+/// direction) moves the 1000 behind the new batch, and the binary COTs span the seam.
 fn drain_then_refill(s: &mut OtSession, ch: &mut MemChannel) -> Result<()> {
     let server = s.role() == Role::Server;
     let (send_left, recv_left) = s.available();
@@ -623,80 +571,87 @@ fn drain_then_refill(s: &mut OtSession, ch: &mut MemChannel) -> Result<()> {
     for k in 0..2 {
         let sending = server == (k == 0);
         if sending {
-            s.send_random_bits(ch, send_left - 1000)?;
-            let pairs = s.send_random_bits(ch, n)?;
-            let flat: Vec<u8> = pairs
-                .iter()
-                .map(|p| p[0] as u8 | (p[1] as u8) << 1)
-                .collect();
+            s.send_xor_cot_widths(ch, &vec![0; send_left - 1000], &[1])?;
+            let d = random_values(n, 1);
+            let x = s.send_xor_cot_widths(ch, &d, &[1])?;
+            let flat: Vec<u8> = x.iter().zip(&d).map(|(x, d)| (x | d << 1) as u8).collect();
             ch.send_msg(&flat)?;
         } else {
-            s.recv_random_bits(ch, recv_left - 1000)?;
-            let (c, r) = s.recv_random_bits(ch, n)?;
-            let pairs = ch.recv_msg(n)?;
+            s.recv_xor_cot_widths(ch, &vec![false; recv_left - 1000], &[1])?;
+            let c = random_bools(n);
+            let y = s.recv_xor_cot_widths(ch, &c, &[1])?;
+            let xd = ch.recv_msg(n)?;
             for i in 0..n {
-                check.push(((pairs[i] >> c[i] as u8) & 1 == 1) == r[i]);
+                let (x, d) = (xd[i] as u64 & 1, xd[i] as u64 >> 1);
+                check.push(y[i] == x ^ (c[i] as u64 & d));
             }
         }
     }
-    assert!(
-        check.iter().all(|&ok| ok),
-        "random OTs across the refill seam"
-    );
+    assert!(check.iter().all(|&ok| ok), "COTs across the refill seam");
     Ok(())
 }
 
 #[test]
 fn silent_session_serves_every_flavour_across_a_refill() {
-    // The bootstrap leaves ~45k COTs per direction; 60k chosen OTs force one main iteration in
+    // The bootstrap leaves ~45k COTs per direction; 60k binary COTs force one main iteration in
     // each direction, and the later calls consume its output.
     let n = 60_000;
-    let msgs: Vec<[u64; 2]> = random_values(2 * n, 41)
-        .chunks(2)
-        .map(|c| [c[0], c[1]])
-        .collect();
+    let deltas41 = random_values(n, 41);
     let choices = random_bools(n);
     let table = random_values(1000 * 16, 4);
     let mut p = Prg::from_os_entropy();
     let n_choices: Vec<u8> = (0..1000).map(|_| p.below(16) as u8).collect();
     let deltas = random_values(5000, 64);
     let a_choices = random_bools(5000);
-    let (m_s, c_c, t_s, nc_c, d_c, ac_s) = (
-        msgs.clone(),
+    let (d41_s, d41_c, c_c, c_s) = (
+        deltas41.clone(),
+        deltas41.clone(),
         choices.clone(),
+        choices.clone(),
+    );
+    let (t_s, nc_c, d_c, ac_s) = (
         table.clone(),
         n_choices.clone(),
         deltas.clone(),
         a_choices.clone(),
     );
-    let m_c = msgs.clone();
-    let c_s = choices.clone();
-    let ((got_chosen, got_n, x), (got_back, y)) = with_sessions(
+    let group = OneOfN {
+        log_n: 4,
+        count: 1000,
+        bits: 4,
+    };
+    let ((y_c, x_c, got_n, x), (x_s, y_s, shares_n, y)) = with_sessions(
         Backend::Silent,
         move |s, ch| {
-            let a = s.recv_chosen(ch, &c_c, 41)?;
-            s.send_chosen(ch, &m_c, 41)?;
-            let b = s.recv_1_of_n(ch, 4, &nc_c, 4)?;
+            let y_c = s.recv_xor_cot_widths(ch, &c_c, &[41])?;
+            let x_c = s.send_xor_cot_widths(ch, &d41_c, &[41])?;
+            let b = s.recv_1_of_n_shared_groups(ch, &[(4, 4, &nc_c)])?;
             let x = s.send_arith_cot(ch, &d_c, 64)?;
             drain_then_refill(s, ch)?;
-            Ok((a, b, x))
+            Ok((y_c, x_c, b, x))
         },
         move |s, ch| {
-            s.send_chosen(ch, &m_s, 41)?;
-            let back = s.recv_chosen(ch, &c_s, 41)?;
-            s.send_1_of_n(ch, 4, &t_s, 4)?;
+            let x_s = s.send_xor_cot_widths(ch, &d41_s, &[41])?;
+            let y_s = s.recv_xor_cot_widths(ch, &c_s, &[41])?;
+            let r = s.send_1_of_n_shared_groups(ch, &[group], |_, i, row| {
+                row.copy_from_slice(&t_s[16 * i..16 * (i + 1)])
+            })?;
             let y = s.recv_arith_cot(ch, &ac_s, 64)?;
             drain_then_refill(s, ch)?;
-            Ok((back, y))
+            Ok((x_s, y_s, r, y))
         },
     )
     .unwrap();
     for i in 0..n {
-        assert_eq!(got_chosen[i], msgs[i][choices[i] as usize]);
-        assert_eq!(got_back[i], msgs[i][choices[i] as usize]);
+        let d = choices[i] as u64 * deltas41[i];
+        assert_eq!(y_c[i], x_s[i] ^ d, "server-sent COT {i}");
+        assert_eq!(y_s[i], x_c[i] ^ d, "client-sent COT {i}");
     }
     for i in 0..1000 {
-        assert_eq!(got_n[i], table[i * 16 + n_choices[i] as usize]);
+        assert_eq!(
+            got_n[0][i] ^ shares_n[0][i],
+            table[i * 16 + n_choices[i] as usize]
+        );
     }
     for i in 0..5000 {
         let want = if a_choices[i] {
@@ -707,23 +662,6 @@ fn silent_session_serves_every_flavour_across_a_refill() {
         assert_eq!(y[i], want);
     }
     assert_balanced(x.iter().map(|v| v >> 63 == 1), "silent arith x");
-}
-
-#[test]
-fn random_bit_ots_match_their_functionality() {
-    let n = 50_000;
-    let ((c, rc), pairs) = with_sessions(
-        Backend::Iknp,
-        move |s, ch| s.recv_random_bits(ch, n),
-        move |s, ch| s.send_random_bits(ch, n),
-    )
-    .unwrap();
-    for i in 0..n {
-        assert_eq!(rc[i], pairs[i][c[i] as usize], "random OT {i}");
-    }
-    assert_balanced(c.iter().copied(), "choices");
-    assert_balanced(pairs.iter().map(|p| p[0]), "r0");
-    assert_balanced(pairs.iter().map(|p| p[0] ^ p[1]), "r0 xor r1");
 }
 
 #[test]

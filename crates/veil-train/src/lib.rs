@@ -1,30 +1,31 @@
 //! Fine-tuning with the bound loss, and the layer-by-layer substitution workflow (Algorithm 5).
 //!
-//! * [`batch`] — tokenised examples, padded batches, the [`SequenceClassifier`] trait;
-//! * [`loss`] — Eq. 1 of the paper: task + weight decay + hidden-state bound, and an optional
+//! * `batch` — tokenised examples, padded batches, the [`SequenceClassifier`] trait;
+//! * `loss` — Eq. 1 of the paper: task + weight decay + hidden-state bound, and an optional
 //!   distillation term towards a teacher model;
-//! * [`optim`] — AdamW with resumable state, linear warm-up/decay, gradient clipping;
-//! * [`init`] — seeded initialisation of new parameters;
-//! * [`checkpoint`] — crash-safe checkpoints for resuming a run;
-//! * [`train`] — the fine-tuning loop and evaluation;
+//! * `optim` — AdamW with resumable state, linear warm-up/decay, gradient clipping;
+//! * `init` — seeded initialisation of new parameters;
+//! * `checkpoint` — crash-safe checkpoints for resuming a run;
+//! * `train` — the fine-tuning loop and evaluation;
 //! * [`substitute`] — Algorithm 5, generic over a [`SubstitutionTarget`], resumable step by
 //!   step from a progress folder;
-//! * [`report`] — JSON, Markdown and SVG reports of a substitution run;
+//! * `report` — JSON, Markdown and SVG reports of a substitution run;
 //! * [`transformer`] — a veil-model transformer made trainable (VarMap, freezing, variants);
 //! * [`fixed_check`] — overflow check of a model in veil-model's fixed-point simulator;
 //! * [`workflow`] — `finetune` and `substitute` end to end, with an options struct each.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
-pub mod batch;
-pub mod checkpoint;
+mod batch;
+mod checkpoint;
 pub mod fixed_check;
-pub mod init;
-pub mod loss;
-pub mod optim;
-pub mod report;
+mod init;
+mod loss;
+mod optim;
+mod report;
 pub mod substitute;
-pub mod train;
+mod train;
 pub mod transformer;
 pub mod workflow;
 

@@ -17,7 +17,7 @@ use veil_core::parallel::pool;
 use crate::aes_prims::encrypt_in_place;
 
 /// Non-zeros per output row (Ferret uses d = 10).
-pub const D: usize = 10;
+pub(crate) const D: usize = 10;
 /// AES blocks per row: 12 32-bit words, of which the first 10 are used.
 const BLOCKS_PER_ROW: usize = 3;
 /// Rows generated per AES batch.
@@ -27,7 +27,7 @@ const ROWS: usize = 256;
 const JOB_ROWS: usize = 16 * ROWS;
 
 /// The public sparse matrix of one parameter set.
-pub struct LpnMatrix {
+pub(crate) struct LpnMatrix {
     cipher: Aes128,
     k: usize,
     /// Separates the counter streams of different parameter sets under one seed.
@@ -35,7 +35,7 @@ pub struct LpnMatrix {
 }
 
 impl LpnMatrix {
-    pub fn new(seed: u128, stream: u64, k: usize) -> Self {
+    pub(crate) fn new(seed: u128, stream: u64, k: usize) -> Self {
         assert!(k > 0 && k <= u32::MAX as usize, "LPN secret length {k}");
         LpnMatrix {
             cipher: Aes128::new(&seed.to_le_bytes().into()),
@@ -100,7 +100,7 @@ impl LpnMatrix {
     }
 
     /// Sender: applies the matrix to all of `out`, in parallel.
-    pub fn encode(&self, out: &mut [u128], base: &[u128]) {
+    pub(crate) fn encode(&self, out: &mut [u128], base: &[u128]) {
         assert_eq!(base.len(), self.k, "LPN base length");
         pool().install(|| {
             out.par_chunks_mut(JOB_ROWS)
@@ -110,7 +110,7 @@ impl LpnMatrix {
     }
 
     /// Receiver: applies the matrix to blocks and bits, in parallel.
-    pub fn encode_with_bits(
+    pub(crate) fn encode_with_bits(
         &self,
         out: &mut [u128],
         out_bits: &mut [u8],

@@ -26,10 +26,10 @@
 //! no malicious security. Δ, reserves and roots are zeroized on drop, punctured indices
 //! after each iteration.
 
-pub mod lpn;
-pub mod params;
-pub mod spcot;
-pub mod table;
+mod lpn;
+mod params;
+mod spcot;
+pub(crate) mod table;
 
 use rayon::prelude::*;
 use veil_core::parallel::pool;
@@ -232,6 +232,7 @@ impl FerretSender {
         Ok((sender, std::mem::take(&mut *out), main.base_cots()))
     }
 
+    /// Δ, the correlation every COT of this sender carries.
     pub fn delta(&self) -> u128 {
         self.delta
     }
@@ -367,6 +368,7 @@ impl FerretReceiver {
         Ok(r)
     }
 
+    /// COTs each main iteration hands out.
     pub fn batch_size(&self) -> usize {
         self.main.n - self.main.base_cots()
     }

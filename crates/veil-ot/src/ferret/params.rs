@@ -10,12 +10,10 @@
 //! * **bootstrap** — `ferret_b10`: t = 850, k = 2^16 = 65,536, depth 10, n = 870,400.
 //!
 //! Why b12 and not b13 (n = 15.6 M, k = 2^19, the default there): the LPN step reads k-entry
-//! tables at random, and at k = 2^18 (4 MiB) it runs ≈ 1.7× faster per output on this machine
-//! than at k = 589,824 (`cargo run --release -p veil-bench --example ot`); a 6.2 M-COT iteration
-//! also wastes less at the end of a short session. With the Half-Tree trees ([`super::spcot`]:
-//! one block per level) b12 costs t·depth·128 / (n − k − t·depth) ≈ 0.39 bit per usable COT,
-//! less than the 0.45 bit of the set used before (emp-ot's older `N_REG` set, n = 10,608,640,
-//! k = 589,824, t = 1,295, with classic GGM trees).
+//! tables at random, and a 4 MiB table (k = 2^18) stays in cache where a larger one does not
+//! (measured in docs/BENCHMARKS.md, "Moved from code comments"); a 6.2 M-COT iteration also
+//! wastes less at the end of a short session. With the Half-Tree trees ([`super::spcot`]: one
+//! block per level) b12 costs t·depth·128 / (n − k − t·depth) ≈ 0.39 bit per usable COT.
 //!
 //! An iteration with parameters (n, k, t) consumes `k + t·depth` COTs and produces n: the
 //! main iteration needs 262,144 + 1,520·12 = 280,384 (emp-ot adds 128 more for the malicious
@@ -25,7 +23,7 @@
 
 /// One LPN parameter set with regular noise: n outputs split into t bins, one noise bit each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LpnParams {
+pub(crate) struct LpnParams {
     /// Number of output COTs (LPN samples).
     pub n: usize,
     /// LPN secret length (COTs consumed by the LPN step).
@@ -35,34 +33,35 @@ pub struct LpnParams {
 }
 
 /// Main iteration (emp-ot `ferret_b12`, regular noise, 128-bit security).
-pub const MAIN: LpnParams = LpnParams {
+pub(crate) const MAIN: LpnParams = LpnParams {
     n: 1_520 << 12,
     k: 1 << 18,
     t: 1_520,
 };
 
 /// Bootstrap iteration (emp-ot `ferret_b10`, regular noise, 128-bit security).
-pub const BOOTSTRAP: LpnParams = LpnParams {
+pub(crate) const BOOTSTRAP: LpnParams = LpnParams {
     n: 850 << 10,
     k: 1 << 16,
     t: 850,
 };
 
 impl LpnParams {
+    #[cfg(test)]
     /// Output range `[start, start + len)` of bin `i`: bins differ in size by at most one.
-    pub fn bin(&self, i: usize) -> (usize, usize) {
+    pub(crate) fn bin(&self, i: usize) -> (usize, usize) {
         let start = i * self.n / self.t;
         (start, (i + 1) * self.n / self.t - start)
     }
 
     /// GGM tree depth: enough leaves for the largest bin.
-    pub fn depth(&self) -> usize {
+    pub(crate) fn depth(&self) -> usize {
         let largest = self.n.div_ceil(self.t);
         largest.next_power_of_two().trailing_zeros() as usize
     }
 
     /// COTs one iteration consumes: k for LPN, one per tree level for the SPCOTs.
-    pub fn base_cots(&self) -> usize {
+    pub(crate) fn base_cots(&self) -> usize {
         self.k + self.t * self.depth()
     }
 }

@@ -29,7 +29,7 @@ use crate::aes_prims::ccr_hash;
 use crate::ct::{bit_mask_128, eq_mask_128};
 
 /// Deepest tree supported (65,536 leaves per bin).
-pub const MAX_DEPTH: usize = 16;
+pub(crate) const MAX_DEPTH: usize = 16;
 
 /// Parents hashed per AES batch.
 const EXPAND_BATCH: usize = 64;
@@ -58,14 +58,15 @@ fn expand_level(nodes: &mut [u128], n: usize) -> [u128; 2] {
     sums
 }
 
+#[cfg(test)]
 /// Index of the leaf of path `path` (`depth` bits, MSB = level 1) in the in-place layout.
-pub fn leaf_index(path: usize, depth: usize) -> usize {
+pub(crate) fn leaf_index(path: usize, depth: usize) -> usize {
     (path.reverse_bits() >> (usize::BITS as usize - depth)) & ((1 << depth) - 1)
 }
 
 /// Sender: builds the tree of `root` into `leaves` (exactly `2^depth`) and writes the level
 /// messages `c_l = K_0(l) ⊕ q_l` to `msg` (one block per level COT `q_l`).
-pub fn send_tree(root: u128, delta: u128, q: &[u128], leaves: &mut [u128], msg: &mut [u128]) {
+pub(crate) fn send_tree(root: u128, delta: u128, q: &[u128], leaves: &mut [u128], msg: &mut [u128]) {
     let depth = q.len();
     assert!(
         (1..=MAX_DEPTH).contains(&depth) && leaves.len() == 1 << depth && msg.len() == depth,
@@ -83,7 +84,7 @@ pub fn send_tree(root: u128, delta: u128, q: &[u128], leaves: &mut [u128], msg: 
 /// Receiver: from its level COTs `t_l` with choice bits `b_l` and the sender's `msg`, rebuilds
 /// the leaves into `w` (exactly `2^depth`) so that `w[i] = v_i` except at the punctured leaf
 /// `leaf_index(α)`, `α_l = ¬b_l`, where `w = v ⊕ Δ`. Returns that index (a secret).
-pub fn receive_tree(t: &[u128], bits: &[u8], msg: &[u128], w: &mut [u128]) -> usize {
+pub(crate) fn receive_tree(t: &[u128], bits: &[u8], msg: &[u128], w: &mut [u128]) -> usize {
     let depth = t.len();
     assert!(
         (1..=MAX_DEPTH).contains(&depth)

@@ -21,7 +21,7 @@ use zeroize::{DefaultIsZeroes, Zeroize};
 const HUGE: usize = 2 << 20;
 const BLOCKS_PER_HUGE: usize = HUGE / 16;
 
-pub struct HugeTable {
+pub(crate) struct HugeTable {
     buf: Vec<u128>,
     start: usize,
     len: usize,
@@ -29,7 +29,7 @@ pub struct HugeTable {
 
 impl HugeTable {
     /// A zeroed table of `len` blocks.
-    pub fn new(len: usize) -> Self {
+    pub(crate) fn new(len: usize) -> Self {
         // Over-allocate so a 2 MiB-aligned window of whole huge pages covering `len` blocks
         // exists wherever the allocator places the buffer.
         let buf = vec![0u128; len.next_multiple_of(BLOCKS_PER_HUGE) + BLOCKS_PER_HUGE];
@@ -45,20 +45,16 @@ impl HugeTable {
         advise_huge(window.as_ptr() as usize, std::mem::size_of_val(window));
     }
 
-    pub fn as_slice(&self) -> &[u128] {
+    pub(crate) fn as_slice(&self) -> &[u128] {
         &self.buf[self.start..self.start + self.len]
     }
 
-    pub fn as_mut_slice(&mut self) -> &mut [u128] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u128] {
         &mut self.buf[self.start..self.start + self.len]
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 }
 
@@ -130,6 +126,15 @@ impl<T: DefaultIsZeroes> PoolBuf<T> {
             self.written = self.written.max(len);
         }
         &mut self.buf[..len]
+    }
+
+    /// Moves the entries `src` to start at `dest`, inside what has been written.
+    pub(crate) fn copy_within(&mut self, src: std::ops::Range<usize>, dest: usize) {
+        assert!(
+            src.end <= self.written && dest + src.len() <= self.written,
+            "pool buffer layout"
+        );
+        self.buf.copy_within(src, dest);
     }
 
     fn wipe(&mut self) {
