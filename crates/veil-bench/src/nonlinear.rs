@@ -43,7 +43,9 @@ impl Reporter<'_> {
 /// Problem sizes: `Full` is one BERT-Base layer; `Quick` divides the row counts by 16.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scale {
+    /// One BERT-Base layer's rows.
     Full,
+    /// A sixteenth of the rows, for a quick look.
     Quick,
 }
 

@@ -298,7 +298,10 @@ pub fn run_selected(keep: impl Fn(&str) -> bool) -> Result<Vec<Value>> {
         };
         out.push(bench_flavour(
             "one_of_16_ot_2bit",
-            move |s, ch| s.recv_1_of_n_shared_groups(ch, &[(4, 2, &choices)]).map(drop),
+            move |s, ch| {
+                s.recv_1_of_n_shared_groups(ch, &[(4, 2, &choices)])
+                    .map(drop)
+            },
             move |s, ch| {
                 s.send_1_of_n_shared_groups(ch, &[group], |_, i, row| {
                     row.copy_from_slice(&table[16 * i..16 * (i + 1)])

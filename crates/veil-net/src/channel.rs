@@ -74,44 +74,30 @@ pub trait Channel: Send {
     }
 }
 
-impl<C: Channel + ?Sized> Channel for &mut C {
-    fn send(&mut self, data: &[u8]) -> Result<()> {
-        (**self).send(data)
-    }
-    fn recv(&mut self, buf: &mut [u8]) -> Result<()> {
-        (**self).recv(buf)
-    }
-    fn flush(&mut self) -> Result<()> {
-        (**self).flush()
-    }
-    fn meter(&self) -> &Meter {
-        (**self).meter()
-    }
-    fn network(&self) -> Option<NetworkModel> {
-        (**self).network()
-    }
-    fn set_deadline(&mut self, deadline: Option<Instant>) -> Result<()> {
-        (**self).set_deadline(deadline)
-    }
+/// A channel behind a reference or a box is that channel.
+macro_rules! forward_channel {
+    ($($wrapper:ty),*) => {$(
+        impl<C: Channel + ?Sized> Channel for $wrapper {
+            fn send(&mut self, data: &[u8]) -> Result<()> {
+                (**self).send(data)
+            }
+            fn recv(&mut self, buf: &mut [u8]) -> Result<()> {
+                (**self).recv(buf)
+            }
+            fn flush(&mut self) -> Result<()> {
+                (**self).flush()
+            }
+            fn meter(&self) -> &Meter {
+                (**self).meter()
+            }
+            fn network(&self) -> Option<NetworkModel> {
+                (**self).network()
+            }
+            fn set_deadline(&mut self, deadline: Option<Instant>) -> Result<()> {
+                (**self).set_deadline(deadline)
+            }
+        }
+    )*};
 }
 
-impl<C: Channel + ?Sized> Channel for Box<C> {
-    fn send(&mut self, data: &[u8]) -> Result<()> {
-        (**self).send(data)
-    }
-    fn recv(&mut self, buf: &mut [u8]) -> Result<()> {
-        (**self).recv(buf)
-    }
-    fn flush(&mut self) -> Result<()> {
-        (**self).flush()
-    }
-    fn meter(&self) -> &Meter {
-        (**self).meter()
-    }
-    fn network(&self) -> Option<NetworkModel> {
-        (**self).network()
-    }
-    fn set_deadline(&mut self, deadline: Option<Instant>) -> Result<()> {
-        (**self).set_deadline(deadline)
-    }
-}
+forward_channel!(&mut C, Box<C>);

@@ -341,7 +341,7 @@ pub enum ServerPin {
 #[derive(Debug)]
 struct PinVerifier {
     pin: ServerPin,
-    provider: Arc<CryptoProvider>,
+    signatures: Signatures,
     /// The fingerprint presented, and why it was refused (if it was).
     seen: Mutex<(Option<Fingerprint>, Option<String>)>,
 }
@@ -379,15 +379,44 @@ impl ServerCertVerifier for PinVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.signatures.tls12(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.signatures.tls13(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.signatures.schemes()
+    }
+}
+
+/// The handshake-signature checks both verifiers share: the provider's algorithms, whatever
+/// the certificate (the fingerprint check is each verifier's own).
+#[derive(Debug)]
+struct Signatures(Arc<CryptoProvider>);
+
+impl Signatures {
+    fn tls12(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
         verify_tls12_signature(
             message,
             cert,
             dss,
-            &self.provider.signature_verification_algorithms,
+            &self.0.signature_verification_algorithms,
         )
     }
 
-    fn verify_tls13_signature(
+    fn tls13(
         &self,
         message: &[u8],
         cert: &CertificateDer<'_>,
@@ -397,14 +426,12 @@ impl ServerCertVerifier for PinVerifier {
             message,
             cert,
             dss,
-            &self.provider.signature_verification_algorithms,
+            &self.0.signature_verification_algorithms,
         )
     }
 
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -412,7 +439,7 @@ impl ServerCertVerifier for PinVerifier {
 #[derive(Debug)]
 struct AllowList {
     allowed: HashSet<Fingerprint>,
-    provider: Arc<CryptoProvider>,
+    signatures: Signatures,
 }
 
 impl ClientCertVerifier for AllowList {
@@ -441,12 +468,7 @@ impl ClientCertVerifier for AllowList {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.signatures.tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -455,18 +477,11 @@ impl ClientCertVerifier for AllowList {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.signatures.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.signatures.schemes()
     }
 }
 
@@ -488,7 +503,7 @@ impl ServerTls {
         let builder = match allowed_clients {
             Some(allowed) => builder.with_client_cert_verifier(Arc::new(AllowList {
                 allowed,
-                provider: provider.clone(),
+                signatures: Signatures(provider.clone()),
             })),
             None => builder.with_no_client_auth(),
         };
@@ -536,7 +551,7 @@ impl ClientTls {
         let provider = provider();
         let verifier = Arc::new(PinVerifier {
             pin: self.pin.clone(),
-            provider: provider.clone(),
+            signatures: Signatures(provider.clone()),
             seen: Mutex::new((None, None)),
         });
         let builder = rustls::ClientConfig::builder_with_provider(provider)

@@ -358,12 +358,7 @@ fn receiver_keys(batch: &ReceiverBatch<'_>, g: OneOfN, choices: &[u8]) -> Vec<u6
 }
 
 /// Receives one group's masked rows and turns its keys `out` into the chosen messages.
-fn unmask_rows<C: Channel>(
-    ch: &mut C,
-    g: OneOfN,
-    choices: &[u8],
-    out: &mut [u64],
-) -> Result<()> {
+fn unmask_rows<C: Channel>(ch: &mut C, g: OneOfN, choices: &[u8], out: &mut [u64]) -> Result<()> {
     let n_msgs = 1usize << g.log_n;
     // Row x = 0 is zero and not sent: K_0 alone is the output for c = 0.
     let sent = g.count * (n_msgs - 1);

@@ -40,7 +40,7 @@ const IKNP_MIN_REFILL: usize = 1 << 16;
 pub const REFILL_CLASS: &str = "OT refill";
 
 /// Upper bound on COTs requested in one call (bounds allocations from caller mistakes).
-pub const MAX_COTS_PER_CALL: usize = 1 << 26;
+pub(crate) const MAX_COTS_PER_CALL: usize = 1 << 26;
 
 /// One direction's engine: IKNP, or silent COT bootstrapped from it.
 enum Engine<I, S> {
@@ -299,9 +299,15 @@ impl<L: Lanes> Pool<L> {
                         // large preprocessing pool costs linear, not quadratic, copying.
                         let end = self.end;
                         let at = live.start;
-                        let start =
-                            self.lanes
-                                .silent_iteration(e, ch, live, at, end + n, cap, end..end + n)?;
+                        let start = self.lanes.silent_iteration(
+                            e,
+                            ch,
+                            live,
+                            at,
+                            end + n,
+                            cap,
+                            end..end + n,
+                        )?;
                         self.lanes.copy_within(end + start..end + n, end);
                         self.end = end + n - start;
                         start

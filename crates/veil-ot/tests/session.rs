@@ -132,7 +132,12 @@ fn iknp_1_of_n_matches_ideal_functionality_for_every_n() {
     check_1_of_n(Backend::Iknp, 2, 0, 16);
     // Every N.
     for log_n in 1..=8 {
-        check_1_of_n(Backend::Iknp, log_n, 300, if log_n % 2 == 0 { 64 } else { 5 });
+        check_1_of_n(
+            Backend::Iknp,
+            log_n,
+            300,
+            if log_n % 2 == 0 { 64 } else { 5 },
+        );
     }
 }
 

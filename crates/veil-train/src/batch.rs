@@ -8,16 +8,23 @@ use crate::candle_err;
 /// One tokenised example: word-piece ids, segment (token type) ids, class id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EncodedExample {
+    /// Word-piece ids, `[CLS]` and `[SEP]` included.
     pub ids: Vec<u32>,
+    /// Segment (token type) id of each token.
     pub type_ids: Vec<u32>,
+    /// Class id.
     pub label: u32,
 }
 
 /// A padded batch. Padding uses id 0 and mask 0; `attention_mask` is f32 (1 = real token).
 pub struct Batch {
+    /// [batch, seq] token ids.
     pub input_ids: Tensor,
+    /// [batch, seq] segment ids.
     pub type_ids: Tensor,
+    /// [batch, seq], 1 for real tokens and 0 for padding.
     pub attention_mask: Tensor,
+    /// [batch] class ids.
     pub labels: Tensor,
 }
 
@@ -58,10 +65,12 @@ impl Batch {
         make().map_err(candle_err)
     }
 
+    /// Examples in the batch.
     pub fn len(&self) -> usize {
         self.labels.dims()[0]
     }
 
+    /// Whether the batch has no examples.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -88,6 +97,7 @@ impl ClassifierOutput {
 
 /// A model the trainer can fine-tune: a differentiable forward pass over a batch.
 pub trait SequenceClassifier {
+    /// Logits (and hidden states) of a batch, differentiable.
     fn forward(&self, batch: &Batch) -> candle_core::Result<ClassifierOutput>;
 }
 

@@ -18,14 +18,15 @@ use crate::optim::AdamW;
 /// Progress of a run, and what it was started with (a resume with different settings or data
 /// would silently train something else, so it is refused).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainState {
+pub(crate) struct TrainState {
     /// Updates completed.
-    pub step: u64,
-    pub total_steps: u64,
+    pub(crate) step: u64,
+    /// Updates the whole run makes.
+    pub(crate) total_steps: u64,
     /// The run's settings, serialised, compared on resume.
-    pub config: serde_json::Value,
+    pub(crate) config: serde_json::Value,
     /// Fingerprint of the training examples.
-    pub data_fingerprint: u64,
+    pub(crate) data_fingerprint: u64,
 }
 
 const STATE_FILE: &str = "state.json";
@@ -43,7 +44,12 @@ pub(crate) fn io_err(what: &str, path: &Path, e: impl std::fmt::Display) -> Erro
 }
 
 /// Saves parameters, optimiser state and progress into `dir`, replacing an older checkpoint.
-pub fn save(dir: &Path, params: &[(String, Var)], opt: &AdamW, state: &TrainState) -> Result<()> {
+pub(crate) fn save(
+    dir: &Path,
+    params: &[(String, Var)],
+    opt: &AdamW,
+    state: &TrainState,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create", dir, e))?;
     let previous = load_state(dir)?.map(|s| s.step);
     let tensors: HashMap<String, Tensor> = params
@@ -74,7 +80,7 @@ pub(crate) fn write_json_atomically(path: &Path, value: &impl Serialize) -> Resu
 }
 
 /// Reads `state.json` if the folder has a checkpoint.
-pub fn load_state(dir: &Path) -> Result<Option<TrainState>> {
+pub(crate) fn load_state(dir: &Path) -> Result<Option<TrainState>> {
     let path = dir.join(STATE_FILE);
     if !path.exists() {
         return Ok(None);
@@ -86,7 +92,7 @@ pub fn load_state(dir: &Path) -> Result<Option<TrainState>> {
 }
 
 /// Restores the parameters and optimiser state saved at `state.step`.
-pub fn restore(
+pub(crate) fn restore(
     dir: &Path,
     state: &TrainState,
     params: &[(String, Var)],

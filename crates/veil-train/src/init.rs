@@ -9,7 +9,7 @@ use veil_core::Result;
 use crate::candle_err;
 
 /// Overwrites `var` with N(0, std²) samples (Box–Muller over `rng`).
-pub fn fill_normal(var: &Var, std: f64, rng: &mut StdRng) -> Result<()> {
+pub(crate) fn fill_normal(var: &Var, std: f64, rng: &mut StdRng) -> Result<()> {
     let n = var.elem_count();
     let samples: Vec<f32> = (0..n)
         .map(|_| {
@@ -25,7 +25,7 @@ pub fn fill_normal(var: &Var, std: f64, rng: &mut StdRng) -> Result<()> {
 }
 
 /// Overwrites `var` with zeros.
-pub fn fill_zeros(var: &Var) -> Result<()> {
+pub(crate) fn fill_zeros(var: &Var) -> Result<()> {
     var.set(&var.zeros_like().map_err(candle_err)?)
         .map_err(candle_err)
 }

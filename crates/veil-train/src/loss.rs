@@ -39,8 +39,11 @@ const NORM_EPS: f64 = 1e-6;
 /// is B = ∞ (no bound control).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LossWeights {
+    /// α1, the weight of the decay term.
     pub alpha1: f64,
+    /// α2, the weight of the hidden-state bound term.
     pub alpha2: f64,
+    /// B, the bound on hidden values (`None`: ∞).
     pub bound: Option<f64>,
     /// W; 0 turns distillation off. Left out of the JSON when 0, so settings saved before it
     /// existed (checkpoints, fingerprints) still compare equal.
@@ -73,6 +76,7 @@ impl LossWeights {
         }
     }
 
+    /// Refuses weights outside the loss's domain (α1, α2 ≥ 0, α1 + α2 < 1, B > 0, W ≥ 0).
     pub fn validate(&self) -> Result<()> {
         ensure!(
             self.alpha1 >= 0.0 && self.alpha2 >= 0.0 && self.alpha1 + self.alpha2 < 1.0,
@@ -99,21 +103,26 @@ impl LossWeights {
 }
 
 /// The total loss (for backpropagation) and its terms (for logging).
-pub struct LossTerms {
-    pub total: Tensor,
-    pub task: f32,
-    pub decay: f32,
-    pub bound: f32,
-    pub distill: f32,
+pub(crate) struct LossTerms {
+    /// The loss to backpropagate.
+    pub(crate) total: Tensor,
+    /// The task (cross-entropy) term.
+    pub(crate) task: f32,
+    /// The weight-decay term.
+    pub(crate) decay: f32,
+    /// The hidden-state bound term.
+    pub(crate) bound: f32,
+    /// The distillation term (0 without a teacher).
+    pub(crate) distill: f32,
 }
 
 /// Mean cross-entropy of `logits` (batch × classes) against `labels` (batch, u32).
-pub fn task_loss(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+pub(crate) fn task_loss(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     candle_nn::loss::cross_entropy(logits, labels).map_err(candle_err)
 }
 
 /// ½ Σ ‖W‖² / P over the rank ≥ 2 tensors among `params` (P: their number of entries).
-pub fn decay_loss(params: &[Var]) -> Result<Tensor> {
+pub(crate) fn decay_loss(params: &[Var]) -> Result<Tensor> {
     let mut total: Option<Tensor> = None;
     let mut entries = 0usize;
     for p in params.iter().filter(|p| p.rank() >= 2) {
@@ -136,7 +145,7 @@ pub fn decay_loss(params: &[Var]) -> Result<Tensor> {
 
 /// Σ_i ‖max(|h_i| − B, 0)‖₂, averaged over the batch. Each `h_i` is batch × seq × hidden;
 /// `mask` (batch × seq, 1 = real token, 0 = padding) keeps padding out of the norm.
-pub fn bound_loss(hidden_states: &[Tensor], mask: &Tensor, bound: f64) -> Result<Tensor> {
+pub(crate) fn bound_loss(hidden_states: &[Tensor], mask: &Tensor, bound: f64) -> Result<Tensor> {
     ensure!(
         !hidden_states.is_empty(),
         InvalidArgument,
@@ -169,7 +178,7 @@ pub fn bound_loss(hidden_states: &[Tensor], mask: &Tensor, bound: f64) -> Result
 
 /// L_distill of the module docs for one batch (`mask` as for [`bound_loss`]). The teacher's
 /// outputs are detached here, so no gradient ever reaches the teacher.
-pub fn distill_loss(
+pub(crate) fn distill_loss(
     student: &ClassifierOutput,
     teacher: &ClassifierOutput,
     mask: &Tensor,
@@ -228,7 +237,7 @@ pub fn distill_loss(
 
 /// Eq. 1 for one batch, plus the distillation term towards `teacher`'s outputs on the same
 /// batch when `weights.distill` > 0. `trainable` are the parameters the decay term applies to.
-pub fn combined_loss(
+pub(crate) fn combined_loss(
     weights: &LossWeights,
     out: &ClassifierOutput,
     labels: &Tensor,

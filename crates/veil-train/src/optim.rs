@@ -16,9 +16,13 @@ use crate::candle_err;
 /// term lives in the loss ([`crate::loss`]), so it defaults to 0 to avoid decaying twice.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AdamWConfig {
+    /// Decay of the first-moment estimate.
     pub beta1: f64,
+    /// Decay of the second-moment estimate.
     pub beta2: f64,
+    /// Added to the denominator.
     pub eps: f64,
+    /// Decoupled weight decay per update (times the learning rate).
     pub weight_decay: f64,
 }
 
@@ -35,16 +39,19 @@ impl Default for AdamWConfig {
 
 /// Linear warm-up from 0 to `peak` over `warmup` steps, then linear decay to 0 at `total`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LinearSchedule {
-    pub peak: f64,
-    pub warmup: u64,
-    pub total: u64,
+pub(crate) struct LinearSchedule {
+    /// Largest learning rate.
+    pub(crate) peak: f64,
+    /// Updates of the warm-up.
+    pub(crate) warmup: u64,
+    /// Update at which the rate reaches 0.
+    pub(crate) total: u64,
 }
 
 impl LinearSchedule {
     /// Learning rate for the update with 0-based index `step` (the first update already moves:
     /// with warm-up w it uses peak/w, not 0).
-    pub fn lr(&self, step: u64) -> f64 {
+    pub(crate) fn lr(&self, step: u64) -> f64 {
         if step < self.warmup {
             self.peak * (step + 1) as f64 / self.warmup as f64
         } else if step >= self.total {
@@ -57,7 +64,7 @@ impl LinearSchedule {
 }
 
 /// AdamW over a named set of variables, with its state exportable for checkpoints.
-pub struct AdamW {
+pub(crate) struct AdamW {
     config: AdamWConfig,
     params: Vec<(String, Var)>,
     first: Vec<Tensor>,
@@ -66,7 +73,8 @@ pub struct AdamW {
 }
 
 impl AdamW {
-    pub fn new(params: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
+    /// An optimiser of `params` with zero moments.
+    pub(crate) fn new(params: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
         let zeros = |v: &Var| v.zeros_like().map_err(candle_err);
         let first = params
             .iter()
@@ -85,17 +93,15 @@ impl AdamW {
         })
     }
 
-    pub fn steps_taken(&self) -> u64 {
+    /// Updates made so far.
+    #[cfg(test)]
+    pub(crate) fn steps_taken(&self) -> u64 {
         self.steps_taken
-    }
-
-    pub fn vars(&self) -> Vec<Var> {
-        self.params.iter().map(|(_, v)| v.clone()).collect()
     }
 
     /// One update with learning rate `lr`. Parameters without a gradient (not reached by the
     /// loss) are left alone.
-    pub fn step(&mut self, grads: &GradStore, lr: f64) -> Result<()> {
+    pub(crate) fn step(&mut self, grads: &GradStore, lr: f64) -> Result<()> {
         self.steps_taken += 1;
         let c = self.config;
         let t = self.steps_taken as i32;
@@ -127,7 +133,7 @@ impl AdamW {
     }
 
     /// Moment estimates keyed `m.<name>` / `v.<name>`, for a checkpoint.
-    pub fn state_tensors(&self) -> HashMap<String, Tensor> {
+    pub(crate) fn state_tensors(&self) -> HashMap<String, Tensor> {
         let mut out = HashMap::new();
         for (i, (name, _)) in self.params.iter().enumerate() {
             out.insert(format!("m.{name}"), self.first[i].clone());
@@ -137,7 +143,7 @@ impl AdamW {
     }
 
     /// Restores what [`Self::state_tensors`] saved; every parameter must be present with its shape.
-    pub fn load_state(
+    pub(crate) fn load_state(
         &mut self,
         tensors: &HashMap<String, Tensor>,
         steps_taken: u64,
@@ -165,7 +171,7 @@ impl AdamW {
 
 /// Scales the gradients of `vars` so their global L2 norm is at most `max_norm`; returns the
 /// norm before clipping.
-pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64> {
+pub(crate) fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Result<f64> {
     let mut sum_sq = 0f64;
     for v in vars {
         if let Some(g) = grads.get(v.as_tensor()) {

@@ -13,18 +13,22 @@ use crate::substitute::{Operator, SubstitutionReport};
 /// Whether the exported model runs through the fixed-point simulator without overflow.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FixedPointCheck {
+    /// ℓ of the simulated format.
     pub ring_bits: u32,
+    /// f of the simulated format.
     pub frac_bits: u32,
     /// Examples pushed through the simulator.
     pub examples: usize,
     /// Fraction of those examples whose fixed-point prediction equals the f32 prediction.
     pub prediction_agreement: f64,
+    /// Each block's result.
     pub per_block: Vec<BlockFixedPoint>,
 }
 
 /// One block's result in the fixed-point simulator, over all simulated examples.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BlockFixedPoint {
+    /// Block index.
     pub block: usize,
     /// Largest |output| of the block in the simulator (decoded).
     pub max_abs: f64,
@@ -37,12 +41,14 @@ pub struct BlockFixedPoint {
 }
 
 impl BlockFixedPoint {
+    /// Whether any accumulator wrapped.
     pub fn overflow(&self) -> bool {
         self.wrapped > 0
     }
 }
 
 impl FixedPointCheck {
+    /// Whether no block wrapped.
     pub fn overflow_free(&self) -> bool {
         self.per_block.iter().all(|b| !b.overflow())
     }
@@ -53,8 +59,11 @@ impl FixedPointCheck {
 pub struct ReportDocument {
     /// Model name (folder) and task name, for the Table 3 row.
     pub model: String,
+    /// Task name.
     pub task: String,
+    /// What the substitution did.
     pub substitution: SubstitutionReport,
+    /// The fixed-point check of the result, if it ran.
     pub fixed_point: Option<FixedPointCheck>,
 }
 
@@ -85,7 +94,7 @@ fn max_list(v: &[f32]) -> String {
 }
 
 /// The Markdown report.
-pub fn markdown(doc: &ReportDocument) -> String {
+pub(crate) fn markdown(doc: &ReportDocument) -> String {
     let sub = &doc.substitution;
     let mut md = String::new();
     let w = &mut md;
@@ -252,7 +261,7 @@ pub fn markdown(doc: &ReportDocument) -> String {
 
 /// A bar chart of the accepted model's accuracy after each stage, with the acceptance threshold
 /// as a dashed line. Hand-written SVG: no plotting dependency for one chart.
-pub fn accuracy_svg(doc: &ReportDocument) -> String {
+pub(crate) fn accuracy_svg(doc: &ReportDocument) -> String {
     let bars = stage_labels(doc);
     let threshold = doc.substitution.threshold;
     let (w, h, left, right, top, bottom) = (560.0, 320.0, 60.0, 20.0, 30.0, 50.0);
@@ -332,7 +341,7 @@ fn escape(text: &str) -> String {
 }
 
 /// Writes `substitution.json`, `substitution.md` and `accuracy.svg` into `dir`.
-pub fn write_reports(dir: &Path, doc: &ReportDocument) -> Result<()> {
+pub(crate) fn write_reports(dir: &Path, doc: &ReportDocument) -> Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::Other(format!("cannot create {}: {e}", dir.display())))?;
     let json = serde_json::to_string_pretty(doc).map_err(|e| Error::Other(e.to_string()))?;

@@ -53,6 +53,7 @@ pub enum Operator {
 }
 
 impl Operator {
+    /// Every operator, in the paper's stage order.
     pub const ALL: [Operator; 4] = [
         Operator::Gelu,
         Operator::Softmax,
@@ -90,6 +91,7 @@ impl std::str::FromStr for Operator {
 /// One pass over all blocks for one operator type.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stage {
+    /// The operator replaced.
     pub operator: Operator,
     /// Hidden-state bound B for the fine-tuning of this stage (`None` = ∞).
     pub bound: Option<f64>,
@@ -128,6 +130,7 @@ pub enum BlockOrder {
 /// Settings of the workflow.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SubstitutionConfig {
+    /// The stages, in order.
     pub stages: Vec<Stage>,
     /// Δα, as a fraction (0.02 = two accuracy points).
     pub max_accuracy_drop: f64,
@@ -137,6 +140,7 @@ pub struct SubstitutionConfig {
     pub retries: u32,
     /// Budget growth per retry: retry r fine-tunes with `retry_factor`^r times the updates.
     pub retry_factor: f64,
+    /// The order blocks are visited in within a stage.
     pub block_order: BlockOrder,
 }
 
@@ -217,6 +221,7 @@ impl SubstitutionConfig {
 /// One fine-tuning run of a step.
 #[derive(Clone, Debug)]
 pub struct FinetuneRequest<'a> {
+    /// The operator replaced.
     pub operator: Operator,
     /// Blocks `0 .. block` stay frozen.
     pub block: usize,
@@ -249,8 +254,11 @@ pub trait SubstitutionTarget {
     /// Enough state to undo a rejected step (parameters and operator variants).
     type Snapshot;
 
+    /// Encoder blocks of the model.
     fn num_blocks(&self) -> usize;
+    /// The current state, to roll back to.
     fn snapshot(&self) -> Result<Self::Snapshot>;
+    /// Rolls back to a snapshot.
     fn restore(&mut self, snapshot: &Self::Snapshot) -> Result<()>;
     /// Writes the current state (what a snapshot holds) into the new folder `dir`.
     fn save(&self, dir: &Path) -> Result<()>;
@@ -267,15 +275,22 @@ pub trait SubstitutionTarget {
 /// One substitution step: an operator in a block, kept or rolled back.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
+    /// The operator replaced.
     pub operator: Operator,
+    /// The block.
     pub block: usize,
+    /// The stage's hidden-state bound B (`None`: ∞).
     pub bound: Option<f64>,
+    /// Mean training loss of the fine-tuning.
     pub train_loss: f64,
+    /// Dev accuracy after the step.
     pub accuracy: f64,
     /// Dev F1 of class 1 on a two-class task ([`Evaluation::f1`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub f1: Option<f64>,
+    /// Whether the step was kept.
     pub accepted: bool,
+    /// Largest |hidden value| per block on the dev set.
     pub max_abs_hidden: Vec<f32>,
     /// Time this step took in the invocation that finished it.
     pub seconds: f64,
@@ -299,17 +314,22 @@ pub struct AttemptRecord {
     pub updates: u64,
     /// Mean training loss over the updates the invocation that finished the attempt ran.
     pub train_loss: f64,
+    /// Dev accuracy after the step.
     pub accuracy: f64,
+    /// Largest |hidden value| per block on the dev set.
     pub max_abs_hidden: Vec<f32>,
     /// The update an interrupted fine-tuning was continued from.
     pub resumed_from: Option<u64>,
+    /// Wall time of the attempt.
     pub seconds: f64,
 }
 
 /// The accepted model at the end of a stage.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StageRecord {
+    /// The operator replaced.
     pub operator: Operator,
+    /// The stage's hidden-state bound B (`None`: ∞).
     pub bound: Option<f64>,
     /// Blocks whose operator of this type was replaced and kept.
     pub replaced_blocks: Vec<usize>,
@@ -323,12 +343,17 @@ pub struct StageRecord {
 /// Everything the workflow did, for the JSON/Markdown/SVG reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SubstitutionReport {
+    /// Blocks of the model.
     pub num_blocks: usize,
+    /// Δα, the accuracy drop a step may cause.
     pub max_accuracy_drop: f64,
+    /// Evaluation of the model before any substitution.
     pub original: Evaluation,
     /// α − Δα: a step is accepted when its accuracy is strictly above this.
     pub threshold: f64,
+    /// Every step, in order.
     pub steps: Vec<StepRecord>,
+    /// Every stage's result.
     pub stages: Vec<StageRecord>,
     /// Evaluation of the final accepted model.
     pub final_evaluation: Evaluation,
@@ -372,9 +397,11 @@ const PROGRESS_VERSION: u32 = 1;
 /// `progress.json`: the run so far.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SavedProgress {
+    /// Layout version of the file.
     pub version: u32,
     /// The [`Resume`] fingerprint plus the substitution settings and the number of blocks.
     pub fingerprint: Map<String, Value>,
+    /// Evaluation of the model before any substitution.
     pub original: Evaluation,
     /// Evaluation of the accepted model.
     pub accepted: Evaluation,
@@ -556,10 +583,13 @@ fn stage_records(
 /// How [`run_substitution`] ended.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunOutcome {
+    /// Every step done.
     Finished(SubstitutionReport),
     /// Stopped by [`Resume::stop_after`]; running again continues.
     Stopped {
+        /// Steps done so far.
         steps_done: usize,
+        /// Steps of the whole run.
         total_steps: usize,
     },
 }

@@ -24,7 +24,9 @@ use crate::optim::{clip_grad_norm, AdamW, AdamWConfig, LinearSchedule};
 /// Settings of one fine-tuning run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
+    /// Passes over the training set.
     pub epochs: u32,
+    /// Examples per update.
     pub batch_size: usize,
     /// Peak learning rate of the linear schedule.
     pub learning_rate: f64,
@@ -32,8 +34,11 @@ pub struct TrainConfig {
     pub warmup_fraction: f64,
     /// Global gradient-norm clip.
     pub max_grad_norm: f64,
+    /// Seed of the shuffling and of new parameters.
     pub seed: u64,
+    /// The loss's weights.
     pub loss: LossWeights,
+    /// The optimiser's settings.
     pub adamw: AdamWConfig,
     /// Save a checkpoint every this many updates (and when the run ends or stops).
     pub checkpoint_every: u64,
@@ -61,6 +66,7 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// Refuses settings that cannot train (empty batches, rates or fractions out of range).
     pub fn validate(&self) -> Result<()> {
         self.loss.validate()?;
         ensure!(self.epochs > 0, InvalidArgument, "epochs must be > 0");
@@ -141,37 +147,43 @@ pub struct RunControl<'a> {
     pub checkpoint_dir: Option<&'a Path>,
     /// Stop (after checkpointing) once this many updates are done — for time-boxed runs.
     pub stop_after: Option<u64>,
+    /// Whether to show a progress bar.
     pub progress: bool,
 }
 
 /// What a run did.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainSummary {
+    /// Updates done, including those of earlier invocations.
     pub steps_done: u64,
+    /// Updates the whole run makes.
     pub total_steps: u64,
     /// Step the run resumed from, if it did.
     pub resumed_from: Option<u64>,
     /// Mean total loss and training accuracy over the updates this invocation ran.
     pub mean_loss: f64,
+    /// Training accuracy over those updates.
     pub train_accuracy: f64,
+    /// Wall time of this invocation.
     pub seconds: f64,
 }
 
 impl TrainSummary {
+    /// Whether every update is done.
     pub fn finished(&self) -> bool {
         self.steps_done >= self.total_steps
     }
 }
 
 /// FNV-1a: a cheap hash under which any change of the input changes the value.
-pub(crate) struct Fnv(pub u64);
+pub(crate) struct Fnv(pub(crate) u64);
 
 impl Fnv {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Fnv(0xcbf29ce484222325)
     }
 
-    pub fn eat(&mut self, x: u32) {
+    pub(crate) fn eat(&mut self, x: u32) {
         for b in x.to_le_bytes() {
             self.0 = (self.0 ^ b as u64).wrapping_mul(0x100000001b3);
         }
@@ -355,10 +367,11 @@ pub fn train_with_teacher<M: SequenceClassifier>(
         let done = step + 1;
         bar.set_position(done);
         bar.set_message(format!(
-            "epoch {} loss {:.4} (task {:.4} bound {:.3}{}) acc {:.1}%",
+            "epoch {} loss {:.4} (task {:.4} decay {:.4} bound {:.3}{}) acc {:.1}%",
             epoch + 1,
             loss_sum / (done - first_step) as f64,
             terms.task,
+            terms.decay,
             terms.bound,
             if teacher_out.is_some() {
                 format!(" distill {:.4}", terms.distill)
@@ -397,8 +410,11 @@ pub fn train_with_teacher<M: SequenceClassifier>(
 /// (real tokens only).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Evaluation {
+    /// Fraction of examples classified correctly.
     pub accuracy: f64,
+    /// Examples evaluated.
     pub examples: usize,
+    /// Largest |value| of each block's output.
     pub max_abs_hidden: Vec<f32>,
     /// F1 of class 1 on a two-class task (MRPC's metric, class 1 = "equivalent"); `None` for
     /// more classes (and in records written before it existed).
@@ -408,7 +424,7 @@ pub struct Evaluation {
 
 /// F1 of class 1: 2·TP / (2·TP + FP + FN) over (predicted, label) pairs (0 when class 1 is
 /// neither predicted nor present).
-pub fn f1_of_class_one(pairs: impl IntoIterator<Item = (u32, u32)>) -> f64 {
+pub(crate) fn f1_of_class_one(pairs: impl IntoIterator<Item = (u32, u32)>) -> f64 {
     let (mut tp, mut fp, mut fn_) = (0usize, 0usize, 0usize);
     for (p, l) in pairs {
         tp += (p == 1 && l == 1) as usize;
@@ -418,6 +434,7 @@ pub fn f1_of_class_one(pairs: impl IntoIterator<Item = (u32, u32)>) -> f64 {
     (2 * tp) as f64 / (2 * tp + fp + fn_).max(1) as f64
 }
 
+/// Evaluates `model` on `examples` in batches of `batch_size`.
 pub fn evaluate<M: SequenceClassifier>(
     model: &M,
     data: &[EncodedExample],

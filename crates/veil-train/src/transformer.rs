@@ -36,6 +36,7 @@ pub enum ParamGroup {
 }
 
 impl ParamGroup {
+    /// The group of a parameter, by its Hugging Face name.
     pub fn of(name: &str) -> ParamGroup {
         if name.starts_with("embeddings.") {
             return ParamGroup::Embeddings;
@@ -76,6 +77,7 @@ impl Freeze {
 
 /// A transformer whose parameters are candle `Var`s.
 pub struct TrainableTransformer {
+    /// The model whose weights are the `Var`s.
     pub transformer: Transformer,
     /// Every parameter, sorted by name (a stable order for the optimiser and checkpoints).
     params: Vec<(String, Var)>,
@@ -84,6 +86,7 @@ pub struct TrainableTransformer {
 /// How loading went: names of the parameters the folder did not have (freshly initialised).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadInfo {
+    /// Parameters initialised afresh.
     pub initialised: Vec<String>,
 }
 
@@ -179,6 +182,7 @@ impl TrainableTransformer {
         Self::from_weights(&config, &weights, seed)
     }
 
+    /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.transformer.config
     }
@@ -188,6 +192,7 @@ impl TrainableTransformer {
         self.transformer.config.veil.inputs = Some(inputs);
     }
 
+    /// Encoder blocks.
     pub fn num_blocks(&self) -> usize {
         self.transformer.blocks.len()
     }
@@ -206,6 +211,7 @@ impl TrainableTransformer {
             .collect()
     }
 
+    /// Each block's operator variants.
     pub fn variants(&self) -> Vec<BlockVariant> {
         self.transformer.blocks.iter().map(|b| b.variant).collect()
     }
@@ -337,6 +343,7 @@ pub struct FrozenView<'a> {
 }
 
 impl TrainableTransformer {
+    /// The model seen as a classifier whose frozen part builds no autograd graph.
     pub fn frozen_view(&self, freeze: Freeze) -> FrozenView<'_> {
         FrozenView {
             model: self,

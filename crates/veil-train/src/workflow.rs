@@ -30,7 +30,9 @@ pub const RECORD_FILE: &str = "veil-training.json";
 /// Inputs shared by both workflows.
 #[derive(Clone, Debug)]
 pub struct DataOptions {
+    /// The training set.
     pub train: PathBuf,
+    /// The dev set.
     pub dev: PathBuf,
     /// `None`: from the file extension (`.tsv` GLUE, otherwise `LABEL SENTENCE` lines).
     pub format: Option<DatasetFormat>,
@@ -39,6 +41,7 @@ pub struct DataOptions {
 }
 
 impl DataOptions {
+    /// Default format detection and length.
     pub fn new(train: impl Into<PathBuf>, dev: impl Into<PathBuf>) -> Self {
         DataOptions {
             train: train.into(),
@@ -57,22 +60,29 @@ pub fn data_settings(data: &DataOptions) -> String {
 /// `veil finetune --model DIR --train FILE --dev FILE --out DIR`.
 #[derive(Clone, Debug)]
 pub struct FinetuneOptions {
+    /// The model folder to start from.
     pub model: PathBuf,
+    /// The folder the result is written to.
     pub out: PathBuf,
+    /// The data.
     pub data: DataOptions,
+    /// The fine-tuning settings.
     pub train: TrainConfig,
     /// Keep only the first `num_layers` blocks (e.g. a 2-layer cut); `None` keeps all.
     pub num_layers: Option<usize>,
     /// `None`: freeze when the model's embedding mode is public (the client embeds with the
     /// published tables, so they must not change).
     pub freeze_embeddings: Option<bool>,
+    /// Examples per evaluation batch.
     pub eval_batch_size: usize,
+    /// Whether to show progress bars.
     pub progress: bool,
     /// Stop after this many updates, keeping the checkpoint in `out/checkpoint` to resume.
     pub stop_after: Option<u64>,
 }
 
 impl FinetuneOptions {
+    /// Default settings for `model`, `data` and `out`.
     pub fn new(model: impl Into<PathBuf>, data: DataOptions, out: impl Into<PathBuf>) -> Self {
         FinetuneOptions {
             model: model.into(),
@@ -93,14 +103,20 @@ impl FinetuneOptions {
 pub struct SubstituteOptions {
     /// A fine-tuned classifier folder (normally the output of `veil finetune`).
     pub model: PathBuf,
+    /// The folder the result is written to.
     pub out: PathBuf,
+    /// The data.
     pub data: DataOptions,
+    /// The substitution's settings.
     pub substitution: SubstitutionConfig,
     /// The fine-tuning after each substitution; its `loss.bound` is replaced by the stage's B.
     /// With `loss.distill` > 0 the model in `model` is also the teacher of every step.
     pub train: TrainConfig,
+    /// `None`: freeze when the model's embedding mode is public.
     pub freeze_embeddings: Option<bool>,
+    /// Examples per evaluation batch.
     pub eval_batch_size: usize,
+    /// Whether to show progress bars.
     pub progress: bool,
     /// Dev examples pushed through the fixed-point simulator at the project's default ℓ and f
     /// for the overflow check of the report; 0 skips the check.
@@ -111,6 +127,7 @@ pub struct SubstituteOptions {
 }
 
 impl SubstituteOptions {
+    /// Default settings for `model`, `data` and `out`.
     pub fn new(model: impl Into<PathBuf>, data: DataOptions, out: impl Into<PathBuf>) -> Self {
         SubstituteOptions {
             model: model.into(),
@@ -135,25 +152,35 @@ impl SubstituteOptions {
 pub struct TrainingRecord {
     /// `finetune` or `substitute`.
     pub workflow: String,
+    /// The model folder started from.
     pub source_model: String,
+    /// The training set.
     pub train_file: String,
+    /// The dev set.
     pub dev_file: String,
     /// How the files were read ([`data_settings`]); absent in records older than the field.
     #[serde(default)]
     pub data_settings: Option<String>,
     /// Class names, index = class id of the classifier.
     pub labels: LabelSet,
+    /// Whether the embeddings were frozen.
     pub freeze_embeddings: bool,
+    /// Encoder blocks of the result.
     pub num_layers: usize,
+    /// Each block's operator variants.
     pub variants: Vec<BlockVariant>,
+    /// The fine-tuning settings.
     pub train_config: TrainConfig,
     /// Parameters the source folder did not have (a new classifier).
     pub initialised: Vec<String>,
+    /// The fine-tuning run (`None` for a substitution).
     pub summary: Option<TrainSummary>,
+    /// Dev evaluation of the result.
     pub dev: Evaluation,
 }
 
 impl TrainingRecord {
+    /// The record in `dir`, if there is one.
     pub fn read(dir: &Path) -> Result<Option<TrainingRecord>> {
         let path = dir.join(RECORD_FILE);
         if !path.exists() {
@@ -325,6 +352,7 @@ fn default_freeze(config: &ModelConfig, choice: Option<bool>) -> bool {
 /// Result of [`finetune`].
 #[derive(Clone, Debug)]
 pub struct FinetuneOutcome {
+    /// The fine-tuning run.
     pub summary: TrainSummary,
     /// `None` when the run stopped early (resume by running again with the same options).
     pub dev: Option<Evaluation>,
@@ -569,10 +597,13 @@ impl SubstitutionTarget for TransformerTarget<'_> {
 /// Result of [`substitute`].
 #[derive(Clone, Debug)]
 pub enum SubstituteOutcome {
+    /// Every step done: the report.
     Finished(Box<ReportDocument>),
     /// Stopped by `stop_after_steps`; running again with the same options continues.
     Stopped {
+        /// Steps done so far.
         steps_done: usize,
+        /// Steps of the whole run.
         total_steps: usize,
     },
 }

@@ -66,7 +66,13 @@ pub(crate) fn leaf_index(path: usize, depth: usize) -> usize {
 
 /// Sender: builds the tree of `root` into `leaves` (exactly `2^depth`) and writes the level
 /// messages `c_l = K_0(l) ⊕ q_l` to `msg` (one block per level COT `q_l`).
-pub(crate) fn send_tree(root: u128, delta: u128, q: &[u128], leaves: &mut [u128], msg: &mut [u128]) {
+pub(crate) fn send_tree(
+    root: u128,
+    delta: u128,
+    q: &[u128],
+    leaves: &mut [u128],
+    msg: &mut [u128],
+) {
     let depth = q.len();
     assert!(
         (1..=MAX_DEPTH).contains(&depth) && leaves.len() == 1 << depth && msg.len() == depth,
