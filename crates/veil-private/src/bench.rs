@@ -22,7 +22,10 @@ use veil_net::{
 use veil_nonlinear::OtSession;
 
 use crate::embedding::{embed_client, embed_server, ServerEmbedding, LABEL};
-use crate::{serve_session, ClientConnection, CostReport, ServerModel};
+use crate::connection::ClientConnection;
+use crate::handler::serve_session;
+use crate::prepared::ServerModel;
+use crate::report::CostReport;
 
 /// Which operators the benchmark model uses in every block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,7 +29,8 @@ use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPi
 
 use crate::key_budget::KeyBudget;
 use crate::report::CostReport;
-use crate::session::{session_format, ClientConnection, ClientOptions};
+use crate::connection::{ClientConnection, ClientOptions};
+use crate::protocol::session_format;
 
 /// exp-normalise in f64 (client-side, on the revealed logits).
 pub fn softmax(x: &[f64]) -> Vec<f64> {
@@ -516,6 +517,67 @@ impl<C: Channel> Client<C> {
     }
 }
 
+/// How many prompts a run keeps preprocessed ahead of the one it classifies (`--preprocess K`),
+/// and whether the first ones are preprocessed before the first prompt runs (`veil classify`:
+/// the prompts are all known) or the first prompt runs at once and each next one is
+/// preprocessed while the current result is handed out (`veil demo`: the first answer soon).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ahead {
+    /// Prompts kept preprocessed ahead (0: none).
+    pub prompts: usize,
+    /// Preprocess the first `prompts` before the first prompt runs.
+    pub upfront: bool,
+}
+
+impl<C: Channel> Client<C> {
+    /// Classifies `prompts` in order, preprocessing as `ahead` says, and hands each result to
+    /// `each` (its index and classification) before the next prompt's preprocessing. A server
+    /// that refuses to preprocess more (its budget), or a model preprocessing does not cover,
+    /// is logged once per session; the rest run without.
+    pub fn classify_ahead(
+        &mut self,
+        prompts: &[Encoded],
+        ahead: Ahead,
+        mut each: impl FnMut(usize, Classification) -> Result<()>,
+    ) -> Result<()> {
+        let mut next = if ahead.upfront { 0 } else { 1 };
+        let mut refused = false;
+        // A new session (the old one's keys spent) may take preprocessing again.
+        let mut session = self.sessions();
+        // Preprocesses prompts `from..upto` not yet preprocessed.
+        let mut top_up = |client: &mut Self, from: usize, upto: usize| -> Result<()> {
+            if client.sessions() != session {
+                session = client.sessions();
+                refused = false;
+            }
+            next = next.max(from);
+            while next < upto.min(prompts.len()) && !refused {
+                match client.preprocess_for(&prompts[next]) {
+                    Ok(_) => next += 1,
+                    Err(veil_core::Error::Refused(why) | veil_core::Error::Unsupported(why)) => {
+                        tracing::warn!("{why}; the next prompts run without preprocessing");
+                        refused = true;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        };
+        if ahead.upfront {
+            top_up(self, 0, ahead.prompts)?;
+        }
+        for (i, enc) in prompts.iter().enumerate() {
+            for c in self.classify_encoded(std::slice::from_ref(enc))? {
+                each(i, c)?;
+            }
+            if ahead.prompts > 0 {
+                top_up(self, i + 1, i + 1 + ahead.prompts)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A renewing client whose new session could not be opened; the next prompt tries again.
 fn no_session() -> veil_core::Error {
     veil_core::Error::Other(
@@ -627,8 +689,8 @@ mod tests {
     use veil_model::{folder, random};
 
     use super::*;
-    use crate::prepared::DEFAULT_NTT_BUDGET_BYTES;
-    use crate::{LoopbackServer, ServerModel};
+    use crate::builder::{ServerBuilder, ServerIdentity};
+    use crate::prepared::{ServerModel, DEFAULT_NTT_BUDGET_BYTES};
 
     /// With a key limit that holds two inferences, a renewing client opens a new session before
     /// every third prompt or preprocessing (unless preprocessed material already covers it, or
@@ -640,11 +702,17 @@ mod tests {
         random::write_tiny_classifier(tmp.path(), 1, 2, 3).unwrap();
         let model = folder::load(tmp.path()).unwrap();
         let server = Arc::new(ServerModel::from_model(&model, DEFAULT_NTT_BUDGET_BYTES).unwrap());
-        let running = LoopbackServer::plain(server).unwrap();
+        let running = ServerBuilder::new(ServerIdentity::Plaintext)
+            .build_prepared(server)
+            .unwrap()
+            .spawn(std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .unwrap();
+        let addr = running.local_addr();
+        let connector = move || TcpChannel::connect(addr);
         let open = || ClientModel::open(tmp.path()).unwrap();
         let mut client = Client::connect_renewing(
             open(),
-            running.plain_connector(),
+            connector,
             PromptOptions::default(),
             ClientOptions::default(),
         )
@@ -690,7 +758,7 @@ mod tests {
 
         let mut fixed = Client::connect(
             open(),
-            running.plain_connector()().unwrap(),
+            connector().unwrap(),
             PromptOptions::default(),
             ClientOptions::default(),
         )
