@@ -29,8 +29,8 @@ use veil_net::{Channel, Fingerprint, Role};
 use veil_private::client::{argmax, softmax};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
-    Classification, ClientModel, ClientOptions, ClientTransport, PromptOptions, RunningServer,
-    ServerBuilder, ServerIdentity,
+    Classification, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions,
+    RunningServer, ServerBuilder, ServerIdentity,
 };
 
 create_exception!(
@@ -96,8 +96,8 @@ enum Prompt {
 impl Prompt {
     fn encode(&self, model: &ClientModel, opts: PromptOptions) -> veil_core::Result<Encoded> {
         match self {
-            Prompt::Text(t) => model.encode(t, None, opts),
-            Prompt::Pair(a, b) => model.encode(a, Some(b), opts),
+            Prompt::Text(t) => model.encode(Input::Text(t), opts),
+            Prompt::Pair(a, b) => model.encode(Input::Pair(a, b), opts),
         }
     }
 }

@@ -12,7 +12,7 @@ use clap::Args;
 use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::sim::FixedModel;
 use veil_model::source::ModelSource;
-use veil_private::{ClientModel, InProcess, PromptOptions};
+use veil_private::{ClientModel, InProcess, Input, PromptOptions};
 
 use crate::compare::{f32_output, max_abs_difference};
 
@@ -98,7 +98,7 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
     };
     let encoded = texts
         .iter()
-        .map(|t| client_model.encode_prompt(t, opts))
+        .map(|t| client_model.encode(Input::Text(t), opts))
         .collect::<Result<Vec<_>>>()?;
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&model.transformer, fp)?;

@@ -113,7 +113,7 @@ fn infer_once<C: Channel>(ch: C, x: &RingTensor, preprocess: bool) -> Result<Cos
     if preprocess {
         c.preprocess(x.shape()[0])?;
     }
-    let (_, report) = c.infer(x)?;
+    let (_, report) = c.infer(x, None)?;
     c.close()?;
     Ok(report)
 }

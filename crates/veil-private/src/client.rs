@@ -29,7 +29,7 @@ use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPi
 
 use crate::key_budget::KeyBudget;
 use crate::report::CostReport;
-use crate::connection::{ClientConnection, ClientOptions};
+use crate::connection::{ClientConnection, ClientOptions, Tokens};
 use crate::protocol::session_format;
 
 /// exp-normalise in f64 (client-side, on the revealed logits).
@@ -46,6 +46,17 @@ pub fn argmax(v: &[f64]) -> usize {
         .enumerate()
         .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
         .map_or(0, |(i, _)| i)
+}
+
+/// One prompt as the caller gives it.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// A text.
+    Text(&'a str),
+    /// A sentence pair (MRPC-style tasks), first then second.
+    Pair(&'a str, &'a str),
+    /// Token ids, already tokenised (special tokens included).
+    Ids(&'a [u32]),
 }
 
 /// How the client sends a prompt.
@@ -141,18 +152,17 @@ impl ClientModel {
         Ok(())
     }
 
-    /// The token ids `text` is sent as, or why it is refused: an empty prompt, one longer than
-    /// the model's limit (unless `opts.truncate`), or one longer than `--pad-to`. Checked before
+    /// The token ids `input` is sent as, or why it is refused: an empty prompt, one longer
+    /// than the model's limit (unless `opts.truncate`; a pair is cut the longer sentence
+    /// first), one longer than `--pad-to`, ids outside the vocabulary, or a prompt of the
+    /// other kind than the model was trained on (its config's `veil.inputs`). Checked before
     /// anything is sent, so a refused prompt costs no traffic.
-    pub fn encode_prompt(&self, text: &str, opts: PromptOptions) -> Result<Encoded> {
-        self.encode(text, None, opts)
-    }
-
-    /// A sentence pair (MRPC-style tasks) as the model was trained on it: `[CLS] first [SEP]
-    /// second [SEP]`, segment ids 0 then 1; checked as [`Self::encode_prompt`] checks one text,
-    /// both sentences non-empty.
-    pub fn encode_pair(&self, first: &str, second: &str, opts: PromptOptions) -> Result<Encoded> {
-        self.encode(first, Some(second), opts)
+    pub fn encode(&self, input: Input<'_>, opts: PromptOptions) -> Result<Encoded> {
+        match input {
+            Input::Text(text) => self.encode_text(text, None, opts),
+            Input::Pair(first, second) => self.encode_text(first, Some(second), opts),
+            Input::Ids(ids) => self.encode_ids(ids, opts),
+        }
     }
 
     /// Refuses a prompt of the other kind than the model was trained on (`pairs`: a sentence
@@ -164,9 +174,9 @@ impl ClientModel {
         }
     }
 
-    /// A text, or with `pair` a sentence pair, checked and tokenised as
-    /// [`Self::encode_prompt`] and [`Self::encode_pair`] say.
-    pub fn encode(&self, text: &str, pair: Option<&str>, opts: PromptOptions) -> Result<Encoded> {
+    /// A text, or with `pair` a sentence pair (`[CLS] first [SEP] second [SEP]`, segment ids
+    /// 0 then 1, both sentences non-empty), checked and tokenised.
+    fn encode_text(&self, text: &str, pair: Option<&str>, opts: PromptOptions) -> Result<Encoded> {
         self.check_prompt_kind(pair.is_some())?;
         ensure!(
             !text.trim().is_empty() && pair.is_none_or(|p| !p.trim().is_empty()),
@@ -198,10 +208,10 @@ impl ClientModel {
     }
 
     /// Token ids given by the caller (already tokenised, special tokens included), checked as
-    /// [`Self::encode_prompt`] checks a text's: not empty, within the model's vocabulary and
-    /// limit and within `--pad-to`. Token types are all 0, so a model trained on sentence
-    /// pairs refuses them (its second segment's type is 1: [`Self::encode_pair`]).
-    pub fn encode_ids(&self, ids: &[u32], opts: PromptOptions) -> Result<Encoded> {
+    /// a text's: not empty, within the model's vocabulary and limit and within `--pad-to`.
+    /// Token types are all 0, so a model trained on sentence pairs refuses them (its second
+    /// segment's type is 1).
+    fn encode_ids(&self, ids: &[u32], opts: PromptOptions) -> Result<Encoded> {
         self.check_prompt_kind(false)?;
         ensure!(
             !ids.is_empty(),
@@ -260,7 +270,7 @@ impl ClientModel {
     ///
     /// `opts.pad_to`: send that many tokens whatever the prompt's length, so the server cannot
     /// learn it (the padding rows embed token 0 at the following positions and are masked by the
-    /// client in every attention; see `ClientConnection::infer_padded`).
+    /// client in every attention; see `ClientConnection::infer`).
     fn run<C: Channel>(
         &self,
         conn: &mut ClientConnection<C>,
@@ -283,9 +293,9 @@ impl ClientModel {
         match self.bundle.config.veil.embedding {
             EmbeddingMode::Public => {
                 let x = self.bundle.embed(&ids, &types, session_format())?;
-                conn.infer_padded(&x, real)
+                conn.infer(&x, Some(real))
             }
-            EmbeddingMode::Private => conn.infer_ids_padded(&ids, &types, real),
+            EmbeddingMode::Private => conn.infer(Tokens::Ids(&ids, &types), Some(real)),
         }
     }
 }
@@ -395,7 +405,7 @@ impl<C: Channel> Client<C> {
     pub fn classify<S: AsRef<str>>(&mut self, texts: &[S]) -> Result<Vec<Classification>> {
         let encoded = texts
             .iter()
-            .map(|t| self.model.encode_prompt(t.as_ref(), self.opts))
+            .map(|t| self.model.encode(Input::Text(t.as_ref()), self.opts))
             .collect::<Result<Vec<_>>>()?;
         self.classify_encoded(&encoded)
     }
@@ -408,7 +418,7 @@ impl<C: Channel> Client<C> {
     ) -> Result<Vec<Classification>> {
         let encoded = pairs
             .iter()
-            .map(|(a, b)| self.model.encode_pair(a.as_ref(), b.as_ref(), self.opts))
+            .map(|(a, b)| (self.model).encode(Input::Pair(a.as_ref(), b.as_ref()), self.opts))
             .collect::<Result<Vec<_>>>()?;
         self.classify_encoded(&encoded)
     }
@@ -417,13 +427,12 @@ impl<C: Channel> Client<C> {
     pub fn classify_ids<S: AsRef<[u32]>>(&mut self, ids: &[S]) -> Result<Vec<Classification>> {
         let encoded = ids
             .iter()
-            .map(|i| self.model.encode_ids(i.as_ref(), self.opts))
+            .map(|i| self.model.encode(Input::Ids(i.as_ref()), self.opts))
             .collect::<Result<Vec<_>>>()?;
         self.classify_encoded(&encoded)
     }
 
-    /// Classifies prompts encoded by [`ClientModel::encode_prompt`] or
-    /// [`ClientModel::encode_ids`].
+    /// Classifies prompts encoded by [`ClientModel::encode`].
     pub fn classify_encoded(&mut self, prompts: &[Encoded]) -> Result<Vec<Classification>> {
         ensure!(
             self.model.config().veil.num_labels > 0,
@@ -731,7 +740,7 @@ mod tests {
         // Material preprocessed under these keys covers the next prompt: no new session for it.
         let enc = client
             .model()
-            .encode_prompt(text[0], PromptOptions::default())
+            .encode(Input::Text(text[0]), PromptOptions::default())
             .unwrap();
         client.preprocess_for(&enc).unwrap();
         assert!(!client.key_budget_fits(&enc));

@@ -3,12 +3,12 @@
 //! inferences on request, each step under a deadline ([`ClientOptions`]).
 //!
 //! What the server learns: the sequence length (the request says it). A client hides it by
-//! padding ([`ClientConnection::infer_padded`]): it masks the padding keys itself, so the
+//! padding (`real_len` of [`ClientConnection::infer`]): it masks the padding keys itself, so the
 //! server sees only the padded length. What the client learns: the output (logits, or the
 //! pooled vector of an embedding model). In public-embedding mode the client embeds its tokens
 //! with the public tables and holds the whole embedding as its share (the server's share is
 //! zero), which hides it perfectly and costs no traffic. In private-embedding mode the client
-//! sends nothing but encrypted queries: [`ClientConnection::infer_ids`] runs
+//! sends nothing but encrypted queries: an inference on [`Tokens::Ids`] runs
 //! [`crate::embedding`] first (cost line "Embedding").
 //!
 //! Preprocessed material is kept per length, oldest first; an inference of that length uses
@@ -66,10 +66,21 @@ pub struct ClientConnection<C: Channel> {
     material: HashMap<usize, VecDeque<(ClientMaterial, PhaseCost)>>,
 }
 
-/// What the client feeds the encoder: its own embedding (public mode) or token ids.
-enum Input<'a> {
+/// What the client feeds the encoder through a session.
+#[derive(Clone, Copy, Debug)]
+pub enum Tokens<'a> {
+    /// Public-embedding mode: its own embedding of the prompt ([seq, hidden] at the session's
+    /// fixed-point format, computed locally from the public tables).
     Embedded(&'a RingTensor),
+    /// Private-embedding mode: token ids and their segment ids (the tables stay with the
+    /// server, the ids with the client).
     Ids(&'a [u32], &'a [u32]),
+}
+
+impl<'a> From<&'a RingTensor> for Tokens<'a> {
+    fn from(x: &'a RingTensor) -> Self {
+        Tokens::Embedded(x)
+    }
 }
 
 impl<C: Channel> ClientConnection<C> {
@@ -240,7 +251,7 @@ impl<C: Channel> ClientConnection<C> {
 
     /// The length at which an input of `seq` rows can use preprocessed material: `seq` when
     /// some of that length is held, else the shortest longer length held if the model's head
-    /// lets the client pad (its first-token pooler; see [`Self::infer_padded`]). Material is
+    /// lets the client pad (its first-token pooler; see [`Self::infer`]). Material is
     /// never used by an inference of another length.
     pub fn preprocessed_length_for(&self, seq: usize) -> Option<usize> {
         let held = |n: &usize| self.preprocessed(*n) > 0;
@@ -262,87 +273,78 @@ impl<C: Channel> ClientConnection<C> {
         &self.cfg
     }
 
-    /// Runs one private inference on the client's embedding output `x` ([seq, hidden] at f
-    /// fractional bits, computed locally from the public tables). Returns the decoded output
-    /// and the cost report of this inference.
-    pub fn infer(&mut self, x: &RingTensor) -> Result<(Vec<f64>, CostReport)> {
-        let seq = x.shape().first().copied().unwrap_or(0);
-        self.infer_padded(x, seq)
-    }
-
-    /// [`Self::infer`] on an embedding padded to hide the prompt's length: rows `real_len..`
-    /// are padding (any in-domain embedding rows, e.g. of the tokenizer's padding token at the
-    /// following positions). The server learns only the padded length; the client masks the
-    /// padding keys in every attention on its own, so the output equals the unpadded run's.
-    /// Mean-pooling heads average over the rows and cannot be padded this way (the server's
-    /// share of a padding row is not the client's to remove): refused.
-    pub fn infer_padded(
+    /// Runs one private inference on `input` and returns the decoded output (logits, or the
+    /// pooled vector of an embedding model) and the cost report of this inference.
+    ///
+    /// `real_len`: the input is padded to hide the prompt's length, rows (or ids)
+    /// `real_len..` being padding (any in-domain rows, e.g. the tokenizer's padding token at
+    /// the following positions). The server learns only the padded length; the client masks
+    /// the padding keys in every attention on its own, so the output equals the unpadded
+    /// run's. Mean-pooling heads average over the rows and cannot be padded this way (the
+    /// server's share of a padding row is not the client's to remove): refused.
+    pub fn infer<'a>(
         &mut self,
-        x: &RingTensor,
-        real_len: usize,
+        input: impl Into<Tokens<'a>>,
+        real_len: Option<usize>,
     ) -> Result<(Vec<f64>, CostReport)> {
-        let padded = x.shape().first().copied().unwrap_or(0);
-        ensure!(
-            (1..=padded).contains(&real_len),
-            InvalidArgument,
-            "{real_len} real tokens in a sequence of {padded}"
-        );
-        ensure!(
-            real_len == padded || self.cfg.veil.head == HeadKind::Pooler,
-            Unsupported,
-            "padding needs a first-token (pooler) head; this model mean-pools its outputs"
-        );
-        ensure!(
-            self.lookup.is_none(),
-            Unsupported,
-            "this model uses private embeddings: pass token ids (infer_ids)"
-        );
-        ensure!(
-            x.ring() == self.ax.fp.ring
-                && x.shape().len() == 2
-                && x.shape()[1] == self.cfg.hidden_size,
-            InvalidArgument,
-            "embedding of shape {:?}, expected [seq, {}]",
-            x.shape(),
-            self.cfg.hidden_size
-        );
-        self.run(Input::Embedded(x), real_len)
+        let input = input.into();
+        let sent = match input {
+            Tokens::Embedded(x) => x.shape().first().copied().unwrap_or(0),
+            Tokens::Ids(ids, _) => ids.len(),
+        };
+        let real_len = real_len.unwrap_or(sent);
+        match input {
+            Tokens::Embedded(x) => {
+                ensure!(
+                    (1..=sent).contains(&real_len),
+                    InvalidArgument,
+                    "{real_len} real tokens in a sequence of {sent}"
+                );
+                ensure!(
+                    real_len == sent || self.cfg.veil.head == HeadKind::Pooler,
+                    Unsupported,
+                    "padding needs a first-token (pooler) head; this model mean-pools its \
+                     outputs"
+                );
+                ensure!(
+                    self.lookup.is_none(),
+                    Unsupported,
+                    "this model uses private embeddings: pass token ids (Tokens::Ids)"
+                );
+                ensure!(
+                    x.ring() == self.ax.fp.ring
+                        && x.shape().len() == 2
+                        && x.shape()[1] == self.cfg.hidden_size,
+                    InvalidArgument,
+                    "embedding of shape {:?}, expected [seq, {}]",
+                    x.shape(),
+                    self.cfg.hidden_size
+                );
+            }
+            Tokens::Ids(ids, type_ids) => {
+                ensure!(
+                    self.lookup.is_some(),
+                    Unsupported,
+                    "this model uses public embeddings: embed the tokens locally \
+                     (Tokens::Embedded)"
+                );
+                self.cfg.check_input(ids, type_ids)?;
+                ensure!(
+                    (1..=sent).contains(&real_len)
+                        && (real_len == sent || self.cfg.veil.head == HeadKind::Pooler),
+                    InvalidArgument,
+                    "{real_len} real tokens in a sequence of {sent} (padding needs a pooler \
+                     head)"
+                );
+            }
+        }
+        self.run(input, real_len)
     }
 
-    /// Private-embedding mode: one private inference on token ids (the tables stay with the
-    /// server, the ids with the client). Returns the decoded output and the cost report.
-    pub fn infer_ids(&mut self, ids: &[u32], type_ids: &[u32]) -> Result<(Vec<f64>, CostReport)> {
-        self.infer_ids_padded(ids, type_ids, ids.len())
-    }
-
-    /// [`Self::infer_ids`] on ids padded to hide the length: `ids[real_len..]` are padding
-    /// tokens (see [`Self::infer_padded`]).
-    pub fn infer_ids_padded(
-        &mut self,
-        ids: &[u32],
-        type_ids: &[u32],
-        real_len: usize,
-    ) -> Result<(Vec<f64>, CostReport)> {
-        ensure!(
-            self.lookup.is_some(),
-            Unsupported,
-            "this model uses public embeddings: embed the tokens locally and call infer"
-        );
-        self.cfg.check_input(ids, type_ids)?;
-        ensure!(
-            (1..=ids.len()).contains(&real_len)
-                && (real_len == ids.len() || self.cfg.veil.head == HeadKind::Pooler),
-            InvalidArgument,
-            "{real_len} real tokens in a sequence of {} (padding needs a pooler head)",
-            ids.len()
-        );
-        self.run(Input::Ids(ids, type_ids), real_len)
-    }
-
-    fn run(&mut self, input: Input<'_>, real_len: usize) -> Result<(Vec<f64>, CostReport)> {
+    fn run(&mut self, input: Tokens<'_>, real_len: usize) -> Result<(Vec<f64>, CostReport)> {
         let seq = match input {
-            Input::Embedded(x) => x.shape()[0],
-            Input::Ids(ids, _) => ids.len(),
+            Tokens::Embedded(x) => x.shape()[0],
+            Tokens::Ids(ids, _) => ids.len(),
         };
         self.check_length(seq)?;
         let allowed = self.start_step(seq)?;
@@ -354,7 +356,7 @@ impl<C: Channel> ClientConnection<C> {
 
     fn run_inner(
         &mut self,
-        input: Input<'_>,
+        input: Tokens<'_>,
         real_len: usize,
         seq: usize,
     ) -> Result<(Vec<f64>, CostReport)> {
@@ -366,8 +368,8 @@ impl<C: Channel> ClientConnection<C> {
         .send(&mut self.ch)?;
         let embedded;
         let x = match (input, self.lookup) {
-            (Input::Embedded(x), _) => x,
-            (Input::Ids(ids, types), Some(method)) => {
+            (Tokens::Embedded(x), _) => x,
+            (Tokens::Ids(ids, types), Some(method)) => {
                 embedded = embed_client(
                     &mut self.ch,
                     &mut self.ot,
@@ -380,7 +382,7 @@ impl<C: Channel> ClientConnection<C> {
                 )?;
                 &embedded
             }
-            (Input::Ids(..), None) => unreachable!("checked by infer_ids_padded"),
+            (Tokens::Ids(..), None) => unreachable!("checked by infer"),
         };
         let y0 = Party {
             ch: &mut self.ch,

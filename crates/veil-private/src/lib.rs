@@ -56,8 +56,10 @@ pub mod reserve;
 pub mod server;
 
 pub use builder::{ServerBuilder, ServerIdentity};
-pub use client::{Ahead, Classification, Client, ClientModel, ClientTransport, PromptOptions};
-pub use connection::{ClientConnection, ClientOptions};
+pub use client::{
+    Ahead, Classification, Client, ClientModel, ClientTransport, Input, PromptOptions,
+};
+pub use connection::{ClientConnection, ClientOptions, Tokens};
 pub use deadlines::{Deadlines, IDLE_TIMEOUT};
 pub use handler::{serve_session, serve_session_with};
 pub use loopback::{shaped_channel, InProcess, LoopbackServer};

@@ -223,7 +223,7 @@ fn mutual_authentication_admits_only_allowed_clients() {
         .unwrap();
     let mut conn = ClientConnection::connect_with(ch, opts(60.0), |_| Ok(())).unwrap();
     let x = fixed.embed(&[1, 2, 3], &[0; 3]).unwrap().0;
-    conn.infer(&x).unwrap();
+    conn.infer(&x, None).unwrap();
     conn.close().unwrap();
 
     let stranger = client(&id);

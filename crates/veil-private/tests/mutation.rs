@@ -52,7 +52,7 @@ fn fixture() -> &'static Fixture {
             |ch| {
                 let mut rec = Recording::new(ch);
                 let mut c = ClientConnection::connect(&mut rec)?;
-                c.infer(&x)?;
+                c.infer(&x, None)?;
                 c.close()?;
                 Ok((rec.sent, rec.received))
             },
@@ -116,7 +116,7 @@ fn serve_replay(input: Vec<u8>) -> veil_core::Result<()> {
 
 fn client_replay(input: Vec<u8>) -> veil_core::Result<()> {
     let mut c = ClientConnection::connect(Replay::new(input))?;
-    c.infer(&fixture().x)?;
+    c.infer(&fixture().x, None)?;
     c.close()
 }
 

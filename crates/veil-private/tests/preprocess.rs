@@ -95,16 +95,16 @@ fn preprocessed_inferences_equal_the_simulator() {
         let (got, ()) = run_two_party(
             |ch| {
                 let mut c = ClientConnection::connect(ch)?;
-                let plain = c.infer(&xa)?;
+                let plain = c.infer(&xa, None)?;
                 c.preprocess(b.len())?;
                 c.preprocess(a.len())?;
                 c.preprocess(b.len())?;
                 assert_eq!((c.preprocessed(a.len()), c.preprocessed(b.len())), (1, 2));
-                let pa = c.infer(&xa)?;
-                let pb = c.infer(&xb)?;
-                let pb2 = c.infer(&xb)?;
+                let pa = c.infer(&xa, None)?;
+                let pb = c.infer(&xb, None)?;
+                let pb2 = c.infer(&xb, None)?;
                 assert_eq!((c.preprocessed(a.len()), c.preprocessed(b.len())), (0, 0));
-                let after = c.infer(&xb)?;
+                let after = c.infer(&xb, None)?;
                 c.close()?;
                 Ok([plain, pa, pb, pb2, after])
             },
@@ -200,7 +200,7 @@ fn the_server_refuses_what_it_cannot_honour() {
                     break;
                 }
             }
-            let y = c.infer(&x)?.0;
+            let y = c.infer(&x, None)?.0;
             c.close()?;
             Ok((refused, y))
         },
@@ -352,7 +352,7 @@ fn malformed_preprocessing_ends_that_session_and_others_are_served() {
     let (want, x) = expected(&sim, &ids);
     let mut c = ClientConnection::connect(TcpChannel::connect(addr).unwrap()).unwrap();
     c.preprocess(ids.len()).unwrap();
-    let (y, report) = c.infer(&x).unwrap();
+    let (y, report) = c.infer(&x, None).unwrap();
     c.close().unwrap();
     assert_eq!(y, want);
     assert!(report.offline.is_some());
@@ -389,7 +389,7 @@ fn preprocessing_is_refused_beyond_the_servers_session_memory() {
         assert!(matches!(err, veil_core::Error::Refused(_)), "{err}");
         assert!(err.to_string().contains("session memory"), "{err}");
         if session == 1 {
-            let (y, report) = c.infer(&x).unwrap();
+            let (y, report) = c.infer(&x, None).unwrap();
             assert_eq!(y, want);
             assert!(report.offline.is_some());
         }
