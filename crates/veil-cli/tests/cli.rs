@@ -620,14 +620,21 @@ fn demo_hides_the_servers_info_logs_unless_verbose() {
             .env_remove("VEIL_LOG")
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(String::from_utf8_lossy(&out.stdout).contains("\"label\""));
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let quiet = stderr(false);
     assert!(!quiet.contains("INFO"), "{quiet}");
     let verbose = stderr(true);
-    assert!(verbose.contains("INFO") && verbose.contains("inference"), "{verbose}");
+    assert!(
+        verbose.contains("INFO") && verbose.contains("inference"),
+        "{verbose}"
+    );
 }
 
 /// `--net` runs the demo over a shaped link and the report says its time was measured there;

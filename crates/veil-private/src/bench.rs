@@ -21,8 +21,8 @@ use veil_net::{
 };
 use veil_nonlinear::OtSession;
 
-use crate::embedding::{embed_client, embed_server, ServerEmbedding, LABEL};
 use crate::connection::ClientConnection;
+use crate::embedding::{embed_client, embed_server, ServerEmbedding, LABEL};
 use crate::handler::serve_session;
 use crate::prepared::ServerModel;
 use crate::report::CostReport;

@@ -162,7 +162,11 @@ impl ServerBuilder {
         let (transport, fingerprint) = self.transport()?;
         let mut opts = ServeOptions::for_model(&model, transport);
         if let Some(n) = self.max_sessions {
-            ensure!(n > 0, InvalidArgument, "max sessions 0: at least one session");
+            ensure!(
+                n > 0,
+                InvalidArgument,
+                "max sessions 0: at least one session"
+            );
             opts.max_sessions = n;
             opts.queue = (2 * n).max(4);
         }

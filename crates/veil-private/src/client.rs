@@ -27,10 +27,10 @@ use veil_model::tokenize::Encoded;
 use veil_model::{EmbeddingMode, HeadKind, Inputs, ModelConfig};
 use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPin, TcpChannel};
 
-use crate::key_budget::KeyBudget;
-use crate::report::CostReport;
 use crate::connection::{ClientConnection, ClientOptions, Tokens};
+use crate::key_budget::KeyBudget;
 use crate::protocol::session_format;
+use crate::report::CostReport;
 
 /// exp-normalise in f64 (client-side, on the revealed logits).
 pub fn softmax(x: &[f64]) -> Vec<f64> {

@@ -181,10 +181,7 @@ impl<C: Channel> ClientConnection<C> {
         );
         let allowed = self.start_step(seq)?;
         let res = (|| {
-            Request::Preprocess {
-                tokens: seq as u32,
-            }
-            .send(&mut self.ch)?;
+            Request::Preprocess { tokens: seq as u32 }.send(&mut self.ch)?;
             let fill = match PreprocessReply::recv(&mut self.ch)? {
                 PreprocessReply::Accepted { pool_cots } => pool_cots as usize,
                 PreprocessReply::Refused(why) => {
@@ -416,4 +413,3 @@ impl<C: Channel> ClientConnection<C> {
         self.ch.flush()
     }
 }
-

@@ -67,7 +67,6 @@ pub(crate) fn in_step(e: veil_core::Error, step: &str, budget: Duration) -> veil
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

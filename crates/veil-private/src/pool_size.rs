@@ -27,8 +27,8 @@ use veil_net::{run_two_party, Channel, Role};
 use veil_nonlinear::{Backend, OtSession};
 
 use crate::forward::{Party, Side};
-use crate::preprocess::Planner;
 use crate::prepared::ServerModel;
+use crate::preprocess::Planner;
 
 /// COTs drawn, in the server's (sending, receiving) direction (the client's are the reverse).
 pub type Draw = (u64, u64);

@@ -427,12 +427,11 @@ mod tests {
             .encode(),
             [1, 5, 0, 0, 0, 1]
         );
-        assert_eq!(
-            Request::Preprocess { tokens: 5 }.encode(),
-            [2, 5, 0, 0, 0]
-        );
+        assert_eq!(Request::Preprocess { tokens: 5 }.encode(), [2, 5, 0, 0, 0]);
         assert_eq!(Request::Goodbye.encode(), [0]);
-        let e = Request::decode(&[1, 5, 0, 0, 0, 2]).unwrap_err().to_string();
+        let e = Request::decode(&[1, 5, 0, 0, 0, 2])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("request flag 2"), "{e}");
         for t in 3..=u8::MAX {
             let e = Request::decode(&[t]).unwrap_err();

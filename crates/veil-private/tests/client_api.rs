@@ -15,8 +15,8 @@ use veil_net::{Identity, ServerTls, TcpChannel};
 use veil_private::client::{argmax, softmax};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
-    Client, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions, ServeOptions, Server,
-    ServerModel, Transport,
+    Client, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions, ServeOptions,
+    Server, ServerModel, Transport,
 };
 
 /// A tiny random classifier of `blocks` blocks written to `dir`, and loaded.

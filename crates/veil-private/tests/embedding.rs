@@ -12,8 +12,8 @@ use veil_model::{
     Activation, Architecture, BlockVariant, EmbeddingMode, HeadKind, ModelConfig, ProductTruncation,
 };
 use veil_net::run_two_party;
-use veil_private::embedding::ServerEmbedding;
 use veil_private::connection::Tokens;
+use veil_private::embedding::ServerEmbedding;
 use veil_private::{serve_session_with, ClientConnection, ServerModel};
 
 fn tiny(arch: Architecture, variant: BlockVariant) -> ModelConfig {

@@ -377,7 +377,9 @@ fn preprocessing_is_refused_beyond_the_servers_session_memory() {
     let ids = [4u32, 8, 15, 16];
     let ring = FixedPoint::default_format().ring;
     let material = material_bytes(&cfg, &plan(&cfg, ring, ids.len()).unwrap(), false) as u64;
-    let cots = CotCounts::default().per_inference(&server, ids.len()).unwrap();
+    let cots = CotCounts::default()
+        .per_inference(&server, ids.len())
+        .unwrap();
     let one = material + 33 * cots.0.max(cots.1);
     let running = spawn(server, Some(session_memory_estimate(&cfg, 16) + one + 1024));
     let (want, x) = expected(&sim, &ids);

@@ -103,7 +103,7 @@ fn run_padded(cfg: &ModelConfig, ids: &[u32], pad: usize, seed: u8) -> (Vec<f64>
     let ((got, seen_len), ()) = run_two_party(
         |ch| {
             let mut c = ClientConnection::connect(ch)?;
-            let (y, _) = c.infer_padded(&x, ids.len())?;
+            let (y, _) = c.infer(&x, Some(ids.len()))?;
             c.close()?;
             Ok((y, padded.len()))
         },
