@@ -25,12 +25,12 @@ use veil_core::{Error, FixedPoint};
 use veil_model::random;
 use veil_model::source::ModelSource;
 use veil_model::Encoded;
-use veil_net::{Channel, Fingerprint, Identity, Role, ServerTls};
+use veil_net::{Channel, Fingerprint, Role};
 use veil_private::client::{argmax, softmax};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
-    Classification, ClientModel, ClientOptions, ClientTransport, PromptOptions, RunningServer,
-    ServeOptions, ServerModel, Transport,
+    Classification, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions,
+    RunningServer, ServerBuilder, ServerIdentity,
 };
 
 create_exception!(
@@ -96,8 +96,8 @@ enum Prompt {
 impl Prompt {
     fn encode(&self, model: &ClientModel, opts: PromptOptions) -> veil_core::Result<Encoded> {
         match self {
-            Prompt::Text(t) => model.encode(t, None, opts),
-            Prompt::Pair(a, b) => model.encode(a, Some(b), opts),
+            Prompt::Text(t) => model.encode(Input::Text(t), opts),
+            Prompt::Pair(a, b) => model.encode(Input::Pair(a, b), opts),
         }
     }
 }
@@ -138,40 +138,20 @@ impl Server {
     ) -> PyResult<Self> {
         let model = spec(&model)?.to_string();
         let listen = listen.to_string();
-        if max_sessions == Some(0) {
-            return Err(PyValueError::new_err(
-                "max_sessions=0: at least one session",
-            ));
-        }
         py.detach(move || -> veil_core::Result<Self> {
-            let (transport, fingerprint) = if insecure_plaintext {
-                (Transport::Plaintext, None)
-            } else {
-                let dir = match state_dir {
-                    Some(d) => d,
-                    None => veil_net::tls::default_state_dir()?,
-                };
-                let (id, _) = Identity::load_or_create(&dir)?;
-                (
-                    Transport::Tls(ServerTls::new(&id, None)?),
-                    Some(id.fingerprint().to_string()),
-                )
+            let identity = match insecure_plaintext {
+                true => ServerIdentity::Plaintext,
+                false => ServerIdentity::StateDir(state_dir),
             };
-            let server = Arc::new(ServerModel::from_model(
-                &veil_model::source::load(&model)?,
-                ntt_budget_mib << 20,
-            )?);
-            let mut opts = ServeOptions::for_model(&server, transport);
-            if let Some(n) = max_sessions {
-                opts.max_sessions = n;
-                opts.queue = (2 * n).max(4);
-            }
-            let listener = TcpListener::bind(&listen)?;
-            let running = veil_private::Server::new(server, opts)?.spawn(listener)?;
+            let running = ServerBuilder::new(identity)
+                .max_sessions(max_sessions)
+                .ntt_budget(ntt_budget_mib << 20)
+                .build(&veil_model::source::load(&model)?)?
+                .spawn(TcpListener::bind(&listen)?)?;
             Ok(Server {
                 address: running.local_addr().to_string(),
+                fingerprint: running.fingerprint().map(|f| f.to_string()),
                 running: Mutex::new(Some(running)),
-                fingerprint,
             })
         })
         .map_err(py_err)

@@ -1,42 +1,21 @@
 //! `veil demo`, which runs a server and a client in one process over TCP loopback or, with
-//! `--net`, over a link shaped like a network, and the printing of a classified prompt (shared
-//! with `veil classify`). The client's pipeline itself is `veil_private::client`.
+//! `--net`, over a link shaped like a network, and prints what `veil classify` prints
+//! ([`crate::classify_cmd`]). The client's pipeline itself is `veil_private::client`.
 
 use std::sync::Arc;
 
-use veil_core::{Error, Result};
+use veil_core::Result;
 use veil_model::source::{ModelSource, Task};
 use veil_model::tokenize::Encoded;
 use veil_model::Inputs;
 use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
-    Classification, Client, ClientModel, ClientOptions, LoopbackServer, PromptOptions, ServerModel,
+    Ahead, Classification, Client, ClientModel, ClientOptions, LoopbackServer, PromptOptions,
+    ServerModel,
 };
 
 use crate::prompt::Prompt;
-
-fn print_result(prompt: &Prompt, c: &Classification, json: bool) {
-    if json {
-        let mut v = serde_json::json!({
-            "text": prompt.text, "label": c.label, "probabilities": c.probabilities,
-            "cost": c.cost.to_json(),
-        });
-        if let Some(second) = &prompt.pair {
-            v["pair"] = second.as_str().into();
-        }
-        println!("{v}");
-    } else {
-        let p: Vec<String> = c.probabilities.iter().map(|p| format!("{p:.3}")).collect();
-        println!(
-            "\n{}\n  → label {}   probabilities [{}]",
-            prompt.quoted(),
-            c.label,
-            p.join(", ")
-        );
-        print!("{}", c.cost.to_table());
-    }
-}
 
 /// `veil demo`: a server thread and this process's client over TCP loopback, or over a link
 /// shaped like `net` (the reports then measure the time on it).
@@ -107,8 +86,8 @@ pub fn run(
         opts,
         limits,
         json,
-        pipeline: Pipeline {
-            ahead: preprocess_ahead,
+        ahead: Ahead {
+            prompts: preprocess_ahead,
             upfront: false,
         },
     };
@@ -147,7 +126,7 @@ struct Run<'a> {
     opts: PromptOptions,
     limits: ClientOptions,
     json: bool,
-    pipeline: Pipeline,
+    ahead: Ahead,
 }
 
 impl Run<'_> {
@@ -158,65 +137,6 @@ impl Run<'_> {
         connect: impl FnMut() -> Result<C> + Send + 'static,
     ) -> Result<()> {
         let client = Client::connect_renewing(client, connect, self.opts, self.limits)?;
-        classify_all(client, self.prompts, self.encoded, self.json, self.pipeline)
+        crate::classify_cmd::classify_all(client, self.prompts, self.encoded, self.json, self.ahead)
     }
-}
-
-/// How many prompts a session keeps preprocessed ahead of the one it classifies
-/// (`--preprocess K`), and whether the first `ahead` are preprocessed before the first prompt
-/// runs (`veil classify`) or the first prompt runs at once and each next one is preprocessed
-/// while the current one is printed (`veil demo`).
-#[derive(Clone, Copy, Debug)]
-pub struct Pipeline {
-    pub ahead: usize,
-    pub upfront: bool,
-}
-
-/// Classifies and prints each prompt on one session, preprocessing as `pipeline` says, then
-/// closes it. A server that refuses to preprocess more (its budget), or a model preprocessing
-/// does not cover, is reported once; the rest run without.
-pub fn classify_all<C: Channel>(
-    mut client: Client<C>,
-    prompts: &[Prompt],
-    encoded: &[Encoded],
-    json: bool,
-    pipeline: Pipeline,
-) -> Result<()> {
-    let mut next = if pipeline.upfront { 0 } else { 1 };
-    let mut refused = false;
-    // A new session (the old one's keys spent) may take preprocessing again.
-    let mut session = client.sessions();
-    // Preprocesses prompts `from..upto` not yet preprocessed.
-    let mut top_up = |client: &mut Client<C>, from: usize, upto: usize| -> Result<()> {
-        if client.sessions() != session {
-            session = client.sessions();
-            refused = false;
-        }
-        next = next.max(from);
-        while next < upto.min(encoded.len()) && !refused {
-            match client.preprocess_for(&encoded[next]) {
-                Ok(_) => next += 1,
-                // Over the server's budget, or a model preprocessing does not cover (private
-                // embeddings): said once, and the prompts still run.
-                Err(Error::Refused(why) | Error::Unsupported(why)) => {
-                    eprintln!("veil: {why}; the next prompts run without preprocessing");
-                    refused = true;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    };
-    if pipeline.upfront {
-        top_up(&mut client, 0, pipeline.ahead)?;
-    }
-    for (i, (prompt, enc)) in prompts.iter().zip(encoded).enumerate() {
-        for c in client.classify_encoded(std::slice::from_ref(enc))? {
-            print_result(prompt, &c, json);
-        }
-        if pipeline.ahead > 0 {
-            top_up(&mut client, i + 1, i + 1 + pipeline.ahead)?;
-        }
-    }
-    client.close()
 }

@@ -12,9 +12,9 @@ use clap::Args;
 use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::sim::FixedModel;
 use veil_model::source::ModelSource;
-use veil_private::{ClientModel, PromptOptions};
+use veil_private::{ClientModel, InProcess, Input, PromptOptions};
 
-use crate::compare::{f32_output, max_abs_difference, Loopback};
+use crate::compare::{f32_output, max_abs_difference};
 
 #[derive(Args)]
 pub struct EmbedArgs {
@@ -98,13 +98,13 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
     };
     let encoded = texts
         .iter()
-        .map(|t| client_model.encode_prompt(t, opts))
+        .map(|t| client_model.encode(Input::Text(t), opts))
         .collect::<Result<Vec<_>>>()?;
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&model.transformer, fp)?;
     let private_n = a.private.min(texts.len());
     let mut loopback = (private_n > 0)
-        .then(|| Loopback::start(&model, client_model, opts))
+        .then(|| InProcess::start(&model, client_model, opts))
         .transpose()?;
     let mut warnings: Vec<String> = vec![];
     let mut compared = Vec::with_capacity(texts.len());

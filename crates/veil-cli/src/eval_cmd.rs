@@ -17,10 +17,10 @@ use veil_model::sim::FixedModel;
 use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
 use veil_private::client::argmax;
-use veil_private::{ClientModel, PromptOptions};
+use veil_private::{ClientModel, InProcess, PromptOptions};
 use veil_train::workflow::labelled_examples_for;
 
-use crate::compare::{f32_output, max_abs_difference, Loopback};
+use crate::compare::{f32_output, max_abs_difference};
 use crate::train_cmd::FormatArgs;
 
 #[derive(Args)]
@@ -256,7 +256,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let mut private = (private_n > resumed)
         .then(|| {
             let client = ClientModel::from_model(&model)?;
-            Loopback::start(&model, client, PromptOptions::default())
+            InProcess::start(&model, client, PromptOptions::default())
         })
         .transpose()?;
     let (mut f32_tally, mut sim_tally, mut private_tally) =
@@ -329,7 +329,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         private_bytes += r.online_bytes;
     }
     pb.finish_and_clear();
-    let sessions = private.as_ref().map_or(0, Loopback::sessions);
+    let sessions = private.as_ref().map_or(0, InProcess::sessions);
     if let Some(p) = private {
         p.stop()?;
     }

@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod classify_cmd;
 mod compare;
 mod demo;
 mod embed_cmd;
@@ -31,6 +32,10 @@ struct Cli {
     /// No progress bars (they are hidden anyway when standard error is not a terminal).
     #[arg(long, global = true)]
     quiet: bool,
+    /// Log at info level where a command logs less by default (`veil demo` shows its
+    /// in-process server's warnings only). `VEIL_LOG` overrides both.
+    #[arg(long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -202,7 +207,7 @@ struct ServeNetArgs {
     #[arg(long, default_value_t = 10.0)]
     handshake_timeout: f64,
     /// Seconds a session may stay silent between two requests.
-    #[arg(long, default_value_t = veil_private::session::IDLE_TIMEOUT.as_secs_f64())]
+    #[arg(long, default_value_t = veil_private::IDLE_TIMEOUT.as_secs_f64())]
     idle_timeout: f64,
     /// Seconds open sessions get to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 60.0)]
@@ -238,7 +243,7 @@ struct ClientNetArgs {
     timeout: f64,
 }
 
-fn secs(s: f64, flag: &str) -> Result<std::time::Duration> {
+pub(crate) fn secs(s: f64, flag: &str) -> Result<std::time::Duration> {
     std::time::Duration::try_from_secs_f64(s)
         .ok()
         .filter(|d| !d.is_zero())
@@ -395,7 +400,7 @@ fn bench(what: BenchCmd) -> Result<()> {
 }
 
 impl ClientNetArgs {
-    fn transport(&self) -> Result<ClientTransport> {
+    pub(crate) fn transport(&self) -> Result<ClientTransport> {
         Ok(ClientTransport {
             server_fingerprint: self.server_fingerprint,
             known_servers: self.known_servers.clone(),
@@ -406,130 +411,42 @@ impl ClientNetArgs {
     }
 }
 
-fn classify(
-    connect: &str,
-    model: &str,
-    prompts: Vec<prompt::Prompt>,
-    opts: PromptOptions,
-    preprocess_ahead: usize,
-    json: bool,
-    net: &ClientNetArgs,
-) -> Result<()> {
-    let timeout = secs(net.timeout, "--timeout")?;
-    let transport = net.transport()?;
-    // A built-in model's kind is known before its public tables are fetched (on first use).
-    // Resolved once: resolving a PyPI encoder's name verifies its cached files.
-    let source = ModelSource::resolve(model)?;
-    if let Some(b) = source.built_in() {
-        prompt::check_kind(Some(b.task.inputs()), &prompts)?;
-    }
-    let client = ClientModel::from_source(&source)?;
-    prompt::check_kind(client.config().veil.inputs, &prompts)?;
-    client.check_options(opts)?;
-    // Every prompt is checked before the connection (and its key material) is made.
-    let encoded = prompts
-        .iter()
-        .map(|p| p.encode(&client, opts))
-        .collect::<Result<Vec<_>>>()?;
-    let limits = client.session_options(&encoded, opts, Some(timeout));
-    // The server's configuration is compared with the bundle before any key material moves;
-    // a long run continues on new sessions as each one's keys are spent.
-    let addr = connect.to_string();
-    let client = Client::connect_renewing(client, move || transport.connect(&addr), opts, limits)?;
-    let pipeline = demo::Pipeline {
-        ahead: preprocess_ahead,
-        upfront: true,
-    };
-    demo::classify_all(client, &prompts, &encoded, json, pipeline)
-}
-
-/// `veil serve`: TLS identity, limits, logs, signals.
+/// `veil serve`: the model, the server's settings from the flags, signals.
 fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -> Result<()> {
     use std::sync::atomic::AtomicBool;
-    use veil_private::{ServeOptions, Server, Transport};
+    use veil_private::{ServerBuilder, ServerIdentity};
     let source = ModelSource::resolve(model)?;
     if let ModelSource::Folder(dir) = &source {
         if !dir.exists() {
             bail!(NotFound, "the model folder {}", dir.display());
         }
     }
-    let transport = if net.insecure_plaintext {
-        tracing::warn!("--insecure-plaintext: connections are neither encrypted nor authenticated");
-        Transport::Plaintext
-    } else {
-        let dir = match net.state_dir {
-            Some(d) => d,
-            None => veil_net::tls::default_state_dir()?,
-        };
-        let (id, created) = veil_net::Identity::load_or_create(&dir)?;
-        let allowed = match &net.client_allow {
-            Some(f) => {
-                let set = veil_net::tls::read_fingerprints(f)?;
-                tracing::info!(clients = set.len(), file = %f.display(), "client certificates required");
-                Some(set)
-            }
-            None => None,
-        };
-        let tls = veil_net::ServerTls::new(&id, allowed)?;
-        tracing::info!(
-            state_dir = %dir.display(),
-            created,
-            "TLS identity; clients pin --server-fingerprint {}",
-            id.fingerprint()
-        );
-        eprintln!(
-            "veil serve: server fingerprint (SHA-256 of its certificate): {}",
-            id.fingerprint()
-        );
-        Transport::Tls(tls)
+    let identity = match net.insecure_plaintext {
+        true => ServerIdentity::Plaintext,
+        false => ServerIdentity::StateDir(net.state_dir),
     };
-    let server = Arc::new(ServerModel::from_model(
-        &source.load()?,
-        ntt_budget_mib << 20,
-    )?);
-    let prepared = server.prepared();
-    tracing::info!(
-        prepared_mib = prepared.prepared_bytes() >> 20,
-        ntt_mib = prepared.ntt_cached_bytes()? >> 20,
-        ntt_budget_mib,
-        "prepared weights (the same for every prompt length)"
-    );
-    let mut opts = ServeOptions::for_model(&server, transport);
-    if let Some(n) = net.max_sessions {
-        if n == 0 {
-            bail!(InvalidArgument, "--max-sessions 0: at least one session");
-        }
-        opts.max_sessions = n;
-        opts.queue = (2 * n).max(4);
-    }
-    if let Some(q) = net.queue {
-        opts.queue = q;
-    }
-    opts.queue_wait = secs(net.queue_wait, "--queue-wait")?;
-    opts.deadlines.handshake = secs(net.handshake_timeout, "--handshake-timeout")?;
-    opts.deadlines.idle = secs(net.idle_timeout, "--idle-timeout")?;
-    opts.shutdown_grace = secs(net.shutdown_grace, "--shutdown-grace")?;
     let flag = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // A second signal while shutting down ends the process at once.
         signal_hook::flag::register_conditional_shutdown(sig, 1, flag.clone())?;
         signal_hook::flag::register(sig, flag.clone())?;
     }
-    opts.shutdown = flag;
-    let cfg = server.config();
-    let listener = TcpListener::bind(listen)?;
-    tracing::info!(
-        model = %model,
-        listen = %listener.local_addr()?,
-        max_sessions = opts.max_sessions,
-        queue = opts.queue,
-        queue_wait_s = opts.queue_wait.as_secs_f64(),
-        session_memory_mib = opts.memory_budget >> 20,
-        peak_per_session_mib = veil_private::server::session_memory_estimate(cfg, cfg.max_sequence_len()) >> 20,
-        max_tokens = cfg.max_sequence_len(),
-        "serving"
-    );
-    Server::new(server, opts)?.run(listener)?;
+    let server = ServerBuilder::new(identity)
+        .client_allow(net.client_allow)
+        .max_sessions(net.max_sessions)
+        .queue(net.queue)
+        .queue_wait(secs(net.queue_wait, "--queue-wait")?)
+        .handshake_timeout(secs(net.handshake_timeout, "--handshake-timeout")?)
+        .idle_timeout(secs(net.idle_timeout, "--idle-timeout")?)
+        .shutdown_grace(secs(net.shutdown_grace, "--shutdown-grace")?)
+        .shutdown_flag(flag)
+        .ntt_budget(ntt_budget_mib << 20)
+        .build(&source.load()?)?;
+    if let Some(fp) = server.fingerprint() {
+        eprintln!("veil serve: server fingerprint (SHA-256 of its certificate): {fp}");
+    }
+    tracing::info!(model = %model, "model ready");
+    server.run(TcpListener::bind(listen)?)?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -573,7 +490,7 @@ fn run(cli: Cli) -> Result<()> {
             preprocess,
             json,
             net,
-        } => classify(
+        } => classify_cmd::classify(
             &connect,
             &model,
             prompt::read_prompts(text, file.as_deref(), pairs)?,
@@ -612,12 +529,19 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Logs to stderr; `VEIL_LOG` = error, warn, info (default), debug or trace.
-fn init_logs() {
+/// Logs to stderr at `VEIL_LOG` (error, warn, info, debug or trace) when set; otherwise at
+/// info, except `veil demo`, which shows results and the cost report only: its in-process
+/// server logs warnings unless `--verbose`.
+fn init_logs(cli: &Cli) {
+    let quiet_by_default = matches!(cli.cmd, Cmd::Demo { .. }) && !cli.verbose;
     let level = std::env::var("VEIL_LOG")
         .ok()
         .and_then(|l| l.parse::<tracing::Level>().ok())
-        .unwrap_or(tracing::Level::INFO);
+        .unwrap_or(if quiet_by_default {
+            tracing::Level::WARN
+        } else {
+            tracing::Level::INFO
+        });
     let _ = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
@@ -628,8 +552,9 @@ fn init_logs() {
 
 fn main() {
     veil_core::process::keep_freed_memory();
-    init_logs();
-    if let Err(e) = run(Cli::parse()) {
+    let cli = Cli::parse();
+    init_logs(&cli);
+    if let Err(e) = run(cli) {
         eprintln!("veil: {e}");
         std::process::exit(1);
     }

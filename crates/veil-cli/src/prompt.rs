@@ -6,7 +6,7 @@ use std::path::Path;
 use veil_core::{bail, ensure, Error, Result};
 use veil_model::tokenize::Encoded;
 use veil_model::Inputs;
-use veil_private::{ClientModel, PromptOptions};
+use veil_private::{ClientModel, Input, PromptOptions};
 
 /// One prompt: a text, or a sentence pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,7 +25,11 @@ impl Prompt {
 
     /// Tokenised and checked by the client's model (before anything is sent).
     pub fn encode(&self, client: &ClientModel, opts: PromptOptions) -> Result<Encoded> {
-        client.encode(&self.text, self.pair.as_deref(), opts)
+        let input = match &self.pair {
+            Some(second) => Input::Pair(&self.text, second),
+            None => Input::Text(&self.text),
+        };
+        client.encode(input, opts)
     }
 
     /// For the printed result: `"text"`, or `"first" ‖ "second"`.
@@ -182,10 +186,10 @@ mod tests {
         );
         // Encoding refuses them too (the library and Python clients), token ids included.
         let opts = PromptOptions::default();
-        assert!(pairs.encode_prompt("a fine film", opts).is_err());
-        assert!(pairs.encode_ids(&[2, 5, 3], opts).is_err());
-        assert!(singles.encode_pair("a", "b", opts).is_err());
-        pairs.encode_pair("a", "b", opts).unwrap();
+        assert!(pairs.encode(Input::Text("a fine film"), opts).is_err());
+        assert!(pairs.encode(Input::Ids(&[2, 5, 3]), opts).is_err());
+        assert!(singles.encode(Input::Pair("a", "b"), opts).is_err());
+        pairs.encode(Input::Pair("a", "b"), opts).unwrap();
         // Nothing recorded: either kind.
         let unknown = client_trained_on(None);
         check_kind(kind(&unknown), &pair).unwrap();

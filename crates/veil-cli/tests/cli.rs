@@ -603,6 +603,40 @@ fn built_in_models_refuse_the_wrong_prompt_kind_before_fetching() {
     assert!(err.contains("pass --pairs"), "{err}");
 }
 
+/// `veil demo` shows results only: its in-process server's info lines are hidden unless
+/// `--verbose` brings them back.
+#[test]
+fn demo_hides_the_servers_info_logs_unless_verbose() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_folder(tmp.path(), 2, 44);
+    let dir = tmp.path().to_str().unwrap();
+    let stderr = |verbose: bool| {
+        let mut args = vec!["demo", "--model", dir, "--json", "the film good"];
+        if verbose {
+            args.insert(0, "--verbose");
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args(&args)
+            .env_remove("VEIL_LOG")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("\"label\""));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let quiet = stderr(false);
+    assert!(!quiet.contains("INFO"), "{quiet}");
+    let verbose = stderr(true);
+    assert!(
+        verbose.contains("INFO") && verbose.contains("inference"),
+        "{verbose}"
+    );
+}
+
 /// `--net` runs the demo over a shaped link and the report says its time was measured there;
 /// a malformed `--net` is refused with the syntax.
 #[test]

@@ -21,8 +21,11 @@ use veil_net::{
 };
 use veil_nonlinear::OtSession;
 
+use crate::connection::ClientConnection;
 use crate::embedding::{embed_client, embed_server, ServerEmbedding, LABEL};
-use crate::{serve_session, ClientConnection, CostReport, ServerModel};
+use crate::handler::serve_session;
+use crate::prepared::ServerModel;
+use crate::report::CostReport;
 
 /// Which operators the benchmark model uses in every block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,7 +113,7 @@ fn infer_once<C: Channel>(ch: C, x: &RingTensor, preprocess: bool) -> Result<Cos
     if preprocess {
         c.preprocess(x.shape()[0])?;
     }
-    let (_, report) = c.infer(x)?;
+    let (_, report) = c.infer(x, None)?;
     c.close()?;
     Ok(report)
 }

@@ -27,9 +27,10 @@ use veil_model::tokenize::Encoded;
 use veil_model::{EmbeddingMode, HeadKind, Inputs, ModelConfig};
 use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPin, TcpChannel};
 
+use crate::connection::{ClientConnection, ClientOptions, Tokens};
 use crate::key_budget::KeyBudget;
+use crate::protocol::session_format;
 use crate::report::CostReport;
-use crate::session::{session_format, ClientConnection, ClientOptions};
 
 /// exp-normalise in f64 (client-side, on the revealed logits).
 pub fn softmax(x: &[f64]) -> Vec<f64> {
@@ -45,6 +46,17 @@ pub fn argmax(v: &[f64]) -> usize {
         .enumerate()
         .max_by(|a, b| a.1.total_cmp(b.1).then(b.0.cmp(&a.0)))
         .map_or(0, |(i, _)| i)
+}
+
+/// One prompt as the caller gives it.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// A text.
+    Text(&'a str),
+    /// A sentence pair (MRPC-style tasks), first then second.
+    Pair(&'a str, &'a str),
+    /// Token ids, already tokenised (special tokens included).
+    Ids(&'a [u32]),
 }
 
 /// How the client sends a prompt.
@@ -140,18 +152,17 @@ impl ClientModel {
         Ok(())
     }
 
-    /// The token ids `text` is sent as, or why it is refused: an empty prompt, one longer than
-    /// the model's limit (unless `opts.truncate`), or one longer than `--pad-to`. Checked before
+    /// The token ids `input` is sent as, or why it is refused: an empty prompt, one longer
+    /// than the model's limit (unless `opts.truncate`; a pair is cut the longer sentence
+    /// first), one longer than `--pad-to`, ids outside the vocabulary, or a prompt of the
+    /// other kind than the model was trained on (its config's `veil.inputs`). Checked before
     /// anything is sent, so a refused prompt costs no traffic.
-    pub fn encode_prompt(&self, text: &str, opts: PromptOptions) -> Result<Encoded> {
-        self.encode(text, None, opts)
-    }
-
-    /// A sentence pair (MRPC-style tasks) as the model was trained on it: `[CLS] first [SEP]
-    /// second [SEP]`, segment ids 0 then 1; checked as [`Self::encode_prompt`] checks one text,
-    /// both sentences non-empty.
-    pub fn encode_pair(&self, first: &str, second: &str, opts: PromptOptions) -> Result<Encoded> {
-        self.encode(first, Some(second), opts)
+    pub fn encode(&self, input: Input<'_>, opts: PromptOptions) -> Result<Encoded> {
+        match input {
+            Input::Text(text) => self.encode_text(text, None, opts),
+            Input::Pair(first, second) => self.encode_text(first, Some(second), opts),
+            Input::Ids(ids) => self.encode_ids(ids, opts),
+        }
     }
 
     /// Refuses a prompt of the other kind than the model was trained on (`pairs`: a sentence
@@ -163,9 +174,9 @@ impl ClientModel {
         }
     }
 
-    /// A text, or with `pair` a sentence pair, checked and tokenised as
-    /// [`Self::encode_prompt`] and [`Self::encode_pair`] say.
-    pub fn encode(&self, text: &str, pair: Option<&str>, opts: PromptOptions) -> Result<Encoded> {
+    /// A text, or with `pair` a sentence pair (`[CLS] first [SEP] second [SEP]`, segment ids
+    /// 0 then 1, both sentences non-empty), checked and tokenised.
+    fn encode_text(&self, text: &str, pair: Option<&str>, opts: PromptOptions) -> Result<Encoded> {
         self.check_prompt_kind(pair.is_some())?;
         ensure!(
             !text.trim().is_empty() && pair.is_none_or(|p| !p.trim().is_empty()),
@@ -197,10 +208,10 @@ impl ClientModel {
     }
 
     /// Token ids given by the caller (already tokenised, special tokens included), checked as
-    /// [`Self::encode_prompt`] checks a text's: not empty, within the model's vocabulary and
-    /// limit and within `--pad-to`. Token types are all 0, so a model trained on sentence
-    /// pairs refuses them (its second segment's type is 1: [`Self::encode_pair`]).
-    pub fn encode_ids(&self, ids: &[u32], opts: PromptOptions) -> Result<Encoded> {
+    /// a text's: not empty, within the model's vocabulary and limit and within `--pad-to`.
+    /// Token types are all 0, so a model trained on sentence pairs refuses them (its second
+    /// segment's type is 1).
+    fn encode_ids(&self, ids: &[u32], opts: PromptOptions) -> Result<Encoded> {
         self.check_prompt_kind(false)?;
         ensure!(
             !ids.is_empty(),
@@ -259,7 +270,7 @@ impl ClientModel {
     ///
     /// `opts.pad_to`: send that many tokens whatever the prompt's length, so the server cannot
     /// learn it (the padding rows embed token 0 at the following positions and are masked by the
-    /// client in every attention; see `ClientConnection::infer_padded`).
+    /// client in every attention; see `ClientConnection::infer`).
     fn run<C: Channel>(
         &self,
         conn: &mut ClientConnection<C>,
@@ -282,9 +293,9 @@ impl ClientModel {
         match self.bundle.config.veil.embedding {
             EmbeddingMode::Public => {
                 let x = self.bundle.embed(&ids, &types, session_format())?;
-                conn.infer_padded(&x, real)
+                conn.infer(&x, Some(real))
             }
-            EmbeddingMode::Private => conn.infer_ids_padded(&ids, &types, real),
+            EmbeddingMode::Private => conn.infer(Tokens::Ids(&ids, &types), Some(real)),
         }
     }
 }
@@ -394,7 +405,7 @@ impl<C: Channel> Client<C> {
     pub fn classify<S: AsRef<str>>(&mut self, texts: &[S]) -> Result<Vec<Classification>> {
         let encoded = texts
             .iter()
-            .map(|t| self.model.encode_prompt(t.as_ref(), self.opts))
+            .map(|t| self.model.encode(Input::Text(t.as_ref()), self.opts))
             .collect::<Result<Vec<_>>>()?;
         self.classify_encoded(&encoded)
     }
@@ -407,7 +418,7 @@ impl<C: Channel> Client<C> {
     ) -> Result<Vec<Classification>> {
         let encoded = pairs
             .iter()
-            .map(|(a, b)| self.model.encode_pair(a.as_ref(), b.as_ref(), self.opts))
+            .map(|(a, b)| (self.model).encode(Input::Pair(a.as_ref(), b.as_ref()), self.opts))
             .collect::<Result<Vec<_>>>()?;
         self.classify_encoded(&encoded)
     }
@@ -416,13 +427,12 @@ impl<C: Channel> Client<C> {
     pub fn classify_ids<S: AsRef<[u32]>>(&mut self, ids: &[S]) -> Result<Vec<Classification>> {
         let encoded = ids
             .iter()
-            .map(|i| self.model.encode_ids(i.as_ref(), self.opts))
+            .map(|i| self.model.encode(Input::Ids(i.as_ref()), self.opts))
             .collect::<Result<Vec<_>>>()?;
         self.classify_encoded(&encoded)
     }
 
-    /// Classifies prompts encoded by [`ClientModel::encode_prompt`] or
-    /// [`ClientModel::encode_ids`].
+    /// Classifies prompts encoded by [`ClientModel::encode`].
     pub fn classify_encoded(&mut self, prompts: &[Encoded]) -> Result<Vec<Classification>> {
         ensure!(
             self.model.config().veil.num_labels > 0,
@@ -513,6 +523,67 @@ impl<C: Channel> Client<C> {
     /// Ends the session politely.
     pub fn close(self) -> Result<()> {
         self.conn.map_or(Ok(()), ClientConnection::close)
+    }
+}
+
+/// How many prompts a run keeps preprocessed ahead of the one it classifies (`--preprocess K`),
+/// and whether the first ones are preprocessed before the first prompt runs (`veil classify`:
+/// the prompts are all known) or the first prompt runs at once and each next one is
+/// preprocessed while the current result is handed out (`veil demo`: the first answer soon).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ahead {
+    /// Prompts kept preprocessed ahead (0: none).
+    pub prompts: usize,
+    /// Preprocess the first `prompts` before the first prompt runs.
+    pub upfront: bool,
+}
+
+impl<C: Channel> Client<C> {
+    /// Classifies `prompts` in order, preprocessing as `ahead` says, and hands each result to
+    /// `each` (its index and classification) before the next prompt's preprocessing. A server
+    /// that refuses to preprocess more (its budget), or a model preprocessing does not cover,
+    /// is logged once per session; the rest run without.
+    pub fn classify_ahead(
+        &mut self,
+        prompts: &[Encoded],
+        ahead: Ahead,
+        mut each: impl FnMut(usize, Classification) -> Result<()>,
+    ) -> Result<()> {
+        let mut next = if ahead.upfront { 0 } else { 1 };
+        let mut refused = false;
+        // A new session (the old one's keys spent) may take preprocessing again.
+        let mut session = self.sessions();
+        // Preprocesses prompts `from..upto` not yet preprocessed.
+        let mut top_up = |client: &mut Self, from: usize, upto: usize| -> Result<()> {
+            if client.sessions() != session {
+                session = client.sessions();
+                refused = false;
+            }
+            next = next.max(from);
+            while next < upto.min(prompts.len()) && !refused {
+                match client.preprocess_for(&prompts[next]) {
+                    Ok(_) => next += 1,
+                    Err(veil_core::Error::Refused(why) | veil_core::Error::Unsupported(why)) => {
+                        tracing::warn!("{why}; the next prompts run without preprocessing");
+                        refused = true;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        };
+        if ahead.upfront {
+            top_up(self, 0, ahead.prompts)?;
+        }
+        for (i, enc) in prompts.iter().enumerate() {
+            for c in self.classify_encoded(std::slice::from_ref(enc))? {
+                each(i, c)?;
+            }
+            if ahead.prompts > 0 {
+                top_up(self, i + 1, i + 1 + ahead.prompts)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -627,8 +698,8 @@ mod tests {
     use veil_model::{folder, random};
 
     use super::*;
-    use crate::prepared::DEFAULT_NTT_BUDGET_BYTES;
-    use crate::{LoopbackServer, ServerModel};
+    use crate::builder::{ServerBuilder, ServerIdentity};
+    use crate::prepared::{ServerModel, DEFAULT_NTT_BUDGET_BYTES};
 
     /// With a key limit that holds two inferences, a renewing client opens a new session before
     /// every third prompt or preprocessing (unless preprocessed material already covers it, or
@@ -640,11 +711,17 @@ mod tests {
         random::write_tiny_classifier(tmp.path(), 1, 2, 3).unwrap();
         let model = folder::load(tmp.path()).unwrap();
         let server = Arc::new(ServerModel::from_model(&model, DEFAULT_NTT_BUDGET_BYTES).unwrap());
-        let running = LoopbackServer::plain(server).unwrap();
+        let running = ServerBuilder::new(ServerIdentity::Plaintext)
+            .build_prepared(server)
+            .unwrap()
+            .spawn(std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .unwrap();
+        let addr = running.local_addr();
+        let connector = move || TcpChannel::connect(addr);
         let open = || ClientModel::open(tmp.path()).unwrap();
         let mut client = Client::connect_renewing(
             open(),
-            running.plain_connector(),
+            connector,
             PromptOptions::default(),
             ClientOptions::default(),
         )
@@ -663,7 +740,7 @@ mod tests {
         // Material preprocessed under these keys covers the next prompt: no new session for it.
         let enc = client
             .model()
-            .encode_prompt(text[0], PromptOptions::default())
+            .encode(Input::Text(text[0]), PromptOptions::default())
             .unwrap();
         client.preprocess_for(&enc).unwrap();
         assert!(!client.key_budget_fits(&enc));
@@ -690,7 +767,7 @@ mod tests {
 
         let mut fixed = Client::connect(
             open(),
-            running.plain_connector()().unwrap(),
+            connector().unwrap(),
             PromptOptions::default(),
             ClientOptions::default(),
         )

@@ -10,12 +10,19 @@
 //! * [`preprocess`] — the linear layers' work for a future inference of a given length, done
 //!   before the prompt (FC masks, Beaver triples), which the forward pass then consumes;
 //! * [`pool_size`] — the silent-OT COTs an inference of a given length draws, from the public
-//!   shape alone (preprocessing fills the pools with them);
-//! * [`session`] — handshake, set-up, preprocessing and per-inference messages, each step under
-//!   a deadline;
+//!   shape alone (preprocessing fills the pools with them); [`pool_size::CotCounts`] keeps them
+//!   per length for a server;
+//! * [`protocol`] — the session's wire contract: one type per message, one encoder and one
+//!   decoder each, used by both ends;
+//! * [`connection`] — the client's end of a session; [`handler`] — the server's, a handler
+//!   over the client's typed requests; [`deadlines`] — each step's allowance;
+//! * [`reserve`] — what a server session may hold for preprocessed inferences;
 //! * [`server`] — the multi-client server: TLS or explicit plain TCP, bounded sessions and
 //!   queue, memory estimate per session, accept back-off, structured logs, graceful shutdown,
 //!   in the caller's thread ([`Server::run`]) or in the background ([`Server::spawn`]);
+//! * [`builder`] — [`ServerBuilder`], the one assembly of a server (identity, limits, process
+//!   settings) that the CLI, Python and [`loopback`] use;
+//! * [`loopback`] — both parties in one process;
 //! * [`report`] — cost reports per operator class with LAN/WAN times, measured over a shaped
 //!   link ([`shaped_channel`], `bench::run_model` with a network) or modelled;
 //! * [`client`] — the client as a library: its bundle, prompts checked and embedded before
@@ -31,24 +38,31 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod builder;
 pub mod client;
+pub mod connection;
+pub mod deadlines;
 pub mod embedding;
 pub mod forward;
+pub mod handler;
 pub mod key_budget;
 pub mod loopback;
 pub mod pool_size;
 pub mod prepared;
 pub mod preprocess;
+pub mod protocol;
 pub mod report;
+pub mod reserve;
 pub mod server;
-pub mod session;
 
-pub use client::{Classification, Client, ClientModel, ClientTransport, PromptOptions};
-pub use loopback::LoopbackServer;
+pub use builder::{ServerBuilder, ServerIdentity};
+pub use client::{
+    Ahead, Classification, Client, ClientModel, ClientTransport, Input, PromptOptions,
+};
+pub use connection::{ClientConnection, ClientOptions, Tokens};
+pub use deadlines::{Deadlines, IDLE_TIMEOUT};
+pub use handler::{serve_session, serve_session_with};
+pub use loopback::{shaped_channel, InProcess, LoopbackServer};
 pub use prepared::ServerModel;
 pub use report::CostReport;
-pub use server::{RunningServer, ServeOptions, Server, Transport};
-pub use session::{
-    serve, serve_session, serve_session_with, serve_with, shaped_channel, ClientConnection,
-    ClientOptions, Deadlines,
-};
+pub use server::{serve, serve_with, RunningServer, ServeOptions, Server, Transport};

@@ -13,12 +13,13 @@
 //! their true shape. `tests/preprocess.rs` checks the count against real inferences.
 //!
 //! Cost: a local set-up (BFV keys, base OTs) and a few one- and two-row operator runs, well
-//! under a second for BERT-Base; [`ServerModel`] keeps each length's count.
+//! under a second for BERT-Base; [`CotCounts`] keeps each length's count for the server.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use veil_core::approx::Approx;
-use veil_core::{Result, RingTensor};
+use veil_core::{ensure, Result, RingTensor};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::engine::{self, Engine, LayerId, NormId};
 use veil_model::{Activation, AttentionNorm, LayerNormKind, ModelConfig};
@@ -26,11 +27,41 @@ use veil_net::{run_two_party, Channel, Role};
 use veil_nonlinear::{Backend, OtSession};
 
 use crate::forward::{Party, Side};
+use crate::prepared::ServerModel;
 use crate::preprocess::Planner;
-use crate::ServerModel;
 
 /// COTs drawn, in the server's (sending, receiving) direction (the client's are the reverse).
 pub type Draw = (u64, u64);
+
+/// The COTs one inference draws, per length asked for so far (at most one entry per length the
+/// model takes): what a server's sessions share, so each length is sampled once.
+#[derive(Default)]
+pub struct CotCounts {
+    known: Mutex<HashMap<usize, Draw>>,
+}
+
+impl CotCounts {
+    /// The silent-OT COTs one inference of `seq` tokens of `model` draws, in the server's
+    /// (sending, receiving) direction: sampled once per length ([`cots_per_inference`]), then
+    /// remembered.
+    pub fn per_inference(&self, model: &ServerModel, seq: usize) -> Result<Draw> {
+        let max = model.config().max_sequence_len();
+        ensure!(
+            (1..=max).contains(&seq),
+            InvalidArgument,
+            "{seq} tokens (the model takes 1..={max})"
+        );
+        let known = self.known.lock().map(|m| m.get(&seq).copied());
+        if let Ok(Some(d)) = known {
+            return Ok(d);
+        }
+        let d = cots_per_inference(model, Approx::new(model.fixed.fp())?, seq)?;
+        if let Ok(mut m) = self.known.lock() {
+            m.insert(seq, d);
+        }
+        Ok(d)
+    }
+}
 
 /// The COTs one inference of `seq` tokens of `model` draws, in the server's (sending,
 /// receiving) direction.

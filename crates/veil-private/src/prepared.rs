@@ -12,9 +12,7 @@
 //! instead of three times, and one round trip replaces three.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
-use veil_core::approx::Approx;
 use veil_core::{ensure, Error, Result, RingTensor};
 use veil_he::ParamSet;
 use veil_linear::{FcLayer, PreparedFc};
@@ -22,7 +20,7 @@ use veil_model::engine::LayerId;
 use veil_model::sim::{FixedLinear, FixedModel};
 use veil_model::ModelConfig;
 
-use crate::pool_size::{self, Draw};
+use crate::protocol::session_format;
 
 /// Parameter set of the weight × share products (small fixed-point weights).
 pub const WEIGHT_SET: ParamSet = ParamSet::N8192;
@@ -87,13 +85,10 @@ fn fuse(parts: &[&FixedLinear]) -> Result<(RingTensor, RingTensor)> {
 pub const DEFAULT_NTT_BUDGET_BYTES: usize = 2 << 30;
 
 /// The server's model: the fixed-point weights plus its linear layers prepared for HE once,
-/// for every sequence length.
+/// for every sequence length. Plain data, read by every session at once.
 pub struct ServerModel {
     pub fixed: FixedModel,
     layers: PreparedLayers,
-    /// The COTs an inference draws, per length asked for so far (at most one entry per length
-    /// the model takes).
-    cots: Mutex<HashMap<usize, Draw>>,
 }
 
 impl ServerModel {
@@ -120,18 +115,14 @@ impl ServerModel {
             cfg.veil.num_labels
         );
         let layers = prepare(&fixed, ntt_budget)?;
-        Ok(ServerModel {
-            fixed,
-            layers,
-            cots: Mutex::new(HashMap::new()),
-        })
+        Ok(ServerModel { fixed, layers })
     }
 
     /// Encodes a loaded model at the session's fixed-point format and prepares it (with a
     /// progress spinner: the 2-block MiniLM takes seconds, BERT-Base minutes).
     pub fn from_model(model: &veil_model::Model, ntt_budget: usize) -> Result<Self> {
         let pb = veil_model::progress::spinner("preparing the model's weights for HE");
-        let prepared = FixedModel::encode(&model.transformer, crate::session::session_format())
+        let prepared = FixedModel::encode(&model.transformer, session_format())
             .and_then(|fixed| Self::with_ntt_budget(fixed, ntt_budget));
         pb.finish_and_clear();
         prepared
@@ -144,26 +135,6 @@ impl ServerModel {
     /// The prepared layers (the same for every sequence length).
     pub fn prepared(&self) -> &PreparedLayers {
         &self.layers
-    }
-
-    /// The silent-OT COTs one inference of `seq` tokens draws, in the server's (sending,
-    /// receiving) direction: sampled once per length ([`crate::pool_size`]), then remembered.
-    pub fn cots_per_inference(&self, seq: usize) -> Result<Draw> {
-        ensure!(
-            (1..=self.config().max_sequence_len()).contains(&seq),
-            InvalidArgument,
-            "{seq} tokens (the model takes 1..={})",
-            self.config().max_sequence_len()
-        );
-        let known = self.cots.lock().map(|m| m.get(&seq).copied());
-        if let Ok(Some(d)) = known {
-            return Ok(d);
-        }
-        let d = pool_size::cots_per_inference(self, Approx::new(self.fixed.fp())?, seq)?;
-        if let Ok(mut m) = self.cots.lock() {
-            m.insert(seq, d);
-        }
-        Ok(d)
     }
 }
 

@@ -17,13 +17,15 @@ use std::time::{Duration, Instant};
 use veil_core::{ensure, Error, Result};
 use veil_linear::LookupMethod;
 use veil_model::{EmbeddingMode, ModelConfig};
-use veil_net::{Channel, ServerTls, TcpChannel};
+use veil_net::{Channel, Fingerprint, ServerTls, TcpChannel};
 
+use crate::deadlines::Deadlines;
 use crate::embedding::{self, ServerEmbedding, DEFAULT_METHOD};
+use crate::handler::{refuse, serve_admitted, SessionLimits, SessionSummary};
+use crate::pool_size::CotCounts;
 use crate::prepared::ServerModel;
-use crate::session::{
-    read_hello, refuse, serve_admitted, Deadlines, SessionLimits, SessionMemory, SessionSummary,
-};
+use crate::protocol::{Hello, Message};
+use crate::reserve::SessionMemory;
 
 /// How connections are carried.
 #[derive(Clone)]
@@ -130,6 +132,8 @@ struct Shared {
     opts: ServeOptions,
     /// The memory budget less the embedding lookups' share: what one session may need at most.
     session_memory: u64,
+    /// The COTs an inference draws, per length, for preprocessing requests.
+    cots: CotCounts,
     slots: Mutex<Slots>,
     freed: Condvar,
     /// Connection threads alive.
@@ -246,12 +250,12 @@ impl Shared {
                 Box::new(ch)
             }
         };
-        let announced = read_hello(&mut ch).map_err(|e| match e {
+        let hello = Hello::recv(&mut ch).map_err(|e| match e {
             Error::TimedOut(m) => Error::TimedOut(format!("waiting for the hello: {m}")),
             e => e,
         })?;
         let cfg = self.model.config();
-        let tokens = match announced {
+        let tokens = match hello.max_tokens as usize {
             0 => cfg.max_sequence_len(),
             n => n.min(cfg.max_sequence_len()),
         };
@@ -290,11 +294,12 @@ impl Shared {
             ch,
             &self.model,
             self.emb.as_ref(),
-            announced,
+            hello,
             &SessionLimits {
                 deadlines: Some(d),
                 load: &|| self.load(),
                 memory: self,
+                cots: &self.cots,
             },
             &mut summary,
         );
@@ -306,6 +311,8 @@ impl Shared {
 /// A server ready to accept.
 pub struct Server {
     shared: Arc<Shared>,
+    /// The fingerprint of its TLS identity, when [`crate::ServerBuilder`] knows it.
+    fingerprint: Option<Fingerprint>,
 }
 
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
@@ -330,6 +337,7 @@ impl Server {
                 model,
                 emb,
                 session_memory: opts.memory_budget - lookups,
+                cots: CotCounts::default(),
                 opts,
                 // The embedding lookups' share is reserved for the server's life.
                 slots: Mutex::new(Slots {
@@ -341,7 +349,20 @@ impl Server {
                 ended: Condvar::new(),
                 ended_lock: Mutex::new(()),
             }),
+            fingerprint: None,
         })
+    }
+
+    /// The server, presenting the TLS identity of this fingerprint.
+    pub(crate) fn with_fingerprint(mut self, fingerprint: Option<Fingerprint>) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    /// The fingerprint of its TLS identity (`None` over plain TCP, or when made without
+    /// [`crate::ServerBuilder`]).
+    pub fn fingerprint(&self) -> Option<Fingerprint> {
+        self.fingerprint
     }
 
     pub fn options(&self) -> &ServeOptions {
@@ -358,11 +379,13 @@ impl Server {
     pub fn spawn(self, listener: TcpListener) -> Result<RunningServer> {
         let addr = listener.local_addr()?;
         let shutdown = self.shared.opts.shutdown.clone();
+        let fingerprint = self.fingerprint;
         let thread = std::thread::Builder::new()
             .name("veil-accept".into())
             .spawn(move || self.run(listener))?;
         Ok(RunningServer {
             addr,
+            fingerprint,
             shutdown,
             thread: Some(thread),
         })
@@ -374,6 +397,18 @@ impl Server {
         const POLL: Duration = Duration::from_millis(25);
         let shared = &self.shared;
         let o = &shared.opts;
+        let cfg = shared.model.config();
+        tracing::info!(
+            listen = %listener.local_addr()?,
+            max_sessions = o.max_sessions,
+            queue = o.queue,
+            queue_wait_s = o.queue_wait.as_secs_f64(),
+            session_memory_mib = o.memory_budget >> 20,
+            peak_per_session_mib =
+                session_memory_estimate(cfg, cfg.max_sequence_len()) >> 20,
+            max_tokens = cfg.max_sequence_len(),
+            "serving"
+        );
         listener.set_nonblocking(true)?;
         let mut backoff = Duration::ZERO;
         while !o.shutdown.load(Ordering::SeqCst) {
@@ -480,9 +515,28 @@ impl Server {
     }
 }
 
+/// Accepts clients forever over plain TCP with the default limits of
+/// [`ServeOptions::for_model`] (for loopback and tests: `veil serve` uses TLS).
+pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
+    serve_with(listener, model, DEFAULT_METHOD)
+}
+
+/// [`serve`] with the lookup method of private-embedding mode chosen (the tables are prepared
+/// per sequence length for the few most recently used lengths and shared by all sessions).
+pub fn serve_with(
+    listener: TcpListener,
+    model: Arc<ServerModel>,
+    method: LookupMethod,
+) -> Result<()> {
+    let mut opts = ServeOptions::for_model(&model, Transport::Plaintext);
+    opts.method = method;
+    Server::new(model, opts)?.run(listener)
+}
+
 /// A [`Server`] accepting in a background thread ([`Server::spawn`]).
 pub struct RunningServer {
     addr: SocketAddr,
+    fingerprint: Option<Fingerprint>,
     shutdown: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<Result<()>>>,
 }
@@ -491,6 +545,11 @@ impl RunningServer {
     /// The address it listens on (with the port the system chose for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The fingerprint of its TLS identity ([`Server::fingerprint`]).
+    pub fn fingerprint(&self) -> Option<Fingerprint> {
+        self.fingerprint
     }
 
     /// Whether it is still accepting (false once stopped or failed).

@@ -15,8 +15,8 @@ use veil_net::{Identity, ServerTls, TcpChannel};
 use veil_private::client::{argmax, softmax};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
-    Client, ClientModel, ClientOptions, ClientTransport, PromptOptions, ServeOptions, Server,
-    ServerModel, Transport,
+    Client, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions, ServeOptions,
+    Server, ServerModel, Transport,
 };
 
 /// A tiny random classifier of `blocks` blocks written to `dir`, and loaded.
@@ -107,7 +107,7 @@ fn library_client_equals_the_simulator_over_loopback() {
     assert_eq!(client.key_revealed() - before, 2 * once);
     let enc = client
         .model()
-        .encode_prompt(texts[2], PromptOptions::default())
+        .encode(Input::Text(texts[2]), PromptOptions::default())
         .unwrap();
     assert!(client.key_budget_fits(&enc));
     // What an inference reveals grows with its length n no faster than n² (the bound

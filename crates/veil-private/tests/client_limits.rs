@@ -11,7 +11,7 @@ use veil_model::random::random_transformer_with_std;
 use veil_model::sim::FixedModel;
 use veil_model::{BlockVariant, HeadKind, ModelConfig};
 use veil_net::{Channel, ClientTls, Identity, ServerPin, ServerTls};
-use veil_private::session::read_hello;
+use veil_private::protocol::{Admission, Hello, Message};
 use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};
 
 fn config(layers: usize) -> ModelConfig {
@@ -106,10 +106,8 @@ fn another_configuration_is_refused_before_set_up() {
     let h = std::thread::spawn(move || {
         let (s, _) = listener.accept().unwrap();
         let mut ch = tls.accept(s, soon()).unwrap();
-        read_hello(&mut ch).unwrap();
-        let mut reply = vec![0u8];
-        reply.extend_from_slice(theirs.to_json().as_bytes());
-        ch.send_msg(&reply).unwrap();
+        Hello::recv(&mut ch).unwrap();
+        Admission::Admitted(theirs).send(&mut ch).unwrap();
         ch.flush().unwrap();
         let after = ch.meter().total().bytes_received;
         let next = ch.recv_msg(1 << 20);
@@ -225,7 +223,7 @@ fn mutual_authentication_admits_only_allowed_clients() {
         .unwrap();
     let mut conn = ClientConnection::connect_with(ch, opts(60.0), |_| Ok(())).unwrap();
     let x = fixed.embed(&[1, 2, 3], &[0; 3]).unwrap().0;
-    conn.infer(&x).unwrap();
+    conn.infer(&x, None).unwrap();
     conn.close().unwrap();
 
     let stranger = client(&id);

@@ -12,6 +12,7 @@ use veil_model::{
     Activation, Architecture, BlockVariant, EmbeddingMode, HeadKind, ModelConfig, ProductTruncation,
 };
 use veil_net::run_two_party;
+use veil_private::connection::Tokens;
 use veil_private::embedding::ServerEmbedding;
 use veil_private::{serve_session_with, ClientConnection, ServerModel};
 
@@ -76,7 +77,7 @@ fn private_embedding_matches_the_simulator_exactly() {
                 let mut c = ClientConnection::connect(ch)?;
                 let mut out = Vec::new();
                 for (ids, t) in &inputs {
-                    out.push(c.infer_ids(ids, t)?);
+                    out.push(c.infer(Tokens::Ids(ids, t), None)?);
                 }
                 c.close()?;
                 Ok(out)
@@ -110,7 +111,7 @@ fn padded_private_embedding_keeps_the_output() {
     let (got, ()) = run_two_party(
         |ch| {
             let mut c = ClientConnection::connect(ch)?;
-            let (y, _) = c.infer_ids_padded(&padded, &[0; 6], 3)?;
+            let (y, _) = c.infer(Tokens::Ids(&padded, &[0; 6]), Some(3))?;
             c.close()?;
             Ok(y)
         },
@@ -138,11 +139,11 @@ fn bad_private_inputs_are_errors_and_the_session_survives() {
     let (got, ()) = run_two_party(
         |ch| {
             let mut c = ClientConnection::connect(ch)?;
-            let e1 = c.infer(&x).unwrap_err();
-            let e2 = c.infer_ids(&[1, 60], &[0, 0]).unwrap_err();
-            let e3 = c.infer_ids(&[1, 2], &[0]).unwrap_err();
-            let e4 = c.infer_ids(&[1, 2], &[0, 2]).unwrap_err();
-            let (y, _) = c.infer_ids(&[1, 2], &[0, 0])?;
+            let e1 = c.infer(&x, None).unwrap_err();
+            let e2 = c.infer(Tokens::Ids(&[1, 60], &[0, 0]), None).unwrap_err();
+            let e3 = c.infer(Tokens::Ids(&[1, 2], &[0]), None).unwrap_err();
+            let e4 = c.infer(Tokens::Ids(&[1, 2], &[0, 2]), None).unwrap_err();
+            let (y, _) = c.infer(Tokens::Ids(&[1, 2], &[0, 0]), None)?;
             c.close()?;
             Ok((vec![e1, e2, e3, e4], y))
         },

@@ -15,7 +15,10 @@ use veil_model::random::random_transformer_with_std;
 use veil_model::sim::FixedModel;
 use veil_model::{BlockVariant, HeadKind, ModelConfig};
 use veil_net::{run_two_party, Recording, Replay};
-use veil_private::session::read_hello;
+use veil_private::protocol::{
+    session_format, Admission, EmbeddingLookup, Hello, Message, OutputShare, PreprocessReply,
+    Request,
+};
 use veil_private::{serve_session, ClientConnection, ClientOptions, ServerModel};
 
 struct Fixture {
@@ -49,7 +52,7 @@ fn fixture() -> &'static Fixture {
             |ch| {
                 let mut rec = Recording::new(ch);
                 let mut c = ClientConnection::connect(&mut rec)?;
-                c.infer(&x)?;
+                c.infer(&x, None)?;
                 c.close()?;
                 Ok((rec.sent, rec.received))
             },
@@ -113,7 +116,7 @@ fn serve_replay(input: Vec<u8>) -> veil_core::Result<()> {
 
 fn client_replay(input: Vec<u8>) -> veil_core::Result<()> {
     let mut c = ClientConnection::connect(Replay::new(input))?;
-    c.infer(&fixture().x)?;
+    c.infer(&fixture().x, None)?;
     c.close()
 }
 
@@ -132,7 +135,7 @@ proptest! {
     #[test]
     fn mutated_hellos_are_clean_errors(m in mutation()) {
         let hello = &fixture().to_server[..16];
-        let _ = read_hello(&mut Replay::new(apply(hello, &m, 16)));
+        let _ = Hello::recv(&mut Replay::new(apply(hello, &m, 16)));
     }
 
     /// The client's handshake (the server's answer, its configuration), mutated in its first
@@ -145,6 +148,57 @@ proptest! {
             ClientOptions::default(),
             |_| Err(veil_core::Error::Other("stop before set-up".into())),
         );
+    }
+}
+
+/// Decodes `bytes` as `M`; what decodes must encode back to the same bytes (one encoding per
+/// message).
+fn canonical<M: Message>(bytes: &[u8]) {
+    if let Ok(msg) = M::decode(bytes) {
+        assert_eq!(msg.encode(), bytes);
+    }
+}
+
+/// One valid message of each type.
+fn valid_messages() -> Vec<Vec<u8>> {
+    let cfg = fixture().server.config().announced();
+    vec![
+        Hello { max_tokens: 3 }.encode(),
+        Admission::Admitted(cfg).encode(),
+        Admission::Refused("busy".into()).encode(),
+        EmbeddingLookup(veil_linear::LookupMethod::Batched).encode(),
+        Request::Goodbye.encode(),
+        Request::Infer {
+            tokens: 3,
+            preprocessed: true,
+        }
+        .encode(),
+        Request::Preprocess { tokens: 3 }.encode(),
+        PreprocessReply::Accepted { pool_cots: 1000 }.encode(),
+        PreprocessReply::Refused("over budget".into()).encode(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Every session message's decoder on every valid message of any type, mutated: a clean
+    /// error or a message that encodes back to the same bytes, never a panic.
+    #[test]
+    fn mutated_messages_decode_cleanly_or_canonically(m in mutation(), which in 0usize..9) {
+        let bytes = apply(&valid_messages()[which], &m, 64);
+        canonical::<Hello>(&bytes);
+        canonical::<EmbeddingLookup>(&bytes);
+        canonical::<Request>(&bytes);
+        canonical::<PreprocessReply>(&bytes);
+        if let Ok(a) = Admission::decode(&bytes) {
+            assert_eq!(Admission::decode(&a.encode()).unwrap(), a);
+        }
+        let ring = session_format().ring;
+        let count = bytes.len() / ring.byte_len();
+        if let Ok(share) = OutputShare::decode(&bytes, ring, count) {
+            assert_eq!(share.encode(ring), bytes);
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use veil_model::{
 use veil_net::{run_two_party, Channel, Role, TcpChannel};
 use veil_nonlinear::OtSession;
 use veil_private::forward::{Party, Side};
+use veil_private::pool_size::CotCounts;
 use veil_private::preprocess::{material_bytes, plan, Step};
 use veil_private::{serve_session, ClientConnection, ServerModel};
 use veil_private::{ClientOptions, RunningServer, ServeOptions, Server, Transport};
@@ -94,16 +95,16 @@ fn preprocessed_inferences_equal_the_simulator() {
         let (got, ()) = run_two_party(
             |ch| {
                 let mut c = ClientConnection::connect(ch)?;
-                let plain = c.infer(&xa)?;
+                let plain = c.infer(&xa, None)?;
                 c.preprocess(b.len())?;
                 c.preprocess(a.len())?;
                 c.preprocess(b.len())?;
                 assert_eq!((c.preprocessed(a.len()), c.preprocessed(b.len())), (1, 2));
-                let pa = c.infer(&xa)?;
-                let pb = c.infer(&xb)?;
-                let pb2 = c.infer(&xb)?;
+                let pa = c.infer(&xa, None)?;
+                let pb = c.infer(&xb, None)?;
+                let pb2 = c.infer(&xb, None)?;
                 assert_eq!((c.preprocessed(a.len()), c.preprocessed(b.len())), (0, 0));
-                let after = c.infer(&xb)?;
+                let after = c.infer(&xb, None)?;
                 c.close()?;
                 Ok([plain, pa, pb, pb2, after])
             },
@@ -186,7 +187,7 @@ fn the_server_refuses_what_it_cannot_honour() {
     std::env::set_var("VEIL_PREPROCESS_BUDGET_MIB", "40");
     let ring = FixedPoint::default_format().ring;
     let per = material_bytes(&cfg, &plan(&cfg, ring, 512).unwrap(), false);
-    let fit = veil_private::session::preprocess_budget() / per;
+    let fit = veil_private::reserve::preprocess_budget() / per;
     assert_eq!(fit, 2, "{per} bytes per preprocessing");
     let (want, x) = expected(&sim, &[1, 2, 3]);
     let ((refused, y), ()) = run_two_party(
@@ -199,7 +200,7 @@ fn the_server_refuses_what_it_cannot_honour() {
                     break;
                 }
             }
-            let y = c.infer(&x)?.0;
+            let y = c.infer(&x, None)?.0;
             c.close()?;
             Ok((refused, y))
         },
@@ -227,7 +228,7 @@ fn the_server_refuses_what_it_cannot_honour() {
     assert!(err.contains("preprocessed material"), "{err}");
 }
 
-/// The COTs an inference draws, as `ServerModel::cots_per_inference` derives them from the shape
+/// The COTs an inference draws, as `CotCounts::per_inference` derives them from the shape
 /// (sampling each operator on one and two rows), equal the COTs real inferences of several
 /// lengths draw, in both directions, for the original and the friendly operators, LayerNorm on
 /// BFV, MPNet's position bias, the pooler's tanh and mean pooling, in both truncation modes.
@@ -300,7 +301,7 @@ fn pool_sizes_from_the_shape_are_what_inferences_draw() {
             .unwrap();
             assert_eq!(client, (served.1, served.0), "model {i}, {seq} tokens");
             assert!(served.0 > 0 && served.1 > 0);
-            let predicted = server.cots_per_inference(seq).unwrap();
+            let predicted = CotCounts::default().per_inference(&server, seq).unwrap();
             assert_eq!(predicted, served, "model {i}, {seq} tokens");
         }
     }
@@ -351,7 +352,7 @@ fn malformed_preprocessing_ends_that_session_and_others_are_served() {
     let (want, x) = expected(&sim, &ids);
     let mut c = ClientConnection::connect(TcpChannel::connect(addr).unwrap()).unwrap();
     c.preprocess(ids.len()).unwrap();
-    let (y, report) = c.infer(&x).unwrap();
+    let (y, report) = c.infer(&x, None).unwrap();
     c.close().unwrap();
     assert_eq!(y, want);
     assert!(report.offline.is_some());
@@ -376,7 +377,9 @@ fn preprocessing_is_refused_beyond_the_servers_session_memory() {
     let ids = [4u32, 8, 15, 16];
     let ring = FixedPoint::default_format().ring;
     let material = material_bytes(&cfg, &plan(&cfg, ring, ids.len()).unwrap(), false) as u64;
-    let cots = server.cots_per_inference(ids.len()).unwrap();
+    let cots = CotCounts::default()
+        .per_inference(&server, ids.len())
+        .unwrap();
     let one = material + 33 * cots.0.max(cots.1);
     let running = spawn(server, Some(session_memory_estimate(&cfg, 16) + one + 1024));
     let (want, x) = expected(&sim, &ids);
@@ -388,7 +391,7 @@ fn preprocessing_is_refused_beyond_the_servers_session_memory() {
         assert!(matches!(err, veil_core::Error::Refused(_)), "{err}");
         assert!(err.to_string().contains("session memory"), "{err}");
         if session == 1 {
-            let (y, report) = c.infer(&x).unwrap();
+            let (y, report) = c.infer(&x, None).unwrap();
             assert_eq!(y, want);
             assert!(report.offline.is_some());
         }

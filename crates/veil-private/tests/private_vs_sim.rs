@@ -52,7 +52,7 @@ fn run(cfg: &ModelConfig, ids: &[u32], seed: u8) -> (Vec<f64>, Vec<f64>, veil_pr
     let ((got, report), ()) = run_two_party(
         |ch| {
             let mut c = ClientConnection::connect(ch)?;
-            let r = c.infer(&x)?;
+            let r = c.infer(&x, None)?;
             c.close()?;
             Ok(r)
         },
@@ -103,7 +103,7 @@ fn run_padded(cfg: &ModelConfig, ids: &[u32], pad: usize, seed: u8) -> (Vec<f64>
     let ((got, seen_len), ()) = run_two_party(
         |ch| {
             let mut c = ClientConnection::connect(ch)?;
-            let (y, _) = c.infer_padded(&x, ids.len())?;
+            let (y, _) = c.infer(&x, Some(ids.len()))?;
             c.close()?;
             Ok((y, padded.len()))
         },
@@ -134,7 +134,7 @@ fn padding_is_refused_for_mean_pooling() {
     let (err, ()) = run_two_party(
         |ch| {
             let mut c = ClientConnection::connect(ch)?;
-            let err = c.infer_padded(&x, 2).unwrap_err();
+            let err = c.infer(&x, Some(2)).unwrap_err();
             c.close()?;
             Ok(err)
         },
@@ -293,8 +293,8 @@ fn tcp_server_serves_two_clients_and_survives_garbage() {
             let x: RingTensor = x.clone();
             std::thread::spawn(move || {
                 let mut c = ClientConnection::connect(TcpChannel::connect(addr).unwrap()).unwrap();
-                let (y, _) = c.infer(&x).unwrap();
-                let (y2, _) = c.infer(&x).unwrap();
+                let (y, _) = c.infer(&x, None).unwrap();
+                let (y2, _) = c.infer(&x, None).unwrap();
                 c.close().unwrap();
                 (y, y2)
             })
@@ -364,7 +364,7 @@ fn one_prepared_model_serves_every_length_exactly() {
             let mut c = ClientConnection::connect(ch)?;
             let mut out = Vec::new();
             for x in &inputs {
-                out.push(c.infer(x)?.0);
+                out.push(c.infer(x, None)?.0);
             }
             c.close()?;
             Ok(out)

@@ -48,7 +48,7 @@ fn two_block_minilm_private_pass_equals_the_simulator(model: Model) {
     let (got, ()) = run_two_party(
         |ch| {
             let mut c = ClientConnection::connect(ch)?;
-            let (y, _) = c.infer(&x)?;
+            let (y, _) = c.infer(&x, None)?;
             c.close()?;
             Ok(y)
         },

@@ -133,7 +133,7 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
                     step_timeout: Some(Duration::from_secs(120)),
                 };
                 let mut c = ClientConnection::connect_with(ch, opts, |_| Ok(())).unwrap();
-                let (y, _) = c.infer(&x).unwrap();
+                let (y, _) = c.infer(&x, None).unwrap();
                 c.close().unwrap();
                 assert_eq!(y, want, "client {i}");
             })
@@ -190,7 +190,7 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
             let mut c =
                 ClientConnection::connect_with(ch, ClientOptions::default(), |_| Ok(())).unwrap();
             std::thread::sleep(Duration::from_secs(10));
-            c.infer(&x)
+            c.infer(&x, None)
                 .expect_err("the server dropped the hanging session")
         })
     };

@@ -18,6 +18,7 @@ use veil_model::sim::FixedModel;
 use veil_model::EmbeddingMode;
 use veil_model::{Activation, Architecture, BlockVariant, HeadKind, ModelConfig};
 use veil_net::{run_two_party, Recording};
+use veil_private::connection::Tokens;
 use veil_private::embedding::ServerEmbedding;
 use veil_private::{serve_session_with, ClientConnection, ServerModel};
 
@@ -318,8 +319,8 @@ fn check_transcripts(mode: EmbeddingMode, method: LookupMethod) {
             let mut rec = Recording::new(ch);
             let mut conn = ClientConnection::connect(&mut rec)?;
             match mode {
-                EmbeddingMode::Public => conn.infer(&x)?,
-                EmbeddingMode::Private => conn.infer_ids(&ids, &types)?,
+                EmbeddingMode::Public => conn.infer(&x, None)?,
+                EmbeddingMode::Private => conn.infer(Tokens::Ids(&ids, &types), None)?,
             };
             conn.close()?;
             Ok((rec.sent, rec.received))

@@ -1,0 +1,236 @@
+//! One way to assemble a server, for every front end (`veil serve`, `veil demo`, Python's
+//! `veil.Server`, the in-process [`crate::LoopbackServer`]): its identity (a TLS identity kept
+//! in a state directory, a fresh one, or plain TCP), its limits (sessions, queue, deadlines,
+//! memory, the NTT budget of the prepared weights) and the process settings a server relies on
+//! ([`veil_core::process::keep_freed_memory`], without which HE runs 30–60 % slower). What is
+//! not set takes [`ServeOptions::for_model`]'s default.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use veil_core::{ensure, Result};
+use veil_linear::LookupMethod;
+use veil_net::{Fingerprint, Identity, ServerTls};
+
+use crate::prepared::{ServerModel, DEFAULT_NTT_BUDGET_BYTES};
+use crate::server::{ServeOptions, Server, Transport};
+
+/// How the server identifies itself to clients.
+#[derive(Clone, Debug)]
+pub enum ServerIdentity {
+    /// TLS 1.3 with the identity kept in this directory (created on first start, key file mode
+    /// 0600); `None`: `veil_net::tls::default_state_dir`.
+    StateDir(Option<PathBuf>),
+    /// TLS 1.3 with a fresh identity that lives in memory only (an in-process server whose
+    /// client pins it).
+    Ephemeral,
+    /// Plain TCP: no authentication, no confidentiality.
+    Plaintext,
+}
+
+/// Assembles a [`Server`]: identity, limits and process settings.
+#[derive(Clone, Debug)]
+pub struct ServerBuilder {
+    identity: ServerIdentity,
+    client_allow: Option<PathBuf>,
+    max_sessions: Option<usize>,
+    queue: Option<usize>,
+    queue_wait: Option<Duration>,
+    handshake: Option<Duration>,
+    idle: Option<Duration>,
+    shutdown_grace: Option<Duration>,
+    memory_budget: Option<u64>,
+    ntt_budget: usize,
+    slowness: u32,
+    shutdown: Option<Arc<AtomicBool>>,
+    method: Option<LookupMethod>,
+}
+
+impl ServerBuilder {
+    /// A server with `identity` and every limit at its default.
+    pub fn new(identity: ServerIdentity) -> Self {
+        ServerBuilder {
+            identity,
+            client_allow: None,
+            max_sessions: None,
+            queue: None,
+            queue_wait: None,
+            handshake: None,
+            idle: None,
+            shutdown_grace: None,
+            memory_budget: None,
+            ntt_budget: DEFAULT_NTT_BUDGET_BYTES,
+            slowness: 1,
+            shutdown: None,
+            method: None,
+        }
+    }
+
+    /// Require client certificates: a file of allowed fingerprints (TLS identities only).
+    pub fn client_allow(mut self, file: Option<PathBuf>) -> Self {
+        self.client_allow = file;
+        self
+    }
+
+    /// Sessions running at once (`None`: as many as the memory holds at the model's longest
+    /// prompt); the queue then defaults to twice it, at least 4.
+    pub fn max_sessions(mut self, n: Option<usize>) -> Self {
+        self.max_sessions = n;
+        self
+    }
+
+    /// Connections waiting for a session beyond `max_sessions`.
+    pub fn queue(mut self, n: Option<usize>) -> Self {
+        self.queue = n;
+        self
+    }
+
+    /// How long a connection waits for a session before it is refused.
+    pub fn queue_wait(mut self, d: Duration) -> Self {
+        self.queue_wait = Some(d);
+        self
+    }
+
+    /// The allowance of the TLS handshake and the client's hello.
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.handshake = Some(d);
+        self
+    }
+
+    /// How long a session may stay silent between two requests.
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.idle = Some(d);
+        self
+    }
+
+    /// How long open sessions get to finish once the shutdown flag is set.
+    pub fn shutdown_grace(mut self, d: Duration) -> Self {
+        self.shutdown_grace = Some(d);
+        self
+    }
+
+    /// The flag that stops the server (a signal handler's, say); one of its own otherwise.
+    pub fn shutdown_flag(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.shutdown = Some(flag);
+        self
+    }
+
+    /// Memory for sessions, in bytes (default: 80 % of what is available now).
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = Some(bytes);
+        self
+    }
+
+    /// Bytes of NTT-domain weights the prepared model may keep ([`ServerModel::with_ntt_budget`]).
+    pub fn ntt_budget(mut self, bytes: usize) -> Self {
+        self.ntt_budget = bytes;
+        self
+    }
+
+    /// Set-up and inferences may take `factor` times the deadlines a remote client gets (an
+    /// in-process client on a slow or busy machine: the deadlines guard against peers, not
+    /// against this machine).
+    pub fn stretch_deadlines(mut self, factor: u32) -> Self {
+        self.slowness = factor.max(1);
+        self
+    }
+
+    /// The lookup method of private-embedding mode.
+    pub fn lookup_method(mut self, method: LookupMethod) -> Self {
+        self.method = Some(method);
+        self
+    }
+
+    /// Prepares `model`'s weights for HE within the NTT budget, then builds the server.
+    pub fn build(self, model: &veil_model::Model) -> Result<Server> {
+        let prepared = ServerModel::from_model(model, self.ntt_budget)?;
+        let layers = prepared.prepared();
+        tracing::info!(
+            prepared_mib = layers.prepared_bytes() >> 20,
+            ntt_mib = layers.ntt_cached_bytes()? >> 20,
+            ntt_budget_mib = self.ntt_budget >> 20,
+            "prepared weights (the same for every prompt length)"
+        );
+        self.build_prepared(Arc::new(prepared))
+    }
+
+    /// The server for a model already prepared.
+    pub fn build_prepared(self, model: Arc<ServerModel>) -> Result<Server> {
+        veil_core::process::keep_freed_memory();
+        let (transport, fingerprint) = self.transport()?;
+        let mut opts = ServeOptions::for_model(&model, transport);
+        if let Some(n) = self.max_sessions {
+            ensure!(
+                n > 0,
+                InvalidArgument,
+                "max sessions 0: at least one session"
+            );
+            opts.max_sessions = n;
+            opts.queue = (2 * n).max(4);
+        }
+        if let Some(q) = self.queue {
+            opts.queue = q;
+        }
+        let set = |slot: &mut Duration, v: Option<Duration>| {
+            if let Some(v) = v {
+                *slot = v;
+            }
+        };
+        set(&mut opts.queue_wait, self.queue_wait);
+        set(&mut opts.deadlines.handshake, self.handshake);
+        set(&mut opts.deadlines.idle, self.idle);
+        set(&mut opts.shutdown_grace, self.shutdown_grace);
+        opts.deadlines = opts.deadlines.stretched(self.slowness);
+        if let Some(b) = self.memory_budget {
+            opts.memory_budget = b;
+        }
+        if let Some(flag) = self.shutdown {
+            opts.shutdown = flag;
+        }
+        if let Some(m) = self.method {
+            opts.method = m;
+        }
+        Ok(Server::new(model, opts)?.with_fingerprint(fingerprint))
+    }
+
+    fn transport(&self) -> Result<(Transport, Option<Fingerprint>)> {
+        let id = match &self.identity {
+            ServerIdentity::Plaintext => {
+                ensure!(
+                    self.client_allow.is_none(),
+                    InvalidArgument,
+                    "client certificates need TLS, not plain TCP"
+                );
+                tracing::warn!("plain TCP: connections are neither encrypted nor authenticated");
+                return Ok((Transport::Plaintext, None));
+            }
+            ServerIdentity::Ephemeral => Identity::generate()?,
+            ServerIdentity::StateDir(dir) => {
+                let dir = match dir {
+                    Some(d) => d.clone(),
+                    None => veil_net::tls::default_state_dir()?,
+                };
+                let (id, created) = Identity::load_or_create(&dir)?;
+                tracing::info!(
+                    state_dir = %dir.display(),
+                    created,
+                    "TLS identity; clients pin --server-fingerprint {}",
+                    id.fingerprint()
+                );
+                id
+            }
+        };
+        let allowed = match &self.client_allow {
+            Some(f) => {
+                let set = veil_net::tls::read_fingerprints(f)?;
+                tracing::info!(clients = set.len(), file = %f.display(), "client certificates required");
+                Some(set)
+            }
+            None => None,
+        };
+        let tls = ServerTls::new(&id, allowed)?;
+        Ok((Transport::Tls(tls), Some(id.fingerprint())))
+    }
+}

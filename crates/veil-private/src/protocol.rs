@@ -1,0 +1,476 @@
+//! The session's wire contract: one type per message, each with one encoder and one decoder,
+//! used by both the client ([`crate::connection`]) and the server ([`crate::handler`]).
+//!
+//! Every message travels length-prefixed and size-limited (`veil_net::Channel`; each type's
+//! [`Message::MAX_BYTES`] is the limit its receiver reads with). Integers are little-endian.
+//! Decoders reject trailing bytes and every value outside the field's range, naming the
+//! message; they never panic on anything a peer sends (`tests/mutation.rs`, `fuzz/`).
+//!
+//! | message | direction | bytes |
+//! |---|---|---|
+//! | [`Hello`] | client → server | "VEIL" ‖ [`VERSION`] (u32) ‖ longest prompt, tokens (u32; 0: the model's limit) |
+//! | [`Admission`] | server → client | 0 ‖ the model's public `config.json`, or 1 ‖ why it refuses (UTF-8) |
+//! | [`EmbeddingLookup`] | server → client | the lookup method's tag (u8; private-embedding mode only) |
+//! | [`Request`] | client → server | tag (u8) ‖ fields: 0 goodbye; 1 inference ‖ length (u32) ‖ preprocessed (u8: 0 or 1); 2 preprocessing ‖ length (u32) |
+//! | [`PreprocessReply`] | server → client | 0 ‖ the silent-OT pool size to precompute (u64), or 1 ‖ why it refuses (UTF-8) |
+//! | [`OutputShare`] | server → client | the server's share of the output, ring elements at ⌈ℓ/8⌉ bytes |
+//!
+//! Between these messages the protocols of veil-linear, veil-nonlinear and veil-ot carry their
+//! own (set-up after the admission, the forward pass after an inference request, the
+//! preprocessing after its reply). Request tags [`GENERATION_TAGS`] are reserved for the
+//! generation steps of decoder models: this version refuses them as unsupported.
+
+use std::ops::RangeInclusive;
+
+use veil_core::wire::{Reader, Writer};
+use veil_core::{bail, ensure, FixedPoint, Result, Ring};
+use veil_linear::LookupMethod;
+use veil_model::ModelConfig;
+use veil_net::Channel;
+use veil_nonlinear::OtSession;
+
+/// The protocol version; 2 added the hello's length and the server's status byte; 3 widened
+/// LayerNorm's domain to 2^11 and the FC weight bound to 2^17.
+pub const VERSION: u32 = 3;
+
+/// The fixed-point format of every session (the project defaults; training uses the same).
+pub fn session_format() -> FixedPoint {
+    FixedPoint::default_format()
+}
+
+/// Request tags reserved for the generation steps of decoder models (not spoken yet).
+pub const GENERATION_TAGS: RangeInclusive<u8> = 16..=31;
+
+const MAGIC: &[u8; 4] = b"VEIL";
+const HELLO_BYTES: usize = 12;
+const STATUS_OK: u8 = 0;
+const STATUS_REFUSED: u8 = 1;
+const TAG_GOODBYE: u8 = 0;
+const TAG_INFER: u8 = 1;
+const TAG_PREPROCESS: u8 = 2;
+/// The largest answer to a hello (the model's configuration) or to a preprocessing request.
+const MAX_REPLY_BYTES: usize = 1 << 20;
+
+/// A session message that decodes without context: one encoder, one decoder.
+pub trait Message: Sized {
+    /// Names the message in errors.
+    const WHAT: &'static str;
+    /// The most bytes its receiver reads.
+    const MAX_BYTES: usize;
+
+    /// Writes the message's fields.
+    fn write(&self, w: &mut Writer);
+
+    /// Reads the message's fields (the caller rejects what is left over).
+    fn read(r: &mut Reader<'_>) -> Result<Self>;
+
+    /// The message's bytes.
+    fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        self.write(&mut w);
+        w.finish()
+    }
+
+    /// The message from exactly `bytes`: trailing bytes are refused.
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        let mut r = Reader::new(bytes, Self::WHAT);
+        let m = Self::read(&mut r)?;
+        r.finish()?;
+        Ok(m)
+    }
+
+    /// Sends the message.
+    fn send<C: Channel + ?Sized>(&self, ch: &mut C) -> Result<()> {
+        ch.send_msg(&self.encode())
+    }
+
+    /// Receives and decodes one message of this type.
+    fn recv<C: Channel + ?Sized>(ch: &mut C) -> Result<Self> {
+        Self::decode(&ch.recv_msg(Self::MAX_BYTES)?)
+    }
+}
+
+/// Reads the rest of a message as UTF-8 text.
+fn text(r: &mut Reader<'_>, what: &str) -> Result<String> {
+    let bytes = r.take(r.remaining())?;
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Ok(s.to_owned()),
+        Err(_) => bail!(Malformed, "{what} is not UTF-8"),
+    }
+}
+
+/// The client's first message: who it is and the longest prompt it will send, so the server
+/// checks its memory before the set-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The longest prompt of the session, in tokens; 0: the model's limit.
+    pub max_tokens: u32,
+}
+
+impl Message for Hello {
+    const WHAT: &'static str = "hello";
+    /// A little more than a hello, so that a stranger is named as one.
+    const MAX_BYTES: usize = 64;
+
+    fn write(&self, w: &mut Writer) {
+        w.bytes(MAGIC).u32(VERSION).u32(self.max_tokens);
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Self> {
+        let total = r.remaining();
+        ensure!(
+            r.take(MAGIC.len()).ok() == Some(MAGIC.as_slice()),
+            Malformed,
+            "not a Veil client (its first message is not a Veil hello)"
+        );
+        let v = r.u32()?;
+        ensure!(
+            v == VERSION,
+            Unsupported,
+            "client speaks protocol version {v}, server {VERSION}"
+        );
+        ensure!(
+            total == HELLO_BYTES,
+            Malformed,
+            "a hello of {total} bytes, expected {HELLO_BYTES}"
+        );
+        Ok(Hello {
+            max_tokens: r.u32()?,
+        })
+    }
+}
+
+/// The server's answer to a hello.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Admission {
+    /// The session goes on: the model's public configuration (architecture and operator
+    /// variants), which the client checks against its own before anything secret moves.
+    Admitted(ModelConfig),
+    /// The session ends: why (busy, shutting down, too long for the server's memory).
+    Refused(String),
+}
+
+impl Message for Admission {
+    const WHAT: &'static str = "the server's answer to the hello";
+    const MAX_BYTES: usize = MAX_REPLY_BYTES;
+
+    fn write(&self, w: &mut Writer) {
+        match self {
+            Admission::Admitted(cfg) => w.u8(STATUS_OK).bytes(cfg.to_json().as_bytes()),
+            Admission::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
+        };
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Self> {
+        let status = r.u8()?;
+        let body = text(r, "the server's answer to the hello")?;
+        match status {
+            STATUS_OK => Ok(Admission::Admitted(ModelConfig::from_json(&body)?)),
+            STATUS_REFUSED => Ok(Admission::Refused(body)),
+            s => bail!(Malformed, "unknown status {s} in the server's answer"),
+        }
+    }
+}
+
+/// Private-embedding mode: the lookup method the server's tables are prepared for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmbeddingLookup(pub LookupMethod);
+
+impl Message for EmbeddingLookup {
+    const WHAT: &'static str = "lookup method";
+    const MAX_BYTES: usize = 1;
+
+    fn write(&self, w: &mut Writer) {
+        w.u8(self.0.tag());
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Self> {
+        Ok(EmbeddingLookup(LookupMethod::from_tag(r.u8()?)?))
+    }
+}
+
+/// What the client asks for next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Ends the session.
+    Goodbye,
+    /// One inference of `tokens` tokens, on the oldest material preprocessed for that length
+    /// when `preprocessed` (the server ends a session asking for material it does not hold).
+    Infer {
+        /// The sequence length (at most the hello's).
+        tokens: u32,
+        /// Whether to use preprocessed material.
+        preprocessed: bool,
+    },
+    /// The linear layers' work for a future inference of `tokens` tokens.
+    Preprocess {
+        /// The sequence length (at most the hello's).
+        tokens: u32,
+    },
+}
+
+impl Message for Request {
+    const WHAT: &'static str = "request";
+    const MAX_BYTES: usize = 6;
+
+    fn write(&self, w: &mut Writer) {
+        match *self {
+            Request::Goodbye => w.u8(TAG_GOODBYE),
+            Request::Infer {
+                tokens,
+                preprocessed,
+            } => w.u8(TAG_INFER).u32(tokens).u8(preprocessed as u8),
+            Request::Preprocess { tokens } => w.u8(TAG_PREPROCESS).u32(tokens),
+        };
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Self> {
+        match r.u8()? {
+            TAG_GOODBYE => Ok(Request::Goodbye),
+            TAG_INFER => {
+                let tokens = r.u32()?;
+                let preprocessed = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    f => bail!(Malformed, "request flag {f}"),
+                };
+                Ok(Request::Infer {
+                    tokens,
+                    preprocessed,
+                })
+            }
+            TAG_PREPROCESS => Ok(Request::Preprocess { tokens: r.u32()? }),
+            t if GENERATION_TAGS.contains(&t) => bail!(
+                Unsupported,
+                "request tag {t} is a generation step, which this server does not speak"
+            ),
+            t => bail!(Malformed, "unknown request tag {t}"),
+        }
+    }
+}
+
+/// The server's answer to a preprocessing request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PreprocessReply {
+    /// Both parties preprocess and fill their silent-OT pools with this many COTs.
+    Accepted {
+        /// The pool size, at most `OtSession::MAX_PRECOMPUTE`.
+        pool_cots: u64,
+    },
+    /// Why not (the session's budget is spent, the server's memory is in use); the session
+    /// goes on.
+    Refused(String),
+}
+
+impl Message for PreprocessReply {
+    const WHAT: &'static str = "preprocessing status";
+    const MAX_BYTES: usize = MAX_REPLY_BYTES;
+
+    fn write(&self, w: &mut Writer) {
+        match self {
+            PreprocessReply::Accepted { pool_cots } => w.u8(STATUS_OK).u64(*pool_cots),
+            PreprocessReply::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
+        };
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Self> {
+        match r.u8()? {
+            STATUS_OK => {
+                let pool_cots = r.u64()?;
+                ensure!(
+                    pool_cots <= OtSession::MAX_PRECOMPUTE as u64,
+                    Malformed,
+                    "a pool of {pool_cots} COTs"
+                );
+                Ok(PreprocessReply::Accepted { pool_cots })
+            }
+            STATUS_REFUSED => Ok(PreprocessReply::Refused(text(
+                r,
+                "the preprocessing refusal",
+            )?)),
+            s => bail!(Malformed, "unknown preprocessing status {s}"),
+        }
+    }
+}
+
+/// The answer to an inference: the server's share of the output, whose length both parties
+/// know from the model's shape (so it decodes with that context, not through [`Message`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutputShare(pub Vec<u64>);
+
+impl OutputShare {
+    const WHAT: &'static str = "output share";
+
+    /// The message's bytes (every element in `ring`).
+    pub fn encode(&self, ring: Ring) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.ring_elems(ring, &self.0);
+        w.finish()
+    }
+
+    /// Exactly `count` elements of `ring`.
+    pub fn decode(bytes: &[u8], ring: Ring, count: usize) -> Result<Self> {
+        let mut r = Reader::new(bytes, Self::WHAT);
+        let v = r.ring_elems(ring, count)?;
+        r.finish()?;
+        Ok(OutputShare(v))
+    }
+
+    /// Sends the share.
+    pub fn send<C: Channel + ?Sized>(&self, ch: &mut C, ring: Ring) -> Result<()> {
+        ch.send_msg(&self.encode(ring))
+    }
+
+    /// Receives a share of `count` elements of `ring`.
+    pub fn recv<C: Channel + ?Sized>(ch: &mut C, ring: Ring, count: usize) -> Result<Self> {
+        Self::decode(&ch.recv_msg_exact(count * ring.byte_len())?, ring, count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use veil_model::random::Preset;
+
+    /// Every prefix of a message fails to decode, as does the message with a byte appended.
+    fn strict<M: Message + std::fmt::Debug>(m: &M) {
+        let bytes = m.encode();
+        for cut in 0..bytes.len() {
+            assert!(M::decode(&bytes[..cut]).is_err(), "{m:?} cut at {cut}");
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        let e = M::decode(&long).unwrap_err().to_string();
+        assert!(e.contains("trailing") || e.contains("bytes"), "{m:?}: {e}");
+        assert!(bytes.len() <= M::MAX_BYTES);
+    }
+
+    /// A message of fixed fields decodes to itself and strictly.
+    fn round_trip<M: Message + std::fmt::Debug + PartialEq>(m: M) {
+        assert_eq!(M::decode(&m.encode()).unwrap(), m);
+        strict(&m);
+    }
+
+    /// A message ending in free text (a refusal's reason) decodes to itself; its text has no
+    /// length to check, but a cut into its fixed part still fails.
+    fn round_trip_text<M: Message + std::fmt::Debug + PartialEq>(m: M) {
+        let bytes = m.encode();
+        assert_eq!(M::decode(&bytes).unwrap(), m);
+        assert!(M::decode(&[]).is_err());
+    }
+
+    #[test]
+    fn hello_round_trips_and_names_strangers_and_versions() {
+        round_trip(Hello { max_tokens: 0 });
+        round_trip(Hello {
+            max_tokens: u32::MAX,
+        });
+        // The bytes of protocol version 3, pinned.
+        assert_eq!(
+            Hello { max_tokens: 7 }.encode(),
+            [b'V', b'E', b'I', b'L', 3, 0, 0, 0, 7, 0, 0, 0]
+        );
+        let e = Hello::decode(b"GET / HTTP/1.1").unwrap_err().to_string();
+        assert!(e.contains("not a Veil client"), "{e}");
+        let mut old = Hello { max_tokens: 1 }.encode();
+        old[4] = 2;
+        old.truncate(8);
+        let e = Hello::decode(&old).unwrap_err();
+        assert!(matches!(e, veil_core::Error::Unsupported(_)), "{e}");
+    }
+
+    #[test]
+    fn admission_round_trips_and_refuses_bad_status_and_text() {
+        let cfg = Preset::BertTiny.config().announced();
+        let admitted = Admission::Admitted(cfg);
+        assert_eq!(Admission::decode(&admitted.encode()).unwrap(), admitted);
+        strict(&admitted);
+        round_trip_text(Admission::Refused("busy".into()));
+        round_trip_text(Admission::Refused(String::new()));
+        let mut bad = admitted.encode();
+        bad[0] = 2;
+        assert!(Admission::decode(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown status 2"));
+        assert!(Admission::decode(&[STATUS_REFUSED, 0xff]).is_err());
+        assert!(Admission::decode(&[]).is_err());
+        // A configuration cut short is not a configuration.
+        let text = admitted.encode();
+        assert!(Admission::decode(&text[..text.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn lookup_round_trips_and_refuses_unknown_methods() {
+        round_trip(EmbeddingLookup(LookupMethod::OneHot));
+        round_trip(EmbeddingLookup(LookupMethod::Batched));
+        assert!(EmbeddingLookup::decode(&[0]).is_err());
+        assert!(EmbeddingLookup::decode(&[3]).is_err());
+    }
+
+    #[test]
+    fn requests_round_trip_and_refuse_bad_tags_and_flags() {
+        round_trip(Request::Goodbye);
+        for preprocessed in [false, true] {
+            round_trip(Request::Infer {
+                tokens: 128,
+                preprocessed,
+            });
+        }
+        round_trip(Request::Preprocess { tokens: 1 });
+        // The bytes of protocol version 3, pinned.
+        assert_eq!(
+            Request::Infer {
+                tokens: 5,
+                preprocessed: true
+            }
+            .encode(),
+            [1, 5, 0, 0, 0, 1]
+        );
+        assert_eq!(Request::Preprocess { tokens: 5 }.encode(), [2, 5, 0, 0, 0]);
+        assert_eq!(Request::Goodbye.encode(), [0]);
+        let e = Request::decode(&[1, 5, 0, 0, 0, 2])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("request flag 2"), "{e}");
+        for t in 3..=u8::MAX {
+            let e = Request::decode(&[t]).unwrap_err();
+            match GENERATION_TAGS.contains(&t) {
+                true => assert!(matches!(e, veil_core::Error::Unsupported(_)), "{e}"),
+                false => assert!(e.to_string().contains("unknown request tag"), "{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn preprocess_replies_round_trip_and_bound_the_pool() {
+        round_trip(PreprocessReply::Accepted { pool_cots: 0 });
+        round_trip(PreprocessReply::Accepted {
+            pool_cots: OtSession::MAX_PRECOMPUTE as u64,
+        });
+        round_trip_text(PreprocessReply::Refused("over budget".into()));
+        let over = PreprocessReply::Accepted {
+            pool_cots: OtSession::MAX_PRECOMPUTE as u64 + 1,
+        };
+        assert!(PreprocessReply::decode(&over.encode()).is_err());
+        assert!(PreprocessReply::decode(&[7]).is_err());
+    }
+
+    #[test]
+    fn output_shares_round_trip_and_stay_in_the_ring() {
+        let ring = session_format().ring;
+        let share = OutputShare(vec![0, 1, ring.mask()]);
+        let bytes = share.encode(ring);
+        assert_eq!(OutputShare::decode(&bytes, ring, 3).unwrap(), share);
+        for cut in 0..bytes.len() {
+            assert!(OutputShare::decode(&bytes[..cut], ring, 3).is_err());
+        }
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(OutputShare::decode(&long, ring, 3).is_err());
+        if ring.bits() % 8 != 0 {
+            let outside = vec![0xff; ring.byte_len()];
+            assert!(OutputShare::decode(&outside, ring, 1).is_err());
+        }
+    }
+}
