@@ -255,7 +255,8 @@ mod tests {
         // top-k 2 keeps ids 3 and 2 with 4:3; top-p 0.5 keeps 0.4 + 0.3.
         let d = sampler(1.0, 2, 1.0, 0).distribution(&l).unwrap();
         assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 2]);
-        assert!((d[0].1 - 4.0 / 7.0).abs() < 1e-9);
+        // f32 logits: ln 4 − ln 3 is exact to about 1e-7.
+        assert!((d[0].1 - 4.0 / 7.0).abs() < 1e-6);
         let d = sampler(1.0, 0, 0.5, 0).distribution(&l).unwrap();
         assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), vec![3, 2]);
     }
