@@ -111,13 +111,13 @@ impl DecoderConfig {
                 return bad(format!("{name} is 0"));
             }
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
                 "{} query heads are not a multiple of {} key/value heads",
                 self.heads, self.kv_heads
             ));
         }
-        if self.family == DecoderFamily::Llama && self.head_dim % 2 != 0 {
+        if self.family == DecoderFamily::Llama && !self.head_dim.is_multiple_of(2) {
             return bad(format!("rotary head size {} is odd", self.head_dim));
         }
         if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {

@@ -192,7 +192,7 @@ impl Gguf<'_> {
             Some(_) => self.usize("llama.attention.head_count_kv")?,
             None => heads,
         };
-        if heads == 0 || hidden % heads != 0 {
+        if heads == 0 || !hidden.is_multiple_of(heads) {
             return Err(self.err(format!(
                 "hidden size {hidden} is not a multiple of {heads} heads"
             )));

@@ -194,7 +194,7 @@ fn llama(f: &mut Fields, model_type: &str) -> Result<DecoderConfig> {
     let hidden = f.usize("hidden_size")?;
     let heads = f.usize("num_attention_heads")?;
     let kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(heads);
-    if heads == 0 || hidden % heads != 0 {
+    if heads == 0 || !hidden.is_multiple_of(heads) {
         return Err(f.err("num_attention_heads", "does not divide hidden_size"));
     }
     let head_dim = f.opt_usize("head_dim")?.unwrap_or(hidden / heads);
@@ -303,7 +303,7 @@ fn gpt2(f: &mut Fields) -> Result<DecoderConfig> {
     f.require("add_cross_attention", &Value::Bool(false))?;
     let hidden = f.usize("n_embd")?;
     let heads = f.usize("n_head")?;
-    if heads == 0 || hidden % heads != 0 {
+    if heads == 0 || !hidden.is_multiple_of(heads) {
         return Err(f.err("n_head", "does not divide n_embd"));
     }
     let intermediate = f.opt_usize("n_inner")?.unwrap_or(4 * hidden);
