@@ -495,6 +495,16 @@ fn gguf_architecture_tokenizer_and_dtype_outside_support_are_refused_by_name() {
         replace(b"\x06\0\0\0\0\0\0\0smollm", b"\x06\0\0\0\0\0\0\0qwen35"),
         &["tokenizer.ggml.pre", "qwen35"],
     );
+    // An alignment of 0 (candle divides by it) is an error, not a panic: the key
+    // llama.block_count becomes general.alignment (same length) and its u32 value 0.
+    let key = b"llama.block_count";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
+    let mut b = bytes.clone();
+    b[at..at + key.len()].copy_from_slice(b"general.alignment");
+    let value = at + key.len() + 4; // after the u32 value type
+    assert_eq!(b[at + key.len()..value], [4, 0, 0, 0]);
+    b[value..value + 4].copy_from_slice(&[0, 0, 0, 0]);
+    check(b, &["GGUF"]);
     // Type 8 (Q8_0) of the first tensor info becomes 16, a type candle does not know.
     let name = b"token_embd.weight";
     let at = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
