@@ -48,6 +48,15 @@ enum Engine<I, S> {
     Silent(Box<S>),
 }
 
+/// Where a silent refill puts a pool's entries: the `live` ones move to `at` in buffers of
+/// `len` (a new one of at least `cap` when they grow).
+struct Room {
+    live: Range<usize>,
+    at: usize,
+    len: usize,
+    cap: usize,
+}
+
 /// One direction's COT storage, and how each engine writes into it: the sender's `q`, or the
 /// receiver's `t` with its choice bits. The refill logic ([`Pool::ensure`]) is the same for both.
 trait Lanes {
@@ -63,17 +72,13 @@ trait Lanes {
         m: usize,
     ) -> Result<()>;
 
-    /// Silent: moves the `live` entries to `at` in buffers of `len` (a new one of at least `cap`
-    /// when they grow), then runs one iteration into `slot`; returns its reserve prefix length.
-    #[allow(clippy::too_many_arguments)]
+    /// Silent: makes `room`, then runs one iteration into `slot`; returns its reserve prefix
+    /// length.
     fn silent_iteration<C: Channel>(
         &mut self,
         e: &mut Self::Silent,
         ch: &mut C,
-        live: Range<usize>,
-        at: usize,
-        len: usize,
-        cap: usize,
+        room: Room,
         slot: Range<usize>,
     ) -> Result<usize>;
 
@@ -174,13 +179,10 @@ impl Lanes for Sending {
         &mut self,
         e: &mut FerretSender,
         ch: &mut C,
-        live: Range<usize>,
-        at: usize,
-        len: usize,
-        cap: usize,
+        room: Room,
         slot: Range<usize>,
     ) -> Result<usize> {
-        let out = self.q.make_room(live, at, len, cap);
+        let out = self.q.make_room(room.live, room.at, room.len, room.cap);
         e.extend_into(ch, &mut out[slot])
     }
 
@@ -220,12 +222,10 @@ impl Lanes for Receiving {
         &mut self,
         e: &mut FerretReceiver,
         ch: &mut C,
-        live: Range<usize>,
-        at: usize,
-        len: usize,
-        cap: usize,
+        room: Room,
         slot: Range<usize>,
     ) -> Result<usize> {
+        let Room { live, at, len, cap } = room;
         let t = self.t.make_room(live.clone(), at, len, cap);
         let bits = self.bits.make_room(live, at, len, cap);
         e.extend_into(ch, &mut t[slot.clone()], &mut bits[slot])
@@ -291,23 +291,25 @@ impl<L: Lanes> Pool<L> {
                         // same way).
                         let left = live.len();
                         (self.pos, self.end) = (n, n + left);
-                        self.lanes
-                            .silent_iteration(e, ch, live, n, n + left, cap, 0..n)?
+                        let room = Room {
+                            live,
+                            at: n,
+                            len: n + left,
+                            cap,
+                        };
+                        self.lanes.silent_iteration(e, ch, room, 0..n)?
                     } else {
                         // Further iterations of one refill are appended, their usable part
                         // moved down over their reserve prefix: each COT is copied once, so a
                         // large preprocessing pool costs linear, not quadratic, copying.
                         let end = self.end;
-                        let at = live.start;
-                        let start = self.lanes.silent_iteration(
-                            e,
-                            ch,
+                        let room = Room {
+                            at: live.start,
                             live,
-                            at,
-                            end + n,
+                            len: end + n,
                             cap,
-                            end..end + n,
-                        )?;
+                        };
+                        let start = self.lanes.silent_iteration(e, ch, room, end..end + n)?;
                         self.lanes.copy_within(end + start..end + n, end);
                         self.end = end + n - start;
                         start

@@ -30,6 +30,7 @@ pub mod transformer;
 pub mod workflow;
 
 #[cfg(test)]
+#[allow(unreachable_pub)]
 mod tiny;
 
 pub use batch::{Batch, ClassifierOutput, EncodedExample, SequenceClassifier};
