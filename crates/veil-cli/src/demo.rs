@@ -11,7 +11,7 @@ use veil_model::Inputs;
 use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
-    Ahead, Classification, Client, ClientModel, ClientOptions, LoopbackServer, PromptOptions,
+    Ahead, Client, ClientModel, ClientOptions, LoopbackServer, PromptOptions,
     ServerModel,
 };
 

@@ -20,7 +20,7 @@ use veil_model::random::Preset;
 use veil_model::source::ModelSource;
 use veil_net::NetworkModel;
 use veil_private::bench::Variant;
-use veil_private::{Client, ClientModel, ClientTransport, PromptOptions, ServerModel};
+use veil_private::{ClientTransport, PromptOptions};
 
 #[derive(Parser)]
 #[command(

@@ -468,7 +468,7 @@ mod tests {
         let mut long = bytes.clone();
         long.push(0);
         assert!(OutputShare::decode(&long, ring, 3).is_err());
-        if ring.bits() % 8 != 0 {
+        if !ring.bits().is_multiple_of(8) {
             let outside = vec![0xff; ring.byte_len()];
             assert!(OutputShare::decode(&outside, ring, 1).is_err());
         }
