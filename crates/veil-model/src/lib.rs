@@ -70,6 +70,7 @@ pub mod bench;
 pub mod client;
 pub mod config;
 pub mod data;
+pub mod decoder;
 pub mod engine;
 pub mod fetch;
 pub mod folder;

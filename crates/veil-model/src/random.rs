@@ -158,7 +158,7 @@ impl SimpleBackend for SeededWeights {
 }
 
 /// A standard normal sample (Box–Muller on two 53-bit uniforms).
-fn gaussian(prg: &mut Prg) -> f64 {
+pub(crate) fn gaussian(prg: &mut Prg) -> f64 {
     let unit = |x: u64| ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
     let (u, v) = (unit(prg.u64()), unit(prg.u64()));
     (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()

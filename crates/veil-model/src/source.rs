@@ -175,7 +175,34 @@ impl ModelSource {
     /// built-in model). A path that exists nowhere is returned as a folder (its loader names
     /// what is missing) unless it looks like a model id, which is then an error naming the paths
     /// tried.
+    ///
+    /// A decoder LLM (a name in [`crate::decoder::NAMES`], a `.gguf` file, a folder whose
+    /// `config.json` has a decoder `model_type`) is refused: encoder commands cannot run it.
     pub fn resolve(spec: &str) -> Result<Self> {
+        let refuse = |what: String| {
+            Err(Error::Unsupported(format!(
+                "{what} is a decoder LLM, not an encoder: this command needs an encoder \
+                 ({}); decoders run with `veil generate`",
+                known_names()
+            )))
+        };
+        if crate::decoder::NAMES.contains(&spec) || crate::decoder::is_gguf_path(Path::new(spec)) {
+            return refuse(format!("{spec:?}"));
+        }
+        let source = Self::resolve_encoder(spec)?;
+        match &source {
+            ModelSource::Folder(dir) if crate::decoder::hf::is_decoder_folder(dir) => {
+                refuse(format!(
+                    "{} (model_type {:?})",
+                    dir.display(),
+                    crate::decoder::hf::model_type(dir).unwrap_or_default()
+                ))
+            }
+            _ => Ok(source),
+        }
+    }
+
+    fn resolve_encoder(spec: &str) -> Result<Self> {
         if spec == DEFAULT {
             return Ok(Self::default_model());
         }
@@ -349,7 +376,7 @@ fn content_tag(parts: &[&[u8]]) -> String {
 }
 
 /// `ORG/NAME` or `NAME`: letters, digits, `-`, `_`, `.`, not starting with `.` or `/`.
-fn looks_like_model_id(spec: &str) -> bool {
+pub(crate) fn looks_like_model_id(spec: &str) -> bool {
     let part = |s: &str| {
         !s.is_empty()
             && !s.starts_with('.')
@@ -384,7 +411,7 @@ fn hf_hub_cache() -> Option<PathBuf> {
 }
 
 /// The snapshot folder of model `id` in the hub cache, and the paths looked at.
-fn hf_cache_snapshot(id: &str) -> (Option<PathBuf>, Vec<PathBuf>) {
+pub(crate) fn hf_cache_snapshot(id: &str) -> (Option<PathBuf>, Vec<PathBuf>) {
     let Some(hub) = hf_hub_cache() else {
         return (None, vec![]);
     };

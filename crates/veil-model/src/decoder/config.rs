@@ -1,0 +1,152 @@
+//! Shape and hyper-parameters of a decoder-only language model, whatever file it came from.
+
+use veil_core::{Error, Result};
+
+/// The block layout a decoder uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecoderFamily {
+    /// Llama / SmolLM / Qwen2 / Mistral: RMSNorm, rotary positions, SiLU-gated MLP.
+    Llama,
+    /// GPT-2: LayerNorm, learned positions, GELU-tanh MLP.
+    Gpt2,
+}
+
+/// How rotary frequencies are rescaled for long contexts (Hugging Face `rope_scaling`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Positions divided by `factor` (HF `"linear"`).
+    Linear { factor: f64 },
+    /// Llama 3.1's band-wise frequency scaling (HF `"llama3"`).
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// The inverse frequencies θ^(−2i/d), i < d/2, after scaling: the one definition the f32
+    /// model and the fixed-point simulator share.
+    pub fn inv_freqs(scaling: Option<&RopeScaling>, theta: f64, head_dim: usize) -> Vec<f64> {
+        let half = head_dim / 2;
+        (0..half)
+            .map(|i| {
+                let f = 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64);
+                match scaling {
+                    None => f,
+                    Some(RopeScaling::Linear { factor }) => f / factor,
+                    Some(RopeScaling::Llama3 {
+                        factor,
+                        low_freq_factor,
+                        high_freq_factor,
+                        original_max_position_embeddings,
+                    }) => {
+                        let old = *original_max_position_embeddings as f64;
+                        let low_wavelen = old / low_freq_factor;
+                        let high_wavelen = old / high_freq_factor;
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let smooth = (old / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+}
+
+/// Everything the composition needs to know about a decoder's shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecoderConfig {
+    pub family: DecoderFamily,
+    pub vocab_size: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads: grouped-query attention when fewer than `heads` (each serves
+    /// `heads / kv_heads` query heads).
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// MLP width.
+    pub intermediate: usize,
+    /// RMSNorm (Llama) or LayerNorm (GPT-2) epsilon.
+    pub norm_eps: f64,
+    /// Rotary base (Llama family only; unused by GPT-2).
+    pub rope_theta: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    /// Longest sequence the model was trained for (GPT-2: the size of its position table).
+    pub max_positions: usize,
+    pub attention_bias: bool,
+    pub mlp_bias: bool,
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: Option<u32>,
+    /// Generation stops at any of these.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl DecoderConfig {
+    /// Rejects shapes the composition cannot run (zero sizes, heads not dividing, odd rotary
+    /// head size), naming `source` and the field.
+    pub fn validate(&self, source: &str) -> Result<()> {
+        let bad = |what: String| Err(Error::Malformed(format!("{source}: {what}")));
+        for (name, v) in [
+            ("vocab_size", self.vocab_size),
+            ("hidden", self.hidden),
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("intermediate", self.intermediate),
+            ("max_positions", self.max_positions),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} is 0"));
+            }
+        }
+        if self.heads % self.kv_heads != 0 {
+            return bad(format!(
+                "{} query heads are not a multiple of {} key/value heads",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.family == DecoderFamily::Llama && self.head_dim % 2 != 0 {
+            return bad(format!("rotary head size {} is odd", self.head_dim));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            return bad(format!(
+                "norm epsilon {} is not a positive number",
+                self.norm_eps
+            ));
+        }
+        if self.family == DecoderFamily::Llama
+            && !(self.rope_theta.is_finite() && self.rope_theta > 1.0)
+        {
+            return bad(format!(
+                "rope theta {} is not a number above 1",
+                self.rope_theta
+            ));
+        }
+        let vocab = self.vocab_size as u64;
+        for id in self.bos_token_id.iter().chain(&self.eos_token_ids) {
+            if u64::from(*id) >= vocab {
+                return bad(format!(
+                    "special token id {id} is outside the vocabulary of {vocab}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Query heads per key/value head.
+    pub fn group_size(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+}
