@@ -61,7 +61,11 @@ impl Rows for Matrix {
             "stacked matrices need {cols} columns"
         );
         let rows = parts.iter().map(|p| p.rows).sum();
-        Matrix::new(rows, cols, parts.iter().flat_map(|p| p.data.iter().copied()).collect())
+        Matrix::new(
+            rows,
+            cols,
+            parts.iter().flat_map(|p| p.data.iter().copied()).collect(),
+        )
     }
     fn stack_columns(parts: &[&Self]) -> Result<Self> {
         let rows = parts.first().map_or(0, |p| p.rows);
@@ -101,7 +105,11 @@ impl Rows for Matrix {
         Matrix::new(
             self.rows,
             self.cols,
-            self.data.iter().zip(&other.data).map(|(a, b)| a + b).collect(),
+            self.data
+                .iter()
+                .zip(&other.data)
+                .map(|(a, b)| a + b)
+                .collect(),
         )
     }
 }
@@ -175,9 +183,7 @@ impl<'w> F32Model<'w> {
             .iter()
             .map(|b| {
                 let (gate, up, down) = match &b.mlp {
-                    Mlp::Gated { gate, up, down } => {
-                        (Some(F32Linear::from(gate, 1.0)?), up, down)
-                    }
+                    Mlp::Gated { gate, up, down } => (Some(F32Linear::from(gate, 1.0)?), up, down),
                     Mlp::Plain { up, down } => (None, up, down),
                 };
                 Ok(F32Block {
@@ -206,7 +212,9 @@ impl<'w> F32Model<'w> {
     pub fn session(&self) -> F32Decoder<'_, 'w> {
         F32Decoder {
             model: self,
-            cache: (0..self.blocks.len()).map(|_| (Vec::new(), Vec::new())).collect(),
+            cache: (0..self.blocks.len())
+                .map(|_| (Vec::new(), Vec::new()))
+                .collect(),
         }
     }
 }
@@ -456,7 +464,11 @@ impl DecoderEngine for F32Decoder<'_, '_> {
         Matrix::new(
             gate.rows,
             gate.cols,
-            gate.data.iter().zip(&up.data).map(|(&g, &u)| silu(g) * u).collect(),
+            gate.data
+                .iter()
+                .zip(&up.data)
+                .map(|(&g, &u)| silu(g) * u)
+                .collect(),
         )
     }
 

@@ -85,7 +85,10 @@ fn encode_matrix(fp: FixedPoint, m: &Matrix, scale: f64) -> Result<FixedLinear> 
         .map(|&v| {
             let raw = fp.ring.to_signed(fp.encode(v as f64 * scale));
             i32::try_from(raw).map_err(|_| {
-                Error::Unsupported(format!("weight {v} does not fit 32 bits at f = {}", fp.frac_bits()))
+                Error::Unsupported(format!(
+                    "weight {v} does not fit 32 bits at f = {}",
+                    fp.frac_bits()
+                ))
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -107,7 +110,11 @@ struct FixedNorm {
 
 impl FixedNorm {
     fn encode(ax: &Approx, n: &Norm, eps: f64, dev_bits: u32) -> Self {
-        let enc = |v: &[f32]| v.iter().map(|&x| ax.fp.encode(x as f64)).collect::<Vec<_>>();
+        let enc = |v: &[f32]| {
+            v.iter()
+                .map(|&x| ax.fp.encode(x as f64))
+                .collect::<Vec<_>>()
+        };
         FixedNorm {
             gamma: enc(&n.weight),
             beta: n.bias.as_deref().map(enc),
@@ -334,7 +341,11 @@ impl<'a> DecoderSim<'a> {
     }
 
     fn map(&self, x: &RingTensor, f: impl Fn(u64) -> u64) -> Result<RingTensor> {
-        RingTensor::from_vec(x.ring(), x.shape(), x.data().iter().map(|&v| f(v)).collect())
+        RingTensor::from_vec(
+            x.ring(),
+            x.shape(),
+            x.data().iter().map(|&v| f(v)).collect(),
+        )
     }
 }
 
@@ -435,7 +446,9 @@ impl DecoderEngine for DecoderSim<'_> {
         );
         let half = dh / 2;
         let (cos, sin) = rotary_tables(&m.config, start, rows);
-        let enc = |v: &[f64]| -> Vec<i64> { v.iter().map(|&c| fp.ring.to_signed(fp.encode(c))).collect() };
+        let enc = |v: &[f64]| -> Vec<i64> {
+            v.iter().map(|&c| fp.ring.to_signed(fp.encode(c))).collect()
+        };
         let (cos, sin) = (enc(&cos), enc(&sin));
         let sx = self.signed(x.data());
         let mut out = vec![0u64; x.len()];
@@ -505,7 +518,14 @@ impl DecoderEngine for DecoderSim<'_> {
                 );
                 let sa = self.signed(a.data());
                 let sbt = self.signed(b.transpose()?.data());
-                let out = matmul_signed(&self.model.approx, &sa, &sbt, (m, k, n), None, &mut self.tracker);
+                let out = matmul_signed(
+                    &self.model.approx,
+                    &sa,
+                    &sbt,
+                    (m, k, n),
+                    None,
+                    &mut self.tracker,
+                );
                 RingTensor::from_vec(a.ring(), &[m, n], out)
             })
             .collect()

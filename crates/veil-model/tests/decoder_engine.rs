@@ -56,7 +56,10 @@ fn simulator_kv_cache_decode_equals_full_recompute_bit_exact() {
             rows.extend(s.step(&[id], LogitRows::Last).unwrap().into_data());
         }
         assert_eq!(rows.len(), IDS.len() * vocab);
-        assert!(rows == full.data(), "gpt2 {gpt2}: cached decode differs from the full pass");
+        assert!(
+            rows == full.data(),
+            "gpt2 {gpt2}: cached decode differs from the full pass"
+        );
         assert!(s.warnings().is_empty(), "{:?}", s.warnings());
         // The last-row option is the last row of the full pass.
         let last = fixed.session().step(&IDS, LogitRows::Last).unwrap();
@@ -81,7 +84,10 @@ fn f32_kv_cache_decode_matches_full_recompute() {
             .zip(&full.data)
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
-        assert!(worst < 1e-4, "gpt2 {gpt2}: cached decode differs by {worst}");
+        assert!(
+            worst < 1e-4,
+            "gpt2 {gpt2}: cached decode differs by {worst}"
+        );
     }
 }
 
@@ -91,7 +97,11 @@ fn f32_kv_cache_decode_matches_full_recompute() {
 fn simulator_tracks_f32_on_tiny_models() {
     for (gpt2, shape) in shapes() {
         let w = tiny(gpt2, 11, &shape);
-        let f = F32Model::new(&w).unwrap().session().step(&IDS, LogitRows::All).unwrap();
+        let f = F32Model::new(&w)
+            .unwrap()
+            .session()
+            .step(&IDS, LogitRows::All)
+            .unwrap();
         let fixed = FixedDecoder::encode(&w, DecoderFormat::default()).unwrap();
         let sim = fixed.session().step_f64(&IDS, LogitRows::All).unwrap();
         let vocab = w.config.vocab_size;
@@ -102,7 +112,10 @@ fn simulator_tracks_f32_on_tiny_models() {
                 .zip(fr)
                 .map(|(a, &b)| (a - b as f64).abs())
                 .fold(0.0, f64::max);
-            assert!(worst < 0.02, "gpt2 {gpt2} row {r}: logits differ by {worst}");
+            assert!(
+                worst < 0.02,
+                "gpt2 {gpt2} row {r}: logits differ by {worst}"
+            );
         }
     }
 }
@@ -121,7 +134,8 @@ fn greedy_generation_agrees_and_stops() {
     let (a, stopped) = generate(&mut model.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
     assert_eq!((a.len(), stopped), (12, false));
     let (b, _) = generate(&mut fixed.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
-    let ids = |v: &[veil_model::generate::GeneratedToken]| v.iter().map(|t| t.id).collect::<Vec<_>>();
+    let ids =
+        |v: &[veil_model::generate::GeneratedToken]| v.iter().map(|t| t.id).collect::<Vec<_>>();
     assert_eq!(ids(&a), ids(&b));
     assert!(a.iter().all(|t| t.margin >= 0.0));
     opts.stop = vec![a[4].id];
@@ -150,7 +164,10 @@ fn f32_decoder_matches_candle_quantized_llama() {
         let mut session = model.session();
         let mut worst = 0.0f32;
         for (pos, &id) in IDS.iter().enumerate() {
-            let x = Tensor::new(&[id], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+            let x = Tensor::new(&[id], &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
             let want: Vec<f32> = theirs
                 .forward(&x, pos)
                 .unwrap()
@@ -160,11 +177,18 @@ fn f32_decoder_matches_candle_quantized_llama() {
                 .unwrap();
             let got = session.step(&[id], LogitRows::Last).unwrap().data;
             assert_eq!(got.len(), want.len());
-            let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
             worst = worst.max(diff);
             let argmax = |v: &[f32]| decoder::sample::argmax(v).unwrap();
             assert_eq!(argmax(&got), argmax(&want), "{dtype:?} position {pos}");
         }
-        assert!(worst < 1e-4, "{dtype:?}: logits differ from candle by {worst}");
+        assert!(
+            worst < 1e-4,
+            "{dtype:?}: logits differ from candle by {worst}"
+        );
     }
 }

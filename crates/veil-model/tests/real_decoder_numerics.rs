@@ -85,7 +85,10 @@ fn smollm2_f32_matches_candle_quantized_llama((path, m): (PathBuf, &DecoderModel
     let mut new = ids.clone();
     let mut worst = 0.0f32;
     for _ in 0..8 {
-        let x = Tensor::new(new.as_slice(), &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+        let x = Tensor::new(new.as_slice(), &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
         let want: Vec<f32> = theirs
             .forward(&x, pos)
             .unwrap()
@@ -108,8 +111,11 @@ fn smollm2_f32_matches_candle_quantized_llama((path, m): (PathBuf, &DecoderModel
 }
 
 fn smollm2_simulator_top1_agrees_with_f32_on_sst2((dir, m): (PathBuf, &DecoderModel)) {
-    let dev = data::read_file(&dir.join("stsa.binary.dev"), &DatasetFormat::LabelSentenceLines)
-        .unwrap();
+    let dev = data::read_file(
+        &dir.join("stsa.binary.dev"),
+        &DatasetFormat::LabelSentenceLines,
+    )
+    .unwrap();
     let f32_model = F32Model::new(&m.weights).unwrap();
     let fixed = FixedDecoder::encode(&m.weights, DecoderFormat::default()).unwrap();
     let vocab = m.weights.config.vocab_size;
@@ -134,7 +140,10 @@ fn smollm2_simulator_top1_agrees_with_f32_on_sst2((dir, m): (PathBuf, &DecoderMo
         );
     }
     let rate = agree as f64 / total as f64;
-    eprintln!("SmolLM2 simulator vs f32 on 20 SST-2 dev sentences: top-1 {agree}/{total} = {:.2} %", 100.0 * rate);
+    eprintln!(
+        "SmolLM2 simulator vs f32 on 20 SST-2 dev sentences: top-1 {agree}/{total} = {:.2} %",
+        100.0 * rate
+    );
     assert!(sim.warnings().is_empty(), "{:?}", sim.warnings());
     assert!(rate >= 0.99, "top-1 agreement {agree}/{total}");
 }
@@ -164,13 +173,19 @@ fn smollm2_simulator_chat_answers_equal_f32(m: &DecoderModel) {
         let a: Vec<u32> = a.iter().map(|t| t.id).collect();
         let b: Vec<u32> = b.iter().map(|t| t.id).collect();
         let text = m.tokenizer.decode(&b).unwrap();
-        eprintln!("Q: {q}\n  f32: {:?}\n  sim: {text:?}", m.tokenizer.decode(&a).unwrap());
+        eprintln!(
+            "Q: {q}\n  f32: {:?}\n  sim: {text:?}",
+            m.tokenizer.decode(&a).unwrap()
+        );
         if i == 0 {
             assert!(text.contains("Paris"), "the simulator's answer: {text}");
         }
         same += usize::from(a == b);
         assert!(sim.warnings().is_empty(), "{:?}", sim.warnings());
     }
-    eprintln!("identical greedy 24-token answers: {same} of {}", QUESTIONS.len());
+    eprintln!(
+        "identical greedy 24-token answers: {same} of {}",
+        QUESTIONS.len()
+    );
     assert!(same >= 4, "only {same} of 5 answers identical");
 }

@@ -50,7 +50,12 @@ impl Approx {
     }
 
     /// [`Approx::rms_norm_row`] with its plan made once for many rows.
-    pub fn rms_norm_row_planned(&self, plan: &LayerNormPlan, row: &[u64], gamma: &[u64]) -> Vec<u64> {
+    pub fn rms_norm_row_planned(
+        &self,
+        plan: &LayerNormPlan,
+        row: &[u64],
+        gamma: &[u64],
+    ) -> Vec<u64> {
         self.scale_row(plan, row, gamma, None)
     }
 }
@@ -95,10 +100,21 @@ mod tests {
                     worst = (err, fp.decode(xv));
                 }
             }
-            assert!(worst.0 <= SILU_MAX_ERROR, "silu error {} at {}", worst.0, worst.1);
+            assert!(
+                worst.0 <= SILU_MAX_ERROR,
+                "silu error {} at {}",
+                worst.0,
+                worst.1
+            );
             let r = fp.ring;
             let top = r.bits() - 1;
-            for x in [1i64 << 20, -(1 << 20), (1 << (top - 1)) + 7, -(1 << top), (1 << top) - 1] {
+            for x in [
+                1i64 << 20,
+                -(1 << 20),
+                (1 << (top - 1)) + 7,
+                -(1 << top),
+                (1 << top) - 1,
+            ] {
                 let v = r.from_signed(x);
                 assert_eq!(a.silu(v), a.relu(v), "silu({x}) is ReLU beyond the clamp");
             }
@@ -183,7 +199,10 @@ mod tests {
     fn causal_mask_entries_contribute_exactly_zero() {
         let a = Approx::new(FixedPoint::new(48, 13).unwrap()).unwrap();
         let fp = a.fp;
-        let row: Vec<u64> = [1.0, -2.0, 0.5, 50.0, 1e4].iter().map(|&x| fp.encode(x)).collect();
+        let row: Vec<u64> = [1.0, -2.0, 0.5, 50.0, 1e4]
+            .iter()
+            .map(|&x| fp.encode(x))
+            .collect();
         let visible = [true, true, true, false, false];
         let got = a.softmax_row(&row, &visible);
         assert_eq!(&got[3..], &[0, 0]);
