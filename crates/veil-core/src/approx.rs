@@ -21,7 +21,8 @@
 //! [`Approx::recip`], [`Approx::rsqrt`], [`Approx::tanh`], [`Approx::gelu`].
 //! Row-wise (one row of a row-major matrix): [`Approx::softmax_row`],
 //! [`Approx::relu_normalise_row`], [`Approx::layer_norm_row`], [`Approx::centre_affine_row`],
-//! [`Approx::mean_of_sum`]. The f64 definitions they approximate are in [`reference`].
+//! [`Approx::mean_of_sum`]. The f64 definitions they approximate are in [`reference`]. The
+//! decoders' SiLU and RMSNorm are in [`decoder`].
 //!
 //! # Semantics shared by all functions
 //! * **Truncation** by s bits is the arithmetic shift of the signed value: ⌊x / 2^s⌋ (floor, not
@@ -36,6 +37,9 @@
 //!   GELU, Softmax, tanh and centre-affine match for every input.
 
 use crate::{ensure, FixedPoint, Result, Ring};
+
+pub mod decoder;
+pub use decoder::{RMS_NORM_ERROR, SILU_MAX_ERROR};
 
 /// exp(x) for x below −EXP_CLAMP is computed as exp(−EXP_CLAMP) ≈ 1.1e-7, which encodes as 0.
 pub const EXP_CLAMP: i64 = 16;
@@ -590,28 +594,55 @@ impl Approx {
     /// Domain: |x − μ| < 2^LAYER_NORM_DEV_BITS (2048) and var + ε ≥ 2^-LAYER_NORM_VAR_FLOOR_BITS;
     /// ⌈log2 n⌉ ≤ ℓ − 2 − 2·LAYER_NORM_DEV_BITS. Error vs f64: [`layer_norm_error_bound`] per normalised value.
     pub fn layer_norm_row(&self, row: &[u64], gamma: &[u64], beta: &[u64], eps: f64) -> Vec<u64> {
+        self.layer_norm_row_at(row, gamma, beta, eps, LAYER_NORM_DEV_BITS)
+    }
+
+    /// [`Approx::layer_norm_row`] on the domain |x − μ| < 2^dev_bits ([`Approx::norm_plan`]).
+    pub fn layer_norm_row_at(
+        &self,
+        row: &[u64],
+        gamma: &[u64],
+        beta: &[u64],
+        eps: f64,
+        dev_bits: u32,
+    ) -> Vec<u64> {
+        let plan = self.norm_plan(row.len(), eps, dev_bits);
+        self.scale_row(&plan, &self.centre(row), gamma, Some(beta))
+    }
+
+    /// ⌊⌊d_i·r⌋_W·γ_i⌋_f (+ β_i) with r ≈ 1/√(Σd²/n + ε) from `plan`: the normalisation shared by
+    /// LayerNorm (d = x − μ, [`Approx::layer_norm_row`]) and RMSNorm (d = x,
+    /// [`Approx::rms_norm_row`]). The sum of squares is taken twice (coarse and fine, see
+    /// [`Approx::layer_norm_row`]) and one chosen per row.
+    pub fn scale_row(
+        &self,
+        plan: &LayerNormPlan,
+        d: &[u64],
+        gamma: &[u64],
+        beta: Option<&[u64]>,
+    ) -> Vec<u64> {
         assert!(
-            row.len() == gamma.len() && row.len() == beta.len(),
+            d.len() == plan.n && gamma.len() == plan.n && beta.is_none_or(|b| b.len() == plan.n),
             "γ/β length"
         );
         let ring = self.fp.ring;
-        let plan = self.layer_norm_plan(row.len(), eps);
-        let d = self.centre(row);
         let coarse = d.iter().fold(plan.coarse.eps_sum, |acc, &v| {
-            ring.add(acc, self.layer_norm_coarse_square(&plan, v))
+            ring.add(acc, self.layer_norm_coarse_square(plan, v))
         });
-        let r = if self.layer_norm_uses_fine(&plan, coarse) {
+        let r = if self.layer_norm_uses_fine(plan, coarse) {
             let fine = d
                 .iter()
                 .fold(plan.fine.eps_sum, |acc, &v| ring.add(acc, ring.mul(v, v)));
-            self.layer_norm_rsqrt(&plan, &plan.fine, fine)
+            self.layer_norm_rsqrt(plan, &plan.fine, fine)
         } else {
-            self.layer_norm_rsqrt(&plan, &plan.coarse, coarse)
+            self.layer_norm_rsqrt(plan, &plan.coarse, coarse)
         };
         d.iter()
-            .zip(gamma.iter().zip(beta))
-            .map(|(&v, (&g, &b))| {
-                ring.add(self.mul_trunc(self.mul_trunc_by(v, r, plan.out_frac), g), b)
+            .zip(gamma)
+            .enumerate()
+            .map(|(i, (&v, &g))| {
+                let y = self.mul_trunc(self.mul_trunc_by(v, r, plan.out_frac), g);
+                beta.map_or(y, |b| ring.add(y, b[i]))
             })
             .collect()
     }
@@ -640,25 +671,35 @@ impl Approx {
     /// 2^LAYER_NORM_DEV_BITS must sum below 2^(ℓ−2). 2^17 at ℓ = 41; a model whose hidden size
     /// exceeds it is refused when it is prepared, before any row reaches [`Approx::layer_norm_plan`].
     pub fn layer_norm_max_row(&self) -> usize {
+        self.norm_max_row(LAYER_NORM_DEV_BITS)
+    }
+
+    /// The longest row whose n squared values below 2^dev_bits sum below 2^(ℓ−2) (0 if none).
+    pub fn norm_max_row(&self, dev_bits: u32) -> usize {
         (self.fp.ring.bits() - 2)
-            .checked_sub(2 * LAYER_NORM_DEV_BITS)
-            .map_or(0, |room| 1usize << room)
+            .checked_sub(2 * dev_bits)
+            .map_or(0, |room| 1usize << room.min(usize::BITS - 1))
     }
 
     /// The public parameters of LayerNorm on rows of n values (see [`LayerNormPlan`]).
     /// Precondition: 0 < n ≤ [`Approx::layer_norm_max_row`].
     pub fn layer_norm_plan(&self, n: usize, eps: f64) -> LayerNormPlan {
+        self.norm_plan(n, eps, LAYER_NORM_DEV_BITS)
+    }
+
+    /// [`Approx::layer_norm_plan`] for values |d| < 2^dev_bits (the decoders' wide norms, whose
+    /// residual streams reach tens of thousands). Precondition: 0 < n ≤
+    /// [`Approx::norm_max_row`]`(dev_bits)`.
+    pub fn norm_plan(&self, n: usize, eps: f64, dev_bits: u32) -> LayerNormPlan {
         assert!(n > 0, "LayerNorm of an empty row");
         let l = self.fp.ring.bits();
         let f = self.fp.frac_bits();
         let head = l - 2;
         // |d| < 2^(DEV+f) raw; d' = d/2^k must square below 2^(ℓ−2).
-        let pre_shift = (2 * (LAYER_NORM_DEV_BITS + f))
-            .saturating_sub(head)
-            .div_ceil(2);
+        let pre_shift = (2 * (dev_bits + f)).saturating_sub(head).div_ceil(2);
         let sq_frac = 2 * (f - pre_shift);
         let log_n = usize::BITS - (n - 1).leading_zeros(); // ⌈log2 n⌉
-        let room = head as i64 - 2 * LAYER_NORM_DEV_BITS as i64 - log_n as i64;
+        let room = head as i64 - 2 * dev_bits as i64 - log_n as i64;
         assert!(room >= 0, "LayerNorm rows of {n} do not fit the ring");
         let coarse_frac = (room as u32).min(sq_frac);
         // |d·r| ≤ √n in the domain, ≤ 2.9·√n for rows under the floor; ⌊d·r⌋_W must stay < 2^(ℓ−2).

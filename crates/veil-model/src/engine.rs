@@ -1,5 +1,6 @@
 //! The transformer's composition, written once: the encoder block and the head as a sequence of
-//! operator calls on an [`Engine`], which says how each operator is computed.
+//! operator calls on an [`Engine`], which says how each operator is computed. The decoder's
+//! composition (causal attention with a KV cache) is [`decoder`].
 //!
 //! Two engines implement it: the fixed-point simulator ([`crate::sim::FixedModel::forward`], the
 //! plaintext oracle, whose operators are `veil_core::approx`) and the two-party pass
@@ -12,6 +13,8 @@
 //! All tensors are [rows, columns] in Z_{2^ℓ} at f fractional bits.
 
 use veil_core::{ensure, Result, RingTensor};
+
+pub mod decoder;
 
 use crate::config::ModelConfig;
 use crate::variants::{Activation, AttentionNorm, HeadKind, LayerNormKind};

@@ -43,6 +43,11 @@
 //! * Composition — [`engine::encoder_and_head`] is the one definition of the encoder block and
 //!   the head, generic over an [`engine::Engine`] (the simulator here, the two-party pass in
 //!   `veil-private`); [`engine::LayerId`] and [`engine::NormId`] name the model's layers.
+//! * Decoders — [`engine::decoder::forward`] is the one definition of a decoder step (Llama
+//!   family or GPT-2, a KV cache held by the engine, prefill and decode alike), generic over an
+//!   [`engine::decoder::DecoderEngine`]: f32 ([`decode_f32::F32Model`]`::session`) and the
+//!   fixed-point simulator ([`decode_sim::FixedDecoder`]`::encode(&weights, `[`decode_sim::DecoderFormat`]`)`,
+//!   `.session()`), both `step(ids, LogitRows)`; [`generate::generate`] runs either to a stop token.
 //! * Data — [`data::read_file`] (SST-2 `LABEL SENTENCE` lines, GLUE TSV, CSV) into
 //!   [`data::Example`]s, [`data::LabelSet`] for class ids, [`data::shared_dataset`] for the
 //!   project's uncommitted SST-2 and MRPC copies.
@@ -76,10 +81,13 @@ pub mod bench;
 pub mod client;
 pub mod config;
 pub mod data;
+pub mod decode_f32;
+pub mod decode_sim;
 pub mod decoder;
 pub mod engine;
 pub mod fetch;
 pub mod folder;
+pub mod generate;
 pub mod nn;
 pub mod progress;
 pub mod random;

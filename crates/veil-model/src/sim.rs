@@ -249,14 +249,14 @@ pub fn public_embedding(
 }
 
 /// Collects the statistics of one block while it runs.
-struct Tracker {
+pub(crate) struct Tracker {
     bound: i64,
     scale2: f64,
-    report: BlockReport,
+    pub(crate) report: BlockReport,
 }
 
 impl Tracker {
-    fn new(fp: FixedPoint, block: usize) -> Self {
+    pub(crate) fn new(fp: FixedPoint, block: usize) -> Self {
         let bound = 1i64 << (fp.ring.bits() - 1);
         let scale2 = (2f64).powi(2 * fp.frac_bits() as i32);
         Tracker {
@@ -274,7 +274,8 @@ impl Tracker {
         }
     }
 
-    fn accumulator(&mut self, acc: i64) {
+    /// Records one exact product accumulator (2f fractional bits) before its reduction.
+    pub(crate) fn accumulator(&mut self, acc: i64) {
         let a = acc.unsigned_abs();
         if a >= self.bound as u64 {
             self.report.wrapped += 1;
@@ -506,39 +507,19 @@ impl FixedModel {
         sum + fp.decode(self.approx.relu_normalise_eps())
     }
 
-    /// out[i][j] = ⌊(Σ_k a[i][k]·b[j][k] (+ bias[j] at 2f)) / 2^f⌋ with a [m, k], b [n, k] given
-    /// row-major; the exact accumulator is checked against the ring bound before reduction.
+    /// [`matmul_signed`] on ring values.
     fn matmul_rows(
         &self,
         a: &[u64],
         b: &[u64],
-        (m, k, n): (usize, usize, usize),
+        dims: (usize, usize, usize),
         bias: Option<&[u64]>,
         t: &mut Tracker,
     ) -> Vec<u64> {
         let ring = self.fp().ring;
         let sa: Vec<i64> = a.iter().map(|&v| ring.to_signed(v)).collect();
         let sb: Vec<i64> = b.iter().map(|&v| ring.to_signed(v)).collect();
-        let mut out = Vec::with_capacity(m * n);
-        for i in 0..m {
-            let ra = &sa[i * k..(i + 1) * k];
-            for j in 0..n {
-                let rb = &sb[j * k..(j + 1) * k];
-                let mut acc = ra
-                    .iter()
-                    .zip(rb)
-                    .fold(0i64, |s, (&x, &y)| s.wrapping_add(x.wrapping_mul(y)));
-                if let Some(bias) = bias {
-                    acc = acc.wrapping_add(ring.to_signed(bias[j]));
-                }
-                t.accumulator(acc);
-                out.push(
-                    self.approx
-                        .trunc(ring.from_signed(acc), self.fp().frac_bits()),
-                );
-            }
-        }
-        out
+        matmul_signed(&self.approx, &sa, &sb, dims, bias, t)
     }
 
     fn norm(&self, x: &RingTensor, n: &FixedNorm, t: &mut Tracker) -> RingTensor {
@@ -716,7 +697,39 @@ impl Engine for Simulation<'_> {
     }
 }
 
-fn max_abs(x: &RingTensor, fp: FixedPoint) -> f64 {
+/// out[i][j] = ⌊(Σ_k a[i][k]·b[j][k] (+ bias[j] at 2f)) / 2^f⌋ with a [m, k], b [n, k] given
+/// row-major as signed values; the exact accumulator (wrapping in i64, which is exact mod 2^ℓ)
+/// is checked against the ring bound before reduction. The one fixed-point matrix product of
+/// the encoder and decoder simulators.
+pub(crate) fn matmul_signed<W: Copy + Into<i64>>(
+    ax: &Approx,
+    sa: &[i64],
+    sb: &[W],
+    (m, k, n): (usize, usize, usize),
+    bias: Option<&[u64]>,
+    t: &mut Tracker,
+) -> Vec<u64> {
+    let ring = ax.fp.ring;
+    let mut out = Vec::with_capacity(m * n);
+    for i in 0..m {
+        let ra = &sa[i * k..(i + 1) * k];
+        for j in 0..n {
+            let rb = &sb[j * k..(j + 1) * k];
+            let mut acc = ra
+                .iter()
+                .zip(rb)
+                .fold(0i64, |s, (&x, &y)| s.wrapping_add(x.wrapping_mul(y.into())));
+            if let Some(bias) = bias {
+                acc = acc.wrapping_add(ring.to_signed(bias[j]));
+            }
+            t.accumulator(acc);
+            out.push(ax.trunc(ring.from_signed(acc), ax.fp.frac_bits()));
+        }
+    }
+    out
+}
+
+pub(crate) fn max_abs(x: &RingTensor, fp: FixedPoint) -> f64 {
     x.data()
         .iter()
         .map(|&v| fp.decode(v).abs())

@@ -1,0 +1,212 @@
+//! The non-linearities decoder LLMs add to the encoder's: SiLU (the gated MLP of the Llama
+//! family) and RMSNorm. GELU-tanh (GPT-2) is [`Approx::gelu`] itself, the causal softmax is
+//! [`Approx::softmax_row`] with the prefix of visible keys as its mask (masked entries are
+//! excluded from the max and the sum and output exactly 0), and the decoders' LayerNorm is
+//! [`Approx::layer_norm_row_at`] on a wider domain. Every step is one a two-party protocol does on
+//! shares: comparisons, exp_neg, Goldschmidt's quotient, products followed by truncations.
+
+use super::{Approx, LayerNormPlan};
+
+/// Max |approx::silu − reference::silu| over |x| ≤ 64, every raw input, at (41, 13) and (48, 13):
+/// 7.18e-4 at x ≈ 8.70 (ψ = a·σ(−a) inherits exp_neg's ≤ 1.8-ulp error times a). Beyond
+/// |x| = [`super::EXP_CLAMP`] SiLU is ReLU exactly.
+pub const SILU_MAX_ERROR: f64 = 7.2e-4;
+
+/// Max error of RMSNorm's normalised value x/√(mean(x²) + ε) vs f64 on a row in the domain,
+/// as a + b·|value| (the output then adds ≤ 1.5 ulp + |γ|·this): the output quantisation at W
+/// bits (|x|·2^-W) plus the rsqrt's relative error. Checked by the test on rows of 64 to 2,048
+/// values from 0.05 to a 60,000 outlier at (48, 13), |x| < 2^16 (worst seen: 0.63 of the bound).
+pub const RMS_NORM_ERROR: (f64, f64) = (2e-3, 1e-3);
+
+impl Approx {
+    /// SiLU(x) = x·σ(x), evaluated as ReLU(x) − ψ(|x|) with ψ(a) = a·σ(−a) = a·e^(−a)/(1 + e^(−a))
+    /// (σ(x) = 1 − σ(−x)), so only a bounded correction is approximated.
+    ///
+    /// Steps (exactly a protocol's): r = ReLU(x), a = 2r − x = |x|; z = exp_neg(−a) ∈ (0, 1] (0
+    /// from a = 16 on, where ψ < 2e-6); the quotient σ(−a) = (z/2) / ((1 + z)/2) by
+    /// [`Approx::goldschmidt`] with m = (1 + z)/2 ∈ [1/2, 1] (no normalisation: the range is
+    /// known), N ≈ σ(−a) at F = f + 2 bits; ψ = ⌊a·N⌋_F; y = r − ψ.
+    /// Domain: every x. Max error vs f64: [`SILU_MAX_ERROR`].
+    pub fn silu(&self, x: u64) -> u64 {
+        let ring = self.fp.ring;
+        let f = self.fp.frac_bits();
+        let r = self.relu(x);
+        let a = ring.sub(ring.add(r, r), x);
+        let z = self.exp_neg(ring.neg(a));
+        let half_up = 1u64 << (self.newton_frac - f - 1);
+        let m = ring.mul(ring.add(self.u(self.one()), z), half_up);
+        let n = self.goldschmidt(m, ring.mul(z, half_up));
+        ring.sub(r, self.mul_trunc_by(a, n, self.newton_frac))
+    }
+
+    /// RMSNorm of one row: ⌊⌊x_i·r⌋_W·γ_i⌋_f with r ≈ 1/√(Σx²/n + ε), for |x| < 2^dev_bits.
+    /// The sum of squares, its rsqrt and the output are LayerNorm's ([`Approx::scale_row`] with
+    /// the plan of [`Approx::norm_plan`]) without the centring and without β: the coarse sum
+    /// pre-shifts x by k bits so that n values below 2^dev_bits square into the ring. Error vs
+    /// f64: [`RMS_NORM_ERROR`] per normalised value.
+    pub fn rms_norm_row(&self, row: &[u64], gamma: &[u64], eps: f64, dev_bits: u32) -> Vec<u64> {
+        let plan = self.norm_plan(row.len(), eps, dev_bits);
+        self.rms_norm_row_planned(&plan, row, gamma)
+    }
+
+    /// [`Approx::rms_norm_row`] with its plan made once for many rows.
+    pub fn rms_norm_row_planned(
+        &self,
+        plan: &LayerNormPlan,
+        row: &[u64],
+        gamma: &[u64],
+    ) -> Vec<u64> {
+        self.scale_row(plan, row, gamma, None)
+    }
+}
+
+/// The real-valued decoder functions (test oracles).
+pub mod reference {
+    /// x·σ(x).
+    pub fn silu(x: f64) -> f64 {
+        x / (1.0 + (-x).exp())
+    }
+
+    /// x_i·γ_i / √(Σx²/n + ε).
+    pub fn rms_norm(row: &[f64], gamma: &[f64], eps: f64) -> Vec<f64> {
+        let ms = row.iter().map(|x| x * x).sum::<f64>() / row.len() as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        row.iter().zip(gamma).map(|(x, g)| x * r * g).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::reference as enc_ref;
+    use super::*;
+    use crate::{FixedPoint, Prg};
+
+    fn formats() -> [Approx; 2] {
+        [
+            Approx::new(FixedPoint::default_format()).unwrap(),
+            Approx::new(FixedPoint::new(48, 13).unwrap()).unwrap(),
+        ]
+    }
+
+    #[test]
+    fn silu_sweep_whole_domain() {
+        for a in formats() {
+            let fp = a.fp;
+            let mut worst = (0.0f64, 0.0);
+            for x in -(64i64 << 13)..=(64 << 13) {
+                let xv = fp.ring.from_signed(x);
+                let err = (fp.decode(a.silu(xv)) - reference::silu(fp.decode(xv))).abs();
+                if err > worst.0 {
+                    worst = (err, fp.decode(xv));
+                }
+            }
+            assert!(
+                worst.0 <= SILU_MAX_ERROR,
+                "silu error {} at {}",
+                worst.0,
+                worst.1
+            );
+            let r = fp.ring;
+            let top = r.bits() - 1;
+            for x in [
+                1i64 << 20,
+                -(1 << 20),
+                (1 << (top - 1)) + 7,
+                -(1 << top),
+                (1 << top) - 1,
+            ] {
+                let v = r.from_signed(x);
+                assert_eq!(a.silu(v), a.relu(v), "silu({x}) is ReLU beyond the clamp");
+            }
+            assert_eq!(a.silu(0), 0);
+        }
+    }
+
+    fn random_row(prg: &mut Prg, n: usize, scale: f64) -> Vec<f64> {
+        (0..n)
+            .map(|_| (prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * scale)
+            .collect()
+    }
+
+    /// RMSNorm at the decoder format on rows of small, typical and massive values (one outlier
+    /// near the domain's edge, as SmolLM2's residual stream has), against f64 on the same
+    /// quantised inputs.
+    #[test]
+    fn rms_norm_rows_match_f64() {
+        let a = Approx::new(FixedPoint::new(48, 13).unwrap()).unwrap();
+        let fp = a.fp;
+        let dev_bits = 16;
+        let mut prg = Prg::from_os_entropy();
+        for (n, scale, outlier) in [
+            (576, 0.05, None),
+            (576, 1.0, None),
+            (576, 1000.0, None),
+            (576, 30.0, Some(60_000.0)),
+            (64, 3.0, Some(-25_000.0)),
+            (2048, 100.0, None),
+        ] {
+            for _ in 0..4 {
+                let mut row = random_row(&mut prg, n, scale);
+                if let Some(o) = outlier {
+                    row[n / 3] = o;
+                }
+                let gamma = random_row(&mut prg, n, 2.0);
+                let raw: Vec<u64> = row.iter().map(|&x| fp.encode(x)).collect();
+                let g_raw: Vec<u64> = gamma.iter().map(|&x| fp.encode(x)).collect();
+                let q: Vec<f64> = raw.iter().map(|&x| fp.decode(x)).collect();
+                let gq: Vec<f64> = g_raw.iter().map(|&x| fp.decode(x)).collect();
+                let got = a.rms_norm_row(&raw, &g_raw, 1e-5, dev_bits);
+                let unit = reference::rms_norm(&q, &vec![1.0; n], 1e-5);
+                let want = reference::rms_norm(&q, &gq, 1e-5);
+                for i in 0..n {
+                    let err = (fp.decode(got[i]) - want[i]).abs();
+                    let bound = 1.5 / 8192.0
+                        + gq[i].abs() * (RMS_NORM_ERROR.0 + RMS_NORM_ERROR.1 * unit[i].abs());
+                    assert!(
+                        err <= bound,
+                        "rms_norm error {err} > {bound} (n {n}, scale {scale}, x {}, γ {})",
+                        q[i],
+                        gq[i]
+                    );
+                }
+            }
+        }
+    }
+
+    /// The decoders' wide LayerNorm (GPT-2) on a row with an outlier beyond the encoder domain.
+    #[test]
+    fn wide_layer_norm_matches_f64() {
+        let a = Approx::new(FixedPoint::new(48, 13).unwrap()).unwrap();
+        let fp = a.fp;
+        let mut prg = Prg::from_os_entropy();
+        let mut row = random_row(&mut prg, 768, 5.0);
+        row[5] = 3000.0;
+        let gamma = random_row(&mut prg, 768, 1.0);
+        let beta = random_row(&mut prg, 768, 1.0);
+        let enc = |v: &[f64]| v.iter().map(|&x| fp.encode(x)).collect::<Vec<u64>>();
+        let (raw, g, b) = (enc(&row), enc(&gamma), enc(&beta));
+        let dec = |v: &[u64]| v.iter().map(|&x| fp.decode(x)).collect::<Vec<f64>>();
+        let got = dec(&a.layer_norm_row_at(&raw, &g, &b, 1e-5, 16));
+        let want = enc_ref::layer_norm(&dec(&raw), &dec(&g), &dec(&b), 1e-5);
+        for (x, y) in got.iter().zip(&want) {
+            assert!((x - y).abs() <= 1e-2, "wide LayerNorm {x} vs {y}");
+        }
+    }
+
+    /// Causal softmax is softmax_row with a prefix mask: masked keys contribute exactly zero,
+    /// whatever their scores (here huge ones that would dominate the max).
+    #[test]
+    fn causal_mask_entries_contribute_exactly_zero() {
+        let a = Approx::new(FixedPoint::new(48, 13).unwrap()).unwrap();
+        let fp = a.fp;
+        let row: Vec<u64> = [1.0, -2.0, 0.5, 50.0, 1e4]
+            .iter()
+            .map(|&x| fp.encode(x))
+            .collect();
+        let visible = [true, true, true, false, false];
+        let got = a.softmax_row(&row, &visible);
+        assert_eq!(&got[3..], &[0, 0]);
+        let prefix = a.softmax_row(&row[..3], &visible[..3]);
+        assert_eq!(&got[..3], &prefix[..]);
+    }
+}

@@ -1,0 +1,580 @@
+//! The decoder's fixed-point simulator: the composition of [`crate::engine::decoder`] in
+//! Z_{2^ℓ} with `veil_core::approx`'s operators, the integers a two-party pass must produce.
+//!
+//! Encoding ([`FixedDecoder::encode`]): weights at f fractional bits (held as i32, the
+//! simulator's memory), biases at 2f; the attention scale 1/√d_head folded into the query
+//! weights and bias; every linear layer y = ⌊(W·x + b) / 2^f⌋ with an exact accumulator; rotary
+//! positions multiply by public cos/sin at f bits and truncate once; Q·Kᵀ, P·V and the gate's
+//! silu(g)·u are secret products truncated by f; RMSNorm ([`veil_core::approx::Approx::rms_norm_row`])
+//! and GPT-2's LayerNorm run on the wide domain |x| < 2^[`DecoderFormat::norm_dev_bits`].
+//!
+//! Format ([`DecoderFormat::default`]): ℓ = 48, f = 13, norms on |x| < 2^16. Llama-family
+//! residual streams carry "massive activations" (SmolLM2-135M: ≈ 24,900 on one position): at the
+//! encoder's ℓ = 41 the MLP's down projection that writes them (accumulator bound 2^(ℓ−1−2f) =
+//! 16,384) wraps, and their squares (Σx² ≈ 6·10^8) do not fit a 2f-bit sum. Seven more bits
+//! give the linear accumulators 2^21 of room and the norms a 2^16 domain with the coarse sum of
+//! squares pre-shifted by 6 bits (see docs/RESULTS.md for the measured extremes).
+//!
+//! Statistics: per block the largest |hidden|, the largest accumulator against the wrap bound,
+//! the largest norm input against the domain, and the count of violations, merged over every
+//! step of a generation ([`DecoderSim::reports`], [`DecoderSim::warnings`]).
+
+use veil_core::approx::{Approx, LayerNormPlan};
+use veil_core::{ensure, Error, FixedPoint, Result, RingTensor};
+
+use crate::decoder::{DecoderConfig, DecoderWeights, Linear, Matrix, Mlp, Norm};
+use crate::engine::decoder::{
+    self as composition, causal_visible, rotary_tables, DecoderEngine, DecoderLayer, DecoderNorm,
+    LogitRows,
+};
+use crate::sim::{matmul_signed, max_abs, BlockReport, Tracker};
+
+/// The decoder's fixed-point format: the ring and fraction, and the norms' input domain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecoderFormat {
+    pub fp: FixedPoint,
+    /// Norm inputs (RMSNorm: x; LayerNorm: x − μ) are promised below 2^norm_dev_bits.
+    pub norm_dev_bits: u32,
+}
+
+/// ℓ of [`DecoderFormat::default`].
+pub const DECODER_RING_BITS: u32 = 48;
+/// f of [`DecoderFormat::default`] (the encoder's resolution).
+pub const DECODER_FRAC_BITS: u32 = 13;
+/// The norms' domain bits of [`DecoderFormat::default`]: 65,536, 2.6× SmolLM2's largest value.
+pub const DECODER_NORM_DEV_BITS: u32 = 16;
+
+impl Default for DecoderFormat {
+    fn default() -> Self {
+        DecoderFormat {
+            fp: FixedPoint::new(DECODER_RING_BITS, DECODER_FRAC_BITS)
+                .expect("48-bit ring with 13 fractional bits is valid"),
+            norm_dev_bits: DECODER_NORM_DEV_BITS,
+        }
+    }
+}
+
+/// A linear layer in fixed point: weight [out, in] at f bits (signed), bias at 2f bits.
+#[derive(Clone, Debug)]
+struct FixedLinear {
+    weight: Vec<i32>,
+    bias: Option<Vec<u64>>,
+    rows: usize,
+    cols: usize,
+}
+
+impl FixedLinear {
+    fn encode(fp: FixedPoint, l: &Linear, scale: f64) -> Result<Self> {
+        let bias = l.bias.as_ref().map(|b| {
+            b.iter()
+                .map(|&v| fp.encode_at(v as f64 * scale, 2 * fp.frac_bits()))
+                .collect()
+        });
+        Ok(FixedLinear {
+            bias,
+            ..encode_matrix(fp, &l.weight, scale)?
+        })
+    }
+}
+
+/// A weight matrix at f bits as i32 (every |w| < 2^(31−f) fits: 262,144 at f = 13).
+fn encode_matrix(fp: FixedPoint, m: &Matrix, scale: f64) -> Result<FixedLinear> {
+    let weight = m
+        .data
+        .iter()
+        .map(|&v| {
+            let raw = fp.ring.to_signed(fp.encode(v as f64 * scale));
+            i32::try_from(raw).map_err(|_| {
+                Error::Unsupported(format!(
+                    "weight {v} does not fit 32 bits at f = {}",
+                    fp.frac_bits()
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(FixedLinear {
+        weight,
+        bias: None,
+        rows: m.rows,
+        cols: m.cols,
+    })
+}
+
+/// γ (and β for LayerNorm) at f bits, with the public plan of its rsqrt.
+#[derive(Clone, Debug)]
+struct FixedNorm {
+    gamma: Vec<u64>,
+    beta: Option<Vec<u64>>,
+    plan: LayerNormPlan,
+}
+
+impl FixedNorm {
+    fn encode(ax: &Approx, n: &Norm, eps: f64, dev_bits: u32) -> Self {
+        let enc = |v: &[f32]| {
+            v.iter()
+                .map(|&x| ax.fp.encode(x as f64))
+                .collect::<Vec<_>>()
+        };
+        FixedNorm {
+            gamma: enc(&n.weight),
+            beta: n.bias.as_deref().map(enc),
+            plan: ax.norm_plan(n.weight.len(), eps, dev_bits),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct FixedBlock {
+    attn_norm: FixedNorm,
+    q: FixedLinear,
+    k: FixedLinear,
+    v: FixedLinear,
+    o: FixedLinear,
+    mlp_norm: FixedNorm,
+    gate: Option<FixedLinear>,
+    up: FixedLinear,
+    down: FixedLinear,
+}
+
+/// The encoded decoder: what the server would hold in the private pass.
+#[derive(Clone, Debug)]
+pub struct FixedDecoder {
+    pub approx: Approx,
+    pub format: DecoderFormat,
+    pub config: DecoderConfig,
+    /// [vocab, hidden] at f bits (the LM head too when tied).
+    token_embedding: FixedLinear,
+    position_embedding: Option<FixedLinear>,
+    blocks: Vec<FixedBlock>,
+    final_norm: FixedNorm,
+    lm_head: Option<FixedLinear>,
+}
+
+impl FixedDecoder {
+    /// Encodes validated f32 weights at `format`.
+    pub fn encode(w: &DecoderWeights, format: DecoderFormat) -> Result<Self> {
+        let fp = format.fp;
+        let approx = Approx::new(fp)?;
+        let c = &w.config;
+        let max_row = approx.norm_max_row(format.norm_dev_bits);
+        ensure!(
+            c.hidden <= max_row,
+            Unsupported,
+            "hidden size {} exceeds the {max_row} values a norm row on |x| < 2^{} may have at ℓ = {}",
+            c.hidden,
+            format.norm_dev_bits,
+            fp.ring.bits()
+        );
+        let norm = |n: &Norm| FixedNorm::encode(&approx, n, c.norm_eps, format.norm_dev_bits);
+        let lin = |l: &Linear| FixedLinear::encode(fp, l, 1.0);
+        let q_scale = 1.0 / (c.head_dim as f64).sqrt();
+        let blocks = w
+            .blocks
+            .iter()
+            .map(|b| {
+                let (gate, up, down) = match &b.mlp {
+                    Mlp::Gated { gate, up, down } => (Some(lin(gate)?), lin(up)?, lin(down)?),
+                    Mlp::Plain { up, down } => (None, lin(up)?, lin(down)?),
+                };
+                Ok(FixedBlock {
+                    attn_norm: norm(&b.attn_norm),
+                    q: FixedLinear::encode(fp, &b.q, q_scale)?,
+                    k: lin(&b.k)?,
+                    v: lin(&b.v)?,
+                    o: lin(&b.o)?,
+                    mlp_norm: norm(&b.mlp_norm),
+                    gate,
+                    up,
+                    down,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(FixedDecoder {
+            approx,
+            format,
+            config: c.clone(),
+            token_embedding: encode_matrix(fp, &w.token_embedding, 1.0)?,
+            position_embedding: w
+                .position_embedding
+                .as_ref()
+                .map(|p| encode_matrix(fp, p, 1.0))
+                .transpose()?,
+            blocks,
+            final_norm: norm(&w.final_norm),
+            lm_head: w
+                .lm_head
+                .as_ref()
+                .map(|m| encode_matrix(fp, m, 1.0))
+                .transpose()?,
+        })
+    }
+
+    pub fn fp(&self) -> FixedPoint {
+        self.format.fp
+    }
+
+    fn layer(&self, id: DecoderLayer) -> Result<&FixedLinear> {
+        let missing = || Error::Unsupported(format!("the decoder has no layer {id:?}"));
+        let b = |i: usize| self.blocks.get(i).ok_or_else(missing);
+        Ok(match id {
+            DecoderLayer::Query(i) => &b(i)?.q,
+            DecoderLayer::Key(i) => &b(i)?.k,
+            DecoderLayer::Value(i) => &b(i)?.v,
+            DecoderLayer::AttnOut(i) => &b(i)?.o,
+            DecoderLayer::Gate(i) => b(i)?.gate.as_ref().ok_or_else(missing)?,
+            DecoderLayer::Up(i) => &b(i)?.up,
+            DecoderLayer::Down(i) => &b(i)?.down,
+            DecoderLayer::LmHead => self.lm_head.as_ref().unwrap_or(&self.token_embedding),
+        })
+    }
+
+    fn norm_params(&self, id: DecoderNorm) -> Result<&FixedNorm> {
+        let missing = || Error::Unsupported(format!("the decoder has no norm {id:?}"));
+        Ok(match id {
+            DecoderNorm::Attn(i) => &self.blocks.get(i).ok_or_else(missing)?.attn_norm,
+            DecoderNorm::Mlp(i) => &self.blocks.get(i).ok_or_else(missing)?.mlp_norm,
+            DecoderNorm::Final => &self.final_norm,
+        })
+    }
+
+    /// A generation session: an empty KV cache on this model.
+    pub fn session(&self) -> DecoderSim<'_> {
+        DecoderSim::new(self)
+    }
+}
+
+/// The simulator as a [`DecoderEngine`], holding the KV cache (ring values) and the statistics
+/// of every step so far.
+pub struct DecoderSim<'a> {
+    model: &'a FixedDecoder,
+    /// Per block: keys and values [positions, kv_heads·head_dim], row-major.
+    cache: Vec<(Vec<u64>, Vec<u64>)>,
+    tracker: Tracker,
+    /// One per block, then the final norm and LM head; merged over steps.
+    reports: Vec<BlockReport>,
+}
+
+impl<'a> DecoderSim<'a> {
+    pub fn new(model: &'a FixedDecoder) -> Self {
+        let fp = model.fp();
+        let n = model.config.layers;
+        DecoderSim {
+            model,
+            cache: vec![(Vec::new(), Vec::new()); n],
+            tracker: Tracker::new(fp, 0),
+            reports: (0..=n).map(|b| Tracker::new(fp, b).report).collect(),
+        }
+    }
+
+    /// Runs the next tokens against the cache; logits [1 or ids, vocab] at f bits.
+    pub fn step(&mut self, ids: &[u32], rows: LogitRows) -> Result<RingTensor> {
+        let cfg = self.model.config.clone();
+        let logits = composition::forward(self, &cfg, ids, rows)?;
+        let head = std::mem::replace(&mut self.tracker, Tracker::new(self.model.fp(), 0));
+        merge(&mut self.reports[cfg.layers], &head.report);
+        Ok(logits)
+    }
+
+    /// [`DecoderSim::step`] decoded to real logits, one Vec per row.
+    pub fn step_f64(&mut self, ids: &[u32], rows: LogitRows) -> Result<Vec<Vec<f64>>> {
+        let logits = self.step(ids, rows)?;
+        let vocab = self.model.config.vocab_size;
+        Ok(logits
+            .decode(self.model.fp())
+            .chunks(vocab)
+            .map(<[f64]>::to_vec)
+            .collect())
+    }
+
+    /// Forgets the cache (the statistics stay).
+    pub fn reset(&mut self) {
+        self.cache.iter_mut().for_each(|(k, v)| {
+            k.clear();
+            v.clear();
+        });
+    }
+
+    /// Per block (entry `layers`: the final norm and LM head), merged over every step.
+    pub fn reports(&self) -> &[BlockReport] {
+        &self.reports
+    }
+
+    /// One line per block whose accumulators wrapped or whose norm inputs left the domain.
+    pub fn warnings(&self) -> Vec<String> {
+        let fp = self.model.fp();
+        let domain = (1u64 << self.model.format.norm_dev_bits) as f64;
+        let mut out = Vec::new();
+        for r in &self.reports {
+            if r.wrapped > 0 {
+                out.push(format!(
+                    "block {}: {} product accumulators exceeded the ring bound {} (max {:.1}) and wrapped mod 2^{}",
+                    r.block, r.wrapped, r.accumulator_bound, r.max_abs_accumulator, fp.ring.bits()
+                ));
+            }
+            if r.out_of_domain > 0 {
+                out.push(format!(
+                    "block {}: {} norm rows outside the domain (max |input| {:.1}, domain {domain})",
+                    r.block, r.out_of_domain, r.max_abs_norm_deviation
+                ));
+            }
+        }
+        out
+    }
+
+    fn ring(&self) -> veil_core::Ring {
+        self.model.fp().ring
+    }
+
+    fn signed(&self, x: &[u64]) -> Vec<i64> {
+        let ring = self.ring();
+        x.iter().map(|&v| ring.to_signed(v)).collect()
+    }
+
+    /// ⌊a·b / 2^f⌋ for two secret values, the accumulator recorded.
+    fn product(&mut self, a: u64, b: u64) -> u64 {
+        let ring = self.ring();
+        let acc = ring.to_signed(a).wrapping_mul(ring.to_signed(b));
+        self.tracker.accumulator(acc);
+        self.model
+            .approx
+            .trunc(ring.from_signed(acc), self.model.fp().frac_bits())
+    }
+
+    fn map(&self, x: &RingTensor, f: impl Fn(u64) -> u64) -> Result<RingTensor> {
+        RingTensor::from_vec(
+            x.ring(),
+            x.shape(),
+            x.data().iter().map(|&v| f(v)).collect(),
+        )
+    }
+}
+
+/// Folds one step's statistics of a block into its running report.
+fn merge(into: &mut BlockReport, r: &BlockReport) {
+    into.max_abs_hidden = into.max_abs_hidden.max(r.max_abs_hidden);
+    into.max_abs_accumulator = into.max_abs_accumulator.max(r.max_abs_accumulator);
+    into.wrapped += r.wrapped;
+    into.max_abs_norm_deviation = into.max_abs_norm_deviation.max(r.max_abs_norm_deviation);
+    into.out_of_domain += r.out_of_domain;
+}
+
+impl DecoderEngine for DecoderSim<'_> {
+    type Value = RingTensor;
+
+    fn cached(&self) -> usize {
+        let kv = self.model.config.kv_heads * self.model.config.head_dim;
+        self.cache.first().map_or(0, |(k, _)| k.len() / kv)
+    }
+
+    fn embed(&mut self, ids: &[u32], start: usize) -> Result<RingTensor> {
+        let m = self.model;
+        let (h, ring) = (m.config.hidden, self.ring());
+        let mut out = Vec::with_capacity(ids.len() * h);
+        for (r, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            ensure!(
+                id < m.config.vocab_size,
+                InvalidArgument,
+                "token id {id} outside the vocabulary of {}",
+                m.config.vocab_size
+            );
+            let tok = &m.token_embedding.weight[id * h..(id + 1) * h];
+            let pos = m
+                .position_embedding
+                .as_ref()
+                .map(|p| &p.weight[(start + r) * h..(start + r + 1) * h]);
+            for c in 0..h {
+                let v = tok[c] as i64 + pos.map_or(0, |p| p[c] as i64);
+                out.push(ring.from_signed(v));
+            }
+        }
+        RingTensor::from_vec(ring, &[ids.len(), h], out)
+    }
+
+    fn linear(&mut self, id: DecoderLayer, x: &RingTensor) -> Result<RingTensor> {
+        let l = self.model.layer(id)?;
+        let (rows, inner) = (x.shape()[0], x.shape()[1]);
+        ensure!(
+            inner == l.cols,
+            InvalidArgument,
+            "{id:?} expects {} inputs, got {inner}",
+            l.cols
+        );
+        let sx = self.signed(x.data());
+        let out = matmul_signed(
+            &self.model.approx,
+            &sx,
+            &l.weight,
+            (rows, inner, l.rows),
+            l.bias.as_deref(),
+            &mut self.tracker,
+        );
+        RingTensor::from_vec(self.ring(), &[rows, l.rows], out)
+    }
+
+    fn norm(&mut self, id: DecoderNorm, x: &RingTensor) -> Result<RingTensor> {
+        let m = self.model;
+        let n = m.norm_params(id)?;
+        let (fp, ax) = (m.fp(), &m.approx);
+        let h = x.shape()[1];
+        let domain = (1u64 << m.format.norm_dev_bits) as f64;
+        let mut out = Vec::with_capacity(x.len());
+        for row in x.data().chunks(h) {
+            let d = match n.beta {
+                Some(_) => ax.centre(row),
+                None => row.to_vec(),
+            };
+            let dev = d.iter().map(|&v| fp.decode(v).abs()).fold(0.0, f64::max);
+            let t = &mut self.tracker.report;
+            t.max_abs_norm_deviation = t.max_abs_norm_deviation.max(dev);
+            if dev >= domain {
+                t.out_of_domain += 1;
+            }
+            out.extend(ax.scale_row(&n.plan, &d, &n.gamma, n.beta.as_deref()));
+        }
+        RingTensor::from_vec(fp.ring, x.shape(), out)
+    }
+
+    fn rotary(&mut self, x: &RingTensor, heads: usize, start: usize) -> Result<RingTensor> {
+        let m = self.model;
+        let (fp, dh) = (m.fp(), m.config.head_dim);
+        let (rows, cols) = (x.shape()[0], x.shape()[1]);
+        ensure!(
+            cols == heads * dh,
+            InvalidArgument,
+            "rotary on {cols} columns, expected {heads}·{dh}"
+        );
+        let half = dh / 2;
+        let (cos, sin) = rotary_tables(&m.config, start, rows);
+        let enc = |v: &[f64]| -> Vec<i64> {
+            v.iter().map(|&c| fp.ring.to_signed(fp.encode(c))).collect()
+        };
+        let (cos, sin) = (enc(&cos), enc(&sin));
+        let sx = self.signed(x.data());
+        let mut out = vec![0u64; x.len()];
+        for r in 0..rows {
+            for hd in 0..heads {
+                let base = r * cols + hd * dh;
+                for j in 0..half {
+                    let (a, b) = (sx[base + j], sx[base + half + j]);
+                    let (c, s) = (cos[r * half + j], sin[r * half + j]);
+                    let lo = a.wrapping_mul(c).wrapping_sub(b.wrapping_mul(s));
+                    let hi = b.wrapping_mul(c).wrapping_add(a.wrapping_mul(s));
+                    for (slot, acc) in [(base + j, lo), (base + half + j, hi)] {
+                        self.tracker.accumulator(acc);
+                        out[slot] = m.approx.trunc(fp.ring.from_signed(acc), fp.frac_bits());
+                    }
+                }
+            }
+        }
+        RingTensor::from_vec(fp.ring, x.shape(), out)
+    }
+
+    fn append_cache(
+        &mut self,
+        block: usize,
+        start: usize,
+        k: &RingTensor,
+        v: &RingTensor,
+    ) -> Result<(RingTensor, RingTensor)> {
+        let width = k.shape()[1];
+        let ring = self.ring();
+        let (ck, cv) = self
+            .cache
+            .get_mut(block)
+            .ok_or_else(|| Error::InvalidArgument(format!("no block {block}")))?;
+        ensure!(
+            ck.len() == start * width && cv.len() == start * width && v.shape()[1] == width,
+            InvalidArgument,
+            "block {block}'s cache holds {} positions, the step starts at {start}",
+            ck.len() / width.max(1)
+        );
+        ck.extend_from_slice(k.data());
+        cv.extend_from_slice(v.data());
+        let total = ck.len() / width;
+        Ok((
+            RingTensor::from_vec(ring, &[total, width], ck.clone())?,
+            RingTensor::from_vec(ring, &[total, width], cv.clone())?,
+        ))
+    }
+
+    fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
+        ensure!(
+            a.len() == b.len(),
+            InvalidArgument,
+            "{} left and {} right operands",
+            a.len(),
+            b.len()
+        );
+        a.iter()
+            .zip(b)
+            .map(|(a, b)| {
+                let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+                ensure!(
+                    b.shape()[0] == k,
+                    InvalidArgument,
+                    "product of [{m}, {k}] and {:?}",
+                    b.shape()
+                );
+                let sa = self.signed(a.data());
+                let sbt = self.signed(b.transpose()?.data());
+                let out = matmul_signed(
+                    &self.model.approx,
+                    &sa,
+                    &sbt,
+                    (m, k, n),
+                    None,
+                    &mut self.tracker,
+                );
+                RingTensor::from_vec(a.ring(), &[m, n], out)
+            })
+            .collect()
+    }
+
+    fn causal_softmax(&mut self, scores: &RingTensor, start: usize) -> Result<RingTensor> {
+        let total = scores.shape()[1];
+        ensure!(
+            total > start,
+            InvalidArgument,
+            "scores over {total} keys for a step starting at {start}"
+        );
+        let new = total - start;
+        let mut probs = Vec::with_capacity(scores.len());
+        for (r, row) in scores.data().chunks(total).enumerate() {
+            let visible = causal_visible(start, new, r, total);
+            probs.extend(self.model.approx.softmax_row(row, &visible));
+        }
+        RingTensor::from_vec(scores.ring(), scores.shape(), probs)
+    }
+
+    fn gated(&mut self, gate: &RingTensor, up: &RingTensor) -> Result<RingTensor> {
+        ensure!(
+            gate.shape() == up.shape(),
+            InvalidArgument,
+            "gate {:?} and up {:?}",
+            gate.shape(),
+            up.shape()
+        );
+        let ax = self.model.approx;
+        let out = gate
+            .data()
+            .iter()
+            .zip(up.data())
+            .map(|(&g, &u)| self.product(ax.silu(g), u))
+            .collect();
+        RingTensor::from_vec(gate.ring(), gate.shape(), out)
+    }
+
+    fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let ax = self.model.approx;
+        self.map(x, |v| ax.gelu(v))
+    }
+
+    fn block_done(&mut self, block: usize, output: &RingTensor) -> Result<()> {
+        let fp = self.model.fp();
+        let mut done = std::mem::replace(&mut self.tracker, Tracker::new(fp, block + 1));
+        done.report.max_abs_hidden = max_abs(output, fp);
+        merge(&mut self.reports[block], &done.report);
+        Ok(())
+    }
+}

@@ -1,0 +1,266 @@
+//! The decoder's composition, written once: a pre-norm decoder block (Llama family or GPT-2)
+//! and the LM head as operator calls on a [`DecoderEngine`], with a KV cache the engine holds.
+//!
+//! Three engines run it: plain f32 ([`crate::decode_f32::F32Decoder`]), the fixed-point simulator
+//! ([`crate::decode_sim::FixedDecoder`], `veil_core::approx` arithmetic, what the private pass
+//! must equal), and later the two-party pass (issue #37), which implements the same operators on
+//! shares. Prefill (a whole prompt) and decode (one new token) are the same call: the engine's
+//! cache holds the keys and values of the `start` earlier positions, the new rows attend to all
+//! of them and causally to each other, and their keys and values are appended.
+//!
+//! Per block: h = norm(x); q, k, v = linear(h) (the attention scale 1/√d_head is part of the
+//! engine's q); Llama: rotary(q), rotary(k) by position; K, V = cache ∪ (k, v); per query head
+//! (grouped: head j reads key/value head j / (heads / kv_heads)) scores = q·Kᵀ; causal softmax;
+//! context = P·V; x += o(context); h = norm(x); x += down(silu(gate(h)) ⊙ up(h)) or
+//! down(gelu_tanh(up(h))). Then the final norm and the LM head on the last position (or all).
+
+use veil_core::{ensure, Result, RingTensor};
+
+use crate::decoder::{DecoderConfig, DecoderFamily};
+
+/// Names a linear layer of the decoder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecoderLayer {
+    /// The query projection of a block, with the attention scale 1/√d_head folded in.
+    Query(usize),
+    Key(usize),
+    Value(usize),
+    AttnOut(usize),
+    Gate(usize),
+    Up(usize),
+    Down(usize),
+    /// The output projection to the vocabulary (tied to the token embedding or separate).
+    LmHead,
+}
+
+/// Names a norm of the decoder (RMSNorm for the Llama family, LayerNorm for GPT-2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecoderNorm {
+    /// Before the attention of block i.
+    Attn(usize),
+    /// Before the MLP of block i.
+    Mlp(usize),
+    Final,
+}
+
+/// Which positions get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    /// The last new position only: what generation needs.
+    Last,
+    /// Every new position (agreement tests).
+    All,
+}
+
+/// The structural operations the composition needs on an engine's values: slicing and
+/// stacking rows and columns, and the residual sum — all local on shares.
+pub trait Rows: Sized {
+    /// (rows, columns).
+    fn dims(&self) -> (usize, usize);
+    fn columns(&self, from: usize, width: usize) -> Result<Self>;
+    fn rows(&self, from: usize, count: usize) -> Result<Self>;
+    fn transpose(&self) -> Result<Self>;
+    fn stack_rows(parts: &[&Self]) -> Result<Self>;
+    fn stack_columns(parts: &[&Self]) -> Result<Self>;
+    fn split_rows(&self, rows: usize) -> Result<Vec<Self>>;
+    fn plus(&self, other: &Self) -> Result<Self>;
+}
+
+impl Rows for RingTensor {
+    fn dims(&self) -> (usize, usize) {
+        match self.shape() {
+            [r, c] => (*r, *c),
+            _ => (0, 0),
+        }
+    }
+    fn columns(&self, from: usize, width: usize) -> Result<Self> {
+        RingTensor::columns(self, from, width)
+    }
+    fn rows(&self, from: usize, count: usize) -> Result<Self> {
+        let (r, c) = self.dims();
+        ensure!(
+            from + count <= r,
+            InvalidArgument,
+            "rows {from}..{} of {r}",
+            from + count
+        );
+        RingTensor::from_vec(
+            self.ring(),
+            &[count, c],
+            self.data()[from * c..(from + count) * c].to_vec(),
+        )
+    }
+    fn transpose(&self) -> Result<Self> {
+        RingTensor::transpose(self)
+    }
+    fn stack_rows(parts: &[&Self]) -> Result<Self> {
+        RingTensor::concat_rows(parts)
+    }
+    fn stack_columns(parts: &[&Self]) -> Result<Self> {
+        RingTensor::concat_columns(parts)
+    }
+    fn split_rows(&self, rows: usize) -> Result<Vec<Self>> {
+        RingTensor::split_rows(self, rows)
+    }
+    fn plus(&self, other: &Self) -> Result<Self> {
+        self.add(other)
+    }
+}
+
+/// How each operator of the decoder is computed, and where the KV cache lives. Every method
+/// takes and returns the engine's view of a value (the value for f32 and the simulator, a
+/// party's share for the two-party engine); positions and the causal mask are public.
+pub trait DecoderEngine {
+    type Value: Rows;
+
+    /// Positions already in the KV cache.
+    fn cached(&self) -> usize;
+
+    /// The embedding of `ids` at positions start.. (token row, plus the learned position row
+    /// for GPT-2), [ids, hidden].
+    fn embed(&mut self, ids: &[u32], start: usize) -> Result<Self::Value>;
+
+    /// x·Wᵀ + b of layer `id`, x [rows, in].
+    fn linear(&mut self, id: DecoderLayer, x: &Self::Value) -> Result<Self::Value>;
+
+    /// RMSNorm or LayerNorm `id` of every row.
+    fn norm(&mut self, id: DecoderNorm, x: &Self::Value) -> Result<Self::Value>;
+
+    /// Rotary positions on x [rows, heads·head_dim], row r at position start + r: in each head,
+    /// (a, b) = (first, second half) becomes (a·cos − b·sin, b·cos + a·sin). A public linear map.
+    fn rotary(&mut self, x: &Self::Value, heads: usize, start: usize) -> Result<Self::Value>;
+
+    /// Appends the new keys and values [new, kv_heads·head_dim] to block `block`'s cache, which
+    /// must hold exactly `start` positions, and returns all of them, [start + new, …].
+    fn append_cache(
+        &mut self,
+        block: usize,
+        start: usize,
+        k: &Self::Value,
+        v: &Self::Value,
+    ) -> Result<(Self::Value, Self::Value)>;
+
+    /// a_i·b_i for each pair (the attention's products, one pair per head).
+    fn products(&mut self, a: &[Self::Value], b: &[Self::Value]) -> Result<Vec<Self::Value>>;
+
+    /// Softmax of the scores [heads·new, start + new]: row r (query position start + r mod new)
+    /// sees the keys 0..=start + (r mod new); the others contribute exactly zero.
+    fn causal_softmax(&mut self, scores: &Self::Value, start: usize) -> Result<Self::Value>;
+
+    /// silu(gate) ⊙ up, element-wise.
+    fn gated(&mut self, gate: &Self::Value, up: &Self::Value) -> Result<Self::Value>;
+
+    /// GELU (tanh form), element-wise.
+    fn gelu(&mut self, x: &Self::Value) -> Result<Self::Value>;
+
+    /// Sees each block's output (the simulator records it).
+    fn block_done(&mut self, _block: usize, _output: &Self::Value) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `ids` (the next positions after the engine's cache) through every block and the LM
+/// head; returns the logits [1 or ids, vocab]. The cache grows by `ids.len()` positions; after
+/// an error it is inconsistent and the engine must be reset.
+pub fn forward<E: DecoderEngine>(
+    e: &mut E,
+    cfg: &DecoderConfig,
+    ids: &[u32],
+    rows: LogitRows,
+) -> Result<E::Value> {
+    let start = e.cached();
+    ensure!(!ids.is_empty(), InvalidArgument, "no tokens to run");
+    ensure!(
+        start + ids.len() <= cfg.max_positions,
+        InvalidArgument,
+        "{} positions exceed the model's {}",
+        start + ids.len(),
+        cfg.max_positions
+    );
+    let mut x = e.embed(ids, start)?;
+    for i in 0..cfg.layers {
+        x = block(e, cfg, i, start, &x)?;
+        e.block_done(i, &x)?;
+    }
+    let n = ids.len();
+    let last = match rows {
+        LogitRows::Last => x.rows(n - 1, 1)?,
+        LogitRows::All => x,
+    };
+    let h = e.norm(DecoderNorm::Final, &last)?;
+    e.linear(DecoderLayer::LmHead, &h)
+}
+
+fn block<E: DecoderEngine>(
+    e: &mut E,
+    cfg: &DecoderConfig,
+    i: usize,
+    start: usize,
+    x: &E::Value,
+) -> Result<E::Value> {
+    let (nh, nkv, dh) = (cfg.heads, cfg.kv_heads, cfg.head_dim);
+    let h = e.norm(DecoderNorm::Attn(i), x)?;
+    let mut q = e.linear(DecoderLayer::Query(i), &h)?;
+    let mut k = e.linear(DecoderLayer::Key(i), &h)?;
+    let v = e.linear(DecoderLayer::Value(i), &h)?;
+    if cfg.family == DecoderFamily::Llama {
+        q = e.rotary(&q, nh, start)?;
+        k = e.rotary(&k, nkv, start)?;
+    }
+    let (keys, values) = e.append_cache(i, start, &k, &v)?;
+    let group = nh / nkv;
+    let mut qs = Vec::with_capacity(nh);
+    let mut kts = Vec::with_capacity(nh);
+    let mut vs = Vec::with_capacity(nh);
+    for hd in 0..nh {
+        let kv = hd / group;
+        qs.push(q.columns(hd * dh, dh)?);
+        kts.push(keys.columns(kv * dh, dh)?.transpose()?);
+        vs.push(values.columns(kv * dh, dh)?);
+    }
+    let per_head = e.products(&qs, &kts)?;
+    let scores = E::Value::stack_rows(&per_head.iter().collect::<Vec<_>>())?;
+    let probs = e.causal_softmax(&scores, start)?;
+    let heads = e.products(&probs.split_rows(q.dims().0)?, &vs)?;
+    let context = E::Value::stack_columns(&heads.iter().collect::<Vec<_>>())?;
+    let x = e.linear(DecoderLayer::AttnOut(i), &context)?.plus(x)?;
+    let h = e.norm(DecoderNorm::Mlp(i), &x)?;
+    let act = match cfg.family {
+        DecoderFamily::Llama => {
+            let gate = e.linear(DecoderLayer::Gate(i), &h)?;
+            let up = e.linear(DecoderLayer::Up(i), &h)?;
+            e.gated(&gate, &up)?
+        }
+        DecoderFamily::Gpt2 => {
+            let up = e.linear(DecoderLayer::Up(i), &h)?;
+            e.gelu(&up)?
+        }
+    };
+    e.linear(DecoderLayer::Down(i), &act)?.plus(&x)
+}
+
+/// (cos, sin) of the rotary angles p·θ_i for p in start..start + rows, i < head_dim/2, row-major
+/// [rows, head_dim/2]: public constants both engines encode their way.
+pub fn rotary_tables(cfg: &DecoderConfig, start: usize, rows: usize) -> (Vec<f64>, Vec<f64>) {
+    let inv = crate::decoder::RopeScaling::inv_freqs(
+        cfg.rope_scaling.as_ref(),
+        cfg.rope_theta,
+        cfg.head_dim,
+    );
+    let mut cos = Vec::with_capacity(rows * inv.len());
+    let mut sin = Vec::with_capacity(rows * inv.len());
+    for p in start..start + rows {
+        for &f in &inv {
+            let a = p as f64 * f;
+            cos.push(a.cos());
+            sin.push(a.sin());
+        }
+    }
+    (cos, sin)
+}
+
+/// Whether query row r (of `new` rows at positions start..) may see key column c: c ≤ start + r.
+pub fn causal_visible(start: usize, new: usize, row: usize, total: usize) -> Vec<bool> {
+    let pos = start + row % new.max(1);
+    (0..total).map(|c| c <= pos).collect()
+}

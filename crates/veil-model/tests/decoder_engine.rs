@@ -1,0 +1,194 @@
+//! The decoder composition on tiny seeded random models (no download): decode with the KV cache
+//! equals a full recompute (bit-exact in the simulator), the simulator tracks f32, and Veil's
+//! f32 decoder agrees with candle-transformers' independent `quantized_llama` on the same GGUF.
+
+use candle_core::quantized::{gguf_file, GgmlDType};
+use candle_core::{Device, Tensor};
+use candle_transformers::models::quantized_llama::ModelWeights;
+use veil_model::decode_f32::F32Model;
+use veil_model::decode_sim::{DecoderFormat, FixedDecoder};
+use veil_model::decoder::random::{write_tiny_gguf, write_tiny_gpt2, write_tiny_llama, TinyShape};
+use veil_model::decoder::{self, DecoderWeights};
+use veil_model::engine::decoder::LogitRows;
+use veil_model::generate::{generate, GenerateOptions};
+
+/// Token ids of a fixed sequence in the tiny vocabulary (269 tokens).
+const IDS: [u32; 11] = [1, 40, 77, 120, 5, 268, 33, 200, 2, 150, 99];
+
+fn tiny(gpt2: bool, seed: u8, shape: &TinyShape) -> DecoderWeights {
+    let dir = tempfile::tempdir().unwrap();
+    if gpt2 {
+        write_tiny_gpt2(dir.path(), seed, shape).unwrap();
+    } else {
+        write_tiny_llama(dir.path(), seed, shape).unwrap();
+    }
+    decoder::load(dir.path().to_str().unwrap()).unwrap().weights
+}
+
+fn shapes() -> Vec<(bool, TinyShape)> {
+    let gqa = TinyShape::default();
+    let biased = TinyShape {
+        kv_heads: 4,
+        attention_bias: true,
+        tie_word_embeddings: false,
+        layers: 3,
+        ..TinyShape::default()
+    };
+    let gpt2 = TinyShape {
+        kv_heads: 4,
+        ..TinyShape::default()
+    };
+    vec![(false, gqa), (false, biased), (true, gpt2)]
+}
+
+/// Prefill of 4 tokens then one token per step: every step's logits equal the full sequence's
+/// row at that position, bit for bit, and the cache's positions are the sequence's.
+#[test]
+fn simulator_kv_cache_decode_equals_full_recompute_bit_exact() {
+    for (gpt2, shape) in shapes() {
+        let w = tiny(gpt2, 7, &shape);
+        let fixed = FixedDecoder::encode(&w, DecoderFormat::default()).unwrap();
+        let full = fixed.session().step(&IDS, LogitRows::All).unwrap();
+        let vocab = w.config.vocab_size;
+        let mut s = fixed.session();
+        let mut rows = s.step(&IDS[..4], LogitRows::All).unwrap().into_data();
+        for &id in &IDS[4..] {
+            rows.extend(s.step(&[id], LogitRows::Last).unwrap().into_data());
+        }
+        assert_eq!(rows.len(), IDS.len() * vocab);
+        assert!(
+            rows == full.data(),
+            "gpt2 {gpt2}: cached decode differs from the full pass"
+        );
+        assert!(s.warnings().is_empty(), "{:?}", s.warnings());
+        // The last-row option is the last row of the full pass.
+        let last = fixed.session().step(&IDS, LogitRows::Last).unwrap();
+        assert_eq!(last.data(), &full.data()[(IDS.len() - 1) * vocab..]);
+    }
+}
+
+/// The same in f32 (candle's products may sum in another order for one row than for many).
+#[test]
+fn f32_kv_cache_decode_matches_full_recompute() {
+    for (gpt2, shape) in shapes() {
+        let w = tiny(gpt2, 9, &shape);
+        let model = F32Model::new(&w).unwrap();
+        let full = model.session().step(&IDS, LogitRows::All).unwrap();
+        let mut s = model.session();
+        let mut rows = s.step(&IDS[..5], LogitRows::All).unwrap().data;
+        for &id in &IDS[5..] {
+            rows.extend(s.step(&[id], LogitRows::Last).unwrap().data);
+        }
+        let worst = rows
+            .iter()
+            .zip(&full.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst < 1e-4,
+            "gpt2 {gpt2}: cached decode differs by {worst}"
+        );
+    }
+}
+
+/// The simulator against f32 on the same tiny models: logits within 0.02 and the same argmax
+/// wherever f32's top-2 margin exceeds that.
+#[test]
+fn simulator_tracks_f32_on_tiny_models() {
+    for (gpt2, shape) in shapes() {
+        let w = tiny(gpt2, 11, &shape);
+        let f = F32Model::new(&w)
+            .unwrap()
+            .session()
+            .step(&IDS, LogitRows::All)
+            .unwrap();
+        let fixed = FixedDecoder::encode(&w, DecoderFormat::default()).unwrap();
+        let sim = fixed.session().step_f64(&IDS, LogitRows::All).unwrap();
+        let vocab = w.config.vocab_size;
+        for (r, row) in sim.iter().enumerate() {
+            let fr = &f.data[r * vocab..(r + 1) * vocab];
+            let worst = row
+                .iter()
+                .zip(fr)
+                .map(|(a, &b)| (a - b as f64).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                worst < 0.02,
+                "gpt2 {gpt2} row {r}: logits differ by {worst}"
+            );
+        }
+    }
+}
+
+/// Greedy generation stops at the stop token and is the same in f32 and the simulator.
+#[test]
+fn greedy_generation_agrees_and_stops() {
+    let w = tiny(false, 3, &TinyShape::default());
+    let model = F32Model::new(&w).unwrap();
+    let fixed = FixedDecoder::encode(&w, DecoderFormat::default()).unwrap();
+    let mut opts = GenerateOptions {
+        max_new_tokens: 12,
+        sampling: decoder::sample::SamplingParams::GREEDY,
+        stop: vec![],
+    };
+    let (a, stopped) = generate(&mut model.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
+    assert_eq!((a.len(), stopped), (12, false));
+    let (b, _) = generate(&mut fixed.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
+    let ids =
+        |v: &[veil_model::generate::GeneratedToken]| v.iter().map(|t| t.id).collect::<Vec<_>>();
+    assert_eq!(ids(&a), ids(&b));
+    assert!(a.iter().all(|t| t.margin >= 0.0));
+    opts.stop = vec![a[4].id];
+    let (c, stopped) = generate(&mut model.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
+    let first = a.iter().position(|t| t.id == a[4].id).unwrap();
+    assert_eq!((c.len(), stopped), (first, true));
+}
+
+/// candle-transformers' `quantized_llama` (an independent Llama) on the GGUF Veil reads: the same
+/// logits at every prefix of a fixed sequence (within 1e-4 for F32 tensors; Q8_0 weights are
+/// dequantised by both, so they agree as closely) and the same greedy tokens.
+#[test]
+fn f32_decoder_matches_candle_quantized_llama() {
+    // Without it candle quantises the activations to 8 bits in Q8_0 products.
+    std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
+    let w = tiny(false, 5, &TinyShape::default());
+    for dtype in [GgmlDType::F32, GgmlDType::Q8_0] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        write_tiny_gguf(&path, &w, dtype).unwrap();
+        let ours = decoder::load(path.to_str().unwrap()).unwrap().weights;
+        let model = F32Model::new(&ours).unwrap();
+        let mut file = std::fs::File::open(&path).unwrap();
+        let content = gguf_file::Content::read(&mut file).unwrap();
+        let mut theirs = ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
+        let mut session = model.session();
+        let mut worst = 0.0f32;
+        for (pos, &id) in IDS.iter().enumerate() {
+            let x = Tensor::new(&[id], &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
+            let want: Vec<f32> = theirs
+                .forward(&x, pos)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let got = session.step(&[id], LogitRows::Last).unwrap().data;
+            assert_eq!(got.len(), want.len());
+            let diff = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            worst = worst.max(diff);
+            let argmax = |v: &[f32]| decoder::sample::argmax(v).unwrap();
+            assert_eq!(argmax(&got), argmax(&want), "{dtype:?} position {pos}");
+        }
+        assert!(
+            worst < 1e-4,
+            "{dtype:?}: logits differ from candle by {worst}"
+        );
+    }
+}
