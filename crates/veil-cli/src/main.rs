@@ -7,6 +7,7 @@ mod compare;
 mod demo;
 mod embed_cmd;
 mod eval_cmd;
+mod generate_cmd;
 mod prompt;
 mod train_cmd;
 
@@ -171,6 +172,9 @@ enum Cmd {
     /// Sentence vectors of an encoder (its pooled output) in f32, in the fixed-point simulator and
     /// (--private N) in the real two-party protocol, with their cosine agreement and cost.
     Embed(embed_cmd::EmbedArgs),
+    /// Text from a decoder LLM (e.g. smollm2-135m-instruct) in the fixed-point simulator
+    /// (--simulate) or f32 (--f32), printed as the tokens come.
+    Generate(generate_cmd::GenerateArgs),
     /// Benchmarks (release build; both parties on this machine over TCP loopback).
     Bench {
         #[command(subcommand)]
@@ -525,6 +529,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Substitute(a) => train_cmd::substitute(a, cli.quiet),
         Cmd::Eval(a) => eval_cmd::eval(a),
         Cmd::Embed(a) => embed_cmd::embed(a),
+        Cmd::Generate(a) => generate_cmd::generate_cmd(a),
         Cmd::Bench { what } => bench(what),
     }
 }

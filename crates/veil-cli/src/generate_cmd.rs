@@ -1,0 +1,186 @@
+//! `veil generate`: text from a decoder LLM, in f32 (`--f32`) or in the fixed-point simulator
+//! (`--simulate`, the integers the private pass must produce), printed as the tokens come.
+//! Private generation is the two-party protocol's (not implemented yet): asking for neither
+//! mode is refused with that reason.
+
+use std::io::Write;
+use std::time::Instant;
+
+use clap::Args;
+use serde::Serialize;
+use veil_core::{Error, Result};
+use veil_model::decode_f32::F32Model;
+use veil_model::decode_sim::{DecoderFormat, FixedDecoder};
+use veil_model::decoder::sample::SamplingParams;
+use veil_model::decoder::{self, ChatMessage, DecoderModel};
+use veil_model::generate::{generate, GenerateOptions, GeneratedToken, NextLogits};
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// A decoder: `smollm2-135m-instruct`, a `.gguf` file, a Hugging Face folder or a model id in
+    /// the local Hugging Face cache.
+    #[arg(long)]
+    model: String,
+    /// Run the fixed-point simulator (ℓ = 48, f = 13): what the private pass must equal.
+    #[arg(long, conflicts_with = "f32")]
+    simulate: bool,
+    /// Run plain f32.
+    #[arg(long)]
+    f32: bool,
+    /// Wrap the prompt in the model's chat template (its default system line, one user turn,
+    /// the generation prompt).
+    #[arg(long)]
+    chat: bool,
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    /// 0: greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// 0: all tokens.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// One JSON object at the end (token ids, text, per-step top-1/top-2 logit margins) instead
+    /// of streamed text.
+    #[arg(long)]
+    json: bool,
+    prompt: String,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    model: &'a str,
+    mode: &'a str,
+    prompt_tokens: usize,
+    token_ids: Vec<u32>,
+    text: String,
+    margins: Vec<f32>,
+    stopped: bool,
+    prefill_seconds: f64,
+    decode_seconds: f64,
+    warnings: Vec<String>,
+}
+
+/// The prompt's token ids: the chat template rendered with `add_generation_prompt`, or the
+/// plain text (after the BOS token when the model declares one and the template does not).
+fn prompt_ids(m: &DecoderModel, prompt: &str, chat: bool) -> Result<Vec<u32>> {
+    if chat {
+        let text = m
+            .tokenizer
+            .render_chat(&[ChatMessage::new("user", prompt)], true)?;
+        return m.tokenizer.encode(&text);
+    }
+    m.tokenizer.encode(prompt)
+}
+
+pub fn generate_cmd(a: GenerateArgs) -> Result<()> {
+    let mode = match (a.simulate, a.f32) {
+        (true, _) => "simulate",
+        (_, true) => "f32",
+        _ => {
+            return Err(Error::Unsupported(
+                "private generation is not implemented yet: pass --simulate (fixed-point \
+                 simulator) or --f32"
+                    .into(),
+            ))
+        }
+    };
+    let model = decoder::load(&a.model)?;
+    let ids = prompt_ids(&model, &a.prompt, a.chat)?;
+    let opts = GenerateOptions {
+        max_new_tokens: a.max_new_tokens,
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.seed,
+        },
+        stop: model.weights.config.eos_token_ids.clone(),
+    };
+    let (tokens, stopped, times, warnings) = if a.simulate {
+        let fixed = FixedDecoder::encode(&model.weights, DecoderFormat::default())?;
+        let mut s = fixed.session();
+        let (t, st, times) = run(&mut s, &model, &ids, &opts, a.json)?;
+        (t, st, times, s.warnings())
+    } else {
+        let f = F32Model::new(&model.weights)?;
+        let mut s = f.session();
+        let (t, st, times) = run(&mut s, &model, &ids, &opts, a.json)?;
+        (t, st, times, Vec::new())
+    };
+    for w in &warnings {
+        eprintln!("veil generate: simulator warning: {w}");
+    }
+    let token_ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
+    if a.json {
+        let report = Report {
+            model: &a.model,
+            mode,
+            prompt_tokens: ids.len(),
+            text: model.tokenizer.decode(&token_ids)?,
+            token_ids,
+            margins: tokens.iter().map(|t| t.margin).collect(),
+            stopped,
+            prefill_seconds: times.0,
+            decode_seconds: times.1,
+            warnings,
+        };
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::Malformed(format!("JSON output: {e}")))?;
+        println!("{text}");
+    } else {
+        println!();
+        let decode_rate = if tokens.len() > 1 {
+            (tokens.len() - 1) as f64 / times.1
+        } else {
+            0.0
+        };
+        eprintln!(
+            "veil generate ({mode}): {} prompt tokens in {:.2} s ({:.1} tokens/s), {} new tokens, {:.2} tokens/s decoding{}",
+            ids.len(),
+            times.0,
+            ids.len() as f64 / times.0,
+            tokens.len(),
+            decode_rate,
+            if stopped { ", stopped at the stop token" } else { "" }
+        );
+    }
+    Ok(())
+}
+
+/// Generates, streaming the text to stdout unless `quiet`; returns the tokens, whether a stop
+/// token ended them, and the seconds of prefill (prompt + first token) and of the decode steps.
+fn run(
+    session: &mut impl NextLogits,
+    model: &DecoderModel,
+    ids: &[u32],
+    opts: &GenerateOptions,
+    quiet: bool,
+) -> Result<(Vec<GeneratedToken>, bool, (f64, f64))> {
+    let mut stream = model.tokenizer.stream();
+    let start = Instant::now();
+    let mut first: Option<f64> = None;
+    let mut out = std::io::stdout();
+    let (tokens, stopped) = generate(session, ids, opts, |t| {
+        first.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        let piece = stream.push(t.id)?;
+        if !quiet {
+            write!(out, "{piece}")
+                .and_then(|_| out.flush())
+                .map_err(Error::Io)?;
+        }
+        Ok(())
+    })?;
+    let rest = stream.finish()?;
+    if !quiet {
+        write!(out, "{rest}")
+            .and_then(|_| out.flush())
+            .map_err(Error::Io)?;
+    }
+    let total = start.elapsed().as_secs_f64();
+    let prefill = first.unwrap_or(total);
+    Ok((tokens, stopped, (prefill, total - prefill)))
+}
