@@ -82,7 +82,7 @@ impl Rows for Matrix {
     }
     fn split_rows(&self, rows: usize) -> Result<Vec<Self>> {
         ensure!(
-            rows > 0 && self.rows % rows == 0,
+            rows > 0 && self.rows.is_multiple_of(rows),
             InvalidArgument,
             "cannot cut {} rows into blocks of {rows}",
             self.rows
