@@ -11,8 +11,7 @@ use veil_model::Inputs;
 use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
-    Ahead, Client, ClientModel, ClientOptions, LoopbackServer, PromptOptions,
-    ServerModel,
+    Ahead, Client, ClientModel, ClientOptions, LoopbackServer, PromptOptions, ServerModel,
 };
 
 use crate::prompt::Prompt;
