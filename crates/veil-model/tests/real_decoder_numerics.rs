@@ -21,30 +21,23 @@ use veil_model::fetch;
 use veil_model::generate::{generate, GenerateOptions};
 use veil_test_harness::{available, needs, Missing};
 
-/// Opt-in (`-- --ignored`): a 135 M-parameter model through the scalar fixed-point simulator
-/// takes too long for the default run's dev profile, and these checks have not yet been run to
-/// completion on the real model (session 20 ran out of machine time): run them with
-/// `cargo test --release -p veil-model --test real_decoder_numerics -- --ignored`.
 fn main() {
     veil_test_harness::run(vec![
         needs(
             "smollm2_f32_matches_candle_quantized_llama",
             || Ok((gguf_path()?, smollm2()?)),
             smollm2_f32_matches_candle_quantized_llama,
-        )
-        .with_ignored_flag(true),
+        ),
         needs(
             "smollm2_simulator_top1_agrees_with_f32_on_sst2",
             || Ok((sst2_dir()?, smollm2()?)),
             smollm2_simulator_top1_agrees_with_f32_on_sst2,
-        )
-        .with_ignored_flag(true),
+        ),
         needs(
             "smollm2_simulator_chat_answers_equal_f32",
             smollm2,
             smollm2_simulator_chat_answers_equal_f32,
-        )
-        .with_ignored_flag(true),
+        ),
     ])
 }
 
