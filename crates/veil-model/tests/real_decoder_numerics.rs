@@ -3,7 +3,7 @@
 //! fixed-point simulator (ℓ = 48, f = 13) against f32 — top-1 agreement at every position of the
 //! first 20 SST-2 dev sentences (≥ 99 %) and identical greedy 24-token answers to ≥ 4 of 5 chat
 //! questions. Counted as ignored only when PyPI (or shared/data/sst2) is unreachable; failed then
-//! under CI (see `veil_test_harness`). Slow: run with `--release`.
+//! under CI (see `veil_test_harness`). About a minute in the dev profile.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
