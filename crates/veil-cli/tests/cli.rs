@@ -931,3 +931,61 @@ fn substitute_stops_resumes_and_takes_its_levers() {
         assert!(err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// `veil generate` on a tiny random Llama folder: the simulator's greedy tokens printed with
+/// `--json` are the library's (`veil_model::generate` on the same `FixedDecoder`), and a run
+/// without a mode is refused with the reason.
+#[test]
+fn generate_prints_the_simulators_greedy_tokens() {
+    use veil_model::decode_sim::{DecoderFormat, FixedDecoder};
+    use veil_model::decoder::{self, random::TinyShape, sample::SamplingParams};
+    use veil_model::generate::{generate, GenerateOptions};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-llama");
+    decoder::random::write_tiny_llama(&dir, 7, &TinyShape::default()).unwrap();
+    let dir_s = dir.to_str().unwrap();
+
+    let out = veil_ok(&[
+        "generate",
+        "--model",
+        dir_s,
+        "--simulate",
+        "--json",
+        "--max-new-tokens",
+        "6",
+        "good film",
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let printed: Vec<u32> = report["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+
+    let model = decoder::load(dir_s).unwrap();
+    let ids = model.tokenizer.encode("good film").unwrap();
+    assert_eq!(
+        report["prompt_tokens"].as_u64().unwrap() as usize,
+        ids.len()
+    );
+    let fixed = FixedDecoder::encode(&model.weights, DecoderFormat::default()).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        sampling: SamplingParams::GREEDY,
+        stop: model.weights.config.eos_token_ids.clone(),
+    };
+    let (expected, _) = generate(&mut fixed.session(), &ids, &opts, |_| Ok(())).unwrap();
+    let expected: Vec<u32> = expected.iter().map(|t| t.id).collect();
+    assert!(!expected.is_empty());
+    assert_eq!(printed, expected);
+
+    let refused = veil(&["generate", "--model", dir_s, "good film"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains("private generation is not implemented yet"),
+        "{err}"
+    );
+}
