@@ -29,13 +29,7 @@ pub fn classify(
         crate::prompt::check_kind(Some(b.task.inputs()), &prompts)?;
     }
     let client = ClientModel::from_source(&source)?;
-    crate::prompt::check_kind(client.config().veil.inputs, &prompts)?;
-    client.check_options(opts)?;
-    // Every prompt is checked before the connection (and its key material) is made.
-    let encoded = prompts
-        .iter()
-        .map(|p| p.encode(&client, opts))
-        .collect::<Result<Vec<_>>>()?;
+    let encoded = crate::prompt::check_and_encode(&client, &prompts, opts)?;
     let limits = client.session_options(&encoded, opts, Some(timeout));
     // The server's configuration is compared with the bundle before any key material moves;
     // a long run continues on new sessions as each one's keys are spent.

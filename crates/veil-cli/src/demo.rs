@@ -70,13 +70,7 @@ pub fn run(
     } else {
         prompts
     };
-    crate::prompt::check_kind(client.config().veil.inputs, &prompts)?;
-    // Refuse a bad option or prompt before the server is prepared or any key moves.
-    client.check_options(opts)?;
-    let encoded = prompts
-        .iter()
-        .map(|p| p.encode(&client, opts))
-        .collect::<Result<Vec<_>>>()?;
+    let encoded = crate::prompt::check_and_encode(&client, &prompts, opts)?;
     let limits = client.session_options(&encoded, opts, None);
     let server = Arc::new(ServerModel::from_model(&m, DEFAULT_NTT_BUDGET_BYTES)?);
     let run = Run {

@@ -115,6 +115,18 @@ pub fn from_arguments(text: Vec<String>, pairs: bool) -> Result<Vec<Prompt>> {
     Ok(prompts)
 }
 
+/// Checks every prompt's kind and the options against the model, then encodes them all: done
+/// before a server is prepared or a connection (and its key material) is made.
+pub fn check_and_encode(
+    client: &ClientModel,
+    prompts: &[Prompt],
+    opts: PromptOptions,
+) -> Result<Vec<Encoded>> {
+    check_kind(client.config().veil.inputs, prompts)?;
+    client.check_options(opts)?;
+    prompts.iter().map(|p| p.encode(client, opts)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -396,13 +396,7 @@ impl DecoderEngine for F32Decoder<'_, '_> {
     }
 
     fn products(&mut self, a: &[Matrix], b: &[Matrix]) -> Result<Vec<Matrix>> {
-        ensure!(
-            a.len() == b.len(),
-            InvalidArgument,
-            "{} left and {} right operands",
-            a.len(),
-            b.len()
-        );
+        crate::engine::check_operand_pairs(a.len(), b.len())?;
         a.iter()
             .zip(b)
             .map(|(a, b)| {

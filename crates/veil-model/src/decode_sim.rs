@@ -499,13 +499,7 @@ impl DecoderEngine for DecoderSim<'_> {
     }
 
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
-        ensure!(
-            a.len() == b.len(),
-            InvalidArgument,
-            "{} left and {} right operands",
-            a.len(),
-            b.len()
-        );
+        crate::engine::check_operand_pairs(a.len(), b.len())?;
         a.iter()
             .zip(b)
             .map(|(a, b)| {

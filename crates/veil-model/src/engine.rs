@@ -189,3 +189,14 @@ fn head<E: Engine>(e: &mut E, cfg: &ModelConfig, x: &RingTensor) -> Result<HeadO
         logits,
     })
 }
+
+/// Refuses a batch of products whose left and right operand lists differ in length (every
+/// engine's `products`).
+pub(crate) fn check_operand_pairs(left: usize, right: usize) -> Result<()> {
+    ensure!(
+        left == right,
+        InvalidArgument,
+        "{left} left and {right} right operands"
+    );
+    Ok(())
+}
