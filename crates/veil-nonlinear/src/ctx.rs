@@ -390,6 +390,20 @@ impl<'a, C: Channel> Ctx<'a, C> {
         self.mux(&b, a)
     }
 
+    /// The sign bits [x ≥ 0], ReLU(x) and |x| = 2·ReLU(x) − x: the odd-symmetric split GELU and
+    /// SiLU start from (|x| wraps only at x = −2^(ℓ−1)).
+    pub(crate) fn relu_and_abs(&mut self, x: &[u64]) -> Result<(Vec<bool>, Vec<u64>, Vec<u64>)> {
+        let ring = self.ring();
+        let pos = self.drelu(x, None)?;
+        let r = self.mux(&pos, x)?;
+        let a = r
+            .iter()
+            .zip(x)
+            .map(|(&p, &v)| ring.sub(ring.add(p, p), v))
+            .collect();
+        Ok((pos, r, a))
+    }
+
     /// Additive shares of XOR-shared bits.
     pub fn b2a(&mut self, b: &[bool]) -> Result<Vec<u64>> {
         bool_to_arith(self.ot, self.ch, self.role, self.ring(), b)

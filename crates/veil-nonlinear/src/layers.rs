@@ -85,13 +85,7 @@ impl<C: Channel> Ctx<'_, C> {
         let f = self.ax.fp.frac_bits();
         let xs = x.data();
         let n = xs.len();
-        let pos = self.drelu(xs, None)?;
-        let r = self.mux(&pos, xs)?;
-        let a: Vec<u64> = r
-            .iter()
-            .zip(xs)
-            .map(|(&p, &v)| ring.sub(ring.add(p, p), v))
-            .collect();
+        let (_, r, a) = self.relu_and_abs(xs)?;
         // c = [a ≥ A]; a_c = a − c·(a − A), from here on in the narrow ring.
         let mut over = a.clone();
         self.add_public(&mut over, ring.neg(plan.tail));

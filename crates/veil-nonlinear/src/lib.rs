@@ -11,7 +11,7 @@
 //!   truncation ([`Ctx::trunc`], mode [`TruncMode`]), sign extension ([`Ctx::extend`]), DReLU,
 //!   ReLU, max, multiplexer and bit → arithmetic conversion;
 //! * elementary functions on share slices: [`Ctx::exp_neg`], [`Ctx::recip_at`],
-//!   [`Ctx::rsqrt_at`], [`Ctx::tanh`];
+//!   [`Ctx::rsqrt_at`], [`Ctx::tanh`], [`Ctx::silu`] (the decoders' gated MLP);
 //! * the transformer's layers on tensors, row-wise over the last dimension: [`Ctx::gelu`],
 //!   [`Ctx::softmax`], [`Ctx::layer_norm`] (the server's γ, β in [`AffineParams`]) and their
 //!   friendly substitutes [`Ctx::relu_tensor`], [`Ctx::relu_normalise`], [`Ctx::centre_affine`].
@@ -30,7 +30,7 @@
 //!   variants for an operand of promised small magnitude, and high parts for fused truncation;
 //! * `he_rows` — per-row inner products and row × per-row-scalar products on BFV;
 //! * `ctx` — [`Ctx`] itself and the primitives on share slices;
-//! * `elementary` — exp (x ≤ 0), reciprocal, rsqrt, tanh, LayerNorm's rsqrt;
+//! * `elementary` — exp (x ≤ 0), reciprocal, rsqrt, tanh, SiLU, LayerNorm's rsqrt;
 //! * `layer_norm_he` — LayerNorm's sum of squares and d·r on `he_rows`, in the 1-bit-error mode
 //!   when the context has HE keys;
 //! * `layers` — GELU, Softmax (masked), LayerNorm, and the substitutes ReLU, ReLU-normalise,

@@ -205,3 +205,94 @@ fn tanh_in_the_one_bit_mode_stays_close_to_tanh() {
     }
     println!("worst 1-bit tanh error {worst:.2e}");
 }
+
+/// SiLU inputs: the whole useful range, the clamp at |x| = 16 and its neighbours, and the ring's
+/// extremes (where |x| wraps).
+fn silu_inputs(a: &Approx, n: usize) -> Vec<u64> {
+    let ring = a.fp.ring;
+    let one = 1i64 << a.fp.frac_bits();
+    let top = (1i64 << (ring.bits() - 1)) - 1;
+    sample(
+        ring,
+        -20 * one,
+        20 * one,
+        n,
+        &[
+            0,
+            1,
+            -1,
+            16 * one,
+            16 * one - 1,
+            16 * one + 1,
+            -16 * one,
+            -16 * one + 1,
+            -16 * one - 1,
+            100 * one,
+            -100 * one,
+            top,
+            -top,
+            -top - 1,
+        ],
+    )
+}
+
+/// SiLU on shares opens to exactly `approx::silu` (faithful truncations), at the encoder's
+/// (41, 13) and the decoder's (48, 13) formats.
+#[test]
+fn silu_matches_approx_exactly() {
+    for a in [
+        ax(),
+        Approx::new(veil_core::FixedPoint::new(48, 13).unwrap()).unwrap(),
+    ] {
+        let ring = a.fp.ring;
+        let vals = silu_inputs(&a, 60);
+        let x = share_values(ring, &vals);
+        let got = open(run_mem(|ot, ch, role| {
+            let mut cx = Ctx::new(ot, ch, role, a);
+            let y = cx.silu(pick(role, &x).data())?;
+            veil_core::RingTensor::from_vec(ring, &[y.len()], y)
+        }));
+        for (i, &v) in vals.iter().enumerate() {
+            assert_eq!(
+                got[i],
+                a.silu(v),
+                "silu({}) at ℓ = {}",
+                a.fp.decode(v),
+                ring.bits()
+            );
+        }
+    }
+}
+
+/// SiLU in the 1-bit-error mode stays within the approximation's bound plus 64 ulps of f64's
+/// SiLU below 2^(ℓ−2) (far beyond any activation): the quotient N is a few units off at F = f + 2 bits and
+/// ψ = a_c·N multiplies that by up to 16, i.e. by 4 ulps of f per unit (worst seen: 4.0e-3).
+/// The decoder's engine runs SiLU faithfully, as the encoder runs GELU.
+#[test]
+fn silu_in_the_one_bit_mode_stays_close_to_silu() {
+    let a = Approx::new(veil_core::FixedPoint::new(48, 13).unwrap()).unwrap();
+    let ring = a.fp.ring;
+    // Below 2^(ℓ−2): at the ring's last values a ψ a few ulps below 0 would wrap y.
+    let vals: Vec<u64> = silu_inputs(&a, 300)
+        .into_iter()
+        .filter(|&v| ring.to_signed(v).unsigned_abs() < 1 << (ring.bits() - 2))
+        .collect();
+    let x = share_values(ring, &vals);
+    let got = open(run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
+        let y = cx.silu(pick(role, &x).data())?;
+        veil_core::RingTensor::from_vec(ring, &[y.len()], y)
+    }));
+    let ulp = 1.0 / a.fp.scale();
+    let mut worst = 0f64;
+    for (i, &v) in vals.iter().enumerate() {
+        let xv = a.fp.decode(v);
+        let want = veil_core::approx::decoder::reference::silu(xv);
+        let err = (a.fp.decode(got[i]) - want).abs();
+        worst = worst.max(err);
+        let bound = veil_core::approx::SILU_MAX_ERROR + 64.0 * ulp;
+        assert!(err <= bound, "silu({xv}) = {want}, got error {err}");
+    }
+    println!("worst 1-bit SiLU error {worst:.2e}");
+}

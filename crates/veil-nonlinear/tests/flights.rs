@@ -150,7 +150,18 @@ fn layer_operators_take_their_documented_flights() {
             let k = cx.ax.relu_bound_bits();
             cx.relu_tensor(x, Some(k))
         }),
+        layer_flights(8, 64, |cx, x, _| {
+            let y = cx.silu(x.data())?;
+            RingTensor::from_vec(x.ring(), x.shape(), y)
+        }),
+        layer_flights(8, 64, |cx, x, _| {
+            cx.trunc_mode = TruncMode::Faithful;
+            let y = cx.silu(x.data())?;
+            RingTensor::from_vec(x.ring(), x.shape(), y)
+        }),
     ];
-    println!("relu_normalise softmax layer_norm centre_affine gelu relu: {got:?}");
-    assert_eq!(got, [44, 108, 76, 8, 64, 11]);
+    println!(
+        "relu_normalise softmax layer_norm centre_affine gelu relu silu silu-faithful: {got:?}"
+    );
+    assert_eq!(got, [44, 108, 76, 8, 64, 11, 76, 152]);
 }
