@@ -152,35 +152,39 @@ impl<C: Channel> Ctx<'_, C> {
     }
 
     /// Softmax over the last dimension with max subtraction; `valid` is the public padding mask of
-    /// the columns (false: excluded, output 0). Algorithm 3 / approx::softmax_row. Label "Softmax".
-    /// Flights at the default format: 108 (1-bit-error mode).
+    /// the columns, the same for every row (false: excluded, output 0). Algorithm 3 /
+    /// approx::softmax_row. Label "Softmax". Flights at the default format: 108 (1-bit-error mode).
     pub fn softmax(&mut self, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
+        let mask = every_row(x, valid)?;
+        self.softmax_masked(x, &mask)
+    }
+
+    /// [`Ctx::softmax`] with a public mask per row, `mask` [rows · cols] (a decoder's causal
+    /// attention: query row r sees the keys up to its position). Rows of different lengths run
+    /// in the same flights: the max tree takes as many rounds as the longest row needs.
+    pub fn softmax_masked(&mut self, x: &RingTensor, mask: &[bool]) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter("Softmax");
         let ring = self.ring();
-        let cols = row_len(x)?;
-        let idx = valid_columns(valid, cols)?;
-        let rows = x.len() / cols;
-        if idx.is_empty() {
+        let rows = MaskedRows::new(x, mask)?;
+        if rows.selected() == 0 {
             return RingTensor::zeros(ring, x.shape());
         }
-        let xs = x.data();
-        let mx = max_rows(self, xs, cols, &idx, None)?;
-        let d: Vec<u64> = (0..rows)
-            .flat_map(|r| idx.iter().map(move |&j| (r, j)))
-            .map(|(r, j)| ring.sub(xs[r * cols + j], mx[r]))
+        let sel = rows.gather(x.data());
+        let mx = max_rows(self, rows.split(&sel), None)?;
+        let d: Vec<u64> = rows
+            .row_of_each()
+            .zip(&sel)
+            .map(|(r, &v)| ring.sub(v, mx[r]))
             .collect();
         let e = self.exp_neg(&d, None)?;
-        let k = idx.len();
-        let sums: Vec<u64> = e
-            .chunks(k)
-            .map(|c| c.iter().fold(0, |a, &v| ring.add(a, v)))
-            .collect();
+        let sums = rows.sums(ring, &e);
         // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1. The row's largest
-        // score gives exp(0) = 1 (a few ulps low at most), so every sum is at least 1/2.
+        // score gives exp(0) = 1 (a few ulps low at most), so every sum is at least 1/2 (a row
+        // with nothing selected has sum 0, outside the domain: its quotients are never used).
         let f = self.ax.fp.frac_bits();
-        let y = divide_rows(self, &e, Narrow::signed(f + 2), (&sums, ring, f - 1))?;
-        RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
+        let y = divide_rows(self, &e, &rows, Narrow::signed(f + 2), (&sums, ring, f - 1))?;
+        RingTensor::from_vec(ring, x.shape(), rows.scatter(&y))
     }
 
     /// ReLU-normalise, the Softmax substitute: ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over valid columns,
@@ -193,17 +197,23 @@ impl<C: Channel> Ctx<'_, C> {
         valid: &[bool],
         bound: Option<u32>,
     ) -> Result<RingTensor> {
+        let mask = every_row(x, valid)?;
+        self.relu_normalise_masked(x, &mask, bound)
+    }
+
+    /// [`Ctx::relu_normalise`] with a public mask per row, `mask` [rows · cols], as
+    /// [`Ctx::softmax_masked`].
+    pub fn relu_normalise_masked(
+        &mut self,
+        x: &RingTensor,
+        mask: &[bool],
+        bound: Option<u32>,
+    ) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter("ReLU-normalise");
         let ring = self.ring();
-        let cols = row_len(x)?;
-        let idx = valid_columns(valid, cols)?;
-        let rows = x.len() / cols;
-        let k = idx.len();
-        let xs = x.data();
-        let sel: Vec<u64> = (0..rows)
-            .flat_map(|r| idx.iter().map(move |&j| xs[r * cols + j]))
-            .collect();
+        let rows = MaskedRows::new(x, mask)?;
+        let sel = rows.gather(x.data());
         // In the domain s < 2^K (K = norm_bits) every ReLU(x_i) < 2^K: selected in a ring of K + 2
         // bits (the multiplexer's COTs are that wide instead of ℓ), summed there, and the row sums
         // extended to ℓ (|s| < 2^K = 2^(K+2−2)).
@@ -215,16 +225,20 @@ impl<C: Channel> Ctx<'_, C> {
             let low: Vec<u64> = sel.iter().map(|&v| kr.reduce(v)).collect();
             self.mux_in(kr, &pos, &low)?
         };
-        let mut sums: Vec<u64> = (0..rows)
-            .map(|i| r[i * k..(i + 1) * k].iter().fold(0, |a, &v| kr.add(a, v)))
-            .collect();
+        let mut sums = rows.sums(kr, &r);
         self.add_public_in(kr, &mut sums, self.ax.relu_normalise_eps());
         // ReLU(x_i) ≤ s < 2^norm_bits in the domain: a narrow product; the output y ≤ 1 + 2^-10
         // (the reciprocal's error). The sums stay in the narrow ring: the reciprocal compares them
         // there and extends them in its B2A's call. Every sum is at least ε ≥ 2^eps_floor.
         let eps_floor = 63 - self.ax.relu_normalise_eps().leading_zeros();
-        let y = divide_rows(self, &r, Narrow::unsigned(nb), (&sums, kr, eps_floor))?;
-        RingTensor::from_vec(ring, x.shape(), scatter_valid(&y, rows, cols, &idx))
+        let y = divide_rows(
+            self,
+            &r,
+            &rows,
+            Narrow::unsigned(nb),
+            (&sums, kr, eps_floor),
+        )?;
+        RingTensor::from_vec(ring, x.shape(), rows.scatter(&y))
     }
 
     /// LayerNorm over the last dimension (Algorithm 4 / approx::layer_norm_row). The server passes
@@ -337,80 +351,129 @@ impl<C: Channel> Ctx<'_, C> {
     }
 }
 
-/// Indices of the valid columns, checked against the row length.
-fn valid_columns(valid: &[bool], cols: usize) -> Result<Vec<usize>> {
+/// `valid` (one row's column mask) repeated for every row of x.
+fn every_row(x: &RingTensor, valid: &[bool]) -> Result<Vec<bool>> {
+    let cols = row_len(x)?;
     ensure!(
         valid.len() == cols,
         InvalidArgument,
         "mask of {} for rows of {cols}",
         valid.len()
     );
-    Ok((0..cols).filter(|&j| valid[j]).collect())
+    Ok(valid.repeat(x.len() / cols))
 }
 
-/// v_i / s_row for values `v` (row-major, the same number per row) under the promise `nw` and
-/// one sum per row (in `sums_ring`, each at least 2^`floor`): one reciprocal per row at the
-/// wide fraction, then one narrow product per value, fused with its truncation (outputs below
-/// 2^(f+1)). The last step of Softmax and ReLU-normalise.
+/// The selected columns of every row of a [rows, cols] tensor under a per-row public mask: the
+/// selected values are processed flattened, row after row, and scattered back (0 elsewhere).
+struct MaskedRows {
+    cols: usize,
+    /// The selected column indices of each row.
+    idx: Vec<Vec<usize>>,
+}
+
+impl MaskedRows {
+    fn new(x: &RingTensor, mask: &[bool]) -> Result<Self> {
+        let cols = row_len(x)?;
+        ensure!(
+            mask.len() == x.len(),
+            InvalidArgument,
+            "mask of {} for a tensor of {} values",
+            mask.len(),
+            x.len()
+        );
+        let idx = mask
+            .chunks(cols)
+            .map(|m| (0..cols).filter(|&j| m[j]).collect())
+            .collect();
+        Ok(MaskedRows { cols, idx })
+    }
+
+    fn selected(&self) -> usize {
+        self.idx.iter().map(Vec::len).sum()
+    }
+
+    fn gather(&self, xs: &[u64]) -> Vec<u64> {
+        (self.idx.iter().enumerate())
+            .flat_map(|(r, idx)| idx.iter().map(move |&j| xs[r * self.cols + j]))
+            .collect()
+    }
+
+    /// The row of each selected value, in the flattened order.
+    fn row_of_each(&self) -> impl Iterator<Item = usize> + '_ {
+        (self.idx.iter().enumerate()).flat_map(|(r, idx)| std::iter::repeat_n(r, idx.len()))
+    }
+
+    /// Flattened selected values split back into their rows.
+    fn split(&self, v: &[u64]) -> Vec<Vec<u64>> {
+        let mut at = 0;
+        self.idx
+            .iter()
+            .map(|idx| {
+                at += idx.len();
+                v[at - idx.len()..at].to_vec()
+            })
+            .collect()
+    }
+
+    /// Σ of each row's selected values in `ring`.
+    fn sums(&self, ring: veil_core::Ring, v: &[u64]) -> Vec<u64> {
+        (self.split(v).iter())
+            .map(|row| row.iter().fold(0, |a, &x| ring.add(a, x)))
+            .collect()
+    }
+
+    fn scatter(&self, y: &[u64]) -> Vec<u64> {
+        let mut out = vec![0u64; self.idx.len() * self.cols];
+        let mut it = y.iter();
+        for (r, idx) in self.idx.iter().enumerate() {
+            for (&j, &v) in idx.iter().zip(&mut it) {
+                out[r * self.cols + j] = v;
+            }
+        }
+        out
+    }
+}
+
+/// ⌊v_i / s_row(i)⌋ at f bits for the flattened selected values v: one reciprocal per row at
+/// the wide fraction, broadcast over the row's values, then one narrow product each.
 fn divide_rows<C: Channel>(
     cx: &mut Ctx<C>,
     v: &[u64],
+    rows: &MaskedRows,
     nw: Narrow,
     (sums, sums_ring, floor): (&[u64], veil_core::Ring, u32),
 ) -> Result<Vec<u64>> {
     let w = cx.ax.wide_recip_frac();
     let inv = cx.recip_at(sums, sums_ring, floor, w)?;
-    let k = v.len() / sums.len().max(1);
-    let inv_b: Vec<u64> = inv
-        .iter()
-        .flat_map(|&r| std::iter::repeat_n(r, k))
-        .collect();
+    let inv_b: Vec<u64> = rows.row_of_each().map(|r| inv[r]).collect();
     let f = cx.ax.fp.frac_bits();
     cx.mul_narrow_trunc(v, nw, &inv_b, w, f + 2)
 }
 
-/// Rows of `cols` holding the values `y` (row-major, `idx.len()` per row) at the columns `idx`,
-/// zero elsewhere (the padding).
-fn scatter_valid(y: &[u64], rows: usize, cols: usize, idx: &[usize]) -> Vec<u64> {
-    let mut out = vec![0u64; rows * cols];
-    for (t, (r, j)) in (0..rows)
-        .flat_map(|r| idx.iter().map(move |&j| (r, j)))
-        .enumerate()
-    {
-        out[r * cols + j] = y[t];
-    }
-    out
-}
-
-/// Row-wise max over the valid columns by a tree of comparisons (⌈log2 n⌉ rounds of
-/// DReLU + mux, all rows at once). Exact. `bound`: promise |x_i − x_j| < 2^k. Label "Max".
+/// The max of each row (rows of any lengths, an empty row's max is 0), by a tree of pairwise
+/// [`Ctx::max2`] in one batch per level: as many levels as the longest row needs.
 fn max_rows<C: Channel>(
     cx: &mut Ctx<C>,
-    x: &[u64],
-    cols: usize,
-    idx: &[usize],
+    mut cur: Vec<Vec<u64>>,
     bound: Option<u32>,
 ) -> Result<Vec<u64>> {
     let _g = cx.ch.meter().enter("Max");
-    let rows = x.len() / cols;
-    let mut cur: Vec<Vec<u64>> = (0..rows)
-        .map(|r| idx.iter().map(|&j| x[r * cols + j]).collect())
-        .collect();
-    while cur.first().is_some_and(|v| v.len() > 1) {
-        let half = cur[0].len() / 2;
+    while cur.iter().any(|v| v.len() > 1) {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for row in &cur {
-            for t in 0..half {
-                a.push(row[2 * t]);
-                b.push(row[2 * t + 1]);
+            for pair in row.chunks_exact(2) {
+                a.push(pair[0]);
+                b.push(pair[1]);
             }
         }
         let m = cx.max2(&a, &b, bound)?;
+        let mut at = 0;
         cur = cur
             .iter()
-            .enumerate()
-            .map(|(r, row)| {
-                let mut next = m[r * half..(r + 1) * half].to_vec();
+            .map(|row| {
+                let half = row.len() / 2;
+                let mut next = m[at..at + half].to_vec();
+                at += half;
                 if row.len() % 2 == 1 {
                     next.push(row[row.len() - 1]);
                 }
@@ -586,15 +649,24 @@ mod tests {
             .map(|&v| ring.from_signed(v))
             .collect();
         let x = share_values(ring, &flat);
-        let idx = [0usize, 1, 2, 3]; // column 4 is padding
+        // Column 4 is padding; the last row has only its first two columns.
+        let mut mask: Vec<bool> = [true, true, true, true, false].repeat(rows.len());
+        mask[4 * cols + 2..].fill(false);
         let got = run_mem(|ot, ch, role| {
             let mut cx = Ctx::new(ot, ch, role, a);
-            let m = max_rows(&mut cx, pick(role, &x).data(), cols, &idx, None)?;
+            let t =
+                RingTensor::from_vec(ring, &[rows.len(), cols], pick(role, &x).data().to_vec())?;
+            let masked = MaskedRows::new(&t, &mask)?;
+            let m = max_rows(&mut cx, masked.split(&masked.gather(t.data())), None)?;
             RingTensor::from_vec(ring, &[m.len()], m)
         });
         let m = open(got);
         for (r, row) in rows.iter().enumerate() {
-            let want = row[..4].iter().copied().max().unwrap();
+            let want = row[..if r == 4 { 2 } else { 4 }]
+                .iter()
+                .copied()
+                .max()
+                .unwrap();
             assert_eq!(ring.to_signed(m[r]), want, "row {r}");
         }
     }

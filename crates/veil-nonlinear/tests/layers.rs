@@ -99,6 +99,60 @@ fn softmax_and_relu_normalise_on_attention_rows_with_padding() {
     }
 }
 
+/// A decoder's causal attention on shares, at its (48, 13) format: 3 heads × 4 new query rows
+/// against 6 cached keys + the 4 new ones; query row r sees the keys up to position 6 + r.
+/// Softmax and ReLU-normalise with the per-row mask equal the simulator's rows bit for bit
+/// (faithful truncations), masked entries exactly 0; a one-key row is exactly 1 (Softmax).
+#[test]
+fn causal_softmax_and_relu_normalise_equal_the_simulator_per_row() {
+    let a = Approx::new(veil_core::FixedPoint::new(48, 13).unwrap()).unwrap();
+    let (heads, new, start) = (3, 4, 6);
+    let total = start + new;
+    let mut prg = Prg::from_os_entropy();
+    let v: Vec<u64> = (0..heads * new * total)
+        .map(|_| {
+            a.fp.encode((prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * 9.0)
+        })
+        .collect();
+    let x = RingTensor::from_vec(a.fp.ring, &[heads * new, total], v).unwrap();
+    let mask: Vec<bool> = (0..heads * new)
+        .flat_map(|r| (0..total).map(move |c| c <= start + r % new))
+        .collect();
+    let sh = split(&x);
+    let out = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let s = cx.softmax_masked(pick(role, &sh), &mask)?;
+        let n = cx.relu_normalise_masked(pick(role, &sh), &mask, None)?;
+        Ok((s, n))
+    });
+    let s = open((out.0 .0, out.1 .0));
+    let n = open((out.0 .1, out.1 .1));
+    for r in 0..heads * new {
+        let span = r * total..(r + 1) * total;
+        let (raw, visible) = (&x.data()[span.clone()], &mask[span.clone()]);
+        assert_eq!(
+            &s[span.clone()],
+            &a.softmax_row(raw, visible)[..],
+            "Softmax row {r}"
+        );
+        assert_eq!(
+            &n[span.clone()],
+            &a.relu_normalise_row(raw, visible)[..],
+            "row {r}"
+        );
+        assert!(s[span.clone()][start + r % new + 1..]
+            .iter()
+            .all(|&v| v == 0));
+    }
+    // A single visible key: its probability is exactly 1.
+    let one = RingTensor::from_vec(a.fp.ring, &[1, 3], vec![a.fp.encode(-3.5), 7, 9]).unwrap();
+    let sh = split(&one);
+    let got = open(run_mem(|ot, ch, role| {
+        Ctx::new(ot, ch, role, a).softmax_masked(pick(role, &sh), &[true, false, false])
+    }));
+    assert_eq!(got, vec![a.fp.encode(1.0), 0, 0]);
+}
+
 #[test]
 fn layer_norm_and_centre_affine_on_hidden_rows() {
     let a = ax();
@@ -229,7 +283,9 @@ fn wrong_mask_or_weights_are_errors() {
     let sh = split(&x);
     let (c, s) = run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
-        let e1 = cx.softmax(pick(role, &sh), &[true; 7]).is_err();
+        let e1 = cx.softmax(pick(role, &sh), &[true; 7]).is_err()
+            && cx.softmax_masked(pick(role, &sh), &[true; 8]).is_err()
+            && (cx.relu_normalise_masked(pick(role, &sh), &[true; 17], None)).is_err();
         let g = [0u64; 5];
         let p = AffineParams {
             gamma: &g,
