@@ -252,85 +252,39 @@ impl<C: Channel> Ctx<'_, C> {
     ) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter("LayerNorm");
-        let ring = self.ring();
         let cols = row_len(x)?;
-        let max_cols = self.ax.layer_norm_max_row();
-        ensure!(
-            cols <= max_cols,
-            InvalidArgument,
-            "LayerNorm rows of {cols} exceed {max_cols} (the sum of squares must fit the ring)"
-        );
+        let dev_bits = veil_core::approx::LAYER_NORM_DEV_BITS;
+        check_norm_row(self, cols, dev_bits)?;
         let d = centre(self, x.data(), cols)?;
-        let ax = self.ax;
-        let plan = ax.layer_norm_plan(cols, eps);
-        // Coarse sum of squares (whole domain) and fine one (exact for small variances).
-        // |d| < 2^(DEV+f) in the domain: narrow squares and product.
-        let dev = veil_core::approx::LAYER_NORM_DEV_BITS + ax.fp.frac_bits();
-        // With HE keys (1-bit mode), the client's narrow share of d goes encrypted once and serves
-        // the sum of squares and d·r (crate::layer_norm_he).
-        let wide = match self.trunc_mode {
-            TruncMode::OneBitError => Some(wide_ring(ring, cols, dev)?),
-            TruncMode::Faithful => None,
-        };
-        let he = match wide {
-            Some(w) => layer_norm_he::open(self, &d, Narrow::signed(dev + 1), cols, w)?,
-            None => None,
-        };
-        let (mut coarse, mut fine) = if let Some(wide) = wide {
-            let sums = match &he {
-                Some(h) => h.square_sums(self)?,
-                None => {
-                    let dw = self.extend_to(ring, wide, &d)?;
-                    let sq = self.square_narrow_in(wide, &dw, Narrow::signed(dev + 1))?;
-                    row_sums(wide, &sq, cols)
-                }
-            };
-            split_sums(self, wide, &sums, plan.coarse.frac)?
-        } else {
-            let dp = round_if(self, &d, plan.pre_shift)?;
-            let sq = self.square_narrow(&dp, Narrow::signed(dev - plan.pre_shift + 2))?;
-            let sq = round_if(self, &sq, plan.square_shift)?;
-            let coarse = row_sums(ring, &sq, cols);
-            let sq = self.square_narrow(&d, Narrow::signed(dev + 1))?;
-            (coarse, row_sums(ring, &sq, cols))
-        };
-        self.add_public(&mut coarse, plan.coarse.eps_sum);
-        self.add_public(&mut fine, plan.fine.eps_sum);
-        // use_fine = [switch − 1 − S_c ≥ 0]; r = r_c + use_fine·(r_f − r_c).
-        let mut diff: Vec<u64> = coarse.iter().map(|&v| ring.neg(v)).collect();
-        self.add_public(&mut diff, plan.switch - 1);
-        let (r_c, r_f, use_fine) = layer_norm_rsqrts(self, &plan, (&coarse, &fine), &diff)?;
-        let delta: Vec<u64> = r_f
-            .iter()
-            .zip(&r_c)
-            .map(|(&a, &b)| ring.sub(a, b))
-            .collect();
-        let pick = self.mux(&use_fine, &delta)?;
-        let r: Vec<u64> = r_c
-            .iter()
-            .zip(&pick)
-            .map(|(&a, &b)| ring.add(a, b))
-            .collect();
-        let w = plan.out_frac;
-        let r_b: Vec<u64> = (0..d.len()).map(|i| r[i / cols]).collect();
-        // |d·r| < 2^(ℓ−2) by the choice of w, and the normalised value |d_i·r| ≤ √n·1.01
-        // (|d_i| ≤ √(Σd²), the rsqrt's error well below 1 %) is below 2^(f + normalised_bits).
-        let out = ax.fp.frac_bits() + normalised_bits(cols) + 1;
-        let out = out.min(ring.bits() - w);
-        let nrm = match &he {
-            Some(h) => h.mul_rows_trunc(self, &r, w, out)?,
-            None => self.mul_narrow_trunc(&d, Narrow::signed(dev + 1), &r_b, w, out)?,
-        };
-        // |nrm·γ| < 2^(normalised_bits + GAMMA_BITS) in value.
-        let out = ax.fp.frac_bits() + normalised_bits(cols) + GAMMA_BITS + 2;
-        let y = affine(
-            self,
-            &nrm,
-            cols,
-            params,
-            out.min(ring.bits() - ax.fp.frac_bits()),
-        )?;
-        RingTensor::from_vec(ring, x.shape(), y)
+        let y = scale_rows(self, &d, cols, params, eps, dev_bits)?;
+        RingTensor::from_vec(self.ring(), x.shape(), y)
+    }
+
+    /// RMSNorm over the last dimension, x_i·γ_i / √(mean(x²) + ε) (approx::rms_norm_row): LayerNorm's
+    /// scaling without the centring and without β, for rows promised |x| < 2^`dev_bits` (a
+    /// decoder's residual stream: the Llama family's outliers need a wider domain than
+    /// LayerNorm's). The server passes `Some(γ)`, the client `None`. Label "RMSNorm". Flights at
+    /// the default format: 72 (1-bit-error mode; LayerNorm's less the centring's). Rows whose
+    /// exact sum of squares would need more than 64 bits (576 values on |x| < 2^16 at f = 13)
+    /// take the faithful mode's coarse and fine sums in either mode.
+    pub fn rms_norm(
+        &mut self,
+        x: &RingTensor,
+        gamma: Option<&[u64]>,
+        eps: f64,
+        dev_bits: u32,
+    ) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let _g = self.ch.meter().enter("RMSNorm");
+        let cols = row_len(x)?;
+        check_norm_row(self, cols, dev_bits)?;
+        let zeros = vec![0u64; cols];
+        let params = gamma.map(|gamma| AffineParams {
+            gamma,
+            beta: &zeros,
+        });
+        let y = scale_rows(self, x.data(), cols, params.as_ref(), eps, dev_bits)?;
+        RingTensor::from_vec(self.ring(), x.shape(), y)
     }
 
     /// The LayerNorm substitute (x − mean)·γ + β (approx::centre_affine_row). Label "Centre-affine".
@@ -349,6 +303,101 @@ impl<C: Channel> Ctx<'_, C> {
         let y = affine(self, &d, cols, params, x.ring().bits() - f)?;
         RingTensor::from_vec(x.ring(), x.shape(), y)
     }
+}
+
+/// The scaling LayerNorm and RMSNorm share (approx::scale_row): d (centred or not, |d| <
+/// 2^dev_bits) times √n/√(Σd² + nε) from the coarse or the fine sum of squares, then ·γ (+ β):
+/// the server's `params`, the client's `None`.
+fn scale_rows<C: Channel>(
+    cx: &mut Ctx<C>,
+    d: &[u64],
+    cols: usize,
+    params: Option<&AffineParams>,
+    eps: f64,
+    dev_bits: u32,
+) -> Result<Vec<u64>> {
+    let ring = cx.ring();
+    let ax = cx.ax;
+    let plan = ax.norm_plan(cols, eps, dev_bits);
+    // Coarse sum of squares (whole domain) and fine one (exact for small variances).
+    // |d| < 2^(dev_bits+f) in the domain: narrow squares and product.
+    let dev = dev_bits + ax.fp.frac_bits();
+    // With HE keys (1-bit mode), the client's narrow share of d goes encrypted once and serves
+    // the sum of squares and d·r (crate::layer_norm_he). Rows whose exact sum of squares needs
+    // more than 64 bits (a decoder's wide domain) take the faithful mode's two sums instead.
+    let wide = match cx.trunc_mode {
+        TruncMode::OneBitError => wide_ring(ring, cols, dev)?,
+        TruncMode::Faithful => None,
+    };
+    let he = match wide {
+        Some(w) => layer_norm_he::open(cx, d, Narrow::signed(dev + 1), cols, w)?,
+        None => None,
+    };
+    let (mut coarse, mut fine) = if let Some(wide) = wide {
+        let sums = match &he {
+            Some(h) => h.square_sums(cx)?,
+            None => {
+                let dw = cx.extend_to(ring, wide, d)?;
+                let sq = cx.square_narrow_in(wide, &dw, Narrow::signed(dev + 1))?;
+                row_sums(wide, &sq, cols)
+            }
+        };
+        split_sums(cx, wide, &sums, plan.coarse.frac)?
+    } else {
+        let dp = round_if(cx, d, plan.pre_shift)?;
+        let sq = cx.square_narrow(&dp, Narrow::signed(dev - plan.pre_shift + 2))?;
+        let sq = round_if(cx, &sq, plan.square_shift)?;
+        let coarse = row_sums(ring, &sq, cols);
+        let sq = cx.square_narrow(d, Narrow::signed(dev + 1))?;
+        (coarse, row_sums(ring, &sq, cols))
+    };
+    cx.add_public(&mut coarse, plan.coarse.eps_sum);
+    cx.add_public(&mut fine, plan.fine.eps_sum);
+    // use_fine = [switch − 1 − S_c ≥ 0]; r = r_c + use_fine·(r_f − r_c).
+    let mut diff: Vec<u64> = coarse.iter().map(|&v| ring.neg(v)).collect();
+    cx.add_public(&mut diff, plan.switch - 1);
+    let (r_c, r_f, use_fine) = layer_norm_rsqrts(cx, &plan, (&coarse, &fine), &diff)?;
+    let delta: Vec<u64> = r_f
+        .iter()
+        .zip(&r_c)
+        .map(|(&a, &b)| ring.sub(a, b))
+        .collect();
+    let pick = cx.mux(&use_fine, &delta)?;
+    let r: Vec<u64> = r_c
+        .iter()
+        .zip(&pick)
+        .map(|(&a, &b)| ring.add(a, b))
+        .collect();
+    let w = plan.out_frac;
+    let r_b: Vec<u64> = (0..d.len()).map(|i| r[i / cols]).collect();
+    // |d·r| < 2^(ℓ−2) by the choice of w, and the normalised value |d_i·r| ≤ √n·1.01
+    // (|d_i| ≤ √(Σd²), the rsqrt's error well below 1 %) is below 2^(f + normalised_bits).
+    let out = ax.fp.frac_bits() + normalised_bits(cols) + 1;
+    let out = out.min(ring.bits() - w);
+    let nrm = match &he {
+        Some(h) => h.mul_rows_trunc(cx, &r, w, out)?,
+        None => cx.mul_narrow_trunc(d, Narrow::signed(dev + 1), &r_b, w, out)?,
+    };
+    // |nrm·γ| < 2^(normalised_bits + GAMMA_BITS) in value.
+    let out = ax.fp.frac_bits() + normalised_bits(cols) + GAMMA_BITS + 2;
+    affine(
+        cx,
+        &nrm,
+        cols,
+        params,
+        out.min(ring.bits() - ax.fp.frac_bits()),
+    )
+}
+
+/// Refuses rows too long for their sum of squares to fit the ring.
+fn check_norm_row<C: Channel>(cx: &Ctx<C>, cols: usize, dev_bits: u32) -> Result<()> {
+    let max_cols = cx.ax.norm_max_row(dev_bits);
+    ensure!(
+        cols <= max_cols,
+        InvalidArgument,
+        "norm rows of {cols} exceed {max_cols} on |x| < 2^{dev_bits} (the sum of squares must fit the ring)"
+    );
+    Ok(())
 }
 
 /// `valid` (one row's column mask) repeated for every row of x.
@@ -579,16 +628,14 @@ fn normalised_bits(n: usize) -> u32 {
 /// least ℓ) where Σd² < 2^(W−2) is exact and can be truncated (on COTs every square's COT is
 /// W − j bits wide, so the narrowest ring is the cheapest). The fine sum is its low ℓ bits (the
 /// faithful path's value), the coarse one ⌊Σd² / 2^(2f − g_c)⌋ per row (1 ulp low at most; the
-/// faithful path rounds each d and d² instead, which is coarser).
-fn wide_ring(ring: veil_core::Ring, cols: usize, dev: u32) -> Result<veil_core::Ring> {
+/// faithful path rounds each d and d² instead, which is coarser). `None` when W would exceed 64.
+fn wide_ring(ring: veil_core::Ring, cols: usize, dev: u32) -> Result<Option<veil_core::Ring>> {
     let log_n = usize::BITS - (cols - 1).leading_zeros();
-    ensure!(
-        2 * dev + log_n <= 62,
-        InvalidArgument,
-        "rows of {cols} too long for a sum of squares in at most 64 bits"
-    );
+    if 2 * dev + log_n > 62 {
+        return Ok(None);
+    }
     // At least ℓ bits: the fine sum is the wide sum's low ℓ bits.
-    veil_core::Ring::new((2 * dev + log_n + 2).max(ring.bits()))
+    veil_core::Ring::new((2 * dev + log_n + 2).max(ring.bits())).map(Some)
 }
 
 /// (coarse, fine) from the wide sums of squares ([`wide_ring`]).

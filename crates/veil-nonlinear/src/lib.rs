@@ -14,7 +14,7 @@
 //!   [`Ctx::rsqrt_at`], [`Ctx::tanh`], [`Ctx::silu`] (the decoders' gated MLP);
 //! * the transformer's layers on tensors, row-wise over the last dimension: [`Ctx::gelu`],
 //!   [`Ctx::softmax`] (and [`Ctx::softmax_masked`], a mask per row: causal attention),
-//!   [`Ctx::layer_norm`] (the server's γ, β in [`AffineParams`]) and their
+//!   [`Ctx::layer_norm`] (the server's γ, β in [`AffineParams`]), [`Ctx::rms_norm`] (decoders) and their
 //!   friendly substitutes [`Ctx::relu_tensor`], [`Ctx::relu_normalise`], [`Ctx::centre_affine`].
 //!
 //! Operations on slices of raw shares are named after their function (`relu`, `mul`, `trunc`);

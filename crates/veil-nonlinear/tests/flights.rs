@@ -150,6 +150,10 @@ fn layer_operators_take_their_documented_flights() {
             let k = cx.ax.relu_bound_bits();
             cx.relu_tensor(x, Some(k))
         }),
+        layer_flights(8, 64, |cx, x, p| {
+            let dev = veil_core::approx::LAYER_NORM_DEV_BITS;
+            cx.rms_norm(x, p.map(|p| p.gamma), 1e-5, dev)
+        }),
         layer_flights(8, 64, |cx, x, _| {
             let y = cx.silu(x.data())?;
             RingTensor::from_vec(x.ring(), x.shape(), y)
@@ -161,7 +165,7 @@ fn layer_operators_take_their_documented_flights() {
         }),
     ];
     println!(
-        "relu_normalise softmax layer_norm centre_affine gelu relu silu silu-faithful: {got:?}"
+        "relu_normalise softmax layer_norm centre_affine gelu relu rms_norm silu silu-faithful: {got:?}"
     );
-    assert_eq!(got, [44, 108, 76, 8, 64, 11, 76, 152]);
+    assert_eq!(got, [44, 108, 76, 8, 64, 11, 72, 76, 152]);
 }

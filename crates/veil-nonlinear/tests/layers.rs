@@ -276,6 +276,64 @@ fn layer_norm_with_large_deviations_equals_simulator() {
     }
 }
 
+/// RMSNorm at the decoder's format (48, 13) on rows of 576 (SmolLM2's width) with |x| < 2^16:
+/// small, typical and massive rows and one outlier near the domain's edge, as the Llama family's
+/// residual streams have. Faithful: the simulator's integers exactly; 1-bit-error mode: within
+/// RMS_NORM_ERROR of f64 plus a few ulps (times |γ|).
+#[test]
+fn rms_norm_on_decoder_rows_equals_the_simulator() {
+    let a = Approx::new(veil_core::FixedPoint::new(48, 13).unwrap()).unwrap();
+    let (cols, dev_bits, eps) = (576, 16, 1e-5);
+    let mut prg = Prg::from_os_entropy();
+    let mut v = Vec::new();
+    for (scale, outlier) in [
+        (0.05, None),
+        (1.0, None),
+        (1000.0, None),
+        (30.0, Some(60_000.0)),
+    ] {
+        let mut row: Vec<f64> = (0..cols)
+            .map(|_| (prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * scale)
+            .collect();
+        if let Some(o) = outlier {
+            row[7] = o;
+        }
+        v.extend(row.iter().map(|&x| a.fp.encode(x)));
+    }
+    let rows = v.len() / cols;
+    let x = RingTensor::from_vec(a.fp.ring, &[rows, cols], v).unwrap();
+    let gamma: Vec<u64> = (0..cols)
+        .map(|_| a.fp.encode(prg.u64() as f64 / u64::MAX as f64 * 3.0))
+        .collect();
+    let sh = split(&x);
+    let out = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let g = (role == Role::Server).then_some(gamma.as_slice());
+        let exact = cx.rms_norm(pick(role, &sh), g, eps, dev_bits)?;
+        cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
+        let cheap = cx.rms_norm(pick(role, &sh), g, eps, dev_bits)?;
+        Ok((exact, cheap))
+    });
+    let exact = open((out.0 .0, out.1 .0));
+    let cheap = open((out.0 .1, out.1 .1));
+    let ulp = 1.0 / a.fp.scale();
+    let gq: Vec<f64> = gamma.iter().map(|&g| a.fp.decode(g)).collect();
+    let (ea, eb) = veil_core::approx::RMS_NORM_ERROR;
+    for (r, raw) in x.data().chunks(cols).enumerate() {
+        let sim = a.rms_norm_row(raw, &gamma, eps, dev_bits);
+        assert_eq!(&exact[r * cols..(r + 1) * cols], &sim[..], "row {r}");
+        let q: Vec<f64> = raw.iter().map(|&v| a.fp.decode(v)).collect();
+        let ones = vec![1.0; cols];
+        let nrm = veil_core::approx::decoder::reference::rms_norm(&q, &ones, eps);
+        for j in 0..cols {
+            let want = nrm[j] * gq[j];
+            let err = (a.fp.decode(cheap[r * cols + j]) - want).abs();
+            let bound = (ea + eb * nrm[j].abs()) * gq[j].abs() + 4.0 * ulp * (1.0 + gq[j].abs());
+            assert!(err <= bound, "row {r}, column {j}: error {err} > {bound}");
+        }
+    }
+}
+
 #[test]
 fn wrong_mask_or_weights_are_errors() {
     let a = ax();
@@ -285,7 +343,9 @@ fn wrong_mask_or_weights_are_errors() {
         let mut cx = Ctx::new(ot, ch, role, a);
         let e1 = cx.softmax(pick(role, &sh), &[true; 7]).is_err()
             && cx.softmax_masked(pick(role, &sh), &[true; 8]).is_err()
-            && (cx.relu_normalise_masked(pick(role, &sh), &[true; 17], None)).is_err();
+            && (cx.relu_normalise_masked(pick(role, &sh), &[true; 17], None)).is_err()
+            // 8 values of 2^20 do not square into a 41-bit ring.
+            && cx.rms_norm(pick(role, &sh), None, 1e-5, 20).is_err();
         let g = [0u64; 5];
         let p = AffineParams {
             gamma: &g,
