@@ -250,10 +250,22 @@ impl<C: Channel> Ctx<'_, C> {
         params: Option<&AffineParams>,
         eps: f64,
     ) -> Result<RingTensor> {
+        let dev_bits = veil_core::approx::LAYER_NORM_DEV_BITS;
+        self.layer_norm_at(x, params, eps, dev_bits)
+    }
+
+    /// [`Ctx::layer_norm`] for rows promised |x − mean| < 2^`dev_bits` (approx::layer_norm_row_at:
+    /// GPT-2's LayerNorm on a decoder's wide domain).
+    pub fn layer_norm_at(
+        &mut self,
+        x: &RingTensor,
+        params: Option<&AffineParams>,
+        eps: f64,
+        dev_bits: u32,
+    ) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter("LayerNorm");
         let cols = row_len(x)?;
-        let dev_bits = veil_core::approx::LAYER_NORM_DEV_BITS;
         check_norm_row(self, cols, dev_bits)?;
         let d = centre(self, x.data(), cols)?;
         let y = scale_rows(self, &d, cols, params, eps, dev_bits)?;

@@ -278,10 +278,10 @@ fn layer_norm_with_large_deviations_equals_simulator() {
 
 /// RMSNorm at the decoder's format (48, 13) on rows of 576 (SmolLM2's width) with |x| < 2^16:
 /// small, typical and massive rows and one outlier near the domain's edge, as the Llama family's
-/// residual streams have. Faithful: the simulator's integers exactly; 1-bit-error mode: within
-/// RMS_NORM_ERROR of f64 plus a few ulps (times |γ|).
+/// residual streams have. Faithful: the simulator's integers exactly (and LayerNorm on the same
+/// domain, GPT-2's); 1-bit-error mode: within RMS_NORM_ERROR of f64 plus a few ulps (times |γ|).
 #[test]
-fn rms_norm_on_decoder_rows_equals_the_simulator() {
+fn decoder_norms_on_wide_rows_equal_the_simulator() {
     let a = Approx::new(veil_core::FixedPoint::new(48, 13).unwrap()).unwrap();
     let (cols, dev_bits, eps) = (576, 16, 1e-5);
     let mut prg = Prg::from_os_entropy();
@@ -316,12 +316,28 @@ fn rms_norm_on_decoder_rows_equals_the_simulator() {
     });
     let exact = open((out.0 .0, out.1 .0));
     let cheap = open((out.0 .1, out.1 .1));
+    // GPT-2's LayerNorm on the same wide domain (centred, with β).
+    let beta: Vec<u64> = (0..cols).map(|j| a.fp.encode(j as f64 / 300.0)).collect();
+    let layer = open(run_mem(|ot, ch, role| {
+        let p = AffineParams {
+            gamma: &gamma,
+            beta: &beta,
+        };
+        let p = (role == Role::Server).then_some(&p);
+        Ctx::new(ot, ch, role, a).layer_norm_at(pick(role, &sh), p, eps, dev_bits)
+    }));
     let ulp = 1.0 / a.fp.scale();
     let gq: Vec<f64> = gamma.iter().map(|&g| a.fp.decode(g)).collect();
     let (ea, eb) = veil_core::approx::RMS_NORM_ERROR;
     for (r, raw) in x.data().chunks(cols).enumerate() {
         let sim = a.rms_norm_row(raw, &gamma, eps, dev_bits);
         assert_eq!(&exact[r * cols..(r + 1) * cols], &sim[..], "row {r}");
+        let sim = a.layer_norm_row_at(raw, &gamma, &beta, eps, dev_bits);
+        assert_eq!(
+            &layer[r * cols..(r + 1) * cols],
+            &sim[..],
+            "LayerNorm row {r}"
+        );
         let q: Vec<f64> = raw.iter().map(|&v| a.fp.decode(v)).collect();
         let ones = vec![1.0; cols];
         let nrm = veil_core::approx::decoder::reference::rms_norm(&q, &ones, eps);
