@@ -47,7 +47,7 @@ fn py_err(e: Error) -> PyErr {
         Error::InvalidArgument(_) => PyValueError::new_err(msg),
         Error::NotFound(_) => PyFileNotFoundError::new_err(msg),
         Error::TimedOut(_) => PyTimeoutError::new_err(msg),
-        Error::Disconnected => PyConnectionError::new_err(msg),
+        Error::Disconnected | Error::Unreachable(_) => PyConnectionError::new_err(msg),
         Error::Io(ref io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
             PyConnectionError::new_err(msg)
         }

@@ -32,6 +32,7 @@ use crate::sim::{matmul_signed, max_abs, BlockReport, Tracker};
 /// The decoder's fixed-point format: the ring and fraction, and the norms' input domain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecoderFormat {
+    /// The ring and fractional bits.
     pub fp: FixedPoint,
     /// Norm inputs (RMSNorm: x; LayerNorm: x − μ) are promised below 2^norm_dev_bits.
     pub norm_dev_bits: u32,
@@ -139,8 +140,11 @@ struct FixedBlock {
 /// The encoded decoder: what the server would hold in the private pass.
 #[derive(Clone, Debug)]
 pub struct FixedDecoder {
+    /// The fixed-point algorithms at the format's ring.
     pub approx: Approx,
+    /// The format the weights are encoded at.
     pub format: DecoderFormat,
+    /// The decoder's shape and family.
     pub config: DecoderConfig,
     /// [vocab, hidden] at f bits (the LM head too when tied).
     token_embedding: FixedLinear,
@@ -209,6 +213,7 @@ impl FixedDecoder {
         })
     }
 
+    /// The ring and fractional bits.
     pub fn fp(&self) -> FixedPoint {
         self.format.fp
     }
@@ -255,6 +260,7 @@ pub struct DecoderSim<'a> {
 }
 
 impl<'a> DecoderSim<'a> {
+    /// A generation session on `model` with an empty KV cache.
     pub fn new(model: &'a FixedDecoder) -> Self {
         let fp = model.fp();
         let n = model.config.layers;

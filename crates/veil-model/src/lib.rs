@@ -105,9 +105,35 @@ pub use variants::{
     ProductTruncation,
 };
 
-/// Turns a candle error into a Veil error with context (candle's message names the tensor).
-pub(crate) fn candle_context(
-    context: &str,
-) -> impl FnOnce(candle_core::Error) -> veil_core::Error + '_ {
-    move |e| veil_core::Error::Malformed(format!("{context}: {e}"))
+/// The one mapping of candle errors to Veil errors, used by every crate that runs candle
+/// (`.map_err(candle_error("what was being done"))`): the message is the context then candle's
+/// own (which names the tensor or shape). Errors candle raises while reading stored tensors (I/O,
+/// safetensors, a missing tensor or one of the wrong shape or dtype) blame the file
+/// ([`veil_core::Error::Malformed`]); any other is a failed computation
+/// ([`veil_core::Error::Other`]).
+pub fn candle_error(context: &str) -> impl FnOnce(candle_core::Error) -> veil_core::Error + '_ {
+    move |e| {
+        let message = format!("{context}: {e}");
+        match reads_stored_tensors(&e) {
+            true => veil_core::Error::Malformed(message),
+            false => veil_core::Error::Other(message),
+        }
+    }
+}
+
+/// Whether candle raised `e` while reading stored tensors, looking through its wrappers.
+fn reads_stored_tensors(e: &candle_core::Error) -> bool {
+    use candle_core::Error as E;
+    match e {
+        E::Io(_)
+        | E::SafeTensor(_)
+        | E::UnsupportedSafeTensorDtype(_)
+        | E::CannotFindTensor { .. }
+        | E::UnexpectedShape { .. }
+        | E::Npy(_)
+        | E::Zip(_)
+        | E::WithPath { .. } => true,
+        E::WithBacktrace { inner, .. } | E::Context { inner, .. } => reads_stored_tensors(inner),
+        _ => false,
+    }
 }

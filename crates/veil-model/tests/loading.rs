@@ -50,7 +50,13 @@ fn write_vocab(dir: &Path) {
 }
 
 fn tiny_config(arch: Architecture, head: HeadKind, labels: usize) -> ModelConfig {
-    ModelConfig::new(arch, WORDS.len(), 16, 2, 2, 32, 40, head, labels).unwrap()
+    ModelConfig::builder(arch)
+        .vocab(WORDS.len())
+        .positions(40)
+        .head(head)
+        .labels(labels)
+        .build()
+        .unwrap()
 }
 
 /// Writes a tiny random folder and returns it.

@@ -42,7 +42,7 @@
 //! Security: semi-honest; compositions of the primitives' protocols.
 
 use veil_core::approx::{GELU_CMP_BITS, GELU_COEF_FRAC};
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{ensure, CostClass, Result, RingTensor};
 use veil_net::Channel;
 
 use crate::ctx::Ctx;
@@ -78,7 +78,7 @@ impl<C: Channel> Ctx<'_, C> {
     /// same steps). Label "GELU". Flights at the default format: 64 (faithful truncations).
     pub fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("GELU");
+        let _g = self.ch.meter().enter(CostClass::Gelu);
         let ring = self.ring();
         let plan = self.ax.gelu_plan();
         let k = plan.ring;
@@ -162,7 +162,7 @@ impl<C: Channel> Ctx<'_, C> {
     /// Flights at the default format: 108 (1-bit-error mode).
     pub fn softmax(&mut self, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("Softmax");
+        let _g = self.ch.meter().enter(CostClass::Softmax);
         let ring = self.ring();
         let cols = row_len(x)?;
         let idx = valid_columns(valid, cols)?;
@@ -200,7 +200,7 @@ impl<C: Channel> Ctx<'_, C> {
         bound: Option<u32>,
     ) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("ReLU-normalise");
+        let _g = self.ch.meter().enter(CostClass::ReluNormalise);
         let ring = self.ring();
         let cols = row_len(x)?;
         let idx = valid_columns(valid, cols)?;
@@ -216,7 +216,7 @@ impl<C: Channel> Ctx<'_, C> {
         let nb = self.ax.norm_bits();
         let kr = veil_core::Ring::narrow(nb + 2)?;
         let r = {
-            let _g = self.ch.meter().enter("ReLU");
+            let _g = self.ch.meter().enter(CostClass::Relu);
             let pos = self.drelu(&sel, bound)?;
             let low: Vec<u64> = sel.iter().map(|&v| kr.reduce(v)).collect();
             self.mux_in(kr, &pos, &low)?
@@ -243,7 +243,7 @@ impl<C: Channel> Ctx<'_, C> {
         eps: f64,
     ) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("LayerNorm");
+        let _g = self.ch.meter().enter(CostClass::LayerNorm);
         let ring = self.ring();
         let cols = row_len(x)?;
         let max_cols = self.ax.layer_norm_max_row();
@@ -333,7 +333,7 @@ impl<C: Channel> Ctx<'_, C> {
         params: Option<&AffineParams>,
     ) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("Centre-affine");
+        let _g = self.ch.meter().enter(CostClass::CentreAffine);
         let cols = row_len(x)?;
         let d = centre(self, x.data(), cols)?;
         // No bound on (x − mean)·γ beyond the ring's head-room: the high part keeps ℓ − f bits.
@@ -397,7 +397,7 @@ fn max_rows<C: Channel>(
     idx: &[usize],
     bound: Option<u32>,
 ) -> Result<Vec<u64>> {
-    let _g = cx.ch.meter().enter("Max");
+    let _g = cx.ch.meter().enter(CostClass::Max);
     let rows = x.len() / cols;
     let mut cur: Vec<Vec<u64>> = (0..rows)
         .map(|r| idx.iter().map(|&j| x[r * cols + j]).collect())

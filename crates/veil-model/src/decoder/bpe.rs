@@ -39,6 +39,7 @@ impl PreSplit {
 /// One vocabulary entry that is matched whole before BPE (`<|im_start|>`, …).
 #[derive(Clone, Debug)]
 pub struct SpecialToken {
+    /// The token's text.
     pub content: String,
     /// Control tokens (`special`) vs user-defined ones.
     pub special: bool,
