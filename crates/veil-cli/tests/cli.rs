@@ -931,9 +931,9 @@ fn substitute_stops_resumes_and_takes_its_levers() {
 /// without a mode is refused with the reason.
 #[test]
 fn generate_prints_the_simulators_greedy_tokens() {
-    use veil_model::decode_sim::{DecoderFormat, FixedDecoder};
     use veil_model::decoder::{self, random::TinyShape, sample::SamplingParams};
-    use veil_model::generate::{generate, GenerateOptions};
+    use veil_model::{generate, GenerateOptions};
+    use veil_model::{DecoderFormat, FixedDecoder};
 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-llama");

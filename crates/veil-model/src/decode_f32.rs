@@ -260,12 +260,12 @@ fn map(x: &Matrix, f: impl Fn(f32) -> f32) -> Matrix {
 }
 
 /// x·σ(x).
-pub fn silu(x: f32) -> f32 {
+pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
 /// GELU, tanh form (GPT-2's "gelu_new").
-pub fn gelu_tanh(x: f32) -> f32 {
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
     let k = (2.0f32 / std::f32::consts::PI).sqrt();
     0.5 * x * (1.0 + (k * (x + veil_core::approx::GELU_CUBIC as f32 * x * x * x)).tanh())
 }

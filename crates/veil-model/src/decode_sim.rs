@@ -39,11 +39,11 @@ pub struct DecoderFormat {
 }
 
 /// ℓ of [`DecoderFormat::default`].
-pub const DECODER_RING_BITS: u32 = 48;
+pub(crate) const DECODER_RING_BITS: u32 = 48;
 /// f of [`DecoderFormat::default`] (the encoder's resolution).
-pub const DECODER_FRAC_BITS: u32 = 13;
+pub(crate) const DECODER_FRAC_BITS: u32 = 13;
 /// The norms' domain bits of [`DecoderFormat::default`]: 65,536, 2.6× SmolLM2's largest value.
-pub const DECODER_NORM_DEV_BITS: u32 = 16;
+pub(crate) const DECODER_NORM_DEV_BITS: u32 = 16;
 
 impl Default for DecoderFormat {
     fn default() -> Self {

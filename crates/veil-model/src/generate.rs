@@ -85,7 +85,7 @@ pub fn generate(
 }
 
 /// Largest minus second-largest logit (0 for fewer than two).
-pub fn top2_margin(logits: &[f32]) -> f32 {
+pub(crate) fn top2_margin(logits: &[f32]) -> f32 {
     let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
     for &v in logits {
         if v > a {

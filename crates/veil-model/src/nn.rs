@@ -144,7 +144,11 @@ impl Embeddings {
 
 /// Position ids: BERT counts from 0; RoBERTa/MPNet from pad+1 over real tokens, padding
 /// positions get pad (HF `create_position_ids_from_input_ids`).
-pub fn position_ids(config: &ModelConfig, mask: &[Vec<f32>], device: &Device) -> Result<Tensor> {
+pub(crate) fn position_ids(
+    config: &ModelConfig,
+    mask: &[Vec<f32>],
+    device: &Device,
+) -> Result<Tensor> {
     Tensor::new(position_id_rows(config, mask), device)
 }
 
@@ -567,7 +571,11 @@ impl Transformer {
 
 /// MPNet's (T5-style) bucketing of a relative position `key − query`: half the buckets for each
 /// direction, exact below `max_exact`, logarithmic up to `max_distance`.
-pub fn relative_position_bucket(relative: i64, num_buckets: usize, max_distance: i64) -> u32 {
+pub(crate) fn relative_position_bucket(
+    relative: i64,
+    num_buckets: usize,
+    max_distance: i64,
+) -> u32 {
     let half = (num_buckets / 2) as i64;
     let n = -relative;
     let mut ret = if n < 0 { half } else { 0 };

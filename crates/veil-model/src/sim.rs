@@ -211,27 +211,27 @@ pub struct BlockReport {
 }
 
 /// |x| up to which `approx::gelu` is accurate (`approx::GELU_DOMAIN`).
-pub fn gelu_domain(_fp: FixedPoint) -> f64 {
+pub(crate) fn gelu_domain(_fp: FixedPoint) -> f64 {
     veil_core::approx::GELU_DOMAIN
 }
 
 /// |x − mean| up to which `approx::layer_norm_row` is accurate (2^`approx::LAYER_NORM_DEV_BITS`).
 /// The ReLU-normalise row sums Σ ReLU(x) + ε the reciprocal is exact on: below 2^(norm_bits − f)
 /// (2048 at ℓ = 41, f = 13); the protocol equals `approx` only inside it.
-pub fn relu_normalise_domain(fp: FixedPoint) -> f64 {
+pub(crate) fn relu_normalise_domain(fp: FixedPoint) -> f64 {
     let bits = veil_core::approx::Approx::new(fp).map_or(0, |a| a.norm_bits());
     2f64.powi(bits as i32 - fp.frac_bits() as i32)
 }
 
 /// |x| below which the private ReLU (of the FFN and of ReLU-normalise) is exact
 /// (2^`approx::RELU_DOMAIN_BITS`).
-pub fn relu_domain(_fp: FixedPoint) -> f64 {
+pub(crate) fn relu_domain(_fp: FixedPoint) -> f64 {
     (1u64 << veil_core::approx::RELU_DOMAIN_BITS) as f64
 }
 
 /// |x − mean| below which the private LayerNorm is within its error bound
 /// (2^`approx::LAYER_NORM_DEV_BITS`).
-pub fn layer_norm_domain(_fp: FixedPoint) -> f64 {
+pub(crate) fn layer_norm_domain(_fp: FixedPoint) -> f64 {
     (1u64 << veil_core::approx::LAYER_NORM_DEV_BITS) as f64
 }
 
@@ -259,7 +259,7 @@ impl SimOutput {
 
 /// The encoder input in public-embedding mode: the f32 embedding output (after its LayerNorm)
 /// of one unpadded sequence, encoded at `fp`. All the client computes, from public tables only.
-pub fn public_embedding(
+pub(crate) fn public_embedding(
     config: &ModelConfig,
     tables: &Embeddings,
     ids: &[u32],

@@ -394,8 +394,8 @@ fn overlay_ships_the_trained_part_and_reassembles_with_the_base_tables() {
 #[test]
 fn client_bundle_holds_only_public_parts_and_embeds_like_the_full_model() {
     use veil_core::FixedPoint;
-    use veil_model::client::{save_bundle, ClientBundle, TABLES_FILE};
-    use veil_model::sim::FixedModel;
+    use veil_model::FixedModel;
+    use veil_model::{save_bundle, ClientBundle, TABLES_FILE};
     let fp = FixedPoint::default_format();
     for arch in [
         Architecture::Bert,
@@ -430,7 +430,7 @@ fn client_bundle_holds_only_public_parts_and_embeds_like_the_full_model() {
 
 #[test]
 fn client_bundle_refuses_private_tables_and_weights() {
-    use veil_model::client::{save_bundle, ClientBundle, TABLES_FILE};
+    use veil_model::{save_bundle, ClientBundle, TABLES_FILE};
     let cfg = tiny_config(Architecture::Bert, HeadKind::Pooler, 2);
     let src = tiny_folder("bundle-bad-src", &cfg);
     // A folder with weights is not a bundle.

@@ -4,7 +4,7 @@
 use candle_core::Device;
 use veil_core::FixedPoint;
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{
     Activation, Architecture, AttentionNorm, Batch, BlockVariant, EmbeddingMode, HeadKind,
     LayerNormKind, ModelConfig,

@@ -13,7 +13,7 @@ use veil_core::{CostClass, RingTensor};
 use veil_core::{FixedPoint, Prg, Result};
 use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::random::{random_transformer, Preset};
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{Activation, BlockVariant, ModelConfig};
 use veil_net::{
     run_two_party_on, run_two_party_tcp, run_two_party_tls, shaped_pair, Channel, NetworkModel,

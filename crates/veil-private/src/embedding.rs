@@ -26,7 +26,7 @@ use veil_core::approx::Approx;
 use veil_core::{ensure, CostClass, Error, Result, RingTensor};
 use veil_linear::lookup::{lookup_client, lookup_server, LookupShape, CANDIDATES};
 use veil_linear::{ClientSession, LookupMethod, PreparedLookup, ServerSession};
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, Role};
 use veil_nonlinear::{AffineParams, Ctx, OtSession};
@@ -83,7 +83,7 @@ pub fn lookup_shape(cfg: &ModelConfig, seq: usize) -> LookupShape {
 
 /// Position ids of an all-real sequence of `seq` tokens.
 fn position_ids(cfg: &ModelConfig, seq: usize) -> Vec<usize> {
-    veil_model::nn::position_id_rows(cfg, &[vec![1.0; seq]])[0]
+    veil_model::position_id_rows(cfg, &[vec![1.0; seq]])[0]
         .iter()
         .map(|&p| p as usize)
         .collect()

@@ -7,7 +7,7 @@
 use veil_core::{CostClass, Error, FixedPoint, RingTensor};
 use veil_linear::LookupMethod;
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{
     Activation, Architecture, BlockVariant, EmbeddingMode, ModelConfig, ProductTruncation,
 };

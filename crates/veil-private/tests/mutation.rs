@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 use veil_core::{FixedPoint, RingTensor};
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{BlockVariant, ModelConfig};
 use veil_net::{run_two_party, Recording, Replay};
 use veil_private::protocol::{

@@ -10,7 +10,7 @@ use veil_core::wire::Writer;
 use veil_core::{CostClass, FixedPoint, RingTensor};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{
     Activation, Architecture, BlockVariant, HeadKind, ModelConfig, ProductTruncation,
 };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use veil_core::{CostClass, FixedPoint, RingTensor};
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{
     Activation, Architecture, BlockVariant, HeadKind, ModelConfig, ProductTruncation,
 };

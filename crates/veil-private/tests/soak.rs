@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use veil_core::{Error, FixedPoint};
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{BlockVariant, ModelConfig, ProductTruncation};
 use veil_net::{Channel, ClientTls, Fingerprint, Identity, ServerPin, ServerTls};
 use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};

@@ -5,7 +5,7 @@
 
 use candle_core::Device;
 use veil_core::{ensure, FixedPoint, Result};
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::Transformer;
 
 use crate::batch::EncodedExample;

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
-use veil_model::config::Architecture;
+use veil_model::Architecture;
 use veil_model::{folder, random, ModelConfig};
 use veil_train::transformer::{Freeze, TrainableTransformer};
 use veil_train::workflow::{labelled_examples, TrainingRecord, RECORD_FILE};

@@ -15,12 +15,19 @@ pub enum DecoderFamily {
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     /// Positions divided by `factor` (HF `"linear"`).
-    Linear { factor: f64 },
+    Linear {
+        /// How much longer the context is than the trained one.
+        factor: f64,
+    },
     /// Llama 3.1's band-wise frequency scaling (HF `"llama3"`).
     Llama3 {
+        /// How much longer the context is than the trained one.
         factor: f64,
+        /// Wavelengths above original / this are scaled by `factor`.
         low_freq_factor: f64,
+        /// Wavelengths below original / this are kept.
         high_freq_factor: f64,
+        /// The context length the model was trained for.
         original_max_position_embeddings: usize,
     },
 }
