@@ -65,6 +65,17 @@ pub enum CostClass {
 }
 
 impl CostClass {
+    /// Every class, in declaration order.
+    #[rustfmt::skip]
+    pub const ALL: [CostClass; 24] = {
+        use CostClass::*;
+        [
+            Setup, HeSetup, Embedding, MatMul, Truncation, Extension, Softmax, ReluNormalise, Gelu,
+            Relu, LayerNorm, Centring, CentreAffine, Head, Max, Exp, Recip, Rsqrt, Tanh, Compare,
+            DRelu, Mul, OtRefill, Unlabelled,
+        ]
+    };
+
     /// The class's name in reports, JSON keys and docs.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -122,44 +133,21 @@ mod tests {
 
     #[test]
     fn names_are_distinct_and_order_follows_them() {
-        use CostClass::*;
-        let all = [
-            Setup,
-            HeSetup,
-            Embedding,
-            MatMul,
-            Truncation,
-            Extension,
-            Softmax,
-            ReluNormalise,
-            Gelu,
-            Relu,
-            LayerNorm,
-            Centring,
-            CentreAffine,
-            Head,
-            Max,
-            Exp,
-            Recip,
-            Rsqrt,
-            Tanh,
-            Compare,
-            DRelu,
-            Mul,
-            OtRefill,
-            Unlabelled,
-        ];
-        let mut by_class = all.to_vec();
+        let mut by_class = CostClass::ALL.to_vec();
         by_class.sort();
-        let mut by_name: Vec<&str> = all.iter().map(|c| c.as_str()).collect();
+        let mut by_name: Vec<&str> = CostClass::ALL.iter().map(|c| c.as_str()).collect();
         by_name.sort();
         by_name.dedup();
-        assert_eq!(by_name.len(), all.len(), "two classes share a name");
+        assert_eq!(
+            by_name.len(),
+            CostClass::ALL.len(),
+            "two classes share a name"
+        );
         assert_eq!(
             by_class.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
             by_name
         );
-        assert_eq!(format!("[{:<8}]", Gelu), "[GELU    ]");
-        assert_eq!(OtRefill.to_string(), "OT refill");
+        assert_eq!(format!("[{:<8}]", CostClass::Gelu), "[GELU    ]");
+        assert_eq!(CostClass::OtRefill.to_string(), "OT refill");
     }
 }
