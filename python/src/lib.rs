@@ -47,7 +47,7 @@ fn py_err(e: Error) -> PyErr {
         Error::InvalidArgument(_) => PyValueError::new_err(msg),
         Error::NotFound(_) => PyFileNotFoundError::new_err(msg),
         Error::TimedOut(_) => PyTimeoutError::new_err(msg),
-        Error::Disconnected => PyConnectionError::new_err(msg),
+        Error::Disconnected | Error::Unreachable(_) => PyConnectionError::new_err(msg),
         Error::Io(ref io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
             PyConnectionError::new_err(msg)
         }
@@ -411,7 +411,7 @@ fn export_client(py: Python<'_>, model: PathBuf, out_dir: PathBuf) -> PyResult<(
     let model = spec(&model)?.to_string();
     py.detach(move || {
         let m = veil_model::source::load(&model)?;
-        veil_model::client::save_bundle(&m, &out_dir)
+        veil_model::save_bundle(&m, &out_dir)
     })
     .map_err(py_err)
 }
@@ -439,7 +439,7 @@ fn simulate<'py>(py: Python<'py>, model: PathBuf, prompts: Vec<Prompt>) -> PyRes
             let m = veil_model::source::load(&model)?;
             let client = ClientModel::from_model(&m)?;
             let fp = FixedPoint::default_format();
-            let fixed = veil_model::sim::FixedModel::encode(&m.transformer, fp)?;
+            let fixed = veil_model::FixedModel::encode(&m.transformer, fp)?;
             prompts
                 .iter()
                 .map(|p| {

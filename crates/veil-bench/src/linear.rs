@@ -8,7 +8,7 @@ use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use veil_core::{reconstruct, share, Prg, Result, Ring, RingTensor};
+use veil_core::{reconstruct, share, CostClass, Prg, Result, Ring, RingTensor};
 use veil_he::ParamSet;
 use veil_net::{run_two_party_tcp, Channel, Role};
 
@@ -20,8 +20,8 @@ use veil_linear::{
     ServerSession,
 };
 
-const LABEL: &str = "MatMul";
-const SETUP: &str = "HE setup";
+const LABEL: CostClass = CostClass::MatMul;
+const SETUP: CostClass = CostClass::HeSetup;
 
 /// Fixed-point weights like a trained BERT's: ≈ N(0, 0.05²) at f = 13 (sum of uniforms).
 fn model_weights(ring: Ring, shape: &[usize], prg: &mut Prg) -> Result<RingTensor> {
@@ -60,7 +60,7 @@ fn setup_metered<C: Channel + ?Sized, S>(
     let stats = ch
         .meter()
         .snapshot()
-        .get(SETUP)
+        .get(&SETUP)
         .cloned()
         .unwrap_or_default();
     ch.meter().reset();
@@ -69,7 +69,7 @@ fn setup_metered<C: Channel + ?Sized, S>(
 
 fn measure<C: Channel + ?Sized>(ch: &C, online_s: f64, su: &veil_net::LabelStats) -> Measured {
     let snap = ch.meter().snapshot();
-    let on = snap.get(LABEL).cloned().unwrap_or_default();
+    let on = snap.get(&LABEL).cloned().unwrap_or_default();
     Measured {
         time_s: online_s,
         c2s: on.client_to_server(Role::Client),

@@ -56,7 +56,7 @@ struct Measured {
     seconds: f64,
     stats: LabelStats,
     /// Per innermost label.
-    labels: std::collections::BTreeMap<String, LabelStats>,
+    labels: std::collections::BTreeMap<veil_core::CostClass, LabelStats>,
     /// COTs consumed (sending + receiving), valid when no pool refill happened during the run.
     cots: usize,
 }
@@ -171,7 +171,7 @@ fn measure_in(
         .iter()
         .map(|(k, v)| {
             let bits = (v.bytes_sent + v.bytes_received) as f64 * 8.0 / n as f64;
-            (k.clone(), json!((bits * 10.0).round() / 10.0))
+            (k.to_string(), json!((bits * 10.0).round() / 10.0))
         })
         .collect();
     let (online, cots) = online_cost(slice, op, he)?;

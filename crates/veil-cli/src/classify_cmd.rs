@@ -3,7 +3,7 @@
 
 use veil_core::Result;
 use veil_model::source::ModelSource;
-use veil_model::tokenize::Encoded;
+use veil_model::Encoded;
 use veil_net::Channel;
 use veil_private::{Ahead, Classification, Client, ClientModel, PromptOptions};
 

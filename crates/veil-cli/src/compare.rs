@@ -2,7 +2,7 @@
 //! simulation and its private run (`veil_private::InProcess`) side by side: the f32 output in
 //! f64 and the largest difference between two outputs.
 
-use veil_core::{Error, Result};
+use veil_core::Result;
 use veil_model::Model;
 
 /// The f32 model's logits (or pooled vector when it has no classifier), widened to f64 so it
@@ -11,7 +11,7 @@ pub fn f32_output(model: &Model, ids: &[u32], type_ids: &[u32]) -> Result<Vec<f6
     Ok(model
         .transformer
         .output_f32(ids, type_ids)
-        .map_err(|e| Error::Other(format!("candle: {e}")))?
+        .map_err(veil_model::candle_error("f32 forward pass"))?
         .into_iter()
         .map(f64::from)
         .collect())

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use veil_core::Result;
 use veil_model::source::{ModelSource, Task};
-use veil_model::tokenize::Encoded;
+use veil_model::Encoded;
 use veil_model::Inputs;
 use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use clap::Args;
 use veil_core::{ensure, Error, FixedPoint, Result};
-use veil_model::sim::FixedModel;
 use veil_model::source::ModelSource;
+use veil_model::FixedModel;
 use veil_private::{ClientModel, InProcess, Input, PromptOptions};
 
 use crate::compare::{f32_output, max_abs_difference};

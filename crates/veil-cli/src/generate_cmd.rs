@@ -9,11 +9,11 @@ use std::time::Instant;
 use clap::Args;
 use serde::Serialize;
 use veil_core::{Error, Result};
-use veil_model::decode_f32::F32Model;
-use veil_model::decode_sim::{DecoderFormat, FixedDecoder};
 use veil_model::decoder::sample::SamplingParams;
 use veil_model::decoder::{self, ChatMessage, DecoderModel};
-use veil_model::generate::{generate, GenerateOptions, GeneratedToken, NextLogits};
+use veil_model::F32Model;
+use veil_model::{generate, GenerateOptions, GeneratedToken, NextLogits};
+use veil_model::{DecoderFormat, FixedDecoder};
 
 #[derive(Args)]
 pub struct GenerateArgs {

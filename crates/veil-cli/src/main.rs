@@ -505,7 +505,7 @@ fn run(cli: Cli) -> Result<()> {
         ),
         Cmd::ExportClient { model, out } => {
             let m = veil_model::source::load(&model)?;
-            veil_model::client::save_bundle(&m, &out)?;
+            veil_model::save_bundle(&m, &out)?;
             eprintln!(
                 "veil export-client: wrote {} (config, tokenizer{})",
                 out.display(),

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use veil_core::{bail, ensure, Error, Result};
-use veil_model::tokenize::Encoded;
+use veil_model::Encoded;
 use veil_model::Inputs;
 use veil_private::{ClientModel, Input, PromptOptions};
 

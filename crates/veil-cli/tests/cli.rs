@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use veil_model::{folder, random, Architecture, HeadKind, ModelConfig};
+use veil_model::{folder, random, Architecture, ModelConfig};
 
 const WORDS: [&str; 11] = [
     "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "good", "great", "bad", "awful", "the", "film",
@@ -14,18 +14,12 @@ const WORDS: [&str; 11] = [
 
 /// A one-block random BERT with `labels` classifier outputs (0: none) and the WORDS vocabulary.
 fn tiny_folder(dir: &Path, labels: usize, seed: u8) {
-    let cfg = ModelConfig::new(
-        Architecture::Bert,
-        WORDS.len(),
-        16,
-        1,
-        2,
-        32,
-        16,
-        HeadKind::Pooler,
-        labels,
-    )
-    .unwrap();
+    let cfg = ModelConfig::builder(Architecture::Bert)
+        .vocab(WORDS.len())
+        .layers(1)
+        .labels(labels)
+        .build()
+        .unwrap();
     let model = random::random_transformer_with_std(&cfg, [seed; 16], 0.1).unwrap();
     folder::save(dir, &model, None).unwrap();
     std::fs::write(dir.join("vocab.txt"), WORDS.join("\n")).unwrap();
@@ -937,9 +931,9 @@ fn substitute_stops_resumes_and_takes_its_levers() {
 /// without a mode is refused with the reason.
 #[test]
 fn generate_prints_the_simulators_greedy_tokens() {
-    use veil_model::decode_sim::{DecoderFormat, FixedDecoder};
     use veil_model::decoder::{self, random::TinyShape, sample::SamplingParams};
-    use veil_model::generate::{generate, GenerateOptions};
+    use veil_model::{generate, GenerateOptions};
+    use veil_model::{DecoderFormat, FixedDecoder};
 
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-llama");

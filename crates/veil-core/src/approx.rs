@@ -38,6 +38,7 @@
 
 use crate::{ensure, FixedPoint, Result, Ring};
 
+/// SiLU and RMSNorm, the decoders' additions (their error bounds are re-exported here).
 pub mod decoder;
 pub use decoder::{RMS_NORM_ERROR, SILU_MAX_ERROR};
 
@@ -49,6 +50,7 @@ pub const EXP_SQUARINGS: u32 = 5;
 /// instead of Taylor's 1/2 balances the error left after the 2^5-th power (1.79 vs 2.48 ulp),
 /// and 31·t² still fits the truncation head-room (needs ℓ ≥ 2f + 15).
 pub const EXP_QUAD_NUM: u64 = 31;
+/// The power of two under [`EXP_QUAD_NUM`]: the quadratic's coefficient is a shift, not a division.
 pub const EXP_QUAD_SHIFT: u32 = 6;
 /// Reciprocal and rsqrt iterate at f + RECIP_EXTRA_BITS fractional bits.
 pub const RECIP_EXTRA_BITS: u32 = 2;
@@ -94,6 +96,7 @@ pub const GELU_COEF_FRAC: u32 = 22;
 /// narrow ring except `tail` (full ring).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GeluPlan {
+    /// The narrow ring (2^GELU_RING_BITS) the polynomials run in, cheaper than the full one.
     pub ring: Ring,
     /// A = GELU_TAIL at f bits.
     pub tail: u64,
@@ -128,6 +131,7 @@ pub fn drelu_bounded(ring: Ring, x: u64, k: u32) -> bool {
 /// The fixed-point format plus the derived parameters every function needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Approx {
+    /// The ring and fractional bits every input and output is encoded at.
     pub fp: FixedPoint,
     /// Fractional bits inside exp: f + EXP_SQUARINGS.
     exp_frac: u32,
@@ -844,6 +848,7 @@ pub fn layer_norm_error_bound(var_plus_eps: f64) -> f64 {
 /// Public parameters of LayerNorm on rows of n values (depend on n, ε and the format only).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LayerNormPlan {
+    /// The row length the plan is for (the mean divides by it).
     pub n: usize,
     /// k: deviations are rounded to f − k fractional bits before the coarse squares.
     pub pre_shift: u32,
@@ -853,7 +858,9 @@ pub struct LayerNormPlan {
     pub out_frac: u32,
     /// The fine sum is used when the coarse sum is below this raw value.
     pub switch: u64,
+    /// The sum of squares of the coarsely rounded deviations (any row in the domain).
     pub coarse: SumPlan,
+    /// The sum at full precision, for rows whose coarse sum is too small to be accurate.
     pub fine: SumPlan,
 }
 
@@ -864,8 +871,9 @@ pub struct SumPlan {
     pub frac: u32,
     /// round(n·ε·2^g), at least 1: added to S.
     pub eps_sum: u64,
-    /// Class range of S for the normalisation.
+    /// Lowest class of S for the normalisation.
     pub class_min: u32,
+    /// Highest class of S (the range bounds the comparisons that find the class).
     pub class_max: u32,
     /// c: truncation after y·A_e.
     pub scale_shift: u32,
@@ -874,6 +882,7 @@ pub struct SumPlan {
 /// The real-valued functions the fixed-point algorithms approximate (test oracles for the
 /// protocols and the simulator).
 pub mod reference {
+    /// max(x, 0).
     pub fn relu(x: f64) -> f64 {
         x.max(0.0)
     }
@@ -914,6 +923,7 @@ pub mod reference {
         r.iter().map(|&v| v / s).collect()
     }
 
+    /// (x − mean)/√(var + ε)·γ + β over the row.
     pub fn layer_norm(row: &[f64], gamma: &[f64], beta: &[f64], eps: f64) -> Vec<f64> {
         let n = row.len() as f64;
         let mu = row.iter().sum::<f64>() / n;
@@ -925,6 +935,7 @@ pub mod reference {
             .collect()
     }
 
+    /// (x − mean)·γ + β: the centring substitute for LayerNorm.
     pub fn centre_affine(row: &[f64], gamma: &[f64], beta: &[f64]) -> Vec<f64> {
         let mu = row.iter().sum::<f64>() / row.len() as f64;
         row.iter()

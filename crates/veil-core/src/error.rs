@@ -13,8 +13,11 @@ pub enum Error {
     Malformed(String),
     /// A message exceeds its size limit.
     TooLarge {
+        /// What was too large (a message kind).
         what: &'static str,
+        /// Its length in bytes.
         len: usize,
+        /// The limit it exceeded.
         max: usize,
     },
     /// The peer closed the connection.
@@ -34,8 +37,12 @@ pub enum Error {
     /// The peer declined a request it is not obliged to grant (a session over its limits, a
     /// preprocessing over its budget); the message is its reason.
     Refused(String),
+    /// A remote resource (the package registry) could not be reached: the one failure tests may
+    /// count as a missing resource rather than a fault.
+    Unreachable(String),
 }
 
+/// `Result` with Veil's [`Error`], the return type of every fallible Veil function.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl fmt::Display for Error {
@@ -54,6 +61,7 @@ impl fmt::Display for Error {
             Error::TimedOut(m) => write!(f, "timed out: {m}"),
             Error::NotFound(m) => write!(f, "not found: {m}"),
             Error::Refused(m) => write!(f, "{m}"),
+            Error::Unreachable(m) => write!(f, "unreachable: {m}"),
         }
     }
 }

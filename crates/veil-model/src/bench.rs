@@ -29,12 +29,12 @@ fn measure(name: &str, model: &Transformer, seq_len: usize, runs: usize) -> Resu
     let ids: Vec<u32> = (0..seq_len as u32).map(|i| 1000 + i * 37 % 5000).collect();
     let types = vec![0u32; seq_len];
     let batch = Batch::single(&ids, &types, &Device::Cpu)
-        .map_err(crate::candle_context("benchmark batch"))?;
+        .map_err(crate::candle_error("benchmark batch"))?;
     let f32_ms = median_ms(runs, || {
         model
             .forward(&batch)
             .map(|_| ())
-            .map_err(crate::candle_context("benchmark forward"))
+            .map_err(crate::candle_error("benchmark forward"))
     })?;
     let fixed = FixedModel::encode(model, FixedPoint::default_format())?;
     let mut last = None;

@@ -13,7 +13,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
 
-use crate::candle_context;
+use crate::candle_error;
 use crate::config::ModelConfig;
 use crate::folder::{has_weights, load_config, load_tokenizer, Model, PUBLIC_PREFIX};
 use crate::nn::Embeddings;
@@ -26,7 +26,9 @@ pub const TABLES_FILE: &str = "public.safetensors";
 
 /// A loaded client bundle.
 pub struct ClientBundle {
+    /// The model's shape and operators, as the server's must match.
     pub config: ModelConfig,
+    /// The tokenizer the client encodes prompts with.
     pub tokenizer: TextTokenizer,
     /// The public tables (public-embedding mode only).
     tables: Option<Embeddings>,
@@ -50,7 +52,7 @@ pub fn save_bundle(model: &Model, dir: &Path) -> Result<()> {
             .map(|(name, t)| (name.clone(), t.clone()))
             .collect();
         candle_core::safetensors::save(&tables, dir.join(TABLES_FILE))
-            .map_err(candle_context("writing the public tables"))?;
+            .map_err(candle_error("writing the public tables"))?;
     }
     Ok(())
 }
@@ -82,7 +84,7 @@ impl ClientBundle {
                 let vb = VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu);
                 Some(
                     Embeddings::new(&config, vb.pp("embeddings"))
-                        .map_err(candle_context(&format!("{}", path.display())))?,
+                        .map_err(candle_error(&format!("{}", path.display())))?,
                 )
             }
         };

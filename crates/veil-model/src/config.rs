@@ -16,13 +16,16 @@ use veil_core::{bail, ensure, Result};
 /// The encoder families Veil runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Architecture {
+    /// BERT: absolute positions from 0, two token types.
     Bert,
+    /// RoBERTa: BERT blocks, positions numbered after the padding id.
     Roberta,
     /// MPNet: BERT blocks with a shared relative-position bias and no token types.
     MpNet,
 }
 
 impl Architecture {
+    /// The `model_type` of `config.json` that names it.
     pub fn model_type(self) -> &'static str {
         match self {
             Architecture::Bert => "bert",
@@ -57,11 +60,13 @@ impl Architecture {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VeilSettings {
+    /// Whether the embedding layer runs in the clear on the client or inside the protocol.
     #[serde(default)]
     pub embedding: EmbeddingMode,
     /// Truncation after products in the private pass (not a property of the weights).
     #[serde(default)]
     pub product_truncation: ProductTruncation,
+    /// What turns the last hidden states into the output.
     pub head: HeadKind,
     /// Output width of the classifier on top of the head; 0 = no classifier (the pooled vector
     /// is the output, as for sentence embeddings).
@@ -77,70 +82,49 @@ pub struct VeilSettings {
 /// Everything the forward pass needs to know about a model's shape and operators.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
+    /// The encoder family (`model_type`).
     pub architecture: Architecture,
+    /// Token ids are below this.
     pub vocab_size: usize,
+    /// The width of every hidden state.
     pub hidden_size: usize,
+    /// The number of encoder blocks.
     pub num_layers: usize,
+    /// Attention heads per block (they divide the width).
     pub num_heads: usize,
+    /// The width of each block's feed-forward layer.
     pub intermediate_size: usize,
+    /// The longest input the position table covers.
     pub max_position_embeddings: usize,
     /// 0 for MPNet (no token-type embedding).
     pub type_vocab_size: usize,
+    /// The ε every LayerNorm adds to the variance.
     pub layer_norm_eps: f64,
+    /// The padding token (RoBERTa and MPNet number positions after it).
     pub pad_token_id: u32,
     /// MPNet only: number of relative-position buckets (HF default 32).
     pub relative_attention_num_buckets: usize,
     /// The activation named by HF `hidden_act` (the per-block choice is in `veil.blocks`).
     pub hidden_act: Activation,
+    /// Veil's own settings (the `"veil"` object).
     pub veil: VeilSettings,
 }
 
 impl ModelConfig {
-    /// A config with the original operators in every block and the given head.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        architecture: Architecture,
-        vocab_size: usize,
-        hidden_size: usize,
-        num_layers: usize,
-        num_heads: usize,
-        intermediate_size: usize,
-        max_position_embeddings: usize,
-        head: HeadKind,
-        num_labels: usize,
-    ) -> Result<Self> {
-        let cfg = ModelConfig {
+    /// A builder for a config with the original operators in every block, starting from the
+    /// tiny shape of the tests and examples ([`ConfigBuilder`]); set every field that differs.
+    pub fn builder(architecture: Architecture) -> ConfigBuilder {
+        ConfigBuilder {
             architecture,
-            vocab_size,
-            hidden_size,
-            num_layers,
-            num_heads,
-            intermediate_size,
-            max_position_embeddings,
-            type_vocab_size: if architecture == Architecture::MpNet {
-                0
-            } else {
-                2
-            },
-            layer_norm_eps: 1e-12,
-            pad_token_id: if architecture == Architecture::Bert {
-                0
-            } else {
-                1
-            },
-            relative_attention_num_buckets: 32,
-            hidden_act: Activation::Gelu,
-            veil: VeilSettings {
-                embedding: EmbeddingMode::Public,
-                product_truncation: ProductTruncation::default(),
-                head,
-                num_labels,
-                blocks: vec![BlockVariant::exact(Activation::Gelu); num_layers],
-                inputs: None,
-            },
-        };
-        cfg.validate()?;
-        Ok(cfg)
+            vocab_size: 50,
+            hidden_size: 16,
+            num_layers: 2,
+            num_heads: 2,
+            intermediate_size: 32,
+            max_position_embeddings: 16,
+            head: HeadKind::Pooler,
+            num_labels: 2,
+        }
     }
 
     /// The config as a server announces it and a client compares it: what both parties compute
@@ -152,6 +136,7 @@ impl ModelConfig {
         c
     }
 
+    /// The width of one attention head.
     pub fn head_dim(&self) -> usize {
         self.hidden_size / self.num_heads
     }
@@ -421,5 +406,107 @@ fn opt_f64(o: &Map<String, Value>, k: &str) -> Result<Option<f64>> {
             Some(x) => Ok(Some(x)),
             None => bail!(Malformed, "config.json: field {k:?} is not a number: {v}"),
         },
+    }
+}
+/// Named shape fields instead of nine positional arguments: `ModelConfig::builder(arch)` starts
+/// at vocabulary 50, width 16, 2 blocks of 2 heads, FFN 32, 16 positions and a pooler head with 2
+/// labels (a model that runs in milliseconds); presets and tests set what differs.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct ConfigBuilder {
+    architecture: Architecture,
+    vocab_size: usize,
+    hidden_size: usize,
+    num_layers: usize,
+    num_heads: usize,
+    intermediate_size: usize,
+    max_position_embeddings: usize,
+    head: HeadKind,
+    num_labels: usize,
+}
+
+impl ConfigBuilder {
+    /// The vocabulary size.
+    pub fn vocab(mut self, n: usize) -> Self {
+        self.vocab_size = n;
+        self
+    }
+
+    /// The hidden width.
+    pub fn hidden(mut self, n: usize) -> Self {
+        self.hidden_size = n;
+        self
+    }
+
+    /// The number of encoder blocks.
+    pub fn layers(mut self, n: usize) -> Self {
+        self.num_layers = n;
+        self
+    }
+
+    /// The number of attention heads (a divisor of the width).
+    pub fn heads(mut self, n: usize) -> Self {
+        self.num_heads = n;
+        self
+    }
+
+    /// The feed-forward layer's width.
+    pub fn ffn(mut self, n: usize) -> Self {
+        self.intermediate_size = n;
+        self
+    }
+
+    /// The longest input, in tokens.
+    pub fn positions(mut self, n: usize) -> Self {
+        self.max_position_embeddings = n;
+        self
+    }
+
+    /// The head on top of the encoder.
+    pub fn head(mut self, head: HeadKind) -> Self {
+        self.head = head;
+        self
+    }
+
+    /// The classifier's outputs; 0 for none.
+    pub fn labels(mut self, n: usize) -> Self {
+        self.num_labels = n;
+        self
+    }
+
+    /// The config, checked as a loaded one is ([`ModelConfig::validate`]).
+    pub fn build(self) -> Result<ModelConfig> {
+        let cfg = ModelConfig {
+            architecture: self.architecture,
+            vocab_size: self.vocab_size,
+            hidden_size: self.hidden_size,
+            num_layers: self.num_layers,
+            num_heads: self.num_heads,
+            intermediate_size: self.intermediate_size,
+            max_position_embeddings: self.max_position_embeddings,
+            type_vocab_size: if self.architecture == Architecture::MpNet {
+                0
+            } else {
+                2
+            },
+            layer_norm_eps: 1e-12,
+            pad_token_id: if self.architecture == Architecture::Bert {
+                0
+            } else {
+                1
+            },
+            relative_attention_num_buckets: 32,
+            hidden_act: Activation::Gelu,
+            veil: VeilSettings {
+                embedding: EmbeddingMode::Public,
+                product_truncation: ProductTruncation::default(),
+                head: self.head,
+                num_labels: self.num_labels,
+                blocks: vec![BlockVariant::exact(Activation::Gelu); self.num_layers],
+                inputs: None,
+            },
+        };
+        cfg.validate()?;
+        Ok(cfg)
     }
 }

@@ -49,21 +49,27 @@ pub fn shared_dataset(name: &str) -> Result<PathBuf> {
 pub struct Example {
     /// 1-based line of the file the example starts on (for error messages).
     pub line: u64,
+    /// The sentence (the first of a pair).
     pub text_a: String,
     /// Second sentence of a pair task (MRPC, QNLI), `None` for single-sentence tasks.
     pub text_b: Option<String>,
+    /// The label as the file spells it.
     pub label: String,
 }
 
 /// Which columns of a delimited file hold the text(s) and the label.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Columns {
+    /// The column of the sentence (the first of a pair).
     pub text_a: String,
+    /// The column of the second sentence, for pair tasks.
     pub text_b: Option<String>,
+    /// The column of the label.
     pub label: String,
 }
 
 impl Columns {
+    /// A single-sentence task's columns.
     pub fn single(text: &str, label: &str) -> Self {
         Columns {
             text_a: text.into(),
@@ -72,6 +78,7 @@ impl Columns {
         }
     }
 
+    /// A sentence-pair task's columns.
     pub fn pair(text_a: &str, text_b: &str, label: &str) -> Self {
         Columns {
             text_a: text_a.into(),
@@ -254,6 +261,7 @@ fn parse_delimited(
 /// The class names, index = class id. Built from the training data and stored with the model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabelSet {
+    /// The name of each class, by id.
     pub names: Vec<String>,
 }
 
@@ -284,10 +292,12 @@ impl LabelSet {
         Ok(LabelSet { names })
     }
 
+    /// The number of classes.
     pub fn len(&self) -> usize {
         self.names.len()
     }
 
+    /// Whether there are no classes (never, for a set built from examples).
     pub fn is_empty(&self) -> bool {
         self.names.is_empty()
     }

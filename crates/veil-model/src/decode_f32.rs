@@ -6,7 +6,7 @@
 use candle_core::{Device, Tensor};
 use veil_core::{ensure, Error, Result};
 
-use crate::candle_context;
+use crate::candle_error;
 use crate::decoder::{DecoderConfig, DecoderWeights, Linear, Matrix, Mlp, Norm};
 use crate::engine::decoder::{
     self as composition, causal_visible, rotary_tables, DecoderEngine, DecoderLayer, DecoderNorm,
@@ -126,7 +126,7 @@ impl F32Linear {
         let data: Vec<f32> = weight.data.iter().map(|&v| v * scale).collect();
         let w = Tensor::from_vec(data, (weight.rows, weight.cols), &Device::Cpu)
             .and_then(|w| w.t())
-            .map_err(candle_context("decoder weight"))?;
+            .map_err(candle_error("decoder weight"))?;
         Ok(F32Linear {
             weight_t: w,
             bias: bias.map(|b| b.iter().map(|&v| v * scale).collect()),
@@ -138,13 +138,13 @@ impl F32Linear {
     }
 
     fn apply(&self, x: &Matrix) -> Result<Matrix> {
-        let ctx = candle_context("decoder linear layer");
+        let ctx = candle_error("decoder linear layer");
         let xt = Tensor::from_slice(&x.data, (x.rows, x.cols), &Device::Cpu).map_err(ctx)?;
         let y = xt
             .matmul(&self.weight_t)
             .and_then(|y| y.flatten_all())
             .and_then(|y| y.to_vec1::<f32>())
-            .map_err(candle_context("decoder linear layer"))?;
+            .map_err(candle_error("decoder linear layer"))?;
         let out = y.len() / x.rows.max(1);
         let mut m = Matrix::new(x.rows, out, y)?;
         if let Some(b) = &self.bias {
@@ -169,12 +169,14 @@ struct F32Block {
 /// A decoder's weights prepared for the f32 engine (linear layers as candle tensors; the query
 /// pre-scaled by 1/√d_head like the simulator's).
 pub struct F32Model<'w> {
+    /// The weights it was prepared from (the embeddings and norms are read from them).
     pub weights: &'w DecoderWeights,
     blocks: Vec<F32Block>,
     lm_head: F32Linear,
 }
 
 impl<'w> F32Model<'w> {
+    /// Prepares `weights`' linear layers as candle tensors.
     pub fn new(weights: &'w DecoderWeights) -> Result<Self> {
         let c = &weights.config;
         let q_scale = 1.0 / (c.head_dim as f32).sqrt();
@@ -204,6 +206,7 @@ impl<'w> F32Model<'w> {
         })
     }
 
+    /// The decoder's shape and family.
     pub fn config(&self) -> &DecoderConfig {
         &self.weights.config
     }
@@ -257,12 +260,12 @@ fn map(x: &Matrix, f: impl Fn(f32) -> f32) -> Matrix {
 }
 
 /// x·σ(x).
-pub fn silu(x: f32) -> f32 {
+pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
 /// GELU, tanh form (GPT-2's "gelu_new").
-pub fn gelu_tanh(x: f32) -> f32 {
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
     let k = (2.0f32 / std::f32::consts::PI).sqrt();
     0.5 * x * (1.0 + (k * (x + veil_core::approx::GELU_CUBIC as f32 * x * x * x)).tanh())
 }

@@ -32,17 +32,18 @@ use crate::sim::{matmul_signed, max_abs, BlockReport, Tracker};
 /// The decoder's fixed-point format: the ring and fraction, and the norms' input domain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecoderFormat {
+    /// The ring and fractional bits.
     pub fp: FixedPoint,
     /// Norm inputs (RMSNorm: x; LayerNorm: x − μ) are promised below 2^norm_dev_bits.
     pub norm_dev_bits: u32,
 }
 
 /// ℓ of [`DecoderFormat::default`].
-pub const DECODER_RING_BITS: u32 = 48;
+pub(crate) const DECODER_RING_BITS: u32 = 48;
 /// f of [`DecoderFormat::default`] (the encoder's resolution).
-pub const DECODER_FRAC_BITS: u32 = 13;
+pub(crate) const DECODER_FRAC_BITS: u32 = 13;
 /// The norms' domain bits of [`DecoderFormat::default`]: 65,536, 2.6× SmolLM2's largest value.
-pub const DECODER_NORM_DEV_BITS: u32 = 16;
+pub(crate) const DECODER_NORM_DEV_BITS: u32 = 16;
 
 impl Default for DecoderFormat {
     fn default() -> Self {
@@ -139,8 +140,11 @@ struct FixedBlock {
 /// The encoded decoder: what the server would hold in the private pass.
 #[derive(Clone, Debug)]
 pub struct FixedDecoder {
+    /// The fixed-point algorithms at the format's ring.
     pub approx: Approx,
+    /// The format the weights are encoded at.
     pub format: DecoderFormat,
+    /// The decoder's shape and family.
     pub config: DecoderConfig,
     /// [vocab, hidden] at f bits (the LM head too when tied).
     token_embedding: FixedLinear,
@@ -209,6 +213,7 @@ impl FixedDecoder {
         })
     }
 
+    /// The ring and fractional bits.
     pub fn fp(&self) -> FixedPoint {
         self.format.fp
     }
@@ -255,6 +260,7 @@ pub struct DecoderSim<'a> {
 }
 
 impl<'a> DecoderSim<'a> {
+    /// A generation session on `model` with an empty KV cache.
     pub fn new(model: &'a FixedDecoder) -> Self {
         let fp = model.fp();
         let n = model.config.layers;

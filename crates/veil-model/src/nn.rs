@@ -21,9 +21,13 @@ const MASK_VALUE: f64 = -1e9;
 /// A LayerNorm with its Veil variant: exact, or centring + affine.
 #[derive(Clone, Debug)]
 pub struct Norm {
+    /// Exact LayerNorm or centring.
     pub kind: LayerNormKind,
+    /// γ.
     pub weight: Tensor,
+    /// β.
     pub bias: Tensor,
+    /// The ε added to the variance.
     pub eps: f64,
 }
 
@@ -57,9 +61,13 @@ impl Module for Norm {
 /// Word + position (+ token type) embeddings and their LayerNorm (always exact).
 #[derive(Clone, Debug)]
 pub struct Embeddings {
+    /// The token table [vocab, hidden].
     pub word: Embedding,
+    /// The absolute-position table [positions, hidden].
     pub position: Embedding,
+    /// The token-type table (none for MPNet).
     pub token_type: Option<Embedding>,
+    /// The LayerNorm of the sum.
     pub norm: Norm,
 }
 
@@ -136,7 +144,11 @@ impl Embeddings {
 
 /// Position ids: BERT counts from 0; RoBERTa/MPNet from pad+1 over real tokens, padding
 /// positions get pad (HF `create_position_ids_from_input_ids`).
-pub fn position_ids(config: &ModelConfig, mask: &[Vec<f32>], device: &Device) -> Result<Tensor> {
+pub(crate) fn position_ids(
+    config: &ModelConfig,
+    mask: &[Vec<f32>],
+    device: &Device,
+) -> Result<Tensor> {
     Tensor::new(position_id_rows(config, mask), device)
 }
 
@@ -165,15 +177,25 @@ pub fn position_id_rows(config: &ModelConfig, mask: &[Vec<f32>]) -> Vec<Vec<u32>
 /// One encoder block: self-attention, LN1, FFN, LN2 (post-norm, as in BERT).
 #[derive(Clone, Debug)]
 pub struct Block {
+    /// The block's operators.
     pub variant: BlockVariant,
+    /// Attention heads.
     pub num_heads: usize,
+    /// Q projection.
     pub query: Linear,
+    /// K projection.
     pub key: Linear,
+    /// V projection.
     pub value: Linear,
+    /// The attention output projection.
     pub attn_out: Linear,
+    /// The normalisation after attention.
     pub ln1: Norm,
+    /// The feed-forward layer's first (widening) projection.
     pub intermediate: Linear,
+    /// The feed-forward layer's second projection.
     pub output: Linear,
+    /// The normalisation after the feed-forward layer.
     pub ln2: Norm,
 }
 
@@ -278,9 +300,11 @@ fn tokens_linear(l: &Linear, x: &Tensor) -> Result<Tensor> {
 /// Pooling and optional classifier.
 #[derive(Clone, Debug)]
 pub struct Head {
+    /// Pooler or mean pooling.
     pub kind: HeadKind,
     /// `Pooler` only: the dense layer before tanh.
     pub pool_dense: Option<Linear>,
+    /// The classifier on the pooled vector, when the model has labels.
     pub classifier: Option<Linear>,
 }
 
@@ -371,11 +395,15 @@ pub struct ForwardOutput {
 /// The whole model: embeddings, blocks, MPNet's relative-position bias, head.
 #[derive(Clone, Debug)]
 pub struct Transformer {
+    /// The model's shape and operators.
     pub config: ModelConfig,
+    /// The embedding layer.
     pub embeddings: Embeddings,
+    /// The encoder blocks in order.
     pub blocks: Vec<Block>,
     /// MPNet: `encoder.relative_attention_bias`, [buckets, heads].
     pub relative_attention_bias: Option<Embedding>,
+    /// The head after the last block.
     pub head: Head,
     /// Every parameter under its HF name, in construction order (for saving; with a
     /// `VarMap`-backed builder these share storage with the trained variables).
@@ -458,6 +486,7 @@ impl Transformer {
         })
     }
 
+    /// The device the weights live on (the CPU in Veil).
     pub fn device(&self) -> &Device {
         self.embeddings.word.embeddings().device()
     }
@@ -542,7 +571,11 @@ impl Transformer {
 
 /// MPNet's (T5-style) bucketing of a relative position `key − query`: half the buckets for each
 /// direction, exact below `max_exact`, logarithmic up to `max_distance`.
-pub fn relative_position_bucket(relative: i64, num_buckets: usize, max_distance: i64) -> u32 {
+pub(crate) fn relative_position_bucket(
+    relative: i64,
+    num_buckets: usize,
+    max_distance: i64,
+) -> u32 {
     let half = (num_buckets / 2) as i64;
     let n = -relative;
     let mut ret = if n < 0 { half } else { 0 };

@@ -5,7 +5,7 @@
 //! Values are N(0, 0.02²) as HF's `initializer_range`, LayerNorm γ = 1, drawn from the AES-CTR
 //! [`Prg`] in construction order, so a seed fixes the model on every machine.
 
-use crate::candle_context;
+use crate::candle_error;
 use crate::config::{Architecture, ModelConfig};
 use crate::nn::Transformer;
 use crate::variants::HeadKind;
@@ -30,8 +30,10 @@ pub enum Preset {
 }
 
 impl Preset {
+    /// Every preset, for listings and benchmarks.
     pub const ALL: [Preset; 3] = [Preset::BertTiny, Preset::BertMedium, Preset::RobertaBase];
 
+    /// The preset's name on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Preset::BertTiny => "bert-tiny",
@@ -47,18 +49,17 @@ impl Preset {
             Preset::BertMedium => (Architecture::Bert, 30522, 8, 512, 8, 2048, 512),
             Preset::RobertaBase => (Architecture::Roberta, 50265, 12, 768, 12, 3072, 514),
         };
-        let mut cfg = ModelConfig::new(
-            arch,
-            vocab,
-            hidden,
-            layers,
-            heads,
-            ffn,
-            positions,
-            HeadKind::Pooler,
-            2,
-        )
-        .expect("preset shapes are valid");
+        let mut cfg = ModelConfig::builder(arch)
+            .vocab(vocab)
+            .hidden(hidden)
+            .layers(layers)
+            .heads(heads)
+            .ffn(ffn)
+            .positions(positions)
+            .head(HeadKind::Pooler)
+            .labels(2)
+            .build()
+            .expect("preset shapes are valid");
         if arch == Architecture::Roberta {
             cfg.type_vocab_size = 1;
             cfg.layer_norm_eps = 1e-5;
@@ -84,7 +85,7 @@ pub fn random_transformer_with_std(
         std,
     };
     let vb = VarBuilder::from_backend(Box::new(backend), DType::F32, Device::Cpu);
-    Transformer::new(config, vb).map_err(candle_context("building a random model"))
+    Transformer::new(config, vb).map_err(candle_error("building a random model"))
 }
 
 /// The vocabulary of [`write_tiny_classifier`]: BERT's special tokens and six words.
@@ -102,17 +103,11 @@ pub fn write_tiny_classifier(
     labels: usize,
     seed: u8,
 ) -> Result<()> {
-    let mut cfg = ModelConfig::new(
-        Architecture::Bert,
-        TINY_WORDS.len(),
-        16,
-        blocks,
-        2,
-        32,
-        16,
-        HeadKind::Pooler,
-        labels,
-    )?;
+    let mut cfg = ModelConfig::builder(Architecture::Bert)
+        .vocab(TINY_WORDS.len())
+        .layers(blocks)
+        .labels(labels)
+        .build()?;
     cfg.veil.product_truncation = crate::variants::ProductTruncation::Faithful;
     let t = random_transformer_with_std(&cfg, [seed; 16], 0.2)?;
     crate::folder::save(dir, &t, None)?;

@@ -23,7 +23,7 @@
 //! against the domains `approx` states accuracy for. Each block reports its maxima
 //! ([`BlockReport`]), and every violation becomes a warning (returned and printed to stderr).
 
-use crate::candle_context;
+use crate::candle_error;
 use crate::config::ModelConfig;
 use crate::engine::{self, Engine, LayerId, NormId};
 use crate::nn::{Batch, Block, Embeddings, Head, Norm, Transformer};
@@ -31,13 +31,15 @@ use crate::variants::{Activation, AttentionNorm, EmbeddingMode, HeadKind, LayerN
 use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
 use veil_core::approx::Approx;
-use veil_core::{ensure, Error, FixedPoint, Result, RingTensor};
+use veil_core::{ensure, CostClass, Error, FixedPoint, Result, RingTensor};
 
 /// A linear layer in fixed point: `weight` [out, in] (HF layout, y = W·x + b) at f bits,
 /// `bias` [out] at 2f bits.
 #[derive(Clone, Debug)]
 pub struct FixedLinear {
+    /// W [out, in] at f bits.
     pub weight: RingTensor,
+    /// b [out] at 2f bits, the scale of W·x before its truncation.
     pub bias: RingTensor,
 }
 
@@ -61,10 +63,12 @@ impl FixedLinear {
         })
     }
 
+    /// The input width.
     pub fn in_dim(&self) -> usize {
         self.weight.shape()[1]
     }
 
+    /// The output width.
     pub fn out_dim(&self) -> usize {
         self.weight.shape()[0]
     }
@@ -73,9 +77,13 @@ impl FixedLinear {
 /// γ and β of a LayerNorm at f bits, with its variant.
 #[derive(Clone, Debug)]
 pub struct FixedNorm {
+    /// Exact LayerNorm or centring.
     pub kind: LayerNormKind,
+    /// γ at f bits.
     pub gamma: Vec<u64>,
+    /// β at f bits.
     pub beta: Vec<u64>,
+    /// The ε added to the variance (public, part of the plan).
     pub eps: f64,
 }
 
@@ -96,15 +104,25 @@ impl FixedNorm {
 /// One encoder block in fixed point (query weights pre-scaled by 1/√d_head).
 #[derive(Clone, Debug)]
 pub struct FixedBlock {
+    /// The block's operators.
     pub variant: crate::variants::BlockVariant,
+    /// Attention heads.
     pub num_heads: usize,
+    /// Q projection, pre-scaled by 1/√d_head.
     pub query: FixedLinear,
+    /// K projection.
     pub key: FixedLinear,
+    /// V projection.
     pub value: FixedLinear,
+    /// The attention output projection.
     pub attn_out: FixedLinear,
+    /// The normalisation after attention.
     pub ln1: FixedNorm,
+    /// The feed-forward layer's first (widening) projection.
     pub intermediate: FixedLinear,
+    /// The feed-forward layer's second projection.
     pub output: FixedLinear,
+    /// The normalisation after the feed-forward layer.
     pub ln2: FixedNorm,
 }
 
@@ -129,8 +147,11 @@ impl FixedBlock {
 /// The head in fixed point.
 #[derive(Clone, Debug)]
 pub struct FixedHead {
+    /// Pooler or mean pooling.
     pub kind: HeadKind,
+    /// The pooler's dense layer (before tanh), for [`HeadKind::Pooler`].
     pub pool_dense: Option<FixedLinear>,
+    /// The classifier on the pooled vector, when the model has labels.
     pub classifier: Option<FixedLinear>,
 }
 
@@ -152,22 +173,27 @@ impl FixedHead {
 /// The encoded model: what the server holds in the private forward pass.
 #[derive(Clone, Debug)]
 pub struct FixedModel {
+    /// The format and the fixed-point algorithms every operator uses.
     pub approx: Approx,
     /// The f32 model it was encoded from (shares its tensors): public embeddings are computed
     /// from it, private ones read its tables.
     pub float: Transformer,
+    /// The model's shape and operators.
     pub config: ModelConfig,
+    /// The encoder blocks in order.
     pub blocks: Vec<FixedBlock>,
     /// MPNet: per-head relative-position bias table [buckets][heads] at f bits.
     pub relative_attention_bias: Option<Vec<Vec<u64>>>,
     /// Embedding LayerNorm (used in fixed point only in private-embedding mode).
     pub embedding_norm: FixedNorm,
+    /// The head after the last block.
     pub head: FixedHead,
 }
 
 /// Per-block overflow and domain statistics (real units).
 #[derive(Clone, Debug, PartialEq)]
 pub struct BlockReport {
+    /// The block's index (0: the embedding).
     pub block: usize,
     /// Largest |value| of the block's output hidden state.
     pub max_abs_hidden: f64,
@@ -185,25 +211,27 @@ pub struct BlockReport {
 }
 
 /// |x| up to which `approx::gelu` is accurate (`approx::GELU_DOMAIN`).
-pub fn gelu_domain(_fp: FixedPoint) -> f64 {
+pub(crate) fn gelu_domain(_fp: FixedPoint) -> f64 {
     veil_core::approx::GELU_DOMAIN
 }
 
 /// |x − mean| up to which `approx::layer_norm_row` is accurate (2^`approx::LAYER_NORM_DEV_BITS`).
 /// The ReLU-normalise row sums Σ ReLU(x) + ε the reciprocal is exact on: below 2^(norm_bits − f)
 /// (2048 at ℓ = 41, f = 13); the protocol equals `approx` only inside it.
-pub fn relu_normalise_domain(fp: FixedPoint) -> f64 {
+pub(crate) fn relu_normalise_domain(fp: FixedPoint) -> f64 {
     let bits = veil_core::approx::Approx::new(fp).map_or(0, |a| a.norm_bits());
     2f64.powi(bits as i32 - fp.frac_bits() as i32)
 }
 
 /// |x| below which the private ReLU (of the FFN and of ReLU-normalise) is exact
 /// (2^`approx::RELU_DOMAIN_BITS`).
-pub fn relu_domain(_fp: FixedPoint) -> f64 {
+pub(crate) fn relu_domain(_fp: FixedPoint) -> f64 {
     (1u64 << veil_core::approx::RELU_DOMAIN_BITS) as f64
 }
 
-pub fn layer_norm_domain(_fp: FixedPoint) -> f64 {
+/// |x − mean| below which the private LayerNorm is within its error bound
+/// (2^`approx::LAYER_NORM_DEV_BITS`).
+pub(crate) fn layer_norm_domain(_fp: FixedPoint) -> f64 {
     (1u64 << veil_core::approx::LAYER_NORM_DEV_BITS) as f64
 }
 
@@ -218,10 +246,12 @@ pub struct SimOutput {
     pub logits: Option<RingTensor>,
     /// One per block; entry 0 is the embedding (its LayerNorm in private mode).
     pub reports: Vec<BlockReport>,
+    /// Accumulators that wrapped and inputs outside the approximations' domains, a line per block.
     pub warnings: Vec<String>,
 }
 
 impl SimOutput {
+    /// The logits decoded to reals, when the model has a classifier.
     pub fn logits_f64(&self, fp: FixedPoint) -> Option<Vec<f64>> {
         self.logits.as_ref().map(|l| l.decode(fp))
     }
@@ -229,18 +259,18 @@ impl SimOutput {
 
 /// The encoder input in public-embedding mode: the f32 embedding output (after its LayerNorm)
 /// of one unpadded sequence, encoded at `fp`. All the client computes, from public tables only.
-pub fn public_embedding(
+pub(crate) fn public_embedding(
     config: &ModelConfig,
     tables: &Embeddings,
     ids: &[u32],
     type_ids: &[u32],
     fp: FixedPoint,
 ) -> Result<RingTensor> {
-    let batch = Batch::single(ids, type_ids, &Device::Cpu).map_err(candle_context("batch"))?;
+    let batch = Batch::single(ids, type_ids, &Device::Cpu).map_err(candle_error("batch"))?;
     let (x, _) = tables
         .embed(config, &batch)
-        .map_err(candle_context("embedding"))?;
-    let v: Vec<f64> = to_vec2(&x.squeeze(0).map_err(candle_context("embedding"))?)?
+        .map_err(candle_error("embedding"))?;
+    let v: Vec<f64> = to_vec2(&x.squeeze(0).map_err(candle_error("embedding"))?)?
         .concat()
         .iter()
         .map(|&v| v as f64)
@@ -324,6 +354,7 @@ impl FixedModel {
         })
     }
 
+    /// The fixed-point format the weights are encoded at.
     pub fn fp(&self) -> FixedPoint {
         self.approx.fp
     }
@@ -333,7 +364,7 @@ impl FixedModel {
         let fp = self.fp();
         let model = &self.float;
         let h = self.config.hidden_size;
-        let batch = Batch::single(ids, type_ids, &Device::Cpu).map_err(candle_context("batch"))?;
+        let batch = Batch::single(ids, type_ids, &Device::Cpu).map_err(candle_error("batch"))?;
         let mut tracker = Tracker::new(fp, 0);
         let x = match self.config.veil.embedding {
             EmbeddingMode::Public => {
@@ -344,7 +375,7 @@ impl FixedModel {
                 let mask = vec![vec![1.0f32; ids.len()]];
                 let positions = model
                     .position_ids(&mask)
-                    .map_err(candle_context("positions"))?;
+                    .map_err(candle_error("positions"))?;
                 let tables = [
                     Some((&e.word, batch.input_ids.clone())),
                     Some((&e.position, positions)),
@@ -361,7 +392,7 @@ impl FixedModel {
                         &table
                             .forward(&idx)
                             .and_then(|t| t.squeeze(0))
-                            .map_err(candle_context("embedding lookup"))?,
+                            .map_err(candle_error("embedding lookup"))?,
                     )?;
                     let v: Vec<f64> = rows.concat().iter().map(|&v| v as f64).collect();
                     sum.add_in_place(&RingTensor::encode(fp, &[ids.len(), h], &v)?)?;
@@ -567,7 +598,7 @@ impl Simulation<'_> {
 impl Engine for Simulation<'_> {
     type Scope = ();
 
-    fn scope(&mut self, _class: &'static str) {}
+    fn scope(&mut self, _class: CostClass) {}
 
     fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
         let m = self.model;
@@ -733,11 +764,11 @@ pub(crate) fn max_abs(x: &RingTensor, fp: FixedPoint) -> f64 {
 fn to_vec1(t: &Tensor) -> Result<Vec<f32>> {
     t.to_dtype(candle_core::DType::F32)
         .and_then(|t| t.to_vec1::<f32>())
-        .map_err(candle_context("reading weights"))
+        .map_err(candle_error("reading weights"))
 }
 
 fn to_vec2(t: &Tensor) -> Result<Vec<Vec<f32>>> {
     t.to_dtype(candle_core::DType::F32)
         .and_then(|t| t.to_vec2::<f32>())
-        .map_err(candle_context("reading weights"))
+        .map_err(candle_error("reading weights"))
 }

@@ -32,9 +32,11 @@ pub const DEFAULT: &str = "default";
 /// all-MiniLM-L6-v2's public tables (`models/NAME/`, with its model card). Compared and printed
 /// by name (the overlay is megabytes).
 pub struct BuiltIn {
+    /// The name `--model` takes.
     pub name: &'static str,
     /// What it is, for messages.
     pub description: &'static str,
+    /// What it was trained for.
     pub task: Task,
     config: &'static str,
     overlay: &'static [u8],

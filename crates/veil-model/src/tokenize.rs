@@ -18,17 +18,21 @@ use veil_core::{bail, ensure, Error, Result};
 /// Token ids and token-type ids of one input (with `[CLS]`/`[SEP]` or `<s>`/`</s>`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Encoded {
+    /// The token ids.
     pub ids: Vec<u32>,
+    /// The token-type ids: 0 for the first sentence, 1 for the second of a pair.
     pub type_ids: Vec<u32>,
     /// Tokens the truncation to the maximum length dropped (0 when the input fit).
     pub truncated: usize,
 }
 
 impl Encoded {
+    /// The number of tokens.
     pub fn len(&self) -> usize {
         self.ids.len()
     }
 
+    /// Whether there are no tokens.
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
@@ -137,6 +141,7 @@ impl TextTokenizer {
         })
     }
 
+    /// The length inputs are truncated to.
     pub fn max_len(&self) -> usize {
         self.max_len
     }
@@ -164,6 +169,7 @@ impl TextTokenizer {
         })
     }
 
+    /// The number of token ids, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

@@ -22,6 +22,7 @@ pub enum Activation {
     /// GELU with the exact erf form in f32 (HF `"gelu"`); the simulator uses the protocol's
     /// approximation.
     Gelu,
+    /// max(x, 0): a comparison and a multiplexer under MPC, far cheaper than GELU.
     Relu,
 }
 
@@ -35,6 +36,7 @@ impl Activation {
         }
     }
 
+    /// The `hidden_act` value of `config.json` that names it.
     pub fn hf_name(self) -> &'static str {
         match self {
             Activation::Gelu => "gelu",
@@ -47,6 +49,7 @@ impl Activation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionNorm {
+    /// exp(x_i − max) / Σ_j exp(x_j − max), as pre-trained.
     Softmax,
     /// ReLU(x_i) / (Σ_j ReLU(x_j) + ε), ε = [`veil_core::defaults::RELU_NORMALISE_EPS`].
     ReluNormalise,
@@ -66,9 +69,13 @@ pub enum LayerNormKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BlockVariant {
+    /// The feed-forward activation.
     pub activation: Activation,
+    /// The attention-score normalisation.
     pub attention: AttentionNorm,
+    /// The normalisation after attention.
     pub ln1: LayerNormKind,
+    /// The normalisation after the feed-forward layer.
     pub ln2: LayerNormKind,
 }
 
@@ -100,8 +107,10 @@ impl BlockVariant {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EmbeddingMode {
+    /// The client looks its tokens up in the public tables and sends the result in shares.
     #[default]
     Public,
+    /// The lookup and its LayerNorm run inside the protocol: the server's tables stay private.
     Private,
 }
 
@@ -126,7 +135,9 @@ pub enum ProductTruncation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Inputs {
+    /// One text per prompt.
     Single,
+    /// A sentence pair per prompt.
     Pairs,
 }
 

@@ -5,12 +5,12 @@
 use candle_core::quantized::{gguf_file, GgmlDType};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
-use veil_model::decode_f32::F32Model;
-use veil_model::decode_sim::{DecoderFormat, FixedDecoder};
 use veil_model::decoder::random::{write_tiny_gguf, write_tiny_gpt2, write_tiny_llama, TinyShape};
 use veil_model::decoder::{self, DecoderWeights};
 use veil_model::engine::decoder::LogitRows;
-use veil_model::generate::{generate, GenerateOptions};
+use veil_model::F32Model;
+use veil_model::{generate, GenerateOptions};
+use veil_model::{DecoderFormat, FixedDecoder};
 
 /// Token ids of a fixed sequence in the tiny vocabulary (269 tokens).
 const IDS: [u32; 11] = [1, 40, 77, 120, 5, 268, 33, 200, 2, 150, 99];
@@ -134,8 +134,7 @@ fn greedy_generation_agrees_and_stops() {
     let (a, stopped) = generate(&mut model.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
     assert_eq!((a.len(), stopped), (12, false));
     let (b, _) = generate(&mut fixed.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
-    let ids =
-        |v: &[veil_model::generate::GeneratedToken]| v.iter().map(|t| t.id).collect::<Vec<_>>();
+    let ids = |v: &[veil_model::GeneratedToken]| v.iter().map(|t| t.id).collect::<Vec<_>>();
     assert_eq!(ids(&a), ids(&b));
     assert!(a.iter().all(|t| t.margin >= 0.0));
     opts.stop = vec![a[4].id];

@@ -50,7 +50,13 @@ fn write_vocab(dir: &Path) {
 }
 
 fn tiny_config(arch: Architecture, head: HeadKind, labels: usize) -> ModelConfig {
-    ModelConfig::new(arch, WORDS.len(), 16, 2, 2, 32, 40, head, labels).unwrap()
+    ModelConfig::builder(arch)
+        .vocab(WORDS.len())
+        .positions(40)
+        .head(head)
+        .labels(labels)
+        .build()
+        .unwrap()
 }
 
 /// Writes a tiny random folder and returns it.
@@ -388,8 +394,8 @@ fn overlay_ships_the_trained_part_and_reassembles_with_the_base_tables() {
 #[test]
 fn client_bundle_holds_only_public_parts_and_embeds_like_the_full_model() {
     use veil_core::FixedPoint;
-    use veil_model::client::{save_bundle, ClientBundle, TABLES_FILE};
-    use veil_model::sim::FixedModel;
+    use veil_model::FixedModel;
+    use veil_model::{save_bundle, ClientBundle, TABLES_FILE};
     let fp = FixedPoint::default_format();
     for arch in [
         Architecture::Bert,
@@ -424,7 +430,7 @@ fn client_bundle_holds_only_public_parts_and_embeds_like_the_full_model() {
 
 #[test]
 fn client_bundle_refuses_private_tables_and_weights() {
-    use veil_model::client::{save_bundle, ClientBundle, TABLES_FILE};
+    use veil_model::{save_bundle, ClientBundle, TABLES_FILE};
     let cfg = tiny_config(Architecture::Bert, HeadKind::Pooler, 2);
     let src = tiny_folder("bundle-bad-src", &cfg);
     // A folder with weights is not a bundle.

@@ -12,13 +12,13 @@ use candle_core::quantized::gguf_file;
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use veil_model::data::{self, DatasetFormat};
-use veil_model::decode_f32::F32Model;
-use veil_model::decode_sim::{DecoderFormat, FixedDecoder};
 use veil_model::decoder::sample::{argmax, SamplingParams};
 use veil_model::decoder::{self, ChatMessage, DecoderModel};
 use veil_model::engine::decoder::LogitRows;
 use veil_model::fetch;
-use veil_model::generate::{generate, GenerateOptions};
+use veil_model::F32Model;
+use veil_model::{generate, GenerateOptions};
+use veil_model::{DecoderFormat, FixedDecoder};
 use veil_test_harness::{available, needs, Missing};
 
 fn main() {

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 use veil_core::FixedPoint;
 use veil_model::data::{self, DatasetFormat, Example, LabelSet};
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{fetch, folder, Batch, Model};
 use veil_test_harness::{available, needs, Missing, Trial};
 

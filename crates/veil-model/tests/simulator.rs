@@ -4,7 +4,7 @@
 use candle_core::Device;
 use veil_core::FixedPoint;
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{
     Activation, Architecture, AttentionNorm, Batch, BlockVariant, EmbeddingMode, HeadKind,
     LayerNormKind, ModelConfig,
@@ -54,8 +54,14 @@ fn simulator_agrees_with_f32_for_every_variant_and_architecture() {
         Architecture::MpNet,
     ] {
         for (k, variant) in all_variants().into_iter().enumerate() {
-            let mut cfg =
-                ModelConfig::new(arch, 50, 32, 2, 4, 64, 40, HeadKind::Pooler, 3).unwrap();
+            let mut cfg = ModelConfig::builder(arch)
+                .hidden(32)
+                .heads(4)
+                .ffn(64)
+                .positions(40)
+                .labels(3)
+                .build()
+                .unwrap();
             // Block 0 keeps the original operators so the variant under test sees realistic inputs.
             cfg.veil.blocks[1] = variant;
             if k % 2 == 1 {
@@ -112,18 +118,15 @@ fn simulator_reports_wrapping_values() {
     // Centring LayerNorms without normalisation and large weights let hidden states grow until
     // products no longer fit 2f + 15 bits: the simulator must say so.
     let fp = FixedPoint::default_format();
-    let mut cfg = ModelConfig::new(
-        Architecture::Bert,
-        50,
-        32,
-        2,
-        4,
-        64,
-        40,
-        HeadKind::MeanPool,
-        0,
-    )
-    .unwrap();
+    let mut cfg = ModelConfig::builder(Architecture::Bert)
+        .hidden(32)
+        .heads(4)
+        .ffn(64)
+        .positions(40)
+        .head(HeadKind::MeanPool)
+        .labels(0)
+        .build()
+        .unwrap();
     cfg.veil.blocks = vec![BlockVariant::friendly(); 2];
     let model = random_transformer_with_std(&cfg, [9; 16], 3.0).unwrap();
     let fixed = FixedModel::encode(&model, fp).unwrap();
@@ -149,18 +152,13 @@ fn simulator_reports_wrapping_values() {
 #[test]
 fn simulator_rejects_bad_inputs() {
     let fp = FixedPoint::default_format();
-    let cfg = ModelConfig::new(
-        Architecture::Bert,
-        50,
-        32,
-        2,
-        4,
-        64,
-        40,
-        HeadKind::Pooler,
-        2,
-    )
-    .unwrap();
+    let cfg = ModelConfig::builder(Architecture::Bert)
+        .hidden(32)
+        .heads(4)
+        .ffn(64)
+        .positions(40)
+        .build()
+        .unwrap();
     let model = random_transformer_with_std(&cfg, [1; 16], 0.1).unwrap();
     let fixed = FixedModel::encode(&model, fp).unwrap();
     assert!(fixed.forward(&[], &[]).is_err());
@@ -178,18 +176,14 @@ fn simulator_rejects_bad_inputs() {
         "longer than the position table"
     );
     // A ring too narrow for LayerNorm rows of 512 (ℓ = 32 holds 256): refused, not a panic.
-    let wide = ModelConfig::new(
-        Architecture::Bert,
-        50,
-        512,
-        1,
-        4,
-        64,
-        40,
-        HeadKind::Pooler,
-        2,
-    )
-    .unwrap();
+    let wide = ModelConfig::builder(Architecture::Bert)
+        .hidden(512)
+        .layers(1)
+        .heads(4)
+        .ffn(64)
+        .positions(40)
+        .build()
+        .unwrap();
     let wide = random_transformer_with_std(&wide, [1; 16], 0.1).unwrap();
     let narrow = FixedPoint::new(32, 8).unwrap();
     let err = FixedModel::encode(&wide, narrow).err().unwrap().to_string();

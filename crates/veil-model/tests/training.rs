@@ -4,12 +4,16 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Optimizer, VarBuilder, VarMap, SGD};
-use veil_model::{folder, Architecture, Batch, BlockVariant, HeadKind, ModelConfig, Transformer};
+use veil_model::{folder, Architecture, Batch, BlockVariant, ModelConfig, Transformer};
 
 #[test]
 fn varmap_backed_model_trains_and_saves() {
     for arch in [Architecture::Bert, Architecture::MpNet] {
-        let mut cfg = ModelConfig::new(arch, 30, 16, 2, 2, 32, 20, HeadKind::Pooler, 2).unwrap();
+        let mut cfg = ModelConfig::builder(arch)
+            .vocab(30)
+            .positions(20)
+            .build()
+            .unwrap();
         cfg.veil.blocks[1] = BlockVariant::friendly();
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);

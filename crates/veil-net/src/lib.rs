@@ -18,8 +18,7 @@
 mod channel;
 mod local;
 mod mem;
-#[allow(missing_docs)] // not yet documented item by item
-pub mod meter;
+mod meter;
 mod replay;
 mod shaped;
 mod tcp;

@@ -1,6 +1,7 @@
 //! Traffic and time accounting per operator label.
 //!
-//! Each party meters its own channel. Bytes and time go to the innermost active label (entered
+//! Each party meters its own channel. Labels are [`CostClass`]es (so a report, its JSON keys and
+//! the docs name a step one way). Bytes and time go to the innermost active label (entered
 //! with [`Meter::enter`]); time is *exclusive*, so nested labels never double count. The same
 //! traffic is also totalled per *class*, the outermost active label ([`Meter::by_class`]), which is
 //! what a cost report per operator ("Softmax" including its nested "Exp" and "Recip") needs. A "round" is a
@@ -12,17 +13,23 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use veil_core::CostClass;
+
 /// Which party owns a meter; turns "sent/received" into "client→server/server→client".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
+    /// The party that holds the input (it sends first).
     Client,
+    /// The party that holds the model.
     Server,
 }
 
 /// Totals for one label.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LabelStats {
+    /// Bytes this party sent.
     pub bytes_sent: u64,
+    /// Bytes this party received.
     pub bytes_received: u64,
     /// Flights this party started (sends after receiving, or the first send).
     pub flights_sent: u64,
@@ -33,10 +40,12 @@ pub struct LabelStats {
 }
 
 impl LabelStats {
+    /// Flights either way: the direction changes, which each cost half a network round trip.
     pub fn rounds(&self) -> u64 {
         self.flights_sent + self.flights_received
     }
 
+    /// Adds `o`'s totals to these (a phase's total over its labels).
     pub fn add(&mut self, o: &LabelStats) {
         self.bytes_sent += o.bytes_sent;
         self.bytes_received += o.bytes_received;
@@ -53,6 +62,7 @@ impl LabelStats {
         }
     }
 
+    /// Bytes server→client from the point of view of `role`'s meter.
     pub fn server_to_client(&self, role: Role) -> u64 {
         match role {
             Role::Client => self.bytes_received,
@@ -69,39 +79,33 @@ enum Dir {
 }
 
 struct State {
-    stack: Vec<String>,
+    stack: Vec<CostClass>,
     /// Depth (stack length) at which each open [`Meter::enter_class`] scope began.
     class_starts: Vec<usize>,
     since: Instant,
     last: Dir,
-    stats: BTreeMap<String, LabelStats>,
-    classes: BTreeMap<String, LabelStats>,
+    stats: BTreeMap<CostClass, LabelStats>,
+    classes: BTreeMap<CostClass, LabelStats>,
 }
 
 impl State {
     /// The class: the innermost label entered with [`Meter::enter_class`], else the outermost.
-    fn class(&self) -> &str {
+    fn class(&self) -> CostClass {
         let at = self.class_starts.last().copied().unwrap_or(0);
-        self.stack
-            .get(at)
-            .map(String::as_str)
-            .unwrap_or(Meter::UNLABELLED)
+        self.stack.get(at).copied().unwrap_or(CostClass::Unlabelled)
     }
 
     /// The innermost and outermost entries, created on first use.
     fn entries(&mut self) -> (&mut LabelStats, &mut LabelStats) {
-        let (top, class) = (self.top().to_string(), self.class().to_string());
+        let (top, class) = (self.top(), self.class());
         (
             self.stats.entry(top).or_default(),
             self.classes.entry(class).or_default(),
         )
     }
 
-    fn top(&self) -> &str {
-        self.stack
-            .last()
-            .map(String::as_str)
-            .unwrap_or(Meter::UNLABELLED)
+    fn top(&self) -> CostClass {
+        self.stack.last().copied().unwrap_or(CostClass::Unlabelled)
     }
 
     /// Charges the time since the last switch to the current label.
@@ -130,8 +134,7 @@ impl Default for Meter {
 }
 
 impl Meter {
-    pub const UNLABELLED: &'static str = "unlabelled";
-
+    /// A meter with nothing counted and no class open.
     pub fn new() -> Self {
         Meter {
             inner: Arc::new(Mutex::new(State {
@@ -151,11 +154,11 @@ impl Meter {
     }
 
     /// Attributes traffic and time to `label` until the guard drops.
-    pub fn enter(&self, label: &str) -> LabelGuard {
+    pub fn enter(&self, label: CostClass) -> LabelGuard {
         let mut s = self.lock();
         s.charge_time();
-        s.stack.push(label.to_string());
-        s.stats.entry(label.to_string()).or_default();
+        s.stack.push(label);
+        s.stats.entry(label).or_default();
         LabelGuard {
             meter: self.clone(),
         }
@@ -165,7 +168,7 @@ impl Meter {
     /// whatever operator is running: work every operator shares and any of them may happen to
     /// trigger (the silent-OT pools' refills) is reported on its own line instead of inflating
     /// that operator's.
-    pub fn enter_class(&self, label: &str) -> LabelGuard {
+    pub fn enter_class(&self, label: CostClass) -> LabelGuard {
         let guard = self.enter(label);
         let mut s = self.lock();
         let at = s.stack.len() - 1;
@@ -194,14 +197,14 @@ impl Meter {
     }
 
     /// Per-label totals so far.
-    pub fn snapshot(&self) -> BTreeMap<String, LabelStats> {
+    pub fn snapshot(&self) -> BTreeMap<CostClass, LabelStats> {
         let mut s = self.lock();
         s.charge_time();
         s.stats.clone()
     }
 
     /// Totals per class: the outermost label active when the traffic or time occurred.
-    pub fn by_class(&self) -> BTreeMap<String, LabelStats> {
+    pub fn by_class(&self) -> BTreeMap<CostClass, LabelStats> {
         let mut s = self.lock();
         s.charge_time();
         s.classes.clone()
@@ -249,36 +252,37 @@ impl Drop for LabelGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use CostClass::{Exp, MatMul, OtRefill, Softmax};
 
     #[test]
     fn bytes_and_flights_go_to_innermost_label() {
         let m = Meter::new();
         {
-            let _a = m.enter("A");
+            let _a = m.enter(MatMul);
             m.on_send(10);
             m.on_send(5);
             {
-                let _b = m.enter("B");
+                let _b = m.enter(Softmax);
                 m.on_recv(7);
                 m.on_send(1);
             }
             m.on_recv(3);
         }
         let s = m.snapshot();
-        assert_eq!(s["A"].bytes_sent, 15);
-        assert_eq!(s["A"].bytes_received, 3);
-        assert_eq!(s["A"].rounds(), 2);
-        assert_eq!(s["B"].bytes_sent, 1);
-        assert_eq!(s["B"].bytes_received, 7);
-        assert_eq!(s["B"].rounds(), 2);
+        assert_eq!(s[&MatMul].bytes_sent, 15);
+        assert_eq!(s[&MatMul].bytes_received, 3);
+        assert_eq!(s[&MatMul].rounds(), 2);
+        assert_eq!(s[&Softmax].bytes_sent, 1);
+        assert_eq!(s[&Softmax].bytes_received, 7);
+        assert_eq!(s[&Softmax].rounds(), 2);
         assert_eq!(m.total().bytes_sent, 16);
         assert_eq!(m.total().client_to_server(Role::Client), 16);
         assert_eq!(m.total().server_to_client(Role::Client), 10);
         let c = m.by_class();
         assert_eq!(c.len(), 1);
-        assert_eq!(c["A"].bytes_sent, 16);
-        assert_eq!(c["A"].bytes_received, 10);
-        assert_eq!(c["A"].rounds(), 4);
+        assert_eq!(c[&MatMul].bytes_sent, 16);
+        assert_eq!(c[&MatMul].bytes_received, 10);
+        assert_eq!(c[&MatMul].rounds(), 4);
     }
 
     /// A label entered with `enter_class` inside an operator is a class of its own while it
@@ -287,20 +291,20 @@ mod tests {
     fn a_class_label_inside_an_operator_gets_its_own_class() {
         let m = Meter::new();
         {
-            let _op = m.enter("Op");
+            let _op = m.enter(Softmax);
             m.on_send(4);
             {
-                let _r = m.enter_class("Refill");
+                let _r = m.enter_class(OtRefill);
                 m.on_send(100);
-                let _inner = m.enter("Inner");
+                let _inner = m.enter(Exp);
                 m.on_send(1);
             }
             m.on_send(2);
         }
         let c = m.by_class();
-        assert_eq!(c["Op"].bytes_sent, 6);
-        assert_eq!(c["Refill"].bytes_sent, 101);
-        assert_eq!(m.snapshot()["Inner"].bytes_sent, 1);
+        assert_eq!(c[&Softmax].bytes_sent, 6);
+        assert_eq!(c[&OtRefill].bytes_sent, 101);
+        assert_eq!(m.snapshot()[&Exp].bytes_sent, 1);
         assert_eq!(m.total().bytes_sent, 107);
     }
 }

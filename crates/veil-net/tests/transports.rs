@@ -1,4 +1,4 @@
-use veil_core::Error;
+use veil_core::{CostClass, Error};
 use veil_net::{mem_pair, run_two_party, run_two_party_tcp, Channel, Role};
 
 fn ping_pong<C: Channel>(ch: &mut C, first: bool) -> veil_core::Result<Vec<u8>> {
@@ -16,7 +16,7 @@ fn ping_pong<C: Channel>(ch: &mut C, first: bool) -> veil_core::Result<Vec<u8>> 
 fn memory_duplex_round_trip_and_metering() {
     let (c, s) = run_two_party(
         |ch| {
-            let _g = ch.meter().enter("Ping");
+            let _g = ch.meter().enter(CostClass::Setup);
             let r = ping_pong(ch, true)?;
             Ok((r, ch.meter().snapshot()))
         },
@@ -25,7 +25,7 @@ fn memory_duplex_round_trip_and_metering() {
     .unwrap();
     assert_eq!(c.0, b"hello back");
     assert_eq!(s, b"hello");
-    let stats = &c.1["Ping"];
+    let stats = &c.1[&CostClass::Setup];
     assert_eq!(stats.client_to_server(Role::Client), 4 + 5);
     assert_eq!(stats.server_to_client(Role::Client), 4 + 10);
     assert_eq!(stats.rounds(), 2);

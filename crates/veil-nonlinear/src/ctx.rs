@@ -4,7 +4,7 @@
 //! The elementary functions and the layers are methods of [`Ctx`] too, each beside its
 //! algorithm (`elementary`, `layers`).
 
-use veil_core::{approx::Approx, Result, Ring, RingTensor};
+use veil_core::{approx::Approx, CostClass, Result, Ring, RingTensor};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
@@ -249,7 +249,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         let hi = high(self, t, n)?;
         let kr = Ring::new(k)?;
         let up: Vec<u64> = hi.iter().map(|&v| kr.reduce(v << (k - n))).collect();
-        let _g = self.ch.meter().enter("Truncation");
+        let _g = self.ch.meter().enter(CostClass::Truncation);
         let ring = self.ring();
         truncate_into(
             self.ot,
@@ -290,7 +290,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
 
     /// [`Ctx::trunc`] on shares of `ring`.
     pub fn trunc_in(&mut self, ring: Ring, a: &[u64], s: u32) -> Result<Vec<u64>> {
-        let _g = self.ch.meter().enter("Truncation");
+        let _g = self.ch.meter().enter(CostClass::Truncation);
         truncate_values(self.ot, self.ch, self.role, ring, a, s, self.trunc_mode)
     }
 
@@ -313,7 +313,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
 
     /// Sign extension of values |x| < 2^(k−2) from the ring `from` to the wider ring `to`.
     pub fn extend_to(&mut self, from: Ring, to: Ring, a: &[u64]) -> Result<Vec<u64>> {
-        let _g = self.ch.meter().enter("Extension");
+        let _g = self.ch.meter().enter(CostClass::Extension);
         extend_values(self.ot, self.ch, self.role, from, to, a)
     }
 
@@ -356,7 +356,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
 
     /// [`Ctx::drelu`] on shares of `ring` (approx::drelu_bounded for any input).
     pub fn drelu_in(&mut self, ring: Ring, a: &[u64], bound: Option<u32>) -> Result<Vec<bool>> {
-        let _g = self.ch.meter().enter("DReLU");
+        let _g = self.ch.meter().enter(CostClass::DRelu);
         drelu_values(self.ot, self.ch, self.role, ring, a, bound)
     }
 
@@ -369,7 +369,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
         sets: &[Thresholds],
         bound: Option<u32>,
     ) -> Result<Vec<bool>> {
-        let _g = self.ch.meter().enter("DReLU");
+        let _g = self.ch.meter().enter(CostClass::DRelu);
         drelu_batch(self.ot, self.ch, self.role, ring, plain, sets, bound)
     }
 
@@ -385,7 +385,7 @@ impl<'a, C: Channel> Ctx<'a, C> {
 
     /// max(a, 0), with [`Ctx::drelu`]'s `bound`.
     pub fn relu(&mut self, a: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
-        let _g = self.ch.meter().enter("ReLU");
+        let _g = self.ch.meter().enter(CostClass::Relu);
         let b = self.drelu(a, bound)?;
         self.mux(&b, a)
     }

@@ -25,7 +25,7 @@
 //! Security: semi-honest; compositions of the primitives' protocols.
 
 use veil_core::approx::{LayerNormPlan, EXP_QUAD_NUM, EXP_QUAD_SHIFT};
-use veil_core::{ensure, Result, Ring};
+use veil_core::{ensure, CostClass, Result, Ring};
 use veil_net::Channel;
 
 use crate::compare::Thresholds;
@@ -36,7 +36,7 @@ use crate::trunc::extend_with_b2a;
 impl<C: Channel> Ctx<'_, C> {
     /// exp(x) for x ≤ 0 (approx::exp_neg). `bound`: a promise |x + 16| < 2^k for a cheaper clamp.
     pub fn exp_neg(&mut self, x: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
-        let _g = self.ch.meter().enter("Exp");
+        let _g = self.ch.meter().enter(CostClass::Exp);
         let ring = self.ring();
         let fe = self.ax.exp_frac();
         let lo = (veil_core::approx::EXP_CLAMP as u64) << self.ax.fp.frac_bits();
@@ -76,7 +76,7 @@ impl<C: Channel> Ctx<'_, C> {
         floor: u32,
         out_frac: u32,
     ) -> Result<Vec<u64>> {
-        let _g = self.ch.meter().enter("Recip");
+        let _g = self.ch.meter().enter(CostClass::Recip);
         let ax = self.ax;
         let k = ax.norm_bits();
         let fr = ax.newton_frac();
@@ -94,7 +94,7 @@ impl<C: Channel> Ctx<'_, C> {
         );
         let lo = floor + 1;
         let bits = {
-            let _g = self.ch.meter().enter("Compare");
+            let _g = self.ch.meter().enter(CostClass::Compare);
             let js = Thresholds {
                 values: s,
                 js: lo..k,
@@ -119,7 +119,7 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at).
     pub fn rsqrt_at(&mut self, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
-        let _g = self.ch.meter().enter("Rsqrt");
+        let _g = self.ch.meter().enter(CostClass::Rsqrt);
         let ax = self.ax;
         let k = ax.norm_bits();
         let h = class_onehot(self, s, 1, k)?;
@@ -132,7 +132,7 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// tanh(x) (approx::tanh): sign by DReLU, exp(−2|x|), Goldschmidt quotient, sign re-applied.
     pub fn tanh(&mut self, x: &[u64]) -> Result<Vec<u64>> {
-        let _g = self.ch.meter().enter("Tanh");
+        let _g = self.ch.meter().enter(CostClass::Tanh);
         let ring = self.ring();
         let f = self.ax.fp.frac_bits();
         let fr = self.ax.newton_frac();
@@ -172,7 +172,7 @@ impl<C: Channel> Ctx<'_, C> {
     /// 76 in the 1-bit-error mode, 152 faithful (two full-width ReLUs one after the other, exp's
     /// clamp and six rounded squarings, Goldschmidt, the product).
     pub fn silu(&mut self, x: &[u64]) -> Result<Vec<u64>> {
-        let _g = self.ch.meter().enter("SiLU");
+        let _g = self.ch.meter().enter(CostClass::Silu);
         let ring = self.ring();
         let f = self.ax.fp.frac_bits();
         let fr = self.ax.newton_frac();
@@ -281,7 +281,7 @@ fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
 /// comparisons are per row, so their bytes are small and their depth is what costs.)
 fn class_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64], lo: u32, hi: u32) -> Result<Vec<u64>> {
     let bits = {
-        let _g = cx.ch.meter().enter("Compare");
+        let _g = cx.ch.meter().enter(CostClass::Compare);
         let js = Thresholds {
             values: s,
             js: lo..hi,
@@ -349,7 +349,7 @@ pub(crate) fn layer_norm_rsqrts<C: Channel>(
     (coarse, fine): (&[u64], &[u64]),
     switch: &[u64],
 ) -> Result<(Vec<u64>, Vec<u64>, Vec<bool>)> {
-    let _g = cx.ch.meter().enter("Rsqrt");
+    let _g = cx.ch.meter().enter(CostClass::Rsqrt);
     let ax = cx.ax;
     let rows = coarse.len();
     let parts = [(&plan.coarse, coarse), (&plan.fine, fine)];
@@ -360,7 +360,7 @@ pub(crate) fn layer_norm_rsqrts<C: Channel>(
         js: sum.class_min..sum.class_max,
     });
     let bits = {
-        let _g = cx.ch.meter().enter("Compare");
+        let _g = cx.ch.meter().enter(CostClass::Compare);
         cx.drelu_thresholds_in(cx.ring(), switch, &sets, None)?
     };
     let (use_fine, thresholds) = bits.split_at(rows);

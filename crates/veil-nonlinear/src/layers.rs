@@ -42,7 +42,7 @@
 //! Security: semi-honest; compositions of the primitives' protocols.
 
 use veil_core::approx::{GELU_CMP_BITS, GELU_COEF_FRAC};
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{ensure, CostClass, Result, RingTensor};
 use veil_net::Channel;
 
 use crate::ctx::Ctx;
@@ -78,7 +78,7 @@ impl<C: Channel> Ctx<'_, C> {
     /// same steps). Label "GELU". Flights at the default format: 64 (faithful truncations).
     pub fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("GELU");
+        let _g = self.ch.meter().enter(CostClass::Gelu);
         let ring = self.ring();
         let plan = self.ax.gelu_plan();
         let k = plan.ring;
@@ -164,7 +164,7 @@ impl<C: Channel> Ctx<'_, C> {
     /// in the same flights: the max tree takes as many rounds as the longest row needs.
     pub fn softmax_masked(&mut self, x: &RingTensor, mask: &[bool]) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("Softmax");
+        let _g = self.ch.meter().enter(CostClass::Softmax);
         let ring = self.ring();
         let rows = MaskedRows::new(x, mask)?;
         if rows.selected() == 0 {
@@ -210,7 +210,7 @@ impl<C: Channel> Ctx<'_, C> {
         bound: Option<u32>,
     ) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("ReLU-normalise");
+        let _g = self.ch.meter().enter(CostClass::ReluNormalise);
         let ring = self.ring();
         let rows = MaskedRows::new(x, mask)?;
         let sel = rows.gather(x.data());
@@ -220,7 +220,7 @@ impl<C: Channel> Ctx<'_, C> {
         let nb = self.ax.norm_bits();
         let kr = veil_core::Ring::narrow(nb + 2)?;
         let r = {
-            let _g = self.ch.meter().enter("ReLU");
+            let _g = self.ch.meter().enter(CostClass::Relu);
             let pos = self.drelu(&sel, bound)?;
             let low: Vec<u64> = sel.iter().map(|&v| kr.reduce(v)).collect();
             self.mux_in(kr, &pos, &low)?
@@ -264,7 +264,7 @@ impl<C: Channel> Ctx<'_, C> {
         dev_bits: u32,
     ) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("LayerNorm");
+        let _g = self.ch.meter().enter(CostClass::LayerNorm);
         let cols = row_len(x)?;
         check_norm_row(self, cols, dev_bits)?;
         let d = centre(self, x.data(), cols)?;
@@ -287,7 +287,7 @@ impl<C: Channel> Ctx<'_, C> {
         dev_bits: u32,
     ) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("RMSNorm");
+        let _g = self.ch.meter().enter(CostClass::RmsNorm);
         let cols = row_len(x)?;
         check_norm_row(self, cols, dev_bits)?;
         let zeros = vec![0u64; cols];
@@ -307,7 +307,7 @@ impl<C: Channel> Ctx<'_, C> {
         params: Option<&AffineParams>,
     ) -> Result<RingTensor> {
         check_ring(self, x)?;
-        let _g = self.ch.meter().enter("Centre-affine");
+        let _g = self.ch.meter().enter(CostClass::CentreAffine);
         let cols = row_len(x)?;
         let d = centre(self, x.data(), cols)?;
         // No bound on (x − mean)·γ beyond the ring's head-room: the high part keeps ℓ − f bits.
@@ -518,7 +518,7 @@ fn max_rows<C: Channel>(
     mut cur: Vec<Vec<u64>>,
     bound: Option<u32>,
 ) -> Result<Vec<u64>> {
-    let _g = cx.ch.meter().enter("Max");
+    let _g = cx.ch.meter().enter(CostClass::Max);
     while cur.iter().any(|v| v.len() > 1) {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for row in &cur {

@@ -58,11 +58,9 @@ mod mul;
 mod trunc;
 mod two_way_cot;
 
-/// The two-party test harness, shared with the integration tests.
+/// The two-party test fixtures, shared with the integration tests and the other protocol crates.
 #[cfg(test)]
-#[path = "../tests/common/mod.rs"]
-#[allow(unreachable_pub)]
-mod test_harness;
+use veil_test_harness::two_party as test_harness;
 
 pub use ctx::{Ctx, HeKeys};
 pub use layers::AffineParams;

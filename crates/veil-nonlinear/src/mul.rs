@@ -27,7 +27,7 @@
 //! Security: semi-honest; the receiver of each COT learns x + b_k·a with x uniform (the wrap
 //! term's COTs too: n_p·v_p is masked the same way).
 
-use veil_core::{ensure, Result, Ring, RingTensor};
+use veil_core::{ensure, CostClass, Result, Ring, RingTensor};
 use veil_net::{Channel, Role};
 use veil_ot::OtSession;
 
@@ -272,7 +272,7 @@ pub(crate) fn mul_values<C: Channel>(
     b: &[u64],
 ) -> Result<Vec<u64>> {
     same_len(a, b)?;
-    let _g = ch.meter().enter("Mul");
+    let _g = ch.meter().enter(CostClass::Mul);
     let mut z = cross_both(ot, ch, role, Scale::exact(ring), a, b, ring.bits())?;
     for (zi, (&x, &y)) in z.iter_mut().zip(a.iter().zip(b)) {
         *zi = ring.add(*zi, ring.mul(x, y));
@@ -288,7 +288,7 @@ pub(crate) fn square_values<C: Channel>(
     ring: Ring,
     a: &[u64],
 ) -> Result<Vec<u64>> {
-    let _g = ch.meter().enter("Mul");
+    let _g = ch.meter().enter(CostClass::Mul);
     let cross = cross_one_way(
         ot,
         ch,
@@ -484,7 +484,7 @@ fn mul_narrow_scaled<C: Channel>(
     let ring = sc.ring;
     check_narrow(ring, nw)?;
     same_len(a, b)?;
-    let _g = ch.meter().enter("Mul");
+    let _g = ch.meter().enter(CostClass::Mul);
     let m = nw.m;
     let (an, low) = narrow_reshare(role, a, nw);
     let wrap = Wrap::new(sc, m + 1);
@@ -546,7 +546,7 @@ pub(crate) fn mul_narrow_high_given<C: Channel>(
         InvalidArgument,
         "one wrap bit per value"
     );
-    let _g = ch.meter().enter("Mul");
+    let _g = ch.meter().enter(CostClass::Mul);
     let m = nw.m;
     let wrap = Wrap::new(sc, m + 1);
     let mine = if role == Role::Client { b } else { an };
@@ -573,7 +573,7 @@ pub(crate) fn square_narrow_values<C: Channel>(
     nw: Narrow,
 ) -> Result<Vec<u64>> {
     check_narrow(ring, nw)?;
-    let _g = ch.meter().enter("Mul");
+    let _g = ch.meter().enter(CostClass::Mul);
     let (an, low) = narrow_reshare(role, a, nw);
     let sq = SquareWrap::new(role, ring, ring, nw)?;
     let v = sq.operand(a);
@@ -739,7 +739,7 @@ fn server_row_product<C: Channel>(
     narrow: Option<u32>,
     sc: Scale,
 ) -> Result<Vec<u64>> {
-    let _g = ch.meter().enter("Mul");
+    let _g = ch.meter().enter(CostClass::Mul);
     let ring = x.ring();
     let n = *x.shape().last().unwrap_or(&1);
     ensure!(

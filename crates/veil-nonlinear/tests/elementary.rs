@@ -1,15 +1,9 @@
-//! exp, recip, rsqrt, tanh on shares open to exactly the integers of `veil_core::approx` (which
+//! exp, recip, rsqrt, tanh, SiLU on shares open to exactly the integers of `veil_core::approx` (which
 //! the approx tests check against f64 over the whole domain); also spot-checked against f64 here.
 
-mod common;
-
-use common::*;
 use veil_core::{approx::Approx, Prg, Ring};
 use veil_nonlinear::Ctx;
-
-fn ax() -> Approx {
-    Approx::new(fp()).unwrap()
-}
+use veil_test_harness::two_party::*;
 
 /// Random raw values in [lo, hi] plus the given edges.
 fn sample(ring: Ring, lo: i64, hi: i64, n: usize, edges: &[i64]) -> Vec<u64> {
@@ -25,7 +19,7 @@ fn sample(ring: Ring, lo: i64, hi: i64, n: usize, edges: &[i64]) -> Vec<u64> {
 
 #[test]
 fn exp_matches_approx_exactly() {
-    let a = ax();
+    let a = approx();
     let ring = a.fp.ring;
     let one = 1i64 << 13;
     let vals = sample(
@@ -49,7 +43,7 @@ fn exp_matches_approx_exactly() {
 
 #[test]
 fn recip_and_rsqrt_match_approx_exactly() {
-    let a = ax();
+    let a = approx();
     let ring = a.fp.ring;
     let k = a.norm_bits() as i64;
     // 2^K: Softmax's sum over 2048 equal scores (the top of the domain, clamped to class K).
@@ -95,7 +89,7 @@ fn recip_and_rsqrt_match_approx_exactly() {
 /// ReLU-normalise's 2^3).
 #[test]
 fn recip_above_a_floor_matches_approx_exactly() {
-    let a = ax();
+    let a = approx();
     let ring = a.fp.ring;
     let k = a.norm_bits() as i64;
     let w = a.wide_recip_frac();
@@ -119,7 +113,7 @@ fn recip_above_a_floor_matches_approx_exactly() {
 /// within 2^-11 relative (+ 4 ulp) of 1/s over its whole domain [1, 2^K], edges included.
 #[test]
 fn recip_in_the_one_bit_mode_stays_close_to_the_exact_value() {
-    let a = ax();
+    let a = approx();
     let ring = a.fp.ring;
     let k = a.norm_bits() as i64;
     let mut edges = vec![1i64, 2, 3, (1 << k) - 1, 1 << k];
@@ -149,7 +143,7 @@ fn recip_in_the_one_bit_mode_stays_close_to_the_exact_value() {
 
 #[test]
 fn tanh_matches_approx_exactly() {
-    let a = ax();
+    let a = approx();
     let ring = a.fp.ring;
     let one = 1i64 << 13;
     let vals = sample(
@@ -175,7 +169,7 @@ fn tanh_matches_approx_exactly() {
 /// so when the model's product truncation is the 1-bit one.
 #[test]
 fn tanh_in_the_one_bit_mode_stays_close_to_tanh() {
-    let a = ax();
+    let a = approx();
     let ring = a.fp.ring;
     let one = 1i64 << 13;
     let vals = sample(
@@ -241,7 +235,7 @@ fn silu_inputs(a: &Approx, n: usize) -> Vec<u64> {
 #[test]
 fn silu_matches_approx_exactly() {
     for a in [
-        ax(),
+        approx(),
         Approx::new(veil_core::FixedPoint::new(48, 13).unwrap()).unwrap(),
     ] {
         let ring = a.fp.ring;

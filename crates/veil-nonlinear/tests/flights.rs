@@ -2,12 +2,11 @@
 //! (a flight is a maximal run of messages in one direction, counted on the client's meter), so
 //! these are exact equalities; a change that deepens a protocol fails here.
 
-mod common;
-use common::*;
 use veil_core::approx::Approx;
 use veil_core::{Result, RingTensor};
 use veil_net::{Channel, MemChannel};
 use veil_nonlinear::{AffineParams, Ctx, Narrow, TruncMode};
+use veil_test_harness::two_party::*;
 
 /// Flights of `f` on 64 shared values below 2^14, run on its own (nothing before or after it
 /// in the same flight), with the OT pools filled beforehand so no refill is counted.

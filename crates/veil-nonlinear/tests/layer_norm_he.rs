@@ -2,9 +2,6 @@
 //! do not fit the context. The row products themselves are checked against integer arithmetic
 //! mod 2^ℓ by the crate's unit tests.
 
-mod common;
-
-use common::*;
 use veil_core::{
     approx::{reference, Approx},
     FixedPoint, Prg, Ring, RingTensor,
@@ -12,6 +9,7 @@ use veil_core::{
 use veil_he::session::{ClientSession, ServerSession, SHARED_SET};
 use veil_net::{Channel, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, TruncMode};
+use veil_test_harness::two_party::*;
 
 fn ring() -> Ring {
     fp().ring

@@ -2,19 +2,13 @@
 //! benchmark): equal to the `veil_core::approx` simulator row by row, and within the stated
 //! error of the f64 definitions.
 
-mod common;
-
-use common::*;
 use veil_core::{
     approx::{reference, Approx},
     share, Prg, RingTensor,
 };
 use veil_net::Role;
 use veil_nonlinear::{AffineParams, Ctx};
-
-fn ax() -> Approx {
-    Approx::new(fp()).unwrap()
-}
+use veil_test_harness::two_party::*;
 
 /// Uniform values in [−scale, scale], encoded.
 fn random_tensor(shape: &[usize], scale: f64) -> RingTensor {
@@ -32,7 +26,7 @@ fn split(x: &RingTensor) -> (RingTensor, RingTensor) {
 
 #[test]
 fn gelu_and_relu_on_bert_intermediate_rows() {
-    let a = ax();
+    let a = approx();
     let r = a.fp.ring;
     let x = random_tensor(&[1, 3072], 6.0);
     let mut xd = x.data().to_vec();
@@ -70,7 +64,7 @@ fn gelu_and_relu_on_bert_intermediate_rows() {
 
 #[test]
 fn softmax_and_relu_normalise_on_attention_rows_with_padding() {
-    let a = ax();
+    let a = approx();
     let cols = 128;
     let x = random_tensor(&[2, cols], 8.0);
     let valid: Vec<bool> = (0..cols).map(|j| j < 100).collect();
@@ -155,7 +149,7 @@ fn causal_softmax_and_relu_normalise_equal_the_simulator_per_row() {
 
 #[test]
 fn layer_norm_and_centre_affine_on_hidden_rows() {
-    let a = ax();
+    let a = approx();
     let cols = 768;
     let x = random_tensor(&[1, cols], 4.0);
     let gamma = random_tensor(&[cols], 2.0);
@@ -214,7 +208,7 @@ fn layer_norm_input(cols: usize, rows: &[(f64, usize, f64)]) -> RingTensor {
 
 #[test]
 fn layer_norm_with_large_deviations_equals_simulator() {
-    let a = ax();
+    let a = approx();
     let cols = 768;
     // Coarse path (outliers up to ±2000, |x − mean| < 2048: all-mpnet-base-v2 reaches 1,254)
     // and fine path (small variances); with 1-bit-error truncation (one 64-bit square for both
@@ -352,7 +346,7 @@ fn decoder_norms_on_wide_rows_equal_the_simulator() {
 
 #[test]
 fn wrong_mask_or_weights_are_errors() {
-    let a = ax();
+    let a = approx();
     let x = random_tensor(&[2, 8], 1.0);
     let sh = split(&x);
     let (c, s) = run_mem(|ot, ch, role| {
@@ -385,7 +379,7 @@ proptest::proptest! {
         mask_bits in proptest::prelude::any::<u64>(),
         scale in 0.01f64..20.0,
     ) {
-        let a = ax();
+        let a = approx();
         let x = random_tensor(&[rows, cols], scale);
         let valid: Vec<bool> = (0..cols).map(|j| mask_bits >> (j % 64) & 1 == 1).collect();
         let g = random_tensor(&[cols], 2.0);
@@ -413,7 +407,7 @@ proptest::proptest! {
 
 #[test]
 fn softmax_over_tcp_loopback() {
-    let a = ax();
+    let a = approx();
     let x = random_tensor(&[2, 16], 5.0);
     let valid = vec![true; 16];
     let sh = split(&x);
@@ -432,7 +426,7 @@ fn softmax_over_tcp_loopback() {
 /// Softmax within 4e-3, centre-affine within 4 ulp·(1 + |γ|).
 #[test]
 fn one_bit_error_mode_stays_within_the_f64_bounds() {
-    let a = ax();
+    let a = approx();
     let ulp = 1.0 / (1u64 << a.fp.frac_bits()) as f64;
     let cols = 128;
     let mut x = random_tensor(&[3, cols], 8.0);

@@ -3,17 +3,11 @@
 //! sample over TCP). The crate-internal steps (millionaire, bit decomposition, the high part of
 //! a narrow product) are tested by the crate's unit tests.
 
-mod common;
-
-use common::*;
 use proptest::prelude::*;
 use veil_core::{approx::Approx, FixedPoint, Prg, Ring};
 use veil_net::Role;
 use veil_nonlinear::{Ctx, Narrow, TruncMode};
-
-fn ax() -> Approx {
-    Approx::new(fp()).unwrap()
-}
+use veil_test_harness::two_party::*;
 
 #[test]
 fn drelu_and_relu_exact_over_the_whole_ring() {
@@ -24,7 +18,7 @@ fn drelu_and_relu_exact_over_the_whole_ring() {
     let x = share_values(ring, &vals);
     let (d, r) = {
         let out = run_mem(|ot, ch, role| {
-            let mut cx = Ctx::new(ot, ch, role, ax());
+            let mut cx = Ctx::new(ot, ch, role, approx());
             let d = cx.drelu(pick(role, &x).data(), None)?;
             let r = cx.relu(pick(role, &x).data(), None)?;
             Ok((d, r))
@@ -34,7 +28,7 @@ fn drelu_and_relu_exact_over_the_whole_ring() {
             open_raw(ring, (out.0 .1, out.1 .1)),
         )
     };
-    let ax = ax();
+    let ax = approx();
     for (i, &v) in vals.iter().enumerate() {
         assert_eq!(d[i], !ring.msb(v), "DReLU of {}", ring.to_signed(v));
         assert_eq!(r[i], ax.relu(v));
@@ -48,7 +42,7 @@ fn bounded_drelu_is_exact_within_its_bound() {
         let vals = values_below(ring, k, 120);
         let x = share_values(ring, &vals);
         let d = open_bits(run_mem(|ot, ch, role| {
-            Ctx::new(ot, ch, role, ax()).drelu(pick(role, &x).data(), Some(k))
+            Ctx::new(ot, ch, role, approx()).drelu(pick(role, &x).data(), Some(k))
         }));
         for (i, &v) in vals.iter().enumerate() {
             assert_eq!(
@@ -68,12 +62,12 @@ fn bound_outside_ring_is_an_error() {
     let (a, b) = veil_net::run_two_party(
         |c| {
             let mut ot = veil_ot::OtSession::setup_with(c, Role::Client, veil_ot::Backend::Iknp)?;
-            let mut cx = Ctx::new(&mut ot, c, Role::Client, ax());
+            let mut cx = Ctx::new(&mut ot, c, Role::Client, approx());
             Ok(cx.drelu(x.0.data(), Some(41)).is_err())
         },
         |s| {
             let mut ot = veil_ot::OtSession::setup_with(s, Role::Server, veil_ot::Backend::Iknp)?;
-            let mut cx = Ctx::new(&mut ot, s, Role::Server, ax());
+            let mut cx = Ctx::new(&mut ot, s, Role::Server, approx());
             Ok(cx.drelu(x.1.data(), Some(0)).is_err())
         },
     )
@@ -94,7 +88,7 @@ fn extension_to_a_wider_ring_is_exact() {
         let got = open_raw(
             to,
             run_mem(|ot, ch, role| {
-                Ctx::new(ot, ch, role, ax()).extend_to(from, to, pick(role, &x).data())
+                Ctx::new(ot, ch, role, approx()).extend_to(from, to, pick(role, &x).data())
             }),
         );
         for (i, &v) in signed.iter().enumerate() {
@@ -106,7 +100,7 @@ fn extension_to_a_wider_ring_is_exact() {
 #[test]
 fn faithful_truncation_is_floor_and_cheap_is_within_one() {
     let ring = fp().ring;
-    let ax = ax();
+    let ax = approx();
     let vals = values_below(ring, ring.bits() - 2, 300);
     let x = share_values(ring, &vals);
     for s in [1u32, 13, 26] {
@@ -202,7 +196,7 @@ fn check_narrow_product(prg: &mut Prg, ring: Ring, nw: Narrow, vals: &[i64]) {
     let x = share_values(ring, &a);
     let y = share_values(ring, &b);
     let out = run_mem(|ot, ch, role| {
-        let mut cx = Ctx::new(ot, ch, role, ax());
+        let mut cx = Ctx::new(ot, ch, role, approx());
         let (xs, ys) = (pick(role, &x).data(), pick(role, &y).data());
         let p = cx.mul_narrow_in(ring, xs, nw, ys)?;
         let q = cx.square_narrow_in(ring, xs, nw)?;
@@ -227,7 +221,7 @@ fn check_narrow_product(prg: &mut Prg, ring: Ring, nw: Narrow, vals: &[i64]) {
 fn fused_server_row_truncation_is_within_its_bound() {
     let mut prg = Prg::from_os_entropy();
     let ring = fp().ring;
-    let ax = ax();
+    let ax = approx();
     let (g, s, cols) = (24u32, 13u32, 16usize);
     let glim = 1i64 << (g - 1);
     let xlim = 1i64 << (ring.bits() - 2 - (g - 1));
@@ -276,7 +270,7 @@ fn narrow_server_row_is_exact_and_rejects_a_wide_gamma() {
     let x = share_values(ring, &vals);
     let out = run_mem(|ot, ch, role| {
         let gm = (role == Role::Server).then_some(gamma.as_slice());
-        Ctx::new(ot, ch, role, ax()).mul_server_narrow(pick(role, &x).data(), n, gm, g)
+        Ctx::new(ot, ch, role, approx()).mul_server_narrow(pick(role, &x).data(), n, gm, g)
     });
     let got = open_raw(ring, out);
     for (i, &v) in vals.iter().enumerate() {
@@ -286,7 +280,7 @@ fn narrow_server_row_is_exact_and_rejects_a_wide_gamma() {
     let xw = share_values(ring, &[5]);
     let (c, s) = run_mem(|ot, ch, role| {
         let gm = (role == Role::Server).then_some(wide.as_slice());
-        let mut cx = Ctx::new(ot, ch, role, ax());
+        let mut cx = Ctx::new(ot, ch, role, approx());
         Ok(cx
             .mul_server_narrow(pick(role, &xw).data(), 1, gm, g)
             .is_err())
@@ -308,7 +302,7 @@ fn products_of_edge_values() {
 fn length_mismatch_and_missing_gamma_are_errors() {
     let (x, y) = ([0u64; 6], [0u64; 4]);
     let (a, b) = run_mem(|ot, ch, role| {
-        let mut cx = Ctx::new(ot, ch, role, ax());
+        let mut cx = Ctx::new(ot, ch, role, approx());
         let e1 = cx.mul(&x, &y).is_err();
         // The client supplying γ: refused (the server, with rows of 3, then loses its peer).
         let e2 = cx.mul_server(&x, 3, Some(&[1, 2, 3])).is_err() || role == Role::Server;
@@ -324,9 +318,11 @@ fn relu_over_tcp_loopback() {
     let x = share_values(ring, &vals);
     let r = open_raw(
         ring,
-        run_tcp(|ot, ch, role| Ctx::new(ot, ch, role, ax()).relu(pick(role, &x).data(), Some(30))),
+        run_tcp(|ot, ch, role| {
+            Ctx::new(ot, ch, role, approx()).relu(pick(role, &x).data(), Some(30))
+        }),
     );
-    let ax = ax();
+    let ax = approx();
     for (i, &v) in vals.iter().enumerate() {
         assert_eq!(r[i], ax.relu(v));
     }
@@ -339,7 +335,7 @@ fn peer_hang_up_is_an_error() {
     let res = veil_net::run_two_party(
         |c| {
             let mut ot = veil_ot::OtSession::setup_with(c, Role::Client, veil_ot::Backend::Iknp)?;
-            let mut cx = Ctx::new(&mut ot, c, Role::Client, ax());
+            let mut cx = Ctx::new(&mut ot, c, Role::Client, approx());
             cx.relu(x.0.data(), None).map(|_| ())
         },
         |s| {
@@ -355,7 +351,7 @@ fn empty_inputs_give_empty_outputs() {
     let ring = fp().ring;
     let x = share_values(ring, &[]);
     let out = run_mem(|ot, ch, role| {
-        let mut cx = Ctx::new(ot, ch, role, ax());
+        let mut cx = Ctx::new(ot, ch, role, approx());
         let xs = pick(role, &x).data();
         let r = cx.relu(xs, None)?;
         let t = cx.trunc(xs, 13)?;

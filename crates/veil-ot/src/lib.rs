@@ -34,4 +34,4 @@ mod session;
 mod transpose;
 
 pub use one_of_n::OneOfN;
-pub use session::{Backend, OtSession, REFILL_CLASS};
+pub use session::{Backend, OtSession};

@@ -6,14 +6,15 @@
 //! are a deterministic function of the request size and of the pool level, which are the same on
 //! both sides. A refill adds the engine's flights (IKNP: one flight receiver → sender; silent
 //! COT: see [`crate::ferret`]) before the call's own flights, reported as the cost class
-//! [`REFILL_CLASS`].
+//! [`CostClass::OtRefill`]: traffic every operator shares, reported on its own line rather than
+//! charged to whichever operator happened to drain a pool.
 //!
 //! Every consumed COT has a per-direction index that both parties know; flavours derive their
 //! hash tweaks from it, so no tweak is ever reused within a session.
 
 use std::ops::Range;
 
-use veil_core::{ensure, Prg, Result};
+use veil_core::{ensure, CostClass, Prg, Result};
 use veil_net::{Channel, Role};
 use zeroize::{Zeroize, Zeroizing};
 
@@ -34,10 +35,6 @@ pub enum Backend {
 
 /// IKNP refills by at least this many COTs, so small calls do not each pay a flight.
 const IKNP_MIN_REFILL: usize = 1 << 16;
-
-/// The cost-report class of pool refills: traffic every operator shares, reported on its own
-/// line rather than charged to whichever operator happened to drain a pool.
-pub const REFILL_CLASS: &str = "OT refill";
 
 /// Upper bound on COTs requested in one call (bounds allocations from caller mistakes).
 pub(crate) const MAX_COTS_PER_CALL: usize = 1 << 26;
@@ -270,7 +267,7 @@ impl<L: Lanes> Pool<L> {
         if self.available() >= need {
             return Ok(());
         }
-        let _g = ch.meter().enter_class(REFILL_CLASS);
+        let _g = ch.meter().enter_class(CostClass::OtRefill);
         let left = self.available();
         match &mut self.engine {
             Engine::Iknp(e) => {

@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 use veil_core::approx::Approx;
-use veil_core::RingTensor;
+use veil_core::{CostClass, RingTensor};
 use veil_core::{FixedPoint, Prg, Result};
 use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::random::{random_transformer, Preset};
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{Activation, BlockVariant, ModelConfig};
 use veil_net::{
     run_two_party_on, run_two_party_tcp, run_two_party_tls, shaped_pair, Channel, NetworkModel,
@@ -22,7 +22,7 @@ use veil_net::{
 use veil_nonlinear::OtSession;
 
 use crate::connection::ClientConnection;
-use crate::embedding::{embed_client, embed_server, ServerEmbedding, LABEL};
+use crate::embedding::{embed_client, embed_server, ServerEmbedding};
 use crate::handler::serve_session;
 use crate::prepared::ServerModel;
 use crate::report::CostReport;
@@ -150,18 +150,15 @@ pub fn bench_embedding(
     seq: usize,
     method: LookupMethod,
 ) -> Result<Value> {
-    use veil_model::{Architecture, EmbeddingMode, HeadKind};
-    let mut cfg = ModelConfig::new(
-        Architecture::Bert,
-        vocab,
-        width,
-        1,
-        (width / 64).max(1),
-        4 * width,
-        seq.max(512),
-        HeadKind::Pooler,
-        2,
-    )?;
+    use veil_model::{Architecture, EmbeddingMode};
+    let mut cfg = ModelConfig::builder(Architecture::Bert)
+        .vocab(vocab)
+        .hidden(width)
+        .layers(1)
+        .heads((width / 64).max(1))
+        .ffn(4 * width)
+        .positions(seq.max(512))
+        .build()?;
     cfg.veil.embedding = EmbeddingMode::Private;
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&random_transformer(&cfg, [9; 16])?, fp)?;
@@ -201,9 +198,15 @@ pub fn bench_embedding(
         })
     };
     let (classes, labels) = stats;
-    let total = classes.get(LABEL).cloned().unwrap_or_default();
+    let total = classes
+        .get(&CostClass::Embedding)
+        .cloned()
+        .unwrap_or_default();
     // The lookup is metered directly under the label; everything nested is the LayerNorm.
-    let lookup = labels.get(LABEL).cloned().unwrap_or_default();
+    let lookup = labels
+        .get(&CostClass::Embedding)
+        .cloned()
+        .unwrap_or_default();
     let norm = veil_net::LabelStats {
         bytes_sent: total.bytes_sent - lookup.bytes_sent,
         bytes_received: total.bytes_received - lookup.bytes_received,

@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use veil_core::{bail, ensure, Result};
-use veil_model::client::ClientBundle;
 use veil_model::folder::Model;
 use veil_model::source::ModelSource;
-use veil_model::tokenize::Encoded;
+use veil_model::ClientBundle;
+use veil_model::Encoded;
 use veil_model::{EmbeddingMode, HeadKind, Inputs, ModelConfig};
 use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPin, TcpChannel};
 
@@ -80,7 +80,7 @@ pub struct Classification {
 }
 
 /// What the client holds: its bundle (public configuration, tokenizer and, in public-embedding
-/// mode, the public embedding tables; see `veil_model::client`), from a bundle folder written by
+/// mode, the public embedding tables; see `veil_model::ClientBundle`), from a bundle folder written by
 /// `veil export-client` or the public part of a full model.
 pub struct ClientModel {
     bundle: ClientBundle,

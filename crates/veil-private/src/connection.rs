@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use veil_core::approx::Approx;
-use veil_core::{bail, ensure, Result, RingTensor};
+use veil_core::{bail, ensure, CostClass, Result, RingTensor};
 use veil_linear::{ClientSession, LookupMethod};
 use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
 use veil_net::{Channel, Role};
@@ -113,7 +113,7 @@ impl<C: Channel> ClientConnection<C> {
         };
         let budget = opts.step_timeout.unwrap_or(Duration::MAX);
         let (lin, ot) = {
-            let _g = ch.meter().enter("Setup");
+            let _g = ch.meter().enter(CostClass::Setup);
             deadline(&mut ch)?;
             let max_tokens = opts.max_tokens.unwrap_or(0);
             ensure!(
@@ -391,7 +391,7 @@ impl<C: Channel> ClientConnection<C> {
         }
         .encoder_and_head(x)?;
         let y1 = {
-            let _g = self.ch.meter().enter("Head");
+            let _g = self.ch.meter().enter(CostClass::Head);
             let ring = self.ax.fp.ring;
             let share = OutputShare::recv(&mut self.ch, ring, y0.len())?;
             RingTensor::from_vec(ring, y0.shape(), share.0)?

@@ -23,10 +23,10 @@
 use std::sync::{Arc, Condvar, Mutex};
 
 use veil_core::approx::Approx;
-use veil_core::{ensure, Error, Result, RingTensor};
+use veil_core::{ensure, CostClass, Error, Result, RingTensor};
 use veil_linear::lookup::{lookup_client, lookup_server, LookupShape, CANDIDATES};
 use veil_linear::{ClientSession, LookupMethod, PreparedLookup, ServerSession};
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, Role};
 use veil_nonlinear::{AffineParams, Ctx, OtSession};
@@ -37,9 +37,6 @@ use veil_nonlinear::{AffineParams, Ctx, OtSession};
 /// keeps it ahead even on the modelled WAN (100 Mbps: 48 s against 94 s), see
 /// docs/BENCHMARKS.md.
 pub const DEFAULT_METHOD: LookupMethod = LookupMethod::Batched;
-
-/// Meter label of the whole embedding layer.
-pub const LABEL: &str = "Embedding";
 
 /// NTT-domain cache budget for the prepared tables of one length (all parts together).
 pub const TABLE_NTT_CACHE_BYTES: usize = 256 << 20;
@@ -86,7 +83,7 @@ pub fn lookup_shape(cfg: &ModelConfig, seq: usize) -> LookupShape {
 
 /// Position ids of an all-real sequence of `seq` tokens.
 fn position_ids(cfg: &ModelConfig, seq: usize) -> Vec<usize> {
-    veil_model::nn::position_id_rows(cfg, &[vec![1.0; seq]])[0]
+    veil_model::position_id_rows(cfg, &[vec![1.0; seq]])[0]
         .iter()
         .map(|&p| p as usize)
         .collect()
@@ -260,7 +257,7 @@ pub fn embed_client<C: Channel>(
     ids: &[u32],
     type_ids: &[u32],
 ) -> Result<RingTensor> {
-    let _g = ch.meter().enter(LABEL);
+    let _g = ch.meter().enter(CostClass::Embedding);
     let shape = lookup_shape(cfg, ids.len());
     let mut all: Vec<&[u32]> = vec![ids];
     if cfg.type_vocab_size > 0 {
@@ -281,7 +278,7 @@ pub fn embed_server<C: Channel>(
     emb: &ServerEmbedding,
     seq: usize,
 ) -> Result<RingTensor> {
-    let _g = ch.meter().enter(LABEL);
+    let _g = ch.meter().enter(CostClass::Embedding);
     let prepared = emb.prepared(seq)?;
     let mut sum = lookup_server(ch, lin, &prepared)?;
     drop(prepared);

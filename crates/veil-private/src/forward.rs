@@ -19,7 +19,7 @@
 //! "Softmax"/"ReLU-normalise", "LayerNorm"/"Centring", "Head".
 
 use veil_core::approx::{Approx, MEAN_EXTRA_BITS};
-use veil_core::{bail, ensure, Result, RingTensor};
+use veil_core::{bail, ensure, CostClass, Result, RingTensor};
 use veil_linear::fc::fc_online_server;
 use veil_linear::premask::online_client;
 use veil_linear::triples::{beaver_matmul, Triple};
@@ -116,7 +116,7 @@ impl<'a, C: Channel> Party<'a, C> {
 
     /// ⌊x / 2^f⌋ on the shares of a product, as the config's [`ProductTruncation`] says.
     pub(crate) fn truncate(&mut self, x: &RingTensor) -> Result<RingTensor> {
-        let _g = self.ch.meter().enter("Truncation");
+        let _g = self.ch.meter().enter(CostClass::Truncation);
         let f = self.ax.fp.frac_bits();
         let y = self.policy_cx().trunc(x.data(), f)?;
         RingTensor::from_vec(x.ring(), x.shape(), y)
@@ -162,13 +162,13 @@ impl<'a, C: Channel> Party<'a, C> {
 impl<C: Channel> Engine for Party<'_, C> {
     type Scope = LabelGuard;
 
-    fn scope(&mut self, class: &'static str) -> LabelGuard {
+    fn scope(&mut self, class: CostClass) -> LabelGuard {
         self.ch.meter().enter(class)
     }
 
     fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
         let acc = {
-            let _g = self.ch.meter().enter("MatMul");
+            let _g = self.ch.meter().enter(CostClass::MatMul);
             match (&self.side, self.pre.as_mut()) {
                 (Side::Client(..), Some(Pre::Client(m))) => {
                     online_client(self.ch, vec![m.next_fc(id)?], &[x])?.remove(0)
@@ -192,7 +192,7 @@ impl<C: Channel> Engine for Party<'_, C> {
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
         let role = self.role();
         let acc = {
-            let _g = self.ch.meter().enter("MatMul");
+            let _g = self.ch.meter().enter(CostClass::MatMul);
             match (&self.side, self.pre.as_mut()) {
                 (_, Some(pre)) => beaver_matmul(self.ch, role, pre.next_products()?, a, b)?,
                 (Side::Client(s, _), None) => shared_matmul_client(self.ch, s, a, b)?,
@@ -215,11 +215,11 @@ impl<C: Channel> Engine for Party<'_, C> {
         let mut cx = self.policy_cx();
         match kind {
             AttentionNorm::Softmax => {
-                let _g = cx.ch.meter().enter("Softmax");
+                let _g = cx.ch.meter().enter(CostClass::Softmax);
                 cx.softmax(scores, &valid)
             }
             AttentionNorm::ReluNormalise => {
-                let _g = cx.ch.meter().enter("ReLU-normalise");
+                let _g = cx.ch.meter().enter(CostClass::ReluNormalise);
                 let k = cx.ax.relu_bound_bits();
                 cx.relu_normalise(scores, &valid, Some(k))
             }
@@ -230,11 +230,11 @@ impl<C: Channel> Engine for Party<'_, C> {
         let mut cx = self.cx();
         match kind {
             Activation::Gelu => {
-                let _g = cx.ch.meter().enter("GELU");
+                let _g = cx.ch.meter().enter(CostClass::Gelu);
                 cx.gelu(x)
             }
             Activation::Relu => {
-                let _g = cx.ch.meter().enter("ReLU");
+                let _g = cx.ch.meter().enter(CostClass::Relu);
                 let k = cx.ax.relu_bound_bits();
                 cx.relu_tensor(x, Some(k))
             }
@@ -263,11 +263,11 @@ impl<C: Channel> Engine for Party<'_, C> {
         cx.trunc_mode = mode;
         match kind {
             LayerNormKind::Exact => {
-                let _g = cx.ch.meter().enter("LayerNorm");
+                let _g = cx.ch.meter().enter(CostClass::LayerNorm);
                 cx.layer_norm(x, params.as_ref(), eps)
             }
             LayerNormKind::Centring => {
-                let _g = cx.ch.meter().enter("Centring");
+                let _g = cx.ch.meter().enter(CostClass::Centring);
                 cx.centre_affine(x, params.as_ref())
             }
         }

@@ -6,7 +6,7 @@
 //! * [`embedding`] — private-embedding mode: HE lookup of the server's tables by the client's
 //!   token ids, position rows added by the server, embedding LayerNorm on shares;
 //! * [`forward`] — every encoder block and the head on shares, one code path for both parties,
-//!   computing exactly the integers of `veil_model::sim` (the fixed-point simulator);
+//!   computing exactly the integers of `veil_model::FixedModel` (the fixed-point simulator);
 //! * [`preprocess`] — the linear layers' work for a future inference of a given length, done
 //!   before the prompt (FC masks, Beaver triples), which the forward pass then consumes;
 //! * [`pool_size`] — the silent-OT COTs an inference of a given length draws, from the public

@@ -17,7 +17,7 @@ use veil_net::{
 
 use crate::handler::serve_session;
 use crate::prepared::ServerModel;
-use veil_model::tokenize::Encoded;
+use veil_model::Encoded;
 
 use crate::builder::{ServerBuilder, ServerIdentity};
 use crate::client::{Client, ClientModel, PromptOptions};

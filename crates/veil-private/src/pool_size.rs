@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use veil_core::approx::Approx;
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{ensure, CostClass, Result, RingTensor};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::engine::{self, Engine, LayerId, NormId};
 use veil_model::{Activation, AttentionNorm, LayerNormKind, ModelConfig};
@@ -177,7 +177,7 @@ impl<'a, C: Channel> Sampler<'a, C> {
 impl<C: Channel> Engine for Sampler<'_, C> {
     type Scope = ();
 
-    fn scope(&mut self, _class: &'static str) {}
+    fn scope(&mut self, _class: CostClass) {}
 
     fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
         let y = self.shapes.linear(id, x)?;

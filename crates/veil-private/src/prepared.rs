@@ -17,8 +17,8 @@ use veil_core::{ensure, Error, Result, RingTensor};
 use veil_he::ParamSet;
 use veil_linear::{FcLayer, PreparedFc};
 use veil_model::engine::LayerId;
-use veil_model::sim::{FixedLinear, FixedModel};
 use veil_model::ModelConfig;
+use veil_model::{FixedLinear, FixedModel};
 
 use crate::protocol::session_format;
 

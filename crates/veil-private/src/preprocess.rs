@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 
-use veil_core::{bail, Result, Ring, RingTensor};
+use veil_core::{bail, CostClass, Result, Ring, RingTensor};
 use veil_linear::fc::{fc_premask_client, fc_premask_server};
 use veil_linear::premask::{ClientMask, ServerMask};
 use veil_linear::triples::{triples_client, triples_server, Triple};
@@ -70,7 +70,7 @@ impl<'a> Planner<'a> {
 impl Engine for Planner<'_> {
     type Scope = ();
 
-    fn scope(&mut self, _class: &'static str) {}
+    fn scope(&mut self, _class: CostClass) {}
 
     fn linear(&mut self, id: LayerId, x: &RingTensor) -> Result<RingTensor> {
         let rows = x.shape()[0];
@@ -194,7 +194,7 @@ fn make_material<C: Channel, M>(
         products: VecDeque::new(),
     };
     for step in steps {
-        let _g = ch.meter().enter("MatMul");
+        let _g = ch.meter().enter(CostClass::MatMul);
         match (step, make(ch, step)?) {
             (Step::Fc(id, _), Made::Fc(mask)) => m.fc.push_back((*id, mask)),
             (_, Made::Products(t)) => m.products.push_back(t),

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
+use veil_core::CostClass;
 use veil_net::{LabelStats, Role};
 
 pub use veil_net::{NetworkModel, LAN, WAN};
@@ -13,7 +14,7 @@ pub use veil_net::{NetworkModel, LAN, WAN};
 /// Costs of one phase as one party metered them.
 #[derive(Clone, Debug, Default)]
 pub struct PhaseCost {
-    pub per_op: BTreeMap<String, LabelStats>,
+    pub per_op: BTreeMap<CostClass, LabelStats>,
 }
 
 impl PhaseCost {
@@ -29,7 +30,7 @@ impl PhaseCost {
         let per_op: serde_json::Map<String, Value> = self
             .per_op
             .iter()
-            .map(|(k, v)| (k.clone(), stats_json(v, role)))
+            .map(|(k, v)| (k.to_string(), stats_json(v, role)))
             .collect();
         let mut v = stats_json(&self.total(), role);
         v["per_op"] = Value::Object(per_op);
@@ -134,7 +135,7 @@ impl CostReport {
             line("offline total", &off.total());
         }
         for (k, v) in &self.online.per_op {
-            line(k, v);
+            line(k.as_str(), v);
         }
         let t = self.online.total();
         line("online total", &t);

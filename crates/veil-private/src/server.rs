@@ -585,34 +585,27 @@ impl Drop for RunningServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use veil_model::{Architecture, HeadKind};
+    use veil_model::Architecture;
 
     #[test]
     fn memory_estimate_grows_with_the_prompt_and_the_model() {
-        let base = ModelConfig::new(
-            Architecture::Bert,
-            100,
-            768,
-            12,
-            12,
-            3072,
-            512,
-            HeadKind::Pooler,
-            2,
-        )
-        .unwrap();
-        let small = ModelConfig::new(
-            Architecture::Bert,
-            100,
-            384,
-            2,
-            12,
-            1536,
-            512,
-            HeadKind::Pooler,
-            2,
-        )
-        .unwrap();
+        let base = ModelConfig::builder(Architecture::Bert)
+            .vocab(100)
+            .hidden(768)
+            .layers(12)
+            .heads(12)
+            .ffn(3072)
+            .positions(512)
+            .build()
+            .unwrap();
+        let small = ModelConfig::builder(Architecture::Bert)
+            .vocab(100)
+            .hidden(384)
+            .heads(12)
+            .ffn(1536)
+            .positions(512)
+            .build()
+            .unwrap();
         let e = |c: &ModelConfig, n| session_memory_estimate(c, n) >> 20;
         assert!(e(&base, 1) >= 256 && e(&base, 1) < 300);
         assert!(e(&base, 128) > e(&base, 16));

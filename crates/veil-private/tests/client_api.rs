@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use veil_core::FixedPoint;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{folder, random, Inputs};
 use veil_net::{Identity, ServerTls, TcpChannel};
 use veil_private::client::{argmax, softmax};

@@ -8,25 +8,17 @@ use std::time::{Duration, Instant};
 
 use veil_core::{Error, FixedPoint};
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
-use veil_model::{BlockVariant, HeadKind, ModelConfig};
+use veil_model::FixedModel;
+use veil_model::{BlockVariant, ModelConfig};
 use veil_net::{Channel, ClientTls, Identity, ServerPin, ServerTls};
 use veil_private::protocol::{Admission, Hello, Message};
 use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};
 
 fn config(layers: usize) -> ModelConfig {
-    let mut cfg = ModelConfig::new(
-        veil_model::Architecture::Bert,
-        50,
-        16,
-        layers,
-        2,
-        32,
-        16,
-        HeadKind::Pooler,
-        2,
-    )
-    .unwrap();
+    let mut cfg = ModelConfig::builder(veil_model::Architecture::Bert)
+        .layers(layers)
+        .build()
+        .unwrap();
     cfg.veil.blocks = vec![BlockVariant::friendly(); layers];
     cfg
 }

@@ -4,12 +4,12 @@
 //! which looks the rows up in fixed point and runs the embedding LayerNorm) exactly, for both
 //! lookup methods, and the cost report must show the embedding on its own line.
 
-use veil_core::{Error, FixedPoint, RingTensor};
+use veil_core::{CostClass, Error, FixedPoint, RingTensor};
 use veil_linear::LookupMethod;
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{
-    Activation, Architecture, BlockVariant, EmbeddingMode, HeadKind, ModelConfig, ProductTruncation,
+    Activation, Architecture, BlockVariant, EmbeddingMode, ModelConfig, ProductTruncation,
 };
 use veil_net::run_two_party;
 use veil_private::connection::Tokens;
@@ -18,7 +18,11 @@ use veil_private::{serve_session_with, ClientConnection, ServerModel};
 
 fn tiny(arch: Architecture, variant: BlockVariant) -> ModelConfig {
     // Vocabulary 60 > 2 × the sequence lengths below, so the batched method hashes the table.
-    let mut cfg = ModelConfig::new(arch, 60, 16, 2, 2, 32, 24, HeadKind::Pooler, 2).unwrap();
+    let mut cfg = ModelConfig::builder(arch)
+        .vocab(60)
+        .positions(24)
+        .build()
+        .unwrap();
     cfg.veil.blocks = vec![variant; 2];
     cfg.veil.product_truncation = ProductTruncation::Faithful;
     cfg.veil.embedding = EmbeddingMode::Private;
@@ -87,7 +91,7 @@ fn private_embedding_matches_the_simulator_exactly() {
         .unwrap();
         for ((y, report), w) in got.iter().zip(&want) {
             assert_eq!(y, w, "{arch:?} {method:?}");
-            let e = &report.online.per_op["Embedding"];
+            let e = &report.online.per_op[&CostClass::Embedding];
             assert!(e.bytes_sent > 0 && e.bytes_received > 0);
         }
     }

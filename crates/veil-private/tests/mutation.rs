@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 use veil_core::{FixedPoint, RingTensor};
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
-use veil_model::{BlockVariant, HeadKind, ModelConfig};
+use veil_model::FixedModel;
+use veil_model::{BlockVariant, ModelConfig};
 use veil_net::{run_two_party, Recording, Replay};
 use veil_private::protocol::{
     session_format, Admission, EmbeddingLookup, Hello, Message, OutputShare, PreprocessReply,
@@ -31,18 +31,11 @@ struct Fixture {
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
     F.get_or_init(|| {
-        let mut cfg = ModelConfig::new(
-            veil_model::Architecture::Bert,
-            40,
-            16,
-            1,
-            2,
-            32,
-            16,
-            HeadKind::Pooler,
-            2,
-        )
-        .unwrap();
+        let mut cfg = ModelConfig::builder(veil_model::Architecture::Bert)
+            .vocab(40)
+            .layers(1)
+            .build()
+            .unwrap();
         cfg.veil.blocks = vec![BlockVariant::friendly()];
         let t = random_transformer_with_std(&cfg, [17; 16], 0.2).unwrap();
         let fixed = FixedModel::encode(&t, FixedPoint::default_format()).unwrap();

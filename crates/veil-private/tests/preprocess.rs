@@ -7,10 +7,10 @@
 
 use veil_core::approx::Approx;
 use veil_core::wire::Writer;
-use veil_core::{FixedPoint, RingTensor};
+use veil_core::{CostClass, FixedPoint, RingTensor};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{
     Activation, Architecture, BlockVariant, HeadKind, ModelConfig, ProductTruncation,
 };
@@ -23,7 +23,11 @@ use veil_private::{serve_session, ClientConnection, ServerModel};
 use veil_private::{ClientOptions, RunningServer, ServeOptions, Server, Transport};
 
 fn tiny(arch: Architecture, variant: BlockVariant, head: HeadKind, seq: usize) -> ModelConfig {
-    let mut cfg = ModelConfig::new(arch, 50, 16, 2, 2, 32, seq, head, 2).unwrap();
+    let mut cfg = ModelConfig::builder(arch)
+        .positions(seq)
+        .head(head)
+        .build()
+        .unwrap();
     cfg.veil.blocks = vec![variant; 2];
     cfg.veil.product_truncation = ProductTruncation::Faithful;
     cfg
@@ -121,7 +125,7 @@ fn preprocessed_inferences_equal_the_simulator() {
             );
         }
         let matmul = |r: &veil_private::CostReport| {
-            let s = &r.online.per_op["MatMul"];
+            let s = &r.online.per_op[&CostClass::MatMul];
             s.bytes_sent + s.bytes_received
         };
         assert!(
@@ -136,7 +140,7 @@ fn preprocessed_inferences_equal_the_simulator() {
             .as_ref()
             .unwrap()
             .per_op
-            .contains_key("MatMul"));
+            .contains_key(&CostClass::MatMul));
     }
 }
 

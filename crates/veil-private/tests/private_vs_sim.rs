@@ -6,9 +6,9 @@
 use std::net::TcpListener;
 use std::sync::Arc;
 
-use veil_core::{FixedPoint, RingTensor};
+use veil_core::{CostClass, FixedPoint, RingTensor};
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{
     Activation, Architecture, BlockVariant, HeadKind, ModelConfig, ProductTruncation,
 };
@@ -21,7 +21,11 @@ fn tiny_of(
     head: HeadKind,
     labels: usize,
 ) -> ModelConfig {
-    let mut cfg = ModelConfig::new(arch, 50, 16, 2, 2, 32, 16, head, labels).unwrap();
+    let mut cfg = ModelConfig::builder(arch)
+        .head(head)
+        .labels(labels)
+        .build()
+        .unwrap();
     cfg.veil.blocks = vec![variant; 2];
     cfg.veil.product_truncation = ProductTruncation::Faithful;
     cfg
@@ -68,15 +72,15 @@ fn original_operators_match_the_simulator_exactly() {
     let (got, want, report) = run(&cfg, &[1, 7, 3, 9, 2], 1);
     assert_eq!(got, want);
     for op in [
-        "MatMul",
-        "Truncation",
-        "GELU",
-        "Softmax",
-        "LayerNorm",
-        "Head",
+        CostClass::MatMul,
+        CostClass::Truncation,
+        CostClass::Gelu,
+        CostClass::Softmax,
+        CostClass::LayerNorm,
+        CostClass::Head,
     ] {
         assert!(
-            report.online.per_op.contains_key(op),
+            report.online.per_op.contains_key(&op),
             "no cost line for {op}"
         );
     }
@@ -149,9 +153,13 @@ fn friendly_operators_match_the_simulator_exactly() {
     let cfg = tiny(BlockVariant::friendly(), HeadKind::Pooler, 3);
     let (got, want, report) = run(&cfg, &[4, 4, 11, 0, 5, 6, 8], 2);
     assert_eq!(got, want);
-    for op in ["ReLU", "ReLU-normalise", "Centring"] {
+    for op in [
+        CostClass::Relu,
+        CostClass::ReluNormalise,
+        CostClass::Centring,
+    ] {
         assert!(
-            report.online.per_op.contains_key(op),
+            report.online.per_op.contains_key(&op),
             "no cost line for {op}"
         );
     }
@@ -203,7 +211,8 @@ fn one_bit_error_truncation_stays_within_its_bound() {
             c.veil.product_truncation = ProductTruncation::Faithful;
             run(&c, &[3, 8, 1, 12, 40, 2, 2, 9], seed).2
         };
-        let cost = |r: &veil_private::CostReport| r.online.per_op["Truncation"].bytes_sent;
+        let cost =
+            |r: &veil_private::CostReport| r.online.per_op[&CostClass::Truncation].bytes_sent;
         assert!(
             cost(&report) < cost(&faithful),
             "one-bit-error truncation is not cheaper: {} vs {} bytes",
@@ -217,18 +226,13 @@ fn one_bit_error_truncation_stays_within_its_bound() {
 /// session's share-product keys reach it, and the logits stay within the same bound.
 #[test]
 fn layer_norm_on_he_rows_stays_within_its_bound() {
-    let mut cfg = ModelConfig::new(
-        Architecture::Bert,
-        50,
-        512,
-        1,
-        2,
-        64,
-        16,
-        HeadKind::Pooler,
-        3,
-    )
-    .unwrap();
+    let mut cfg = ModelConfig::builder(Architecture::Bert)
+        .hidden(512)
+        .layers(1)
+        .ffn(64)
+        .labels(3)
+        .build()
+        .unwrap();
     cfg.veil.blocks = vec![BlockVariant::exact(Activation::Gelu)];
     cfg.veil.product_truncation = ProductTruncation::OneBitError;
     let (got, want, _) = run(&cfg, &[3, 8, 1, 12], 21);
@@ -330,18 +334,11 @@ fn client_gets_a_clear_error_when_the_server_hangs_up() {
 /// distinct lengths it has served (the structure's size, not the process's memory).
 #[test]
 fn one_prepared_model_serves_every_length_exactly() {
-    let mut cfg = ModelConfig::new(
-        Architecture::Bert,
-        50,
-        16,
-        1,
-        2,
-        32,
-        512,
-        HeadKind::Pooler,
-        2,
-    )
-    .unwrap();
+    let mut cfg = ModelConfig::builder(Architecture::Bert)
+        .layers(1)
+        .positions(512)
+        .build()
+        .unwrap();
     cfg.veil.blocks = vec![BlockVariant::friendly()];
     cfg.veil.product_truncation = ProductTruncation::Faithful;
     let (sim_model, server) = models(&cfg, 21);

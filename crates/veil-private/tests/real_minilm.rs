@@ -6,7 +6,7 @@
 //! `veil_test_harness`).
 
 use veil_core::FixedPoint;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{fetch, folder, Model, ProductTruncation};
 use veil_net::run_two_party;
 use veil_private::{serve_session, ClientConnection, ServerModel};

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use veil_core::{Error, FixedPoint};
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
-use veil_model::{BlockVariant, HeadKind, ModelConfig, ProductTruncation};
+use veil_model::FixedModel;
+use veil_model::{BlockVariant, ModelConfig, ProductTruncation};
 use veil_net::{Channel, ClientTls, Fingerprint, Identity, ServerPin, ServerTls};
 use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};
 
@@ -68,18 +68,9 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
         .with_max_level(tracing::Level::INFO)
         .init();
 
-    let mut cfg = ModelConfig::new(
-        veil_model::Architecture::Bert,
-        50,
-        16,
-        2,
-        2,
-        32,
-        16,
-        HeadKind::Pooler,
-        2,
-    )
-    .unwrap();
+    let mut cfg = ModelConfig::builder(veil_model::Architecture::Bert)
+        .build()
+        .unwrap();
     cfg.veil.blocks = vec![BlockVariant::friendly(); 2];
     cfg.veil.product_truncation = ProductTruncation::Faithful;
     let fp = FixedPoint::default_format();

@@ -14,9 +14,9 @@ use veil_core::{FixedPoint, Ring, RingTensor};
 use veil_he::{ParamSet, Params};
 use veil_linear::lookup::LookupMethod;
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
 use veil_model::EmbeddingMode;
-use veil_model::{Activation, Architecture, BlockVariant, HeadKind, ModelConfig};
+use veil_model::FixedModel;
+use veil_model::{Activation, Architecture, BlockVariant, ModelConfig};
 use veil_net::{run_two_party, Recording};
 use veil_private::connection::Tokens;
 use veil_private::embedding::ServerEmbedding;
@@ -222,18 +222,11 @@ fn find(stream: &[u8], targets: &Targets, ring: Ring) -> Option<String> {
 }
 
 fn config(embedding: EmbeddingMode) -> ModelConfig {
-    let mut cfg = ModelConfig::new(
-        Architecture::Bert,
-        60,
-        16,
-        1,
-        2,
-        32,
-        16,
-        HeadKind::Pooler,
-        2,
-    )
-    .unwrap();
+    let mut cfg = ModelConfig::builder(Architecture::Bert)
+        .vocab(60)
+        .layers(1)
+        .build()
+        .unwrap();
     cfg.veil.blocks = vec![BlockVariant::exact(Activation::Gelu)];
     cfg.veil.embedding = embedding;
     cfg

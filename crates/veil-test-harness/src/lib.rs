@@ -11,8 +11,14 @@
 //!
 //! Each trial asks for its resource when it runs (test files keep the answer in a `OnceLock`,
 //! so it is decided once per process), so listing or filtering the tests fetches nothing.
+//!
+//! It also holds the fixtures the protocol crates' tests share: [`two_party`] runs both parties
+//! of a protocol in one test.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod two_party;
 
 use std::fmt::Display;
 

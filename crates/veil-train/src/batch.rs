@@ -3,7 +3,7 @@
 use candle_core::{Device, Tensor};
 use veil_core::{ensure, Result};
 
-use crate::candle_err;
+use veil_model::candle_error;
 
 /// One tokenised example: word-piece ids, segment (token type) ids, class id.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +62,7 @@ impl Batch {
                 labels: Tensor::from_vec(labels, n, device)?,
             })
         };
-        make().map_err(candle_err)
+        make().map_err(candle_error("building a batch"))
     }
 
     /// Examples in the batch.

@@ -12,8 +12,8 @@ use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 use veil_core::{ensure, Error, Result};
 
-use crate::candle_err;
 use crate::optim::AdamW;
+use veil_model::candle_error;
 
 /// Progress of a run, and what it was started with (a resume with different settings or data
 /// would silently train something else, so it is refused).
@@ -56,9 +56,10 @@ pub(crate) fn save(
         .iter()
         .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
         .collect();
-    candle_core::safetensors::save(&tensors, params_file(dir, state.step)).map_err(candle_err)?;
+    candle_core::safetensors::save(&tensors, params_file(dir, state.step))
+        .map_err(candle_error("checkpoint"))?;
     candle_core::safetensors::save(&opt.state_tensors(), optimizer_file(dir, state.step))
-        .map_err(candle_err)?;
+        .map_err(candle_error("checkpoint"))?;
     write_json_atomically(&dir.join(STATE_FILE), state)?;
     if let Some(old) = previous.filter(|&s| s != state.step) {
         // Best effort: a leftover old file is harmless, state.json no longer points at it.
@@ -114,8 +115,11 @@ pub(crate) fn restore(
             t.dims(),
             var.dims()
         );
-        var.set(&t.to_dtype(var.dtype()).map_err(candle_err)?)
-            .map_err(candle_err)?;
+        var.set(
+            &t.to_dtype(var.dtype())
+                .map_err(candle_error("checkpoint"))?,
+        )
+        .map_err(candle_error("checkpoint"))?;
     }
     ensure!(
         saved.len() == params.len(),

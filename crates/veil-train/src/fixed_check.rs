@@ -5,12 +5,12 @@
 
 use candle_core::Device;
 use veil_core::{ensure, FixedPoint, Result};
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::Transformer;
 
 use crate::batch::EncodedExample;
-use crate::candle_err;
 use crate::report::{BlockFixedPoint, FixedPointCheck};
+use veil_model::candle_error;
 
 fn argmax(v: &[f64]) -> usize {
     v.iter()
@@ -50,9 +50,11 @@ pub fn check_fixed_point(
     let mut agree = 0usize;
     for e in examples {
         let sim = fixed.forward(&e.ids, &e.type_ids)?;
-        let batch =
-            veil_model::Batch::single(&e.ids, &e.type_ids, &Device::Cpu).map_err(candle_err)?;
-        let float = model.forward(&batch).map_err(candle_err)?;
+        let batch = veil_model::Batch::single(&e.ids, &e.type_ids, &Device::Cpu)
+            .map_err(candle_error("f32 forward pass"))?;
+        let float = model
+            .forward(&batch)
+            .map_err(candle_error("f32 forward pass"))?;
         // Entry 0 of both is the embedding output; blocks follow.
         for (i, summary) in per_block.iter_mut().enumerate() {
             let report = &sim.reports[i + 1];
@@ -62,7 +64,7 @@ pub fn check_fixed_point(
             let reference: Vec<f32> = float.hidden_states[i + 1]
                 .flatten_all()
                 .and_then(|t| t.to_vec1())
-                .map_err(candle_err)?;
+                .map_err(candle_error("f32 forward pass"))?;
             let simulated = sim.hidden_states[i + 1].decode(fp);
             ensure!(
                 reference.len() == simulated.len(),
@@ -80,7 +82,7 @@ pub fn check_fixed_point(
             let float_logits: Vec<f32> = float_logits
                 .flatten_all()
                 .and_then(|t| t.to_vec1())
-                .map_err(candle_err)?;
+                .map_err(candle_error("f32 forward pass"))?;
             let float_logits: Vec<f64> = float_logits.iter().map(|&x| x as f64).collect();
             agree += (argmax(&sim_logits) == argmax(&float_logits)) as usize;
         }

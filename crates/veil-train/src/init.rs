@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use veil_core::Result;
 
-use crate::candle_err;
+use veil_model::candle_error;
 
 /// Overwrites `var` with N(0, std²) samples (Box–Muller over `rng`).
 pub(crate) fn fill_normal(var: &Var, std: f64, rng: &mut StdRng) -> Result<()> {
@@ -20,14 +20,17 @@ pub(crate) fn fill_normal(var: &Var, std: f64, rng: &mut StdRng) -> Result<()> {
         .collect();
     let t = Tensor::from_vec(samples, var.shape(), var.device())
         .and_then(|t| t.to_dtype(var.dtype()))
-        .map_err(candle_err)?;
-    var.set(&t).map_err(candle_err)
+        .map_err(candle_error("initialising weights"))?;
+    var.set(&t).map_err(candle_error("initialising weights"))
 }
 
 /// Overwrites `var` with zeros.
 pub(crate) fn fill_zeros(var: &Var) -> Result<()> {
-    var.set(&var.zeros_like().map_err(candle_err)?)
-        .map_err(candle_err)
+    var.set(
+        &var.zeros_like()
+            .map_err(candle_error("initialising weights"))?,
+    )
+    .map_err(candle_error("initialising weights"))
 }
 
 #[cfg(test)]

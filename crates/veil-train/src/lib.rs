@@ -45,8 +45,3 @@ pub use train::{
 pub use workflow::{
     finetune, substitute, DataOptions, FinetuneOptions, SubstituteOptions, SubstituteOutcome,
 };
-
-/// candle's errors into Veil's (the orphan rule forbids a `From` impl between two foreign types).
-pub(crate) fn candle_err(e: candle_core::Error) -> veil_core::Error {
-    veil_core::Error::Other(format!("candle: {e}"))
-}

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use veil_core::{bail, ensure, Result};
 
 use crate::batch::ClassifierOutput;
-use crate::candle_err;
+use veil_model::candle_error;
 
 /// Keeps the gradient of the L2 norm finite at zero: ‖x‖ ≈ sqrt(‖x‖² + ε²) − ε, off by < ε.
 const NORM_EPS: f64 = 1e-6;
@@ -118,7 +118,7 @@ pub(crate) struct LossTerms {
 
 /// Mean cross-entropy of `logits` (batch × classes) against `labels` (batch, u32).
 pub(crate) fn task_loss(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
-    candle_nn::loss::cross_entropy(logits, labels).map_err(candle_err)
+    candle_nn::loss::cross_entropy(logits, labels).map_err(candle_error("loss"))
 }
 
 /// ½ Σ ‖W‖² / P over the rank ≥ 2 tensors among `params` (P: their number of entries).
@@ -131,15 +131,15 @@ pub(crate) fn decay_loss(params: &[Var]) -> Result<Tensor> {
             .as_tensor()
             .sqr()
             .and_then(|s| s.sum_all())
-            .map_err(candle_err)?;
+            .map_err(candle_error("loss"))?;
         total = Some(match total {
             None => sq,
-            Some(t) => (t + sq).map_err(candle_err)?,
+            Some(t) => (t + sq).map_err(candle_error("loss"))?,
         });
     }
     match total {
-        Some(t) => (t * (0.5 / entries as f64)).map_err(candle_err),
-        None => Tensor::new(0f32, &candle_core::Device::Cpu).map_err(candle_err),
+        Some(t) => (t * (0.5 / entries as f64)).map_err(candle_error("loss")),
+        None => Tensor::new(0f32, &candle_core::Device::Cpu).map_err(candle_error("loss")),
     }
 }
 
@@ -154,7 +154,7 @@ pub(crate) fn bound_loss(hidden_states: &[Tensor], mask: &Tensor, bound: f64) ->
     let mask = mask
         .to_dtype(DType::F32)
         .and_then(|m| m.unsqueeze(D::Minus1))
-        .map_err(candle_err)?;
+        .map_err(candle_error("loss"))?;
     let mut total: Option<Tensor> = None;
     for h in hidden_states {
         ensure!(
@@ -167,13 +167,16 @@ pub(crate) fn bound_loss(hidden_states: &[Tensor], mask: &Tensor, bound: f64) ->
             let sq = excess.sqr()?.sum((1, 2))?;
             (sq + NORM_EPS * NORM_EPS)?.sqrt()? - NORM_EPS
         })()
-        .map_err(candle_err)?;
+        .map_err(candle_error("loss"))?;
         total = Some(match total {
             None => per_example,
-            Some(t) => (t + per_example).map_err(candle_err)?,
+            Some(t) => (t + per_example).map_err(candle_error("loss"))?,
         });
     }
-    total.expect("non-empty").mean_all().map_err(candle_err)
+    total
+        .expect("non-empty")
+        .mean_all()
+        .map_err(candle_error("loss"))
 }
 
 /// L_distill of the module docs for one batch (`mask` as for [`bound_loss`]). The teacher's
@@ -232,7 +235,7 @@ pub(crate) fn distill_loss(
         }?;
         kl + mse
     })()
-    .map_err(candle_err)
+    .map_err(candle_error("loss"))
 }
 
 /// Eq. 1 for one batch, plus the distillation term towards `teacher`'s outputs on the same
@@ -247,18 +250,21 @@ pub(crate) fn combined_loss(
 ) -> Result<LossTerms> {
     weights.validate()?;
     let task = task_loss(&out.logits, labels)?;
-    let mut total = (&task * (1.0 - weights.alpha1 - weights.alpha2)).map_err(candle_err)?;
+    let mut total =
+        (&task * (1.0 - weights.alpha1 - weights.alpha2)).map_err(candle_error("loss"))?;
     let scalar = |t: &Tensor| t.to_dtype(DType::F32).and_then(|t| t.to_scalar::<f32>());
-    let mut terms = (scalar(&task).map_err(candle_err)?, 0.0, 0.0, 0.0);
+    let mut terms = (scalar(&task).map_err(candle_error("loss"))?, 0.0, 0.0, 0.0);
     if weights.alpha1 > 0.0 {
         let decay = decay_loss(trainable)?;
-        terms.1 = scalar(&decay).map_err(candle_err)?;
-        total = (total + (decay * weights.alpha1).map_err(candle_err)?).map_err(candle_err)?;
+        terms.1 = scalar(&decay).map_err(candle_error("loss"))?;
+        total = (total + (decay * weights.alpha1).map_err(candle_error("loss"))?)
+            .map_err(candle_error("loss"))?;
     }
     if let (Some(b), true) = (weights.bound, weights.alpha2 > 0.0) {
         let bound = bound_loss(&out.hidden_states, mask, b)?;
-        terms.2 = scalar(&bound).map_err(candle_err)?;
-        total = (total + (bound * weights.alpha2).map_err(candle_err)?).map_err(candle_err)?;
+        terms.2 = scalar(&bound).map_err(candle_error("loss"))?;
+        total = (total + (bound * weights.alpha2).map_err(candle_error("loss"))?)
+            .map_err(candle_error("loss"))?;
     }
     if weights.distill > 0.0 {
         let Some(teacher) = teacher else {
@@ -268,8 +274,9 @@ pub(crate) fn combined_loss(
             )
         };
         let distill = distill_loss(out, teacher, mask)?;
-        terms.3 = scalar(&distill).map_err(candle_err)?;
-        total = (total + (distill * weights.distill).map_err(candle_err)?).map_err(candle_err)?;
+        terms.3 = scalar(&distill).map_err(candle_error("loss"))?;
+        total = (total + (distill * weights.distill).map_err(candle_error("loss"))?)
+            .map_err(candle_error("loss"))?;
     }
     Ok(LossTerms {
         total,

@@ -10,7 +10,7 @@ use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 use veil_core::{ensure, Error, Result};
 
-use crate::candle_err;
+use veil_model::candle_error;
 
 /// AdamW hyper-parameters. `weight_decay` is the *decoupled* decay of AdamW; the paper's decay
 /// term lives in the loss ([`crate::loss`]), so it defaults to 0 to avoid decaying twice.
@@ -75,7 +75,7 @@ pub(crate) struct AdamW {
 impl AdamW {
     /// An optimiser of `params` with zero moments.
     pub(crate) fn new(params: Vec<(String, Var)>, config: AdamWConfig) -> Result<Self> {
-        let zeros = |v: &Var| v.zeros_like().map_err(candle_err);
+        let zeros = |v: &Var| v.zeros_like().map_err(candle_error("optimizer step"));
         let first = params
             .iter()
             .map(|(_, v)| zeros(v))
@@ -125,7 +125,7 @@ impl AdamW {
                 var.set(&next)?;
                 Ok::<_, candle_core::Error>((m, v))
             })()
-            .map_err(candle_err)?;
+            .map_err(candle_error("optimizer step"))?;
             self.first[i] = update.0;
             self.second[i] = update.1;
         }
@@ -161,7 +161,9 @@ impl AdamW {
                     t.dims(),
                     var.dims()
                 );
-                *slot = t.to_dtype(var.dtype()).map_err(candle_err)?;
+                *slot = t
+                    .to_dtype(var.dtype())
+                    .map_err(candle_error("optimizer step"))?;
             }
         }
         self.steps_taken = steps_taken;
@@ -179,7 +181,7 @@ pub(crate) fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64)
                 .sqr()
                 .and_then(|s| s.sum_all())
                 .and_then(|s| s.to_scalar::<f32>());
-            sum_sq += s.map_err(candle_err)? as f64;
+            sum_sq += s.map_err(candle_error("optimizer step"))? as f64;
         }
     }
     let norm = sum_sq.sqrt();
@@ -192,7 +194,10 @@ pub(crate) fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64)
         let scale = max_norm / (norm + 1e-6);
         for v in vars {
             if let Some(g) = grads.remove(v.as_tensor()) {
-                grads.insert(v.as_tensor(), (g * scale).map_err(candle_err)?);
+                grads.insert(
+                    v.as_tensor(),
+                    (g * scale).map_err(candle_error("optimizer step"))?,
+                );
             }
         }
     }

@@ -16,10 +16,10 @@ use serde::{Deserialize, Serialize};
 use veil_core::{ensure, Error, Result};
 
 use crate::batch::{Batch, EncodedExample, SequenceClassifier};
-use crate::candle_err;
 use crate::checkpoint::{self, TrainState};
 use crate::loss::{combined_loss, LossWeights};
 use crate::optim::{clip_grad_norm, AdamW, AdamWConfig, LinearSchedule};
+use veil_model::candle_error;
 
 /// Settings of one fine-tuning run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -337,12 +337,14 @@ pub fn train_with_teacher<M: SequenceClassifier>(
         let batch = Batch::new(&members, &device)?;
         // The teacher first, detached at once, so its graph is gone before the student's.
         let teacher_out = match teacher {
-            Some(t) if config.loss.distill > 0.0 => {
-                Some(t.forward(&batch).map_err(candle_err)?.detach())
-            }
+            Some(t) if config.loss.distill > 0.0 => Some(
+                t.forward(&batch)
+                    .map_err(candle_error("training"))?
+                    .detach(),
+            ),
             _ => None,
         };
-        let out = model.forward(&batch).map_err(candle_err)?;
+        let out = model.forward(&batch).map_err(candle_error("training"))?;
         let terms = combined_loss(
             &config.loss,
             &out,
@@ -351,19 +353,19 @@ pub fn train_with_teacher<M: SequenceClassifier>(
             &vars,
             teacher_out.as_ref(),
         )?;
-        let total: f32 = terms.total.to_scalar().map_err(candle_err)?;
+        let total: f32 = terms.total.to_scalar().map_err(candle_error("training"))?;
         ensure!(
             total.is_finite(),
             Other,
             "loss is not finite at step {step}: training diverged"
         );
-        let mut grads = terms.total.backward().map_err(candle_err)?;
+        let mut grads = terms.total.backward().map_err(candle_error("training"))?;
         clip_grad_norm(&mut grads, &vars, config.max_grad_norm)?;
         opt.step(&grads, schedule.lr(step))?;
 
         loss_sum += total as f64;
         seen += batch.len();
-        hits += correct(&out.logits, &batch.labels).map_err(candle_err)?;
+        hits += correct(&out.logits, &batch.labels).map_err(candle_error("training"))?;
         let done = step + 1;
         bar.set_position(done);
         bar.set_message(format!(
@@ -449,17 +451,23 @@ pub fn evaluate<M: SequenceClassifier>(
     for chunk in data.chunks(batch_size) {
         let members: Vec<&EncodedExample> = chunk.iter().collect();
         let batch = Batch::new(&members, &Device::Cpu)?;
-        let out = model.forward(&batch).map_err(candle_err)?;
-        hits += correct(&out.logits, &batch.labels).map_err(candle_err)?;
-        classes = out.logits.dim(D::Minus1).map_err(candle_err)?;
-        let predicted =
-            (|| out.logits.argmax(D::Minus1)?.to_vec1::<u32>())().map_err(candle_err)?;
-        let labels = batch.labels.to_vec1::<u32>().map_err(candle_err)?;
+        let out = model.forward(&batch).map_err(candle_error("evaluation"))?;
+        hits += correct(&out.logits, &batch.labels).map_err(candle_error("evaluation"))?;
+        classes = out
+            .logits
+            .dim(D::Minus1)
+            .map_err(candle_error("evaluation"))?;
+        let predicted = (|| out.logits.argmax(D::Minus1)?.to_vec1::<u32>())()
+            .map_err(candle_error("evaluation"))?;
+        let labels = batch
+            .labels
+            .to_vec1::<u32>()
+            .map_err(candle_error("evaluation"))?;
         pairs.extend(predicted.into_iter().zip(labels));
         let mask = batch
             .attention_mask
             .unsqueeze(D::Minus1)
-            .map_err(candle_err)?;
+            .map_err(candle_error("evaluation"))?;
         if max_abs.is_empty() {
             max_abs = vec![0.0; out.hidden_states.len()];
         }
@@ -476,7 +484,7 @@ pub fn evaluate<M: SequenceClassifier>(
                     .max_all()?
                     .to_scalar::<f32>()
             })()
-            .map_err(candle_err)?;
+            .map_err(candle_error("evaluation"))?;
             *m = m.max(block_max);
         }
     }

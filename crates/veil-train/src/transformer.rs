@@ -12,8 +12,8 @@ use veil_core::{bail, ensure, Error, Result};
 use veil_model::{folder, BlockVariant, Inputs, ModelConfig, Transformer};
 
 use crate::batch::{Batch, ClassifierOutput, SequenceClassifier};
-use crate::candle_err;
 use crate::init::{fill_normal, fill_zeros};
+use veil_model::candle_error;
 
 /// Files of [`TrainableTransformer::write_state`].
 const STATE_PARAMS: &str = "params.safetensors";
@@ -123,8 +123,11 @@ impl TrainableTransformer {
                         t.dims(),
                         var.dims()
                     );
-                    var.set(&t.to_dtype(DType::F32).map_err(candle_err)?)
-                        .map_err(candle_err)?;
+                    var.set(
+                        &t.to_dtype(DType::F32)
+                            .map_err(candle_error("model parameters"))?,
+                    )
+                    .map_err(candle_error("model parameters"))?;
                 }
                 None if ParamGroup::of(name) == ParamGroup::Head => {
                     if var.rank() >= 2 {
@@ -235,7 +238,11 @@ impl TrainableTransformer {
     pub fn parameter_values(&self) -> Result<Vec<Tensor>> {
         self.params
             .iter()
-            .map(|(_, v)| v.as_tensor().copy().map_err(candle_err))
+            .map(|(_, v)| {
+                v.as_tensor()
+                    .copy()
+                    .map_err(candle_error("model parameters"))
+            })
             .collect()
     }
 
@@ -247,7 +254,7 @@ impl TrainableTransformer {
             "parameter count differs"
         );
         for ((_, var), value) in self.params.iter().zip(values) {
-            var.set(value).map_err(candle_err)?;
+            var.set(value).map_err(candle_error("model parameters"))?;
         }
         Ok(())
     }
@@ -260,7 +267,8 @@ impl TrainableTransformer {
             .iter()
             .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
             .collect();
-        candle_core::safetensors::save(&tensors, dir.join(STATE_PARAMS)).map_err(candle_err)?;
+        candle_core::safetensors::save(&tensors, dir.join(STATE_PARAMS))
+            .map_err(candle_error("model parameters"))?;
         let json =
             serde_json::to_vec_pretty(&self.variants()).map_err(|e| Error::Other(e.to_string()))?;
         let path = dir.join(STATE_VARIANTS);

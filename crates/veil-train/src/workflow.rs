@@ -627,7 +627,7 @@ fn run_fingerprint(
             .as_tensor()
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
-            .map_err(crate::candle_err)?;
+            .map_err(veil_model::candle_error("hashing the weights"))?;
         values.iter().for_each(|v| weights.eat(v.to_bits()));
     }
     // Absolute, so the same run started from another directory is still the same run.
@@ -832,18 +832,14 @@ mod tests {
             "{err}"
         );
 
-        let mut config = ModelConfig::new(
-            veil_model::Architecture::Bert,
-            10,
-            8,
-            1,
-            2,
-            16,
-            16,
-            veil_model::HeadKind::MeanPool,
-            2,
-        )
-        .unwrap();
+        let mut config = ModelConfig::builder(veil_model::Architecture::Bert)
+            .vocab(10)
+            .hidden(8)
+            .layers(1)
+            .ffn(16)
+            .head(veil_model::HeadKind::MeanPool)
+            .build()
+            .unwrap();
         check_inputs(&config, Inputs::Pairs, file).unwrap();
         config.veil.inputs = Some(Inputs::Single);
         check_inputs(&config, Inputs::Single, file).unwrap();

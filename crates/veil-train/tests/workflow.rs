@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
-use veil_model::config::Architecture;
-use veil_model::{folder, random, HeadKind, ModelConfig};
+use veil_model::Architecture;
+use veil_model::{folder, random, ModelConfig};
 use veil_train::transformer::{Freeze, TrainableTransformer};
 use veil_train::workflow::{labelled_examples, TrainingRecord, RECORD_FILE};
 use veil_train::{
@@ -21,18 +21,14 @@ const NEGATIVE: [&str; 3] = ["bad", "dull", "awful"];
 
 /// A 2-block BERT (hidden 32) with seeded weights, no classifier, and a word-level vocabulary.
 fn tiny_bert_folder(dir: &Path) {
-    let cfg = ModelConfig::new(
-        Architecture::Bert,
-        24,
-        32,
-        2,
-        2,
-        64,
-        32,
-        HeadKind::Pooler,
-        0,
-    )
-    .unwrap();
+    let cfg = ModelConfig::builder(Architecture::Bert)
+        .vocab(24)
+        .hidden(32)
+        .ffn(64)
+        .positions(32)
+        .labels(0)
+        .build()
+        .unwrap();
     let model = random::random_transformer_with_std(&cfg, [7; 16], 0.1).unwrap();
     folder::save(dir, &model, None).unwrap();
     let mut vocab = vec!["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"];

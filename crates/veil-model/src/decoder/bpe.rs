@@ -13,7 +13,7 @@ use veil_core::{Error, Result};
 
 /// How text is split before BPE (llama.cpp's `tokenizer.ggml.pre`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PreSplit {
+pub(crate) enum PreSplit {
     /// The GPT-2 regex only.
     Gpt2,
     /// Every digit on its own, then the GPT-2 regex (SmolLM, StarCoder).
@@ -22,7 +22,7 @@ pub enum PreSplit {
 
 impl PreSplit {
     /// The split llama.cpp names `pre` (absent: GPT-2's); others are refused by name.
-    pub fn from_gguf(pre: Option<&str>, source: &str) -> Result<Self> {
+    pub(crate) fn from_gguf(pre: Option<&str>, source: &str) -> Result<Self> {
         match pre {
             None | Some("default") | Some("gpt-2") | Some("gpt2") => Ok(PreSplit::Gpt2),
             Some("smollm") | Some("starcoder") | Some("refact") | Some("codeshell") => {
@@ -38,7 +38,8 @@ impl PreSplit {
 
 /// One vocabulary entry that is matched whole before BPE (`<|im_start|>`, …).
 #[derive(Clone, Debug)]
-pub struct SpecialToken {
+pub(crate) struct SpecialToken {
+    /// The token's text.
     pub content: String,
     /// Control tokens (`special`) vs user-defined ones.
     pub special: bool,
@@ -47,7 +48,7 @@ pub struct SpecialToken {
 /// A byte-level BPE tokenizer: no prefix space, no normaliser; `specials` (already in
 /// `tokens`) encode as single ids; `bos` (token, id), when given, is prepended to prompts
 /// encoded with special tokens.
-pub fn byte_level_bpe(
+pub(crate) fn byte_level_bpe(
     tokens: &[String],
     merges: &[String],
     specials: &[SpecialToken],

@@ -10,10 +10,12 @@ use veil_core::{Error, Result};
 pub struct ChatMessage {
     /// `system`, `user` or `assistant`.
     pub role: String,
+    /// What was said.
     pub content: String,
 }
 
 impl ChatMessage {
+    /// A turn by `role`.
     pub fn new(role: &str, content: &str) -> Self {
         ChatMessage {
             role: role.into(),

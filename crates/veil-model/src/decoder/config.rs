@@ -15,12 +15,19 @@ pub enum DecoderFamily {
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     /// Positions divided by `factor` (HF `"linear"`).
-    Linear { factor: f64 },
+    Linear {
+        /// How much longer the context is than the trained one.
+        factor: f64,
+    },
     /// Llama 3.1's band-wise frequency scaling (HF `"llama3"`).
     Llama3 {
+        /// How much longer the context is than the trained one.
         factor: f64,
+        /// Wavelengths above original / this are scaled by `factor`.
         low_freq_factor: f64,
+        /// Wavelengths below original / this are kept.
         high_freq_factor: f64,
+        /// The context length the model was trained for.
         original_max_position_embeddings: usize,
     },
 }
@@ -65,15 +72,20 @@ impl RopeScaling {
 /// Everything the composition needs to know about a decoder's shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecoderConfig {
+    /// Llama family or GPT-2: the block's layout and operators.
     pub family: DecoderFamily,
+    /// Token ids are below this.
     pub vocab_size: usize,
+    /// The residual stream's width.
     pub hidden: usize,
+    /// The number of blocks.
     pub layers: usize,
     /// Query heads.
     pub heads: usize,
     /// Key/value heads: grouped-query attention when fewer than `heads` (each serves
     /// `heads / kv_heads` query heads).
     pub kv_heads: usize,
+    /// The width of one head.
     pub head_dim: usize,
     /// MLP width.
     pub intermediate: usize,
@@ -81,12 +93,17 @@ pub struct DecoderConfig {
     pub norm_eps: f64,
     /// Rotary base (Llama family only; unused by GPT-2).
     pub rope_theta: f64,
+    /// How the rotary frequencies are stretched for long contexts, if at all.
     pub rope_scaling: Option<RopeScaling>,
     /// Longest sequence the model was trained for (GPT-2: the size of its position table).
     pub max_positions: usize,
+    /// Whether q/k/v/o have biases.
     pub attention_bias: bool,
+    /// Whether the MLP's projections have biases.
     pub mlp_bias: bool,
+    /// Whether the LM head is the token embedding.
     pub tie_word_embeddings: bool,
+    /// The token a prompt starts with, if the model has one.
     pub bos_token_id: Option<u32>,
     /// Generation stops at any of these.
     pub eos_token_ids: Vec<u32>,

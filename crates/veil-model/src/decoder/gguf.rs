@@ -450,7 +450,10 @@ impl Gguf<'_> {
         }
         let q = info
             .read(reader, self.content.tensor_data_offset, &Device::Cpu)
-            .map_err(|e| self.err(format!("tensor {name} ({:?}): {e}", info.ggml_dtype)))?;
+            .map_err(crate::candle_error(&format!(
+                "{}: tensor {name} ({:?})",
+                self.name, info.ggml_dtype
+            )))?;
         let t = q.dequantize(&Device::Cpu).map_err(|e| {
             Error::Unsupported(format!(
                 "{}: tensor {name}: candle cannot dequantise type {:?}: {e}",
@@ -459,7 +462,10 @@ impl Gguf<'_> {
         })?;
         t.flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
-            .map_err(|e| self.err(format!("tensor {name}: {e}")))
+            .map_err(crate::candle_error(&format!(
+                "{}: tensor {name}",
+                self.name
+            )))
     }
 }
 

@@ -119,8 +119,8 @@ fn read_tensors(dir: &Path) -> Result<(HashMap<String, Tensor>, String)> {
             Error::NotFound(format!("{name} (a decoder folder needs its weights)"))
         });
     }
-    let raw = candle_core::safetensors::load(&path, &Device::Cpu)
-        .map_err(|e| Error::Malformed(format!("{name}: {e}")))?;
+    let raw =
+        candle_core::safetensors::load(&path, &Device::Cpu).map_err(crate::candle_error(&name))?;
     let tensors = raw
         .into_iter()
         .map(|(k, v)| {
@@ -160,7 +160,10 @@ impl Checkpoint {
         t.to_dtype(DType::F32)
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1::<f32>())
-            .map_err(|e| self.err(format!("tensor {name}: {e}")))
+            .map_err(crate::candle_error(&format!(
+                "{}: tensor {name}",
+                self.source
+            )))
     }
 
     fn has(&self, name: &str) -> bool {

@@ -8,7 +8,7 @@ use veil_core::{Error, Result};
 use super::config::{DecoderConfig, DecoderFamily, RopeScaling};
 
 /// `model_type`s Veil loads as decoders.
-pub const MODEL_TYPES: [&str; 4] = ["llama", "qwen2", "mistral", "gpt2"];
+pub(crate) const MODEL_TYPES: [&str; 4] = ["llama", "qwen2", "mistral", "gpt2"];
 
 /// Fields that do not change an inference forward pass (bookkeeping, training-only dropout,
 /// heads Veil does not build, tokenizer ids used only by other tools).
@@ -156,7 +156,7 @@ impl Fields {
 }
 
 /// Parses `config.json` text; `source` names the file in errors.
-pub fn parse(text: &str, source: &str) -> Result<DecoderConfig> {
+pub(crate) fn parse(text: &str, source: &str) -> Result<DecoderConfig> {
     let map = match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(m)) => m,
         Ok(_) => return Err(Error::Malformed(format!("{source}: not a JSON object"))),

@@ -12,14 +12,22 @@
 //! * [`sample`]: greedy, temperature, top-k, top-p with a seeded generator.
 
 mod bpe;
+/// Chat messages and the model's Jinja template.
 pub mod chat;
+/// The decoder's shape and family.
 pub mod config;
+/// Reading llama GGUF files.
 pub mod gguf;
+/// Reading Hugging Face decoder folders.
 pub mod hf;
 mod hf_config;
+/// Tiny seeded decoders written as folders and GGUF files, for tests.
 pub mod random;
+/// Picking the next token from the logits.
 pub mod sample;
+/// The byte-level BPE tokenizer and its streaming decoder.
 pub mod tokenizer;
+/// The f32 weights in Hugging Face layout.
 pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};
@@ -37,7 +45,9 @@ use crate::source::{hf_cache_snapshot, known_names, looks_like_model_id};
 /// A decoder ready to run: its weights and its tokenizer.
 #[derive(Clone, Debug)]
 pub struct DecoderModel {
+    /// The f32 weights.
     pub weights: DecoderWeights,
+    /// The tokenizer with the model's chat template.
     pub tokenizer: DecoderTokenizer,
 }
 
@@ -108,6 +118,7 @@ impl DecoderSource {
         }
     }
 
+    /// Reads the weights and the tokenizer (fetching a built-in model on first use).
     pub fn load(&self) -> Result<DecoderModel> {
         match self {
             DecoderSource::Gguf(path) => gguf::load(path),

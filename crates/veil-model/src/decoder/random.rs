@@ -31,13 +31,19 @@ const MERGES: [&str; 10] = [
 /// Shape of a tiny decoder.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TinyShape {
+    /// Blocks.
     pub layers: usize,
+    /// Residual width.
     pub hidden: usize,
+    /// Query heads.
     pub heads: usize,
     /// Llama only (GPT-2 requires `heads`).
     pub kv_heads: usize,
+    /// MLP width.
     pub intermediate: usize,
+    /// Longest sequence (GPT-2's position table).
     pub max_positions: usize,
+    /// Whether the LM head is the token embedding.
     pub tie_word_embeddings: bool,
     /// Llama: biases on q/k/v/o (`attention_bias`). GPT-2 always has biases.
     pub attention_bias: bool,
@@ -127,8 +133,7 @@ impl Draw {
         let values: Vec<f32> = (0..n)
             .map(|_| (mean + gaussian(&mut self.prg) * self.std) as f32)
             .collect();
-        let t = Tensor::from_vec(values, shape, &Device::Cpu)
-            .map_err(|e| Error::Other(format!("{name}: {e}")))?;
+        let t = Tensor::from_vec(values, shape, &Device::Cpu).map_err(crate::candle_error(name))?;
         self.tensors.insert(name.to_string(), t);
         Ok(())
     }
@@ -136,7 +141,7 @@ impl Draw {
     fn save(self, dir: &Path) -> Result<()> {
         let path = dir.join("model.safetensors");
         candle_core::safetensors::save(&self.tensors, &path)
-            .map_err(|e| Error::Other(format!("{}: {e}", path.display())))
+            .map_err(crate::candle_error(&path.display().to_string()))
     }
 }
 
@@ -281,7 +286,8 @@ pub fn write_tiny_gguf(
             "write_tiny_gguf takes a tiny llama model".into(),
         ));
     }
-    let err = |e: candle_core::Error| Error::Other(format!("{}: {e}", path.display()));
+    let name = path.display().to_string();
+    let err = |e| crate::candle_error(&name)(e);
     let matrix = |m: &super::Matrix, kind: GgmlDType| -> Result<QTensor> {
         let t = Tensor::from_vec(m.data.clone(), (m.rows, m.cols), &Device::Cpu).map_err(err)?;
         QTensor::quantize(&t, kind).map_err(err)

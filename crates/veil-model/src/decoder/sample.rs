@@ -43,6 +43,7 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Whether the choice is the argmax (temperature 0): no randomness used.
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }
@@ -90,6 +91,7 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// A sampler seeded from `params.seed`, after checking the parameters.
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.check()?;
         let mut seed = [0u8; 16];
@@ -100,6 +102,7 @@ impl Sampler {
         })
     }
 
+    /// The parameters it samples with.
     pub fn params(&self) -> &SamplingParams {
         &self.params
     }

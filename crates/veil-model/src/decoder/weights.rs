@@ -8,8 +8,11 @@ use super::config::{DecoderConfig, DecoderFamily};
 /// is transposed at load).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Matrix {
+    /// Rows (outputs, for a linear weight).
     pub rows: usize,
+    /// Columns (inputs, for a linear weight).
     pub cols: usize,
+    /// `rows × cols` values, row by row.
     pub data: Vec<f32>,
 }
 
@@ -34,27 +37,38 @@ impl Matrix {
 /// `y = W x + b`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Linear {
+    /// W `[out, in]`.
     pub weight: Matrix,
+    /// b `[out]`, when the layer has one.
     pub bias: Option<Vec<f32>>,
 }
 
 /// RMSNorm: bias `None`. LayerNorm (GPT-2): bias `Some`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Norm {
+    /// γ.
     pub weight: Vec<f32>,
+    /// β (LayerNorm only).
     pub bias: Option<Vec<f32>>,
 }
 
 /// Gated (Llama): `down(silu(gate·x) ⊙ up·x)`. Plain (GPT-2): `down(gelu_tanh(up·x))`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Mlp {
+    /// The Llama family's SwiGLU.
     Gated {
+        /// The projection SiLU applies to.
         gate: Linear,
+        /// The projection the gate multiplies.
         up: Linear,
+        /// Back to the residual width.
         down: Linear,
     },
+    /// GPT-2's two layers with GELU-tanh between.
     Plain {
+        /// To the MLP width.
         up: Linear,
+        /// Back to the residual width.
         down: Linear,
     },
 }
@@ -64,24 +78,34 @@ pub enum Mlp {
 /// `c_attn` is split into q, k, v.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecoderBlock {
+    /// The norm before attention.
     pub attn_norm: Norm,
+    /// Q projection.
     pub q: Linear,
+    /// K projection (`kv_heads` heads).
     pub k: Linear,
+    /// V projection (`kv_heads` heads).
     pub v: Linear,
+    /// The attention output projection.
     pub o: Linear,
+    /// The norm before the MLP.
     pub mlp_norm: Norm,
+    /// The MLP.
     pub mlp: Mlp,
 }
 
 /// A whole decoder.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecoderWeights {
+    /// The shape and family.
     pub config: DecoderConfig,
     /// `[vocab, hidden]`.
     pub token_embedding: Matrix,
     /// GPT-2: `[max_positions, hidden]`.
     pub position_embedding: Option<Matrix>,
+    /// The blocks in order.
     pub blocks: Vec<DecoderBlock>,
+    /// The norm before the LM head.
     pub final_norm: Norm,
     /// `[vocab, hidden]`; `None`: tied to `token_embedding`.
     pub lm_head: Option<Matrix>,

@@ -23,11 +23,17 @@ use crate::decoder::{DecoderConfig, DecoderFamily};
 pub enum DecoderLayer {
     /// The query projection of a block, with the attention scale 1/√d_head folded in.
     Query(usize),
+    /// The key projection of block i.
     Key(usize),
+    /// The value projection of block i.
     Value(usize),
+    /// The attention output projection of block i.
     AttnOut(usize),
+    /// The gated MLP's gate projection of block i (Llama family).
     Gate(usize),
+    /// The MLP's widening projection of block i.
     Up(usize),
+    /// The MLP's projection back to the residual width of block i.
     Down(usize),
     /// The output projection to the vocabulary (tied to the token embedding or separate).
     LmHead,
@@ -40,6 +46,7 @@ pub enum DecoderNorm {
     Attn(usize),
     /// Before the MLP of block i.
     Mlp(usize),
+    /// Before the LM head.
     Final,
 }
 
@@ -57,12 +64,19 @@ pub enum LogitRows {
 pub trait Rows: Sized {
     /// (rows, columns).
     fn dims(&self) -> (usize, usize);
+    /// Columns `from..from + width` (one head's slice).
     fn columns(&self, from: usize, width: usize) -> Result<Self>;
+    /// Rows `from..from + count`.
     fn rows(&self, from: usize, count: usize) -> Result<Self>;
+    /// The transpose (Kᵀ for the scores).
     fn transpose(&self) -> Result<Self>;
+    /// The parts one above the other (the KV cache growing).
     fn stack_rows(parts: &[&Self]) -> Result<Self>;
+    /// The parts side by side (the heads joined).
     fn stack_columns(parts: &[&Self]) -> Result<Self>;
+    /// Consecutive blocks of `rows` rows (one per head, from a batched product).
     fn split_rows(&self, rows: usize) -> Result<Vec<Self>>;
+    /// The element-wise sum (the residual connection).
     fn plus(&self, other: &Self) -> Result<Self>;
 }
 
@@ -111,6 +125,7 @@ impl Rows for RingTensor {
 /// takes and returns the engine's view of a value (the value for f32 and the simulator, a
 /// party's share for the two-party engine); positions and the causal mask are public.
 pub trait DecoderEngine {
+    /// What the engine computes on: an f32 matrix, ring values, or a party's shares.
     type Value: Rows;
 
     /// Positions already in the KV cache.

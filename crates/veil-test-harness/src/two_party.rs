@@ -1,12 +1,20 @@
-//! Test harness: both parties in threads, each with its own OT session.
-#![allow(dead_code)]
+//! Both parties of a two-party protocol in one test: each in a thread with its own OT session,
+//! over the in-memory duplex or TCP loopback, with sharing and opening helpers. The protocol
+//! crates' unit and integration tests share these instead of a copy per file.
 
+use veil_core::approx::Approx;
 use veil_core::{share, FixedPoint, Prg, Result, Ring, RingTensor};
 use veil_net::{run_two_party, run_two_party_tcp, MemChannel, Role, TcpChannel};
 use veil_ot::{Backend, OtSession};
 
+/// The default fixed-point format, the one inference runs at.
 pub fn fp() -> FixedPoint {
     FixedPoint::default_format()
+}
+
+/// The fixed-point algorithms at [`fp`]: the oracle the protocols must match exactly.
+pub fn approx() -> Approx {
+    Approx::new(fp()).expect("the default format is valid")
 }
 
 /// OT engine for the in-memory tests: IKNP sets up in milliseconds, while the protocols are
@@ -59,6 +67,7 @@ pub fn share_values(ring: Ring, values: &[u64]) -> (RingTensor, RingTensor) {
     share(&x, &mut Prg::from_os_entropy()).unwrap()
 }
 
+/// This party's share of a (client, server) pair.
 pub fn pick(role: Role, pair: &(RingTensor, RingTensor)) -> &RingTensor {
     match role {
         Role::Client => &pair.0,
@@ -66,10 +75,12 @@ pub fn pick(role: Role, pair: &(RingTensor, RingTensor)) -> &RingTensor {
     }
 }
 
+/// The values behind a (client, server) pair of additive shares.
 pub fn open(pair: (RingTensor, RingTensor)) -> Vec<u64> {
     pair.0.add(&pair.1).unwrap().into_data()
 }
 
+/// The bits behind a (client, server) pair of XOR shares.
 pub fn open_bits(pair: (Vec<bool>, Vec<bool>)) -> Vec<bool> {
     pair.0.iter().zip(&pair.1).map(|(a, b)| a ^ b).collect()
 }
