@@ -3,7 +3,6 @@
 
 use veil_core::Result;
 use veil_model::source::ModelSource;
-use veil_model::tokenize::Encoded;
 use veil_net::Channel;
 use veil_private::{Ahead, Classification, Client, ClientModel, PromptOptions};
 
@@ -39,7 +38,7 @@ pub fn classify(
         prompts: preprocess_ahead,
         upfront: true,
     };
-    classify_all(client, &prompts, &encoded, json, ahead)
+    classify_all(client, &prompts, json, ahead)
 }
 
 fn print_result(prompt: &Prompt, c: &Classification, json: bool) {
@@ -69,11 +68,11 @@ fn print_result(prompt: &Prompt, c: &Classification, json: bool) {
 pub fn classify_all<C: Channel>(
     mut client: Client<C>,
     prompts: &[Prompt],
-    encoded: &[Encoded],
     json: bool,
     ahead: Ahead,
 ) -> Result<()> {
-    client.classify_ahead(encoded, ahead, |i, c| {
+    let inputs: Vec<_> = prompts.iter().map(Prompt::input).collect();
+    client.classify_ahead(&inputs, ahead, |i, c| {
         print_result(&prompts[i], &c, json);
         Ok(())
     })?;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use veil_core::Result;
 use veil_model::source::{ModelSource, Task};
-use veil_model::tokenize::Encoded;
 use veil_model::Inputs;
 use veil_net::{Channel, NetworkModel};
 use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
@@ -75,7 +74,6 @@ pub fn run(
     let server = Arc::new(ServerModel::from_model(&m, DEFAULT_NTT_BUDGET_BYTES)?);
     let run = Run {
         prompts: &prompts,
-        encoded: &encoded,
         opts,
         limits,
         json,
@@ -115,7 +113,6 @@ pub fn run(
 /// The demo's prompts and how to run them, whatever the channel to the server.
 struct Run<'a> {
     prompts: &'a [Prompt],
-    encoded: &'a [Encoded],
     opts: PromptOptions,
     limits: ClientOptions,
     json: bool,
@@ -130,6 +127,6 @@ impl Run<'_> {
         connect: impl FnMut() -> Result<C> + Send + 'static,
     ) -> Result<()> {
         let client = Client::connect_renewing(client, connect, self.opts, self.limits)?;
-        crate::classify_cmd::classify_all(client, self.prompts, self.encoded, self.json, self.ahead)
+        crate::classify_cmd::classify_all(client, self.prompts, self.json, self.ahead)
     }
 }

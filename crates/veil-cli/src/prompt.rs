@@ -23,13 +23,12 @@ impl Prompt {
         }
     }
 
-    /// Tokenised and checked by the client's model (before anything is sent).
-    pub fn encode(&self, client: &ClientModel, opts: PromptOptions) -> Result<Encoded> {
-        let input = match &self.pair {
+    /// As the library's client takes it.
+    pub fn input(&self) -> Input<'_> {
+        match &self.pair {
             Some(second) => Input::Pair(&self.text, second),
             None => Input::Text(&self.text),
-        };
-        client.encode(input, opts)
+        }
     }
 
     /// For the printed result: `"text"`, or `"first" ‖ "second"`.
@@ -124,7 +123,7 @@ pub fn check_and_encode(
 ) -> Result<Vec<Encoded>> {
     check_kind(client.config().veil.inputs, prompts)?;
     client.check_options(opts)?;
-    prompts.iter().map(|p| p.encode(client, opts)).collect()
+    prompts.iter().map(|p| client.encode(p.input(), opts)).collect()
 }
 
 #[cfg(test)]

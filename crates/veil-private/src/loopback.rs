@@ -182,6 +182,7 @@ mod tests {
     use veil_model::{folder, random};
 
     use super::*;
+    use crate::client::Input;
     use crate::prepared::DEFAULT_NTT_BUDGET_BYTES;
 
     /// Sessions one after another reach the same TLS server and get the same answer; the
@@ -204,7 +205,7 @@ mod tests {
             )
             .unwrap();
             answers.push(
-                client.classify(&["a fine film"]).unwrap()[0]
+                client.classify(&[Input::Text("a fine film")]).unwrap()[0]
                     .probabilities
                     .clone(),
             );
