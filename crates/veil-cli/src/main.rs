@@ -3,7 +3,6 @@
 #![forbid(unsafe_code)]
 
 mod classify_cmd;
-mod compare;
 mod demo;
 mod embed_cmd;
 mod eval_cmd;

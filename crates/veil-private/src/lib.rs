@@ -25,6 +25,8 @@
 //! * [`loopback`] — both parties in one process;
 //! * [`report`] — cost reports per operator class with LAN/WAN times, measured over a shaped
 //!   link ([`shaped_channel`], `bench::run_model` with a network) or modelled;
+//! * [`eval`] — metrics of an evaluation (accuracy, F1, logit gaps) and the resumable journal
+//!   of its private results;
 //! * [`client`] — the client as a library: its bundle, prompts checked and embedded before
 //!   anything is sent, a [`Client`] session classifying batches of texts or token ids, and its
 //!   transport to a server (TLS with a pinned fingerprint).
@@ -43,6 +45,7 @@ pub mod client;
 pub mod connection;
 pub mod deadlines;
 pub mod embedding;
+pub mod eval;
 pub mod forward;
 pub mod handler;
 pub mod key_budget;
