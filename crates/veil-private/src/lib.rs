@@ -22,9 +22,10 @@
 //!   in the caller's thread ([`Server::run`]) or in the background ([`Server::spawn`]);
 //! * [`builder`] — [`ServerBuilder`], the one assembly of a server (identity, limits, process
 //!   settings) that the CLI, Python and [`loopback`] use;
-//! * [`loopback`] — both parties in one process;
+//! * [`loopback`] — both parties in one process ([`Loopback`] over a [`Link`]: TCP, TLS or a
+//!   shaped in-memory link), which the demo, `veil eval`, `veil embed` and the benchmark use;
 //! * [`report`] — cost reports per operator class with LAN/WAN times, measured over a shaped
-//!   link ([`shaped_channel`], `bench::run_model` with a network) or modelled;
+//!   link ([`Link::Shaped`]) or modelled;
 //! * [`eval`] — metrics of an evaluation (accuracy, F1, logit gaps) and the resumable journal
 //!   of its private results;
 //! * [`client`] — the client as a library: its bundle, prompts checked and embedded before
@@ -65,7 +66,7 @@ pub use client::{
 pub use connection::{ClientConnection, ClientOptions, Tokens};
 pub use deadlines::{Deadlines, IDLE_TIMEOUT};
 pub use handler::{serve_session, serve_session_with};
-pub use loopback::{shaped_channel, InProcess, LoopbackServer};
+pub use loopback::{Connector, InProcess, Link, Loopback};
 pub use prepared::ServerModel;
 pub use report::CostReport;
 pub use server::{serve, serve_with, RunningServer, ServeOptions, Server, Transport};
