@@ -1,6 +1,6 @@
 //! `veil demo`, which runs a server and a client in one process over TCP loopback or, with
 //! `--net`, over a link shaped like a network, and prints what `veil classify` prints
-//! ([`crate::classify_cmd`]). The client's pipeline itself is `veil_private::client`.
+//! ([`crate::classify_cmd`]). The client's pipeline itself is `veil_private::Client`.
 
 use std::sync::Arc;
 
@@ -8,7 +8,7 @@ use veil_core::Result;
 use veil_model::source::{ModelSource, Task};
 use veil_model::Inputs;
 use veil_net::NetworkModel;
-use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{Ahead, Client, ClientModel, Link, Loopback, PromptOptions, ServerModel};
 
 use crate::prompt::Prompt;

@@ -11,7 +11,7 @@ use clap::Args;
 use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
-use veil_private::client::argmax;
+use veil_private::argmax;
 use veil_private::eval::{gap_histogram, gap_quantiles, Journal, JournalHeader, PrivateResult, Tally};
 use veil_private::{ClientModel, InProcess, PromptOptions};
 use veil_train::workflow::labelled_examples_for;

@@ -99,7 +99,7 @@ enum Cmd {
         /// Memory for NTT-domain weights, in MiB: layers whose transformed weights fit are
         /// served without per-request weight transforms (short-prompt cuts first). The
         /// coefficient-form weights are kept regardless; nothing grows with prompt lengths.
-        #[arg(long, default_value_t = veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES >> 20)]
+        #[arg(long, default_value_t = veil_private::DEFAULT_NTT_BUDGET_BYTES >> 20)]
         ntt_budget_mib: usize,
         #[command(flatten)]
         net: ServeNetArgs,

@@ -35,6 +35,7 @@ pub enum Variant {
 }
 
 impl Variant {
+    /// As `--variant` names it.
     pub fn name(self) -> &'static str {
         match self {
             Variant::Original => "original",

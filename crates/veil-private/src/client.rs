@@ -301,7 +301,7 @@ impl ClientModel {
 }
 
 /// Opens a new channel to the same server, for a new session.
-pub type Reconnect<C> = Box<dyn FnMut() -> Result<C> + Send>;
+pub(crate) type Reconnect<C> = Box<dyn FnMut() -> Result<C> + Send>;
 
 /// A session with a server, on the client's side; with a [`Reconnect`], a series of sessions.
 pub struct Client<C: Channel> {

@@ -12,8 +12,8 @@ use veil_core::FixedPoint;
 use veil_model::sim::FixedModel;
 use veil_model::{folder, random, Inputs};
 use veil_net::{Identity, ServerTls, TcpChannel};
-use veil_private::client::{argmax, softmax};
-use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::{argmax, softmax};
+use veil_private::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{
     Client, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions, ServeOptions,
     Server, ServerModel, Transport,
