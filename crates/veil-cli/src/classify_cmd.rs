@@ -10,7 +10,7 @@ use crate::prompt::Prompt;
 
 /// `veil classify`: every prompt checked before the connection, then classified on a
 /// renewing client, `--preprocess K` ahead.
-pub fn classify(
+pub(crate) fn classify(
     connect: &str,
     model: &str,
     prompts: Vec<Prompt>,
@@ -65,7 +65,7 @@ fn print_result(prompt: &Prompt, c: &Classification, json: bool) {
 
 /// Classifies and prints each prompt on one series of sessions, preprocessing as `ahead`
 /// says (the policy is the library's, [`Client::classify_ahead`]), then closes it.
-pub fn classify_all<C: Channel>(
+pub(crate) fn classify_all<C: Channel>(
     mut client: Client<C>,
     prompts: &[Prompt],
     json: bool,

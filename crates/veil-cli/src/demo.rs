@@ -15,7 +15,7 @@ use crate::prompt::Prompt;
 
 /// `veil demo`: a server thread and this process's client over TCP loopback, or over a link
 /// shaped like `net` (the reports then measure the time on it).
-pub fn run(
+pub(crate) fn run(
     model: &str,
     prompts: Vec<Prompt>,
     opts: PromptOptions,

