@@ -25,8 +25,8 @@ use veil_core::{Error, FixedPoint};
 use veil_model::random;
 use veil_model::source::ModelSource;
 use veil_net::{Channel, Fingerprint, Role};
-use veil_private::{argmax, softmax};
 use veil_private::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::{argmax, softmax};
 use veil_private::{
     Classification, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions,
     RunningServer, ServerBuilder, ServerIdentity,

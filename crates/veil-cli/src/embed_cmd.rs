@@ -14,7 +14,6 @@ use veil_model::source::ModelSource;
 use veil_private::{ClientModel, InProcess, Input, PromptOptions};
 use veil_train::{max_abs_difference, FixedVsF32};
 
-
 #[derive(Args)]
 pub(crate) struct EmbedArgs {
     /// An encoder: a model folder, a model id in the local Hugging Face cache, or the name of

@@ -12,7 +12,9 @@ use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::source::ModelSource;
 use veil_model::tokenize::Encoded;
 use veil_private::argmax;
-use veil_private::eval::{gap_histogram, gap_quantiles, Journal, JournalHeader, PrivateResult, Tally};
+use veil_private::eval::{
+    gap_histogram, gap_quantiles, Journal, JournalHeader, PrivateResult, Tally,
+};
 use veil_private::{ClientModel, InProcess, PromptOptions};
 use veil_train::workflow::labelled_examples_for;
 use veil_train::{max_abs_difference, FixedVsF32};

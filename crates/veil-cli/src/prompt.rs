@@ -55,7 +55,11 @@ pub(crate) fn check_kind(recorded: Option<Inputs>, prompts: &[Prompt]) -> Result
 
 /// The prompts of a command line: the `text` arguments, then the non-empty lines of `file`.
 /// With `pairs`, the arguments are taken two at a time and each line is `FIRST<TAB>SECOND`.
-pub(crate) fn read_prompts(text: Vec<String>, file: Option<&Path>, pairs: bool) -> Result<Vec<Prompt>> {
+pub(crate) fn read_prompts(
+    text: Vec<String>,
+    file: Option<&Path>,
+    pairs: bool,
+) -> Result<Vec<Prompt>> {
     let mut prompts = from_arguments(text, pairs)?;
     if let Some(f) = file {
         let body = std::fs::read_to_string(f).map_err(|e| match e.kind() {
@@ -123,7 +127,10 @@ pub(crate) fn check_and_encode(
 ) -> Result<Vec<Encoded>> {
     check_kind(client.config().veil.inputs, prompts)?;
     client.check_options(opts)?;
-    prompts.iter().map(|p| client.encode(p.input(), opts)).collect()
+    prompts
+        .iter()
+        .map(|p| client.encode(p.input(), opts))
+        .collect()
 }
 
 #[cfg(test)]

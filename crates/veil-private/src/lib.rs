@@ -82,6 +82,4 @@ pub use prepared::{PreparedLayers, ServerModel, DEFAULT_NTT_BUDGET_BYTES};
 pub use preprocess::{material_bytes, plan, ClientMaterial, Material, ServerMaterial, Step};
 pub use report::{CostReport, PhaseCost};
 pub use reserve::preprocess_budget;
-pub use server::{
-    serve, serve_with, session_memory_estimate, RunningServer, ServeOptions, Server, Transport,
-};
+pub use server::{serve, session_memory_estimate, RunningServer, ServeOptions, Server, Transport};

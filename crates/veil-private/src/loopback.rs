@@ -258,7 +258,10 @@ mod tests {
             assert!(server.is_running());
             server.stop().unwrap();
             if !matches!(link, Link::Shaped(_)) {
-                assert!(connect().is_err(), "the stopped {link:?} server still accepted");
+                assert!(
+                    connect().is_err(),
+                    "the stopped {link:?} server still accepted"
+                );
             }
         }
         assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");

@@ -523,18 +523,7 @@ impl Server {
 /// Accepts clients forever over plain TCP with the default limits of
 /// [`ServeOptions::for_model`] (for loopback and tests: `veil serve` uses TLS).
 pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
-    serve_with(listener, model, DEFAULT_METHOD)
-}
-
-/// [`serve`] with the lookup method of private-embedding mode chosen (the tables are prepared
-/// per sequence length for the few most recently used lengths and shared by all sessions).
-pub fn serve_with(
-    listener: TcpListener,
-    model: Arc<ServerModel>,
-    method: LookupMethod,
-) -> Result<()> {
-    let mut opts = ServeOptions::for_model(&model, Transport::Plaintext);
-    opts.method = method;
+    let opts = ServeOptions::for_model(&model, Transport::Plaintext);
     Server::new(model, opts)?.run(listener)
 }
 

@@ -12,8 +12,8 @@ use veil_core::FixedPoint;
 use veil_model::sim::FixedModel;
 use veil_model::{folder, random, Inputs};
 use veil_net::{Identity, ServerTls, TcpChannel};
-use veil_private::{argmax, softmax};
 use veil_private::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::{argmax, softmax};
 use veil_private::{
     Client, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions, ServeOptions,
     Server, ServerModel, Transport,
@@ -92,7 +92,10 @@ fn library_client_equals_the_simulator_over_loopback() {
         .to_string();
     assert!(half.contains("both sentences"), "{half}");
     // Bad inputs are refused before anything is sent, and the session goes on.
-    let empty = client.classify(&[Input::Text("  ")]).unwrap_err().to_string();
+    let empty = client
+        .classify(&[Input::Text("  ")])
+        .unwrap_err()
+        .to_string();
     assert!(empty.contains("the prompt is empty"), "{empty}");
     // A mixed batch whose last prompt is refused sends none of them.
     let revealed = client.key_revealed();
@@ -101,7 +104,11 @@ fn library_client_equals_the_simulator_over_loopback() {
         .unwrap_err()
         .to_string();
     assert!(outside.contains("beyond the vocabulary"), "{outside}");
-    assert_eq!(client.key_revealed(), revealed, "a prompt ran before the refusal");
+    assert_eq!(
+        client.key_revealed(),
+        revealed,
+        "a prompt ran before the refusal"
+    );
     let again = client.classify(&inputs[..1]).unwrap();
     assert_eq!(again[0].probabilities, got[0].probabilities);
     // The client counts what its keys reveal (as the server does, which refuses past the

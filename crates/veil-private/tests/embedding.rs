@@ -12,8 +12,8 @@ use veil_model::{
     Activation, Architecture, BlockVariant, EmbeddingMode, HeadKind, ModelConfig, ProductTruncation,
 };
 use veil_net::run_two_party;
-use veil_private::Tokens;
 use veil_private::ServerEmbedding;
+use veil_private::Tokens;
 use veil_private::{serve_session_with, ClientConnection, ServerModel};
 
 fn tiny(arch: Architecture, variant: BlockVariant) -> ModelConfig {

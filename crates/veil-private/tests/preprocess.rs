@@ -16,11 +16,11 @@ use veil_model::{
 };
 use veil_net::{run_two_party, Channel, Role, TcpChannel};
 use veil_nonlinear::OtSession;
-use veil_private::{Party, Side};
 use veil_private::CotCounts;
 use veil_private::{material_bytes, plan, Step};
 use veil_private::{serve_session, ClientConnection, ServerModel};
 use veil_private::{ClientOptions, RunningServer, ServeOptions, Server, Transport};
+use veil_private::{Party, Side};
 
 fn tiny(arch: Architecture, variant: BlockVariant, head: HeadKind, seq: usize) -> ModelConfig {
     let mut cfg = ModelConfig::new(arch, 50, 16, 2, 2, 32, seq, head, 2).unwrap();
