@@ -24,10 +24,9 @@ use pyo3::types::PyTuple;
 use veil_core::{Error, FixedPoint};
 use veil_model::random;
 use veil_model::source::ModelSource;
-use veil_model::Encoded;
 use veil_net::{Channel, Fingerprint, Role};
-use veil_private::client::{argmax, softmax};
-use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::{argmax, softmax};
 use veil_private::{
     Classification, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions,
     RunningServer, ServerBuilder, ServerIdentity,
@@ -94,10 +93,10 @@ enum Prompt {
 }
 
 impl Prompt {
-    fn encode(&self, model: &ClientModel, opts: PromptOptions) -> veil_core::Result<Encoded> {
+    fn input(&self) -> Input<'_> {
         match self {
-            Prompt::Text(t) => model.encode(Input::Text(t), opts),
-            Prompt::Pair(a, b) => model.encode(Input::Pair(a, b), opts),
+            Prompt::Text(t) => Input::Text(t),
+            Prompt::Pair(a, b) => Input::Pair(a, b),
         }
     }
 }
@@ -297,7 +296,8 @@ impl Client {
     /// Every text is checked before the first is sent (an empty prompt or one over the model's
     /// limit raises ValueError and costs no traffic).
     fn classify<'py>(&self, py: Python<'py>, texts: Vec<String>) -> PyResult<Results<'py>> {
-        let out = self.run(py, |c| c.classify(&texts))?;
+        let inputs: Vec<_> = texts.iter().map(|t| Input::Text(t)).collect();
+        let out = self.run(py, |c| c.classify(&inputs))?;
         Ok(to_py(py, &out))
     }
 
@@ -310,14 +310,16 @@ impl Client {
         py: Python<'py>,
         pairs: Vec<(String, String)>,
     ) -> PyResult<Results<'py>> {
-        let out = self.run(py, |c| c.classify_pairs(&pairs))?;
+        let inputs: Vec<_> = pairs.iter().map(|(a, b)| Input::Pair(a, b)).collect();
+        let out = self.run(py, |c| c.classify(&inputs))?;
         Ok(to_py(py, &out))
     }
 
     /// As `classify`, on token-id sequences (special tokens included, token types 0: a model
     /// trained on sentence pairs refuses them with ValueError).
     fn classify_ids<'py>(&self, py: Python<'py>, ids: Vec<Vec<u32>>) -> PyResult<Results<'py>> {
-        let out = self.run(py, |c| c.classify_ids(&ids))?;
+        let inputs: Vec<_> = ids.iter().map(|i| Input::Ids(i)).collect();
+        let out = self.run(py, |c| c.classify(&inputs))?;
         Ok(to_py(py, &out))
     }
 
@@ -337,7 +339,7 @@ impl Client {
             .detach(|| -> veil_core::Result<Vec<serde_json::Value>> {
                 let encoded = prompts
                     .iter()
-                    .map(|p| p.encode(client.model(), client.options()))
+                    .map(|p| client.model().encode(p.input(), client.options()))
                     .collect::<veil_core::Result<Vec<_>>>()?;
                 encoded
                     .iter()
@@ -443,7 +445,7 @@ fn simulate<'py>(py: Python<'py>, model: PathBuf, prompts: Vec<Prompt>) -> PyRes
             prompts
                 .iter()
                 .map(|p| {
-                    let enc = p.encode(&client, PromptOptions::default())?;
+                    let enc = client.encode(p.input(), PromptOptions::default())?;
                     let sim = fixed.forward(&enc.ids, &enc.type_ids)?;
                     let logits = sim.logits_f64(fp).ok_or_else(|| {
                         Error::InvalidArgument(

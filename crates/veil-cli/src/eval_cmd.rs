@@ -4,27 +4,25 @@
 //! tens of minutes on two cores) keeps a journal (`--journal FILE`): each private result is
 //! appended and flushed as it finishes, and a re-run of the same command resumes after the last.
 
-use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use serde::{Deserialize, Serialize};
 use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::source::ModelSource;
 use veil_model::Encoded;
-use veil_model::FixedModel;
-use veil_private::client::argmax;
+use veil_private::argmax;
+use veil_private::eval::{
+    gap_histogram, gap_quantiles, Journal, JournalHeader, PrivateResult, Tally,
+};
 use veil_private::{ClientModel, InProcess, PromptOptions};
 use veil_train::workflow::labelled_examples_for;
+use veil_train::{max_abs_difference, FixedVsF32};
 
-use crate::compare::{f32_output, max_abs_difference};
 use crate::train_cmd::FormatArgs;
 
 #[derive(Args)]
-pub struct EvalArgs {
+pub(crate) struct EvalArgs {
     /// A classifier: `default`, a built-in model's name (`sst2-minilm-l6`, `mrpc-minilm-l6`), a model folder, an overlay folder or a model id in the local
     /// Hugging Face cache (as `veil serve --model`).
     #[arg(long, default_value = "default")]
@@ -48,168 +46,8 @@ pub struct EvalArgs {
     json: bool,
 }
 
-/// Counts of one evaluated path, with the confusion counts of class 1 for F1 (MRPC's metric,
-/// the paper's for paraphrase: class 1 = "equivalent").
-#[derive(Default)]
-struct Tally {
-    examples: usize,
-    correct: usize,
-    true_positive: usize,
-    false_positive: usize,
-    false_negative: usize,
-}
-
-impl Tally {
-    fn add(&mut self, predicted: usize, label: u32) {
-        let (p, l) = (predicted == 1, label == 1);
-        self.examples += 1;
-        self.correct += (predicted == label as usize) as usize;
-        self.true_positive += (p && l) as usize;
-        self.false_positive += (p && !l) as usize;
-        self.false_negative += (!p && l) as usize;
-    }
-
-    /// F1 of class 1: 2·TP / (2·TP + FP + FN).
-    fn f1(&self) -> f64 {
-        let tp2 = 2 * self.true_positive;
-        tp2 as f64 / (tp2 + self.false_positive + self.false_negative).max(1) as f64
-    }
-
-    fn json(&self, binary: bool) -> serde_json::Value {
-        let mut v = serde_json::json!({
-            "examples": self.examples,
-            "correct": self.correct,
-            "accuracy": self.correct as f64 / self.examples.max(1) as f64,
-        });
-        if binary {
-            v["f1"] = self.f1().into();
-        }
-        v
-    }
-}
-
-/// One example's private run.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-struct PrivateResult {
-    index: usize,
-    logits: Vec<f64>,
-    online_seconds: f64,
-    online_bytes: u64,
-    /// The whole inference as the client saw it (embedding, online phase, decoding).
-    wall_seconds: f64,
-}
-
-/// What a journal was written for: a different model, data file or example count is refused.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-struct JournalHeader {
-    veil_eval_journal: u32,
-    model: String,
-    data: PathBuf,
-    examples: usize,
-}
-
-/// The private results so far, in a JSON-lines file: the header, then one result per line.
-struct Journal {
-    file: File,
-    done: HashMap<usize, PrivateResult>,
-}
-
-impl Journal {
-    /// Opens (or creates) the journal at `path` for `header`. A line cut short by a crash is
-    /// dropped (the file is rewritten without it).
-    fn open(path: &Path, header: &JournalHeader) -> Result<Journal> {
-        let bad = |what: String| Error::Malformed(format!("journal {}: {what}", path.display()));
-        let mut done = HashMap::new();
-        if path.exists() {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
-            let mut lines = text.lines();
-            let first: JournalHeader = lines
-                .next()
-                .and_then(|l| serde_json::from_str(l).ok())
-                .ok_or_else(|| bad("no header line".into()))?;
-            ensure!(
-                first == *header,
-                InvalidArgument,
-                "the journal {} was written for another evaluation ({:?}); remove it or name \
-                 another",
-                path.display(),
-                first
-            );
-            for line in lines {
-                let Ok(r) = serde_json::from_str::<PrivateResult>(line) else {
-                    break;
-                };
-                ensure!(
-                    r.index < header.examples,
-                    Malformed,
-                    "journal {}: example {} of {}",
-                    path.display(),
-                    r.index,
-                    header.examples
-                );
-                done.insert(r.index, r);
-            }
-        }
-        let mut body = serde_json::to_string(header).map_err(|e| bad(e.to_string()))? + "\n";
-        let mut kept: Vec<_> = done.values().collect();
-        kept.sort_by_key(|r| r.index);
-        for r in kept {
-            body += &(serde_json::to_string(r).map_err(|e| bad(e.to_string()))? + "\n");
-        }
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, body).map_err(|e| Error::Other(format!("{}: {e}", tmp.display())))?;
-        std::fs::rename(&tmp, path)
-            .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
-        let file = OpenOptions::new()
-            .append(true)
-            .open(path)
-            .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
-        Ok(Journal { file, done })
-    }
-
-    fn record(&mut self, r: &PrivateResult) -> Result<()> {
-        let line = serde_json::to_string(r).map_err(|e| Error::Other(e.to_string()))? + "\n";
-        self.file.write_all(line.as_bytes())?;
-        self.file.sync_data()?;
-        self.done.insert(r.index, r.clone());
-        Ok(())
-    }
-}
-
-/// The largest |private − simulator| logit difference per example, in ulps of the fixed-point
-/// format (2^−f): how many examples fall in each bucket.
-fn gap_histogram(gaps_ulp: &[f64]) -> serde_json::Value {
-    let limits = [0.0, 1.0, 4.0, 16.0, 64.0, 256.0, 1024.0];
-    let mut out = serde_json::Map::new();
-    let mut below = 0;
-    for limit in limits {
-        let n = gaps_ulp.iter().filter(|&&g| g <= limit).count();
-        let name = if limit == 0.0 {
-            "0".to_string()
-        } else {
-            format!("<={limit}")
-        };
-        out.insert(name, (n - below).into());
-        below = n;
-    }
-    out.insert(">1024".into(), (gaps_ulp.len() - below).into());
-    serde_json::Value::Object(out)
-}
-
-/// The median, 90th and 99th percentiles of the gaps (nearest rank), in ulps.
-fn gap_quantiles(gaps_ulp: &[f64]) -> serde_json::Value {
-    let mut g = gaps_ulp.to_vec();
-    g.sort_by(f64::total_cmp);
-    let at = |q: f64| match g.len() {
-        0 => 0.0,
-        n => g[((q * n as f64).ceil() as usize).clamp(1, n) - 1],
-    };
-    serde_json::json!({"p50": at(0.5), "p90": at(0.9), "p99": at(0.99)})
-}
-
 /// `veil eval`.
-pub fn eval(a: EvalArgs) -> Result<()> {
+pub(crate) fn eval(a: EvalArgs) -> Result<()> {
     let started = Instant::now();
     let source = ModelSource::resolve(&a.model)?;
     let model = source.load()?;
@@ -237,21 +75,16 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         "no examples to evaluate"
     );
     let fp = FixedPoint::default_format();
-    let fixed = FixedModel::encode(&model.transformer, fp)?;
+    let compare = FixedVsF32::new(&model.transformer, fp)?;
     let private_n = a.private.min(examples.len());
     let mut journal = match &a.journal {
-        Some(path) => {
-            let header = JournalHeader {
-                veil_eval_journal: 1,
-                model: a.model.clone(),
-                data: a.data.clone(),
-                examples: private_n,
-            };
-            Some(Journal::open(path, &header)?)
-        }
+        Some(path) => Some(Journal::open(
+            path,
+            &JournalHeader::new(&a.model, &a.data, private_n),
+        )?),
         None => None,
     };
-    let resumed = journal.as_ref().map_or(0, |j| j.done.len());
+    let resumed = journal.as_ref().map_or(0, Journal::len);
     // Private runs only when some remain.
     let mut private = (private_n > resumed)
         .then(|| {
@@ -272,11 +105,11 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     let pb = veil_model::progress::bar(examples.len() as u64, "evaluating");
     for (i, ex) in examples.iter().enumerate() {
         pb.inc(1);
-        let f = f32_output(&model, &ex.ids, &ex.type_ids)?;
-        let sim = fixed.forward(&ex.ids, &ex.type_ids)?;
-        sim_warnings += sim.warnings.len();
-        let s = sim
-            .logits_f64(fp)
+        let side = compare.run(&ex.ids, &ex.type_ids)?;
+        let f = side.f32_output()?;
+        sim_warnings += side.sim.warnings.len();
+        let s = side
+            .fixed_logits()
             .ok_or_else(|| Error::InvalidArgument("the model has no classifier".into()))?;
         f32_tally.add(argmax(&f), ex.label);
         sim_tally.add(argmax(&s), ex.label);
@@ -284,7 +117,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         if i >= private_n {
             continue;
         }
-        let known = journal.as_ref().and_then(|j| j.done.get(&i).cloned());
+        let known = journal.as_ref().and_then(|j| j.get(i).cloned());
         let r = match (known, private.as_mut()) {
             (Some(r), _) => r,
             (None, Some(p)) => {
@@ -412,101 +245,4 @@ pub fn eval(a: EvalArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn header(examples: usize) -> JournalHeader {
-        JournalHeader {
-            veil_eval_journal: 1,
-            model: "m".into(),
-            data: "d.tsv".into(),
-            examples,
-        }
-    }
-
-    fn result(index: usize) -> PrivateResult {
-        PrivateResult {
-            index,
-            logits: vec![0.5, -1.25],
-            online_seconds: 0.1,
-            online_bytes: 10,
-            wall_seconds: 0.2,
-        }
-    }
-
-    /// Results survive a re-open, a line cut short by a crash is dropped (and the file stays
-    /// appendable), and a journal of another evaluation is refused.
-    #[test]
-    fn journal_resumes_and_refuses_another_evaluation() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.jsonl");
-        let mut j = Journal::open(&path, &header(5)).unwrap();
-        j.record(&result(0)).unwrap();
-        j.record(&result(1)).unwrap();
-        drop(j);
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
-        f.write_all(b"{\"index\":2,\"logi").unwrap();
-        drop(f);
-        let mut j = Journal::open(&path, &header(5)).unwrap();
-        assert_eq!(j.done.len(), 2);
-        assert_eq!(j.done[&1], result(1));
-        j.record(&result(2)).unwrap();
-        drop(j);
-        let j = Journal::open(&path, &header(5)).unwrap();
-        assert_eq!(j.done.len(), 3);
-        let err = Journal::open(&path, &header(6)).err().unwrap().to_string();
-        assert!(err.contains("another evaluation"), "{err}");
-        std::fs::write(&path, "not json\n").unwrap();
-        assert!(Journal::open(&path, &header(5)).is_err());
-    }
-
-    /// Re-opening rewrites the journal; every number must come back as it was written (a
-    /// timing of 17 significant digits is where a fast, inexact float parser differs).
-    #[test]
-    fn a_reopened_journal_keeps_its_records_byte_for_byte() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.jsonl");
-        let mut j = Journal::open(&path, &header(5)).unwrap();
-        j.record(&PrivateResult {
-            online_seconds: 12.955465373999997,
-            ..result(0)
-        })
-        .unwrap();
-        drop(j);
-        let before = std::fs::read(&path).unwrap();
-        drop(Journal::open(&path, &header(5)).unwrap());
-        assert_eq!(std::fs::read(&path).unwrap(), before);
-    }
-
-    #[test]
-    fn f1_of_class_one() {
-        let mut t = Tally::default();
-        for (p, l) in [(1, 1), (1, 1), (1, 0), (0, 1), (0, 0)] {
-            t.add(p, l);
-        }
-        // TP 2, FP 1, FN 1: F1 = 4 / 6.
-        assert!((t.f1() - 4.0 / 6.0).abs() < 1e-12);
-        assert_eq!(t.json(false).get("f1"), None);
-        assert_eq!(t.json(true)["correct"], 3);
-    }
-
-    #[test]
-    fn gaps_fall_in_their_buckets() {
-        let gaps = [0.0, 0.0, 1.0, 3.0, 20.0, 2000.0];
-        let h = gap_histogram(&gaps);
-        assert_eq!(h["0"], 2);
-        assert_eq!(h["<=1"], 1);
-        assert_eq!(h["<=4"], 1);
-        assert_eq!(h["<=16"], 0);
-        assert_eq!(h["<=64"], 1);
-        assert_eq!(h[">1024"], 1);
-        let q = gap_quantiles(&gaps);
-        assert_eq!(
-            (q["p50"].as_f64(), q["p99"].as_f64()),
-            (Some(1.0), Some(2000.0))
-        );
-    }
 }

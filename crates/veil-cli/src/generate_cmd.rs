@@ -16,7 +16,7 @@ use veil_model::{generate, GenerateOptions, GeneratedToken, NextLogits};
 use veil_model::{DecoderFormat, FixedDecoder};
 
 #[derive(Args)]
-pub struct GenerateArgs {
+pub(crate) struct GenerateArgs {
     /// A decoder: `smollm2-135m-instruct`, a `.gguf` file, a Hugging Face folder or a model id in
     /// the local Hugging Face cache.
     #[arg(long)]
@@ -76,7 +76,7 @@ fn prompt_ids(m: &DecoderModel, prompt: &str, chat: bool) -> Result<Vec<u32>> {
     m.tokenizer.encode(prompt)
 }
 
-pub fn generate_cmd(a: GenerateArgs) -> Result<()> {
+pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
     let mode = match (a.simulate, a.f32) {
         (true, _) => "simulate",
         (_, true) => "f32",

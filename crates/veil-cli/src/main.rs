@@ -1,9 +1,9 @@
 //! The `veil` command: private transformer inference from the terminal.
 
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub, missing_docs)]
 
 mod classify_cmd;
-mod compare;
 mod demo;
 mod embed_cmd;
 mod eval_cmd;
@@ -33,8 +33,8 @@ struct Cli {
     /// No progress bars (they are hidden anyway when standard error is not a terminal).
     #[arg(long, global = true)]
     quiet: bool,
-    /// Log at info level where a command logs less by default (`veil demo` shows its
-    /// in-process server's warnings only). `VEIL_LOG` overrides both.
+    /// Log at info level where a command logs less by default (`veil demo` and `veil bench
+    /// model` show their in-process server's warnings only). `VEIL_LOG` overrides both.
     #[arg(long, global = true)]
     verbose: bool,
     #[command(subcommand)]
@@ -100,7 +100,7 @@ enum Cmd {
         /// Memory for NTT-domain weights, in MiB: layers whose transformed weights fit are
         /// served without per-request weight transforms (short-prompt cuts first). The
         /// coefficient-form weights are kept regardless; nothing grows with prompt lengths.
-        #[arg(long, default_value_t = veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES >> 20)]
+        #[arg(long, default_value_t = veil_private::DEFAULT_NTT_BUDGET_BYTES >> 20)]
         ntt_budget_mib: usize,
         #[command(flatten)]
         net: ServeNetArgs,
@@ -535,10 +535,17 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// Logs to stderr at `VEIL_LOG` (error, warn, info, debug or trace) when set; otherwise at
-/// info, except `veil demo`, which shows results and the cost report only: its in-process
-/// server logs warnings unless `--verbose`.
+/// info, except `veil demo` and `veil bench model`, which show results and cost reports only:
+/// their in-process server logs warnings unless `--verbose`.
 fn init_logs(cli: &Cli) {
-    let quiet_by_default = matches!(cli.cmd, Cmd::Demo { .. }) && !cli.verbose;
+    let in_process = matches!(
+        cli.cmd,
+        Cmd::Demo { .. }
+            | Cmd::Bench {
+                what: BenchCmd::Model { .. }
+            }
+    );
+    let quiet_by_default = in_process && !cli.verbose;
     let level = std::env::var("VEIL_LOG")
         .ok()
         .and_then(|l| l.parse::<tracing::Level>().ok())

@@ -10,30 +10,29 @@ use veil_private::{ClientModel, Input, PromptOptions};
 
 /// One prompt: a text, or a sentence pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Prompt {
-    pub text: String,
-    pub pair: Option<String>,
+pub(crate) struct Prompt {
+    pub(crate) text: String,
+    pub(crate) pair: Option<String>,
 }
 
 impl Prompt {
-    pub fn single(text: impl Into<String>) -> Self {
+    fn single(text: impl Into<String>) -> Self {
         Prompt {
             text: text.into(),
             pair: None,
         }
     }
 
-    /// Tokenised and checked by the client's model (before anything is sent).
-    pub fn encode(&self, client: &ClientModel, opts: PromptOptions) -> Result<Encoded> {
-        let input = match &self.pair {
+    /// As the library's client takes it.
+    pub(crate) fn input(&self) -> Input<'_> {
+        match &self.pair {
             Some(second) => Input::Pair(&self.text, second),
             None => Input::Text(&self.text),
-        };
-        client.encode(input, opts)
+        }
     }
 
     /// For the printed result: `"text"`, or `"first" ‖ "second"`.
-    pub fn quoted(&self) -> String {
+    pub(crate) fn quoted(&self) -> String {
         match &self.pair {
             Some(second) => format!("\"{}\" ‖ \"{second}\"", self.text),
             None => format!("\"{}\"", self.text),
@@ -43,7 +42,7 @@ impl Prompt {
 
 /// Every prompt must be of the kind the model was trained on (`recorded`: its config's
 /// `veil.inputs`, which encoding checks too), said here with the flag that changes it.
-pub fn check_kind(recorded: Option<Inputs>, prompts: &[Prompt]) -> Result<()> {
+pub(crate) fn check_kind(recorded: Option<Inputs>, prompts: &[Prompt]) -> Result<()> {
     for p in prompts {
         let pairs = p.pair.is_some();
         if let Some(why) = Inputs::refusal(recorded, Inputs::of(pairs)) {
@@ -56,7 +55,11 @@ pub fn check_kind(recorded: Option<Inputs>, prompts: &[Prompt]) -> Result<()> {
 
 /// The prompts of a command line: the `text` arguments, then the non-empty lines of `file`.
 /// With `pairs`, the arguments are taken two at a time and each line is `FIRST<TAB>SECOND`.
-pub fn read_prompts(text: Vec<String>, file: Option<&Path>, pairs: bool) -> Result<Vec<Prompt>> {
+pub(crate) fn read_prompts(
+    text: Vec<String>,
+    file: Option<&Path>,
+    pairs: bool,
+) -> Result<Vec<Prompt>> {
     let mut prompts = from_arguments(text, pairs)?;
     if let Some(f) = file {
         let body = std::fs::read_to_string(f).map_err(|e| match e.kind() {
@@ -94,7 +97,7 @@ pub fn read_prompts(text: Vec<String>, file: Option<&Path>, pairs: bool) -> Resu
 }
 
 /// `text` as prompts: one each, or with `pairs` two at a time.
-pub fn from_arguments(text: Vec<String>, pairs: bool) -> Result<Vec<Prompt>> {
+pub(crate) fn from_arguments(text: Vec<String>, pairs: bool) -> Result<Vec<Prompt>> {
     if !pairs {
         return Ok(text.into_iter().map(Prompt::single).collect());
     }
@@ -117,14 +120,17 @@ pub fn from_arguments(text: Vec<String>, pairs: bool) -> Result<Vec<Prompt>> {
 
 /// Checks every prompt's kind and the options against the model, then encodes them all: done
 /// before a server is prepared or a connection (and its key material) is made.
-pub fn check_and_encode(
+pub(crate) fn check_and_encode(
     client: &ClientModel,
     prompts: &[Prompt],
     opts: PromptOptions,
 ) -> Result<Vec<Encoded>> {
     check_kind(client.config().veil.inputs, prompts)?;
     client.check_options(opts)?;
-    prompts.iter().map(|p| p.encode(client, opts)).collect()
+    prompts
+        .iter()
+        .map(|p| client.encode(p.input(), opts))
+        .collect()
 }
 
 #[cfg(test)]

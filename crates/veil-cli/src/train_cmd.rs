@@ -13,7 +13,7 @@ use veil_train::{
 };
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum FormatArg {
+pub(crate) enum FormatArg {
     /// `LABEL SENTENCE` per line (the SST-2 files of this project).
     Lines,
     /// GLUE TSV with a header (single sentences and pairs).
@@ -24,7 +24,7 @@ pub enum FormatArg {
 
 /// How to read a dataset file.
 #[derive(Args, Clone)]
-pub struct FormatArgs {
+pub(crate) struct FormatArgs {
     /// File format; default: `.tsv` → glue, otherwise lines.
     #[arg(long, value_enum)]
     format: Option<FormatArg>,
@@ -67,7 +67,7 @@ impl FormatArgs {
 
 /// Training and development files.
 #[derive(Args, Clone)]
-pub struct DataArgs {
+pub(crate) struct DataArgs {
     #[arg(long)]
     train: PathBuf,
     #[arg(long)]
@@ -87,7 +87,7 @@ impl DataArgs {
 
 /// Optimiser and loss settings; unset flags keep the workflow's defaults.
 #[derive(Args, Clone)]
-pub struct TrainArgs {
+pub(crate) struct TrainArgs {
     #[arg(long)]
     epochs: Option<u32>,
     #[arg(long)]
@@ -147,7 +147,7 @@ impl TrainArgs {
 }
 
 #[derive(Args)]
-pub struct FinetuneArgs {
+pub(crate) struct FinetuneArgs {
     /// Hugging Face model folder (or a Veil model folder) to start from.
     #[arg(long)]
     model: PathBuf,
@@ -168,7 +168,7 @@ pub struct FinetuneArgs {
     stop_after: Option<u64>,
 }
 
-pub fn finetune(a: FinetuneArgs, quiet: bool) -> Result<()> {
+pub(crate) fn finetune(a: FinetuneArgs, quiet: bool) -> Result<()> {
     let started = Instant::now();
     let mut o = FinetuneOptions::new(&a.model, a.data.options()?, &a.out);
     a.train.apply(&mut o.train);
@@ -198,7 +198,7 @@ pub fn finetune(a: FinetuneArgs, quiet: bool) -> Result<()> {
 }
 
 #[derive(Args)]
-pub struct SubstituteArgs {
+pub(crate) struct SubstituteArgs {
     /// A fine-tuned classifier folder (the output of `veil finetune`).
     #[arg(long)]
     model: PathBuf,
@@ -241,7 +241,7 @@ pub struct SubstituteArgs {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum BlockOrderArg {
+pub(crate) enum BlockOrderArg {
     Down,
     Up,
 }
@@ -258,7 +258,7 @@ fn parse_stage_lr(s: &str) -> std::result::Result<(Operator, f64), String> {
     Ok((op, lr))
 }
 
-pub fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
+pub(crate) fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
     ensure!(
         a.train.bound.is_none(),
         InvalidArgument,

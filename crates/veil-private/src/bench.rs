@@ -1,6 +1,7 @@
 //! Whole-model cost benchmark: a seeded random model of a paper shape (private-inference cost
-//! does not depend on weight values), both parties in two threads over TCP loopback (or over a
-//! link shaped like a given network, whose time is then measured), one private inference of
+//! does not depend on weight values), both parties in one process ([`crate::Loopback`]: TCP
+//! loopback, or a link shaped like a given network, whose time is then measured), one private
+//! inference of
 //! `seq` random tokens. Returns the cost report (online and set-up apart).
 //! [`bench_embedding`]: the extra cost of private-embedding mode at the BERT vocabulary.
 
@@ -15,15 +16,12 @@ use veil_linear::{ClientSession, LookupMethod, ServerSession};
 use veil_model::random::{random_transformer, Preset};
 use veil_model::FixedModel;
 use veil_model::{Activation, BlockVariant, ModelConfig};
-use veil_net::{
-    run_two_party_on, run_two_party_tcp, run_two_party_tls, shaped_pair, Channel, NetworkModel,
-    RealClock, Role,
-};
+use veil_net::{run_two_party_tcp, Channel, NetworkModel, Role};
 use veil_nonlinear::OtSession;
 
 use crate::connection::ClientConnection;
 use crate::embedding::{embed_client, embed_server, ServerEmbedding};
-use crate::handler::serve_session;
+use crate::loopback::{Link, Loopback};
 use crate::prepared::ServerModel;
 use crate::report::CostReport;
 
@@ -37,6 +35,7 @@ pub enum Variant {
 }
 
 impl Variant {
+    /// As `--variant` names it.
     pub fn name(self) -> &'static str {
         match self {
             Variant::Original => "original",
@@ -71,11 +70,7 @@ pub fn run_model(
     tls: bool,
     preprocess: bool,
 ) -> Result<(CostReport, f64)> {
-    veil_core::ensure!(
-        !(tls && net.is_some()),
-        Unsupported,
-        "TLS runs on TCP loopback; a shaped link is in memory"
-    );
+    let link = Link::new(net, tls)?;
     let cfg = config(preset, variant);
     let fp = FixedPoint::default_format();
     let fixed = FixedModel::encode(&random_transformer(&cfg, [7; 16])?, fp)?;
@@ -88,22 +83,10 @@ pub fn run_model(
     let t = Instant::now();
     let server = ServerModel::new(fixed)?;
     let prepare_s = t.elapsed().as_secs_f64();
-    let (report, ()) = match net {
-        None if tls => run_two_party_tls(
-            |ch| infer_once(ch, &x, preprocess),
-            |ch| serve_session(ch, &server),
-        )?,
-        None => run_two_party_tcp(
-            |ch| infer_once(ch, &x, preprocess),
-            |ch| serve_session(ch, &server),
-        )?,
-        Some(net) => run_two_party_on(
-            shaped_pair(net, Arc::new(RealClock::new()))?,
-            |ch| infer_once(ch, &x, preprocess),
-            |ch| serve_session(ch, &server),
-        )?,
-    };
-    Ok((report, prepare_s))
+    let parties = Loopback::start(Arc::new(server), link)?;
+    let report = parties.connector()().and_then(|ch| infer_once(ch, &x, preprocess));
+    parties.stop()?;
+    Ok((report?, prepare_s))
 }
 
 /// The client's side of [`run_model`]: a session with one inference of `x`, preprocessed first

@@ -1,5 +1,5 @@
 //! One way to assemble a server, for every front end (`veil serve`, `veil demo`, Python's
-//! `veil.Server`, the in-process [`crate::LoopbackServer`]): its identity (a TLS identity kept
+//! `veil.Server`, the in-process [`crate::Loopback`]): its identity (a TLS identity kept
 //! in a state directory, a fresh one, or plain TCP), its limits (sessions, queue, deadlines,
 //! memory, the NTT budget of the prepared weights) and the process settings a server relies on
 //! ([`veil_core::process::keep_freed_memory`], without which HE runs 30–60 % slower). What is

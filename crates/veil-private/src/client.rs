@@ -301,7 +301,7 @@ impl ClientModel {
 }
 
 /// Opens a new channel to the same server, for a new session.
-pub type Reconnect<C> = Box<dyn FnMut() -> Result<C> + Send>;
+pub(crate) type Reconnect<C> = Box<dyn FnMut() -> Result<C> + Send>;
 
 /// A session with a server, on the client's side; with a [`Reconnect`], a series of sessions.
 pub struct Client<C: Channel> {
@@ -400,57 +400,42 @@ impl<C: Channel> Client<C> {
         self.opts
     }
 
-    /// Classifies each text privately. Every text is tokenised and checked before the first is
-    /// sent, so one refused prompt costs no traffic.
-    pub fn classify<S: AsRef<str>>(&mut self, texts: &[S]) -> Result<Vec<Classification>> {
-        let encoded = texts
-            .iter()
-            .map(|t| self.model.encode(Input::Text(t.as_ref()), self.opts))
-            .collect::<Result<Vec<_>>>()?;
-        self.classify_encoded(&encoded)
+    /// Classifies each prompt privately (texts, sentence pairs or token ids, mixed as the
+    /// model allows). Every prompt is tokenised and checked before the first is sent, so one
+    /// refused prompt costs no traffic. [`Self::classify_ahead`] is the same with
+    /// preprocessing ahead and each result handed out as it comes.
+    pub fn classify(&mut self, inputs: &[Input<'_>]) -> Result<Vec<Classification>> {
+        let mut out = Vec::with_capacity(inputs.len());
+        self.classify_ahead(inputs, Ahead::default(), |_, c| {
+            out.push(c);
+            Ok(())
+        })?;
+        Ok(out)
     }
 
-    /// Classifies sentence pairs (first, second), each checked first as [`Self::classify`]
-    /// checks texts.
-    pub fn classify_pairs<A: AsRef<str>, B: AsRef<str>>(
-        &mut self,
-        pairs: &[(A, B)],
-    ) -> Result<Vec<Classification>> {
-        let encoded = pairs
-            .iter()
-            .map(|(a, b)| (self.model).encode(Input::Pair(a.as_ref(), b.as_ref()), self.opts))
-            .collect::<Result<Vec<_>>>()?;
-        self.classify_encoded(&encoded)
-    }
-
-    /// Classifies token-id sequences (special tokens included), each checked first.
-    pub fn classify_ids<S: AsRef<[u32]>>(&mut self, ids: &[S]) -> Result<Vec<Classification>> {
-        let encoded = ids
-            .iter()
-            .map(|i| self.model.encode(Input::Ids(i.as_ref()), self.opts))
-            .collect::<Result<Vec<_>>>()?;
-        self.classify_encoded(&encoded)
-    }
-
-    /// Classifies prompts encoded by [`ClientModel::encode`].
-    pub fn classify_encoded(&mut self, prompts: &[Encoded]) -> Result<Vec<Classification>> {
+    /// Every input encoded and checked (before anything is sent), or the first refusal; a
+    /// model without a classifier is refused here too.
+    fn encode_all(&self, inputs: &[Input<'_>]) -> Result<Vec<Encoded>> {
         ensure!(
             self.model.config().veil.num_labels > 0,
             InvalidArgument,
             "the model has no classifier (it outputs sentence embeddings)"
         );
-        prompts
+        inputs
             .iter()
-            .map(|enc| {
-                let (logits, cost) = self.infer(enc)?;
-                let probabilities = softmax(&logits);
-                Ok(Classification {
-                    label: argmax(&probabilities),
-                    probabilities,
-                    cost,
-                })
-            })
+            .map(|&input| self.model.encode(input, self.opts))
             .collect()
+    }
+
+    /// One encoded prompt's classification.
+    fn classify_one(&mut self, enc: &Encoded) -> Result<Classification> {
+        let (logits, cost) = self.infer(enc)?;
+        let probabilities = softmax(&logits);
+        Ok(Classification {
+            label: argmax(&probabilities),
+            probabilities,
+            cost,
+        })
     }
 
     /// The raw output of one encoded prompt: logits, or the pooled vector of an embedding model.
@@ -539,16 +524,17 @@ pub struct Ahead {
 }
 
 impl<C: Channel> Client<C> {
-    /// Classifies `prompts` in order, preprocessing as `ahead` says, and hands each result to
-    /// `each` (its index and classification) before the next prompt's preprocessing. A server
-    /// that refuses to preprocess more (its budget), or a model preprocessing does not cover,
-    /// is logged once per session; the rest run without.
+    /// Classifies `inputs` in order, each checked before the first is sent, preprocessing as
+    /// `ahead` says, and hands each result to `each` (its index and classification) before the
+    /// next prompt's preprocessing. A server that refuses to preprocess more (its budget), or a
+    /// model preprocessing does not cover, is logged once per session; the rest run without.
     pub fn classify_ahead(
         &mut self,
-        prompts: &[Encoded],
+        inputs: &[Input<'_>],
         ahead: Ahead,
         mut each: impl FnMut(usize, Classification) -> Result<()>,
     ) -> Result<()> {
+        let prompts = self.encode_all(inputs)?;
         let mut next = if ahead.upfront { 0 } else { 1 };
         let mut refused = false;
         // A new session (the old one's keys spent) may take preprocessing again.
@@ -576,9 +562,7 @@ impl<C: Channel> Client<C> {
             top_up(self, 0, ahead.prompts)?;
         }
         for (i, enc) in prompts.iter().enumerate() {
-            for c in self.classify_encoded(std::slice::from_ref(enc))? {
-                each(i, c)?;
-            }
+            each(i, self.classify_one(enc)?)?;
             if ahead.prompts > 0 {
                 top_up(self, i + 1, i + 1 + ahead.prompts)?;
             }
@@ -726,7 +710,7 @@ mod tests {
             ClientOptions::default(),
         )
         .unwrap();
-        let text = ["good film"];
+        let text = [Input::Text("good film")];
         let first = client.classify(&text).unwrap()[0].probabilities.clone();
         let once = client.key_revealed();
         client.key_limit = 2 * once + once / 2;
@@ -740,7 +724,7 @@ mod tests {
         // Material preprocessed under these keys covers the next prompt: no new session for it.
         let enc = client
             .model()
-            .encode(Input::Text(text[0]), PromptOptions::default())
+            .encode(text[0], PromptOptions::default())
             .unwrap();
         client.preprocess_for(&enc).unwrap();
         assert!(!client.key_budget_fits(&enc));

@@ -21,6 +21,7 @@ pub struct Deadlines {
     /// One inference: `infer_base` + `infer_per_token` × its tokens (times the load factor the
     /// server passes when sessions share the cores).
     pub infer_base: Duration,
+    /// See `infer_base`.
     pub infer_per_token: Duration,
 }
 

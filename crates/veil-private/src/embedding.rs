@@ -36,10 +36,10 @@ use veil_nonlinear::{AffineParams, Ctx, OtSession};
 /// 243 MB against 74.5 MB), but its lookup time (28 s against 87 s at load 9 on this machine)
 /// keeps it ahead even on the modelled WAN (100 Mbps: 48 s against 94 s), see
 /// docs/BENCHMARKS.md.
-pub const DEFAULT_METHOD: LookupMethod = LookupMethod::Batched;
+pub(crate) const DEFAULT_METHOD: LookupMethod = LookupMethod::Batched;
 
 /// NTT-domain cache budget for the prepared tables of one length (all parts together).
-pub const TABLE_NTT_CACHE_BYTES: usize = 256 << 20;
+pub(crate) const TABLE_NTT_CACHE_BYTES: usize = 256 << 20;
 
 /// Sequence lengths whose prepared lookup is kept (most recently used first). The lookup's
 /// plan depends on the number of queries, so each length has its own preparation; keeping a
@@ -69,7 +69,7 @@ pub fn cache_bytes(cfg: &ModelConfig) -> u64 {
 
 /// The public lookup shape of a model at `seq` tokens: the word table, then the token-type
 /// table if the model has one.
-pub fn lookup_shape(cfg: &ModelConfig, seq: usize) -> LookupShape {
+pub(crate) fn lookup_shape(cfg: &ModelConfig, seq: usize) -> LookupShape {
     let mut vocabs = vec![cfg.vocab_size];
     if cfg.type_vocab_size > 0 {
         vocabs.push(cfg.type_vocab_size);
@@ -148,6 +148,7 @@ impl Drop for PreparationInUse<'_> {
 }
 
 impl ServerEmbedding {
+    /// The server's tables of `model` at its format, looked up with `method`.
     pub fn new(model: &FixedModel, method: LookupMethod) -> Result<Self> {
         let fp = model.fp();
         let e = &model.float.embeddings;
@@ -168,6 +169,7 @@ impl ServerEmbedding {
         })
     }
 
+    /// The lookup method every session of this server uses.
     pub fn method(&self) -> LookupMethod {
         self.method
     }
@@ -247,7 +249,7 @@ impl ServerEmbedding {
 /// Client: its share of the embedding output for `ids` / `type_ids` (checked against the
 /// config by the caller).
 #[allow(clippy::too_many_arguments)]
-pub fn embed_client<C: Channel>(
+pub(crate) fn embed_client<C: Channel>(
     ch: &mut C,
     ot: &mut OtSession,
     ax: Approx,
@@ -269,7 +271,7 @@ pub fn embed_client<C: Channel>(
 }
 
 /// Server: its share of the embedding output for a `seq`-token request.
-pub fn embed_server<C: Channel>(
+pub(crate) fn embed_server<C: Channel>(
     ch: &mut C,
     ot: &mut OtSession,
     ax: Approx,

@@ -38,20 +38,23 @@ use crate::preprocess::{ClientMaterial, ServerMaterial};
 /// far enough that Softmax's exp clamps them to exactly 0 and ReLU-normalise's ReLU zeroes
 /// them (real scores stay far inside ±4096), small enough to stay clear of the ring's range
 /// (2^25 at f = 13 in a 41-bit ring).
-pub const PADDING_KEY_OFFSET: f64 = 4096.0;
+pub(crate) const PADDING_KEY_OFFSET: f64 = 4096.0;
 
 /// What only one side has.
 pub enum Side<'a> {
     /// The client's keys, and how many leading tokens are real: the others are padding that
     /// hides the true length from the server, masked out by the client alone.
     Client(&'a ClientSession, usize),
+    /// The server's session keys and its prepared model.
     Server(&'a ServerSession, &'a ServerModel),
 }
 
 /// This party's preprocessed material for the inference ([`crate::preprocess`]), when it has
 /// some: its linear layers then run their online steps only.
 pub enum Pre<'a> {
+    /// The client's.
     Client(&'a mut ClientMaterial),
+    /// The server's.
     Server(&'a mut ServerMaterial),
 }
 
@@ -67,11 +70,17 @@ impl Pre<'_> {
 
 /// One party's state for one inference.
 pub struct Party<'a, C: Channel> {
+    /// The channel to the other party.
     pub ch: &'a mut C,
+    /// The session's OT pools.
     pub ot: &'a mut OtSession,
+    /// The approximations the model's operators run with.
     pub ax: Approx,
+    /// The model's public configuration.
     pub cfg: &'a ModelConfig,
+    /// What only this party has.
     pub side: Side<'a>,
+    /// This inference's preprocessed material, if any.
     pub pre: Option<Pre<'a>>,
 }
 

@@ -66,7 +66,7 @@ pub fn serve_session_with<C: Channel>(
 
 /// What one session did, for the server's log.
 #[derive(Clone, Debug, Default)]
-pub struct SessionSummary {
+pub(crate) struct SessionSummary {
     /// Inferences run.
     pub inferences: usize,
     /// Their tokens, summed.
@@ -79,7 +79,7 @@ pub struct SessionSummary {
 
 /// What bounds a served session besides its announced length, and what it shares with the
 /// server's other sessions.
-pub struct SessionLimits<'a> {
+pub(crate) struct SessionLimits<'a> {
     /// Each step's deadline (none without).
     pub deadlines: Option<&'a Deadlines>,
     /// The factor stretching an inference's deadline when sessions share the cores.
@@ -92,7 +92,7 @@ pub struct SessionLimits<'a> {
 
 /// Serves an admitted session (its `hello` read) until the client says goodbye or fails,
 /// within `limits`.
-pub fn serve_admitted<C: Channel>(
+pub(crate) fn serve_admitted<C: Channel>(
     ch: C,
     model: &ServerModel,
     emb: Option<&ServerEmbedding>,
@@ -349,7 +349,7 @@ impl<'a, C: Channel> Handler<'a, C> {
 }
 
 /// Answers a hello with a refusal the client shows its user, and ends the session.
-pub fn refuse<C: Channel>(ch: &mut C, reason: &str) -> Result<()> {
+pub(crate) fn refuse<C: Channel>(ch: &mut C, reason: &str) -> Result<()> {
     Admission::Refused(reason.into()).send(ch)?;
     ch.flush()
 }

@@ -16,19 +16,19 @@ use std::collections::BTreeMap;
 
 /// Coefficients revealed by an inference of each length seen (the largest seen).
 #[derive(Clone, Debug, Default)]
-pub struct KeyBudget {
+pub(crate) struct KeyBudget {
     measured: BTreeMap<usize, u64>,
 }
 
 impl KeyBudget {
     /// Notes that work for an inference of `len` tokens revealed `count` coefficients.
-    pub fn record(&mut self, len: usize, count: u64) {
+    pub(crate) fn record(&mut self, len: usize, count: u64) {
         let e = self.measured.entry(len).or_insert(0);
         *e = (*e).max(count);
     }
 
     /// An upper bound on what an inference of `len` tokens reveals, if one is known.
-    pub fn bound(&self, len: usize) -> Option<u64> {
+    pub(crate) fn bound(&self, len: usize) -> Option<u64> {
         if let Some((_, &c)) = self.measured.range(len..).next() {
             return Some(c);
         }
@@ -39,7 +39,7 @@ impl KeyBudget {
 
     /// Whether an inference of `len` tokens fits in what a key that has revealed `revealed`
     /// coefficients has left of `limit`.
-    pub fn fits(&self, revealed: u64, len: usize, limit: u64) -> bool {
+    pub(crate) fn fits(&self, revealed: u64, len: usize, limit: u64) -> bool {
         match self.bound(len) {
             Some(b) => revealed.checked_add(b).is_some_and(|t| t <= limit),
             None => revealed == 0,

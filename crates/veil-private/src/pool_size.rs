@@ -65,7 +65,7 @@ impl CotCounts {
 
 /// The COTs one inference of `seq` tokens of `model` draws, in the server's (sending,
 /// receiving) direction.
-pub fn cots_per_inference(model: &ServerModel, ax: Approx, seq: usize) -> Result<Draw> {
+pub(crate) fn cots_per_inference(model: &ServerModel, ax: Approx, seq: usize) -> Result<Draw> {
     let cfg = model.config();
     let ring = ax.fp.ring;
     // Both parties walk the composition in lock-step; only their set-up and side differ.

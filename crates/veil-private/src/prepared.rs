@@ -23,11 +23,11 @@ use veil_model::{FixedLinear, FixedModel};
 use crate::protocol::session_format;
 
 /// Parameter set of the weight × share products (small fixed-point weights).
-pub const WEIGHT_SET: ParamSet = ParamSet::N8192;
+pub(crate) const WEIGHT_SET: ParamSet = ParamSet::N8192;
 
 /// The public shape of layer `id` for `rows` input rows: what both parties derive the
 /// product's layout from.
-pub fn fc_shape(id: LayerId, cfg: &ModelConfig, rows: usize) -> FcLayer {
+pub(crate) fn fc_shape(id: LayerId, cfg: &ModelConfig, rows: usize) -> FcLayer {
     let (in_features, out_features) = id.dims(cfg);
     FcLayer {
         seq: rows,
@@ -44,6 +44,7 @@ pub struct PreparedLayers {
 }
 
 impl PreparedLayers {
+    /// The prepared layer `id`, or an error naming a layer the model does not have.
     pub fn get(&self, id: LayerId) -> Result<&PreparedFc> {
         self.layers
             .get(&id)
@@ -87,6 +88,7 @@ pub const DEFAULT_NTT_BUDGET_BYTES: usize = 2 << 30;
 /// The server's model: the fixed-point weights plus its linear layers prepared for HE once,
 /// for every sequence length. Plain data, read by every session at once.
 pub struct ServerModel {
+    /// The fixed-point model (weights, configuration, format).
     pub fixed: FixedModel,
     layers: PreparedLayers,
 }
@@ -128,6 +130,7 @@ impl ServerModel {
         prepared
     }
 
+    /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.fixed.config
     }

@@ -125,7 +125,9 @@ pub struct Material<M> {
     products: VecDeque<Vec<Triple>>,
 }
 
+/// The client's material (its FC masks).
 pub type ClientMaterial = Material<ClientMask>;
+/// The server's material (its FC masks).
 pub type ServerMaterial = Material<ServerMask>;
 
 impl<M> Material<M> {
@@ -205,7 +207,7 @@ fn make_material<C: Channel, M>(
 }
 
 /// Offline, client: the material for one inference of `seq` tokens.
-pub fn preprocess_client<C: Channel>(
+pub(crate) fn preprocess_client<C: Channel>(
     ch: &mut C,
     lin: &ClientSession,
     cfg: &ModelConfig,
@@ -224,7 +226,7 @@ pub fn preprocess_client<C: Channel>(
 
 /// Offline, server: the other side of [`preprocess_client`], for the steps of `plan` (the
 /// caller has it already, to check the material's size against its budget).
-pub fn preprocess_server<C: Channel>(
+pub(crate) fn preprocess_server<C: Channel>(
     ch: &mut C,
     lin: &ServerSession,
     model: &ServerModel,

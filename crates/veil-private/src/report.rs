@@ -9,15 +9,17 @@ use serde_json::{json, Value};
 use veil_core::CostClass;
 use veil_net::{LabelStats, Role};
 
-pub use veil_net::{NetworkModel, LAN, WAN};
+use veil_net::{NetworkModel, LAN, WAN};
 
 /// Costs of one phase as one party metered them.
 #[derive(Clone, Debug, Default)]
 pub struct PhaseCost {
+    /// Per cost class (the meter's outermost labels).
     pub per_op: BTreeMap<CostClass, LabelStats>,
 }
 
 impl PhaseCost {
+    /// All classes summed.
     pub fn total(&self) -> LabelStats {
         let mut t = LabelStats::default();
         self.per_op.values().for_each(|s| t.add(s));
@@ -43,9 +45,11 @@ impl PhaseCost {
 pub struct CostReport {
     /// Whose meter produced it (fixes which direction "sent" is).
     pub role: Role,
+    /// The session's set-up (keys, base OTs), apart from any one inference.
     pub setup: PhaseCost,
     /// The preprocessing this inference used ([`crate::preprocess`]), if any.
     pub offline: Option<PhaseCost>,
+    /// The inference itself, after the prompt is known.
     pub online: PhaseCost,
     /// The shaped link the times were measured on; `None`: unshaped (loopback) times.
     pub network: Option<NetworkModel>,
@@ -57,7 +61,7 @@ pub struct CostReport {
 /// computation with transfer inside a flight and of the two directions (the protocols alternate),
 /// TCP (slow start, headers) and loss; the measured time already holds the loopback transfer, so
 /// the model slightly over-estimates. A shaped run measures what this models, overlaps included.
-pub fn modelled_seconds(s: &LabelStats, net: NetworkModel) -> f64 {
+pub(crate) fn modelled_seconds(s: &LabelStats, net: NetworkModel) -> f64 {
     let transfer = |bytes: u64| 8.0 * bytes as f64 / net.bits_per_second;
     s.seconds
         + transfer(s.bytes_sent)

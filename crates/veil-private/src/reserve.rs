@@ -26,7 +26,7 @@ pub fn preprocess_budget() -> usize {
 /// Where the server's sessions take memory beyond their admitted working set (preprocessed
 /// material and filled OT pools): the server's memory for sessions, shared by all of them
 /// ([`crate::server`]), so preprocessing cannot push a server past it.
-pub trait SessionMemory {
+pub(crate) trait SessionMemory {
     /// Takes `bytes` if they are free now (never waits); whether it did.
     fn take(&self, bytes: u64) -> bool;
     /// Gives back bytes taken.
@@ -35,7 +35,7 @@ pub trait SessionMemory {
 
 /// No memory shared with other sessions (one session, as in tests and `veil demo`): only the
 /// session's own preprocessing budget applies.
-pub struct UnsharedMemory;
+pub(crate) struct UnsharedMemory;
 
 impl SessionMemory for UnsharedMemory {
     fn take(&self, _bytes: u64) -> bool {

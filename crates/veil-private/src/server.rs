@@ -40,6 +40,7 @@ pub enum Transport {
 /// The server's limits and settings.
 #[derive(Clone)]
 pub struct ServeOptions {
+    /// TLS or plain TCP.
     pub transport: Transport,
     /// Sessions running at once.
     pub max_sessions: usize,
@@ -47,6 +48,7 @@ pub struct ServeOptions {
     pub queue: usize,
     /// How long a connection waits for a slot before it is refused.
     pub queue_wait: Duration,
+    /// Each step's allowance.
     pub deadlines: Deadlines,
     /// Memory for sessions, in bytes: admitted sessions' estimates
     /// ([`session_memory_estimate`] at their announced length) stay below it, with the
@@ -54,6 +56,7 @@ pub struct ServeOptions {
     pub memory_budget: u64,
     /// Set to stop accepting; open sessions then get `shutdown_grace` to finish.
     pub shutdown: Arc<AtomicBool>,
+    /// How long open sessions may finish after `shutdown`.
     pub shutdown_grace: Duration,
     /// The lookup method of private-embedding mode.
     pub method: LookupMethod,
@@ -82,7 +85,7 @@ pub fn session_memory_estimate(cfg: &ModelConfig, seq: usize) -> u64 {
 }
 
 /// The memory the system can still give (`MemAvailable`, else `MemTotal`, from /proc/meminfo).
-pub fn available_memory() -> Option<u64> {
+pub(crate) fn available_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let field = |name: &str| {
         text.lines()
@@ -318,6 +321,7 @@ pub struct Server {
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 impl Server {
+    /// A server of `model` with `opts` (the private-embedding tables encoded here, once).
     pub fn new(model: Arc<ServerModel>, opts: ServeOptions) -> Result<Self> {
         let emb = match model.config().veil.embedding {
             EmbeddingMode::Private => Some(ServerEmbedding::new(&model.fixed, opts.method)?),
@@ -365,6 +369,7 @@ impl Server {
         self.fingerprint
     }
 
+    /// Its limits and settings.
     pub fn options(&self) -> &ServeOptions {
         &self.shared.opts
     }
@@ -518,18 +523,7 @@ impl Server {
 /// Accepts clients forever over plain TCP with the default limits of
 /// [`ServeOptions::for_model`] (for loopback and tests: `veil serve` uses TLS).
 pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
-    serve_with(listener, model, DEFAULT_METHOD)
-}
-
-/// [`serve`] with the lookup method of private-embedding mode chosen (the tables are prepared
-/// per sequence length for the few most recently used lengths and shared by all sessions).
-pub fn serve_with(
-    listener: TcpListener,
-    model: Arc<ServerModel>,
-    method: LookupMethod,
-) -> Result<()> {
-    let mut opts = ServeOptions::for_model(&model, Transport::Plaintext);
-    opts.method = method;
+    let opts = ServeOptions::for_model(&model, Transport::Plaintext);
     Server::new(model, opts)?.run(listener)
 }
 

@@ -12,8 +12,8 @@ use veil_core::FixedPoint;
 use veil_model::FixedModel;
 use veil_model::{folder, random, Inputs};
 use veil_net::{Identity, ServerTls, TcpChannel};
-use veil_private::client::{argmax, softmax};
-use veil_private::prepared::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::DEFAULT_NTT_BUDGET_BYTES;
+use veil_private::{argmax, softmax};
 use veil_private::{
     Client, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions, ServeOptions,
     Server, ServerModel, Transport,
@@ -55,7 +55,8 @@ fn library_client_equals_the_simulator_over_loopback() {
         ClientOptions::default(),
     )
     .unwrap();
-    let got = client.classify(&texts).unwrap();
+    let inputs = texts.map(Input::Text);
+    let got = client.classify(&inputs).unwrap();
     assert_eq!(got.len(), texts.len());
     let tok = model.tokenizer.as_ref().unwrap();
     let mut ids = vec![];
@@ -69,41 +70,55 @@ fn library_client_equals_the_simulator_over_loopback() {
         ids.push(enc.ids);
     }
     // The same prompts as token ids.
-    let by_ids = client.classify_ids(&ids).unwrap();
+    let by_ids = client
+        .classify(&ids.iter().map(|i| Input::Ids(i)).collect::<Vec<_>>())
+        .unwrap();
     for (a, b) in got.iter().zip(&by_ids) {
         assert_eq!(a.probabilities, b.probabilities);
     }
     // Sentence pairs, `[CLS] a [SEP] b [SEP]` with segment ids 0 then 1.
     let pairs = [("good film", "awful film"), ("the film", "great")];
-    let by_pair = client.classify_pairs(&pairs).unwrap();
+    let by_pair = client
+        .classify(&pairs.map(|(a, b)| Input::Pair(a, b)))
+        .unwrap();
     for ((a, b), c) in pairs.iter().zip(&by_pair) {
         let enc = tok.encode(a, Some(b)).unwrap();
         assert!(enc.type_ids.contains(&1), "{:?}", enc.type_ids);
         assert_eq!(c.probabilities, simulated(&model, &enc.ids, &enc.type_ids));
     }
     let half = client
-        .classify_pairs(&[("good film", " ")])
+        .classify(&[Input::Pair("good film", " ")])
         .unwrap_err()
         .to_string();
     assert!(half.contains("both sentences"), "{half}");
     // Bad inputs are refused before anything is sent, and the session goes on.
-    let empty = client.classify(&["  "]).unwrap_err().to_string();
+    let empty = client
+        .classify(&[Input::Text("  ")])
+        .unwrap_err()
+        .to_string();
     assert!(empty.contains("the prompt is empty"), "{empty}");
+    // A mixed batch whose last prompt is refused sends none of them.
+    let revealed = client.key_revealed();
     let outside = client
-        .classify_ids(&[vec![2, 99, 3]])
+        .classify(&[inputs[0], Input::Ids(&[2, 99, 3])])
         .unwrap_err()
         .to_string();
     assert!(outside.contains("beyond the vocabulary"), "{outside}");
-    let again = client.classify(&texts[..1]).unwrap();
+    assert_eq!(
+        client.key_revealed(),
+        revealed,
+        "a prompt ran before the refusal"
+    );
+    let again = client.classify(&inputs[..1]).unwrap();
     assert_eq!(again[0].probabilities, got[0].probabilities);
     // The client counts what its keys reveal (as the server does, which refuses past the
     // limit): the same prompt reveals as much again, and the next is known to fit.
     let before = client.key_revealed();
     assert!(before > 0);
-    client.classify(&texts[..1]).unwrap();
+    client.classify(&inputs[..1]).unwrap();
     let once = client.key_revealed() - before;
     assert!(once > 0);
-    client.classify(&texts[..1]).unwrap();
+    client.classify(&inputs[..1]).unwrap();
     assert_eq!(client.key_revealed() - before, 2 * once);
     let enc = client
         .model()
@@ -118,7 +133,9 @@ fn library_client_equals_the_simulator_over_loopback() {
     let mut by_len = vec![];
     for k in 1..=words.len() {
         let before = client.key_revealed();
-        let c = client.classify(&[words[..k].join(" ")]).unwrap();
+        let c = client
+            .classify(&[Input::Text(&words[..k].join(" "))])
+            .unwrap();
         let n = tok.encode(&words[..k].join(" "), None).unwrap().ids.len();
         assert!(!c.is_empty());
         by_len.push((n, client.key_revealed() - before));
@@ -134,10 +151,10 @@ fn library_client_equals_the_simulator_over_loopback() {
     let longest = ids.iter().map(Vec::len).max().unwrap();
     assert!(longest > ids[0].len());
     client.preprocess(longest).unwrap();
-    let padded = client.classify(&texts[..1]).unwrap();
+    let padded = client.classify(&inputs[..1]).unwrap();
     assert_eq!(padded[0].probabilities, got[0].probabilities);
     assert!(padded[0].cost.offline.is_some());
-    let plain = client.classify(&texts[..1]).unwrap();
+    let plain = client.classify(&inputs[..1]).unwrap();
     assert!(plain[0].cost.offline.is_none(), "the material is used once");
     client.close().unwrap();
     running.stop().unwrap();
@@ -167,7 +184,7 @@ fn library_client_over_tls_pins_the_server_and_refuses_another_model() {
         ClientOptions::default(),
     )
     .unwrap();
-    let got = client.classify(&["good film"]).unwrap();
+    let got = client.classify(&[Input::Text("good film")]).unwrap();
     let enc = model
         .tokenizer
         .as_ref()
@@ -199,13 +216,13 @@ fn library_client_over_tls_pins_the_server_and_refuses_another_model() {
     )
     .unwrap();
     let err = pairs_client
-        .classify(&["good film"])
+        .classify(&[Input::Text("good film")])
         .unwrap_err()
         .to_string();
     assert!(err.contains("sentence pairs"), "{err}");
     assert_eq!(
         pairs_client
-            .classify_pairs(&[("good film", "bad film")])
+            .classify(&[Input::Pair("good film", "bad film")])
             .unwrap()
             .len(),
         1

@@ -12,8 +12,8 @@ use veil_model::{
     Activation, Architecture, BlockVariant, EmbeddingMode, ModelConfig, ProductTruncation,
 };
 use veil_net::run_two_party;
-use veil_private::connection::Tokens;
-use veil_private::embedding::ServerEmbedding;
+use veil_private::ServerEmbedding;
+use veil_private::Tokens;
 use veil_private::{serve_session_with, ClientConnection, ServerModel};
 
 fn tiny(arch: Architecture, variant: BlockVariant) -> ModelConfig {
@@ -168,7 +168,7 @@ fn bad_private_inputs_are_errors_and_the_session_survives() {
 /// lengths it has prepared, most recent first.
 #[test]
 fn prepared_lookups_are_bounded_in_number() {
-    use veil_private::embedding::PREPARED_LENGTHS_KEPT;
+    use veil_private::PREPARED_LENGTHS_KEPT;
     let cfg = tiny(Architecture::Bert, BlockVariant::friendly());
     let (fixed, _) = models(&cfg, 9);
     let emb = ServerEmbedding::new(&fixed, LookupMethod::OneHot).unwrap();
@@ -189,7 +189,7 @@ fn prepared_lookups_are_bounded_in_number() {
 fn a_preparation_in_use_is_not_evicted() {
     use std::sync::mpsc;
     use std::time::Duration;
-    use veil_private::embedding::PREPARED_LENGTHS_KEPT;
+    use veil_private::PREPARED_LENGTHS_KEPT;
     let cfg = tiny(Architecture::Bert, BlockVariant::friendly());
     let (fixed, _) = models(&cfg, 9);
     let emb = ServerEmbedding::new(&fixed, LookupMethod::OneHot).unwrap();
@@ -224,7 +224,7 @@ fn a_preparation_in_use_is_not_evicted() {
 #[test]
 fn the_lookups_memory_is_reserved_from_the_servers_budget() {
     use std::sync::Arc;
-    use veil_private::embedding::{cache_bytes, preparation_bytes, PREPARED_LENGTHS_KEPT};
+    use veil_private::{cache_bytes, preparation_bytes, PREPARED_LENGTHS_KEPT};
     use veil_private::{ServeOptions, Server, Transport};
     let cfg = tiny(Architecture::Bert, BlockVariant::friendly());
     let reserved = cache_bytes(&cfg);

@@ -16,11 +16,11 @@ use veil_model::{
 };
 use veil_net::{run_two_party, Channel, Role, TcpChannel};
 use veil_nonlinear::OtSession;
-use veil_private::forward::{Party, Side};
-use veil_private::pool_size::CotCounts;
-use veil_private::preprocess::{material_bytes, plan, Step};
+use veil_private::CotCounts;
+use veil_private::{material_bytes, plan, Step};
 use veil_private::{serve_session, ClientConnection, ServerModel};
 use veil_private::{ClientOptions, RunningServer, ServeOptions, Server, Transport};
+use veil_private::{Party, Side};
 
 fn tiny(arch: Architecture, variant: BlockVariant, head: HeadKind, seq: usize) -> ModelConfig {
     let mut cfg = ModelConfig::builder(arch)
@@ -191,7 +191,7 @@ fn the_server_refuses_what_it_cannot_honour() {
     std::env::set_var("VEIL_PREPROCESS_BUDGET_MIB", "40");
     let ring = FixedPoint::default_format().ring;
     let per = material_bytes(&cfg, &plan(&cfg, ring, 512).unwrap(), false);
-    let fit = veil_private::reserve::preprocess_budget() / per;
+    let fit = veil_private::preprocess_budget() / per;
     assert_eq!(fit, 2, "{per} bytes per preprocessing");
     let (want, x) = expected(&sim, &[1, 2, 3]);
     let ((refused, y), ()) = run_two_party(
@@ -369,7 +369,7 @@ fn malformed_preprocessing_ends_that_session_and_others_are_served() {
 /// back when the session ends with its material unused: the next session can preprocess again.
 #[test]
 fn preprocessing_is_refused_beyond_the_servers_session_memory() {
-    use veil_private::server::session_memory_estimate;
+    use veil_private::session_memory_estimate;
 
     let cfg = tiny(
         Architecture::Bert,

@@ -18,8 +18,8 @@ use veil_model::EmbeddingMode;
 use veil_model::FixedModel;
 use veil_model::{Activation, Architecture, BlockVariant, ModelConfig};
 use veil_net::{run_two_party, Recording};
-use veil_private::connection::Tokens;
-use veil_private::embedding::ServerEmbedding;
+use veil_private::ServerEmbedding;
+use veil_private::Tokens;
 use veil_private::{serve_session_with, ClientConnection, ServerModel};
 
 /// Consecutive entries that make a match.

@@ -34,6 +34,7 @@ pub mod workflow;
 mod tiny;
 
 pub use batch::{Batch, ClassifierOutput, EncodedExample, SequenceClassifier};
+pub use fixed_check::{max_abs_difference, FixedVsF32, SideBySide};
 pub use loss::LossWeights;
 pub use substitute::{
     run_substitution, BlockOrder, Operator, Resume, RunOutcome, SubstitutionConfig,
