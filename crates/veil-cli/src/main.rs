@@ -435,7 +435,8 @@ fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) ->
         signal_hook::flag::register_conditional_shutdown(sig, 1, flag.clone())?;
         signal_hook::flag::register(sig, flag.clone())?;
     }
-    let server = ServerBuilder::new(identity)
+    // Every flag and the listening address are checked before the weights are prepared.
+    let builder = ServerBuilder::new(identity)
         .client_allow(net.client_allow)
         .max_sessions(net.max_sessions)
         .queue(net.queue)
@@ -445,12 +446,15 @@ fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) ->
         .shutdown_grace(secs(net.shutdown_grace, "--shutdown-grace")?)
         .shutdown_flag(flag)
         .ntt_budget(ntt_budget_mib << 20)
-        .build(&source.load()?)?;
+        .checked()?;
+    let listener = TcpListener::bind(listen)
+        .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
+    let server = builder.build(&source.load()?)?;
     if let Some(fp) = server.fingerprint() {
         eprintln!("veil serve: server fingerprint (SHA-256 of its certificate): {fp}");
     }
     tracing::info!(model = %model, "model ready");
-    server.run(TcpListener::bind(listen)?)?;
+    server.run(listener)?;
     tracing::info!("stopped");
     Ok(())
 }

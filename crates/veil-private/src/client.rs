@@ -322,7 +322,7 @@ pub struct Client<C: Channel> {
 impl<C: Channel> Client<C> {
     /// Handshake on `ch`, the server's configuration compared with `model`'s before any key
     /// material moves, then set-up. `limits.max_tokens` is announced to the server (`None`: the
-    /// model's limit); prompts longer than it are refused later.
+    /// bundle's limit); prompts longer than it are refused later.
     pub fn connect(
         model: ClientModel,
         ch: C,
@@ -330,6 +330,12 @@ impl<C: Channel> Client<C> {
         limits: ClientOptions,
     ) -> Result<Self> {
         model.check_options(opts)?;
+        let limits = ClientOptions {
+            max_tokens: limits
+                .max_tokens
+                .or(Some(model.config().max_sequence_len())),
+            ..limits
+        };
         let conn = ClientConnection::connect_with(ch, limits, |cfg| model.check_matches(cfg))?;
         Ok(Client {
             model,

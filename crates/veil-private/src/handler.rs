@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use veil_core::approx::Approx;
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{bail, ensure, Result, RingTensor};
 use veil_linear::ServerSession;
 use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, Role};
@@ -171,13 +171,15 @@ impl<'a, C: Channel> Handler<'a, C> {
         summary: &'a mut SessionSummary,
     ) -> Result<Self> {
         let cfg = model.config();
-        let limit = match hello.max_tokens as usize {
-            0 => cfg.max_sequence_len(),
-            n => n.min(cfg.max_sequence_len()),
+        let limit = match crate::admission::announced_tokens(&hello, cfg.max_sequence_len()) {
+            Ok(n) => n,
+            Err(why) => {
+                let _ = refuse(&mut ch, &why);
+                bail!(Refused, "refused: {why}");
+            }
         };
-        let allowed = limits
-            .deadlines
-            .map(|d| d.setup.mul_f64((limits.load)().max(1.0)));
+        // A fixed total: other sessions' load (an attacker's among them) cannot stretch it.
+        let allowed = limits.deadlines.map(|d| d.setup);
         set_deadline(&mut ch, allowed)?;
         Admission::Admitted(cfg.announced()).send(&mut ch)?;
         if let Some(e) = emb {

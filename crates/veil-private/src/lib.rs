@@ -17,6 +17,8 @@
 //! * [`connection`] — the client's end of a session; [`handler`] — the server's, a handler
 //!   over the client's typed requests; [`deadlines`] — each step's allowance;
 //! * [`reserve`] — what a server session may hold for preprocessed inferences;
+//! * [`admission`] — what a connection may hold before it has shown it is a Veil client;
+//!   [`limits`] — what the machine can hold (open files, memory), capping a server's limits;
 //! * [`server`] — the multi-client server: TLS or explicit plain TCP, bounded sessions and
 //!   queue, memory estimate per session, accept back-off, structured logs, graceful shutdown,
 //!   in the caller's thread ([`Server::run`]) or in the background ([`Server::spawn`]);
@@ -37,6 +39,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod bench;
 pub mod builder;
 pub mod client;
@@ -46,6 +49,7 @@ pub mod embedding;
 pub mod forward;
 pub mod handler;
 pub mod key_budget;
+pub mod limits;
 pub mod loopback;
 pub mod pool_size;
 pub mod prepared;

@@ -8,7 +8,7 @@
 //!
 //! | message | direction | bytes |
 //! |---|---|---|
-//! | [`Hello`] | client → server | "VEIL" ‖ [`VERSION`] (u32) ‖ longest prompt, tokens (u32; 0: the model's limit) |
+//! | [`Hello`] | client → server | "VEIL" ‖ [`VERSION`] (u32) ‖ longest prompt, tokens (u32; 1 to the model's limit, anything else is refused) |
 //! | [`Admission`] | server → client | 0 ‖ the model's public `config.json`, or 1 ‖ why it refuses (UTF-8) |
 //! | [`EmbeddingLookup`] | server → client | the lookup method's tag (u8; private-embedding mode only) |
 //! | [`Request`] | client → server | tag (u8) ‖ fields: 0 goodbye; 1 inference ‖ length (u32) ‖ preprocessed (u8: 0 or 1); 2 preprocessing ‖ length (u32) |
@@ -103,7 +103,8 @@ fn text(r: &mut Reader<'_>, what: &str) -> Result<String> {
 /// checks its memory before the set-up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
-    /// The longest prompt of the session, in tokens; 0: the model's limit.
+    /// The longest prompt of the session, in tokens (1 to the model's limit: the server
+    /// reserves memory for it and refuses anything else).
     pub max_tokens: u32,
 }
 

@@ -51,7 +51,7 @@ fn fixture() -> &'static Fixture {
         let ((to_server, to_client), ()) = run_two_party(
             |ch| {
                 let mut rec = Recording::new(ch);
-                let mut c = ClientConnection::connect(&mut rec)?;
+                let mut c = ClientConnection::connect(&mut rec, 16)?;
                 c.infer(&x, None)?;
                 c.close()?;
                 Ok((rec.sent, rec.received))
@@ -115,7 +115,7 @@ fn serve_replay(input: Vec<u8>) -> veil_core::Result<()> {
 }
 
 fn client_replay(input: Vec<u8>) -> veil_core::Result<()> {
-    let mut c = ClientConnection::connect(Replay::new(input))?;
+    let mut c = ClientConnection::connect(Replay::new(input), 3)?;
     c.infer(&fixture().x, None)?;
     c.close()
 }
@@ -145,7 +145,7 @@ proptest! {
         let answer = apply(&fixture().to_client, &m, 2048);
         let _ = ClientConnection::connect_with(
             Replay::new(answer),
-            ClientOptions::default(),
+            ClientOptions { max_tokens: Some(3), ..ClientOptions::default() },
             |_| Err(veil_core::Error::Other("stop before set-up".into())),
         );
     }
