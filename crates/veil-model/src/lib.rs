@@ -88,6 +88,7 @@ pub mod engine;
 pub mod fetch;
 pub mod folder;
 pub mod generate;
+pub mod manifest;
 pub mod nn;
 pub mod progress;
 pub mod random;
