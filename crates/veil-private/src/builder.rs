@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use veil_core::{ensure, Result};
 use veil_linear::LookupMethod;
+use veil_model::client::BundleDigest;
 use veil_net::{Fingerprint, Identity, ServerTls};
 
 use crate::limits::{open_file_limit, MachineCaps, MAX_DEFAULT_SESSIONS};
@@ -50,6 +51,7 @@ pub struct ServerBuilder {
     slowness: u32,
     shutdown: Option<Arc<AtomicBool>>,
     method: Option<LookupMethod>,
+    bundle: Option<BundleDigest>,
 }
 
 impl ServerBuilder {
@@ -72,6 +74,7 @@ impl ServerBuilder {
             slowness: 1,
             shutdown: None,
             method: None,
+            bundle: None,
         }
     }
 
@@ -213,9 +216,16 @@ impl ServerBuilder {
         Ok(self)
     }
 
-    /// Prepares `model`'s weights for HE within the NTT budget, then builds the server.
+    /// Prepares `model`'s weights for HE within the NTT budget, then builds the server, which
+    /// announces the digest of the client bundle `veil export-client` would write for `model`
+    /// (when it has a tokenizer): clients with another bundle refuse before any key moves.
     pub fn build(self, model: &veil_model::Model) -> Result<Server> {
-        let this = self.checked()?;
+        let mut this = self.checked()?;
+        if model.tokenizer.is_some() {
+            let digest = veil_model::manifest::model_digest(model)?;
+            tracing::info!(bundle = %digest, "client bundle digest");
+            this.bundle = Some(digest);
+        }
         let prepared = ServerModel::from_model(model, this.ntt_budget)?;
         let layers = prepared.prepared();
         tracing::info!(
@@ -270,6 +280,7 @@ impl ServerBuilder {
         if let Some(m) = self.method {
             opts.method = m;
         }
+        opts.bundle = self.bundle;
         Ok(Server::new(model, opts)?.with_fingerprint(fingerprint))
     }
 

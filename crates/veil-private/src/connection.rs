@@ -30,8 +30,8 @@ use crate::embedding::embed_client;
 use crate::forward::{Party, Pre, Side};
 use crate::preprocess::{preprocess_client, ClientMaterial};
 use crate::protocol::{
-    session_format, Admission, EmbeddingLookup, Hello, Message, OutputShare, PreprocessReply,
-    Request,
+    session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare,
+    PreprocessReply, Request,
 };
 use crate::report::{CostReport, PhaseCost};
 
@@ -103,13 +103,14 @@ impl<C: Channel> ClientConnection<C> {
         Self::connect_with(ch, opts, |_| Ok(()))
     }
 
-    /// Handshake, then `check` on the server's configuration (the caller compares it with its
-    /// own bundle and validates its options), then set-up: nothing secret and no key material
+    /// Handshake, then `check` on what the server announced (the caller compares its
+    /// configuration and bundle digest with its own bundle and validates its options), then
+    /// set-up: nothing secret and no key material
     /// moves before the check passes. Each step within `opts.step_timeout`.
     pub fn connect_with(
         mut ch: C,
         opts: ClientOptions,
-        check: impl FnOnce(&ModelConfig) -> Result<()>,
+        check: impl FnOnce(&Announced) -> Result<()>,
     ) -> Result<Self> {
         ch.meter().reset();
         let cfg;
@@ -138,14 +139,15 @@ impl<C: Channel> ClientConnection<C> {
             .send(&mut ch)?;
             let admission = Admission::recv(&mut ch)
                 .map_err(|e| in_step(e, "the server's answer to the hello", budget))?;
-            cfg = match admission {
-                Admission::Admitted(cfg) => cfg,
+            let announced = match admission {
+                Admission::Admitted(a) => a,
                 Admission::Refused(why) => bail!(
                     Refused,
                     "the server refused the session: {}",
                     escape_control(&why)
                 ),
             };
+            cfg = announced.config.clone();
             lookup = match cfg.veil.embedding {
                 EmbeddingMode::Private => Some(EmbeddingLookup::recv(&mut ch)?.0),
                 EmbeddingMode::Public => None,
@@ -158,7 +160,7 @@ impl<C: Channel> ClientConnection<C> {
                     cfg.max_sequence_len()
                 );
             }
-            check(&cfg)?;
+            check(&announced)?;
             deadline(&mut ch)?;
             let lin = ClientSession::setup(&mut ch, ax.fp.ring)
                 .map_err(|e| in_step(e, "set-up", budget))?;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use veil_core::approx::Approx;
 use veil_core::{bail, ensure, Result, RingTensor};
 use veil_linear::ServerSession;
+use veil_model::client::BundleDigest;
 use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, Role};
 use veil_nonlinear::OtSession;
@@ -26,8 +27,8 @@ use crate::pool_size::CotCounts;
 use crate::prepared::ServerModel;
 use crate::preprocess::{material_bytes, plan, preprocess_server, ServerMaterial};
 use crate::protocol::{
-    session_format, Admission, EmbeddingLookup, Hello, Message, OutputShare, PreprocessReply,
-    Request,
+    session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare,
+    PreprocessReply, Request,
 };
 use crate::reserve::{preprocess_budget, Reserve, SessionMemory, UnsharedMemory};
 
@@ -59,6 +60,7 @@ pub fn serve_session_with<C: Channel>(
             load: &|| 1.0,
             memory: &UnsharedMemory,
             cots: &CotCounts::default(),
+            bundle: None,
         },
         &mut SessionSummary::default(),
     )
@@ -88,6 +90,8 @@ pub struct SessionLimits<'a> {
     pub memory: &'a dyn SessionMemory,
     /// The COTs an inference draws, per length (sampled once per server).
     pub cots: &'a CotCounts,
+    /// The digest of the client bundle this server would export, announced at admission.
+    pub bundle: Option<BundleDigest>,
 }
 
 /// Serves an admitted session (its `hello` read) until the client says goodbye or fails,
@@ -181,7 +185,11 @@ impl<'a, C: Channel> Handler<'a, C> {
         // A fixed total: other sessions' load (an attacker's among them) cannot stretch it.
         let allowed = limits.deadlines.map(|d| d.setup);
         set_deadline(&mut ch, allowed)?;
-        Admission::Admitted(cfg.announced()).send(&mut ch)?;
+        Admission::Admitted(Announced {
+            config: cfg.announced(),
+            bundle: limits.bundle,
+        })
+        .send(&mut ch)?;
         if let Some(e) = emb {
             EmbeddingLookup(e.method()).send(&mut ch)?;
         }

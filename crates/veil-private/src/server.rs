@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use veil_core::{ensure, Error, Result};
 use veil_linear::LookupMethod;
+use veil_model::client::BundleDigest;
 use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, Fingerprint, ServerTls, TcpChannel};
 
@@ -68,6 +69,9 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// The lookup method of private-embedding mode.
     pub method: LookupMethod,
+    /// The digest of the client bundle this server would export, announced to every client,
+    /// which refuses a bundle that differs ([`crate::ServerBuilder::build`] sets it).
+    pub bundle: Option<BundleDigest>,
 }
 
 /// Connections in their handshake at once, by default: each costs a thread for at most the
@@ -135,6 +139,7 @@ impl ServeOptions {
             shutdown: Arc::new(AtomicBool::new(false)),
             shutdown_grace: Duration::from_secs(60),
             method: DEFAULT_METHOD,
+            bundle: None,
         }
     }
 }
@@ -509,6 +514,7 @@ fn run_session(
             load: &load,
             memory: &shared,
             cots: &shared.cots,
+            bundle: shared.opts.bundle,
         },
         &mut summary,
     );

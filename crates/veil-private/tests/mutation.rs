@@ -16,8 +16,8 @@ use veil_model::sim::FixedModel;
 use veil_model::{BlockVariant, HeadKind, ModelConfig};
 use veil_net::{run_two_party, Recording, Replay};
 use veil_private::protocol::{
-    session_format, Admission, EmbeddingLookup, Hello, Message, OutputShare, PreprocessReply,
-    Request,
+    session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare,
+    PreprocessReply, Request,
 };
 use veil_private::{serve_session, ClientConnection, ClientOptions, ServerModel};
 
@@ -164,7 +164,16 @@ fn valid_messages() -> Vec<Vec<u8>> {
     let cfg = fixture().server.config().announced();
     vec![
         Hello { max_tokens: 3 }.encode(),
-        Admission::Admitted(cfg).encode(),
+        Admission::Admitted(Announced {
+            config: cfg.clone(),
+            bundle: None,
+        })
+        .encode(),
+        Admission::Admitted(Announced {
+            config: cfg,
+            bundle: Some(veil_model::client::BundleDigest([7; 32])),
+        })
+        .encode(),
         Admission::Refused("busy".into()).encode(),
         EmbeddingLookup(veil_linear::LookupMethod::Batched).encode(),
         Request::Goodbye.encode(),
@@ -185,7 +194,7 @@ proptest! {
     /// Every session message's decoder on every valid message of any type, mutated: a clean
     /// error or a message that encodes back to the same bytes, never a panic.
     #[test]
-    fn mutated_messages_decode_cleanly_or_canonically(m in mutation(), which in 0usize..9) {
+    fn mutated_messages_decode_cleanly_or_canonically(m in mutation(), which in 0usize..10) {
         let bytes = apply(&valid_messages()[which], &m, 64);
         canonical::<Hello>(&bytes);
         canonical::<EmbeddingLookup>(&bytes);
