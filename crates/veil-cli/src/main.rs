@@ -511,13 +511,16 @@ fn run(cli: Cli) -> Result<()> {
             let m = veil_model::source::load(&model)?;
             veil_model::client::save_bundle(&m, &out)?;
             eprintln!(
-                "veil export-client: wrote {} (config, tokenizer{})",
+                "veil export-client: wrote {} (config, tokenizer{}, and {} with their SHA-256); \
+                 bundle digest {}, which the server announces",
                 out.display(),
                 if m.config.veil.embedding == veil_model::EmbeddingMode::Public {
                     ", public embedding tables"
                 } else {
                     ""
-                }
+                },
+                veil_model::client::MANIFEST_FILE,
+                veil_model::manifest::model_digest(&m)?
             );
             Ok(())
         }
