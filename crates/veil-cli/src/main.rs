@@ -197,8 +197,8 @@ struct ServeNetArgs {
     /// Plain TCP instead of TLS: no authentication, no confidentiality (loopback benchmarks).
     #[arg(long)]
     insecure_plaintext: bool,
-    /// Sessions running at once (default: as many as the available memory holds at the
-    /// model's longest prompt).
+    /// Sessions running at once (default: as many one-token sessions as the memory for
+    /// sessions holds, at most 64; each session reserves the memory of the length it announces).
     #[arg(long)]
     max_sessions: Option<usize>,
     /// Connections waiting for a session beyond --max-sessions (default: twice it, at least 4).

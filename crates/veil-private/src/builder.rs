@@ -84,8 +84,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Sessions running at once (`None`: as many as the memory holds at the model's longest
-    /// prompt); the queue then defaults to twice it, at least 4.
+    /// Sessions running at once (`None`: [`ServeOptions::for_model`]'s default); the queue then
+    /// defaults to twice it, at least 4.
     pub fn max_sessions(mut self, n: Option<usize>) -> Self {
         self.max_sessions = n;
         self

@@ -118,15 +118,17 @@ pub fn available_memory() -> Option<u64> {
 
 impl ServeOptions {
     /// Defaults for `model`: memory = 80 % of the memory available now (4 GiB if unknown), as
-    /// many sessions at the model's longest prompt as fit beside the embedding lookups' share
-    /// (1 to 64), a queue of twice that (at least 4) waiting up to 30 s, [`DEFAULT_HANDSHAKES`]
+    /// many sessions of one token as fit beside the embedding lookups' share (1 to 64: each
+    /// session's hello reserves the memory of the length it announces, so memory, not this
+    /// count, bounds long sessions; a count sized for the longest prompt would let a few
+    /// clients that announce little and go quiet fill every slot), a queue of twice that (at least 4) waiting up to 30 s, [`DEFAULT_HANDSHAKES`]
     /// handshakes and [`DEFAULT_PER_ADDRESS`] per address, [`Deadlines::for_model`].
     pub fn for_model(model: &ServerModel, transport: Transport) -> Self {
         let cfg = model.config();
         let budget = available_memory().map_or(4 << 30, |m| m / 5 * 4);
-        let peak = session_memory_estimate(cfg, cfg.max_sequence_len());
+        let least = session_memory_estimate(cfg, 1);
         let for_sessions = budget.saturating_sub(embedding::cache_bytes(cfg));
-        let max_sessions = (for_sessions / peak).clamp(1, MAX_DEFAULT_SESSIONS as u64) as usize;
+        let max_sessions = (for_sessions / least).clamp(1, MAX_DEFAULT_SESSIONS as u64) as usize;
         ServeOptions {
             transport,
             max_sessions,
