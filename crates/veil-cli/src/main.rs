@@ -197,8 +197,8 @@ struct ServeNetArgs {
     /// Plain TCP instead of TLS: no authentication, no confidentiality (loopback benchmarks).
     #[arg(long)]
     insecure_plaintext: bool,
-    /// Sessions running at once (default: as many as the available memory holds at the
-    /// model's longest prompt).
+    /// Sessions running at once (default: as many one-token sessions as the memory for
+    /// sessions holds, at most 64; each session reserves the memory of the length it announces).
     #[arg(long)]
     max_sessions: Option<usize>,
     /// Connections waiting for a session beyond --max-sessions (default: twice it, at least 4).
@@ -435,7 +435,8 @@ fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) ->
         signal_hook::flag::register_conditional_shutdown(sig, 1, flag.clone())?;
         signal_hook::flag::register(sig, flag.clone())?;
     }
-    let server = ServerBuilder::new(identity)
+    // Every flag and the listening address are checked before the weights are prepared.
+    let builder = ServerBuilder::new(identity)
         .client_allow(net.client_allow)
         .max_sessions(net.max_sessions)
         .queue(net.queue)
@@ -445,12 +446,15 @@ fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) ->
         .shutdown_grace(secs(net.shutdown_grace, "--shutdown-grace")?)
         .shutdown_flag(flag)
         .ntt_budget(ntt_budget_mib << 20)
-        .build(&source.load()?)?;
+        .checked()?;
+    let listener = TcpListener::bind(listen)
+        .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
+    let server = builder.build(&source.load()?)?;
     if let Some(fp) = server.fingerprint() {
         eprintln!("veil serve: server fingerprint (SHA-256 of its certificate): {fp}");
     }
     tracing::info!(model = %model, "model ready");
-    server.run(TcpListener::bind(listen)?)?;
+    server.run(listener)?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -507,13 +511,16 @@ fn run(cli: Cli) -> Result<()> {
             let m = veil_model::source::load(&model)?;
             veil_model::save_bundle(&m, &out)?;
             eprintln!(
-                "veil export-client: wrote {} (config, tokenizer{})",
+                "veil export-client: wrote {} (config, tokenizer{}, and {} with their SHA-256); \
+                 bundle digest {}, which the server announces",
                 out.display(),
                 if m.config.veil.embedding == veil_model::EmbeddingMode::Public {
                     ", public embedding tables"
                 } else {
                     ""
-                }
+                },
+                veil_model::MANIFEST_FILE,
+                veil_model::manifest::model_digest(&m)?
             );
             Ok(())
         }

@@ -983,3 +983,22 @@ fn generate_prints_the_simulators_greedy_tokens() {
         "{err}"
     );
 }
+
+/// `veil serve` checks its flags and its listening address before it prepares (or fetches) any
+/// weights: a busy port and `--max-sessions 0` are refused at once, naming the cause.
+#[test]
+fn serve_finds_a_busy_port_and_bad_flags_before_preparing_weights() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let start = std::time::Instant::now();
+    // The default model is not fetched: the port is checked first.
+    let out = veil(&["serve", "--listen", &addr, "--insecure-plaintext"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    let out = veil(&["serve", "--listen", "127.0.0.1:0", "--max-sessions", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("max sessions 0"), "{err}");
+    assert!(start.elapsed() < std::time::Duration::from_secs(20));
+}

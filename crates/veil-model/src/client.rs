@@ -4,25 +4,25 @@
 //! `embeddings.*` tensors: word, position, token-type tables and their LayerNorm, which
 //! fine-tuning froze). No encoder, pooler or classifier weight is written, and loading refuses a
 //! bundle that carries one. In private-embedding mode the tables are the server's too: the bundle
-//! holds no tensor at all.
+//! holds no tensor at all. Every file is listed with its SHA-256 in the bundle's manifest and
+//! re-hashed at load ([`crate::manifest`]).
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
 
 use crate::candle_error;
 use crate::config::ModelConfig;
 use crate::folder::{has_weights, load_config, load_tokenizer, Model, PUBLIC_PREFIX};
+use crate::manifest;
 use crate::nn::Embeddings;
 use crate::sim::public_embedding;
 use crate::tokenize::TextTokenizer;
 use crate::variants::EmbeddingMode;
 
-/// File of the public tables inside a bundle.
-pub const TABLES_FILE: &str = "public.safetensors";
+use crate::manifest::{BundleDigest, MANIFEST_FILE, TABLES_FILE};
 
 /// A loaded client bundle.
 pub struct ClientBundle {
@@ -32,28 +32,19 @@ pub struct ClientBundle {
     pub tokenizer: TextTokenizer,
     /// The public tables (public-embedding mode only).
     tables: Option<Embeddings>,
+    /// What a server serving the same model announces ([`crate::manifest`]).
+    pub digest: BundleDigest,
 }
 
-/// Writes the client bundle of `model` into `dir` (created if missing).
+/// Writes the client bundle of `model` into `dir` (created if missing), with the manifest of
+/// its files' SHA-256 ([`MANIFEST_FILE`]).
 pub fn save_bundle(model: &Model, dir: &Path) -> Result<()> {
-    let tokenizer = model
-        .tokenizer
-        .as_ref()
-        .ok_or_else(|| Error::InvalidArgument("the model has no tokenizer to bundle".into()))?;
+    let files = manifest::bundle_files(model)?;
     std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("config.json"), model.config.to_json())?;
-    tokenizer.save(&dir.join("tokenizer.json"))?;
-    if model.config.veil.embedding == EmbeddingMode::Public {
-        let tables: HashMap<String, Tensor> = model
-            .transformer
-            .named
-            .iter()
-            .filter(|(name, _)| name.starts_with(PUBLIC_PREFIX))
-            .map(|(name, t)| (name.clone(), t.clone()))
-            .collect();
-        candle_core::safetensors::save(&tables, dir.join(TABLES_FILE))
-            .map_err(candle_error("writing the public tables"))?;
+    for (name, bytes) in &files {
+        std::fs::write(dir.join(name), bytes)?;
     }
+    std::fs::write(dir.join(MANIFEST_FILE), manifest::manifest(&files))?;
     Ok(())
 }
 
@@ -88,10 +79,13 @@ impl ClientBundle {
                 )
             }
         };
+        // Every file re-hashed against the manifest written at export.
+        let digest = manifest::verify(dir, config.veil.embedding)?;
         Ok(ClientBundle {
             config,
             tokenizer,
             tables,
+            digest,
         })
     }
 
@@ -117,6 +111,7 @@ impl ClientBundle {
             config: model.config.clone(),
             tokenizer,
             tables,
+            digest: manifest::model_digest(model)?,
         })
     }
 

@@ -96,6 +96,8 @@ pub mod fetch;
 /// Hugging Face model folders: load, save, and the f16 overlays of the built-in models.
 pub mod folder;
 mod generate;
+/// Client bundles' manifests and digests: what a client checks against the server's model.
+pub mod manifest;
 mod nn;
 /// Progress bars and spinners for the slow steps.
 pub mod progress;
@@ -107,12 +109,13 @@ pub mod source;
 mod tokenize;
 mod variants;
 
-pub use client::{save_bundle, ClientBundle, TABLES_FILE};
+pub use client::{save_bundle, ClientBundle};
 pub use config::{Architecture, ConfigBuilder, ModelConfig, VeilSettings};
 pub use decode_f32::F32Model;
 pub use decode_sim::{DecoderFormat, DecoderSim, FixedDecoder};
 pub use folder::Model;
 pub use generate::{generate, GenerateOptions, GeneratedToken, NextLogits};
+pub use manifest::{BundleDigest, MANIFEST_FILE, TABLES_FILE};
 pub use nn::{position_id_rows, Batch, Block, Embeddings, ForwardOutput, Head, Norm, Transformer};
 pub use sim::{BlockReport, FixedBlock, FixedHead, FixedLinear, FixedModel, FixedNorm, SimOutput};
 pub use tokenize::{Encoded, TextTokenizer};

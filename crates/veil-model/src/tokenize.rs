@@ -175,6 +175,14 @@ impl TextTokenizer {
     }
 
     /// Writes `tokenizer.json` (as used by [`crate::folder::save`]).
+    /// The tokenizer's JSON, as [`Self::save`] writes it.
+    pub fn to_json(&self) -> Result<String> {
+        self.inner
+            .to_string(false)
+            .map_err(|e| Error::Other(format!("serialising the tokenizer: {e}")))
+    }
+
+    /// Writes the tokenizer as `tokenizer.json` would hold it.
     pub fn save(&self, path: &Path) -> Result<()> {
         self.inner
             .save(path, false)

@@ -136,17 +136,40 @@ impl Identity {
     /// The identity kept in `dir` (`cert.der`, `key.der`), created there on first use: the
     /// directory with mode 0700, the key file with 0600. Refuses a key file other users can
     /// read. Returns whether it was created.
+    ///
+    /// The directory is locked (`.lock`) while it is read or written: a second process racing
+    /// on it is told that another one holds it, rather than finding half an identity.
     pub fn load_or_create(dir: &Path) -> Result<(Self, bool)> {
         let cert_path = dir.join(CERT_FILE);
         let key_path = dir.join(KEY_FILE);
-        if key_path.exists() || cert_path.exists() {
-            return Ok((Self::load(dir)?, false));
-        }
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
             .map_err(|e| Error::Other(format!("creating {}: {e}", dir.display())))?;
+        let lock_path = dir.join(".lock");
+        let lock = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(|e| Error::Other(format!("opening {}: {e}", lock_path.display())))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => bail!(
+                Other,
+                "another process holds the state directory {} (it is reading or creating its \
+                 identity there): start this one once it runs, or pass another --state-dir",
+                dir.display()
+            ),
+            Err(fs::TryLockError::Error(e)) => {
+                bail!(Other, "locking {}: {e}", lock_path.display())
+            }
+        }
+        if key_path.exists() || cert_path.exists() {
+            return Ok((Self::load(dir)?, false));
+        }
         let id = Self::generate()?;
         write_new(&key_path, &id.key, 0o600)?;
         write_new(&cert_path, &id.cert, 0o644)?;
@@ -167,6 +190,15 @@ impl Identity {
                 _ => Error::Other(format!("{}: {e}", p.display())),
             })
         };
+        for p in [&key_path, &cert_path] {
+            ensure!(
+                !p.is_dir(),
+                InvalidArgument,
+                "{} is a directory, not a file: remove it (a new identity is then created) or \
+                 pass another --state-dir",
+                p.display()
+            );
+        }
         let mode = fs::metadata(&key_path)
             .map(|m| m.permissions().mode())
             .unwrap_or(0o600);
@@ -187,6 +219,16 @@ impl Identity {
     }
 
     fn check_pair(&self) -> Result<()> {
+        if provider()
+            .key_provider
+            .load_private_key(self.private_key())
+            .is_err()
+        {
+            bail!(
+                Malformed,
+                "{KEY_FILE} is not a private key (PKCS#8 DER, as veil writes it)"
+            );
+        }
         rustls::sign::CertifiedKey::from_der(
             vec![self.cert.clone()],
             self.private_key(),

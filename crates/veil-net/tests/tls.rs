@@ -217,3 +217,40 @@ fn fingerprints_parse_and_known_servers_remember() {
     let k = KnownServers::open(&path).unwrap();
     assert_eq!(k.get("h:1"), Some(fp));
 }
+
+/// State-directory errors name what is wrong: a key file that is not a key, a key path that is a
+/// directory, and a directory another process is creating its identity in.
+#[test]
+fn state_directory_errors_name_the_cause() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("state");
+    Identity::load_or_create(&dir).unwrap();
+    let key = dir.join("key.der");
+    std::fs::write(&key, [0x5au8; 121]).unwrap();
+    let err = Identity::load_or_create(&dir).err().unwrap().to_string();
+    assert!(err.contains("not a private key"), "{err}");
+    assert!(!err.contains("does not match"), "{err}");
+
+    std::fs::remove_file(&key).unwrap();
+    std::fs::create_dir(&key).unwrap();
+    let err = Identity::load_or_create(&dir).err().unwrap().to_string();
+    assert!(
+        err.contains("is a directory") && err.contains("key.der"),
+        "{err}"
+    );
+    assert!(!err.contains("readable by other users"), "{err}");
+
+    // Another process creating its identity in an empty directory holds its lock.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let held = std::fs::File::create(empty.join(".lock")).unwrap();
+    held.lock().unwrap();
+    let err = Identity::load_or_create(&empty).err().unwrap().to_string();
+    assert!(
+        err.contains("another process holds the state directory"),
+        "{err}"
+    );
+    assert!(!empty.join("key.der").exists());
+    drop(held);
+    assert!(Identity::load_or_create(&empty).unwrap().1);
+}

@@ -92,7 +92,7 @@ pub fn run_model(
 /// The client's side of [`run_model`]: a session with one inference of `x`, preprocessed first
 /// if asked.
 fn infer_once<C: Channel>(ch: C, x: &RingTensor, preprocess: bool) -> Result<CostReport> {
-    let mut c = ClientConnection::connect(ch)?;
+    let mut c = ClientConnection::connect(ch, x.shape()[0])?;
     if preprocess {
         c.preprocess(x.shape()[0])?;
     }

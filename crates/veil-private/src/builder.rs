@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use veil_core::{ensure, Result};
 use veil_linear::LookupMethod;
+use veil_model::BundleDigest;
 use veil_net::{Fingerprint, Identity, ServerTls};
 
+use crate::limits::{open_file_limit, MachineCaps, MAX_DEFAULT_SESSIONS};
 use crate::prepared::{ServerModel, DEFAULT_NTT_BUDGET_BYTES};
-use crate::server::{ServeOptions, Server, Transport};
+use crate::server::{available_memory, ServeOptions, Server, Transport, DEFAULT_HANDSHAKES};
 
 /// How the server identifies itself to clients.
 #[derive(Clone, Debug)]
@@ -39,13 +41,17 @@ pub struct ServerBuilder {
     queue: Option<usize>,
     queue_wait: Option<Duration>,
     handshake: Option<Duration>,
+    setup: Option<Duration>,
     idle: Option<Duration>,
+    handshakes: Option<usize>,
+    per_address: Option<usize>,
     shutdown_grace: Option<Duration>,
     memory_budget: Option<u64>,
     ntt_budget: usize,
     slowness: u32,
     shutdown: Option<Arc<AtomicBool>>,
     method: Option<LookupMethod>,
+    bundle: Option<BundleDigest>,
 }
 
 impl ServerBuilder {
@@ -58,13 +64,17 @@ impl ServerBuilder {
             queue: None,
             queue_wait: None,
             handshake: None,
+            setup: None,
             idle: None,
+            handshakes: None,
+            per_address: None,
             shutdown_grace: None,
             memory_budget: None,
             ntt_budget: DEFAULT_NTT_BUDGET_BYTES,
             slowness: 1,
             shutdown: None,
             method: None,
+            bundle: None,
         }
     }
 
@@ -74,8 +84,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Sessions running at once (`None`: as many as the memory holds at the model's longest
-    /// prompt); the queue then defaults to twice it, at least 4.
+    /// Sessions running at once (`None`: [`ServeOptions::for_model`]'s default); the queue then
+    /// defaults to twice it, at least 4.
     pub fn max_sessions(mut self, n: Option<usize>) -> Self {
         self.max_sessions = n;
         self
@@ -96,6 +106,26 @@ impl ServerBuilder {
     /// The allowance of the TLS handshake and the client's hello.
     pub fn handshake_timeout(mut self, d: Duration) -> Self {
         self.handshake = Some(d);
+        self
+    }
+
+    /// The allowance of the key set-up once a session is admitted (a fixed total: it is how long
+    /// a client that stalls after its hello holds a session slot).
+    pub fn setup_timeout(mut self, d: Duration) -> Self {
+        self.setup = Some(d);
+        self
+    }
+
+    /// Connections in their TLS handshake and hello at once (each has a thread until its
+    /// handshake deadline).
+    pub fn max_handshakes(mut self, n: usize) -> Self {
+        self.handshakes = Some(n);
+        self
+    }
+
+    /// Connections from one source address that may be handshaking or queued at once.
+    pub fn per_address(mut self, n: usize) -> Self {
+        self.per_address = Some(n);
         self
     }
 
@@ -143,35 +173,92 @@ impl ServerBuilder {
         self
     }
 
-    /// Prepares `model`'s weights for HE within the NTT budget, then builds the server.
+    /// The limits checked before any work (no model needed): zero counts are refused, and
+    /// sessions, queue and handshakes are capped by what this machine can hold (the open-file
+    /// limit, one descriptor per connection, and the memory for sessions, at least
+    /// [`crate::server::SESSION_FIXED_BYTES`] each), each cap logged with its reason. [`Self::build`] does
+    /// this too; call it first to find a bad flag before preparing weights.
+    pub fn checked(mut self) -> Result<Self> {
+        ensure!(
+            self.max_sessions != Some(0),
+            InvalidArgument,
+            "max sessions 0: at least one session"
+        );
+        for (v, what) in [
+            (self.handshakes, "handshakes"),
+            (self.per_address, "connections per address"),
+        ] {
+            ensure!(v != Some(0), InvalidArgument, "{what} 0: at least one");
+        }
+        let memory = self
+            .memory_budget
+            .or_else(|| available_memory().map(|m| m / 5 * 4));
+        let caps = MachineCaps {
+            files: open_file_limit(),
+            memory,
+        };
+        if let Some(n) = self.max_sessions {
+            let (n, why) = caps.sessions(n);
+            if let Some(why) = why {
+                tracing::warn!("--max-sessions capped to {n}: {why}");
+            }
+            self.max_sessions = Some(n);
+        }
+        let sessions = self.max_sessions.unwrap_or(MAX_DEFAULT_SESSIONS);
+        let queue = self.queue.unwrap_or((2 * sessions).max(4));
+        let handshakes = self.handshakes.unwrap_or(DEFAULT_HANDSHAKES);
+        let (queue, handshakes, why) = caps.waiting(sessions, queue, handshakes);
+        if let Some(why) = why {
+            tracing::warn!("queue capped to {queue}, handshakes to {handshakes}: {why}");
+            self.queue = Some(queue);
+            self.handshakes = Some(handshakes);
+        }
+        Ok(self)
+    }
+
+    /// Prepares `model`'s weights for HE within the NTT budget, then builds the server, which
+    /// announces the digest of the client bundle `veil export-client` would write for `model`
+    /// (when it has a tokenizer): clients with another bundle refuse before any key moves.
     pub fn build(self, model: &veil_model::Model) -> Result<Server> {
-        let prepared = ServerModel::from_model(model, self.ntt_budget)?;
+        let mut this = self.checked()?;
+        if model.tokenizer.is_some() {
+            let digest = veil_model::manifest::model_digest(model)?;
+            tracing::info!(bundle = %digest, "client bundle digest");
+            this.bundle = Some(digest);
+        }
+        let prepared = ServerModel::from_model(model, this.ntt_budget)?;
         let layers = prepared.prepared();
         tracing::info!(
             prepared_mib = layers.prepared_bytes() >> 20,
             ntt_mib = layers.ntt_cached_bytes()? >> 20,
-            ntt_budget_mib = self.ntt_budget >> 20,
+            ntt_budget_mib = this.ntt_budget >> 20,
             "prepared weights (the same for every prompt length)"
         );
-        self.build_prepared(Arc::new(prepared))
+        this.build_prepared(Arc::new(prepared))
     }
 
     /// The server for a model already prepared.
     pub fn build_prepared(self, model: Arc<ServerModel>) -> Result<Server> {
+        let this = self.checked()?;
+        this.build_checked(model)
+    }
+
+    fn build_checked(self, model: Arc<ServerModel>) -> Result<Server> {
         veil_core::process::keep_freed_memory();
         let (transport, fingerprint) = self.transport()?;
         let mut opts = ServeOptions::for_model(&model, transport);
         if let Some(n) = self.max_sessions {
-            ensure!(
-                n > 0,
-                InvalidArgument,
-                "max sessions 0: at least one session"
-            );
             opts.max_sessions = n;
             opts.queue = (2 * n).max(4);
         }
-        if let Some(q) = self.queue {
-            opts.queue = q;
+        for (slot, v) in [
+            (&mut opts.queue, self.queue),
+            (&mut opts.handshakes, self.handshakes),
+            (&mut opts.per_address, self.per_address),
+        ] {
+            if let Some(v) = v {
+                *slot = v;
+            }
         }
         let set = |slot: &mut Duration, v: Option<Duration>| {
             if let Some(v) = v {
@@ -180,6 +267,7 @@ impl ServerBuilder {
         };
         set(&mut opts.queue_wait, self.queue_wait);
         set(&mut opts.deadlines.handshake, self.handshake);
+        set(&mut opts.deadlines.setup, self.setup);
         set(&mut opts.deadlines.idle, self.idle);
         set(&mut opts.shutdown_grace, self.shutdown_grace);
         opts.deadlines = opts.deadlines.stretched(self.slowness);
@@ -192,6 +280,7 @@ impl ServerBuilder {
         if let Some(m) = self.method {
             opts.method = m;
         }
+        opts.bundle = self.bundle;
         Ok(Server::new(model, opts)?.with_fingerprint(fingerprint))
     }
 

@@ -29,7 +29,7 @@ use veil_net::{Channel, ClientTls, Fingerprint, Identity, KnownServers, ServerPi
 
 use crate::connection::{ClientConnection, ClientOptions, Tokens};
 use crate::key_budget::KeyBudget;
-use crate::protocol::session_format;
+use crate::protocol::{session_format, Announced};
 use crate::report::CostReport;
 
 /// exp-normalise in f64 (client-side, on the revealed logits).
@@ -84,6 +84,8 @@ pub struct Classification {
 /// `veil export-client` or the public part of a full model.
 pub struct ClientModel {
     bundle: ClientBundle,
+    /// The folder it was opened from (named when the server's bundle digest differs).
+    source: Option<PathBuf>,
 }
 
 impl ClientModel {
@@ -91,6 +93,7 @@ impl ClientModel {
     pub fn open(dir: &Path) -> Result<Self> {
         Ok(ClientModel {
             bundle: ClientBundle::open(dir)?,
+            source: Some(dir.to_path_buf()),
         })
     }
 
@@ -113,6 +116,7 @@ impl ClientModel {
     pub fn from_model(m: &Model) -> Result<Self> {
         Ok(ClientModel {
             bundle: ClientBundle::from_model(m)?,
+            source: None,
         })
     }
 
@@ -141,10 +145,26 @@ impl ClientModel {
         Ok(())
     }
 
-    /// The server must serve the architecture the client's tables belong to.
-    pub fn check_matches(&self, server: &ModelConfig) -> Result<()> {
+    /// The server must serve the model this bundle was exported from: the same bundle digest
+    /// (when the server announces one: tables, tokenizer and configuration byte for byte) and
+    /// the same architecture. Checked before any key material moves.
+    pub fn check_server(&self, server: &Announced) -> Result<()> {
+        if let Some(theirs) = server.bundle {
+            let mine = self.bundle.digest;
+            ensure!(
+                theirs == mine,
+                InvalidArgument,
+                "the client bundle {} (SHA-256 {mine}) is not the one the server exports \
+                 (SHA-256 {theirs}): the server's model changed or the bundle was altered; \
+                 export it again with `veil export-client` from the served model. Nothing was \
+                 sent",
+                self.source
+                    .as_ref()
+                    .map_or("built from the model".into(), |p| p.display().to_string())
+            );
+        }
         ensure!(
-            server.announced() == self.bundle.config.announced(),
+            server.config.announced() == self.bundle.config.announced(),
             InvalidArgument,
             "the server's model configuration differs from the client's model folder (another \
              model or version is being served); nothing was sent"
@@ -322,7 +342,7 @@ pub struct Client<C: Channel> {
 impl<C: Channel> Client<C> {
     /// Handshake on `ch`, the server's configuration compared with `model`'s before any key
     /// material moves, then set-up. `limits.max_tokens` is announced to the server (`None`: the
-    /// model's limit); prompts longer than it are refused later.
+    /// bundle's limit); prompts longer than it are refused later.
     pub fn connect(
         model: ClientModel,
         ch: C,
@@ -330,7 +350,13 @@ impl<C: Channel> Client<C> {
         limits: ClientOptions,
     ) -> Result<Self> {
         model.check_options(opts)?;
-        let conn = ClientConnection::connect_with(ch, limits, |cfg| model.check_matches(cfg))?;
+        let limits = ClientOptions {
+            max_tokens: limits
+                .max_tokens
+                .or(Some(model.config().max_sequence_len())),
+            ..limits
+        };
+        let conn = ClientConnection::connect_with(ch, limits, |a| model.check_server(a))?;
         Ok(Client {
             model,
             conn: Some(conn),
@@ -382,9 +408,8 @@ impl<C: Channel> Client<C> {
             }
         }
         let model = &self.model;
-        let fresh = ClientConnection::connect_with(reconnect()?, self.limits, |cfg| {
-            model.check_matches(cfg)
-        })?;
+        let fresh =
+            ClientConnection::connect_with(reconnect()?, self.limits, |a| model.check_server(a))?;
         self.conn = Some(fresh);
         self.sessions += 1;
         Ok(())

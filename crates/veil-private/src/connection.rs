@@ -24,20 +24,24 @@ use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
 use veil_net::{Channel, Role};
 use veil_nonlinear::OtSession;
 
+use crate::admission::escape_control;
 use crate::deadlines::{in_step, Deadlines};
 use crate::embedding::embed_client;
 use crate::forward::{Party, Pre, Side};
 use crate::preprocess::{preprocess_client, ClientMaterial};
 use crate::protocol::{
-    session_format, Admission, EmbeddingLookup, Hello, Message, OutputShare, PreprocessReply,
-    Request,
+    session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare,
+    PreprocessReply, Request,
 };
 use crate::report::{CostReport, PhaseCost};
 
 /// The client's limits.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ClientOptions {
-    /// The longest prompt (in tokens) this session will send; `None`: the model's limit.
+    /// The longest prompt (in tokens) this session will send, announced in the hello: the
+    /// server reserves memory for it and refuses longer requests. Required by
+    /// [`ClientConnection::connect_with`]; `None` for a [`crate::Client`] means its bundle's
+    /// limit.
     pub max_tokens: Option<usize>,
     /// Each step (the server's answer to the hello, set-up, one inference) must finish within
     /// this time — an inference within the larger of this and [`Deadlines::for_model`]'s
@@ -90,18 +94,23 @@ impl<C: Channel> ClientConnection<C> {
         self.lin.most_revealed()
     }
 
-    /// Handshake and set-up.
-    pub fn connect(ch: C) -> Result<Self> {
-        Self::connect_with(ch, ClientOptions::default(), |_| Ok(()))
+    /// Handshake and set-up, announcing prompts of at most `max_tokens` tokens.
+    pub fn connect(ch: C, max_tokens: usize) -> Result<Self> {
+        let opts = ClientOptions {
+            max_tokens: Some(max_tokens),
+            step_timeout: None,
+        };
+        Self::connect_with(ch, opts, |_| Ok(()))
     }
 
-    /// Handshake, then `check` on the server's configuration (the caller compares it with its
-    /// own bundle and validates its options), then set-up: nothing secret and no key material
+    /// Handshake, then `check` on what the server announced (the caller compares its
+    /// configuration and bundle digest with its own bundle and validates its options), then
+    /// set-up: nothing secret and no key material
     /// moves before the check passes. Each step within `opts.step_timeout`.
     pub fn connect_with(
         mut ch: C,
         opts: ClientOptions,
-        check: impl FnOnce(&ModelConfig) -> Result<()>,
+        check: impl FnOnce(&Announced) -> Result<()>,
     ) -> Result<Self> {
         ch.meter().reset();
         let cfg;
@@ -115,24 +124,30 @@ impl<C: Channel> ClientConnection<C> {
         let (lin, ot) = {
             let _g = ch.meter().enter(CostClass::Setup);
             deadline(&mut ch)?;
-            let max_tokens = opts.max_tokens.unwrap_or(0);
-            ensure!(
-                max_tokens <= u32::MAX as usize,
-                InvalidArgument,
-                "{max_tokens} tokens"
-            );
+            let Some(max_tokens) = opts.max_tokens.filter(|&n| n > 0 && n <= u32::MAX as usize)
+            else {
+                bail!(
+                    InvalidArgument,
+                    "announce the longest prompt of the session (ClientOptions::max_tokens, at \
+                     least 1 token): the server reserves memory for it ({:?} given)",
+                    opts.max_tokens
+                );
+            };
             Hello {
                 max_tokens: max_tokens as u32,
             }
             .send(&mut ch)?;
             let admission = Admission::recv(&mut ch)
                 .map_err(|e| in_step(e, "the server's answer to the hello", budget))?;
-            cfg = match admission {
-                Admission::Admitted(cfg) => cfg,
-                Admission::Refused(why) => {
-                    bail!(Refused, "the server refused the session: {why}")
-                }
+            let announced = match admission {
+                Admission::Admitted(a) => a,
+                Admission::Refused(why) => bail!(
+                    Refused,
+                    "the server refused the session: {}",
+                    escape_control(&why)
+                ),
             };
+            cfg = announced.config.clone();
             lookup = match cfg.veil.embedding {
                 EmbeddingMode::Private => Some(EmbeddingLookup::recv(&mut ch)?.0),
                 EmbeddingMode::Public => None,
@@ -145,7 +160,7 @@ impl<C: Channel> ClientConnection<C> {
                     cfg.max_sequence_len()
                 );
             }
-            check(&cfg)?;
+            check(&announced)?;
             deadline(&mut ch)?;
             let lin = ClientSession::setup(&mut ch, ax.fp.ring)
                 .map_err(|e| in_step(e, "set-up", budget))?;
@@ -184,9 +199,11 @@ impl<C: Channel> ClientConnection<C> {
             Request::Preprocess { tokens: seq as u32 }.send(&mut self.ch)?;
             let fill = match PreprocessReply::recv(&mut self.ch)? {
                 PreprocessReply::Accepted { pool_cots } => pool_cots as usize,
-                PreprocessReply::Refused(why) => {
-                    bail!(Refused, "the server refused to preprocess: {why}")
-                }
+                PreprocessReply::Refused(why) => bail!(
+                    Refused,
+                    "the server refused to preprocess: {}",
+                    escape_control(&why)
+                ),
             };
             let m = preprocess_client(&mut self.ch, &self.lin, &self.cfg, self.ax.fp.ring, seq)?;
             self.ot.precompute(&mut self.ch, fill)?;

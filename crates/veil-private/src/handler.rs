@@ -13,8 +13,9 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use veil_core::approx::Approx;
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{bail, ensure, Result, RingTensor};
 use veil_linear::ServerSession;
+use veil_model::BundleDigest;
 use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, Role};
 use veil_nonlinear::OtSession;
@@ -26,8 +27,8 @@ use crate::pool_size::CotCounts;
 use crate::prepared::ServerModel;
 use crate::preprocess::{material_bytes, plan, preprocess_server, ServerMaterial};
 use crate::protocol::{
-    session_format, Admission, EmbeddingLookup, Hello, Message, OutputShare, PreprocessReply,
-    Request,
+    session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare,
+    PreprocessReply, Request,
 };
 use crate::reserve::{preprocess_budget, Reserve, SessionMemory, UnsharedMemory};
 
@@ -59,6 +60,7 @@ pub fn serve_session_with<C: Channel>(
             load: &|| 1.0,
             memory: &UnsharedMemory,
             cots: &CotCounts::default(),
+            bundle: None,
         },
         &mut SessionSummary::default(),
     )
@@ -88,6 +90,8 @@ pub(crate) struct SessionLimits<'a> {
     pub memory: &'a dyn SessionMemory,
     /// The COTs an inference draws, per length (sampled once per server).
     pub cots: &'a CotCounts,
+    /// The digest of the client bundle this server would export, announced at admission.
+    pub bundle: Option<BundleDigest>,
 }
 
 /// Serves an admitted session (its `hello` read) until the client says goodbye or fails,
@@ -171,15 +175,21 @@ impl<'a, C: Channel> Handler<'a, C> {
         summary: &'a mut SessionSummary,
     ) -> Result<Self> {
         let cfg = model.config();
-        let limit = match hello.max_tokens as usize {
-            0 => cfg.max_sequence_len(),
-            n => n.min(cfg.max_sequence_len()),
+        let limit = match crate::admission::announced_tokens(&hello, cfg.max_sequence_len()) {
+            Ok(n) => n,
+            Err(why) => {
+                let _ = refuse(&mut ch, &why);
+                bail!(Refused, "refused: {why}");
+            }
         };
-        let allowed = limits
-            .deadlines
-            .map(|d| d.setup.mul_f64((limits.load)().max(1.0)));
+        // A fixed total: other sessions' load (an attacker's among them) cannot stretch it.
+        let allowed = limits.deadlines.map(|d| d.setup);
         set_deadline(&mut ch, allowed)?;
-        Admission::Admitted(cfg.announced()).send(&mut ch)?;
+        Admission::Admitted(Announced {
+            config: cfg.announced(),
+            bundle: limits.bundle,
+        })
+        .send(&mut ch)?;
         if let Some(e) = emb {
             EmbeddingLookup(e.method()).send(&mut ch)?;
         }

@@ -19,6 +19,8 @@
 //!   server's, a handler over the client's typed requests ([`serve_session`]); `deadlines` —
 //!   each step's allowance;
 //! * `reserve` — what a server session may hold for preprocessed inferences;
+//! * `admission` — what a connection may hold before it has shown it is a Veil client;
+//!   `limits` — what the machine can hold (open files, memory), capping a server's limits;
 //! * `server` — the multi-client [`Server`]: TLS or explicit plain TCP, bounded sessions and
 //!   queue, memory estimate per session, accept back-off, structured logs, graceful shutdown,
 //!   in the caller's thread ([`Server::run`]) or in the background ([`Server::spawn`]);
@@ -45,6 +47,7 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub, missing_docs)]
 
+mod admission;
 pub mod bench;
 mod builder;
 mod client;
@@ -55,6 +58,7 @@ pub mod eval;
 mod forward;
 mod handler;
 mod key_budget;
+mod limits;
 mod loopback;
 mod pool_size;
 mod prepared;

@@ -8,8 +8,8 @@
 //!
 //! | message | direction | bytes |
 //! |---|---|---|
-//! | [`Hello`] | client → server | "VEIL" ‖ [`VERSION`] (u32) ‖ longest prompt, tokens (u32; 0: the model's limit) |
-//! | [`Admission`] | server → client | 0 ‖ the model's public `config.json`, or 1 ‖ why it refuses (UTF-8) |
+//! | [`Hello`] | client → server | "VEIL" ‖ [`VERSION`] (u32) ‖ longest prompt, tokens (u32; 1 to the model's limit, anything else is refused) |
+//! | [`Admission`] | server → client | 0 ‖ bundle flag (u8: 0 none, 1 a digest follows) ‖ the client bundle's SHA-256 digest (32 bytes, if flagged) ‖ the model's public `config.json`, or 1 ‖ why it refuses (UTF-8) |
 //! | [`EmbeddingLookup`] | server → client | the lookup method's tag (u8; private-embedding mode only) |
 //! | [`Request`] | client → server | tag (u8) ‖ fields: 0 goodbye; 1 inference ‖ length (u32) ‖ preprocessed (u8: 0 or 1); 2 preprocessing ‖ length (u32) |
 //! | [`PreprocessReply`] | server → client | 0 ‖ the silent-OT pool size to precompute (u64), or 1 ‖ why it refuses (UTF-8) |
@@ -25,13 +25,15 @@ use std::ops::RangeInclusive;
 use veil_core::wire::{Reader, Writer};
 use veil_core::{bail, ensure, FixedPoint, Result, Ring};
 use veil_linear::LookupMethod;
+use veil_model::BundleDigest;
 use veil_model::ModelConfig;
 use veil_net::Channel;
 use veil_nonlinear::OtSession;
 
 /// The protocol version; 2 added the hello's length and the server's status byte; 3 widened
-/// LayerNorm's domain to 2^11 and the FC weight bound to 2^17.
-pub const VERSION: u32 = 3;
+/// LayerNorm's domain to 2^11 and the FC weight bound to 2^17; 4 added the client bundle's
+/// digest to the admission and refuses a hello of 0 tokens.
+pub const VERSION: u32 = 4;
 
 /// The fixed-point format of every session (the project defaults; training uses the same).
 pub fn session_format() -> FixedPoint {
@@ -103,7 +105,8 @@ fn text(r: &mut Reader<'_>, what: &str) -> Result<String> {
 /// checks its memory before the set-up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hello {
-    /// The longest prompt of the session, in tokens; 0: the model's limit.
+    /// The longest prompt of the session, in tokens (1 to the model's limit: the server
+    /// reserves memory for it and refuses anything else).
     pub max_tokens: u32,
 }
 
@@ -140,12 +143,22 @@ impl Message for Hello {
     }
 }
 
+/// What a server announces when it admits a session, which the client checks against its own
+/// bundle before anything secret moves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Announced {
+    /// The model's public configuration (architecture and operator variants).
+    pub config: ModelConfig,
+    /// The digest of the client bundle the server would export (`veil_model::manifest`);
+    /// `None` from a server that has none (a model without a tokenizer, an in-process server).
+    pub bundle: Option<BundleDigest>,
+}
+
 /// The server's answer to a hello.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Admission {
-    /// The session goes on: the model's public configuration (architecture and operator
-    /// variants), which the client checks against its own before anything secret moves.
-    Admitted(ModelConfig),
+    /// The session goes on.
+    Admitted(Announced),
     /// The session ends: why (busy, shutting down, too long for the server's memory).
     Refused(String),
 }
@@ -156,17 +169,35 @@ impl Message for Admission {
 
     fn write(&self, w: &mut Writer) {
         match self {
-            Admission::Admitted(cfg) => w.u8(STATUS_OK).bytes(cfg.to_json().as_bytes()),
+            Admission::Admitted(a) => {
+                w.u8(STATUS_OK);
+                match &a.bundle {
+                    Some(d) => w.u8(1).bytes(&d.0),
+                    None => w.u8(0),
+                };
+                w.bytes(a.config.to_json().as_bytes())
+            }
             Admission::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
         };
     }
 
     fn read(r: &mut Reader<'_>) -> Result<Self> {
-        let status = r.u8()?;
-        let body = text(r, "the server's answer to the hello")?;
-        match status {
-            STATUS_OK => Ok(Admission::Admitted(ModelConfig::from_json(&body)?)),
-            STATUS_REFUSED => Ok(Admission::Refused(body)),
+        let what = "the server's answer to the hello";
+        match r.u8()? {
+            STATUS_OK => {
+                let bundle = match r.u8()? {
+                    0 => None,
+                    1 => {
+                        let mut d = [0u8; 32];
+                        d.copy_from_slice(r.take(32)?);
+                        Some(BundleDigest(d))
+                    }
+                    f => bail!(Malformed, "bundle flag {f} in the server's answer"),
+                };
+                let config = ModelConfig::from_json(&text(r, what)?)?;
+                Ok(Admission::Admitted(Announced { config, bundle }))
+            }
+            STATUS_REFUSED => Ok(Admission::Refused(text(r, what)?)),
             s => bail!(Malformed, "unknown status {s} in the server's answer"),
         }
     }
@@ -365,15 +396,15 @@ mod tests {
         round_trip(Hello {
             max_tokens: u32::MAX,
         });
-        // The bytes of protocol version 3, pinned.
+        // The bytes of protocol version 4, pinned.
         assert_eq!(
             Hello { max_tokens: 7 }.encode(),
-            [b'V', b'E', b'I', b'L', 3, 0, 0, 0, 7, 0, 0, 0]
+            [b'V', b'E', b'I', b'L', 4, 0, 0, 0, 7, 0, 0, 0]
         );
         let e = Hello::decode(b"GET / HTTP/1.1").unwrap_err().to_string();
         assert!(e.contains("not a Veil client"), "{e}");
         let mut old = Hello { max_tokens: 1 }.encode();
-        old[4] = 2;
+        old[4] = 3;
         old.truncate(8);
         let e = Hello::decode(&old).unwrap_err();
         assert!(matches!(e, veil_core::Error::Unsupported(_)), "{e}");
@@ -381,10 +412,32 @@ mod tests {
 
     #[test]
     fn admission_round_trips_and_refuses_bad_status_and_text() {
-        let cfg = Preset::BertTiny.config().announced();
-        let admitted = Admission::Admitted(cfg);
-        assert_eq!(Admission::decode(&admitted.encode()).unwrap(), admitted);
-        strict(&admitted);
+        let config = Preset::BertTiny.config().announced();
+        let digest = BundleDigest([0xab; 32]);
+        for bundle in [None, Some(digest)] {
+            let a = Admission::Admitted(Announced {
+                config: config.clone(),
+                bundle,
+            });
+            assert_eq!(Admission::decode(&a.encode()).unwrap(), a);
+            strict(&a);
+        }
+        // The digest's bytes follow the status and the flag, pinned.
+        let with = Admission::Admitted(Announced {
+            config: config.clone(),
+            bundle: Some(digest),
+        })
+        .encode();
+        assert_eq!(&with[..34], [[0u8, 1].as_slice(), &[0xab; 32]].concat());
+        assert_eq!(&with[34..], config.to_json().as_bytes());
+        let mut flag = with.clone();
+        flag[1] = 2;
+        let e = Admission::decode(&flag).unwrap_err().to_string();
+        assert!(e.contains("bundle flag 2"), "{e}");
+        let admitted = Admission::Admitted(Announced {
+            config,
+            bundle: None,
+        });
         round_trip_text(Admission::Refused("busy".into()));
         round_trip_text(Admission::Refused(String::new()));
         let mut bad = admitted.encode();
@@ -418,7 +471,7 @@ mod tests {
             });
         }
         round_trip(Request::Preprocess { tokens: 1 });
-        // The bytes of protocol version 3, pinned.
+        // The bytes of protocol version 4, pinned.
         assert_eq!(
             Request::Infer {
                 tokens: 5,

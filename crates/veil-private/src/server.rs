@@ -3,25 +3,32 @@
 //! estimate checked before a session is admitted, accept errors backed off, structured logs
 //! (`tracing`: one span per session with its id and peer) and graceful shutdown.
 //!
-//! Threads: one accepts; each connection has one thread from its handshake to its end, and there
-//! are at most `max_sessions + queue` of them (further connections are closed at once, logged).
-//! A connection waits for a session slot for at most `queue_wait`, then gets a refusal its
-//! client prints. The heavy work of every session runs on the process's one worker pool
-//! (`veil_core::parallel`).
+//! Admission ([`crate::admission`]): a connection first gets a handshake place (at most
+//! `handshakes` at once and `per_address` unadmitted connections per source address; further
+//! ones are closed at once, logged) and a thread for the fixed handshake deadline, in which it
+//! must finish TLS and send a valid hello. Its hello then reserves the session memory of the
+//! length it announces: a session slot now, else a place in the queue, where its socket waits
+//! without a thread for at most `queue_wait`, else a refusal saying the server is busy. Every
+//! refusal is sent with its reason. Set-up and idle deadlines are fixed totals; only an
+//! inference's grows with the sessions sharing the cores. The heavy work of every session runs
+//! on the process's one worker pool (`veil_core::parallel`).
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use veil_core::{ensure, Error, Result};
 use veil_linear::LookupMethod;
+use veil_model::BundleDigest;
 use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, Fingerprint, ServerTls, TcpChannel};
 
+use crate::admission::{announced_tokens, PerAddress, Queue, Waiting};
 use crate::deadlines::Deadlines;
 use crate::embedding::{self, ServerEmbedding, DEFAULT_METHOD};
 use crate::handler::{refuse, serve_admitted, SessionLimits, SessionSummary};
+use crate::limits::MAX_DEFAULT_SESSIONS;
 use crate::pool_size::CotCounts;
 use crate::prepared::ServerModel;
 use crate::protocol::{Hello, Message};
@@ -44,8 +51,13 @@ pub struct ServeOptions {
     pub transport: Transport,
     /// Sessions running at once.
     pub max_sessions: usize,
-    /// Connections waiting for a session slot, beyond `max_sessions`.
+    /// Connections waiting for a session slot, beyond `max_sessions` (sockets, no threads).
     pub queue: usize,
+    /// Connections in their TLS handshake and hello at once (one thread each, for at most the
+    /// handshake deadline).
+    pub handshakes: usize,
+    /// Connections from one source address not yet in a session (handshaking or queued).
+    pub per_address: usize,
     /// How long a connection waits for a slot before it is refused.
     pub queue_wait: Duration,
     /// Each step's allowance.
@@ -60,11 +72,21 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// The lookup method of private-embedding mode.
     pub method: LookupMethod,
+    /// The digest of the client bundle this server would export, announced to every client,
+    /// which refuses a bundle that differs ([`crate::ServerBuilder::build`] sets it).
+    pub bundle: Option<BundleDigest>,
 }
+
+/// Connections in their handshake at once, by default: each costs a thread for at most the
+/// handshake deadline.
+pub(crate) const DEFAULT_HANDSHAKES: usize = 256;
+/// Unadmitted connections per source address, by default: enough for a host behind one NAT
+/// address, a quarter of the handshakes.
+pub(crate) const DEFAULT_PER_ADDRESS: usize = 64;
 
 /// Bytes kept per session whatever its length: the client's BFV public and Galois keys, the
 /// OT pools (one silent-COT buffer per direction) and the base-OT state.
-const SESSION_FIXED_BYTES: u64 = 256 << 20;
+pub(crate) const SESSION_FIXED_BYTES: u64 = 256 << 20;
 /// Bytes per element of a linear layer's widest output while it is under HE (ciphertexts,
 /// masks, packed responses).
 const BYTES_PER_LINEAR_ELEMENT: u64 = 2000;
@@ -99,34 +121,70 @@ pub(crate) fn available_memory() -> Option<u64> {
 
 impl ServeOptions {
     /// Defaults for `model`: memory = 80 % of the memory available now (4 GiB if unknown), as
-    /// many sessions at the model's longest prompt as fit beside the embedding lookups' share
-    /// (1 to 64), a queue of twice that (at least 4) waiting up to 30 s,
-    /// [`Deadlines::for_model`].
+    /// many sessions of one token as fit beside the embedding lookups' share (1 to 64: each
+    /// session's hello reserves the memory of the length it announces, so memory, not this
+    /// count, bounds long sessions; a count sized for the longest prompt would let a few
+    /// clients that announce little and go quiet fill every slot), a queue of twice that (at least 4) waiting up to 30 s, [`DEFAULT_HANDSHAKES`]
+    /// handshakes and [`DEFAULT_PER_ADDRESS`] per address, [`Deadlines::for_model`].
     pub fn for_model(model: &ServerModel, transport: Transport) -> Self {
         let cfg = model.config();
         let budget = available_memory().map_or(4 << 30, |m| m / 5 * 4);
-        let peak = session_memory_estimate(cfg, cfg.max_sequence_len());
+        let least = session_memory_estimate(cfg, 1);
         let for_sessions = budget.saturating_sub(embedding::cache_bytes(cfg));
-        let max_sessions = (for_sessions / peak).clamp(1, 64) as usize;
+        let max_sessions = (for_sessions / least).clamp(1, MAX_DEFAULT_SESSIONS as u64) as usize;
         ServeOptions {
             transport,
             max_sessions,
             queue: (2 * max_sessions).max(4),
             queue_wait: Duration::from_secs(30),
+            handshakes: DEFAULT_HANDSHAKES,
+            per_address: DEFAULT_PER_ADDRESS,
             deadlines: Deadlines::for_model(cfg),
             memory_budget: budget,
             shutdown: Arc::new(AtomicBool::new(false)),
             shutdown_grace: Duration::from_secs(60),
             method: DEFAULT_METHOD,
+            bundle: None,
         }
     }
 }
 
+/// What the server holds for connections, under one lock: session slots and their memory,
+/// handshakes, and the queue.
 #[derive(Default)]
 struct Slots {
     active: usize,
     reserved: u64,
     closing: bool,
+    /// Connections in their TLS handshake or hello.
+    handshakes: usize,
+    /// Connections not yet in a session (handshaking or queued), per source address.
+    unadmitted: PerAddress,
+    queue: Queue<Ticket>,
+}
+
+impl Slots {
+    fn fits(&self, o: &ServeOptions, bytes: u64) -> bool {
+        self.active < o.max_sessions && self.reserved + bytes <= o.memory_budget
+    }
+
+    fn take(&mut self, bytes: u64) {
+        self.active += 1;
+        self.reserved += bytes;
+    }
+
+    fn busy(&self, o: &ServeOptions) -> String {
+        format!(
+            "the server is busy ({} sessions running, at most {}; {} connections waiting, at \
+             most {}; {} MiB of {} MiB of session memory in use): try again later",
+            self.active,
+            o.max_sessions,
+            self.queue.len(),
+            o.queue,
+            self.reserved >> 20,
+            o.memory_budget >> 20,
+        )
+    }
 }
 
 struct Shared {
@@ -138,25 +196,50 @@ struct Shared {
     /// The COTs an inference draws, per length, for preprocessing requests.
     cots: CotCounts,
     slots: Mutex<Slots>,
-    freed: Condvar,
-    /// Connection threads alive.
+    /// Connection threads alive (handshakes and sessions).
     threads: AtomicUsize,
     ended: Condvar,
     ended_lock: Mutex<()>,
 }
 
-/// A session slot, given back on drop.
-struct Slot<'a> {
-    shared: &'a Shared,
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A session slot, given back on drop; the queue's first connections then get the room.
+struct Slot {
+    shared: Arc<Shared>,
     bytes: u64,
 }
 
-impl Drop for Slot<'_> {
+impl Drop for Slot {
     fn drop(&mut self) {
-        let mut s = self.shared.slots.lock().unwrap_or_else(|p| p.into_inner());
-        s.active -= 1;
-        s.reserved -= self.bytes;
-        self.shared.freed.notify_all();
+        {
+            let mut s = self.shared.lock();
+            s.active -= 1;
+            s.reserved -= self.bytes;
+        }
+        dispatch(&self.shared);
+    }
+}
+
+/// A connection not yet in a session: counted against its address (and, while it handshakes,
+/// against the handshakes) until dropped.
+struct Ticket {
+    shared: Arc<Shared>,
+    ip: IpAddr,
+    handshaking: bool,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut s = self.shared.lock();
+        if self.handshaking {
+            s.handshakes -= 1;
+        }
+        s.unadmitted.remove(self.ip);
     }
 }
 
@@ -172,9 +255,9 @@ impl Drop for ThreadGuard {
 }
 
 /// Preprocessing takes from the same session memory the admitted sessions' estimates do.
-impl SessionMemory for Shared {
+impl SessionMemory for Arc<Shared> {
     fn take(&self, bytes: u64) -> bool {
-        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.lock();
         let free = s.reserved + bytes <= self.opts.memory_budget && !s.closing;
         if free {
             s.reserved += bytes;
@@ -183,132 +266,265 @@ impl SessionMemory for Shared {
     }
 
     fn give(&self, bytes: u64) {
-        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        s.reserved -= bytes;
-        self.freed.notify_all();
+        self.lock().reserved -= bytes;
+        dispatch(self);
     }
 }
 
-impl Shared {
-    /// Waits up to `queue_wait` for a slot with `bytes` of session memory.
-    fn admit(&self, bytes: u64) -> std::result::Result<Slot<'_>, String> {
-        let o = &self.opts;
-        let until = Instant::now() + o.queue_wait;
-        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
+/// Starts a session for each connection at the head of the queue that now fits.
+fn dispatch(shared: &Arc<Shared>) {
+    loop {
+        let next = {
+            let mut s = shared.lock();
             if s.closing {
-                return Err("the server is shutting down".into());
+                return;
             }
-            if s.active < o.max_sessions && s.reserved + bytes <= o.memory_budget {
-                s.active += 1;
-                s.reserved += bytes;
-                return Ok(Slot {
-                    shared: self,
-                    bytes,
-                });
+            let o = &shared.opts;
+            let active = s.active;
+            let reserved = s.reserved;
+            let w = s
+                .queue
+                .pop_if(|bytes| active < o.max_sessions && reserved + bytes <= o.memory_budget);
+            if let Some(w) = &w {
+                s.take(w.bytes);
             }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(format!(
-                    "the server is busy ({} sessions running, at most {}; {} MiB of {} MiB of \
-                     session memory in use); waited {:.0} s, try again later",
-                    s.active,
-                    o.max_sessions,
-                    s.reserved >> 20,
-                    o.memory_budget >> 20,
-                    o.queue_wait.as_secs_f64()
-                ));
-            }
-            s = self
-                .freed
-                .wait_timeout(s, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            w
+        };
+        let Some(w) = next else { return };
+        let slot = Slot {
+            shared: shared.clone(),
+            bytes: w.bytes,
+        };
+        let (id, peer) = (w.id, w.peer);
+        spawn_logged(shared, id, peer, move |_| {
+            let Waiting {
+                ch,
+                hello,
+                tokens,
+                bytes,
+                since,
+                ticket,
+                ..
+            } = w;
+            drop(ticket);
+            tracing::info!(queued_s = since.elapsed().as_secs_f64(), "left the queue");
+            run_session(ch, hello, tokens, bytes, slot).map(Some)
+        });
+    }
+}
+
+/// Refuses queued connections that have waited their time, and every one when shutting down.
+fn expire(shared: &Arc<Shared>) {
+    let o = &shared.opts;
+    let (gone, why) = {
+        let mut s = shared.lock();
+        if s.queue.is_empty() {
+            return;
         }
+        let why = match s.closing {
+            true => "the server is shutting down: try again later".to_string(),
+            false => format!("{}; waited {:.0} s", s.busy(o), o.queue_wait.as_secs_f64()),
+        };
+        let gone = match s.closing {
+            true => s.queue.drain(),
+            false => s.queue.expired(Instant::now(), o.queue_wait),
+        };
+        (gone, why)
+    };
+    for mut w in gone {
+        let _span = tracing::info_span!("session", id = w.id, peer = %w.peer).entered();
+        // A refusal is a few bytes: written at once, or not at all.
+        let _ =
+            w.ch.set_deadline(Some(Instant::now() + Duration::from_secs(1)));
+        let _ = refuse(&mut w.ch, &why);
+        tracing::info!(outcome = "refused", "{why}");
     }
+}
 
-    /// Sessions sharing the worker pool stretch each other's deadlines.
-    fn load(&self) -> f64 {
-        let active = self.slots.lock().map(|s| s.active).unwrap_or(1);
-        (active as f64 / veil_core::parallel::threads() as f64).max(1.0)
-    }
-
-    fn connection(&self, stream: TcpStream, peer: SocketAddr) -> Result<SessionSummary> {
-        let d = &self.opts.deadlines;
-        let hs_deadline = Instant::now() + d.handshake;
-        let mut ch: Box<dyn Channel> = match &self.opts.transport {
-            Transport::Tls(tls) => {
-                let ch = tls.accept(stream, hs_deadline).map_err(|e| match e {
-                    Error::TimedOut(m) => Error::TimedOut(format!("TLS handshake: {m}")),
-                    e => e,
-                })?;
-                if let Some(fp) = ch.peer_fingerprint() {
-                    tracing::info!(client = %fp, "client certificate accepted");
+/// Runs `work` in a connection thread, counted and logged under the session's span.
+fn spawn_logged(
+    shared: &Arc<Shared>,
+    id: u64,
+    peer: SocketAddr,
+    work: impl FnOnce(&Arc<Shared>) -> Result<Option<SessionSummary>> + Send + 'static,
+) {
+    shared.threads.fetch_add(1, Ordering::SeqCst);
+    let guard = ThreadGuard(shared.clone());
+    let spawned = std::thread::Builder::new()
+        .name(format!("veil-session-{id}"))
+        .spawn(move || {
+            let shared = guard.0.clone();
+            let span = tracing::info_span!("session", id, %peer);
+            let _e = span.enter();
+            let started = Instant::now();
+            let res = work(&shared);
+            let seconds = started.elapsed().as_secs_f64();
+            match res {
+                Ok(Some(s)) => tracing::info!(
+                    outcome = "ended",
+                    seconds,
+                    inferences = s.inferences,
+                    tokens = s.tokens,
+                    bytes_sent = s.bytes_sent,
+                    bytes_received = s.bytes_received,
+                    "session ended"
+                ),
+                Ok(None) => tracing::info!(outcome = "queued", seconds, "queued"),
+                Err(Error::Disconnected) => tracing::info!(
+                    outcome = "disconnected",
+                    seconds,
+                    "the client closed the connection"
+                ),
+                Err(Error::TimedOut(m)) => {
+                    tracing::warn!(outcome = "timed out", seconds, "session timed out: {m}")
                 }
-                Box::new(ch)
+                Err(e) => tracing::warn!(outcome = "failed", seconds, "session failed: {e}"),
             }
-            Transport::Plaintext => {
-                let mut ch = TcpChannel::from_stream(stream)?;
-                ch.set_deadline(Some(hs_deadline))?;
-                Box::new(ch)
-            }
-        };
-        let hello = Hello::recv(&mut ch).map_err(|e| match e {
-            Error::TimedOut(m) => Error::TimedOut(format!("waiting for the hello: {m}")),
-            e => e,
-        })?;
-        let cfg = self.model.config();
-        let tokens = match hello.max_tokens as usize {
-            0 => cfg.max_sequence_len(),
-            n => n.min(cfg.max_sequence_len()),
-        };
-        let bytes = session_memory_estimate(cfg, tokens);
-        if bytes > self.session_memory {
-            let why = format!(
-                "a session of up to {tokens} tokens needs about {} MiB, more than this server's \
-                 session memory ({} MiB): send shorter prompts",
-                bytes >> 20,
-                self.session_memory >> 20
-            );
-            let _ = refuse(&mut ch, &why);
-            return Err(Error::Other(format!("refused: {why}")));
-        }
-        // The client waits for our answer while we queue: keep its connection without a
-        // deadline of ours until a slot is free (the wait is bounded by `queue_wait`).
-        ch.set_deadline(None)?;
-        let queued = Instant::now();
-        let slot = match self.admit(bytes) {
-            Ok(s) => s,
-            Err(why) => {
-                ch.set_deadline(Some(Instant::now() + d.handshake))?;
-                let _ = refuse(&mut ch, &why);
-                return Err(Error::Other(format!("refused: {why}")));
-            }
-        };
-        tracing::info!(
-            tokens,
-            memory_mib = bytes >> 20,
-            queued_s = queued.elapsed().as_secs_f64(),
-            "admitted"
-        );
-        let _ = peer;
-        let mut summary = SessionSummary::default();
-        let res = serve_admitted(
-            ch,
-            &self.model,
-            self.emb.as_ref(),
-            hello,
-            &SessionLimits {
-                deadlines: Some(d),
-                load: &|| self.load(),
-                memory: self,
-                cots: &self.cots,
-            },
-            &mut summary,
-        );
-        drop(slot);
-        res.map(|()| summary)
+            drop(guard);
+        });
+    if let Err(e) = spawned {
+        // The closure (its guard, channel, ticket or slot) was dropped: all given back.
+        tracing::warn!(%peer, error = %e, "could not start a connection thread");
     }
+}
+
+/// A connection's handshake and hello within the fixed handshake deadline, then its admission:
+/// a session now, a place in the queue, or a refusal that says why.
+fn handshake(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    mut ticket: Ticket,
+    id: u64,
+    peer: SocketAddr,
+) -> Result<Option<SessionSummary>> {
+    let o = &shared.opts;
+    let d = &o.deadlines;
+    let hs_deadline = Instant::now() + d.handshake;
+    let mut ch: Box<dyn Channel + Send> = match &o.transport {
+        Transport::Tls(tls) => {
+            let ch = tls.accept(stream, hs_deadline).map_err(|e| match e {
+                Error::TimedOut(m) => Error::TimedOut(format!("TLS handshake: {m}")),
+                e => e,
+            })?;
+            if let Some(fp) = ch.peer_fingerprint() {
+                tracing::info!(client = %fp, "client certificate accepted");
+            }
+            Box::new(ch)
+        }
+        Transport::Plaintext => {
+            let mut ch = TcpChannel::from_stream(stream)?;
+            ch.set_deadline(Some(hs_deadline))?;
+            Box::new(ch)
+        }
+    };
+    let hello = match Hello::recv(&mut ch) {
+        Ok(h) => h,
+        Err(Error::TimedOut(m)) => {
+            return Err(Error::TimedOut(format!(
+                "waiting for the hello: the handshake's {:.1} s passed ({m})",
+                d.handshake.as_secs_f64()
+            )))
+        }
+        Err(e @ (Error::Malformed(_) | Error::Unsupported(_))) => {
+            let _ = refuse(&mut ch, &e.to_string());
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    let cfg = shared.model.config();
+    let refused = |ch: &mut Box<dyn Channel + Send>, why: String| {
+        let _ = refuse(ch, &why);
+        Err(Error::Refused(format!("refused: {why}")))
+    };
+    let tokens = match announced_tokens(&hello, cfg.max_sequence_len()) {
+        Ok(n) => n,
+        Err(why) => return refused(&mut ch, why),
+    };
+    let bytes = session_memory_estimate(cfg, tokens);
+    if bytes > shared.session_memory {
+        let why = format!(
+            "a session of up to {tokens} tokens needs about {} MiB, more than this server's \
+             session memory ({} MiB): send shorter prompts",
+            bytes >> 20,
+            shared.session_memory >> 20
+        );
+        return refused(&mut ch, why);
+    }
+    enum Next {
+        Now(Slot),
+        Refuse(String),
+    }
+    let next = {
+        let mut s = shared.lock();
+        if s.closing {
+            Next::Refuse("the server is shutting down: try again later".into())
+        } else if s.queue.is_empty() && s.fits(o, bytes) {
+            s.take(bytes);
+            Next::Now(Slot {
+                shared: shared.clone(),
+                bytes,
+            })
+        } else if s.queue.len() < o.queue {
+            // The socket waits, not this thread; the client waits for our answer, so no
+            // deadline of ours runs meanwhile (the wait is bounded by `queue_wait`).
+            s.handshakes -= 1;
+            ticket.handshaking = false;
+            let _ = ch.set_deadline(None);
+            s.queue.push(Waiting {
+                ch,
+                hello,
+                tokens,
+                bytes,
+                since: Instant::now(),
+                id,
+                peer,
+                ticket,
+            });
+            return Ok(None);
+        } else {
+            Next::Refuse(s.busy(o))
+        }
+    };
+    match next {
+        Next::Now(slot) => {
+            drop(ticket);
+            run_session(ch, hello, tokens, bytes, slot).map(Some)
+        }
+        Next::Refuse(why) => refused(&mut ch, why),
+    }
+}
+
+/// An admitted session: set-up, then requests until goodbye.
+fn run_session(
+    ch: Box<dyn Channel + Send>,
+    hello: Hello,
+    tokens: usize,
+    bytes: u64,
+    slot: Slot,
+) -> Result<SessionSummary> {
+    let shared = slot.shared.clone();
+    tracing::info!(tokens, memory_mib = bytes >> 20, "admitted");
+    let mut summary = SessionSummary::default();
+    let load = || {
+        let active = shared.lock().active;
+        (active as f64 / veil_core::parallel::threads() as f64).max(1.0)
+    };
+    let res = serve_admitted(
+        ch,
+        &shared.model,
+        shared.emb.as_ref(),
+        hello,
+        &SessionLimits {
+            deadlines: Some(&shared.opts.deadlines),
+            load: &load,
+            memory: &shared,
+            cots: &shared.cots,
+            bundle: shared.opts.bundle,
+        },
+        &mut summary,
+    );
+    drop(slot);
+    res.map(|()| summary)
 }
 
 /// A server ready to accept.
@@ -348,7 +564,6 @@ impl Server {
                     reserved: lookups,
                     ..Slots::default()
                 }),
-                freed: Condvar::new(),
                 threads: AtomicUsize::new(0),
                 ended: Condvar::new(),
                 ended_lock: Mutex::new(()),
@@ -385,11 +600,13 @@ impl Server {
         let addr = listener.local_addr()?;
         let shutdown = self.shared.opts.shutdown.clone();
         let fingerprint = self.fingerprint;
+        let shared = self.shared.clone();
         let thread = std::thread::Builder::new()
             .name("veil-accept".into())
             .spawn(move || self.run(listener))?;
         Ok(RunningServer {
             addr,
+            shared,
             fingerprint,
             shutdown,
             thread: Some(thread),
@@ -417,6 +634,7 @@ impl Server {
         listener.set_nonblocking(true)?;
         let mut backoff = Duration::ZERO;
         while !o.shutdown.load(Ordering::SeqCst) {
+            expire(shared);
             let (stream, peer) = match listener.accept() {
                 Ok(c) => {
                     backoff = Duration::ZERO;
@@ -435,57 +653,36 @@ impl Server {
                     continue;
                 }
             };
-            let limit = o.max_sessions + o.queue;
-            if shared.threads.load(Ordering::SeqCst) >= limit {
-                tracing::warn!(%peer, limit, "connection closed: sessions and queue full");
-                drop(stream);
+            let ip = peer.ip();
+            let full = {
+                let mut s = shared.lock();
+                if s.handshakes >= o.handshakes {
+                    Some("handshakes full")
+                } else if !s.unadmitted.try_add(ip, o.per_address) {
+                    Some("too many connections from this address waiting")
+                } else {
+                    s.handshakes += 1;
+                    None
+                }
+            };
+            if let Some(why) = full {
+                tracing::warn!(%peer, "connection closed: {why}");
                 continue;
             }
+            let ticket = Ticket {
+                shared: shared.clone(),
+                ip,
+                handshaking: true,
+            };
             if let Err(e) = stream.set_nonblocking(false) {
                 tracing::warn!(%peer, error = %e, "connection dropped");
                 continue;
             }
             let id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-            shared.threads.fetch_add(1, Ordering::SeqCst);
-            let guard = ThreadGuard(shared.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("veil-session-{id}"))
-                .spawn(move || {
-                    let shared = guard.0.clone();
-                    let span = tracing::info_span!("session", id, %peer);
-                    let _e = span.enter();
-                    let started = Instant::now();
-                    tracing::info!("connected");
-                    let res = shared.connection(stream, peer);
-                    let seconds = started.elapsed().as_secs_f64();
-                    match res {
-                        Ok(s) => tracing::info!(
-                            outcome = "ended",
-                            seconds,
-                            inferences = s.inferences,
-                            tokens = s.tokens,
-                            bytes_sent = s.bytes_sent,
-                            bytes_received = s.bytes_received,
-                            "session ended"
-                        ),
-                        Err(Error::Disconnected) => tracing::info!(
-                            outcome = "disconnected",
-                            seconds,
-                            "the client closed the connection"
-                        ),
-                        Err(Error::TimedOut(m)) => {
-                            tracing::warn!(outcome = "timed out", seconds, "session timed out: {m}")
-                        }
-                        Err(e) => {
-                            tracing::warn!(outcome = "failed", seconds, "session failed: {e}")
-                        }
-                    }
-                    drop(guard);
-                });
-            if let Err(e) = spawned {
-                // The closure (and its guard) was dropped: the count is given back.
-                tracing::warn!(%peer, error = %e, "could not start a session thread");
-            }
+            spawn_logged(shared, id, peer, move |shared| {
+                tracing::info!("connected");
+                handshake(shared, stream, ticket, id, peer)
+            });
         }
         drop(listener);
         let open = self.connections();
@@ -494,11 +691,8 @@ impl Server {
             grace_s = o.shutdown_grace.as_secs_f64(),
             "shutting down: no longer accepting"
         );
-        {
-            let mut s = shared.slots.lock().unwrap_or_else(|p| p.into_inner());
-            s.closing = true;
-            shared.freed.notify_all();
-        }
+        shared.lock().closing = true;
+        expire(shared);
         let until = Instant::now() + o.shutdown_grace;
         let mut l = shared.ended_lock.lock().unwrap_or_else(|p| p.into_inner());
         while self.connections() > 0 {
@@ -530,6 +724,7 @@ pub fn serve(listener: TcpListener, model: Arc<ServerModel>) -> Result<()> {
 /// A [`Server`] accepting in a background thread ([`Server::spawn`]).
 pub struct RunningServer {
     addr: SocketAddr,
+    shared: Arc<Shared>,
     fingerprint: Option<Fingerprint>,
     shutdown: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<Result<()>>>,
@@ -544,6 +739,11 @@ impl RunningServer {
     /// The fingerprint of its TLS identity ([`Server::fingerprint`]).
     pub fn fingerprint(&self) -> Option<Fingerprint> {
         self.fingerprint
+    }
+
+    /// Connection threads alive now ([`Server::connections`]).
+    pub fn connections(&self) -> usize {
+        self.shared.threads.load(Ordering::SeqCst)
     }
 
     /// Whether it is still accepting (false once stopped or failed).

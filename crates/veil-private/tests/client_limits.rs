@@ -11,7 +11,7 @@ use veil_model::random::random_transformer_with_std;
 use veil_model::FixedModel;
 use veil_model::{BlockVariant, ModelConfig};
 use veil_net::{Channel, ClientTls, Identity, ServerPin, ServerTls};
-use veil_private::protocol::{Admission, Hello, Message};
+use veil_private::protocol::{Admission, Announced, Hello, Message};
 use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};
 
 fn config(layers: usize) -> ModelConfig {
@@ -99,7 +99,12 @@ fn another_configuration_is_refused_before_set_up() {
         let (s, _) = listener.accept().unwrap();
         let mut ch = tls.accept(s, soon()).unwrap();
         Hello::recv(&mut ch).unwrap();
-        Admission::Admitted(theirs).send(&mut ch).unwrap();
+        Admission::Admitted(Announced {
+            config: theirs,
+            bundle: None,
+        })
+        .send(&mut ch)
+        .unwrap();
         ch.flush().unwrap();
         let after = ch.meter().total().bytes_received;
         let next = ch.recv_msg(1 << 20);
@@ -109,9 +114,9 @@ fn another_configuration_is_refused_before_set_up() {
     let ch = client(&id)
         .connect(TcpStream::connect(addr).unwrap(), soon())
         .unwrap();
-    let err = ClientConnection::connect_with(ch, opts(10.0), |cfg| {
+    let err = ClientConnection::connect_with(ch, opts(10.0), |a| {
         veil_core::ensure!(
-            *cfg == mine,
+            a.config == mine,
             InvalidArgument,
             "the server's model configuration differs from the client's"
         );

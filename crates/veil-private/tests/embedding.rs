@@ -78,7 +78,7 @@ fn private_embedding_matches_the_simulator_exactly() {
         let emb = ServerEmbedding::new(&server.fixed, method).unwrap();
         let (got, ()) = run_two_party(
             |ch| {
-                let mut c = ClientConnection::connect(ch)?;
+                let mut c = ClientConnection::connect(ch, 16)?;
                 let mut out = Vec::new();
                 for (ids, t) in &inputs {
                     out.push(c.infer(Tokens::Ids(ids, t), None)?);
@@ -114,7 +114,7 @@ fn padded_private_embedding_keeps_the_output() {
     let emb = ServerEmbedding::new(&server.fixed, LookupMethod::Batched).unwrap();
     let (got, ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch)?;
+            let mut c = ClientConnection::connect(ch, 16)?;
             let (y, _) = c.infer(Tokens::Ids(&padded, &[0; 6]), Some(3))?;
             c.close()?;
             Ok(y)
@@ -142,7 +142,7 @@ fn bad_private_inputs_are_errors_and_the_session_survives() {
     let x = RingTensor::zeros(sim.fp().ring, &[2, 16]).unwrap();
     let (got, ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch)?;
+            let mut c = ClientConnection::connect(ch, 16)?;
             let e1 = c.infer(&x, None).unwrap_err();
             let e2 = c.infer(Tokens::Ids(&[1, 60], &[0, 0]), None).unwrap_err();
             let e3 = c.infer(Tokens::Ids(&[1, 2], &[0]), None).unwrap_err();

@@ -16,8 +16,8 @@ use veil_model::FixedModel;
 use veil_model::{BlockVariant, ModelConfig};
 use veil_net::{run_two_party, Recording, Replay};
 use veil_private::protocol::{
-    session_format, Admission, EmbeddingLookup, Hello, Message, OutputShare, PreprocessReply,
-    Request,
+    session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare,
+    PreprocessReply, Request,
 };
 use veil_private::{serve_session, ClientConnection, ClientOptions, ServerModel};
 
@@ -44,7 +44,7 @@ fn fixture() -> &'static Fixture {
         let ((to_server, to_client), ()) = run_two_party(
             |ch| {
                 let mut rec = Recording::new(ch);
-                let mut c = ClientConnection::connect(&mut rec)?;
+                let mut c = ClientConnection::connect(&mut rec, 16)?;
                 c.infer(&x, None)?;
                 c.close()?;
                 Ok((rec.sent, rec.received))
@@ -108,7 +108,7 @@ fn serve_replay(input: Vec<u8>) -> veil_core::Result<()> {
 }
 
 fn client_replay(input: Vec<u8>) -> veil_core::Result<()> {
-    let mut c = ClientConnection::connect(Replay::new(input))?;
+    let mut c = ClientConnection::connect(Replay::new(input), 3)?;
     c.infer(&fixture().x, None)?;
     c.close()
 }
@@ -138,7 +138,7 @@ proptest! {
         let answer = apply(&fixture().to_client, &m, 2048);
         let _ = ClientConnection::connect_with(
             Replay::new(answer),
-            ClientOptions::default(),
+            ClientOptions { max_tokens: Some(3), ..ClientOptions::default() },
             |_| Err(veil_core::Error::Other("stop before set-up".into())),
         );
     }
@@ -157,7 +157,16 @@ fn valid_messages() -> Vec<Vec<u8>> {
     let cfg = fixture().server.config().announced();
     vec![
         Hello { max_tokens: 3 }.encode(),
-        Admission::Admitted(cfg).encode(),
+        Admission::Admitted(Announced {
+            config: cfg.clone(),
+            bundle: None,
+        })
+        .encode(),
+        Admission::Admitted(Announced {
+            config: cfg,
+            bundle: Some(veil_model::BundleDigest([7; 32])),
+        })
+        .encode(),
         Admission::Refused("busy".into()).encode(),
         EmbeddingLookup(veil_linear::LookupMethod::Batched).encode(),
         Request::Goodbye.encode(),
@@ -178,7 +187,7 @@ proptest! {
     /// Every session message's decoder on every valid message of any type, mutated: a clean
     /// error or a message that encodes back to the same bytes, never a panic.
     #[test]
-    fn mutated_messages_decode_cleanly_or_canonically(m in mutation(), which in 0usize..9) {
+    fn mutated_messages_decode_cleanly_or_canonically(m in mutation(), which in 0usize..10) {
         let bytes = apply(&valid_messages()[which], &m, 64);
         canonical::<Hello>(&bytes);
         canonical::<EmbeddingLookup>(&bytes);

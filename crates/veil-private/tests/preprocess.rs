@@ -98,7 +98,7 @@ fn preprocessed_inferences_equal_the_simulator() {
         let (want_b, xb) = expected(&sim, &b);
         let (got, ()) = run_two_party(
             |ch| {
-                let mut c = ClientConnection::connect(ch)?;
+                let mut c = ClientConnection::connect(ch, 16)?;
                 let plain = c.infer(&xa, None)?;
                 c.preprocess(b.len())?;
                 c.preprocess(a.len())?;
@@ -196,7 +196,7 @@ fn the_server_refuses_what_it_cannot_honour() {
     let (want, x) = expected(&sim, &[1, 2, 3]);
     let ((refused, y), ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch)?;
+            let mut c = ClientConnection::connect(ch, 512)?;
             let mut refused = None;
             for _ in 0..=fit {
                 if let Err(e) = c.preprocess(512) {
@@ -218,7 +218,7 @@ fn the_server_refuses_what_it_cannot_honour() {
     // A raw client asking for preprocessed material that was never made.
     let (_, served) = run_two_party(
         |ch| {
-            let c = ClientConnection::connect(&mut *ch)?;
+            let c = ClientConnection::connect(&mut *ch, 16)?;
             drop(c);
             let mut w = Writer::new();
             w.u8(1).u32(3).u8(1);
@@ -354,7 +354,7 @@ fn malformed_preprocessing_ends_that_session_and_others_are_served() {
     }
     let ids = [4u32, 8, 15];
     let (want, x) = expected(&sim, &ids);
-    let mut c = ClientConnection::connect(TcpChannel::connect(addr).unwrap()).unwrap();
+    let mut c = ClientConnection::connect(TcpChannel::connect(addr).unwrap(), 16).unwrap();
     c.preprocess(ids.len()).unwrap();
     let (y, report) = c.infer(&x, None).unwrap();
     c.close().unwrap();
@@ -389,7 +389,8 @@ fn preprocessing_is_refused_beyond_the_servers_session_memory() {
     let (want, x) = expected(&sim, &ids);
     for session in 0..2 {
         let mut c =
-            ClientConnection::connect(TcpChannel::connect(running.local_addr()).unwrap()).unwrap();
+            ClientConnection::connect(TcpChannel::connect(running.local_addr()).unwrap(), 16)
+                .unwrap();
         c.preprocess(ids.len()).unwrap();
         let err = c.preprocess(ids.len()).unwrap_err();
         assert!(matches!(err, veil_core::Error::Refused(_)), "{err}");

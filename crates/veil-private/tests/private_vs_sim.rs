@@ -55,7 +55,7 @@ fn run(cfg: &ModelConfig, ids: &[u32], seed: u8) -> (Vec<f64>, Vec<f64>, veil_pr
     let (x, _) = sim_model.embed(ids, &types).unwrap();
     let ((got, report), ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch)?;
+            let mut c = ClientConnection::connect(ch, 16)?;
             let r = c.infer(&x, None)?;
             c.close()?;
             Ok(r)
@@ -106,7 +106,7 @@ fn run_padded(cfg: &ModelConfig, ids: &[u32], pad: usize, seed: u8) -> (Vec<f64>
     let (x, _) = sim_model.embed(&padded, &vec![0; padded.len()]).unwrap();
     let ((got, seen_len), ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch)?;
+            let mut c = ClientConnection::connect(ch, 16)?;
             let (y, _) = c.infer(&x, Some(ids.len()))?;
             c.close()?;
             Ok((y, padded.len()))
@@ -137,7 +137,7 @@ fn padding_is_refused_for_mean_pooling() {
     let (x, _) = sim_model.embed(&[1, 2, 0, 0], &[0; 4]).unwrap();
     let (err, ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch)?;
+            let mut c = ClientConnection::connect(ch, 16)?;
             let err = c.infer(&x, Some(2)).unwrap_err();
             c.close()?;
             Ok(err)
@@ -296,7 +296,8 @@ fn tcp_server_serves_two_clients_and_survives_garbage() {
         .map(|_| {
             let x: RingTensor = x.clone();
             std::thread::spawn(move || {
-                let mut c = ClientConnection::connect(TcpChannel::connect(addr).unwrap()).unwrap();
+                let mut c =
+                    ClientConnection::connect(TcpChannel::connect(addr).unwrap(), 16).unwrap();
                 let (y, _) = c.infer(&x, None).unwrap();
                 let (y2, _) = c.infer(&x, None).unwrap();
                 c.close().unwrap();
@@ -316,7 +317,7 @@ fn tcp_server_serves_two_clients_and_survives_garbage() {
 #[test]
 fn client_gets_a_clear_error_when_the_server_hangs_up() {
     let r = run_two_party(
-        |ch| ClientConnection::connect(ch).map(|_| ()),
+        |ch| ClientConnection::connect(ch, 16).map(|_| ()),
         |ch| {
             let _hello = ch.recv_msg(8)?;
             Ok(())
@@ -358,7 +359,7 @@ fn one_prepared_model_serves_every_length_exactly() {
     }
     let (got, ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch)?;
+            let mut c = ClientConnection::connect(ch, 512)?;
             let mut out = Vec::new();
             for x in &inputs {
                 out.push(c.infer(x, None)?.0);

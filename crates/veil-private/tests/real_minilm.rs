@@ -47,7 +47,7 @@ fn two_block_minilm_private_pass_equals_the_simulator(model: Model) {
     let server = ServerModel::new(fixed).unwrap();
     let (got, ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch)?;
+            let mut c = ClientConnection::connect(ch, 16)?;
             let (y, _) = c.infer(&x, None)?;
             c.close()?;
             Ok(y)

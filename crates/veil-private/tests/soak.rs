@@ -15,6 +15,7 @@ use veil_model::random::random_transformer_with_std;
 use veil_model::FixedModel;
 use veil_model::{BlockVariant, ModelConfig, ProductTruncation};
 use veil_net::{Channel, ClientTls, Fingerprint, Identity, ServerPin, ServerTls};
+use veil_private::protocol::{Admission, Message};
 use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};
 
 const HONEST: usize = 8;
@@ -131,13 +132,14 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
         })
         .collect();
 
-    // Garbage after a good TLS handshake: refused as not a Veil client.
+    // Garbage after a good TLS handshake: refused as not a Veil client, and told so.
     let garbage = {
         let addr = addr.clone();
         std::thread::spawn(move || {
             let mut ch = tls_to(&addr, server_fp).unwrap();
             ch.send_msg(b"GET / HTTP/1.1\r\n").unwrap();
-            ch.recv_msg(1 << 20).unwrap_err()
+            let answer = Admission::recv(&mut ch).unwrap();
+            (answer, ch.recv_msg(1 << 20).unwrap_err())
         })
     };
     // Garbage instead of TLS.
@@ -178,8 +180,11 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
         let (x, _) = expected[0].clone();
         std::thread::spawn(move || {
             let ch = tls_to(&addr, server_fp).unwrap();
-            let mut c =
-                ClientConnection::connect_with(ch, ClientOptions::default(), |_| Ok(())).unwrap();
+            let opts = ClientOptions {
+                max_tokens: Some(8),
+                ..ClientOptions::default()
+            };
+            let mut c = ClientConnection::connect_with(ch, opts, |_| Ok(())).unwrap();
             std::thread::sleep(Duration::from_secs(10));
             c.infer(&x, None)
                 .expect_err("the server dropped the hanging session")
@@ -189,7 +194,11 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
     for h in honest {
         h.join().unwrap();
     }
-    let e = garbage.join().unwrap();
+    let (answer, e) = garbage.join().unwrap();
+    assert!(
+        matches!(&answer, Admission::Refused(why) if why.contains("not a Veil client")),
+        "garbage client: {answer:?}"
+    );
     assert!(
         matches!(e, Error::Disconnected | Error::Insecure(_)),
         "garbage client: {e}"

@@ -310,7 +310,7 @@ fn check_transcripts(mode: EmbeddingMode, method: LookupMethod) {
     let ((to_server, to_client), ()) = run_two_party(
         |ch| {
             let mut rec = Recording::new(ch);
-            let mut conn = ClientConnection::connect(&mut rec)?;
+            let mut conn = ClientConnection::connect(&mut rec, 16)?;
             match mode {
                 EmbeddingMode::Public => conn.infer(&x, None)?,
                 EmbeddingMode::Private => conn.infer(Tokens::Ids(&ids, &types), None)?,

@@ -1,0 +1,121 @@
+//! What this machine can hold, for a server's limits: open files (one descriptor per
+//! connection) and memory (each session at least [`SESSION_FIXED_BYTES`]). A limit asked beyond
+//! them is capped, with the reason, rather than found out under load.
+
+use crate::server::SESSION_FIXED_BYTES;
+
+/// The most sessions a server runs by default (when memory would allow more).
+pub(crate) const MAX_DEFAULT_SESSIONS: usize = 64;
+
+/// Descriptors kept for everything that is not a connection (the listener, model files, logs,
+/// the worker pool).
+const RESERVED_FILES: u64 = 64;
+
+/// The soft limit on open files (`Max open files` in /proc/self/limits); `None` when unknown or
+/// unlimited.
+pub(crate) fn open_file_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// The machine's limits relevant to a server.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MachineCaps {
+    /// The open-file limit ([`open_file_limit`]).
+    pub files: Option<u64>,
+    /// The memory for sessions, in bytes.
+    pub memory: Option<u64>,
+}
+
+impl MachineCaps {
+    /// Connections the open-file limit leaves room for.
+    fn connections(&self) -> Option<u64> {
+        self.files.map(|f| f.saturating_sub(RESERVED_FILES).max(2))
+    }
+
+    /// `asked` sessions, capped by memory and open files; why, when capped.
+    pub(crate) fn sessions(&self, asked: usize) -> (usize, Option<String>) {
+        let mut n = asked as u64;
+        let mut why = None;
+        if let Some(m) = self.memory {
+            let fit = (m / SESSION_FIXED_BYTES).max(1);
+            if n > fit {
+                n = fit;
+                why = Some(format!(
+                    "{} MiB of memory for sessions hold at most {fit} (each needs at least {} \
+                     MiB)",
+                    m >> 20,
+                    SESSION_FIXED_BYTES >> 20
+                ));
+            }
+        }
+        if let Some(c) = self.connections() {
+            // Half the descriptors for sessions, half for connections waiting or handshaking.
+            let fit = (c / 2).max(1);
+            if n > fit {
+                n = fit;
+                why = Some(format!(
+                    "the open-file limit ({}, ulimit -n) leaves room for {fit} sessions beside \
+                     the connections waiting for one",
+                    self.files.unwrap_or(0)
+                ));
+            }
+        }
+        (n as usize, why)
+    }
+
+    /// The queue and the handshakes beside `sessions`, capped so that every connection has a
+    /// descriptor: (queue, handshakes, why when capped).
+    pub(crate) fn waiting(
+        &self,
+        sessions: usize,
+        queue: usize,
+        handshakes: usize,
+    ) -> (usize, usize, Option<String>) {
+        let Some(c) = self.connections() else {
+            return (queue, handshakes, None);
+        };
+        let room = c.saturating_sub(sessions as u64).max(2);
+        if (queue + handshakes) as u64 <= room {
+            return (queue, handshakes, None);
+        }
+        let q = (queue as u64).min(room / 2).max(1) as usize;
+        let h = (handshakes as u64).min(room - q as u64).max(1) as usize;
+        let why = format!(
+            "the open-file limit ({}, ulimit -n) leaves {room} descriptors beside {sessions} \
+             sessions",
+            self.files.unwrap_or(0)
+        );
+        (q, h, Some(why))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_beyond_the_machine_are_capped_with_the_reason() {
+        let roomy = MachineCaps {
+            files: Some(1 << 20),
+            memory: Some(64 << 30),
+        };
+        assert_eq!(roomy.sessions(8), (8, None));
+        assert_eq!(roomy.waiting(8, 16, 256), (16, 256, None));
+        let (n, why) = roomy.sessions(100_000);
+        assert_eq!(n, 256);
+        assert!(why.unwrap().contains("at most 256"));
+        let tight = MachineCaps {
+            files: Some(128),
+            memory: None,
+        };
+        let (n, why) = tight.sessions(100);
+        assert_eq!(n, 32);
+        assert!(why.unwrap().contains("ulimit -n"));
+        let (q, h, why) = tight.waiting(32, 64, 256);
+        assert!(q + h <= 32 && q >= 1 && h >= 1, "{q} {h}");
+        assert!(why.unwrap().contains("128"));
+        assert!(open_file_limit().is_some_and(|n| n > 0));
+    }
+}
