@@ -801,9 +801,14 @@ fn accept_errors_are_backed_off_and_the_server_recovers() {
     ]);
     assert!(String::from_utf8_lossy(&out).contains("probabilities"));
     let text = std::fs::read_to_string(&log).unwrap();
+    // The server capped its limits to the 24 descriptors and said so; accept errors, if any,
+    // were backed off, not looped.
+    assert!(
+        text.contains("capped") && text.contains("ulimit -n"),
+        "{text}"
+    );
     let failed = text.matches("accept failed").count();
     eprintln!("{failed} accept errors logged");
-    assert!(failed >= 1, "the limit was never hit:\n{text}");
     assert!(failed < 40, "{failed} accept errors logged: a loop\n{text}");
     assert!(text.contains("timed out"), "{text}");
 }

@@ -176,7 +176,7 @@ impl ServerBuilder {
     /// The limits checked before any work (no model needed): zero counts are refused, and
     /// sessions, queue and handshakes are capped by what this machine can hold (the open-file
     /// limit, one descriptor per connection, and the memory for sessions, at least
-    /// [`crate::server::SESSION_FIXED_BYTES`] each), each cap logged with its reason. [`Self::build`] does
+    /// [`crate::limits::SESSION_FIXED_BYTES`] each), each cap logged with its reason. [`Self::build`] does
     /// this too; call it first to find a bad flag before preparing weights.
     pub fn checked(mut self) -> Result<Self> {
         ensure!(

@@ -2,7 +2,9 @@
 //! connection) and memory (each session at least [`SESSION_FIXED_BYTES`]). A limit asked beyond
 //! them is capped, with the reason, rather than found out under load.
 
-use crate::server::SESSION_FIXED_BYTES;
+/// Bytes kept per session whatever its length: the client's BFV public and Galois keys, the
+/// OT pools (one silent-COT buffer per direction) and the base-OT state.
+pub(crate) const SESSION_FIXED_BYTES: u64 = 256 << 20;
 
 /// The most sessions a server runs by default (when memory would allow more).
 pub(crate) const MAX_DEFAULT_SESSIONS: usize = 64;

@@ -28,7 +28,7 @@ use crate::admission::{announced_tokens, PerAddress, Queue, Waiting};
 use crate::deadlines::Deadlines;
 use crate::embedding::{self, ServerEmbedding, DEFAULT_METHOD};
 use crate::handler::{refuse, serve_admitted, SessionLimits, SessionSummary};
-use crate::limits::MAX_DEFAULT_SESSIONS;
+use crate::limits::{MAX_DEFAULT_SESSIONS, SESSION_FIXED_BYTES};
 use crate::pool_size::CotCounts;
 use crate::prepared::ServerModel;
 use crate::protocol::{Hello, Message};
@@ -84,9 +84,6 @@ pub(crate) const DEFAULT_HANDSHAKES: usize = 256;
 /// address, a quarter of the handshakes.
 pub(crate) const DEFAULT_PER_ADDRESS: usize = 64;
 
-/// Bytes kept per session whatever its length: the client's BFV public and Galois keys, the
-/// OT pools (one silent-COT buffer per direction) and the base-OT state.
-pub(crate) const SESSION_FIXED_BYTES: u64 = 256 << 20;
 /// Bytes per element of a linear layer's widest output while it is under HE (ciphertexts,
 /// masks, packed responses).
 const BYTES_PER_LINEAR_ELEMENT: u64 = 2000;

@@ -6,19 +6,23 @@
 //! than the fixed set-up deadline, and the server's threads return to idle.
 //! One test in this file: the thread count is the process's.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use veil_core::FixedPoint;
 use veil_model::random::random_transformer_with_std;
 use veil_model::FixedModel;
 use veil_model::{BlockVariant, ModelConfig, ProductTruncation};
-use veil_net::{Channel, ClientTls, Fingerprint, ServerPin};
+use veil_net::Channel;
 use veil_private::protocol::{Hello, Message};
 use veil_private::{ClientConnection, ClientOptions, ServerBuilder, ServerIdentity, ServerModel};
+
+use common::{threads, tls_to, Log};
 
 const HONEST: usize = 4;
 const IDLE: usize = 10;
@@ -26,38 +30,6 @@ const HALF: usize = 3;
 const SILENT: usize = 3;
 const DRIPPERS: usize = 2;
 const SETUP: Duration = Duration::from_secs(8);
-
-/// The log lines the server writes, captured.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Log {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
-
-fn tls_to(addr: &str, fp: Fingerprint) -> veil_core::Result<veil_net::TlsChannel> {
-    ClientTls {
-        pin: ServerPin::Fingerprint {
-            fp,
-            source: "the admission test".into(),
-        },
-        identity: None,
-    }
-    .connect(
-        TcpStream::connect(addr)?,
-        Instant::now() + Duration::from_secs(20),
-    )
-}
 
 /// Waits until the server closes `s` (or `stop` is set).
 fn until_closed(mut s: TcpStream, stop: &AtomicBool) {
@@ -98,13 +70,7 @@ fn hostile(
 #[test]
 fn honest_clients_are_served_while_hostile_connections_reconnect() {
     let test_start = Instant::now();
-    let log = Log::default();
-    let writer = log.clone();
-    tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .init();
+    let log = Log::capture();
 
     let mut cfg = ModelConfig::builder(veil_model::Architecture::Bert)
         .build()
@@ -248,7 +214,7 @@ fn honest_clients_are_served_while_hostile_connections_reconnect() {
         threads()
     );
 
-    let text = String::from_utf8_lossy(&log.0.lock().unwrap()).into_owned();
+    let text = log.text();
     let lines = |s: &str| text.lines().filter(|l| l.contains(s)).collect::<Vec<_>>();
     assert_eq!(lines("session ended").len(), HONEST, "{text}");
     // Silent sessions were dropped at the set-up deadline, never later.

@@ -98,7 +98,7 @@ fn preprocessed_inferences_equal_the_simulator() {
         let (want_b, xb) = expected(&sim, &b);
         let (got, ()) = run_two_party(
             |ch| {
-                let mut c = ClientConnection::connect(ch, 16)?;
+                let mut c = ClientConnection::connect(ch, b.len())?;
                 let plain = c.infer(&xa, None)?;
                 c.preprocess(b.len())?;
                 c.preprocess(a.len())?;

@@ -55,7 +55,7 @@ fn run(cfg: &ModelConfig, ids: &[u32], seed: u8) -> (Vec<f64>, Vec<f64>, veil_pr
     let (x, _) = sim_model.embed(ids, &types).unwrap();
     let ((got, report), ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch, 16)?;
+            let mut c = ClientConnection::connect(ch, cfg.max_sequence_len())?;
             let r = c.infer(&x, None)?;
             c.close()?;
             Ok(r)
@@ -106,7 +106,7 @@ fn run_padded(cfg: &ModelConfig, ids: &[u32], pad: usize, seed: u8) -> (Vec<f64>
     let (x, _) = sim_model.embed(&padded, &vec![0; padded.len()]).unwrap();
     let ((got, seen_len), ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch, 16)?;
+            let mut c = ClientConnection::connect(ch, cfg.max_sequence_len())?;
             let (y, _) = c.infer(&x, Some(ids.len()))?;
             c.close()?;
             Ok((y, padded.len()))
@@ -137,7 +137,7 @@ fn padding_is_refused_for_mean_pooling() {
     let (x, _) = sim_model.embed(&[1, 2, 0, 0], &[0; 4]).unwrap();
     let (err, ()) = run_two_party(
         |ch| {
-            let mut c = ClientConnection::connect(ch, 16)?;
+            let mut c = ClientConnection::connect(ch, cfg.max_sequence_len())?;
             let err = c.infer(&x, Some(2)).unwrap_err();
             c.close()?;
             Ok(err)
@@ -310,7 +310,9 @@ fn tcp_server_serves_two_clients_and_survives_garbage() {
         assert_eq!(y, want);
         assert_eq!(y2, want);
     }
-    // The garbage client's connection was closed by the server with an error, not a hang.
+    // The garbage client is told why, then its connection is closed, not left hanging.
+    let why = String::from_utf8_lossy(&bad.recv_msg(1 << 20).unwrap()).into_owned();
+    assert!(why.contains("not a Veil client"), "{why}");
     assert!(bad.recv_msg(1 << 20).is_err());
 }
 

@@ -5,69 +5,29 @@
 //! structured log says why), and the server's thread count returns to its idle level.
 //! One test in this file: the thread count is the process's.
 
+mod common;
+
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use veil_core::{Error, FixedPoint};
 use veil_model::random::random_transformer_with_std;
 use veil_model::FixedModel;
 use veil_model::{BlockVariant, ModelConfig, ProductTruncation};
-use veil_net::{Channel, ClientTls, Fingerprint, Identity, ServerPin, ServerTls};
+use veil_net::{Channel, Identity, ServerTls};
 use veil_private::protocol::{Admission, Message};
 use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};
 
+use common::{threads, tls_to, Log};
+
 const HONEST: usize = 8;
-
-/// The log lines the server writes, captured.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Log {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Log {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
-}
-
-fn tls_to(addr: &str, fp: Fingerprint) -> veil_core::Result<veil_net::TlsChannel> {
-    ClientTls {
-        pin: ServerPin::Fingerprint {
-            fp,
-            source: "the soak test".into(),
-        },
-        identity: None,
-    }
-    .connect(
-        TcpStream::connect(addr)?,
-        Instant::now() + Duration::from_secs(20),
-    )
-}
 
 #[test]
 fn eight_honest_clients_and_four_bad_ones_over_tls() {
     let test_start = Instant::now();
-    let log = Log::default();
-    let writer = log.clone();
-    tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .init();
+    let log = Log::capture();
 
     let mut cfg = ModelConfig::builder(veil_model::Architecture::Bert)
         .build()
