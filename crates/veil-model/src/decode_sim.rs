@@ -27,7 +27,7 @@ use crate::engine::decoder::{
     self as composition, causal_visible, rotary_tables, DecoderEngine, DecoderLayer, DecoderNorm,
     LogitRows,
 };
-use crate::sim::{matmul_signed, max_abs, BlockReport, Tracker};
+use crate::sim::{matmul_signed, max_abs, secret_products, BlockReport, Tracker};
 
 /// The decoder's fixed-point format: the ring and fraction, and the norms' input domain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -505,30 +505,7 @@ impl DecoderEngine for DecoderSim<'_> {
     }
 
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
-        crate::engine::check_operand_pairs(a.len(), b.len())?;
-        a.iter()
-            .zip(b)
-            .map(|(a, b)| {
-                let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
-                ensure!(
-                    b.shape()[0] == k,
-                    InvalidArgument,
-                    "product of [{m}, {k}] and {:?}",
-                    b.shape()
-                );
-                let sa = self.signed(a.data());
-                let sbt = self.signed(b.transpose()?.data());
-                let out = matmul_signed(
-                    &self.model.approx,
-                    &sa,
-                    &sbt,
-                    (m, k, n),
-                    None,
-                    &mut self.tracker,
-                );
-                RingTensor::from_vec(a.ring(), &[m, n], out)
-            })
-            .collect()
+        secret_products(&self.model.approx, a, b, &mut self.tracker)
     }
 
     fn causal_softmax(&mut self, scores: &RingTensor, start: usize) -> Result<RingTensor> {

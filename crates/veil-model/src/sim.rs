@@ -611,24 +611,7 @@ impl Engine for Simulation<'_> {
     }
 
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
-        crate::engine::check_operand_pairs(a.len(), b.len())?;
-        a.iter()
-            .zip(b)
-            .map(|(a, b)| {
-                let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
-                ensure!(
-                    b.shape()[0] == k,
-                    InvalidArgument,
-                    "product of [{m}, {k}] and {:?}",
-                    b.shape()
-                );
-                let bt = b.transpose()?;
-                let out =
-                    self.model
-                        .matmul_rows(a.data(), bt.data(), (m, k, n), None, &mut self.tracker);
-                RingTensor::from_vec(a.ring(), &[m, n], out)
-            })
-            .collect()
+        secret_products(&self.model.approx, a, b, &mut self.tracker)
     }
 
     fn adjust_scores(&mut self, scores: &mut RingTensor) -> Result<()> {
@@ -720,6 +703,41 @@ impl Engine for Simulation<'_> {
         self.hidden_states.push(output.clone());
         Ok(())
     }
+}
+
+/// ⌊a_i·b_i / 2^f⌋ for each pair of secret matrices, a_i [m, k] and b_i [k, n], the exact
+/// accumulators recorded: the attention products of the encoder's and the decoder's simulators.
+pub(crate) fn secret_products(
+    ax: &Approx,
+    a: &[RingTensor],
+    b: &[RingTensor],
+    t: &mut Tracker,
+) -> Result<Vec<RingTensor>> {
+    engine::check_operand_pairs(a.len(), b.len())?;
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| {
+            let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+            ensure!(
+                b.shape()[0] == k,
+                InvalidArgument,
+                "product of [{m}, {k}] and {:?}",
+                b.shape()
+            );
+            let ring = a.ring();
+            let signed = |x: &[u64]| x.iter().map(|&v| ring.to_signed(v)).collect::<Vec<i64>>();
+            let bt = b.transpose()?;
+            let out = matmul_signed(
+                ax,
+                &signed(a.data()),
+                &signed(bt.data()),
+                (m, k, n),
+                None,
+                t,
+            );
+            RingTensor::from_vec(ring, &[m, n], out)
+        })
+        .collect()
 }
 
 /// out[i][j] = ⌊(Σ_k a[i][k]·b[j][k] (+ bias[j] at 2f)) / 2^f⌋ with a [m, k], b [n, k] given
