@@ -112,8 +112,16 @@ def test_a_model_trained_on_pairs_takes_only_pairs(tiny, server, tmp_path):
     (want,) = veil.simulate(paired, [pair])
     with pytest.raises(ValueError, match="sentence pairs"):
         veil.simulate(paired, ["good film"])
-    # The served folder records nothing; what is compared is what both parties compute with.
-    with veil.Client(paired, server=server.address, fingerprint=server.fingerprint) as c:
+    # A client whose files differ from what the server exports (here only the input mode) is
+    # refused before anything is sent: the bundle digests differ.
+    with pytest.raises(ValueError, match="is not the one the server exports"):
+        with veil.Client(paired, server=server.address, fingerprint=server.fingerprint) as c:
+            c.classify_pairs([pair])
+    with veil.Server(
+        paired, listen="127.0.0.1:0", state_dir=tmp_path / "state"
+    ) as paired_server, veil.Client(
+        paired, server=paired_server.address, fingerprint=paired_server.fingerprint
+    ) as c:
         with pytest.raises(ValueError, match="sentence pairs"):
             c.classify(["good film"])
         with pytest.raises(ValueError, match="sentence pairs"):
