@@ -14,13 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use veil_core::FixedPoint;
-use veil_model::random::random_transformer_with_std;
-use veil_model::FixedModel;
-use veil_model::{BlockVariant, ModelConfig, ProductTruncation};
 use veil_net::Channel;
 use veil_private::protocol::{Hello, Message};
-use veil_private::{ClientConnection, ClientOptions, ServerBuilder, ServerIdentity, ServerModel};
+use veil_private::{ClientConnection, ClientOptions, ServerBuilder, ServerIdentity};
 
 use common::{threads, tls_to, Log};
 
@@ -72,15 +68,7 @@ fn honest_clients_are_served_while_hostile_connections_reconnect() {
     let test_start = Instant::now();
     let log = Log::capture();
 
-    let mut cfg = ModelConfig::builder(veil_model::Architecture::Bert)
-        .build()
-        .unwrap();
-    cfg.veil.blocks = vec![BlockVariant::friendly(); 2];
-    cfg.veil.product_truncation = ProductTruncation::Faithful;
-    let fp = FixedPoint::default_format();
-    let t = random_transformer_with_std(&cfg, [41; 16], 0.2).unwrap();
-    let fixed = FixedModel::encode(&t, fp).unwrap();
-    let model = Arc::new(ServerModel::new(fixed.clone()).unwrap());
+    let (fixed, model) = common::friendly_model(41);
 
     // The worker pool exists from here on; this is the idle level.
     veil_core::parallel::pool().install(|| ());
@@ -170,7 +158,7 @@ fn honest_clients_are_served_while_hostile_connections_reconnect() {
                 .unwrap()
                 .logits
                 .unwrap()
-                .decode(fp);
+                .decode(fixed.fp());
             let x = fixed.embed(ids, &types).unwrap().0;
             let addr = addr.clone();
             std::thread::spawn(move || {

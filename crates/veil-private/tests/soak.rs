@@ -12,13 +12,10 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use veil_core::{Error, FixedPoint};
-use veil_model::random::random_transformer_with_std;
-use veil_model::FixedModel;
-use veil_model::{BlockVariant, ModelConfig, ProductTruncation};
+use veil_core::Error;
 use veil_net::{Channel, Identity, ServerTls};
 use veil_private::protocol::{Admission, Message};
-use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};
+use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, Transport};
 
 use common::{threads, tls_to, Log};
 
@@ -29,15 +26,7 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
     let test_start = Instant::now();
     let log = Log::capture();
 
-    let mut cfg = ModelConfig::builder(veil_model::Architecture::Bert)
-        .build()
-        .unwrap();
-    cfg.veil.blocks = vec![BlockVariant::friendly(); 2];
-    cfg.veil.product_truncation = ProductTruncation::Faithful;
-    let fp = FixedPoint::default_format();
-    let t = random_transformer_with_std(&cfg, [31; 16], 0.2).unwrap();
-    let fixed = FixedModel::encode(&t, fp).unwrap();
-    let model = Arc::new(ServerModel::new(fixed.clone()).unwrap());
+    let (fixed, model) = common::friendly_model(31);
 
     let id = Identity::generate().unwrap();
     let server_fp = id.fingerprint();

@@ -1,5 +1,5 @@
-//! Shared by the soak tests: the server's log captured, the process's thread count, a TLS
-//! connection pinning the test server.
+//! Shared by the soak tests: their model, the server's log captured, the process's thread
+//! count, a TLS connection pinning the test server.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -58,4 +58,21 @@ pub fn tls_to(addr: &str, fp: Fingerprint) -> veil_core::Result<veil_net::TlsCha
         TcpStream::connect(addr)?,
         Instant::now() + Duration::from_secs(20),
     )
+}
+
+/// The soak tests' server model: the tiny 2-block shape with friendly operators and faithful
+/// truncation (so private results equal the simulator's exactly), seeded random weights; the
+/// simulator's model beside it.
+pub fn friendly_model(seed: u8) -> (veil_model::FixedModel, Arc<veil_private::ServerModel>) {
+    use veil_model::{BlockVariant, ModelConfig, ProductTruncation};
+    let mut cfg = ModelConfig::builder(veil_model::Architecture::Bert)
+        .build()
+        .unwrap();
+    cfg.veil.blocks = vec![BlockVariant::friendly(); 2];
+    cfg.veil.product_truncation = ProductTruncation::Faithful;
+    let t = veil_model::random::random_transformer_with_std(&cfg, [seed; 16], 0.2).unwrap();
+    let fixed =
+        veil_model::FixedModel::encode(&t, veil_core::FixedPoint::default_format()).unwrap();
+    let model = Arc::new(veil_private::ServerModel::new(fixed.clone()).unwrap());
+    (fixed, model)
 }
