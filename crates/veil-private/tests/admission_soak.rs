@@ -151,15 +151,7 @@ fn honest_clients_are_served_while_hostile_connections_reconnect() {
     let step = Duration::from_secs(90);
     let honest: Vec<_> = (0..HONEST)
         .map(|i| {
-            let ids = prompts[i % 2];
-            let types = vec![0u32; ids.len()];
-            let want = fixed
-                .forward(ids, &types)
-                .unwrap()
-                .logits
-                .unwrap()
-                .decode(fixed.fp());
-            let x = fixed.embed(ids, &types).unwrap().0;
+            let (x, want) = common::simulated(&fixed, prompts[i % 2]);
             let addr = addr.clone();
             std::thread::spawn(move || {
                 let start = Instant::now();

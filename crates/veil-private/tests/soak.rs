@@ -51,16 +51,7 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
     let prompts: [&[u32]; 2] = [&[5, 6, 7], &[9, 1, 4, 4, 2, 8]];
     let expected: Vec<(veil_core::RingTensor, Vec<f64>)> = prompts
         .iter()
-        .map(|ids| {
-            let types = vec![0u32; ids.len()];
-            let want = fixed
-                .forward(ids, &types)
-                .unwrap()
-                .logits
-                .unwrap()
-                .decode(fixed.fp());
-            (fixed.embed(ids, &types).unwrap().0, want)
-        })
+        .map(|ids| common::simulated(&fixed, ids))
         .collect();
 
     let honest: Vec<_> = (0..HONEST)

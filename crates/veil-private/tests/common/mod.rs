@@ -76,3 +76,12 @@ pub fn friendly_model(seed: u8) -> (veil_model::FixedModel, Arc<veil_private::Se
     let model = Arc::new(veil_private::ServerModel::new(fixed.clone()).unwrap());
     (fixed, model)
 }
+
+/// A prompt's embedding (the client's input to the private pass) and the simulator's logits,
+/// which a private run with faithful truncation must equal.
+pub fn simulated(fixed: &veil_model::FixedModel, ids: &[u32]) -> (veil_core::RingTensor, Vec<f64>) {
+    let types = vec![0u32; ids.len()];
+    let out = fixed.forward(ids, &types).unwrap();
+    let want = out.logits.unwrap().decode(fixed.fp());
+    (fixed.embed(ids, &types).unwrap().0, want)
+}
