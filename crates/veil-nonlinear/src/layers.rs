@@ -268,7 +268,8 @@ impl<C: Channel> Ctx<'_, C> {
         let cols = row_len(x)?;
         check_norm_row(self, cols, dev_bits)?;
         let d = centre(self, x.data(), cols)?;
-        let y = scale_rows(self, &d, cols, params, eps, dev_bits)?;
+        let weights = (params.map(|p| p.gamma), params.map(|p| p.beta));
+        let y = scale_rows(self, &d, cols, weights, eps, dev_bits)?;
         RingTensor::from_vec(self.ring(), x.shape(), y)
     }
 
@@ -290,12 +291,7 @@ impl<C: Channel> Ctx<'_, C> {
         let _g = self.ch.meter().enter(CostClass::RmsNorm);
         let cols = row_len(x)?;
         check_norm_row(self, cols, dev_bits)?;
-        let zeros = vec![0u64; cols];
-        let params = gamma.map(|gamma| AffineParams {
-            gamma,
-            beta: &zeros,
-        });
-        let y = scale_rows(self, x.data(), cols, params.as_ref(), eps, dev_bits)?;
+        let y = scale_rows(self, x.data(), cols, (gamma, None), eps, dev_bits)?;
         RingTensor::from_vec(self.ring(), x.shape(), y)
     }
 
@@ -312,19 +308,20 @@ impl<C: Channel> Ctx<'_, C> {
         let d = centre(self, x.data(), cols)?;
         // No bound on (x − mean)·γ beyond the ring's head-room: the high part keeps ℓ − f bits.
         let f = self.ax.fp.frac_bits();
-        let y = affine(self, &d, cols, params, x.ring().bits() - f)?;
+        let weights = (params.map(|p| p.gamma), params.map(|p| p.beta));
+        let y = affine(self, &d, cols, weights, x.ring().bits() - f)?;
         RingTensor::from_vec(x.ring(), x.shape(), y)
     }
 }
 
 /// The scaling LayerNorm and RMSNorm share (approx::scale_row): d (centred or not, |d| <
 /// 2^dev_bits) times √n/√(Σd² + nε) from the coarse or the fine sum of squares, then ·γ (+ β):
-/// the server's `params`, the client's `None`.
+/// the server's `affine` weights (β absent for RMSNorm), the client's `(None, None)`.
 fn scale_rows<C: Channel>(
     cx: &mut Ctx<C>,
     d: &[u64],
     cols: usize,
-    params: Option<&AffineParams>,
+    affine_weights: (Option<&[u64]>, Option<&[u64]>),
     eps: f64,
     dev_bits: u32,
 ) -> Result<Vec<u64>> {
@@ -396,7 +393,7 @@ fn scale_rows<C: Channel>(
         cx,
         &nrm,
         cols,
-        params,
+        affine_weights,
         out.min(ring.bits() - ax.fp.frac_bits()),
     )
 }
@@ -594,36 +591,38 @@ fn mean_of_sums<C: Channel>(cx: &mut Ctx<C>, sums: &[u64], n: usize) -> Result<V
     )
 }
 
-/// ⌊v·γ⌋_f + β with the server's γ, β (shape-checked on the server), for |v·γ| / 2^f below
-/// 2^(out−1) − 2.
+/// ⌊v·γ⌋_f + β with the server's γ and β (β absent for RMSNorm; shape-checked on the server),
+/// for |v·γ| / 2^f below 2^(out−1) − 2.
 fn affine<C: Channel>(
     cx: &mut Ctx<C>,
     v: &[u64],
     cols: usize,
-    params: Option<&AffineParams>,
+    (gamma, beta): (Option<&[u64]>, Option<&[u64]>),
     out: u32,
 ) -> Result<Vec<u64>> {
     let ring = cx.ring();
-    if let Some(p) = params {
+    if let Some(g) = gamma {
+        let beta_len = beta.map_or(cols, <[u64]>::len);
         ensure!(
-            p.gamma.len() == cols && p.beta.len() == cols,
+            g.len() == cols && beta_len == cols,
             InvalidArgument,
-            "γ/β of length {}/{} for rows of {cols}",
-            p.gamma.len(),
-            p.beta.len()
+            "γ/β of length {}/{beta_len} for rows of {cols}",
+            g.len()
         );
+    }
+    if let Some(b) = beta {
         ensure!(
-            p.beta.iter().all(|&b| ring.contains(b)),
+            b.iter().all(|&b| ring.contains(b)),
             InvalidArgument,
             "β outside the ring"
         );
     }
     let f = cx.ax.fp.frac_bits();
     let g_bits = f + GAMMA_BITS + 1;
-    let mut y = cx.mul_server_trunc(v, cols, params.map(|p| p.gamma), g_bits, f, out)?;
-    if let Some(p) = params {
+    let mut y = cx.mul_server_trunc(v, cols, gamma, g_bits, f, out)?;
+    if let Some(b) = beta {
         for (i, yi) in y.iter_mut().enumerate() {
-            *yi = ring.add(*yi, p.beta[i % cols]);
+            *yi = ring.add(*yi, b[i % cols]);
         }
     }
     Ok(y)
