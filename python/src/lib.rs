@@ -473,6 +473,25 @@ fn write_tiny_model(py: Python<'_>, out_dir: PathBuf, labels: usize, seed: u8) -
         .map_err(py_err)
 }
 
+/// Writes a tiny random Llama decoder folder (2 blocks of width 32, the tiny byte-level vocabulary,
+/// the ChatML template, `max_positions` positions) into `out_dir`, for tests of the decoder
+/// commands.
+#[pyfunction]
+#[pyo3(signature = (out_dir, *, seed=0, max_positions=256))]
+fn write_tiny_decoder(
+    py: Python<'_>,
+    out_dir: PathBuf,
+    seed: u8,
+    max_positions: usize,
+) -> PyResult<()> {
+    let shape = veil_model::decoder::random::TinyShape {
+        max_positions,
+        ..Default::default()
+    };
+    py.detach(move || veil_model::decoder::random::write_tiny_llama(&out_dir, seed, &shape))
+        .map_err(py_err)
+}
+
 #[pymodule]
 fn _veil(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Server>()?;
@@ -482,6 +501,7 @@ fn _veil(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(export, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(write_tiny_model, m)?)?;
+    m.add_function(wrap_pyfunction!(write_tiny_decoder, m)?)?;
     m.add("VeilError", m.py().get_type::<VeilError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -20,7 +20,8 @@ and the model's public architecture.
   ``export(model, out_dir)`` a complete Hugging Face folder;
 * ``default_model()`` is the path of the built-in SST-2 model, assembled on first use;
 * ``simulate(model, texts)`` runs the fixed-point simulator on plaintext (what a private
-  classification reproduces); ``write_tiny_model(out_dir)`` writes a tiny random model for tests.
+  classification reproduces); ``write_tiny_model(out_dir)`` writes a tiny random model for tests
+  (``write_tiny_decoder(out_dir)`` a tiny random decoder).
 
 A ``model`` is ``"default"``, a Hugging Face model folder, a shipped overlay folder or a model id
 in the local Hugging Face cache (nothing is downloaded from a hub). Errors raise ``ValueError``
@@ -37,6 +38,7 @@ from ._veil import (
     export,
     export_client,
     simulate,
+    write_tiny_decoder,
     write_tiny_model,
 )
 
@@ -49,5 +51,6 @@ __all__ = [
     "export",
     "export_client",
     "simulate",
+    "write_tiny_decoder",
     "write_tiny_model",
 ]

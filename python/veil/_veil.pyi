@@ -123,3 +123,6 @@ def simulate(model: _Model, prompts: Sequence[_Prompt]) -> List[_Result]:
 
 def write_tiny_model(out_dir: _Model, *, labels: int = 2, seed: int = 0) -> None:
     """Writes a tiny random BERT classifier (vocabulary: good great bad awful the film) for tests."""
+
+def write_tiny_decoder(out_dir: _Model, *, seed: int = 0, max_positions: int = 256) -> None:
+    """Writes a tiny random Llama decoder folder (ChatML template) for tests of the decoder commands."""

@@ -1,7 +1,5 @@
 //! `veil generate`: text from a decoder LLM, in f32 (`--f32`) or in the fixed-point simulator
 //! (`--simulate`, the integers the private pass must produce), printed as the tokens come.
-//! Private generation is the two-party protocol's (not implemented yet): asking for neither
-//! mode is refused with that reason.
 
 use std::io::Write;
 use std::time::Instant;
@@ -11,9 +9,9 @@ use serde::Serialize;
 use veil_core::{Error, Result};
 use veil_model::decoder::sample::SamplingParams;
 use veil_model::decoder::{self, ChatMessage, DecoderModel};
-use veil_model::F32Model;
-use veil_model::{generate, GenerateOptions, GeneratedToken, NextLogits};
-use veil_model::{DecoderFormat, FixedDecoder};
+use veil_model::{GenerateOptions, GeneratedToken, NextLogits};
+
+use crate::decoding::{prompt_ids, stream_text, Engine, EngineArgs, Finish};
 
 #[derive(Args)]
 pub(crate) struct GenerateArgs {
@@ -21,12 +19,8 @@ pub(crate) struct GenerateArgs {
     /// the local Hugging Face cache.
     #[arg(long)]
     model: String,
-    /// Run the fixed-point simulator (ℓ = 48, f = 13): what the private pass must equal.
-    #[arg(long, conflicts_with = "f32")]
-    simulate: bool,
-    /// Run plain f32.
-    #[arg(long)]
-    f32: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Wrap the prompt in the model's chat template (its default system line, one user turn,
     /// the generation prompt).
     #[arg(long)]
@@ -64,32 +58,19 @@ struct Report<'a> {
     warnings: Vec<String>,
 }
 
-/// The prompt's token ids: the chat template rendered with `add_generation_prompt`, or the
-/// plain text (after the BOS token when the model declares one and the template does not).
-fn prompt_ids(m: &DecoderModel, prompt: &str, chat: bool) -> Result<Vec<u32>> {
+/// The prompt's token ids: one user turn in the chat template, or the plain text.
+fn ids_of(m: &DecoderModel, prompt: &str, chat: bool) -> Result<Vec<u32>> {
     if chat {
-        let text = m
-            .tokenizer
-            .render_chat(&[ChatMessage::new("user", prompt)], true)?;
-        return m.tokenizer.encode(&text);
+        return prompt_ids(m, &[ChatMessage::new("user", prompt)]);
     }
     m.tokenizer.encode(prompt)
 }
 
 pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
-    let mode = match (a.simulate, a.f32) {
-        (true, _) => "simulate",
-        (_, true) => "f32",
-        _ => {
-            return Err(Error::Unsupported(
-                "private generation is not implemented yet: pass --simulate (fixed-point \
-                 simulator) or --f32"
-                    .into(),
-            ))
-        }
-    };
     let model = decoder::load(&a.model)?;
-    let ids = prompt_ids(&model, &a.prompt, a.chat)?;
+    let engine = Engine::new(a.engine, &model)?;
+    let mode = engine.mode();
+    let ids = ids_of(&model, &a.prompt, a.chat)?;
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
         sampling: SamplingParams {
@@ -100,17 +81,9 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
         },
         stop: model.weights.config.eos_token_ids.clone(),
     };
-    let (tokens, stopped, times, warnings) = if a.simulate {
-        let fixed = FixedDecoder::encode(&model.weights, DecoderFormat::default())?;
-        let mut s = fixed.session();
-        let (t, st, times) = run(&mut s, &model, &ids, &opts, a.json)?;
-        (t, st, times, s.warnings())
-    } else {
-        let f = F32Model::new(&model.weights)?;
-        let mut s = f.session();
-        let (t, st, times) = run(&mut s, &model, &ids, &opts, a.json)?;
-        (t, st, times, Vec::new())
-    };
+    let mut session = engine.session();
+    let (tokens, stopped, times) = run(session.as_mut(), &model, &ids, &opts, a.json)?;
+    let warnings = session.warnings();
     for w in &warnings {
         eprintln!("veil generate: simulator warning: {w}");
     }
@@ -154,19 +127,17 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
 /// Generates, streaming the text to stdout unless `quiet`; returns the tokens, whether a stop
 /// token ended them, and the seconds of prefill (prompt + first token) and of the decode steps.
 fn run(
-    session: &mut impl NextLogits,
+    session: &mut dyn NextLogits,
     model: &DecoderModel,
     ids: &[u32],
     opts: &GenerateOptions,
     quiet: bool,
 ) -> Result<(Vec<GeneratedToken>, bool, (f64, f64))> {
-    let mut stream = model.tokenizer.stream();
     let start = Instant::now();
     let mut first: Option<f64> = None;
     let mut out = std::io::stdout();
-    let (tokens, stopped) = generate(session, ids, opts, |t| {
+    let (tokens, finish) = stream_text(session, model, ids, opts, |piece| {
         first.get_or_insert_with(|| start.elapsed().as_secs_f64());
-        let piece = stream.push(t.id)?;
         if !quiet {
             write!(out, "{piece}")
                 .and_then(|_| out.flush())
@@ -174,13 +145,7 @@ fn run(
         }
         Ok(())
     })?;
-    let rest = stream.finish()?;
-    if !quiet {
-        write!(out, "{rest}")
-            .and_then(|_| out.flush())
-            .map_err(Error::Io)?;
-    }
     let total = start.elapsed().as_secs_f64();
     let prefill = first.unwrap_or(total);
-    Ok((tokens, stopped, (prefill, total - prefill)))
+    Ok((tokens, finish == Finish::Stop, (prefill, total - prefill)))
 }

@@ -3,12 +3,15 @@
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub, missing_docs)]
 
+mod chat_cmd;
 mod classify_cmd;
+mod decoding;
 mod demo;
 mod embed_cmd;
 mod eval_cmd;
 mod generate_cmd;
 mod prompt;
+mod proxy;
 mod train_cmd;
 
 use std::net::TcpListener;
@@ -175,6 +178,12 @@ enum Cmd {
     /// Text from a decoder LLM (e.g. smollm2-135m-instruct) in the fixed-point simulator
     /// (--simulate) or f32 (--f32), printed as the tokens come.
     Generate(generate_cmd::GenerateArgs),
+    /// A conversation with a decoder in its chat template, one line per turn; the KV cache
+    /// carries across turns.
+    Chat(chat_cmd::ChatArgs),
+    /// An OpenAI-compatible endpoint (`/v1/chat/completions`, `/v1/models`) on this machine,
+    /// answered by the decoder.
+    Proxy(proxy::ProxyArgs),
     /// Benchmarks (release build; both parties on this machine over TCP loopback).
     Bench {
         #[command(subcommand)]
@@ -537,6 +546,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Eval(a) => eval_cmd::eval(a),
         Cmd::Embed(a) => embed_cmd::embed(a),
         Cmd::Generate(a) => generate_cmd::generate_cmd(a),
+        Cmd::Chat(a) => chat_cmd::chat_cmd(a),
+        Cmd::Proxy(a) => proxy::proxy_cmd(a),
         Cmd::Bench { what } => bench(what),
     }
 }

@@ -13,6 +13,11 @@ use crate::engine::decoder::LogitRows;
 pub trait NextLogits {
     /// Runs `ids` after everything run so far; the logits of the last of them.
     fn next_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>>;
+
+    /// What the session noticed that a user should hear (the simulator's domain warnings).
+    fn warnings(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 impl NextLogits for F32Decoder<'_, '_> {
@@ -29,6 +34,10 @@ impl NextLogits for DecoderSim<'_> {
             .iter()
             .map(|&v| v as f32)
             .collect())
+    }
+
+    fn warnings(&self) -> Vec<String> {
+        DecoderSim::warnings(self)
     }
 }
 
@@ -55,7 +64,7 @@ pub struct GeneratedToken {
 /// The tokens generated after `prompt` (the stop token excluded), each passed to `on_token` as
 /// soon as it is chosen; the bool says whether a stop token ended it.
 pub fn generate(
-    session: &mut impl NextLogits,
+    session: &mut (impl NextLogits + ?Sized),
     prompt: &[u32],
     opts: &GenerateOptions,
     mut on_token: impl FnMut(&GeneratedToken) -> Result<()>,

@@ -1,0 +1,212 @@
+//! What `veil generate`, `veil chat` and `veil proxy` share: the engine that turns tokens into
+//! logits (chosen once per command by [`EngineArgs`]), the prompt of a conversation, and one
+//! generation streamed as text pieces.
+
+use clap::Args;
+use veil_core::{Error, Result};
+use veil_model::decoder::{ChatMessage, DecoderModel};
+use veil_model::{generate, GenerateOptions, GeneratedToken, NextLogits};
+use veil_model::{DecoderFormat, F32Model, FixedDecoder};
+
+/// How the logits are computed.
+#[derive(Args, Clone, Copy, Debug)]
+pub(crate) struct EngineArgs {
+    /// Run the fixed-point simulator (ℓ = 48, f = 13) on this machine: what the private pass must
+    /// equal. Not private: the model runs here in the clear.
+    #[arg(long, conflicts_with = "f32")]
+    pub(crate) simulate: bool,
+    /// Run plain f32 on this machine. Not private.
+    #[arg(long)]
+    pub(crate) f32: bool,
+}
+
+/// A decoder prepared for one engine; [`Engine::session`] starts an empty KV cache.
+pub(crate) enum Engine<'w> {
+    F32(F32Model<'w>),
+    Simulate(Box<FixedDecoder>),
+}
+
+impl<'w> Engine<'w> {
+    /// The engine `args` asks for. Private generation is the two-party protocol's, which this
+    /// command cannot run yet: asking for no local engine is refused with that reason.
+    pub(crate) fn new(args: EngineArgs, model: &'w DecoderModel) -> Result<Self> {
+        match (args.simulate, args.f32) {
+            (true, _) => Ok(Engine::Simulate(Box::new(FixedDecoder::encode(
+                &model.weights,
+                DecoderFormat::default(),
+            )?))),
+            (_, true) => Ok(Engine::F32(F32Model::new(&model.weights)?)),
+            _ => Err(Error::Unsupported(
+                "private generation is not implemented yet in this command: pass --simulate \
+                 (fixed-point simulator) or --f32 to run the model on this machine"
+                    .into(),
+            )),
+        }
+    }
+
+    /// `simulate` or `f32`, as reports name the mode.
+    pub(crate) fn mode(&self) -> &'static str {
+        match self {
+            Engine::F32(_) => "f32",
+            Engine::Simulate(_) => "simulate",
+        }
+    }
+
+    /// A session with an empty KV cache.
+    pub(crate) fn session(&self) -> Box<dyn NextLogits + Send + '_> {
+        match self {
+            Engine::F32(m) => Box::new(m.session()),
+            Engine::Simulate(m) => Box::new(m.session()),
+        }
+    }
+}
+
+/// The decoder `spec` names, which must have a chat template (`veil chat`, `veil proxy`).
+pub(crate) fn load_chat_model(spec: &str) -> Result<DecoderModel> {
+    let model = veil_model::decoder::load(spec)?;
+    if !model.tokenizer.has_chat_template() {
+        return Err(Error::Unsupported(format!(
+            "{spec} has no chat template: use `veil generate` with a plain prompt"
+        )));
+    }
+    Ok(model)
+}
+
+/// The prompt's token ids: the chat template rendered with the assistant's opening, or the plain
+/// text (after the BOS token when the model declares one and the template does not).
+pub(crate) fn prompt_ids(m: &DecoderModel, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+    let text = m.tokenizer.render_chat(messages, true)?;
+    m.tokenizer.encode(&text)
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// The model chose a stop token.
+    Stop,
+    /// The token limit was reached.
+    Length,
+}
+
+impl Finish {
+    /// As OpenAI's `finish_reason` spells it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// One generation after `prompt` in `session`, each complete piece of text passed to `on_text`
+/// as soon as its tokens are chosen; returns the tokens and why it ended.
+pub(crate) fn stream_text(
+    session: &mut (impl NextLogits + ?Sized),
+    model: &DecoderModel,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_text: impl FnMut(&str) -> Result<()>,
+) -> Result<(Vec<GeneratedToken>, Finish)> {
+    let mut stream = model.tokenizer.stream();
+    let (tokens, stopped) = generate(session, prompt, opts, |t| {
+        let piece = stream.push(t.id)?;
+        if piece.is_empty() {
+            return Ok(());
+        }
+        on_text(&piece)
+    })?;
+    let rest = stream.finish()?;
+    if !rest.is_empty() {
+        on_text(&rest)?;
+    }
+    let finish = if stopped {
+        Finish::Stop
+    } else {
+        Finish::Length
+    };
+    Ok((tokens, finish))
+}
+
+/// A session whose KV cache outlives one generation: a conversation's next prompt, which
+/// repeats every earlier turn, runs only the tokens the cache does not hold yet.
+pub(crate) struct CachedSession<'e> {
+    engine: &'e Engine<'e>,
+    session: Box<dyn NextLogits + Send + 'e>,
+    /// The token ids the cache holds, in order.
+    held: Vec<u32>,
+}
+
+impl<'e> CachedSession<'e> {
+    pub(crate) fn new(engine: &'e Engine<'e>) -> Self {
+        CachedSession {
+            engine,
+            session: engine.session(),
+            held: Vec::new(),
+        }
+    }
+
+    /// Empties the cache.
+    pub(crate) fn reset(&mut self) {
+        self.session = self.engine.session();
+        self.held.clear();
+    }
+
+    /// One generation after the whole conversation `prompt`; returns the tokens, why it ended,
+    /// and how many prompt tokens the cache already held. A prompt that does not extend what the
+    /// cache holds starts a fresh cache; one whose tokens and `opts.max_new_tokens` exceed the
+    /// model's context is refused before anything runs.
+    pub(crate) fn generate(
+        &mut self,
+        model: &DecoderModel,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_text: impl FnMut(&str) -> Result<()>,
+    ) -> Result<(Vec<GeneratedToken>, Finish, usize)> {
+        if opts.max_new_tokens == 0 {
+            return Err(Error::InvalidArgument(
+                "at least one new token must be asked for".into(),
+            ));
+        }
+        let context = model.weights.config.max_positions;
+        if prompt.len() + opts.max_new_tokens > context {
+            return Err(Error::InvalidArgument(format!(
+                "{} prompt tokens and up to {} new ones exceed the model's context of {context} \
+                 tokens",
+                prompt.len(),
+                opts.max_new_tokens
+            )));
+        }
+        if !(prompt.len() > self.held.len() && prompt.starts_with(&self.held)) {
+            self.reset();
+        }
+        let reused = self.held.len();
+        match stream_text(
+            self.session.as_mut(),
+            model,
+            &prompt[reused..],
+            opts,
+            on_text,
+        ) {
+            Ok((tokens, finish)) => {
+                // The last token is fed to the model only when another step follows it.
+                let fed = match finish {
+                    Finish::Stop => tokens.len(),
+                    Finish::Length => tokens.len().saturating_sub(1),
+                };
+                self.held = prompt.to_vec();
+                self.held.extend(tokens[..fed].iter().map(|t| t.id));
+                Ok((tokens, finish, reused))
+            }
+            Err(e) => {
+                // A failed step leaves the cache inconsistent.
+                self.reset();
+                Err(e)
+            }
+        }
+    }
+
+    /// What the engine noticed (the simulator's domain warnings).
+    pub(crate) fn warnings(&self) -> Vec<String> {
+        self.session.warnings()
+    }
+}

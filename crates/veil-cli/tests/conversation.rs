@@ -1,0 +1,448 @@
+//! `veil chat` and `veil proxy` end to end, in the fixed-point simulator on a tiny random Llama.
+//! `veil chat`: the second turn, run on the KV cache kept from the first, equals a fresh run on
+//! the whole conversation.
+//! `veil proxy` over raw HTTP: its answers (whole and streamed) are `veil generate`'s tokens for the same seed, a
+//! conversation that extends the previous one (answered from the kept KV cache) equals a fresh
+//! run on the whole prompt, and every bad request gets its OpenAI error object and status while
+//! the proxy keeps answering.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{json, Value};
+use veil_model::decoder::{self, random::TinyShape, sample::SamplingParams, ChatMessage};
+use veil_model::{generate, DecoderFormat, FixedDecoder, GenerateOptions};
+
+/// A running `veil proxy`, killed when dropped.
+struct Proxy {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(dir: &Path) -> Proxy {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(["proxy", "--model", dir.to_str().unwrap(), "--simulate"])
+        .args(["--listen", "127.0.0.1:0", "--served-name", "tiny-llama"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the veil binary runs");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("the proxy says where it listens")
+            .unwrap();
+        if let Some(rest) = line.split("at http://").nth(1) {
+            break rest.trim_end_matches("/v1").to_owned();
+        }
+    };
+    // Keep reading its stderr so the proxy never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Proxy { child, addr }
+}
+
+/// One HTTP/1.1 exchange: the status and the body (read to the connection's close).
+fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    // A body the proxy refuses by its length may be cut short by the proxy's answer.
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").expect("a header block");
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    (
+        status,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        },
+    )
+}
+
+/// The data of a chunked body, which must end with the empty chunk.
+fn dechunk(mut body: &str) -> String {
+    let mut data = String::new();
+    loop {
+        let (size, rest) = body.split_once("\r\n").expect("a chunk size line");
+        let size = usize::from_str_radix(size, 16).expect("a hexadecimal chunk size");
+        if size == 0 {
+            assert_eq!(rest, "\r\n", "nothing after the last chunk");
+            return data;
+        }
+        data.push_str(&rest[..size]);
+        body = rest[size..]
+            .strip_prefix("\r\n")
+            .expect("CRLF after a chunk");
+    }
+}
+
+fn post(addr: &str, request: &Value) -> (u16, String) {
+    http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        request.to_string().as_bytes(),
+    )
+}
+
+fn json_of(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// The streamed events' data, `[DONE]` last.
+fn events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The greedy or seeded answer of the simulator to `messages` in the chat template, as text.
+fn simulated(dir: &Path, messages: &[ChatMessage], max: usize, sampling: SamplingParams) -> String {
+    let model = decoder::load(dir.to_str().unwrap()).unwrap();
+    let text = model.tokenizer.render_chat(messages, true).unwrap();
+    let ids = model.tokenizer.encode(&text).unwrap();
+    let fixed = FixedDecoder::encode(&model.weights, DecoderFormat::default()).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: max,
+        sampling,
+        stop: model.weights.config.eos_token_ids.clone(),
+    };
+    let (tokens, _) = generate(&mut fixed.session(), &ids, &opts, |_| Ok(())).unwrap();
+    let tokens: Vec<u32> = tokens.iter().map(|t| t.id).collect();
+    model.tokenizer.decode(&tokens).unwrap()
+}
+
+/// A tiny random Llama with room for the chat template's default system line (its tokens are
+/// mostly single bytes).
+fn tiny_llama(dir: &Path) {
+    let shape = TinyShape {
+        max_positions: 256,
+        ..TinyShape::default()
+    };
+    decoder::random::write_tiny_llama(dir, 7, &shape).unwrap();
+}
+
+#[test]
+fn answers_equal_veil_generate_whole_streamed_and_from_the_kept_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-llama");
+    tiny_llama(&dir);
+    let p = start(&dir);
+
+    let (status, body) = http(&p.addr, "GET", "/v1/models", b"");
+    assert_eq!(status, 200);
+    assert_eq!(json_of(&body)["data"][0]["id"], "tiny-llama");
+    let (status, body) = http(&p.addr, "GET", "/v1/models/tiny-llama", b"");
+    assert_eq!(
+        (status, json_of(&body)["id"].clone()),
+        (200, json!("tiny-llama"))
+    );
+
+    // `veil generate --chat` with the same seed and temperature gives the same text.
+    let generated = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args([
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--simulate",
+            "--chat",
+        ])
+        .args(["--json", "--max-new-tokens", "8", "--temperature", "0.9"])
+        .args(["--seed", "11", "good film"])
+        .output()
+        .unwrap();
+    assert!(generated.status.success());
+    let generated = json_of(&String::from_utf8(generated.stdout).unwrap());
+    let request = json!({
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": "good film"}],
+        "max_tokens": 8,
+        "temperature": 0.9,
+        "seed": 11,
+    });
+    let (status, body) = post(&p.addr, &request);
+    assert_eq!(status, 200, "{body}");
+    let whole = json_of(&body);
+    let answer = whole["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(answer, generated["text"].as_str().unwrap());
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(
+        whole["usage"]["prompt_tokens"], generated["prompt_tokens"],
+        "{whole}"
+    );
+    let tokens = generated["token_ids"].as_array().unwrap().len();
+    assert_eq!(whole["usage"]["completion_tokens"], tokens);
+    let finish = if generated["stopped"] == true {
+        "stop"
+    } else {
+        "length"
+    };
+    assert_eq!(whole["choices"][0]["finish_reason"], finish);
+
+    // Streamed: a role chunk, the text in pieces, the finish reason, usage, then [DONE].
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (status, body) = post(&p.addr, &streamed);
+    assert_eq!(status, 200);
+    let ev = events(&body);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{body}");
+    let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| json_of(e)).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, answer);
+    let last = &chunks[chunks.len() - 2];
+    assert_eq!(last["choices"][0]["finish_reason"], finish);
+    assert_eq!(
+        chunks[chunks.len() - 1]["usage"]["completion_tokens"],
+        tokens
+    );
+
+    // A conversation that extends the previous one runs on the kept cache and equals a fresh
+    // simulator run on the whole prompt (greedy).
+    let first = vec![ChatMessage::new("user", "good")];
+    let greedy = json!({"model": "tiny-llama", "max_tokens": 4, "temperature": 0});
+    let mut r1 = greedy.clone();
+    r1["messages"] = json!([{"role": "user", "content": "good"}]);
+    let (_, body) = post(&p.addr, &r1);
+    let a1 = json_of(&body)["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(a1, simulated(&dir, &first, 4, SamplingParams::GREEDY));
+    let mut second = first.clone();
+    second.push(ChatMessage::new("assistant", &a1));
+    second.push(ChatMessage::new("user", "bad"));
+    let mut r2 = greedy.clone();
+    r2["messages"] = json!([
+        {"role": "user", "content": "good"},
+        {"role": "assistant", "content": a1},
+        {"role": "user", "content": [{"type": "text", "text": "bad"}]},
+    ]);
+    let (status, body) = post(&p.addr, &r2);
+    assert_eq!(status, 200, "{body}");
+    let a2 = json_of(&body);
+    assert_eq!(
+        a2["choices"][0]["message"]["content"],
+        simulated(&dir, &second, 4, SamplingParams::GREEDY)
+    );
+    let cached = a2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt = a2["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(cached > 0 && cached < prompt, "{a2}");
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_proxy_keeps_answering() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-llama");
+    tiny_llama(&dir);
+    let p = start(&dir);
+    let good = json!({
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": "good film"}],
+        "max_tokens": 2,
+    });
+    let with = |field: &str, value: Value| {
+        let mut r = good.clone();
+        r[field] = value;
+        r
+    };
+    let cases: Vec<(Vec<u8>, u16, &str, Option<&str>)> = vec![
+        (b"{not json".to_vec(), 400, "invalid_json", None),
+        (b"[1, 2]".to_vec(), 400, "invalid_json", None),
+        (
+            with("model", json!("gpt-4")).to_string().into_bytes(),
+            404,
+            "model_not_found",
+            None,
+        ),
+        (
+            with("max_tokens", json!(100_000)).to_string().into_bytes(),
+            400,
+            "context_length_exceeded",
+            Some("messages"),
+        ),
+        (
+            with("n", json!(2)).to_string().into_bytes(),
+            400,
+            "unsupported_parameter",
+            Some("n"),
+        ),
+        (
+            with("tools", json!([{"type": "function"}]))
+                .to_string()
+                .into_bytes(),
+            400,
+            "unsupported_parameter",
+            Some("tools"),
+        ),
+        (
+            with("foo", json!(1)).to_string().into_bytes(),
+            400,
+            "unknown_parameter",
+            Some("foo"),
+        ),
+        (
+            with("temperature", json!(3)).to_string().into_bytes(),
+            400,
+            "invalid_value",
+            Some("temperature"),
+        ),
+        (
+            with("max_tokens", json!(-1)).to_string().into_bytes(),
+            400,
+            "invalid_type",
+            Some("max_tokens"),
+        ),
+        (
+            with("messages", json!([])).to_string().into_bytes(),
+            400,
+            "empty_array",
+            Some("messages"),
+        ),
+        (
+            with("messages", json!([{"role": "tool", "content": "x"}]))
+                .to_string()
+                .into_bytes(),
+            400,
+            "invalid_value",
+            Some("messages[0].role"),
+        ),
+        (vec![b' '; (1 << 20) + 1], 413, "request_too_large", None),
+    ];
+    for (body, status, code, param) in cases {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
+        let (got, answer) = http(&p.addr, "POST", "/v1/chat/completions", &body);
+        assert_eq!(got, status, "{shown}: {answer}");
+        let e = json_of(&answer);
+        assert_eq!(e["error"]["code"], code, "{shown}: {answer}");
+        assert!(e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+        if let Some(param) = param {
+            assert_eq!(e["error"]["param"], param, "{shown}: {answer}");
+        }
+    }
+    let (status, body) = http(&p.addr, "GET", "/v1/chat/completions", b"");
+    assert_eq!(
+        (status, json_of(&body)["error"]["code"].clone()),
+        (405, json!("method_not_allowed"))
+    );
+    let (status, body) = http(&p.addr, "GET", "/v1/nope", b"");
+    assert_eq!(
+        (status, json_of(&body)["error"]["code"].clone()),
+        (404, json!("unknown_url"))
+    );
+    // Off values of unsupported fields are accepted, and the proxy still answers.
+    let mut fine = with("n", json!(1));
+    fine["presence_penalty"] = json!(0);
+    fine["stop"] = Value::Null;
+    fine["user"] = json!("me");
+    let (status, body) = post(&p.addr, &fine);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json_of(&body)["choices"][0]["message"]["role"], "assistant");
+}
+
+#[test]
+fn a_busy_port_is_refused_before_the_model_is_loaded() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    // The model does not exist: the port is checked first.
+    let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args([
+            "proxy",
+            "--model",
+            "/nonexistent/model",
+            "--f32",
+            "--listen",
+            &addr,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+}
+
+#[test]
+fn chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("tiny-llama");
+    tiny_llama(&dir);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(["chat", "--model", dir.to_str().unwrap(), "--simulate"])
+        .args(["--max-new-tokens", "4"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"good\nbad\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let answers: Vec<&str> = std::str::from_utf8(&out.stdout)
+        .unwrap()
+        .split('\n')
+        .collect();
+    let first = vec![ChatMessage::new("user", "good")];
+    assert_eq!(
+        answers[0],
+        simulated(&dir, &first, 4, SamplingParams::GREEDY)
+    );
+    let mut second = first.clone();
+    second.push(ChatMessage::new("assistant", answers[0]));
+    second.push(ChatMessage::new("user", "bad"));
+    assert_eq!(
+        answers[1],
+        simulated(&dir, &second, 4, SamplingParams::GREEDY)
+    );
+    // The second turn's report: some, not all, of its prompt came from the cache.
+    let reused: Vec<(usize, usize)> = err
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l
+                .split_once(" prompt tokens from the cache")?
+                .0
+                .rsplit_once("; ")?
+                .1
+                .split_once(" of ")?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(reused.len(), 2, "{err}");
+    assert_eq!(reused[0].0, 0);
+    assert!(reused[1].0 > 0 && reused[1].0 < reused[1].1, "{err}");
+}
