@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
+use veil_core::parallel::parallel_map;
 use veil_core::{ensure, Error, FixedPoint, Result};
 use veil_model::source::ModelSource;
 use veil_model::Encoded;
@@ -102,21 +103,29 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
     let mut disagreements = Vec::new();
     let mut sim_warnings = 0usize;
     let ulp = 1.0 / fp.scale();
-    let pb = veil_model::progress::bar(examples.len() as u64, "evaluating");
-    for (i, ex) in examples.iter().enumerate() {
-        pb.inc(1);
+    // The f32 and fixed-point passes of every example, on every core.
+    let pb = veil_model::progress::bar(examples.len() as u64, "f32 and fixed point");
+    let plain = parallel_map(examples.len(), |i, _| {
+        let ex = &examples[i];
         let side = compare.run(&ex.ids, &ex.type_ids)?;
         let f = side.f32_output()?;
-        sim_warnings += side.sim.warnings.len();
         let s = side
             .fixed_logits()
             .ok_or_else(|| Error::InvalidArgument("the model has no classifier".into()))?;
+        pb.inc(1);
+        Ok((f, s, side.sim.warnings.len()))
+    })?;
+    pb.finish_and_clear();
+    let pb = veil_model::progress::bar(private_n as u64, "private");
+    for (i, (ex, (f, s, warnings))) in examples.iter().zip(plain).enumerate() {
+        sim_warnings += warnings;
         f32_tally.add(argmax(&f), ex.label);
         sim_tally.add(argmax(&s), ex.label);
         agree_f32_sim += (argmax(&f) == argmax(&s)) as usize;
         if i >= private_n {
             continue;
         }
+        pb.inc(1);
         let known = journal.as_ref().and_then(|j| j.get(i).cloned());
         let r = match (known, private.as_mut()) {
             (Some(r), _) => r,
