@@ -6,10 +6,11 @@ use std::sync::OnceLock;
 
 use veil_model::decoder::{self, ChatMessage, DecoderFamily, DecoderModel, Mlp};
 use veil_model::fetch;
-use veil_test_harness::{available, needs, Missing};
+use veil_test_harness::{available, needs, Missing, Trial};
 
-fn main() {
-    veil_test_harness::run(vec![
+/// This file's trials.
+pub fn trials() -> Vec<Trial> {
+    vec![
         needs(
             "smollm2_config_and_dequantised_shapes",
             smollm2,
@@ -20,7 +21,7 @@ fn main() {
             smollm2,
             smollm2_tokenizer_and_chat_prompt,
         ),
-    ])
+    ]
 }
 
 fn smollm2() -> Result<&'static DecoderModel, Missing> {

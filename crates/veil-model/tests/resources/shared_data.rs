@@ -4,10 +4,11 @@
 
 use std::path::PathBuf;
 use veil_model::data::{self, DatasetFormat, LabelSet};
-use veil_test_harness::{needs, Missing};
+use veil_test_harness::{needs, Missing, Trial};
 
-fn main() {
-    veil_test_harness::run(vec![
+/// This file's trials.
+pub fn trials() -> Vec<Trial> {
+    vec![
         needs(
             "real_sst2_files_parse",
             || shared("sst2"),
@@ -18,7 +19,7 @@ fn main() {
             || shared("mrpc"),
             real_mrpc_files_parse,
         ),
-    ])
+    ]
 }
 
 fn shared(dataset: &str) -> Result<PathBuf, Missing> {

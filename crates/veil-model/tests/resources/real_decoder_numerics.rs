@@ -19,10 +19,11 @@ use veil_model::fetch;
 use veil_model::F32Model;
 use veil_model::{generate, GenerateOptions};
 use veil_model::{DecoderFormat, FixedDecoder};
-use veil_test_harness::{available, needs, Missing};
+use veil_test_harness::{available, needs, Missing, Trial};
 
-fn main() {
-    veil_test_harness::run(vec![
+/// This file's trials.
+pub fn trials() -> Vec<Trial> {
+    vec![
         needs(
             "smollm2_f32_matches_candle_quantized_llama",
             || Ok((gguf_path()?, smollm2()?)),
@@ -38,7 +39,7 @@ fn main() {
             smollm2,
             smollm2_simulator_chat_answers_equal_f32,
         ),
-    ])
+    ]
 }
 
 fn gguf_path() -> Result<PathBuf, Missing> {

@@ -14,8 +14,9 @@ use veil_model::FixedModel;
 use veil_model::{fetch, folder, Batch, Model};
 use veil_test_harness::{available, needs, Missing, Trial};
 
-fn main() {
-    veil_test_harness::run(vec![
+/// This file's trials.
+pub fn trials() -> Vec<Trial> {
+    vec![
         needs(
             "f32_forward_matches_candle_transformers_bert",
             minilm,
@@ -37,7 +38,7 @@ fn main() {
             sst2_dev_accuracy_of_mean_pooled_minilm,
         ),
         mpnet_base_real_weights_run(),
-    ])
+    ]
 }
 
 /// The MiniLM folder, fetched once per process.
@@ -415,7 +416,7 @@ fn sst2_dev_accuracy_of_mean_pooled_minilm((dir, model): (PathBuf, &Model)) {
 
 /// MPNet-base (12×768, relative-position bias) with real weights: a 403 MB download and a
 /// 110 M-parameter model, so not part of the default run:
-/// `cargo test -p veil-model --test real_weights -- --ignored mpnet`.
+/// `cargo test -p veil-model --test resources -- --ignored mpnet`.
 fn mpnet_base_real_weights_run() -> Trial {
     needs(
         "mpnet_base_real_weights_run",
