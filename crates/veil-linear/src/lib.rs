@@ -49,4 +49,7 @@ pub use fc::{fc_client, fc_server, FcLayer, PreparedFc};
 pub use layout::{Blocking, Layout, WeightBlocking};
 pub use lookup::{lookup_client, lookup_server, LookupMethod, LookupShape, PreparedLookup};
 pub use matmul::{PreparedMatrix, ServerJob};
-pub use veil_he::session::{ClientSession, ServerSession, SESSION_SETS, SHARED_SET};
+pub use veil_he::session::{
+    session_sets, shared_set, weight_set, ClientSession, ServerSession, SESSION_SETS, SHARED_SET,
+    WIDE_SESSION_SETS,
+};
