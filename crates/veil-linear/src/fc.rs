@@ -37,7 +37,8 @@ pub struct FcLayer {
     pub in_features: usize,
     /// Output features (columns of Y).
     pub out_features: usize,
-    /// [`ParamSet::N8192`] suits fixed-point model weights; see [`veil_he::ParamSet`].
+    /// The weights' set for the ring, [`veil_he::session::weight_set`]: [`ParamSet::N8192`] up
+    /// to ℓ = 41, [`ParamSet::N8192Q4L48`] at the decoder's ℓ = 48.
     pub set: ParamSet,
 }
 

@@ -1,6 +1,7 @@
-//! FC layers in the private decoder's ring ℓ = 48 (SmolLM2-135M's shapes: 576 wide, kv 3 heads
-//! × 64 = 192, MLP 1,536), at one row (a decode step) and a 40-row prompt, against integer
-//! arithmetic mod 2^48 written out here (not `RingTensor::matmul`).
+//! Linear protocols in the private decoder's ring ℓ = 48 against integer arithmetic mod 2^48
+//! written out here (not `RingTensor::matmul`): FC layers at SmolLM2-135M's shapes (576 wide, kv
+//! 3 heads × 64 = 192, MLP 1,536) at one row (a decode step) and a 40-row prompt, and the
+//! attention products of shares (as 24-bit limbs) and their Beaver triples.
 
 use proptest::prelude::*;
 use veil_core::{reconstruct, share, Error, Prg, Ring, RingTensor, Seed};
@@ -45,18 +46,27 @@ fn case(seq: usize, inp: usize, out: usize, tag: u8) -> Case {
     }
 }
 
-/// Y = X·Wᵀ + b with wrapping u64 arithmetic, reduced mod 2^48.
-fn oracle(c: &Case) -> Vec<u64> {
-    let (n, k, m) = (c.layer.seq, c.layer.in_features, c.layer.out_features);
-    let (x, w, b) = (c.x.data(), c.w.data(), c.b.data());
+/// A·B (n×k · k×m) with wrapping u64 arithmetic, reduced mod 2^48.
+fn matmul_mod48(a: &RingTensor, b: &RingTensor) -> Vec<u64> {
+    let (n, k, m) = (a.shape()[0], a.shape()[1], b.shape()[1]);
     let mut y = vec![0u64; n * m];
     for i in 0..n {
         for j in 0..m {
-            let dot = (0..k).fold(b[j], |acc, l| {
-                acc.wrapping_add(x[i * k + l].wrapping_mul(w[j * k + l]))
+            let dot = (0..k).fold(0u64, |acc, l| {
+                acc.wrapping_add(a.data()[i * k + l].wrapping_mul(b.data()[l * m + j]))
             });
             y[i * m + j] = dot & ((1 << 48) - 1);
         }
+    }
+    y
+}
+
+/// Y = X·Wᵀ + b mod 2^48.
+fn oracle(c: &Case) -> Vec<u64> {
+    let out = c.layer.out_features;
+    let mut y = matmul_mod48(&c.x, &c.w.transpose().unwrap());
+    for (i, v) in y.iter_mut().enumerate() {
+        *v = v.wrapping_add(c.b.data()[i % out]) & ((1 << 48) - 1);
     }
     y
 }
@@ -156,6 +166,75 @@ fn over_budget_requests_are_refused_at_l48() {
     );
 }
 
+/// Random per-head operands A_h (n×k), B_h (k×m) and their shares.
+fn head_operands(
+    heads: usize,
+    (n, k, m): (usize, usize, usize),
+    g: &mut Prg,
+) -> (Vec<RingTensor>, Vec<RingTensor>, [Vec<RingTensor>; 4]) {
+    let a: Vec<_> = (0..heads)
+        .map(|_| RingTensor::random(ring(), &[n, k], g).unwrap())
+        .collect();
+    let b: Vec<_> = (0..heads)
+        .map(|_| RingTensor::random(ring(), &[k, m], g).unwrap())
+        .collect();
+    let (a0, a1) = a.iter().map(|t| share(t, g).unwrap()).unzip();
+    let (b0, b1) = b.iter().map(|t| share(t, g).unwrap()).unzip();
+    (a, b, [a0, a1, b0, b1])
+}
+
+/// Shares × shares at ℓ = 48 (the server's 48-bit shares as two 24-bit limbs): the decode
+/// step's per-head Q·Kᵀ and A·V at a 41-token context, and a 40-token prompt's Q·Kᵀ, 3 heads.
+#[test]
+fn shared_products_are_exact_at_l48() {
+    let mut g = Prg::from_seed(&Seed([12; 16]));
+    for shape in [(1, 64, 41), (1, 41, 64), (40, 64, 40)] {
+        let (a, b, [a0, a1, b0, b1]) = head_operands(3, shape, &mut g);
+        let (c0, c1) = run_two_party(
+            |ch| {
+                let s = ClientSession::setup(ch, ring())?;
+                shared_matmul_client(ch, &s, &a0, &b0)
+            },
+            |ch| {
+                let s = ServerSession::setup(ch, ring())?;
+                shared_matmul_server(ch, &s, &a1, &b1)
+            },
+        )
+        .unwrap();
+        for h in 0..3 {
+            let got = reconstruct(&c0[h], &c1[h]).unwrap();
+            assert_eq!(got.data(), matmul_mod48(&a[h], &b[h]), "{shape:?} head {h}");
+        }
+    }
+}
+
+/// The decode step's attention by Beaver triples made at ℓ = 48 in preprocessing.
+#[test]
+fn beaver_attention_products_are_exact_at_l48() {
+    use veil_linear::triples::{beaver_matmul, triples_client, triples_server};
+    use veil_net::Role;
+    let mut g = Prg::from_seed(&Seed([13; 16]));
+    let dims = [(1, 64, 41); 3];
+    let (a, b, [a0, a1, b0, b1]) = head_operands(3, dims[0], &mut g);
+    let (c0, c1) = run_two_party(
+        |ch| {
+            let s = ClientSession::setup(ch, ring())?;
+            let t = triples_client(ch, &s, ring(), &dims)?;
+            beaver_matmul(ch, Role::Client, t, &a0, &b0)
+        },
+        |ch| {
+            let s = ServerSession::setup(ch, ring())?;
+            let t = triples_server(ch, &s, ring(), &dims)?;
+            beaver_matmul(ch, Role::Server, t, &a1, &b1)
+        },
+    )
+    .unwrap();
+    for h in 0..3 {
+        let got = reconstruct(&c0[h], &c1[h]).unwrap();
+        assert_eq!(got.data(), matmul_mod48(&a[h], &b[h]), "head {h}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 4, .. ProptestConfig::default() })]
     /// Any shape up to the decoder's widths, one row or a prompt, is exact mod 2^48.
@@ -217,5 +296,71 @@ fn print_costs() {
                 secs
             );
         }
+    }
+}
+
+/// The cost of SmolLM2's per-block attention products of shares at ℓ = 48 (9 query heads of
+/// 64; a decode step at a 41-token context and a 40-token prompt), directly and as Beaver
+/// triples (offline, then online): `cargo test -p veil-linear --test decoder print_attention_costs
+/// -- --ignored --nocapture`.
+#[test]
+#[ignore = "prints costs"]
+fn print_attention_costs() {
+    use veil_linear::triples::{beaver_matmul, triples_client, triples_server};
+    use veil_net::Role;
+    let label = veil_core::CostClass::MatMul;
+    let mut g = Prg::from_seed(&Seed([14; 16]));
+    for (name, shape) in [
+        ("decode Q·Kᵀ", (1, 64, 41)),
+        ("decode A·V", (1, 41, 64)),
+        ("prefill Q·Kᵀ", (40, 64, 40)),
+        ("prefill A·V", (40, 40, 64)),
+    ] {
+        let dims = [shape; 9];
+        let (_, _, [a0, a1, b0, b1]) = head_operands(9, shape, &mut g);
+        let report = |ch: &dyn Channel, what: &str, secs: f64| {
+            let on = ch.meter().snapshot()[&label].clone();
+            let role = veil_net::Role::Client;
+            println!(
+                "{name} 9 heads {shape:?} {what}: up {} B down {} B flights {} {secs:.2} s (dev)",
+                on.client_to_server(role),
+                on.server_to_client(role),
+                on.rounds()
+            );
+            ch.meter().reset();
+        };
+        run_two_party(
+            |ch| {
+                let s = ClientSession::setup(ch, ring())?;
+                ch.meter().reset();
+                let t = std::time::Instant::now();
+                {
+                    let _g = ch.meter().enter(label);
+                    shared_matmul_client(ch, &s, &a0, &b0)?;
+                }
+                report(ch, "direct", t.elapsed().as_secs_f64());
+                let t = std::time::Instant::now();
+                let tr = {
+                    let _g = ch.meter().enter(label);
+                    triples_client(ch, &s, ring(), &dims)?
+                };
+                report(ch, "triples offline", t.elapsed().as_secs_f64());
+                let t = std::time::Instant::now();
+                {
+                    let _g = ch.meter().enter(label);
+                    beaver_matmul(ch, Role::Client, tr, &a0, &b0)?;
+                }
+                report(ch, "triples online", t.elapsed().as_secs_f64());
+                Ok(())
+            },
+            |ch| {
+                let s = ServerSession::setup(ch, ring())?;
+                let _g = ch.meter().enter(label);
+                shared_matmul_server(ch, &s, &a1, &b1)?;
+                let tr = triples_server(ch, &s, ring(), &dims)?;
+                beaver_matmul(ch, Role::Server, tr, &a1, &b1)
+            },
+        )
+        .unwrap();
     }
 }
