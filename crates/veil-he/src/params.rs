@@ -624,6 +624,7 @@ mod tests {
         assert!((p.final_modulus() as f64).log2() > 61.9);
         assert_eq!(b.headroom_bits, 12);
         assert_eq!(b.switch_bound, RoundingBound::Tail);
+        assert_eq!(ParamSet::from_id(4).unwrap(), ParamSet::N8192Q4L48);
         let worst = (p.degree() as u64 + 1).div_ceil(2) + 1;
         assert!(
             worst as f64 >= 0.9 * 2f64.powi(11),
