@@ -26,7 +26,7 @@
 //! per-head layouts again. Heads of different shapes are multiplied one by one.
 //!
 //! **Security and error:** as [`crate::matmul`] (exact mod 2^ℓ up to ℓ = 41; at ℓ = 48 except
-//! with probability 2^-69 per output). **Flights:** 2 per batch. Output scale is the product of
+//! with probability 2^-69 per decrypted coefficient, two limbs per output). **Flights:** 2 per batch. Output scale is the product of
 //! the input scales (2^{2f} for two fixed-point operands).
 
 use veil_core::{ensure, Result, Ring, RingTensor};
