@@ -9,9 +9,9 @@
 //!   refuses more (`Error::Insecure`), and the parties then start a new session.
 //!   **The decoder's ring ℓ = 48** has one set, N8192Q4L48, for weights and shares alike
 //!   ([`session_sets`], [`weight_set`], [`shared_set`]; `setup(ch, Ring::new(48)?)` sets up
-//!   just that key, ≈ 5 MB): FC weights at any depth up to 2^16, and shares × shares with the
-//!   server's share cut into two 24-bit limbs ([`cross`]), which the Beaver triples of
-//!   [`triples`] inherit.
+//!   just that key, ≈ 5.5 MB of public and Galois keys): FC weights at any depth up to 2^16,
+//!   and shares × shares with the server's share cut into two 24-bit limbs ([`cross`]), which
+//!   the Beaver triples of [`triples`] inherit.
 //! * `layout`: Cheetah coefficient packing, response packing ([`veil_he::pack`]: many
 //!   responses share one c1) and the choice of blocks: kept weights are cut once for every
 //!   prompt length ([`WeightBlocking`]), one-off operands per product.
