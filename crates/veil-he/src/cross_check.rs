@@ -1,6 +1,7 @@
 //! Cross-check against an independent BFV implementation (fhe.rs): the same plaintext × ciphertext
-//! product, computed by both engines at t = 2^41 with polynomial (coefficient) encoding, must
-//! decrypt to the same polynomial, which must also equal the schoolbook negacyclic product.
+//! product, computed by both engines at t = 2^41 (the encoder's ring) and t = 2^48 (the
+//! decoder's) with polynomial (coefficient) encoding, must decrypt to the same polynomial, which
+//! must also equal the schoolbook negacyclic product.
 
 use fhe::bfv::{BfvParametersBuilder, Ciphertext, Encoding, Plaintext, SecretKey as FheSecretKey};
 use fhe_traits::{FheDecoder, FheDecrypter, FheEncoder, FheEncrypter};
@@ -11,18 +12,31 @@ use crate::*;
 
 #[test]
 fn products_agree_with_fhe_rs() {
-    let ring = Ring::new(41).unwrap();
+    check(ParamSet::N8192, 41, 1024);
+}
+
+/// At t = 2^48 with weights at the FC bound 2^17, through the set whose switch rounding is
+/// budgeted by its tail bound.
+#[test]
+fn products_agree_with_fhe_rs_at_l48() {
+    check(ParamSet::N8192Q4L48, 48, 1 << 17);
+}
+
+fn check(set: ParamSet, bits: u32, bound: i64) {
+    let ring = Ring::new(bits).unwrap();
     let n = 8192;
     let mut g = Prg::from_seed(&Seed([21; 16]));
     let mut m = vec![0u64; n];
     g.fill_ring(ring, &mut m);
-    let w: Vec<i64> = (0..n).map(|_| g.below(2049) as i64 - 1024).collect();
+    let w: Vec<i64> = (0..n)
+        .map(|_| g.below(2 * bound as u64 + 1) as i64 - bound)
+        .collect();
     let want = negacyclic_mod_t(ring, &[(w.clone(), m.clone())], n);
 
     // fhe.rs (its own parameters: no security table, large Q for its noise growth).
     let fp = BfvParametersBuilder::new()
         .set_degree(n)
-        .set_plaintext_modulus(1 << 41)
+        .set_plaintext_modulus(1 << bits)
         .set_moduli_sizes(&[62, 62, 62])
         .build_arc()
         .unwrap();
@@ -37,12 +51,12 @@ fn products_agree_with_fhe_rs() {
         Vec::<u64>::try_decode(&fsk.try_decrypt(&prod).unwrap(), Encoding::poly()).unwrap();
 
     // This engine, through the full hardened response path.
-    let p = Params::new(ParamSet::N8192, ring).unwrap();
+    let p = Params::new(set, ring).unwrap();
     let sk = SecretKey::generate(&p, &mut g);
     let pk = sk.public_key(&mut g);
     let mut acc = Accumulator::new(&p);
     let ev = EvalCiphertext::expand(&p, &sk.encrypt(&m, &mut g).unwrap());
-    acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w, 1024).unwrap());
+    acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w, bound as u64).unwrap());
     let positions: Vec<usize> = (0..n).collect();
     let r = acc
         .into_response(&pk, &positions, &vec![0; n], &mut g)

@@ -389,8 +389,12 @@ mod tests {
     }
 
     fn ensure_room() -> Result<()> {
-        for set in [ParamSet::N8192, ParamSet::N8192Q4] {
-            let p = Params::new(set, Ring::new(41).unwrap())?;
+        for (set, bits) in [
+            (ParamSet::N8192, 41),
+            (ParamSet::N8192Q4, 41),
+            (ParamSet::N8192Q4L48, 48),
+        ] {
+            let p = Params::new(set, Ring::new(bits).unwrap())?;
             let pm = p.special_modulus().expect("room for P");
             ensure!(
                 p.log2_q() + (pm as f64).log2() <= 218.0,

@@ -66,27 +66,47 @@
 //! bits of Q; it needs a constant-time sampler for σ ≈ 2^90 that is provably close to the ideal
 //! distribution over 2^28 samples, which this crate does not have yet.
 //!
-//! # Noise budget (exact decryption)
+//! # Noise budget (decryption)
 //! After switching to p, decryption round(t·x/p) is exact while |noise| < p/(2t), i.e. below
-//! 2^h with h = ⌊log2(p/2t)⌋. The budget is split: switching rounding (1 + ‖s‖₁)/2 + 1 ≤ (N+3)/2,
-//! dropped c0 bits 2^(h−2), switched flood 2^(h−2) (so b = h − 2 + ⌊log2(Q/p)⌋, capped at 125),
-//! and the rest (< 2^(h−2)) for the switched plaintext noise, checked in the worst case (CBD
-//! noise is bounded by η = 21 exactly). With ℓ = 41:
+//! 2^h with h = ⌊log2(p/2t)⌋. The budget is split: switching rounding (below), dropped c0 bits
+//! 2^(h−2), switched flood 2^(h−2) (so b = h − 2 + ⌊log2(Q/p)⌋, capped at 125), and the rest
+//! (< 2^(h−2)) for the switched plaintext noise, checked in the worst case (CBD noise is bounded
+//! by η = 21 exactly).
 //!
-//! | set | N | Q | p | h | flood b | hides (69-bit margin) | c0 / c1 bits | for |
-//! |---|---|---|---|---|---|---|---|---|
-//! | N8192 | 8192 | 3 × 50-bit (≈150) | ≈2^57 | 14 | 104 | 2^36 | 44 / 57 | FC weights ≤ 2^17 |
-//! | N8192Q4 | 8192 | 4 × 42-bit (≈168) | ≈2^57 | 14 | 122 | 2^54 | 44 / 57 | ℓ-bit shares |
+//! **Switch rounding** ([`RoundingBound`]): ε0 + Σ_i ε_i·s_i with |ε| ≤ 1/2, at most
+//! (1 + ‖s‖₁)/2 + 1 ≤ (N+3)/2 in the worst case, which every set uses while it fits
+//! (< 0.9·2^(h−1); all sets at ℓ ≤ 41: decryption is then exact for every secret). At ℓ = 48 no
+//! u64 final modulus leaves room for it (h ≥ 14 would need p ≥ 2^63), so there the budget uses
+//! its tail bound: c1 is a function of public uniform polynomials (the ciphertexts' seeds, pk1,
+//! the Galois keys' uniform parts) and server randomness, never of s, so for any c1 the sum is
+//! over N independent zero-mean terms of range ≤ 1 in the client's uniform ternary s, and
+//! Hoeffding gives |Σ| ≤ 9.86·√(N/4) ≈ 446 (2^8.8 at N = 8192) except with probability 2^-69
+//! per coefficient, 2^-41 per session (union bound over 2^28). **Exceeding it is a correctness
+//! failure, not a leak**: the client decodes its own share off by one; the server's view does
+//! not change, and the client's view is simulated above whether or not decryption succeeds
+//! (the flooding argument does not use it). The 2^-41 is thus a bound on a wrong result per
+//! session, separate from the 2^-40 statistical distance of the transcript.
+//!
+//! | set | N | Q | p | ℓ | h | rounding | flood b | hides (69-bit margin) | c0 / c1 bits | for |
+//! |---|---|---|---|---|---|---|---|---|---|---|
+//! | N8192 | 8192 | 3 × 50-bit (≈150) | ≈2^57 | 41 | 14 | 4,098 (worst) | 104 | 2^36 | 44 / 57 | FC weights ≤ 2^17 |
+//! | N8192Q4 | 8192 | 4 × 42-bit (≈168) | ≈2^57 | 41 | 14 | 4,098 (worst) | 122 | 2^54 | 44 / 57 | ℓ-bit shares |
+//! | N8192Q4L48 | 8192 | 4 × 42-bit (≈168) | ≈2^62 | 48 | 12 | 448 (tail) | 115 | 2^47 | 51 / 62 | FC weights ≤ 2^17; 24-bit limbs of shares |
 //!
 //! For a product Σ_c w_c × Enc(m_c) with S weight slots in all under the bound W, B ≈ S·W +
 //! 9.86·√(10.5·S)·W + 2·21·N. BERT-Base FC layers (S ≤ 3072·64, W = 2^17) give B ≤ 2^35;
-//! per-head attention products with share operands (S ≤ 128·64, W = 2^40) give B ≤ 2^54. N = 4096
-//! (log Q ≤ 109) cannot reach a 69-bit margin over even the re-randomisation noise, so no set
-//! uses it.
-//! Exactness holds for every product the check accepts and any ℓ in 32..=41 (larger ℓ is
-//! refused at construction). The tests run products at the largest weights the check accepts
-//! (`edge_weights_*`) and check the switch's rounding against an exact long division at the
-//! extreme moduli the parameter checks allow.
+//! per-head attention products with share operands (S ≤ 128·64, W = 2^40) give B ≤ 2^54. At
+//! ℓ = 48 a decoder FC row of 1,536 (S = 1536·64, W = 2^17) gives B ≈ 2^33.6 (margin 82 under
+//! N8192Q4L48); a uniform 48-bit share (W = 2^47) would need 2^60, beyond any flood N = 8192
+//! allows with room for the Galois keys, so shares are multiplied as two 24-bit limbs
+//! (W = 2^23, B ≈ 2^36). N = 4096 (log Q ≤ 109) cannot reach a 69-bit margin over even the
+//! re-randomisation noise, so no set uses it.
+//! Decryption is exact for every product the check accepts at ℓ in 32..=41, and exact except
+//! with probability 2^-69 per coefficient where the tail bound is used (ℓ = 48); larger ℓ than
+//! a set's final modulus allows is refused at construction. The tests run products at the
+//! largest weights the check accepts (`edge_weights_*`, at ℓ = 41 and 48) and check the
+//! switch's rounding against an exact long division at the extreme moduli the parameter checks
+//! allow.
 //!
 //! # Side channels
 //! Arithmetic on residues, the switch, decoding and the encoders are branch-free in secret values
@@ -113,7 +133,7 @@ pub use galois::{GaloisKeys, GALOIS_LEVELS};
 pub use keys::{PublicKey, SecretKey};
 pub use pack::PackShape;
 pub use params::{
-    NoiseBudget, ParamSet, Params, FLOOD_MARGIN_BITS, SESSION_REVEALED_LIMIT,
+    NoiseBudget, ParamSet, Params, RoundingBound, FLOOD_MARGIN_BITS, SESSION_REVEALED_LIMIT,
     SESSION_REVEALED_LOG2, STAT_SECURITY_BITS,
 };
 pub use response::Response;

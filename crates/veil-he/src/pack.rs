@@ -202,8 +202,10 @@ mod tests {
             (ParamSet::N8192, 64, 8, 63, 5),
             (ParamSet::N8192Q4, 4, 4, 0, 3),
             (ParamSet::N8192, 2, 2, 1, 1),
+            (ParamSet::N8192Q4L48, 64, 8, 63, 8),
         ] {
-            let p = Params::new(set, Ring::new(41).unwrap()).unwrap();
+            let bits = if set == ParamSet::N8192Q4L48 { 48 } else { 41 };
+            let p = Params::new(set, Ring::new(bits).unwrap()).unwrap();
             let n = p.degree();
             let mut g = Prg::from_seed(&Seed([31; 16]));
             let sk = SecretKey::generate(&p, &mut g);

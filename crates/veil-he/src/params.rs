@@ -55,6 +55,11 @@ pub enum ParamSet {
     /// N = 8192, Q = four 42-bit primes (≈168 bits), final modulus ≈ 2^57, flood 2^122. For
     /// plaintext operands that are uniform ℓ-bit shares (shared × shared products): hides 2^54.
     N8192Q4,
+    /// N8192Q4's Q with a final modulus ≈ 2^62, for the decoder's ring ℓ = 48 (where the others'
+    /// 2^57 leaves no headroom): h = 12, so the switch rounding is budgeted by its tail bound
+    /// ([`RoundingBound::Tail`]); flood 2^115, hides 2^47: FC weights (|w| ≤ 2^17) at any depth
+    /// up to 2^16, shares only as 24-bit limbs.
+    N8192Q4L48,
 }
 
 impl ParamSet {
@@ -63,6 +68,7 @@ impl ParamSet {
         match self {
             ParamSet::N8192 => 2,
             ParamSet::N8192Q4 => 3,
+            ParamSet::N8192Q4L48 => 4,
         }
     }
 
@@ -71,6 +77,7 @@ impl ParamSet {
         match id {
             2 => Ok(ParamSet::N8192),
             3 => Ok(ParamSet::N8192Q4),
+            4 => Ok(ParamSet::N8192Q4L48),
             _ => Err(Error::Malformed(format!(
                 "unknown BFV parameter set id {id}"
             ))),
@@ -82,6 +89,7 @@ impl ParamSet {
         match self {
             ParamSet::N8192 => (8192, 50, 3, 57),
             ParamSet::N8192Q4 => (8192, 42, 4, 57),
+            ParamSet::N8192Q4L48 => (8192, 42, 4, 62),
         }
     }
 }
@@ -155,14 +163,35 @@ impl Special {
     }
 }
 
+/// Which bound [`NoiseBudget::switch_rounding`] is. The rounding of the modulus switch reaches
+/// the decrypted noise as ε0 + Σ_i ε_i·s_i (ε the rounding errors of c0 and c1, |ε| ≤ 1/2, s the
+/// client's ternary secret): at most (N + 1)/2 in the worst case, but c1 is computed from public
+/// uniform polynomials and server randomness only, never from s, so for every c1 the sum is a
+/// sum of N independent zero-mean terms of range ≤ 1 over the client's uniform s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoundingBound {
+    /// (N + 1)/2 + 1: decryption is exact for every secret. Used whenever it fits the headroom
+    /// (every set at ℓ ≤ 41).
+    WorstCase,
+    /// Hoeffding over s (variance proxy N/4): 1/2 + 9.86·√(N/4) + 1, exceeded with probability
+    /// ≤ 2^-69 per coefficient, ≤ 2^-41 over a session's 2^28 (union bound). Used only when the
+    /// worst case does not fit (ℓ = 48). Exceeding it is a **correctness** event, not a leak: the
+    /// client decodes a value off by one in its own share, which the server never sees; the
+    /// transcript's simulation (the crate docs) does not depend on decryption succeeding.
+    Tail,
+}
+
 /// The noise budget of a parameter set (all quantities are absolute values of per-coefficient
 /// noise; see the crate docs for the derivation).
 #[derive(Clone, Copy, Debug)]
 pub struct NoiseBudget {
     /// h = ⌊log2(p / 2t)⌋: decryption at the final modulus p is exact while the noise is below 2^h.
     pub headroom_bits: u32,
-    /// Worst-case rounding noise of the modulus switch, (1 + ‖s‖₁)/2 + 1 ≤ (N + 1)/2 + 1.
+    /// Rounding noise of the modulus switch: (N + 1)/2 + 1 in the worst case, ≈ 2^8.8 at
+    /// N = 8192 by the tail bound; which one is `switch_bound`.
     pub switch_rounding: u64,
+    /// Whether `switch_rounding` holds always or except with probability 2^-69 per coefficient.
+    pub switch_bound: RoundingBound,
     /// Low bits of c0 dropped before sending (error ≤ 2^(d-1) = 2^(h-2)).
     pub c0_drop_bits: u32,
     /// Flooding noise is uniform in [-2^b, 2^b): after switching it is ≤ 2^(h-2).
@@ -184,8 +213,8 @@ impl NoiseBudget {
 
     /// Checks both the security condition (flood margin ≥ [`FLOOD_MARGIN_BITS`] over
     /// `hidden_tail`, a bound that holds except with probability 2^-69 per coefficient) and
-    /// exact decryption (the worst case `hidden_worst` plus flood, switched down, plus rounding
-    /// and the dropped c0 bits stays below 2^h).
+    /// exact decryption (the worst case `hidden_worst` plus flood, switched down, plus the switch
+    /// rounding — by `switch_bound` — and the dropped c0 bits stays below 2^h).
     pub fn check(&self, hidden_tail: f64, hidden_worst: f64) -> Result<()> {
         let margin = self.flood_margin_bits(hidden_tail);
         ensure!(
@@ -344,12 +373,22 @@ impl Params {
             "final modulus too small for t = 2^{t_bits}"
         );
         let h = headroom as u32;
-        let switch_rounding = (n as u64 + 1).div_ceil(2) + 1;
-        ensure!(
-            (switch_rounding as f64) < 2f64.powi(h as i32 - 1) * 0.9,
-            InvalidArgument,
-            "final modulus 2^{final_bits} leaves no room for the switching noise of N = {n}"
-        );
+        // The rounding gets at most ≈ half of 2^h (the dropped c0 bits and the switched flood
+        // take a quarter each): the worst case when it fits, else its tail bound.
+        let room = 2f64.powi(h as i32 - 1) * 0.9;
+        let worst = (n as u64 + 1).div_ceil(2) + 1;
+        let tail = (0.5 + TAIL_SIGMAS * (n as f64 / 4.0).sqrt()).ceil() as u64 + 1;
+        let (switch_rounding, switch_bound) = if (worst as f64) < room {
+            (worst, RoundingBound::WorstCase)
+        } else {
+            ensure!(
+                (tail as f64) < room,
+                InvalidArgument,
+                "final modulus 2^{final_bits} leaves no room for the switching noise of N = {n} \
+                 at t = 2^{t_bits} (even its 2^-69 tail bound {tail} ≥ {room:.0})"
+            );
+            (tail, RoundingBound::Tail)
+        };
         let log2_q_over_p = log2_q - log2_p;
         // Capped at the sampler's 2^125 (a narrower flood only loosens the decryption bound).
         let flood_bits = ((h as f64 - 2.0 + (log2_q_over_p - 1e-9).floor()) as u32).min(125);
@@ -358,6 +397,7 @@ impl Params {
         let budget = NoiseBudget {
             headroom_bits: h,
             switch_rounding,
+            switch_bound,
             c0_drop_bits,
             flood_bits,
             c0_width: bits_of((final_modulus - 1 + (1 << (c0_drop_bits - 1))) >> c0_drop_bits),
@@ -533,11 +573,76 @@ mod tests {
     #[test]
     fn plaintext_ring_sizes_supported() {
         for bits in 32..=41 {
-            for set in [ParamSet::N8192, ParamSet::N8192Q4] {
+            for set in [ParamSet::N8192, ParamSet::N8192Q4, ParamSet::N8192Q4L48] {
                 Params::new(set, Ring::new(bits).unwrap()).unwrap();
             }
         }
-        // Beyond ℓ = 41 the final modulus leaves no room for the switching noise.
-        assert!(Params::new(ParamSet::N8192, Ring::new(42).unwrap()).is_err());
+        // Beyond ℓ = 41 the 2^57 final modulus leaves room only for the switch's tail bound,
+        // and at ℓ = 48 not even for that.
+        for set in [ParamSet::N8192, ParamSet::N8192Q4] {
+            let p = Params::new(set, Ring::new(42).unwrap()).unwrap();
+            assert_eq!(p.budget().switch_bound, RoundingBound::Tail);
+            assert!(Params::new(set, Ring::new(48).unwrap()).is_err());
+        }
+        for bits in 42..=48 {
+            Params::new(ParamSet::N8192Q4L48, Ring::new(bits).unwrap()).unwrap();
+        }
+    }
+
+    /// The ℓ ≤ 41 sets keep the worst-case rounding bound and every number they had (the
+    /// encoder's layouts, bytes and flights depend on them).
+    #[test]
+    fn sets_at_l41_keep_the_worst_case_budget() {
+        for (set, flood) in [(ParamSet::N8192, 104), (ParamSet::N8192Q4, 122)] {
+            let b = *Params::new(set, ring()).unwrap().budget();
+            assert_eq!(b.switch_bound, RoundingBound::WorstCase);
+            assert_eq!(
+                (
+                    b.headroom_bits,
+                    b.switch_rounding,
+                    b.c0_drop_bits,
+                    b.flood_bits
+                ),
+                (14, 4098, 13, flood)
+            );
+            assert_eq!((b.c0_width, b.c1_width), (44, 57));
+        }
+    }
+
+    /// The ℓ = 48 budget, verified here rather than by hand: the worst-case rounding does not
+    /// fit h = 12, the 2^-69 tail bound does; the flood covers 1,536-deep FC rows of weights up
+    /// to 2^17 (the decoder's MLP, 64-slot blocks as the layouts cut them, and whole-ring rows)
+    /// with the 69-bit margin, and refuses uniform 48-bit shares but takes 24-bit limbs.
+    #[test]
+    fn l48_set_budget_is_checked_in_code() {
+        let p = Params::new(ParamSet::N8192Q4L48, Ring::new(48).unwrap()).unwrap();
+        let b = *p.budget();
+        assert!(
+            p.log2_q() <= 218.0 && p.special_modulus().is_some(),
+            "{p:?}"
+        );
+        assert!((p.final_modulus() as f64).log2() > 61.9);
+        assert_eq!(b.headroom_bits, 12);
+        assert_eq!(b.switch_bound, RoundingBound::Tail);
+        assert_eq!(ParamSet::from_id(4).unwrap(), ParamSet::N8192Q4L48);
+        let worst = (p.degree() as u64 + 1).div_ceil(2) + 1;
+        assert!(
+            worst as f64 >= 0.9 * 2f64.powi(11),
+            "the worst case would fit"
+        );
+        assert_eq!(b.switch_rounding, 448); // 1/2 + 9.86·√2048 + 1, rounded up: ≈ 2^8.8
+        assert_eq!(b.flood_bits, 115);
+        b.check(1.0, 1.0).unwrap();
+        for slots in [1536.0 * 64.0, 1536.0 * 8192.0] {
+            p.check_public_product(slots, 2f64.powi(17), 0.0).unwrap();
+        }
+        let (tail, _) = p.product_noise_bounds(1536.0 * 64.0 * 2f64.powi(17), 0.0);
+        assert!(b.flood_margin_bits(tail) > 80.0);
+        assert!(matches!(
+            p.check_public_product(128.0 * 64.0, 2f64.powi(47), 0.0),
+            Err(Error::Insecure(_))
+        ));
+        p.check_public_product(128.0 * 64.0, 2f64.powi(23), 0.0)
+            .unwrap();
     }
 }

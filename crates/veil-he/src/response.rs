@@ -314,7 +314,13 @@ mod tests {
     /// the dropped bits alone, and the noise must stay inside the decryption bound 2^h.
     #[test]
     fn responses_are_flooded_within_budget() {
-        let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
+        // ℓ = 48: the switch rounding is budgeted by its tail bound there.
+        for (set, bits) in [(ParamSet::N8192, 41), (ParamSet::N8192Q4L48, 48)] {
+            check_flooded_within_budget(Params::new(set, Ring::new(bits).unwrap()).unwrap());
+        }
+    }
+
+    fn check_flooded_within_budget(p: Params) {
         let mut g = Prg::from_seed(&Seed([4; 16]));
         let sk = SecretKey::generate(&p, &mut g);
         let pk = sk.public_key(&mut g);
@@ -444,8 +450,12 @@ mod tests {
     /// the largest hidden noise the budget accepts (fails if the flood is removed or narrowed).
     #[test]
     fn flood_is_wide_enough_for_the_session_margin() {
-        for set in [ParamSet::N8192, ParamSet::N8192Q4] {
-            let p = Params::new(set, Ring::new(41).unwrap()).unwrap();
+        for (set, bits) in [
+            (ParamSet::N8192, 41),
+            (ParamSet::N8192Q4, 41),
+            (ParamSet::N8192Q4L48, 48),
+        ] {
+            let p = Params::new(set, Ring::new(bits).unwrap()).unwrap();
             let b = p.budget();
             // Largest hidden noise the check accepts, by bisection on log2.
             let (mut lo, mut hi) = (0.0f64, 126.0f64);

@@ -18,6 +18,32 @@ pub const SHARED_SET: ParamSet = ParamSet::N8192Q4;
 /// conversation needs a new session.
 pub const SESSION_SETS: [ParamSet; 2] = [ParamSet::N8192, SHARED_SET];
 
+/// The one set of a session whose ring is wider than 41 bits (the decoder's ℓ = 48): the
+/// ℓ ≤ 41 sets' final modulus leaves no room there, and its flood covers both FC weights and
+/// 24-bit limbs of shares ([`ParamSet::N8192Q4L48`]).
+pub const WIDE_SESSION_SETS: [ParamSet; 1] = [ParamSet::N8192Q4L48];
+
+/// The sets a session over `ring` sets up: [`SESSION_SETS`] up to ℓ = 41 (the encoder),
+/// [`WIDE_SESSION_SETS`] beyond.
+pub fn session_sets(ring: Ring) -> &'static [ParamSet] {
+    if ring.bits() <= 41 {
+        &SESSION_SETS
+    } else {
+        &WIDE_SESSION_SETS
+    }
+}
+
+/// The set of products with model weights (FC layers) over `ring`.
+pub fn weight_set(ring: Ring) -> ParamSet {
+    session_sets(ring)[0]
+}
+
+/// The set of products whose plaintext operand is a share over `ring` ([`SHARED_SET`] up to
+/// ℓ = 41).
+pub fn shared_set(ring: Ring) -> ParamSet {
+    *session_sets(ring).last().expect("at least one set")
+}
+
 /// The client's keys of a session: one secret key per parameter set.
 pub struct ClientSession {
     keys: Vec<(ParamSet, SecretKey)>,
@@ -29,9 +55,10 @@ pub struct ServerSession {
 }
 
 impl ClientSession {
-    /// Generates keys and sends the public and Galois keys (two messages per set).
+    /// Generates keys for [`session_sets`]`(ring)` and sends the public and Galois keys (two
+    /// messages per set).
     pub fn setup<C: Channel + ?Sized>(ch: &mut C, ring: Ring) -> Result<Self> {
-        Self::setup_for(ch, ring, &SESSION_SETS)
+        Self::setup_for(ch, ring, session_sets(ring))
     }
 
     /// [`ClientSession::setup`] for the given sets only (the server must name the same).
@@ -74,9 +101,10 @@ impl ClientSession {
 }
 
 impl ServerSession {
-    /// Receives the client's keys for [`SESSION_SETS`] (the peer of [`ClientSession::setup`]).
+    /// Receives the client's keys for [`session_sets`]`(ring)` (the peer of
+    /// [`ClientSession::setup`]).
     pub fn setup<C: Channel + ?Sized>(ch: &mut C, ring: Ring) -> Result<Self> {
-        Self::setup_for(ch, ring, &SESSION_SETS)
+        Self::setup_for(ch, ring, session_sets(ring))
     }
 
     /// [`ServerSession::setup`] for the given sets only.

@@ -31,7 +31,11 @@ pub(crate) fn negacyclic_mod_t(ring: Ring, pairs: &[(Vec<i64>, Vec<u64>)], n: us
 }
 
 fn setup(set: ParamSet) -> (Params, SecretKey, PublicKey) {
-    let ring = Ring::new(41).unwrap();
+    setup_at(set, 41)
+}
+
+fn setup_at(set: ParamSet, bits: u32) -> (Params, SecretKey, PublicKey) {
+    let ring = Ring::new(bits).unwrap();
     let p = Params::new(set, ring).unwrap();
     let mut g = prg(1);
     let sk = SecretKey::generate(&p, &mut g);
@@ -66,8 +70,8 @@ fn encrypt_decrypt_round_trip_through_response() {
     assert_eq!(got, want);
 }
 
-fn check_products(set: ParamSet, weight_bits: u32, count: usize, tag: u8) {
-    let (p, sk, pk) = setup(set);
+fn check_products(set: ParamSet, ring_bits: u32, weight_bits: u32, count: usize, tag: u8) {
+    let (p, sk, pk) = setup_at(set, ring_bits);
     let ring = p.ring();
     let n = p.degree();
     let mut g = prg(tag);
@@ -110,12 +114,20 @@ fn check_products(set: ParamSet, weight_bits: u32, count: usize, tag: u8) {
 
 #[test]
 fn weight_sized_products_are_exact() {
-    check_products(ParamSet::N8192, 16, 3, 3);
+    check_products(ParamSet::N8192, 41, 16, 3, 3);
+}
+
+/// At ℓ = 48 (the decoder's ring): FC-weight-sized and 24-bit-limb-sized plaintexts, through
+/// the response path whose switch rounding is budgeted by its tail bound.
+#[test]
+fn products_are_exact_at_l48() {
+    check_products(ParamSet::N8192Q4L48, 48, 17, 3, 7);
+    check_products(ParamSet::N8192Q4L48, 48, 23, 2, 8);
 }
 
 #[test]
 fn share_sized_products_are_exact_at_n8192q4() {
-    check_products(ParamSet::N8192Q4, 40, 1, 4);
+    check_products(ParamSet::N8192Q4, 41, 40, 1, 4);
 }
 
 /// The plaintext's declared public bound is enforced, and the response refuses a product whose
@@ -177,8 +189,8 @@ fn edge_weight(p: &Params) -> i64 {
     lo
 }
 
-fn check_edge(set: ParamSet) {
-    let (p, sk, pk) = setup(set);
+fn check_edge(set: ParamSet, ring_bits: u32) {
+    let (p, sk, pk) = setup_at(set, ring_bits);
     let ring = p.ring();
     let n = p.degree();
     let b = edge_weight(&p);
@@ -188,7 +200,7 @@ fn check_edge(set: ParamSet) {
     g.fill_ring(ring, &mut m);
     // The extreme message values maximise the encoding rounding terms.
     m[0] = ring.mask();
-    m[1] = 1 << 40;
+    m[1] = 1 << (ring_bits - 1);
     let mut acc = Accumulator::new(&p);
     let ev = EvalCiphertext::expand(&p, &sk.encrypt(&m, &mut g).unwrap());
     acc.mul_acc(&p, &ev, &NttPlaintext::new(&p, &w, b as u64).unwrap());
@@ -202,10 +214,15 @@ fn check_edge(set: ParamSet) {
 
 #[test]
 fn edge_weights_decrypt_exactly_n8192() {
-    check_edge(ParamSet::N8192);
+    check_edge(ParamSet::N8192, 41);
+}
+
+#[test]
+fn edge_weights_decrypt_exactly_at_l48() {
+    check_edge(ParamSet::N8192Q4L48, 48);
 }
 
 #[test]
 fn edge_weights_decrypt_exactly_n8192q4() {
-    check_edge(ParamSet::N8192Q4);
+    check_edge(ParamSet::N8192Q4, 41);
 }

@@ -6,8 +6,9 @@
 //!
 //! **Scale.** Inputs and weights are fixed point at scale 2^f, so the output shares are at scale
 //! 2^{2f}; the bias must be encoded at 2^{2f}. Truncation back to 2^f is a separate protocol.
-//! **Security and error:** as [`crate::matmul`] (exact mod 2^ℓ; the weights' size is checked
-//! against the flooding budget when the layer is prepared, through the public bound [`WEIGHT_BOUND`]).
+//! **Security and error:** as [`crate::matmul`] (exact mod 2^ℓ, at ℓ = 48 except with probability
+//! 2^-69 per output; the weights' size is checked against the flooding budget when the layer is
+//! prepared, through the public bound [`WEIGHT_BOUND`]).
 
 use veil_core::{ensure, Result, RingTensor};
 use veil_he::{ParamSet, Params};
@@ -37,7 +38,8 @@ pub struct FcLayer {
     pub in_features: usize,
     /// Output features (columns of Y).
     pub out_features: usize,
-    /// [`ParamSet::N8192`] suits fixed-point model weights; see [`veil_he::ParamSet`].
+    /// The weights' set for the ring, [`veil_he::session::weight_set`]: [`ParamSet::N8192`] up
+    /// to ℓ = 41, [`ParamSet::N8192Q4L48`] at the decoder's ℓ = 48.
     pub set: ParamSet,
 }
 

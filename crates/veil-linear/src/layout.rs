@@ -19,10 +19,14 @@
 //! polynomials; only n_w depends on the number of rows. A matrix the server keeps (model
 //! weights) is therefore cut independently of the request, into a form that serves every
 //! n: a request of n rows takes n_w = min(n, ⌊N/(k_w·m_w)⌋) and its own response packing
-//! ([`Layout::for_weights`]). A kept matrix has two cuts ([`WeightBlocking::for_rows`]): one
-//! priced for short prompts (≤ [`SHORT_ROWS`] rows: dense weight polynomials, one row block, so
-//! the work falls with n) and one for long prompts (priced at [`LONG_REFERENCE_ROWS`]: sparser
-//! polynomials, fewer input ciphertexts). A one-off operand (a share in an attention product)
+//! ([`Layout::for_weights`]). A kept matrix has up to three cuts
+//! ([`WeightBlocking::for_rows`]): one priced for short prompts (≤ [`SHORT_ROWS`] rows: dense
+//! weight polynomials, one row block, so the work falls with n), one for long prompts (priced
+//! at [`LONG_REFERENCE_ROWS`]: sparser polynomials, fewer input ciphertexts), and one priced at
+//! a single row (a decoder's step, matrix × vector: the row's k entries spread over few input
+//! ciphertexts and each weight polynomial filled to N, since n_w = 1 leaves all of N to
+//! k_w·m_w; at SmolLM2's shapes and ℓ = 48 it halves the short cut's traffic at n = 1).
+//! A one-off operand (a share in an attention product)
 //! is cut for its n alone ([`Layout::search`]). Every candidate is priced with [`crate::cost`]:
 //! server and client CPU time of every HE operation plus traffic. The search depends only on
 //! public shapes and parameters, so both parties derive the same layout; ties go to fewer
@@ -92,8 +96,8 @@ pub struct WeightBlocking {
     pub m_w: usize,
 }
 
-/// Requests of at most this many rows use a kept matrix's short-prompt cut; longer ones its
-/// long-prompt cut ([`WeightBlocking::for_rows`]).
+/// Requests of 2..=this many rows use a kept matrix's short-prompt cut; longer ones its
+/// long-prompt cut, single rows their own ([`WeightBlocking::for_rows`]).
 pub(crate) const SHORT_ROWS: usize = 16;
 
 /// The row count the long-prompt cut is priced at (capped at the matrix's row limit).
@@ -129,9 +133,10 @@ impl WeightBlocking {
     }
 
     /// The cut a kept matrix uses for a request of `rows` rows when requests have at most
-    /// `max_rows`: one cut for short prompts (priced at [`SHORT_ROWS`]) and one for longer
-    /// ones (priced at [`LONG_REFERENCE_ROWS`]), so a server keeps at most two cuts' NTT forms
-    /// however many lengths it serves.
+    /// `max_rows`: one cut for a single row (priced at one row: a decoder's steps), one for
+    /// short prompts (priced at [`SHORT_ROWS`]) and one for longer ones (priced at
+    /// [`LONG_REFERENCE_ROWS`]), so a server keeps at most three cuts' NTT forms however many
+    /// lengths it serves.
     pub fn for_rows(
         p: &Params,
         rows: usize,
@@ -145,7 +150,9 @@ impl WeightBlocking {
             InvalidArgument,
             "{rows} rows outside 1..={max_rows}"
         );
-        let reference = if rows <= SHORT_ROWS {
+        let reference = if rows == 1 {
+            1
+        } else if rows <= SHORT_ROWS {
             SHORT_ROWS
         } else {
             LONG_REFERENCE_ROWS
@@ -153,7 +160,9 @@ impl WeightBlocking {
         Self::search(p, reference.min(max_rows), k, m, bound)
     }
 
-    /// The distinct cuts [`WeightBlocking::for_rows`] can return up to `max_rows`.
+    /// The distinct cuts [`WeightBlocking::for_rows`] can return up to `max_rows`: the
+    /// short-prompt cut, the long-prompt cut, then the single-row cut (an encoder, which never
+    /// sends one row against a longer limit, keeps its budget on the first two).
     pub fn all_for(
         p: &Params,
         max_rows: usize,
@@ -161,11 +170,13 @@ impl WeightBlocking {
         m: usize,
         bound: u64,
     ) -> Result<Vec<Self>> {
-        let mut cuts = vec![Self::for_rows(p, 1, max_rows, k, m, bound)?];
-        if max_rows > SHORT_ROWS {
-            cuts.push(Self::for_rows(p, max_rows, max_rows, k, m, bound)?);
+        let mut cuts = vec![Self::for_rows(p, max_rows.min(2), max_rows, k, m, bound)?];
+        for rows in [max_rows, 1] {
+            let cut = Self::for_rows(p, rows, max_rows, k, m, bound)?;
+            if !cuts.contains(&cut) {
+                cuts.push(cut);
+            }
         }
-        cuts.dedup();
         Ok(cuts)
     }
 }
@@ -738,7 +749,7 @@ mod tests {
     fn weight_blocking_serves_every_length() {
         let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
         let cuts = WeightBlocking::all_for(&p, 512, 768, 768, crate::fc::WEIGHT_BOUND).unwrap();
-        assert!((1..=2).contains(&cuts.len()));
+        assert!((1..=3).contains(&cuts.len()));
         for n in [1, 7, 16, 17, 128, 512] {
             let wb =
                 WeightBlocking::for_rows(&p, n, 512, 768, 768, crate::fc::WEIGHT_BOUND).unwrap();
@@ -754,5 +765,40 @@ mod tests {
         assert!(Layout::search(&p, 0, 1, 1, 1).is_err());
         let too_wide = WeightBlocking { k_w: 768, m_w: 768 };
         assert!(Layout::for_weights(&p, 1, 768, 768, too_wide).is_err());
+    }
+
+    /// A single row is priced as one (a decoder's step): at the decoder's shapes and ℓ = 48 the
+    /// single-row cut costs less at n = 1 than the short-prompt cut, in modelled time and in
+    /// traffic (by at least a third), and `all_for` lists it after the two prompt cuts.
+    #[test]
+    fn single_rows_get_a_matrix_vector_cut() {
+        let p = Params::new(ParamSet::N8192Q4L48, Ring::new(48).unwrap()).unwrap();
+        let bound = crate::fc::WEIGHT_BOUND;
+        for (k, m) in [(576, 576), (576, 192), (576, 1536), (1536, 576)] {
+            let single = WeightBlocking::for_rows(&p, 1, 2048, k, m, bound).unwrap();
+            let short = WeightBlocking::for_rows(&p, 2, 2048, k, m, bound).unwrap();
+            let price = |wb| {
+                let lay = Layout::for_weights(&p, 1, k, m, wb).unwrap();
+                lay.check_noise(&p, bound).unwrap();
+                lay.counts().price(&p)
+            };
+            let (a, b) = (price(single), price(short));
+            assert!(a.seconds() < b.seconds(), "{k}x{m}: {a:?} vs {b:?}");
+            assert!(a.bits < 0.67 * b.bits, "{k}x{m}: {a:?} vs {b:?}");
+            let cuts = WeightBlocking::all_for(&p, 2048, k, m, bound).unwrap();
+            assert_eq!(cuts[0], short);
+            assert_eq!(cuts.last(), Some(&single));
+            assert_eq!(
+                cuts[1],
+                WeightBlocking::for_rows(&p, 40, 2048, k, m, bound).unwrap()
+            );
+        }
+        // A layer whose only length is one row keeps one cut, as before.
+        assert_eq!(
+            WeightBlocking::all_for(&p, 1, 576, 576, bound)
+                .unwrap()
+                .len(),
+            1
+        );
     }
 }

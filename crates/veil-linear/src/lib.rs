@@ -7,6 +7,11 @@
 //!   [`ServerSession::setup`]; ≈ 9.4 MB in all, set-up traffic). A session may
 //!   reveal at most 2^28 output coefficients per key (≈16 BERT-Base inferences); the server
 //!   refuses more (`Error::Insecure`), and the parties then start a new session.
+//!   **The decoder's ring ℓ = 48** has one set, N8192Q4L48, for weights and shares alike
+//!   ([`session_sets`], [`weight_set`], [`shared_set`]; `setup(ch, Ring::new(48)?)` sets up
+//!   just that key, ≈ 5.5 MB of public and Galois keys): FC weights at any depth up to 2^16,
+//!   and shares × shares with the server's share cut into two 24-bit limbs ([`cross`]), which
+//!   the Beaver triples of [`triples`] inherit.
 //! * `layout`: Cheetah coefficient packing, response packing ([`veil_he::pack`]: many
 //!   responses share one c1) and the choice of blocks: kept weights are cut once for every
 //!   prompt length ([`WeightBlocking`]), one-off operands per product.
@@ -28,7 +33,10 @@
 //! **Security:** semi-honest, 128-bit computational (RLWE at the HE-standard bounds), 40-bit
 //! statistical for the whole session transcript (the flooding argument in the [`veil_he`] crate
 //! docs, checked from public bounds: FC weights |w·2^f| ≤ [`fc::WEIGHT_BOUND`], shares 2^(ℓ−1)).
-//! **Error:** none, every product is exact mod 2^ℓ.
+//! **Error:** none up to ℓ = 41, every product is exact mod 2^ℓ. At ℓ = 48 a product is exact
+//! except with probability 2^-69 per output (the modulus switch's rounding is budgeted by its
+//! tail bound there, see [`veil_he::RoundingBound`]; a failure is an off-by-one in the client's
+//! share, a correctness event, not a leak).
 //!
 //! Every protocol is metered on whatever label the caller has entered on the channel.
 
@@ -49,4 +57,7 @@ pub use fc::{fc_client, fc_server, FcLayer, PreparedFc};
 pub use layout::{Blocking, Layout, WeightBlocking};
 pub use lookup::{lookup_client, lookup_server, LookupMethod, LookupShape, PreparedLookup};
 pub use matmul::{PreparedMatrix, ServerJob};
-pub use veil_he::session::{ClientSession, ServerSession, SESSION_SETS, SHARED_SET};
+pub use veil_he::session::{
+    session_sets, shared_set, weight_set, ClientSession, ServerSession, SESSION_SETS, SHARED_SET,
+    WIDE_SESSION_SETS,
+};

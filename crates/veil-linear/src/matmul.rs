@@ -17,7 +17,10 @@
 //! [`veil_core::Error::Insecure`]), which keeps the
 //! whole session transcript (≤ 2^28 revealed coefficients per key) within 2^-40 of simulated
 //! ([`veil_he`] crate docs); and the decoded values are masked by R.
-//! **Error:** none: results are exact mod 2^ℓ (the noise budget is checked for the worst case).
+//! **Error:** none up to ℓ = 41: results are exact mod 2^ℓ (the noise budget is checked for
+//! the worst case). At ℓ = 48 exact except with probability 2^-69 per output: the switch's
+//! rounding is budgeted by its tail bound ([`veil_he::RoundingBound::Tail`]); a failure gives
+//! the client a share off by one, a correctness event, not a leak.
 //! **Flights:** 2 per batch (client → server, server → client), whatever the number of products.
 
 use veil_core::parallel::parallel_map;

@@ -16,7 +16,8 @@
 //! online step takes by value ([`ClientMask`], [`ServerMask`]: neither is `Clone`), so using one
 //! twice does not compile, and the client's mask and share are zeroized when dropped. The
 //! online step also checks that the mask was made for this product's shape.
-//! **Error:** none, exact mod 2^ℓ. **Flights:** offline 2 per batch (as Π_MatMul); online 1
+//! **Error:** as [`crate::matmul`] (exact mod 2^ℓ; at ℓ = 48 except with probability 2^-69
+//! per decrypted coefficient of the offline product). **Flights:** offline 2 per batch (as Π_MatMul); online 1
 //! (client → server) per batch.
 
 use veil_core::wire::{Reader, Writer};

@@ -14,7 +14,8 @@
 //! uniform and independent of A and B. A [`Triple`] is a value the online step takes by value
 //! (not `Clone`), so a triple cannot be used twice; its shares are zeroized on drop, and the
 //! online step checks each triple's shape against its operands.
-//! **Error:** none, exact mod 2^ℓ. **Flights:** offline 2 per batch (as [`crate::cross`]);
+//! **Error:** as [`crate::cross`] (exact mod 2^ℓ; at ℓ = 48 except with probability 2^-69 per
+//! decrypted coefficient, four of which make a triple's entry). **Flights:** offline 2 per batch (as [`crate::cross`]);
 //! online 2 per batch (client → server, server → client).
 
 use veil_core::wire::Writer;
