@@ -14,7 +14,7 @@
 //! context = P·V; x += o(context); h = norm(x); x += down(silu(gate(h)) ⊙ up(h)) or
 //! down(gelu_tanh(up(h))). Then the final norm and the LM head on the last position (or all).
 
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{ensure, FixedPoint, Result, RingTensor};
 
 use crate::decoder::{DecoderConfig, DecoderFamily};
 
@@ -272,6 +272,46 @@ pub fn rotary_tables(cfg: &DecoderConfig, start: usize, rows: usize) -> (Vec<f64
         }
     }
     (cos, sin)
+}
+
+/// The rotary products before their truncation: x [rows, heads·head_dim] (signed, at f bits),
+/// row r at position start + r, in each head (a, b) ↦ (a·cos − b·sin, b·cos + a·sin) with cos
+/// and sin encoded at f bits, so each result carries 2f fractional bits. The arithmetic wraps
+/// mod 2^64, so it is also right mod 2^ℓ on a party's shares: the simulator truncates these
+/// values, the two-party engine computes them locally on its shares and truncates on shares.
+pub fn rotary_accumulators(
+    cfg: &DecoderConfig,
+    fp: FixedPoint,
+    x: &[i64],
+    (rows, heads): (usize, usize),
+    start: usize,
+) -> Result<Vec<i64>> {
+    let dh = cfg.head_dim;
+    let cols = heads * dh;
+    ensure!(
+        x.len() == rows * cols,
+        InvalidArgument,
+        "rotary on {} values, expected {rows}·{heads}·{dh}",
+        x.len()
+    );
+    let half = dh / 2;
+    let (cos, sin) = rotary_tables(cfg, start, rows);
+    let enc =
+        |v: &[f64]| -> Vec<i64> { v.iter().map(|&c| fp.ring.to_signed(fp.encode(c))).collect() };
+    let (cos, sin) = (enc(&cos), enc(&sin));
+    let mut out = vec![0i64; x.len()];
+    for r in 0..rows {
+        for hd in 0..heads {
+            let base = r * cols + hd * dh;
+            for j in 0..half {
+                let (a, b) = (x[base + j], x[base + half + j]);
+                let (c, s) = (cos[r * half + j], sin[r * half + j]);
+                out[base + j] = a.wrapping_mul(c).wrapping_sub(b.wrapping_mul(s));
+                out[base + half + j] = b.wrapping_mul(c).wrapping_add(a.wrapping_mul(s));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Whether query row r (of `new` rows at positions start..) may see key column c: c ≤ start + r.
