@@ -25,7 +25,7 @@ use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
 use crate::decoder::{DecoderConfig, DecoderWeights, Linear, Matrix, Mlp, Norm};
 use crate::engine::decoder::{
     self as composition, causal_visible, rotary_accumulators, DecoderEngine, DecoderLayer,
-    DecoderNorm, LogitRows, Rows,
+    DecoderNorm, KvCache, LogitRows, Rows,
 };
 use crate::sim::{matmul_signed, max_abs, secret_products, BlockReport, Tracker};
 
@@ -412,8 +412,7 @@ impl FixedDecoder {
 /// of every step so far.
 pub struct DecoderSim<'a> {
     model: &'a FixedDecoder,
-    /// Per block: keys and values [positions, kv_heads·head_dim], row-major.
-    cache: Vec<(Vec<u64>, Vec<u64>)>,
+    cache: KvCache,
     tracker: Tracker,
     /// One per block, then the final norm and LM head; merged over steps.
     reports: Vec<BlockReport>,
@@ -426,7 +425,7 @@ impl<'a> DecoderSim<'a> {
         let n = model.config.layers;
         DecoderSim {
             model,
-            cache: vec![(Vec::new(), Vec::new()); n],
+            cache: KvCache::new(&model.config),
             tracker: Tracker::new(fp, 0),
             reports: (0..=n).map(|b| Tracker::new(fp, b).report).collect(),
         }
@@ -454,10 +453,7 @@ impl<'a> DecoderSim<'a> {
 
     /// Forgets the cache (the statistics stay).
     pub fn reset(&mut self) {
-        self.cache.iter_mut().for_each(|(k, v)| {
-            k.clear();
-            v.clear();
-        });
+        self.cache.clear();
     }
 
     /// Per block (entry `layers`: the final norm and LM head), merged over every step.
@@ -528,8 +524,7 @@ impl DecoderEngine for DecoderSim<'_> {
     type Value = RingTensor;
 
     fn cached(&self) -> usize {
-        let kv = self.model.config.kv_heads * self.model.config.head_dim;
-        self.cache.first().map_or(0, |(k, _)| k.len() / kv)
+        self.cache.positions()
     }
 
     fn embed(&mut self, ids: &[u32], start: usize) -> Result<RingTensor> {
@@ -591,25 +586,7 @@ impl DecoderEngine for DecoderSim<'_> {
         k: &RingTensor,
         v: &RingTensor,
     ) -> Result<(RingTensor, RingTensor)> {
-        let width = k.shape()[1];
-        let ring = self.ring();
-        let (ck, cv) = self
-            .cache
-            .get_mut(block)
-            .ok_or_else(|| Error::InvalidArgument(format!("no block {block}")))?;
-        ensure!(
-            ck.len() == start * width && cv.len() == start * width && v.shape()[1] == width,
-            InvalidArgument,
-            "block {block}'s cache holds {} positions, the step starts at {start}",
-            ck.len() / width.max(1)
-        );
-        ck.extend_from_slice(k.data());
-        cv.extend_from_slice(v.data());
-        let total = ck.len() / width;
-        Ok((
-            RingTensor::from_vec(ring, &[total, width], ck.clone())?,
-            RingTensor::from_vec(ring, &[total, width], cv.clone())?,
-        ))
+        self.cache.append(block, start, k, v)
     }
 
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {

@@ -174,6 +174,78 @@ pub trait DecoderEngine {
     }
 }
 
+/// A KV cache of ring values — the simulator's values, or one party's shares in the two-party
+/// engine: per block, the keys and values of every position so far, [positions, width]
+/// row-major (width = kv_heads·head_dim). The one implementation of
+/// [`DecoderEngine::append_cache`] for the engines on rings.
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    width: usize,
+    blocks: Vec<(Vec<u64>, Vec<u64>)>,
+}
+
+impl KvCache {
+    /// An empty cache for `cfg`'s blocks.
+    pub fn new(cfg: &DecoderConfig) -> Self {
+        KvCache {
+            width: cfg.kv_heads * cfg.head_dim,
+            blocks: vec![(Vec::new(), Vec::new()); cfg.layers],
+        }
+    }
+
+    /// Positions held (block 0's; a step that failed part-way may leave later blocks shorter).
+    pub fn positions(&self) -> usize {
+        self.blocks
+            .first()
+            .map_or(0, |(k, _)| k.len() / self.width.max(1))
+    }
+
+    /// Forgets every position.
+    pub fn clear(&mut self) {
+        self.blocks.iter_mut().for_each(|(k, v)| {
+            k.clear();
+            v.clear();
+        });
+    }
+
+    /// [`DecoderEngine::append_cache`]: appends the rows of `k` and `v` [new, width] to block
+    /// `block`, which must hold exactly `start` positions; returns all of them.
+    pub fn append(
+        &mut self,
+        block: usize,
+        start: usize,
+        k: &RingTensor,
+        v: &RingTensor,
+    ) -> Result<(RingTensor, RingTensor)> {
+        let width = self.width;
+        let (new, cols) = k.dims();
+        ensure!(
+            cols == width && v.dims() == (new, width) && k.ring() == v.ring(),
+            InvalidArgument,
+            "keys {:?} and values {:?} for a cache {width} wide",
+            k.shape(),
+            v.shape()
+        );
+        let (ck, cv) = self
+            .blocks
+            .get_mut(block)
+            .ok_or_else(|| veil_core::Error::InvalidArgument(format!("no block {block}")))?;
+        ensure!(
+            ck.len() == start * width && cv.len() == start * width,
+            InvalidArgument,
+            "block {block}'s cache holds {} positions, the step starts at {start}",
+            ck.len() / width.max(1)
+        );
+        ck.extend_from_slice(k.data());
+        cv.extend_from_slice(v.data());
+        let total = start + new;
+        Ok((
+            RingTensor::from_vec(k.ring(), &[total, width], ck.clone())?,
+            RingTensor::from_vec(k.ring(), &[total, width], cv.clone())?,
+        ))
+    }
+}
+
 /// Runs `ids` (the next positions after the engine's cache) through every block and the LM
 /// head; returns the logits [1 or ids, vocab]. The cache grows by `ids.len()` positions; after
 /// an error it is inconsistent and the engine must be reset.

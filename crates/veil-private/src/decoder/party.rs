@@ -9,7 +9,7 @@ use veil_linear::{ClientSession, ServerSession};
 use veil_model::decoder::{DecoderConfig, DecoderFamily};
 use veil_model::engine::decoder::{
     causal_visible, forward, rotary_accumulators, DecoderEngine, DecoderLayer, DecoderNorm,
-    LogitRows, Rows,
+    KvCache, LogitRows, Rows,
 };
 use veil_model::{DecoderFormat, DecoderTables, ProductTruncation};
 use veil_net::{Channel, Meter, Role};
@@ -26,14 +26,6 @@ pub enum DecoderSide<'a> {
     Server(&'a ServerSession, &'a ServerDecoder),
 }
 
-/// This party's shares of one block's keys and values, [positions, kv_heads·head_dim]
-/// row-major.
-#[derive(Default)]
-struct BlockCache {
-    keys: Vec<u64>,
-    values: Vec<u64>,
-}
-
 /// One party's state for one generation: the channel, the OT pools, its side, and its shares of
 /// every block's KV cache, which grows by the new positions at every step. Both parties run
 /// the same [`forward`] in lock-step; the client drives it with [`DecoderParty::client_step`]
@@ -46,7 +38,8 @@ pub struct DecoderParty<'a, C: Channel> {
     format: DecoderFormat,
     mode: TruncMode,
     context_limit: usize,
-    cache: Vec<BlockCache>,
+    /// This party's shares of every block's keys and values.
+    cache: KvCache,
     /// Set while a step runs: a step that failed part-way leaves some blocks' caches longer
     /// than others, so later steps are refused until [`DecoderParty::reset`].
     broken: bool,
@@ -77,7 +70,7 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
             ProductTruncation::Faithful => TruncMode::Faithful,
             ProductTruncation::OneBitError => TruncMode::OneBitError,
         };
-        let cache = (0..cfg.layers).map(|_| BlockCache::default()).collect();
+        let cache = KvCache::new(cfg);
         Ok(DecoderParty {
             ch,
             ot,
@@ -133,9 +126,7 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
 
     /// Forgets the cache: a new generation on the same session (after a failed step too).
     pub fn reset(&mut self) {
-        self.cache
-            .iter_mut()
-            .for_each(|b| *b = BlockCache::default());
+        self.cache.clear();
         self.broken = false;
     }
 
@@ -218,9 +209,7 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     type Value = RingTensor;
 
     fn cached(&self) -> usize {
-        let cfg = self.cfg();
-        let width = cfg.kv_heads * cfg.head_dim;
-        self.cache.first().map_or(0, |b| b.keys.len() / width)
+        self.cache.positions()
     }
 
     /// Client: the embedding of its ids, computed from the public tables as the simulator
@@ -300,40 +289,14 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         k: &RingTensor,
         v: &RingTensor,
     ) -> Result<(RingTensor, RingTensor)> {
-        let cfg = self.cfg();
-        let width = cfg.kv_heads * cfg.head_dim;
-        let (new, cols) = k.dims();
-        ensure!(
-            cols == width && v.dims() == (new, width),
-            InvalidArgument,
-            "keys {:?} and values {:?} for a cache {width} wide",
-            k.shape(),
-            v.shape()
-        );
-        let total = start + new;
+        let total = start + k.dims().0;
         if total > self.context_limit {
             return Err(Error::Refused(format!(
                 "{total} positions exceed the generation's context limit of {}",
                 self.context_limit
             )));
         }
-        let ring = k.ring();
-        let b = self
-            .cache
-            .get_mut(block)
-            .ok_or_else(|| Error::InvalidArgument(format!("no block {block}")))?;
-        ensure!(
-            b.keys.len() == start * width,
-            InvalidArgument,
-            "block {block}'s cache holds {} positions, the step starts at {start}",
-            b.keys.len() / width
-        );
-        b.keys.extend_from_slice(k.data());
-        b.values.extend_from_slice(v.data());
-        Ok((
-            RingTensor::from_vec(ring, &[total, width], b.keys.clone())?,
-            RingTensor::from_vec(ring, &[total, width], b.values.clone())?,
-        ))
+        self.cache.append(block, start, k, v)
     }
 
     /// Every pair in one batch of HE products of shares by shares (`veil_linear::cross`), then
