@@ -346,7 +346,13 @@ fn a_context_beyond_the_limit_is_refused_cleanly() {
         ProductTruncation::Faithful,
         limit,
         &|p| limit_script(p, client),
-        &|p| limit_script(p, server),
+        &|p| {
+            let out = limit_script(p, server)?;
+            // A count from a hostile client is refused before anything is allocated.
+            let huge = p.server_step(usize::MAX);
+            assert!(matches!(huge, Err(Error::Refused(_))), "{huge:?}");
+            Ok(out)
+        },
     );
     assert!(err.contains("context limit of 7"), "{err}");
     assert_eq!(err, server_err);

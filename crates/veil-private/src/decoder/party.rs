@@ -120,6 +120,8 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
             InvalidArgument,
             "the client runs client_step with its token ids"
         );
+        // Checked before the placeholders are allocated: `tokens` may come from the peer.
+        self.check_room(tokens)?;
         // Placeholders: the server's embedding share is zero whatever the ids.
         self.step(&vec![0; tokens]).map(drop)
     }
@@ -130,23 +132,29 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         self.broken = false;
     }
 
-    /// Checks the context limit before anything is sent (both parties refuse the same step
-    /// from public numbers alone, so neither waits for the other), then runs the composition.
-    fn step(&mut self, ids: &[u32]) -> Result<RingTensor> {
+    /// Refuses a step of `tokens` new positions before anything is sent when it cannot run:
+    /// after a failed step, for no tokens, or beyond the context limit. Both parties decide
+    /// from public numbers alone, so both refuse the same step and neither waits for the other.
+    fn check_room(&self, tokens: usize) -> Result<()> {
         ensure!(
             !self.broken,
             InvalidArgument,
             "an earlier step failed part-way and left the KV cache inconsistent: reset the generation"
         );
-        ensure!(!ids.is_empty(), InvalidArgument, "no tokens to run");
+        ensure!(tokens > 0, InvalidArgument, "no tokens to run");
         let start = self.cached();
-        if start + ids.len() > self.context_limit {
+        if tokens > self.context_limit.saturating_sub(start) {
             return Err(Error::Refused(format!(
-                "{} more positions after {start} exceed the generation's context limit of {}",
-                ids.len(),
+                "{tokens} more positions after {start} exceed the generation's context limit of {}",
                 self.context_limit
             )));
         }
+        Ok(())
+    }
+
+    /// Runs the composition on the next positions, after [`DecoderParty::check_room`].
+    fn step(&mut self, ids: &[u32]) -> Result<RingTensor> {
+        self.check_room(ids.len())?;
         let cfg = self.cfg();
         self.broken = true;
         let logits = forward(self, cfg, ids, LogitRows::Last)?;
