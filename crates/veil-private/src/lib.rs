@@ -79,7 +79,7 @@ pub use client::{
 };
 pub use connection::{ClientConnection, ClientOptions, Tokens};
 pub use deadlines::{Deadlines, IDLE_TIMEOUT};
-pub use decoder::{DecoderParty, DecoderSide, ServerDecoder};
+pub use decoder::{DecoderParty, DecoderSide, Generation, ServerDecoder};
 pub use embedding::{
     cache_bytes, preparation_bytes, PreparationInUse, ServerEmbedding, PREPARED_LENGTHS_KEPT,
 };

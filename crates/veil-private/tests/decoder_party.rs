@@ -19,7 +19,7 @@ use veil_model::engine::decoder::LogitRows;
 use veil_model::{DecoderFormat, FixedDecoder, ProductTruncation};
 use veil_net::{LabelStats, MemChannel, Role};
 use veil_nonlinear::OtSession;
-use veil_private::{DecoderParty, DecoderSide, ServerDecoder};
+use veil_private::{DecoderParty, DecoderSide, Generation, ServerDecoder};
 use veil_test_harness::two_party::run_mem;
 
 /// A prompt of 5 tokens of the tiny vocabulary (269 tokens).
@@ -93,16 +93,19 @@ fn two_party<T: Send>(
 ) -> (T, T) {
     let model = ServerDecoder::new(fixed.clone()).unwrap();
     let ring = fixed.fp().ring;
-    run_mem(|ot: &mut OtSession, ch, role| match role {
-        Role::Client => {
-            let lin = ClientSession::setup(ch, ring)?;
-            let side = DecoderSide::Client(&lin, fixed.tables());
-            client(&mut DecoderParty::new(ch, ot, side, mode, limit)?)
-        }
-        Role::Server => {
-            let lin = ServerSession::setup(ch, ring)?;
-            let side = DecoderSide::Server(&lin, &model);
-            server(&mut DecoderParty::new(ch, ot, side, mode, limit)?)
+    run_mem(|ot: &mut OtSession, ch, role| {
+        let mut generation = Generation::new(&fixed.config, mode, limit)?;
+        match role {
+            Role::Client => {
+                let lin = ClientSession::setup(ch, ring)?;
+                let side = DecoderSide::Client(&lin, fixed.tables());
+                client(&mut DecoderParty::new(ch, ot, side, &mut generation)?)
+            }
+            Role::Server => {
+                let lin = ServerSession::setup(ch, ring)?;
+                let side = DecoderSide::Server(&lin, &model);
+                server(&mut DecoderParty::new(ch, ot, side, &mut generation)?)
+            }
         }
     })
 }
@@ -367,23 +370,10 @@ fn a_context_beyond_the_limit_is_refused_cleanly() {
         "the reset generation differs from the simulator's"
     );
     // A limit beyond the model's positions is refused when the generation is made.
-    let model = ServerDecoder::new(fixed.clone()).unwrap();
     let max = fixed.config.max_positions;
-    let (e, _) = run_mem(|ot, ch, role| {
-        let ring = fixed.fp().ring;
-        let made = match role {
-            Role::Client => {
-                let lin = ClientSession::setup(ch, ring)?;
-                let side = DecoderSide::Client(&lin, fixed.tables());
-                DecoderParty::new(ch, ot, side, ProductTruncation::Faithful, max + 1).map(drop)
-            }
-            Role::Server => {
-                let lin = ServerSession::setup(ch, ring)?;
-                let side = DecoderSide::Server(&lin, &model);
-                DecoderParty::new(ch, ot, side, ProductTruncation::Faithful, max + 1).map(drop)
-            }
-        };
-        Ok(made.unwrap_err().to_string())
-    });
+    let e = Generation::new(&fixed.config, ProductTruncation::Faithful, max + 1)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("the model takes 1..=64"), "{e}");
 }

@@ -23,10 +23,16 @@
 //! operator class is exact.
 //!
 //! **KV cache.** Each party appends its shares of every block's new keys and values to its own
-//! cache ([`DecoderParty`] holds it); the context limit is fixed when the generation starts,
-//! and a step that would exceed it is refused by both parties before anything is sent
-//! (`veil_core::Error::Refused`). [`DecoderParty::cache_bytes`] is what one party's cache
-//! takes at that limit.
+//! cache, held by its [`Generation`] between steps; the context limit is fixed when the
+//! generation starts, and a step that would exceed it is refused by both parties before
+//! anything is sent (`veil_core::Error::Refused`). [`Generation::cache_bytes`] is what one
+//! party's cache takes at that limit.
+//!
+//! **Driving it.** Each party makes a [`Generation`] (the model's configuration, the
+//! truncation mode both agreed on, the context limit) and, for its steps, a [`DecoderParty`]
+//! over its channel, OT session, side ([`DecoderSide`]) and that generation. The client calls
+//! [`DecoderParty::client_step`] with the prompt's ids, then with each token it picked from the
+//! returned logits; the server calls [`DecoderParty::server_step`] with the same counts.
 //!
 //! **Security model.** Semi-honest client and server, the protocols of veil-linear and
 //! veil-nonlinear composed sequentially on uniformly masked shares (128-bit computational,
@@ -64,4 +70,4 @@ mod model;
 mod party;
 
 pub use model::ServerDecoder;
-pub use party::{DecoderParty, DecoderSide};
+pub use party::{DecoderParty, DecoderSide, Generation};

@@ -26,40 +26,29 @@ pub enum DecoderSide<'a> {
     Server(&'a ServerSession, &'a ServerDecoder),
 }
 
-/// One party's state for one generation: the channel, the OT pools, its side, and its shares of
-/// every block's KV cache, which grows by the new positions at every step. Both parties run
-/// the same [`forward`] in lock-step; the client drives it with [`DecoderParty::client_step`]
-/// (its token ids), the server with [`DecoderParty::server_step`] (their number only).
-pub struct DecoderParty<'a, C: Channel> {
-    ch: &'a mut C,
-    ot: &'a mut OtSession,
-    side: DecoderSide<'a>,
-    ax: Approx,
-    format: DecoderFormat,
+/// One generation's state on one party, kept between its steps (a server's session holds it
+/// while its channel waits for the next request): the context limit, the truncation mode, and
+/// this party's shares of every block's KV cache, which grows by the new positions at every
+/// step. Dropping it frees the cache, however the generation ends.
+pub struct Generation {
+    cfg: DecoderConfig,
     mode: TruncMode,
     context_limit: usize,
-    /// This party's shares of every block's keys and values.
     cache: KvCache,
     /// Set while a step runs: a step that failed part-way leaves some blocks' caches longer
-    /// than others, so later steps are refused until [`DecoderParty::reset`].
+    /// than others, so later steps are refused until [`Generation::reset`].
     broken: bool,
 }
 
-impl<'a, C: Channel> DecoderParty<'a, C> {
-    /// A generation with an empty KV cache that may hold up to `context_limit` positions (the
-    /// prompt and every generated token; at most the model's `max_positions`). `truncation`
-    /// must be the other party's: it decides the protocol each truncation runs.
+impl Generation {
+    /// An empty KV cache for a model shaped `cfg` that may hold up to `context_limit` positions
+    /// (the prompt and every generated token; at most the model's `max_positions`).
+    /// `truncation` must be the other party's: it decides the protocol each truncation runs.
     pub fn new(
-        ch: &'a mut C,
-        ot: &'a mut OtSession,
-        side: DecoderSide<'a>,
+        cfg: &DecoderConfig,
         truncation: ProductTruncation,
         context_limit: usize,
     ) -> Result<Self> {
-        let (cfg, format, ax) = match &side {
-            DecoderSide::Client(_, t) => (t.config(), t.format(), t.approx()),
-            DecoderSide::Server(_, m) => (m.config(), m.fixed().format, m.fixed().approx),
-        };
         ensure!(
             (1..=cfg.max_positions).contains(&context_limit),
             InvalidArgument,
@@ -70,16 +59,11 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
             ProductTruncation::Faithful => TruncMode::Faithful,
             ProductTruncation::OneBitError => TruncMode::OneBitError,
         };
-        let cache = KvCache::new(cfg);
-        Ok(DecoderParty {
-            ch,
-            ot,
-            side,
-            ax,
-            format,
+        Ok(Generation {
+            cfg: cfg.clone(),
             mode,
             context_limit,
-            cache,
+            cache: KvCache::new(cfg),
             broken: false,
         })
     }
@@ -93,6 +77,78 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
     /// The most positions this generation's cache may hold.
     pub fn context_limit(&self) -> usize {
         self.context_limit
+    }
+
+    /// Positions cached so far.
+    pub fn positions(&self) -> usize {
+        self.cache.positions()
+    }
+
+    /// Forgets the cache: a new generation with the same limit (after a failed step too).
+    pub fn reset(&mut self) {
+        self.cache.clear();
+        self.broken = false;
+    }
+
+    /// Refuses a step of `tokens` new positions before anything is sent when it cannot run:
+    /// after a failed step, for no tokens, or beyond the context limit. Both parties decide
+    /// from public numbers alone, so both refuse the same step and neither waits for the other.
+    pub fn check_room(&self, tokens: usize) -> Result<()> {
+        ensure!(
+            !self.broken,
+            InvalidArgument,
+            "an earlier step failed part-way and left the KV cache inconsistent: reset the generation"
+        );
+        ensure!(tokens > 0, InvalidArgument, "no tokens to run");
+        let start = self.positions();
+        if tokens > self.context_limit.saturating_sub(start) {
+            return Err(Error::Refused(format!(
+                "{tokens} more positions after {start} exceed the generation's context limit of {}",
+                self.context_limit
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One party's steps of a [`Generation`]: the channel, the OT pools and its side, borrowed for
+/// as many steps as the caller likes. Both parties run the same [`forward`] in lock-step; the
+/// client drives it with [`DecoderParty::client_step`] (its token ids), the server with
+/// [`DecoderParty::server_step`] (their number only).
+pub struct DecoderParty<'a, C: Channel> {
+    ch: &'a mut C,
+    ot: &'a mut OtSession,
+    side: DecoderSide<'a>,
+    ax: Approx,
+    format: DecoderFormat,
+    generation: &'a mut Generation,
+}
+
+impl<'a, C: Channel> DecoderParty<'a, C> {
+    /// This party's steps of `generation`, which must have been made for the side's model.
+    pub fn new(
+        ch: &'a mut C,
+        ot: &'a mut OtSession,
+        side: DecoderSide<'a>,
+        generation: &'a mut Generation,
+    ) -> Result<Self> {
+        let (cfg, format, ax) = match &side {
+            DecoderSide::Client(_, t) => (t.config(), t.format(), t.approx()),
+            DecoderSide::Server(_, m) => (m.config(), m.fixed().format, m.fixed().approx),
+        };
+        ensure!(
+            *cfg == generation.cfg,
+            InvalidArgument,
+            "a generation made for another model"
+        );
+        Ok(DecoderParty {
+            ch,
+            ot,
+            side,
+            ax,
+            format,
+            generation,
+        })
     }
 
     /// The channel's meter (per-step costs are differences of its snapshots).
@@ -121,44 +177,23 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
             "the client runs client_step with its token ids"
         );
         // Checked before the placeholders are allocated: `tokens` may come from the peer.
-        self.check_room(tokens)?;
+        self.generation.check_room(tokens)?;
         // Placeholders: the server's embedding share is zero whatever the ids.
         self.step(&vec![0; tokens]).map(drop)
     }
 
-    /// Forgets the cache: a new generation on the same session (after a failed step too).
+    /// Forgets the cache ([`Generation::reset`]).
     pub fn reset(&mut self) {
-        self.cache.clear();
-        self.broken = false;
+        self.generation.reset();
     }
 
-    /// Refuses a step of `tokens` new positions before anything is sent when it cannot run:
-    /// after a failed step, for no tokens, or beyond the context limit. Both parties decide
-    /// from public numbers alone, so both refuse the same step and neither waits for the other.
-    fn check_room(&self, tokens: usize) -> Result<()> {
-        ensure!(
-            !self.broken,
-            InvalidArgument,
-            "an earlier step failed part-way and left the KV cache inconsistent: reset the generation"
-        );
-        ensure!(tokens > 0, InvalidArgument, "no tokens to run");
-        let start = self.cached();
-        if tokens > self.context_limit.saturating_sub(start) {
-            return Err(Error::Refused(format!(
-                "{tokens} more positions after {start} exceed the generation's context limit of {}",
-                self.context_limit
-            )));
-        }
-        Ok(())
-    }
-
-    /// Runs the composition on the next positions, after [`DecoderParty::check_room`].
+    /// Runs the composition on the next positions, after [`Generation::check_room`].
     fn step(&mut self, ids: &[u32]) -> Result<RingTensor> {
-        self.check_room(ids.len())?;
+        self.generation.check_room(ids.len())?;
         let cfg = self.cfg();
-        self.broken = true;
+        self.generation.broken = true;
         let logits = forward(self, cfg, ids, LogitRows::Last)?;
-        self.broken = false;
+        self.generation.broken = false;
         Ok(logits)
     }
 
@@ -180,7 +215,7 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
     fn cx(&mut self) -> Ctx<'_, C> {
         let role = self.role();
         let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
-        cx.trunc_mode = self.mode;
+        cx.trunc_mode = self.generation.mode;
         cx
     }
 
@@ -217,7 +252,7 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     type Value = RingTensor;
 
     fn cached(&self) -> usize {
-        self.cache.positions()
+        self.generation.positions()
     }
 
     /// Client: the embedding of its ids, computed from the public tables as the simulator
@@ -259,7 +294,7 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
             DecoderSide::Server(s, m) => (Some(m.fixed().norm_weights(id)?), HeKeys::server(s)?),
             DecoderSide::Client(s, _) => (None, HeKeys::client(s)?),
         };
-        let mode = self.mode;
+        let mode = self.generation.mode;
         let role = self.role();
         let mut cx = Ctx::new(self.ot, self.ch, role, self.ax).with_he(keys)?;
         cx.trunc_mode = mode;
@@ -298,13 +333,13 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         v: &RingTensor,
     ) -> Result<(RingTensor, RingTensor)> {
         let total = start + k.dims().0;
-        if total > self.context_limit {
+        let limit = self.generation.context_limit;
+        if total > limit {
             return Err(Error::Refused(format!(
-                "{total} positions exceed the generation's context limit of {}",
-                self.context_limit
+                "{total} positions exceed the generation's context limit of {limit}"
             )));
         }
-        self.cache.append(block, start, k, v)
+        self.generation.cache.append(block, start, k, v)
     }
 
     /// Every pair in one batch of HE products of shares by shares (`veil_linear::cross`), then
