@@ -20,12 +20,12 @@
 //! step of a generation ([`DecoderSim::reports`], [`DecoderSim::warnings`]).
 
 use veil_core::approx::{Approx, LayerNormPlan};
-use veil_core::{ensure, Error, FixedPoint, Result, RingTensor};
+use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
 
 use crate::decoder::{DecoderConfig, DecoderWeights, Linear, Matrix, Mlp, Norm};
 use crate::engine::decoder::{
-    self as composition, causal_visible, rotary_tables, DecoderEngine, DecoderLayer, DecoderNorm,
-    LogitRows,
+    self as composition, causal_visible, rotary_accumulators, DecoderEngine, DecoderLayer,
+    DecoderNorm, KvCache, LogitRows, Rows,
 };
 use crate::sim::{matmul_signed, max_abs, secret_products, BlockReport, Tracker};
 
@@ -137,6 +137,128 @@ struct FixedBlock {
     down: FixedLinear,
 }
 
+/// The decoder's tables at f bits: the token embedding, GPT-2's learned position rows and the
+/// output table (the token embedding when tied). For an open model they are public, so the
+/// two-party pass lets the client embed its own tokens and apply the output table to the normed
+/// hidden row in the clear (`veil_private`'s decoder engine): these two methods are the
+/// simulator's own embedding and LM head, so the client's values are the simulator's.
+#[derive(Clone, Debug)]
+pub struct DecoderTables {
+    approx: Approx,
+    format: DecoderFormat,
+    config: DecoderConfig,
+    /// [vocab, hidden].
+    token: FixedLinear,
+    /// [max_positions, hidden] (GPT-2).
+    position: Option<FixedLinear>,
+    /// [vocab, hidden] when not tied to `token`.
+    output: Option<FixedLinear>,
+}
+
+impl DecoderTables {
+    /// The decoder's shape and family.
+    pub fn config(&self) -> &DecoderConfig {
+        &self.config
+    }
+
+    /// The fixed-point algorithms at the format's ring.
+    pub fn approx(&self) -> Approx {
+        self.approx
+    }
+
+    /// The format the tables (and the whole decoder) are encoded at.
+    pub fn format(&self) -> DecoderFormat {
+        self.format
+    }
+
+    /// The embedding of `ids` at positions start.. (token row plus the position row for
+    /// GPT-2), [ids, hidden] at f bits.
+    pub fn embed(&self, ids: &[u32], start: usize) -> Result<RingTensor> {
+        let (h, ring) = (self.config.hidden, self.approx.fp.ring);
+        if let Some(p) = &self.position {
+            ensure!(
+                start + ids.len() <= p.rows,
+                InvalidArgument,
+                "positions up to {} exceed the position table's {}",
+                start + ids.len(),
+                p.rows
+            );
+        }
+        let mut out = Vec::with_capacity(ids.len() * h);
+        for (r, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            ensure!(
+                id < self.config.vocab_size,
+                InvalidArgument,
+                "token id {id} outside the vocabulary of {}",
+                self.config.vocab_size
+            );
+            let tok = &self.token.weight[id * h..(id + 1) * h];
+            let pos = self
+                .position
+                .as_ref()
+                .map(|p| &p.weight[(start + r) * h..(start + r + 1) * h]);
+            for c in 0..h {
+                let v = tok[c] as i64 + pos.map_or(0, |p| p[c] as i64);
+                out.push(ring.from_signed(v));
+            }
+        }
+        RingTensor::from_vec(ring, &[ids.len(), h], out)
+    }
+
+    /// The LM head: ⌊h·Tᵀ / 2^f⌋ for the normed rows h [rows, hidden], logits [rows, vocab]
+    /// at f bits (the simulator's `linear` of [`DecoderLayer::LmHead`]).
+    pub fn logits(&self, h: &RingTensor) -> Result<RingTensor> {
+        let mut unused = Tracker::new(self.approx.fp, 0);
+        linear_signed(
+            &self.approx,
+            self.output(),
+            DecoderLayer::LmHead,
+            h,
+            &mut unused,
+        )
+    }
+
+    fn output(&self) -> &FixedLinear {
+        self.output.as_ref().unwrap_or(&self.token)
+    }
+}
+
+/// ⌊(x·Wᵀ + b) / 2^f⌋ of layer `id` with an exact accumulator, recorded in `tracker`.
+fn linear_signed(
+    ax: &Approx,
+    l: &FixedLinear,
+    id: DecoderLayer,
+    x: &RingTensor,
+    tracker: &mut Tracker,
+) -> Result<RingTensor> {
+    let ring = ax.fp.ring;
+    let &[rows, inner] = x.shape() else {
+        bail!(
+            InvalidArgument,
+            "{id:?} takes a matrix, got {:?}",
+            x.shape()
+        );
+    };
+    ensure!(
+        inner == l.cols && x.ring() == ring,
+        InvalidArgument,
+        "{id:?} expects {} inputs in a {}-bit ring, got {inner}",
+        l.cols,
+        ring.bits()
+    );
+    let sx: Vec<i64> = x.data().iter().map(|&v| ring.to_signed(v)).collect();
+    let out = matmul_signed(
+        ax,
+        &sx,
+        &l.weight,
+        (rows, inner, l.rows),
+        l.bias.as_deref(),
+        tracker,
+    );
+    RingTensor::from_vec(ring, &[rows, l.rows], out)
+}
+
 /// The encoded decoder: what the server would hold in the private pass.
 #[derive(Clone, Debug)]
 pub struct FixedDecoder {
@@ -146,12 +268,9 @@ pub struct FixedDecoder {
     pub format: DecoderFormat,
     /// The decoder's shape and family.
     pub config: DecoderConfig,
-    /// [vocab, hidden] at f bits (the LM head too when tied).
-    token_embedding: FixedLinear,
-    position_embedding: Option<FixedLinear>,
+    tables: DecoderTables,
     blocks: Vec<FixedBlock>,
     final_norm: FixedNorm,
-    lm_head: Option<FixedLinear>,
 }
 
 impl FixedDecoder {
@@ -193,24 +312,65 @@ impl FixedDecoder {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(FixedDecoder {
+        let tables = DecoderTables {
             approx,
             format,
             config: c.clone(),
-            token_embedding: encode_matrix(fp, &w.token_embedding, 1.0)?,
-            position_embedding: w
+            token: encode_matrix(fp, &w.token_embedding, 1.0)?,
+            position: w
                 .position_embedding
                 .as_ref()
                 .map(|p| encode_matrix(fp, p, 1.0))
                 .transpose()?,
-            blocks,
-            final_norm: norm(&w.final_norm),
-            lm_head: w
+            output: w
                 .lm_head
                 .as_ref()
                 .map(|m| encode_matrix(fp, m, 1.0))
                 .transpose()?,
+        };
+        Ok(FixedDecoder {
+            approx,
+            format,
+            config: c.clone(),
+            tables,
+            blocks,
+            final_norm: norm(&w.final_norm),
         })
+    }
+
+    /// The embedding and output tables (public for an open model).
+    pub fn tables(&self) -> &DecoderTables {
+        &self.tables
+    }
+
+    /// Layer `id`'s weight [out, in] at f bits and bias [out] at 2f bits as ring elements: what
+    /// the server of the two-party pass prepares for its HE products. The LM head is not one of
+    /// them (its table is public: [`DecoderTables::logits`]).
+    pub fn linear_weights(&self, id: DecoderLayer) -> Result<(RingTensor, Option<RingTensor>)> {
+        ensure!(
+            id != DecoderLayer::LmHead,
+            InvalidArgument,
+            "the LM head is a public table, not a private layer"
+        );
+        let l = self.layer(id)?;
+        let ring = self.fp().ring;
+        let w = l
+            .weight
+            .iter()
+            .map(|&v| ring.from_signed(v.into()))
+            .collect();
+        let bias = l
+            .bias
+            .as_ref()
+            .map(|b| RingTensor::from_vec(ring, &[l.rows], b.clone()))
+            .transpose()?;
+        Ok((RingTensor::from_vec(ring, &[l.rows, l.cols], w)?, bias))
+    }
+
+    /// Norm `id`'s γ and (LayerNorm) β at f bits: the server's side of the two-party norm.
+    pub fn norm_weights(&self, id: DecoderNorm) -> Result<(&[u64], Option<&[u64]>)> {
+        let n = self.norm_params(id)?;
+        Ok((&n.gamma, n.beta.as_deref()))
     }
 
     /// The ring and fractional bits.
@@ -229,7 +389,7 @@ impl FixedDecoder {
             DecoderLayer::Gate(i) => b(i)?.gate.as_ref().ok_or_else(missing)?,
             DecoderLayer::Up(i) => &b(i)?.up,
             DecoderLayer::Down(i) => &b(i)?.down,
-            DecoderLayer::LmHead => self.lm_head.as_ref().unwrap_or(&self.token_embedding),
+            DecoderLayer::LmHead => self.tables.output(),
         })
     }
 
@@ -252,8 +412,7 @@ impl FixedDecoder {
 /// of every step so far.
 pub struct DecoderSim<'a> {
     model: &'a FixedDecoder,
-    /// Per block: keys and values [positions, kv_heads·head_dim], row-major.
-    cache: Vec<(Vec<u64>, Vec<u64>)>,
+    cache: KvCache,
     tracker: Tracker,
     /// One per block, then the final norm and LM head; merged over steps.
     reports: Vec<BlockReport>,
@@ -266,7 +425,7 @@ impl<'a> DecoderSim<'a> {
         let n = model.config.layers;
         DecoderSim {
             model,
-            cache: vec![(Vec::new(), Vec::new()); n],
+            cache: KvCache::new(&model.config),
             tracker: Tracker::new(fp, 0),
             reports: (0..=n).map(|b| Tracker::new(fp, b).report).collect(),
         }
@@ -294,10 +453,7 @@ impl<'a> DecoderSim<'a> {
 
     /// Forgets the cache (the statistics stay).
     pub fn reset(&mut self) {
-        self.cache.iter_mut().for_each(|(k, v)| {
-            k.clear();
-            v.clear();
-        });
+        self.cache.clear();
     }
 
     /// Per block (entry `layers`: the final norm and LM head), merged over every step.
@@ -368,54 +524,16 @@ impl DecoderEngine for DecoderSim<'_> {
     type Value = RingTensor;
 
     fn cached(&self) -> usize {
-        let kv = self.model.config.kv_heads * self.model.config.head_dim;
-        self.cache.first().map_or(0, |(k, _)| k.len() / kv)
+        self.cache.positions()
     }
 
     fn embed(&mut self, ids: &[u32], start: usize) -> Result<RingTensor> {
-        let m = self.model;
-        let (h, ring) = (m.config.hidden, self.ring());
-        let mut out = Vec::with_capacity(ids.len() * h);
-        for (r, &id) in ids.iter().enumerate() {
-            let id = id as usize;
-            ensure!(
-                id < m.config.vocab_size,
-                InvalidArgument,
-                "token id {id} outside the vocabulary of {}",
-                m.config.vocab_size
-            );
-            let tok = &m.token_embedding.weight[id * h..(id + 1) * h];
-            let pos = m
-                .position_embedding
-                .as_ref()
-                .map(|p| &p.weight[(start + r) * h..(start + r + 1) * h]);
-            for c in 0..h {
-                let v = tok[c] as i64 + pos.map_or(0, |p| p[c] as i64);
-                out.push(ring.from_signed(v));
-            }
-        }
-        RingTensor::from_vec(ring, &[ids.len(), h], out)
+        self.model.tables.embed(ids, start)
     }
 
     fn linear(&mut self, id: DecoderLayer, x: &RingTensor) -> Result<RingTensor> {
-        let l = self.model.layer(id)?;
-        let (rows, inner) = (x.shape()[0], x.shape()[1]);
-        ensure!(
-            inner == l.cols,
-            InvalidArgument,
-            "{id:?} expects {} inputs, got {inner}",
-            l.cols
-        );
-        let sx = self.signed(x.data());
-        let out = matmul_signed(
-            &self.model.approx,
-            &sx,
-            &l.weight,
-            (rows, inner, l.rows),
-            l.bias.as_deref(),
-            &mut self.tracker,
-        );
-        RingTensor::from_vec(self.ring(), &[rows, l.rows], out)
+        let m = self.model;
+        linear_signed(&m.approx, m.layer(id)?, id, x, &mut self.tracker)
     }
 
     fn norm(&mut self, id: DecoderNorm, x: &RingTensor) -> Result<RingTensor> {
@@ -443,35 +561,20 @@ impl DecoderEngine for DecoderSim<'_> {
 
     fn rotary(&mut self, x: &RingTensor, heads: usize, start: usize) -> Result<RingTensor> {
         let m = self.model;
-        let (fp, dh) = (m.fp(), m.config.head_dim);
-        let (rows, cols) = (x.shape()[0], x.shape()[1]);
+        let fp = m.fp();
+        let (rows, cols) = x.dims();
         ensure!(
-            cols == heads * dh,
+            cols == heads * m.config.head_dim,
             InvalidArgument,
-            "rotary on {cols} columns, expected {heads}·{dh}"
+            "rotary on {cols} columns, expected {heads}·{}",
+            m.config.head_dim
         );
-        let half = dh / 2;
-        let (cos, sin) = rotary_tables(&m.config, start, rows);
-        let enc = |v: &[f64]| -> Vec<i64> {
-            v.iter().map(|&c| fp.ring.to_signed(fp.encode(c))).collect()
-        };
-        let (cos, sin) = (enc(&cos), enc(&sin));
         let sx = self.signed(x.data());
-        let mut out = vec![0u64; x.len()];
-        for r in 0..rows {
-            for hd in 0..heads {
-                let base = r * cols + hd * dh;
-                for j in 0..half {
-                    let (a, b) = (sx[base + j], sx[base + half + j]);
-                    let (c, s) = (cos[r * half + j], sin[r * half + j]);
-                    let lo = a.wrapping_mul(c).wrapping_sub(b.wrapping_mul(s));
-                    let hi = b.wrapping_mul(c).wrapping_add(a.wrapping_mul(s));
-                    for (slot, acc) in [(base + j, lo), (base + half + j, hi)] {
-                        self.tracker.accumulator(acc);
-                        out[slot] = m.approx.trunc(fp.ring.from_signed(acc), fp.frac_bits());
-                    }
-                }
-            }
+        let acc = rotary_accumulators(&m.config, fp, &sx, (rows, heads), start)?;
+        let mut out = Vec::with_capacity(acc.len());
+        for a in acc {
+            self.tracker.accumulator(a);
+            out.push(m.approx.trunc(fp.ring.from_signed(a), fp.frac_bits()));
         }
         RingTensor::from_vec(fp.ring, x.shape(), out)
     }
@@ -483,25 +586,7 @@ impl DecoderEngine for DecoderSim<'_> {
         k: &RingTensor,
         v: &RingTensor,
     ) -> Result<(RingTensor, RingTensor)> {
-        let width = k.shape()[1];
-        let ring = self.ring();
-        let (ck, cv) = self
-            .cache
-            .get_mut(block)
-            .ok_or_else(|| Error::InvalidArgument(format!("no block {block}")))?;
-        ensure!(
-            ck.len() == start * width && cv.len() == start * width && v.shape()[1] == width,
-            InvalidArgument,
-            "block {block}'s cache holds {} positions, the step starts at {start}",
-            ck.len() / width.max(1)
-        );
-        ck.extend_from_slice(k.data());
-        cv.extend_from_slice(v.data());
-        let total = ck.len() / width;
-        Ok((
-            RingTensor::from_vec(ring, &[total, width], ck.clone())?,
-            RingTensor::from_vec(ring, &[total, width], cv.clone())?,
-        ))
+        self.cache.append(block, start, k, v)
     }
 
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {

@@ -112,7 +112,7 @@ mod variants;
 pub use client::{save_bundle, ClientBundle};
 pub use config::{Architecture, ConfigBuilder, ModelConfig, VeilSettings};
 pub use decode_f32::F32Model;
-pub use decode_sim::{DecoderFormat, DecoderSim, FixedDecoder};
+pub use decode_sim::{DecoderFormat, DecoderSim, DecoderTables, FixedDecoder};
 pub use folder::Model;
 pub use generate::{generate, GenerateOptions, GeneratedToken, NextLogits};
 pub use manifest::{BundleDigest, MANIFEST_FILE, TABLES_FILE};

@@ -8,6 +8,9 @@
 //! * `forward` — every encoder block and the head on shares ([`Party`]), one code path for
 //!   both parties, computing exactly the integers of `veil_model::FixedModel` (the fixed-point
 //!   simulator);
+//! * `decoder` — a decoder LLM's steps on shares ([`DecoderParty`]: prefill, then one token per
+//!   step against a KV cache held as shares), the twin of `veil_model::DecoderSim`, with the
+//!   server's prepared decoder ([`ServerDecoder`]);
 //! * `preprocess` — the linear layers' work for a future inference of a given length, done
 //!   before the prompt (FC masks, Beaver triples), which the forward pass then consumes;
 //! * `pool_size` — the silent-OT COTs an inference of a given length draws, from the public
@@ -53,6 +56,7 @@ mod builder;
 mod client;
 mod connection;
 mod deadlines;
+mod decoder;
 mod embedding;
 pub mod eval;
 mod forward;
@@ -75,6 +79,7 @@ pub use client::{
 };
 pub use connection::{ClientConnection, ClientOptions, Tokens};
 pub use deadlines::{Deadlines, IDLE_TIMEOUT};
+pub use decoder::{DecoderParty, DecoderSide, Generation, ServerDecoder};
 pub use embedding::{
     cache_bytes, preparation_bytes, PreparationInUse, ServerEmbedding, PREPARED_LENGTHS_KEPT,
 };

@@ -14,7 +14,7 @@
 //! context = P·V; x += o(context); h = norm(x); x += down(silu(gate(h)) ⊙ up(h)) or
 //! down(gelu_tanh(up(h))). Then the final norm and the LM head on the last position (or all).
 
-use veil_core::{ensure, Result, RingTensor};
+use veil_core::{ensure, FixedPoint, Result, RingTensor};
 
 use crate::decoder::{DecoderConfig, DecoderFamily};
 
@@ -174,6 +174,78 @@ pub trait DecoderEngine {
     }
 }
 
+/// A KV cache of ring values — the simulator's values, or one party's shares in the two-party
+/// engine: per block, the keys and values of every position so far, [positions, width]
+/// row-major (width = kv_heads·head_dim). The one implementation of
+/// [`DecoderEngine::append_cache`] for the engines on rings.
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    width: usize,
+    blocks: Vec<(Vec<u64>, Vec<u64>)>,
+}
+
+impl KvCache {
+    /// An empty cache for `cfg`'s blocks.
+    pub fn new(cfg: &DecoderConfig) -> Self {
+        KvCache {
+            width: cfg.kv_heads * cfg.head_dim,
+            blocks: vec![(Vec::new(), Vec::new()); cfg.layers],
+        }
+    }
+
+    /// Positions held (block 0's; a step that failed part-way may leave later blocks shorter).
+    pub fn positions(&self) -> usize {
+        self.blocks
+            .first()
+            .map_or(0, |(k, _)| k.len() / self.width.max(1))
+    }
+
+    /// Forgets every position.
+    pub fn clear(&mut self) {
+        self.blocks.iter_mut().for_each(|(k, v)| {
+            k.clear();
+            v.clear();
+        });
+    }
+
+    /// [`DecoderEngine::append_cache`]: appends the rows of `k` and `v` [new, width] to block
+    /// `block`, which must hold exactly `start` positions; returns all of them.
+    pub fn append(
+        &mut self,
+        block: usize,
+        start: usize,
+        k: &RingTensor,
+        v: &RingTensor,
+    ) -> Result<(RingTensor, RingTensor)> {
+        let width = self.width;
+        let (new, cols) = k.dims();
+        ensure!(
+            cols == width && v.dims() == (new, width) && k.ring() == v.ring(),
+            InvalidArgument,
+            "keys {:?} and values {:?} for a cache {width} wide",
+            k.shape(),
+            v.shape()
+        );
+        let (ck, cv) = self
+            .blocks
+            .get_mut(block)
+            .ok_or_else(|| veil_core::Error::InvalidArgument(format!("no block {block}")))?;
+        ensure!(
+            ck.len() == start * width && cv.len() == start * width,
+            InvalidArgument,
+            "block {block}'s cache holds {} positions, the step starts at {start}",
+            ck.len() / width.max(1)
+        );
+        ck.extend_from_slice(k.data());
+        cv.extend_from_slice(v.data());
+        let total = start + new;
+        Ok((
+            RingTensor::from_vec(k.ring(), &[total, width], ck.clone())?,
+            RingTensor::from_vec(k.ring(), &[total, width], cv.clone())?,
+        ))
+    }
+}
+
 /// Runs `ids` (the next positions after the engine's cache) through every block and the LM
 /// head; returns the logits [1 or ids, vocab]. The cache grows by `ids.len()` positions; after
 /// an error it is inconsistent and the engine must be reset.
@@ -272,6 +344,46 @@ pub fn rotary_tables(cfg: &DecoderConfig, start: usize, rows: usize) -> (Vec<f64
         }
     }
     (cos, sin)
+}
+
+/// The rotary products before their truncation: x [rows, heads·head_dim] (signed, at f bits),
+/// row r at position start + r, in each head (a, b) ↦ (a·cos − b·sin, b·cos + a·sin) with cos
+/// and sin encoded at f bits, so each result carries 2f fractional bits. The arithmetic wraps
+/// mod 2^64, so it is also right mod 2^ℓ on a party's shares: the simulator truncates these
+/// values, the two-party engine computes them locally on its shares and truncates on shares.
+pub fn rotary_accumulators(
+    cfg: &DecoderConfig,
+    fp: FixedPoint,
+    x: &[i64],
+    (rows, heads): (usize, usize),
+    start: usize,
+) -> Result<Vec<i64>> {
+    let dh = cfg.head_dim;
+    let cols = heads * dh;
+    ensure!(
+        x.len() == rows * cols,
+        InvalidArgument,
+        "rotary on {} values, expected {rows}·{heads}·{dh}",
+        x.len()
+    );
+    let half = dh / 2;
+    let (cos, sin) = rotary_tables(cfg, start, rows);
+    let enc =
+        |v: &[f64]| -> Vec<i64> { v.iter().map(|&c| fp.ring.to_signed(fp.encode(c))).collect() };
+    let (cos, sin) = (enc(&cos), enc(&sin));
+    let mut out = vec![0i64; x.len()];
+    for r in 0..rows {
+        for hd in 0..heads {
+            let base = r * cols + hd * dh;
+            for j in 0..half {
+                let (a, b) = (x[base + j], x[base + half + j]);
+                let (c, s) = (cos[r * half + j], sin[r * half + j]);
+                out[base + j] = a.wrapping_mul(c).wrapping_sub(b.wrapping_mul(s));
+                out[base + half + j] = b.wrapping_mul(c).wrapping_add(a.wrapping_mul(s));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Whether query row r (of `new` rows at positions start..) may see key column c: c ≤ start + r.

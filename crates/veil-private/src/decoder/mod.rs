@@ -1,0 +1,73 @@
+//! Private generation's engine: a decoder LLM's forward pass on secret shares, one step at a
+//! time with the KV cache held as shares. [`DecoderParty`] implements
+//! `veil_model::engine::decoder::DecoderEngine`, so the one composition
+//! (`veil_model::engine::decoder::forward`) drives it exactly as it drives the fixed-point
+//! simulator (`veil_model::DecoderSim`) and the f32 decoder; [`ServerDecoder`] is the server's
+//! model with its linear layers prepared for HE.
+//!
+//! **Per operator.** Embedding: the token table (and GPT-2's position table) is public for an
+//! open model, so the client embeds its own ids from it (`veil_model::DecoderTables::embed`,
+//! the simulator's code) and holds the result as its share; the server's share is zero and it
+//! is told only how many tokens a step has. Linear layers: the server's weights times the
+//! shared rows by BFV (`veil_linear::fc_client` / `fc_server`), then one truncation. Norms:
+//! `veil_nonlinear::Ctx::rms_norm` / `layer_norm_at` on the format's wide domain with the
+//! server's γ (and β). Rotary positions: public cos and sin, local on each share, one
+//! truncation. Q·Kᵀ and P·V: BFV products of shares by shares (`veil_linear::cross`), one
+//! truncation. Causal softmax: `Ctx::softmax_masked` with each row's public mask. Gated MLP:
+//! `Ctx::silu`, then a secret product and a truncation; GPT-2: `Ctx::gelu` (the simulator's
+//! `approx::gelu`, the same tanh-form polynomial). LM head: the output table is public too, so
+//! the server sends its share of the final-normed last row h to the client, which applies the
+//! table in the clear (`veil_model::DecoderTables::logits`, the simulator's head). Each
+//! operator runs under its `veil_core::CostClass` (MatMul, Truncation, RMSNorm or LayerNorm,
+//! Softmax, SiLU, Mul for the gated product, GELU, Head), so a step's cost report per
+//! operator class is exact.
+//!
+//! **KV cache.** Each party appends its shares of every block's new keys and values to its own
+//! cache, held by its [`Generation`] between steps; the context limit is fixed when the
+//! generation starts, and a step that would exceed it is refused by both parties before
+//! anything is sent (`veil_core::Error::Refused`). [`Generation::cache_bytes`] is what one
+//! party's cache takes at that limit.
+//!
+//! **Driving it.** Each party makes a [`Generation`] (the model's configuration, the
+//! truncation mode both agreed on, the context limit) and, for its steps, a [`DecoderParty`]
+//! over its channel, OT session, side ([`DecoderSide`]) and that generation. The client calls
+//! [`DecoderParty::client_step`] with the prompt's ids, then with each token it picked from the
+//! returned logits; the server calls [`DecoderParty::server_step`] with the same counts.
+//!
+//! **Security model.** Semi-honest client and server, the protocols of veil-linear and
+//! veil-nonlinear composed sequentially on uniformly masked shares (128-bit computational,
+//! 40-bit statistical security). The server learns the number of tokens of each step (the
+//! prompt's length, then one per generated token: the number of steps) and the context limit;
+//! never a token id, a hidden value or a logit. The client learns, per step, the final-normed
+//! hidden row h of the last position and the logits computed from it. With a public output
+//! table T of full column rank (vocab ≫ hidden), knowing h is equivalent to knowing the logits
+//! ⌊h·Tᵀ / 2^f⌋ — h is determined by them up to the fixed-point rounding — so revealing h tells
+//! the client nothing beyond the answer it is entitled to. The server's weights (every linear
+//! layer, every norm's γ and β) stay the server's; the tables are public by the deployment's
+//! choice (an open model's are; a private-tables mode would need the HE lookup and an HE head).
+//!
+//! **Error.** With `ProductTruncation::Faithful` every step's logits equal the simulator's
+//! integers bit for bit. In the default `OneBitError` mode each truncation after a product
+//! (linear, rotary, the attention products, the gated product) may read one ulp (2^−f) low,
+//! and Softmax, the norms and SiLU run their internal truncations in their 1-bit-error modes
+//! (their bounds are on `veil_nonlinear::Ctx`'s methods); GELU stays exact. The deviation is
+//! these one-sided errors carried through the blocks and the cache (bounded in `tests/`).
+//!
+//! **Flights** (measured on the tests' tiny models, 2 blocks of width 32 at (41, 13); they
+//! depend on the format and the context length, not on the width). A decode step (n = 1) in the
+//! 1-bit-error mode takes about 354 flights per Llama block (RMSNorm 2 × 72, Softmax 108, SiLU
+//! 76, the gated product 4, the seven HE products 9, truncations 13) and 340 per GPT-2 block
+//! (LayerNorm 2 × 76, Softmax 108, GELU 64, HE products 8, truncations 8), plus the final norm
+//! and one flight for the head; faithful truncations about double the norms, Softmax and SiLU
+//! (≈ 775 per Llama block). Softmax's max tree adds 12 flights per block each time the context
+//! doubles. A prefill costs the same flights as a decode step: its rows share every flight.
+//!
+//! **Ring.** Every width comes from the model's `veil_model::DecoderFormat`: the shipped format
+//! is ℓ = 48, f = 13, whose HE products need BFV with t = 2^48; other rings (the tests' ℓ = 41)
+//! run the same code.
+
+mod model;
+mod party;
+
+pub use model::ServerDecoder;
+pub use party::{DecoderParty, DecoderSide, Generation};

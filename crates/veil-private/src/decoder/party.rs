@@ -1,0 +1,405 @@
+//! [`DecoderParty`]: the decoder's operators on one party's shares, with that party's half of
+//! the KV cache. The module documentation (`decoder`) states what each side learns and the error
+//! bound.
+
+use veil_core::approx::Approx;
+use veil_core::{bail, ensure, CostClass, Error, Result, RingTensor};
+use veil_linear::{fc_client, fc_server, shared_matmul_client, shared_matmul_server};
+use veil_linear::{ClientSession, ServerSession};
+use veil_model::decoder::{DecoderConfig, DecoderFamily};
+use veil_model::engine::decoder::{
+    causal_visible, forward, rotary_accumulators, DecoderEngine, DecoderLayer, DecoderNorm,
+    KvCache, LogitRows, Rows,
+};
+use veil_model::{DecoderFormat, DecoderTables, ProductTruncation};
+use veil_net::{Channel, Meter, Role};
+use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
+
+use super::model::{decoder_fc_shape, ServerDecoder};
+use crate::protocol::OutputShare;
+
+/// What only one side has.
+pub enum DecoderSide<'a> {
+    /// The client's HE keys and the decoder's public tables (its tokens never leave it).
+    Client(&'a ClientSession, &'a DecoderTables),
+    /// The server's copy of the client's HE keys and its prepared decoder.
+    Server(&'a ServerSession, &'a ServerDecoder),
+}
+
+/// One generation's state on one party, kept between its steps (a server's session holds it
+/// while its channel waits for the next request): the context limit, the truncation mode, and
+/// this party's shares of every block's KV cache, which grows by the new positions at every
+/// step. Dropping it frees the cache, however the generation ends.
+pub struct Generation {
+    cfg: DecoderConfig,
+    mode: TruncMode,
+    context_limit: usize,
+    cache: KvCache,
+    /// Set while a step runs: a step that failed part-way leaves some blocks' caches longer
+    /// than others, so later steps are refused until [`Generation::reset`].
+    broken: bool,
+}
+
+impl Generation {
+    /// An empty KV cache for a model shaped `cfg` that may hold up to `context_limit` positions
+    /// (the prompt and every generated token; at most the model's `max_positions`).
+    /// `truncation` must be the other party's: it decides the protocol each truncation runs.
+    pub fn new(
+        cfg: &DecoderConfig,
+        truncation: ProductTruncation,
+        context_limit: usize,
+    ) -> Result<Self> {
+        ensure!(
+            (1..=cfg.max_positions).contains(&context_limit),
+            InvalidArgument,
+            "a context of {context_limit} positions (the model takes 1..={})",
+            cfg.max_positions
+        );
+        let mode = match truncation {
+            ProductTruncation::Faithful => TruncMode::Faithful,
+            ProductTruncation::OneBitError => TruncMode::OneBitError,
+        };
+        Ok(Generation {
+            cfg: cfg.clone(),
+            mode,
+            context_limit,
+            cache: KvCache::new(cfg),
+            broken: false,
+        })
+    }
+
+    /// Bytes one party's KV cache takes at `positions` positions of a model shaped `cfg`:
+    /// what a server counts against a session's memory for a generation's context limit.
+    pub fn cache_bytes(cfg: &DecoderConfig, positions: usize) -> usize {
+        2 * cfg.layers * positions * cfg.kv_heads * cfg.head_dim * std::mem::size_of::<u64>()
+    }
+
+    /// The most positions this generation's cache may hold.
+    pub fn context_limit(&self) -> usize {
+        self.context_limit
+    }
+
+    /// Positions cached so far.
+    pub fn positions(&self) -> usize {
+        self.cache.positions()
+    }
+
+    /// Forgets the cache: a new generation with the same limit (after a failed step too).
+    pub fn reset(&mut self) {
+        self.cache.clear();
+        self.broken = false;
+    }
+
+    /// Refuses a step of `tokens` new positions before anything is sent when it cannot run:
+    /// after a failed step, for no tokens, or beyond the context limit. Both parties decide
+    /// from public numbers alone, so both refuse the same step and neither waits for the other.
+    pub fn check_room(&self, tokens: usize) -> Result<()> {
+        ensure!(
+            !self.broken,
+            InvalidArgument,
+            "an earlier step failed part-way and left the KV cache inconsistent: reset the generation"
+        );
+        ensure!(tokens > 0, InvalidArgument, "no tokens to run");
+        let start = self.positions();
+        if tokens > self.context_limit.saturating_sub(start) {
+            return Err(Error::Refused(format!(
+                "{tokens} more positions after {start} exceed the generation's context limit of {}",
+                self.context_limit
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One party's steps of a [`Generation`]: the channel, the OT pools and its side, borrowed for
+/// as many steps as the caller likes. Both parties run the same [`forward`] in lock-step; the
+/// client drives it with [`DecoderParty::client_step`] (its token ids), the server with
+/// [`DecoderParty::server_step`] (their number only).
+pub struct DecoderParty<'a, C: Channel> {
+    ch: &'a mut C,
+    ot: &'a mut OtSession,
+    side: DecoderSide<'a>,
+    ax: Approx,
+    format: DecoderFormat,
+    generation: &'a mut Generation,
+}
+
+impl<'a, C: Channel> DecoderParty<'a, C> {
+    /// This party's steps of `generation`, which must have been made for the side's model.
+    pub fn new(
+        ch: &'a mut C,
+        ot: &'a mut OtSession,
+        side: DecoderSide<'a>,
+        generation: &'a mut Generation,
+    ) -> Result<Self> {
+        let (cfg, format, ax) = match &side {
+            DecoderSide::Client(_, t) => (t.config(), t.format(), t.approx()),
+            DecoderSide::Server(_, m) => (m.config(), m.fixed().format, m.fixed().approx),
+        };
+        ensure!(
+            *cfg == generation.cfg,
+            InvalidArgument,
+            "a generation made for another model"
+        );
+        Ok(DecoderParty {
+            ch,
+            ot,
+            side,
+            ax,
+            format,
+            generation,
+        })
+    }
+
+    /// The channel's meter (per-step costs are differences of its snapshots).
+    pub fn meter(&self) -> &Meter {
+        self.ch.meter()
+    }
+
+    /// Client: runs its next tokens `ids` (the prompt, then one generated token per step)
+    /// after the cached positions; returns the logits of the last of them, [1, vocab] at f
+    /// bits, which only the client learns.
+    pub fn client_step(&mut self, ids: &[u32]) -> Result<RingTensor> {
+        ensure!(
+            matches!(self.side, DecoderSide::Client(..)),
+            InvalidArgument,
+            "the server has no token ids: it runs server_step"
+        );
+        self.step(ids)
+    }
+
+    /// Server: runs the client's next `tokens` positions, which it does not see; the client
+    /// gets the logits, the server nothing.
+    pub fn server_step(&mut self, tokens: usize) -> Result<()> {
+        ensure!(
+            matches!(self.side, DecoderSide::Server(..)),
+            InvalidArgument,
+            "the client runs client_step with its token ids"
+        );
+        // Checked before the placeholders are allocated: `tokens` may come from the peer.
+        self.generation.check_room(tokens)?;
+        // Placeholders: the server's embedding share is zero whatever the ids.
+        self.step(&vec![0; tokens]).map(drop)
+    }
+
+    /// Forgets the cache ([`Generation::reset`]).
+    pub fn reset(&mut self) {
+        self.generation.reset();
+    }
+
+    /// Runs the composition on the next positions, after [`Generation::check_room`].
+    fn step(&mut self, ids: &[u32]) -> Result<RingTensor> {
+        self.generation.check_room(ids.len())?;
+        let cfg = self.cfg();
+        self.generation.broken = true;
+        let logits = forward(self, cfg, ids, LogitRows::Last)?;
+        self.generation.broken = false;
+        Ok(logits)
+    }
+
+    fn cfg(&self) -> &'a DecoderConfig {
+        match self.side {
+            DecoderSide::Client(_, t) => t.config(),
+            DecoderSide::Server(_, m) => m.config(),
+        }
+    }
+
+    fn role(&self) -> Role {
+        match self.side {
+            DecoderSide::Client(..) => Role::Client,
+            DecoderSide::Server(..) => Role::Server,
+        }
+    }
+
+    /// A context whose truncations are the generation's mode.
+    fn cx(&mut self) -> Ctx<'_, C> {
+        let role = self.role();
+        let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
+        cx.trunc_mode = self.generation.mode;
+        cx
+    }
+
+    /// ⌊x / 2^f⌋ on the shares of a product, in the generation's mode.
+    fn truncate(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let _g = self.ch.meter().enter(CostClass::Truncation);
+        let f = self.ax.fp.frac_bits();
+        let y = self.cx().trunc(x.data(), f)?;
+        RingTensor::from_vec(x.ring(), x.shape(), y)
+    }
+
+    /// The LM head with a public output table: the server sends its share of the normed rows
+    /// to the client, which applies the table in the clear (the simulator's own head). The
+    /// server's share of the logits is zero.
+    fn head(&mut self, h: &RingTensor) -> Result<RingTensor> {
+        let _g = self.ch.meter().enter(CostClass::Head);
+        let ring = h.ring();
+        match self.side {
+            DecoderSide::Server(..) => {
+                OutputShare(h.data().to_vec()).send(self.ch, ring)?;
+                self.ch.flush()?;
+                RingTensor::zeros(ring, &[h.dims().0, self.cfg().vocab_size])
+            }
+            DecoderSide::Client(_, tables) => {
+                let theirs = OutputShare::recv(self.ch, ring, h.len())?;
+                let h = h.add(&RingTensor::from_vec(ring, h.shape(), theirs.0)?)?;
+                tables.logits(&h)
+            }
+        }
+    }
+}
+
+impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
+    type Value = RingTensor;
+
+    fn cached(&self) -> usize {
+        self.generation.positions()
+    }
+
+    /// Client: the embedding of its ids, computed from the public tables as the simulator
+    /// does; server: zero (its ids are placeholders, only their number is real).
+    fn embed(&mut self, ids: &[u32], start: usize) -> Result<RingTensor> {
+        match self.side {
+            DecoderSide::Client(_, tables) => tables.embed(ids, start),
+            DecoderSide::Server(..) => {
+                RingTensor::zeros(self.ax.fp.ring, &[ids.len(), self.cfg().hidden])
+            }
+        }
+    }
+
+    /// The server's weights times the shared rows (one HE product), then one truncation;
+    /// the LM head is [`DecoderParty::head`].
+    fn linear(&mut self, id: DecoderLayer, x: &RingTensor) -> Result<RingTensor> {
+        if id == DecoderLayer::LmHead {
+            return self.head(x);
+        }
+        let cfg = self.cfg();
+        let acc = {
+            let _g = self.ch.meter().enter(CostClass::MatMul);
+            match self.side {
+                DecoderSide::Client(s, _) => {
+                    fc_client(self.ch, s, &decoder_fc_shape(id, cfg, x.dims().0)?, x)?
+                }
+                DecoderSide::Server(s, m) => fc_server(self.ch, s, m.layer(id)?, x)?,
+            }
+        };
+        self.truncate(&acc)
+    }
+
+    /// RMSNorm (Llama) or LayerNorm (GPT-2) on the format's wide domain, with the server's γ
+    /// (and β).
+    fn norm(&mut self, id: DecoderNorm, x: &RingTensor) -> Result<RingTensor> {
+        let cfg = self.cfg();
+        let (eps, dev_bits) = (cfg.norm_eps, self.format.norm_dev_bits);
+        let (weights, keys) = match self.side {
+            DecoderSide::Server(s, m) => (Some(m.fixed().norm_weights(id)?), HeKeys::server(s)?),
+            DecoderSide::Client(s, _) => (None, HeKeys::client(s)?),
+        };
+        let mode = self.generation.mode;
+        let role = self.role();
+        let mut cx = Ctx::new(self.ot, self.ch, role, self.ax).with_he(keys)?;
+        cx.trunc_mode = mode;
+        match cfg.family {
+            DecoderFamily::Llama => {
+                let _g = cx.ch.meter().enter(CostClass::RmsNorm);
+                cx.rms_norm(x, weights.map(|(gamma, _)| gamma), eps, dev_bits)
+            }
+            DecoderFamily::Gpt2 => {
+                let _g = cx.ch.meter().enter(CostClass::LayerNorm);
+                let params = match weights {
+                    Some((gamma, Some(beta))) => Some(AffineParams { gamma, beta }),
+                    Some((_, None)) => bail!(InvalidArgument, "LayerNorm {id:?} has no β"),
+                    None => None,
+                };
+                cx.layer_norm_at(x, params.as_ref(), eps, dev_bits)
+            }
+        }
+    }
+
+    /// A public linear map: each party multiplies its own shares by the public cos and sin
+    /// (`rotary_accumulators`, the simulator's arithmetic), then one truncation on shares.
+    fn rotary(&mut self, x: &RingTensor, heads: usize, start: usize) -> Result<RingTensor> {
+        let ring = x.ring();
+        let signed: Vec<i64> = x.data().iter().map(|&v| ring.to_signed(v)).collect();
+        let acc = rotary_accumulators(self.cfg(), self.ax.fp, &signed, (x.dims().0, heads), start)?;
+        let local = acc.into_iter().map(|a| ring.from_signed(a)).collect();
+        self.truncate(&RingTensor::from_vec(ring, x.shape(), local)?)
+    }
+
+    fn append_cache(
+        &mut self,
+        block: usize,
+        start: usize,
+        k: &RingTensor,
+        v: &RingTensor,
+    ) -> Result<(RingTensor, RingTensor)> {
+        let total = start + k.dims().0;
+        let limit = self.generation.context_limit;
+        if total > limit {
+            return Err(Error::Refused(format!(
+                "{total} positions exceed the generation's context limit of {limit}"
+            )));
+        }
+        self.generation.cache.append(block, start, k, v)
+    }
+
+    /// Every pair in one batch of HE products of shares by shares (`veil_linear::cross`), then
+    /// one truncation of every product.
+    fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
+        let acc = {
+            let _g = self.ch.meter().enter(CostClass::MatMul);
+            match self.side {
+                DecoderSide::Client(s, _) => shared_matmul_client(self.ch, s, a, b)?,
+                DecoderSide::Server(s, _) => shared_matmul_server(self.ch, s, a, b)?,
+            }
+        };
+        ensure!(!acc.is_empty(), InvalidArgument, "no products to compute");
+        let joined = RingTensor::concat_rows(&acc.iter().collect::<Vec<_>>())?;
+        self.truncate(&joined)?.split_rows(acc[0].dims().0)
+    }
+
+    /// Softmax with a public mask per row: query row r sees the keys up to its own position.
+    fn causal_softmax(&mut self, scores: &RingTensor, start: usize) -> Result<RingTensor> {
+        let (rows, total) = scores.dims();
+        ensure!(
+            total > start,
+            InvalidArgument,
+            "scores over {total} keys for a step starting at {start}"
+        );
+        let new = total - start;
+        let mask: Vec<bool> = (0..rows)
+            .flat_map(|r| causal_visible(start, new, r, total))
+            .collect();
+        let mut cx = self.cx();
+        let _g = cx.ch.meter().enter(CostClass::Softmax);
+        cx.softmax_masked(scores, &mask)
+    }
+
+    /// SiLU of the gate, then its secret product with `up` and one truncation (the simulator's
+    /// ⌊silu(g)·u / 2^f⌋).
+    fn gated(&mut self, gate: &RingTensor, up: &RingTensor) -> Result<RingTensor> {
+        ensure!(
+            gate.shape() == up.shape(),
+            InvalidArgument,
+            "gate {:?} and up {:?}",
+            gate.shape(),
+            up.shape()
+        );
+        let f = self.ax.fp.frac_bits();
+        let mut cx = self.cx();
+        let s = {
+            let _g = cx.ch.meter().enter(CostClass::Silu);
+            cx.silu(gate.data())?
+        };
+        let _g = cx.ch.meter().enter(CostClass::Mul);
+        let y = cx.mul_trunc(&s, up.data(), f)?;
+        RingTensor::from_vec(gate.ring(), gate.shape(), y)
+    }
+
+    /// GELU (tanh form) with faithful truncations whatever the mode, as the encoder's.
+    fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
+        let role = self.role();
+        let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
+        let _g = cx.ch.meter().enter(CostClass::Gelu);
+        cx.gelu(x)
+    }
+}

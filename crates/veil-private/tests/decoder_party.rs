@@ -1,0 +1,379 @@
+//! The two-party decoder against its oracle, the fixed-point simulator: on tiny random Llama
+//! (grouped-query attention) and GPT-2 decoders, a prefill then 16 greedy steps with n = 1
+//! (the KV cache growing as shares). Faithful truncations: the client's logits equal the
+//! simulator's integers at every step and the tokens are the same. The default 1-bit-error
+//! mode: within a stated bound. A context beyond the generation's limit is refused by both
+//! parties before anything is sent, and the generation can be reset and reused.
+//!
+//! The ring is ℓ = 41 (f = 13) until BFV takes the decoder format's t = 2^48; the engine reads
+//! every width from the format.
+
+use std::collections::BTreeMap;
+
+use veil_core::{CostClass, Error, FixedPoint, Result};
+use veil_linear::{ClientSession, ServerSession};
+use veil_model::decoder::random::{write_tiny_gpt2, write_tiny_llama, TinyShape};
+use veil_model::decoder::{self, DecoderWeights};
+use veil_model::engine::decoder::DecoderEngine;
+use veil_model::engine::decoder::LogitRows;
+use veil_model::{DecoderFormat, FixedDecoder, ProductTruncation};
+use veil_net::{LabelStats, MemChannel, Role};
+use veil_nonlinear::OtSession;
+use veil_private::{DecoderParty, DecoderSide, Generation, ServerDecoder};
+use veil_test_harness::two_party::run_mem;
+
+/// A prompt of 5 tokens of the tiny vocabulary (269 tokens).
+const PROMPT: [u32; 5] = [1, 40, 77, 120, 5];
+/// Greedy steps after the prefill.
+const STEPS: usize = 16;
+
+/// The decoder format the tests run at: the shipped f = 13 and norm domain in a 41-bit ring.
+fn format() -> DecoderFormat {
+    DecoderFormat {
+        fp: FixedPoint::new(41, 13).unwrap(),
+        norm_dev_bits: 12,
+    }
+}
+
+fn tiny(gpt2: bool, seed: u8) -> DecoderWeights {
+    let shape = TinyShape {
+        kv_heads: if gpt2 { 4 } else { 2 },
+        ..TinyShape::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    if gpt2 {
+        write_tiny_gpt2(dir.path(), seed, &shape).unwrap();
+    } else {
+        write_tiny_llama(dir.path(), seed, &shape).unwrap();
+    }
+    decoder::load(dir.path().to_str().unwrap()).unwrap().weights
+}
+
+/// The first largest logit (signed ring values): the same rule for both paths.
+fn argmax(fixed: &FixedDecoder, logits: &[u64]) -> u32 {
+    let ring = fixed.fp().ring;
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if ring.to_signed(v) > ring.to_signed(logits[best]) {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// One step of the client: its logits, the token it picked, and the step's traffic.
+struct Step {
+    logits: Vec<u64>,
+    id: u32,
+    cost: LabelStats,
+    classes: BTreeMap<CostClass, LabelStats>,
+}
+
+fn minus(a: &LabelStats, b: &LabelStats) -> LabelStats {
+    LabelStats {
+        bytes_sent: a.bytes_sent - b.bytes_sent,
+        bytes_received: a.bytes_received - b.bytes_received,
+        flights_sent: a.flights_sent - b.flights_sent,
+        flights_received: a.flights_received - b.flights_received,
+        seconds: a.seconds - b.seconds,
+    }
+}
+
+/// What each party does with its [`DecoderParty`] once the sessions are set up.
+type Script<'s, T> = &'s (dyn Fn(&mut DecoderParty<'_, MemChannel>) -> Result<T> + Sync);
+
+/// Runs both parties over the in-memory duplex with HE and OT sessions at the format's ring:
+/// the client runs `client`, the server `server`; returns (client's, server's).
+fn two_party<T: Send>(
+    fixed: &FixedDecoder,
+    mode: ProductTruncation,
+    limit: usize,
+    client: Script<'_, T>,
+    server: Script<'_, T>,
+) -> (T, T) {
+    let model = ServerDecoder::new(fixed.clone()).unwrap();
+    let ring = fixed.fp().ring;
+    run_mem(|ot: &mut OtSession, ch, role| {
+        let mut generation = Generation::new(&fixed.config, mode, limit)?;
+        match role {
+            Role::Client => {
+                let lin = ClientSession::setup(ch, ring)?;
+                let side = DecoderSide::Client(&lin, fixed.tables());
+                client(&mut DecoderParty::new(ch, ot, side, &mut generation)?)
+            }
+            Role::Server => {
+                let lin = ServerSession::setup(ch, ring)?;
+                let side = DecoderSide::Server(&lin, &model);
+                server(&mut DecoderParty::new(ch, ot, side, &mut generation)?)
+            }
+        }
+    })
+}
+
+/// The client's greedy generation: the prompt, then `STEPS` steps of the token it picked.
+fn client_generate(
+    fixed: &FixedDecoder,
+    p: &mut DecoderParty<'_, MemChannel>,
+) -> Result<Vec<Step>> {
+    let mut out = Vec::new();
+    let mut next = PROMPT.to_vec();
+    for _ in 0..=STEPS {
+        let (before, classes) = (p.meter().total(), p.meter().by_class());
+        let logits = p.client_step(&next)?.into_data();
+        let id = argmax(fixed, &logits);
+        let after = p.meter().by_class();
+        let classes = after
+            .iter()
+            .map(|(c, s)| (*c, minus(s, &classes.get(c).cloned().unwrap_or_default())))
+            .filter(|(_, s)| s.bytes_sent + s.bytes_received > 0)
+            .collect();
+        out.push(Step {
+            logits,
+            id,
+            cost: minus(&p.meter().total(), &before),
+            classes,
+        });
+        next = vec![id];
+    }
+    Ok(out)
+}
+
+fn server_generate(p: &mut DecoderParty<'_, MemChannel>) -> Result<Vec<Step>> {
+    p.server_step(PROMPT.len())?;
+    for _ in 0..STEPS {
+        p.server_step(1)?;
+    }
+    Ok(Vec::new())
+}
+
+/// The simulator on the tokens the private run fed it (the prompt, then each picked token):
+/// its logits at every step.
+fn simulated(fixed: &FixedDecoder, steps: &[Step]) -> Vec<Vec<u64>> {
+    let mut sim = fixed.session();
+    let mut next = PROMPT.to_vec();
+    let mut out = Vec::new();
+    for s in steps {
+        out.push(sim.step(&next, LogitRows::Last).unwrap().into_data());
+        next = vec![s.id];
+    }
+    assert!(sim.warnings().is_empty(), "{:?}", sim.warnings());
+    out
+}
+
+/// The simulator's own greedy tokens.
+fn simulated_greedy(fixed: &FixedDecoder) -> Vec<u32> {
+    let mut sim = fixed.session();
+    let mut next = PROMPT.to_vec();
+    let mut ids = Vec::new();
+    for _ in 0..=STEPS {
+        let logits = sim.step(&next, LogitRows::Last).unwrap().into_data();
+        let id = argmax(fixed, &logits);
+        ids.push(id);
+        next = vec![id];
+    }
+    ids
+}
+
+fn report(name: &str, fixed: &FixedDecoder, steps: &[Step]) {
+    let layers = fixed.config.layers;
+    for (i, s) in steps.iter().enumerate() {
+        let c = &s.cost;
+        println!(
+            "{name} step {i:2} ({} tokens): {} flights ({:.0} per block), {} B client→server, {} B server→client",
+            if i == 0 { PROMPT.len() } else { 1 },
+            c.rounds(),
+            c.rounds() as f64 / layers as f64,
+            c.bytes_sent,
+            c.bytes_received
+        );
+    }
+    if let Some(s) = steps.get(1) {
+        for (class, c) in &s.classes {
+            println!(
+                "{name} decode step per class: {class}: {} flights, {} B client→server, {} B server→client",
+                c.rounds(),
+                c.bytes_sent,
+                c.bytes_received
+            );
+        }
+    }
+}
+
+fn faithful_generation_equals_the_simulator(gpt2: bool, seed: u8) {
+    let name = if gpt2 { "gpt2" } else { "llama" };
+    let fixed = FixedDecoder::encode(&tiny(gpt2, seed), format()).unwrap();
+    let limit = PROMPT.len() + STEPS + 1;
+    let (steps, _) = two_party(
+        &fixed,
+        ProductTruncation::Faithful,
+        limit,
+        &|p| client_generate(&fixed, p),
+        &|p| server_generate(p),
+    );
+    let want = simulated(&fixed, &steps);
+    for (i, (s, w)) in steps.iter().zip(&want).enumerate() {
+        assert!(
+            &s.logits == w,
+            "{name}: step {i}'s logits differ from the simulator's"
+        );
+    }
+    let ids: Vec<u32> = steps.iter().map(|s| s.id).collect();
+    assert_eq!(ids, simulated_greedy(&fixed), "{name}: tokens");
+    // Every decoder operator class ran (and was metered) in a decode step.
+    let classes = &steps[1].classes;
+    let norm = if gpt2 {
+        CostClass::LayerNorm
+    } else {
+        CostClass::RmsNorm
+    };
+    let act = if gpt2 {
+        CostClass::Gelu
+    } else {
+        CostClass::Silu
+    };
+    for class in [
+        CostClass::MatMul,
+        CostClass::Truncation,
+        CostClass::Softmax,
+        CostClass::Head,
+        norm,
+        act,
+    ] {
+        assert!(classes.contains_key(&class), "{name}: no cost for {class}");
+    }
+    report(name, &fixed, &steps);
+}
+
+#[test]
+fn faithful_llama_generation_equals_the_simulator_bit_for_bit() {
+    faithful_generation_equals_the_simulator(false, 3);
+}
+
+#[test]
+fn faithful_gpt2_generation_equals_the_simulator_bit_for_bit() {
+    faithful_generation_equals_the_simulator(true, 4);
+}
+
+/// The default mode's bound on the logits, in real units: 0.02, the budget the simulator keeps
+/// against f32 on these tiny decoders (veil-model's `simulator_tracks_f32_on_tiny_models`).
+/// Each truncation after a product reads at most one ulp (2^−13) low and each non-linear
+/// operator stays within its own few-ulp bound; over two blocks of weights of standard
+/// deviation 0.2 and a 17-step cache these errors stay far below the format's own error, so
+/// the 1-bit mode must not cost more than the fixed-point format already does.
+const ONE_BIT_ERROR_BOUND: f64 = 0.02;
+
+#[test]
+fn one_bit_error_generation_stays_within_its_bound() {
+    for (gpt2, seed) in [(false, 5), (true, 6)] {
+        let name = if gpt2 { "gpt2" } else { "llama" };
+        let fixed = FixedDecoder::encode(&tiny(gpt2, seed), format()).unwrap();
+        let fp = fixed.fp();
+        let limit = PROMPT.len() + STEPS + 1;
+        let (steps, _) = two_party(
+            &fixed,
+            ProductTruncation::OneBitError,
+            limit,
+            &|p| client_generate(&fixed, p),
+            &|p| server_generate(p),
+        );
+        let want = simulated(&fixed, &steps);
+        let mut worst = 0.0f64;
+        for (i, (s, w)) in steps.iter().zip(&want).enumerate() {
+            let got = s.logits.iter().map(|&v| fp.decode(v));
+            let dev = got
+                .zip(w.iter().map(|&v| fp.decode(v)))
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            worst = worst.max(dev);
+            // The private token is the simulator's, or a near tie within the bound.
+            let sim_id = argmax(&fixed, w);
+            let gap = fp.decode(w[sim_id as usize]) - fp.decode(w[s.id as usize]);
+            assert!(
+                s.id == sim_id || gap <= 2.0 * ONE_BIT_ERROR_BOUND,
+                "{name} step {i}: token {} against the simulator's {sim_id} (gap {gap})",
+                s.id
+            );
+        }
+        println!(
+            "{name} 1-bit mode: largest logit deviation {worst} over {} steps",
+            steps.len()
+        );
+        assert!(
+            worst <= ONE_BIT_ERROR_BOUND,
+            "{name}: deviation {worst} above {ONE_BIT_ERROR_BOUND}"
+        );
+        report(&format!("{name} 1-bit"), &fixed, &steps);
+    }
+}
+
+/// A context limit of the prompt plus two tokens: the third step is refused by both parties
+/// alike (no traffic, so neither waits for the other), the cache is untouched, and after a
+/// reset the same parties run a fresh generation that equals the simulator's again.
+/// One party's step: the client's logits, or nothing for the server.
+type StepFn<'s> =
+    &'s (dyn Fn(&mut DecoderParty<'_, MemChannel>, &[u32]) -> Result<Vec<u64>> + Sync);
+
+/// Fills the context (prompt + 2 tokens), tries one more step, then resets and runs a fresh
+/// prompt: (the refusal's message, the positions cached when it came, the fresh step's logits).
+fn limit_script(
+    p: &mut DecoderParty<'_, MemChannel>,
+    step: StepFn<'_>,
+) -> Result<(String, usize, Vec<u64>)> {
+    step(p, &PROMPT)?;
+    step(p, &[7])?;
+    step(p, &[9])?;
+    let traffic = |p: &DecoderParty<'_, MemChannel>| {
+        let t = p.meter().total();
+        (t.bytes_sent, t.bytes_received, t.rounds())
+    };
+    let before = traffic(p);
+    let err = match step(p, &[11]) {
+        Err(e @ Error::Refused(_)) => e.to_string(),
+        other => panic!("a step beyond the limit gave {other:?}"),
+    };
+    assert_eq!(traffic(p), before, "the refusal sent something");
+    let cached = p.cached();
+    p.reset();
+    let fresh = step(p, &PROMPT[..3])?;
+    Ok((err, cached, fresh))
+}
+
+#[test]
+fn a_context_beyond_the_limit_is_refused_cleanly() {
+    let fixed = FixedDecoder::encode(&tiny(false, 8), format()).unwrap();
+    let limit = PROMPT.len() + 2;
+    let client: StepFn<'_> = &|p, ids| p.client_step(ids).map(|l| l.into_data());
+    let server: StepFn<'_> = &|p, ids| p.server_step(ids.len()).map(|()| Vec::new());
+    let ((err, cached, fresh), (server_err, server_cached, _)) = two_party(
+        &fixed,
+        ProductTruncation::Faithful,
+        limit,
+        &|p| limit_script(p, client),
+        &|p| {
+            let out = limit_script(p, server)?;
+            // A count from a hostile client is refused before anything is allocated.
+            let huge = p.server_step(usize::MAX);
+            assert!(matches!(huge, Err(Error::Refused(_))), "{huge:?}");
+            Ok(out)
+        },
+    );
+    assert!(err.contains("context limit of 7"), "{err}");
+    assert_eq!(err, server_err);
+    assert_eq!((cached, server_cached), (limit, limit));
+    let want = fixed
+        .session()
+        .step(&PROMPT[..3], LogitRows::Last)
+        .unwrap()
+        .into_data();
+    assert!(
+        fresh == want,
+        "the reset generation differs from the simulator's"
+    );
+    // A limit beyond the model's positions is refused when the generation is made.
+    let max = fixed.config.max_positions;
+    let e = Generation::new(&fixed.config, ProductTruncation::Faithful, max + 1)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("the model takes 1..=64"), "{e}");
+}
