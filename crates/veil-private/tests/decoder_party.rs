@@ -179,12 +179,13 @@ fn report(name: &str, fixed: &FixedDecoder, steps: &[Step]) {
     for (i, s) in steps.iter().enumerate() {
         let c = &s.cost;
         println!(
-            "{name} step {i:2} ({} tokens): {} flights ({:.0} per block), {} B client→server, {} B server→client",
+            "{name} step {i:2} ({} tokens): {} flights ({:.0} per block), {} B client→server, {} B server→client, {:.2} s",
             if i == 0 { PROMPT.len() } else { 1 },
             c.rounds(),
             c.rounds() as f64 / layers as f64,
             c.bytes_sent,
-            c.bytes_received
+            c.bytes_received,
+            c.seconds
         );
     }
     if let Some(s) = steps.get(1) {
