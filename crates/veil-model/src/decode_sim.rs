@@ -384,7 +384,7 @@ impl FixedDecoder {
         &self.tables
     }
 
-    /// Layer `id`'s weight [out, in] at f bits and bias [out] at 2f bits as ring elements: what
+    /// Layer `id`'s weight \[out, in\] at f bits and bias \[out\] at 2f bits as ring elements: what
     /// the server of the two-party pass prepares for its HE products. The LM head is not one of
     /// them (its table is public: [`DecoderTables::logits`]).
     pub fn linear_weights(&self, id: DecoderLayer) -> Result<(RingTensor, Option<RingTensor>)> {

@@ -268,7 +268,7 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     }
 
     /// The server's weights times the shared rows (one HE product), then one truncation;
-    /// the LM head is [`DecoderParty::head`].
+    /// the LM head is the public table applied by the client (`DecoderParty::head`).
     fn linear(&mut self, id: DecoderLayer, x: &RingTensor) -> Result<RingTensor> {
         if id == DecoderLayer::LmHead {
             return self.head(x);
