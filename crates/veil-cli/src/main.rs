@@ -20,8 +20,10 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use veil_core::{bail, Error, Result};
+use veil_model::decoder::DecoderShape;
 use veil_model::random::Preset;
 use veil_model::source::ModelSource;
+use veil_model::ProductTruncation;
 use veil_net::NetworkModel;
 use veil_private::bench::Variant;
 use veil_private::{ClientTransport, PromptOptions};
@@ -311,6 +313,28 @@ enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Private generation: set-up, a prefill of random prompt tokens, then greedy decode steps
+    /// of a seeded random decoder of a real model's shape (the shipped format, ℓ = 48, f = 13).
+    Generate {
+        #[arg(long, value_enum, default_value = "smollm2")]
+        shape: DecoderShapeArg,
+        #[arg(long, default_value_t = 32)]
+        prompt_tokens: usize,
+        #[arg(long, default_value_t = 16)]
+        new_tokens: usize,
+        /// Run over a link shaped like this network (as `bench model --net`); default loopback.
+        #[arg(long)]
+        net: Option<NetworkModel>,
+        /// Faithful truncations (the simulator's integers bit for bit) instead of the default
+        /// one-bit-error ones.
+        #[arg(long)]
+        faithful: bool,
+        /// Preprocess the steps (not implemented yet: refused with that reason).
+        #[arg(long)]
+        preprocess: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// The extra cost of private-embedding mode: the embedding layer on shares (HE lookup of
     /// the private tables by private token ids, then the embedding LayerNorm).
     Embedding {
@@ -333,6 +357,47 @@ enum Shape {
     Tiny,
     Medium,
     Base,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DecoderShapeArg {
+    /// SmolLM2-135M: 30 blocks × 576, 9 heads (3 key/value), MLP 1,536, vocabulary 49,152.
+    Smollm2,
+    /// GPT-2 small: 12 blocks × 768, 12 heads, MLP 3,072, vocabulary 50,257.
+    Gpt2,
+}
+
+/// `veil bench generate` without `--json`: one line for the set-up, the prefill and each step,
+/// then the decode steps' median.
+fn print_generate_bench(r: &serde_json::Value) {
+    let line = |name: &str, p: &serde_json::Value| {
+        println!(
+            "{name:>10}: {:7.2} s, {:>12} B client→server, {:>12} B server→client, {:>6} flights",
+            p["wall_s"].as_f64().unwrap_or(0.0),
+            p["bytes_client_to_server"],
+            p["bytes_server_to_client"],
+            p["rounds"]
+        );
+    };
+    println!(
+        "private generation, {} shape ({} blocks), {} prompt tokens, {} new, {}",
+        r["shape"].as_str().unwrap_or(""),
+        r["layers"],
+        r["prompt_tokens"],
+        r["new_tokens"],
+        r["network"].as_str().unwrap_or("loopback")
+    );
+    line("set-up", &r["setup"]);
+    line("prefill", &r["prefill"]);
+    let steps = r["steps"].as_array().cloned().unwrap_or_default();
+    for (i, s) in steps.iter().enumerate() {
+        line(&format!("step {}", i + 1), s);
+    }
+    let mut times: Vec<f64> = steps.iter().filter_map(|s| s["wall_s"].as_f64()).collect();
+    times.sort_by(f64::total_cmp);
+    if let Some(m) = times.get(times.len() / 2) {
+        println!("median decode step: {m:.2} s");
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -375,6 +440,42 @@ fn bench(what: BenchCmd) -> Result<()> {
             let method = veil_linear::LookupMethod::parse(&method)?;
             let v = veil_private::bench::bench_embedding(vocab, width, seq, method)?;
             print_records(&[v], json);
+        }
+        BenchCmd::Generate {
+            shape,
+            prompt_tokens,
+            new_tokens,
+            net,
+            faithful,
+            preprocess,
+            json,
+        } => {
+            if preprocess {
+                return Err(Error::Unsupported(
+                    "preprocessing private generation is not implemented yet".into(),
+                ));
+            }
+            let shape = match shape {
+                DecoderShapeArg::Smollm2 => DecoderShape::SmolLm2,
+                DecoderShapeArg::Gpt2 => DecoderShape::Gpt2,
+            };
+            let truncation = if faithful {
+                ProductTruncation::Faithful
+            } else {
+                ProductTruncation::OneBitError
+            };
+            let report = veil_private::bench_generate(veil_private::GenerateBench {
+                shape,
+                prompt_tokens,
+                new_tokens,
+                net,
+                truncation,
+            })?;
+            if json {
+                println!("{report}");
+            } else {
+                print_generate_bench(&report);
+            }
         }
         BenchCmd::Model {
             shape,

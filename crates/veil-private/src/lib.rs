@@ -60,6 +60,7 @@ mod decoder;
 mod embedding;
 pub mod eval;
 mod forward;
+mod generate_bench;
 mod handler;
 mod key_budget;
 mod limits;
@@ -84,6 +85,7 @@ pub use embedding::{
     cache_bytes, preparation_bytes, PreparationInUse, ServerEmbedding, PREPARED_LENGTHS_KEPT,
 };
 pub use forward::{Party, Pre, Side};
+pub use generate_bench::{bench_generate, GenerateBench};
 pub use handler::{serve_session, serve_session_with};
 pub use loopback::{Connector, InProcess, Link, Loopback};
 pub use pool_size::{CotCounts, Draw};

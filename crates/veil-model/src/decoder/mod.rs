@@ -25,6 +25,7 @@ mod hf_config;
 pub mod random;
 /// Picking the next token from the logits.
 pub mod sample;
+mod shapes;
 /// The byte-level BPE tokenizer and its streaming decoder.
 pub mod tokenizer;
 /// The f32 weights in Hugging Face layout.
@@ -33,6 +34,7 @@ pub mod weights;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{DecoderConfig, DecoderFamily, RopeScaling};
 pub use sample::{argmax, Sampler, SamplingParams};
+pub use shapes::DecoderShape;
 pub use tokenizer::{DecoderTokenizer, TextStream};
 pub use weights::{DecoderBlock, DecoderWeights, Linear, Matrix, Mlp, Norm};
 

@@ -553,3 +553,32 @@ fn encoder_and_decoder_commands_refuse_each_other() {
         DecoderSource::Folder(llama.clone())
     );
 }
+
+/// The benchmark shapes build valid models with the published parameter counts of
+/// SmolLM2-135M (134,515,008) and GPT-2 small (124,439,808), head tied to the embedding.
+#[test]
+fn benchmark_shapes_have_the_published_parameter_counts() {
+    use veil_model::decoder::{DecoderShape, Linear, Mlp, Norm};
+    let linear = |l: &Linear| l.weight.data.len() + l.bias.as_ref().map_or(0, Vec::len);
+    let norm = |n: &Norm| n.weight.len() + n.bias.as_ref().map_or(0, Vec::len);
+    for (shape, published) in [
+        (DecoderShape::SmolLm2, 134_515_008),
+        (DecoderShape::Gpt2, 124_439_808),
+    ] {
+        let w = shape.random_weights(1).unwrap();
+        assert_eq!(DecoderShape::from_name(shape.name()), Some(shape));
+        let mut count = w.token_embedding.data.len()
+            + w.position_embedding.as_ref().map_or(0, |p| p.data.len())
+            + norm(&w.final_norm);
+        for b in &w.blocks {
+            count += norm(&b.attn_norm) + norm(&b.mlp_norm);
+            count += linear(&b.q) + linear(&b.k) + linear(&b.v) + linear(&b.o);
+            count += match &b.mlp {
+                Mlp::Gated { gate, up, down } => linear(gate) + linear(up) + linear(down),
+                Mlp::Plain { up, down } => linear(up) + linear(down),
+            };
+        }
+        assert!(w.lm_head.is_none());
+        assert_eq!(count, published, "{}", shape.name());
+    }
+}

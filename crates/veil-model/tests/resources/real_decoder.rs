@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use veil_model::decoder::{self, ChatMessage, DecoderFamily, DecoderModel, Mlp};
+use veil_model::decoder::{self, ChatMessage, DecoderFamily, DecoderModel, DecoderShape, Mlp};
 use veil_model::fetch;
 use veil_test_harness::{available, needs, Missing, Trial};
 
@@ -53,6 +53,10 @@ fn smollm2_config_and_dequantised_shapes(m: &DecoderModel) {
         (c.bos_token_id, c.eos_token_ids.clone()),
         (Some(1), vec![2])
     );
+    // The benchmark's SmolLM2 shape is this model's.
+    let mut bench = DecoderShape::SmolLm2.config();
+    bench.norm_eps = c.norm_eps;
+    assert_eq!(&bench, c);
     let w = &m.weights;
     assert_eq!(
         (w.token_embedding.rows, w.token_embedding.cols),

@@ -1,0 +1,178 @@
+//! Private generation's cost benchmark (`veil bench generate`): a seeded random decoder of a
+//! real model's shape (`veil_model::decoder::DecoderShape`; the cost does not depend on the
+//! weights' values) in the shipped format, both parties in one process over TCP loopback or a
+//! link shaped like a given network; a prefill of random prompt tokens, then one greedy step per
+//! new token. Reports the set-up (HE keys, base OTs) and every step apart: wall time, bytes each
+//! way and flights, per operator class.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use veil_core::{bail, CostClass, Prg, Result};
+use veil_linear::{ClientSession, ServerSession};
+use veil_model::decoder::DecoderShape;
+use veil_model::{DecoderFormat, FixedDecoder, ProductTruncation};
+use veil_net::{run_two_party_on, run_two_party_tcp, shaped_pair, Channel, LabelStats, Meter};
+use veil_net::{NetworkModel, RealClock, Role};
+use veil_nonlinear::OtSession;
+
+use crate::decoder::{DecoderParty, DecoderSide, Generation, ServerDecoder};
+use crate::report::PhaseCost;
+
+/// What to run.
+#[derive(Clone, Copy, Debug)]
+pub struct GenerateBench {
+    /// The model's shape.
+    pub shape: DecoderShape,
+    /// Random prompt tokens run in one prefill.
+    pub prompt_tokens: usize,
+    /// Greedy steps after the prefill, one token each.
+    pub new_tokens: usize,
+    /// The shaped link; `None`: TCP loopback.
+    pub net: Option<NetworkModel>,
+    /// How every product's truncation rounds (the shipped default: one-bit error).
+    pub truncation: ProductTruncation,
+}
+
+/// The client's meter since `before` (per class), with the phase's wall time.
+fn phase(before: &BTreeMap<CostClass, LabelStats>, meter: &Meter, seconds: f64) -> Value {
+    let per_op = meter
+        .by_class()
+        .into_iter()
+        .map(|(c, s)| {
+            let b = before.get(&c).cloned().unwrap_or_default();
+            let d = LabelStats {
+                bytes_sent: s.bytes_sent - b.bytes_sent,
+                bytes_received: s.bytes_received - b.bytes_received,
+                flights_sent: s.flights_sent - b.flights_sent,
+                flights_received: s.flights_received - b.flights_received,
+                seconds: s.seconds - b.seconds,
+            };
+            (c, d)
+        })
+        .filter(|(_, d)| d.rounds() > 0)
+        .collect();
+    let mut v = PhaseCost { per_op }.to_json(Role::Client);
+    v["wall_s"] = json!(seconds);
+    v
+}
+
+/// The index of the largest logit (signed ring values; the first on ties).
+fn greedy(fixed: &FixedDecoder, logits: &[u64]) -> u32 {
+    let ring = fixed.fp().ring;
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if ring.to_signed(v) > ring.to_signed(logits[best]) {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Runs the benchmark; the JSON `veil bench generate --json` prints.
+pub fn bench_generate(b: GenerateBench) -> Result<Value> {
+    if b.prompt_tokens == 0 {
+        bail!(InvalidArgument, "a prompt of at least one token is needed");
+    }
+    let weights = b.shape.random_weights(7)?;
+    let cfg = weights.config.clone();
+    let limit = b.prompt_tokens + b.new_tokens;
+    if limit > cfg.max_positions {
+        bail!(
+            InvalidArgument,
+            "{limit} positions exceed the {} shape's {}",
+            b.shape.name(),
+            cfg.max_positions
+        );
+    }
+    let fixed = FixedDecoder::encode(&weights, DecoderFormat::default())?;
+    drop(weights);
+    let t = Instant::now();
+    let server = ServerDecoder::new(fixed.clone())?;
+    let prepare_s = t.elapsed().as_secs_f64();
+    let mut prg = Prg::from_os_entropy();
+    let prompt: Vec<u32> = (0..b.prompt_tokens)
+        .map(|_| prg.below(cfg.vocab_size as u64) as u32)
+        .collect();
+
+    let (t, p, n, limit) = (b.truncation, b.prompt_tokens, b.new_tokens, limit);
+    let report = match b.net {
+        None => {
+            run_two_party_tcp(
+                |c| run_client(c, &fixed, &prompt, t, n),
+                |s| run_server(s, &server, t, p, limit, n),
+            )?
+            .0
+        }
+        Some(net) => {
+            let pair = shaped_pair(net, Arc::new(RealClock::new()))?;
+            run_two_party_on(
+                pair,
+                |c| run_client(c, &fixed, &prompt, t, n),
+                |s| run_server(s, &server, t, p, limit, n),
+            )?
+            .0
+        }
+    };
+    let mut v = report;
+    v["shape"] = json!(b.shape.name());
+    v["prompt_tokens"] = json!(b.prompt_tokens);
+    v["new_tokens"] = json!(b.new_tokens);
+    v["layers"] = json!(cfg.layers);
+    v["network"] = json!(b.net.map(|n| n.to_string()));
+    v["truncation"] = json!(format!("{:?}", b.truncation));
+    v["weight_preparation_s"] = json!(prepare_s);
+    Ok(v)
+}
+
+/// The client: set-up, the prefill of `prompt`, then `new_tokens` greedy steps; its meter's
+/// report of each.
+fn run_client<C: Channel>(
+    ch: &mut C,
+    fixed: &FixedDecoder,
+    prompt: &[u32],
+    truncation: ProductTruncation,
+    new_tokens: usize,
+) -> Result<Value> {
+    let t = Instant::now();
+    let lin = ClientSession::setup(ch, fixed.fp().ring)?;
+    let mut ot = OtSession::setup(ch, Role::Client)?;
+    let setup = phase(&BTreeMap::new(), ch.meter(), t.elapsed().as_secs_f64());
+    let mut generation = Generation::new(&fixed.config, truncation, prompt.len() + new_tokens)?;
+    let side = DecoderSide::Client(&lin, fixed.tables());
+    let mut party = DecoderParty::new(ch, &mut ot, side, &mut generation)?;
+    let mut steps = Vec::with_capacity(new_tokens + 1);
+    let mut next = prompt.to_vec();
+    for _ in 0..=new_tokens {
+        let before = party.meter().by_class();
+        let t = Instant::now();
+        let logits = party.client_step(&next)?.into_data();
+        steps.push(phase(&before, party.meter(), t.elapsed().as_secs_f64()));
+        next = vec![greedy(fixed, &logits)];
+    }
+    let prefill = steps.remove(0);
+    Ok(json!({ "setup": setup, "prefill": prefill, "steps": steps }))
+}
+
+/// The server's side of [`run_client`].
+fn run_server<C: Channel>(
+    ch: &mut C,
+    model: &ServerDecoder,
+    truncation: ProductTruncation,
+    prompt_tokens: usize,
+    limit: usize,
+    new_tokens: usize,
+) -> Result<()> {
+    let lin = ServerSession::setup(ch, model.fixed().fp().ring)?;
+    let mut ot = OtSession::setup(ch, Role::Server)?;
+    let mut generation = Generation::new(model.config(), truncation, limit)?;
+    let side = DecoderSide::Server(&lin, model);
+    let mut party = DecoderParty::new(ch, &mut ot, side, &mut generation)?;
+    party.server_step(prompt_tokens)?;
+    for _ in 0..new_tokens {
+        party.server_step(1)?;
+    }
+    Ok(())
+}
