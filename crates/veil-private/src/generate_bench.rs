@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use veil_core::{bail, CostClass, Prg, Result};
 use veil_linear::{ClientSession, ServerSession};
-use veil_model::decoder::DecoderShape;
+use veil_model::decoder::{argmax, DecoderShape};
 use veil_model::{DecoderFormat, FixedDecoder, ProductTruncation};
 use veil_net::{run_two_party_on, run_two_party_tcp, shaped_pair, Channel, LabelStats, Meter};
 use veil_net::{NetworkModel, RealClock, Role};
@@ -57,18 +57,6 @@ fn phase(before: &BTreeMap<CostClass, LabelStats>, meter: &Meter, seconds: f64) 
     let mut v = PhaseCost { per_op }.to_json(Role::Client);
     v["wall_s"] = json!(seconds);
     v
-}
-
-/// The index of the largest logit (signed ring values; the first on ties).
-fn greedy(fixed: &FixedDecoder, logits: &[u64]) -> u32 {
-    let ring = fixed.fp().ring;
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if ring.to_signed(v) > ring.to_signed(logits[best]) {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Runs the benchmark; the JSON `veil bench generate --json` prints.
@@ -148,9 +136,10 @@ fn run_client<C: Channel>(
     for _ in 0..=new_tokens {
         let before = party.meter().by_class();
         let t = Instant::now();
-        let logits = party.client_step(&next)?.into_data();
+        let logits = party.client_step(&next)?.decode(fixed.fp());
         steps.push(phase(&before, party.meter(), t.elapsed().as_secs_f64()));
-        next = vec![greedy(fixed, &logits)];
+        let logits: Vec<f32> = logits.iter().map(|&l| l as f32).collect();
+        next = vec![argmax(&logits)?];
     }
     let prefill = steps.remove(0);
     Ok(json!({ "setup": setup, "prefill": prefill, "steps": steps }))
