@@ -22,7 +22,7 @@
 use veil_core::approx::{Approx, LayerNormPlan};
 use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
 
-use crate::decoder::{DecoderConfig, DecoderWeights, Linear, Matrix, Mlp, Norm};
+use crate::decoder::{DecoderConfig, DecoderFamily, DecoderWeights, Linear, Matrix, Mlp, Norm};
 use crate::engine::decoder::{
     self as composition, causal_visible, rotary_accumulators, DecoderEngine, DecoderLayer,
     DecoderNorm, KvCache, LogitRows, Rows,
@@ -156,6 +156,56 @@ pub struct DecoderTables {
 }
 
 impl DecoderTables {
+    /// Encodes the public tables at `format`: the token embedding [vocab, hidden], GPT-2's
+    /// position table [max_positions, hidden] and an untied output table [vocab, hidden]. What a
+    /// client builds from an open model's tables alone, without the server's weights.
+    pub fn encode(
+        config: &DecoderConfig,
+        format: DecoderFormat,
+        token: &Matrix,
+        position: Option<&Matrix>,
+        output: Option<&Matrix>,
+    ) -> Result<Self> {
+        let (vocab, h) = (config.vocab_size, config.hidden);
+        for (name, m, rows) in [
+            ("token embedding", Some(token), vocab),
+            ("position table", position, config.max_positions),
+            ("output table", output, vocab),
+        ] {
+            if let Some(m) = m {
+                ensure!(
+                    m.rows == rows && m.cols == h && m.data.len() == rows * h,
+                    InvalidArgument,
+                    "{name} of {}×{} ({} values), expected {rows}×{h}",
+                    m.rows,
+                    m.cols,
+                    m.data.len()
+                );
+            }
+        }
+        ensure!(
+            position.is_some() == (config.family == DecoderFamily::Gpt2),
+            InvalidArgument,
+            "a {:?} decoder {} a position table",
+            config.family,
+            if position.is_some() {
+                "with"
+            } else {
+                "without"
+            }
+        );
+        let fp = format.fp;
+        let enc = |m: &Matrix| encode_matrix(fp, m, 1.0);
+        Ok(DecoderTables {
+            approx: Approx::new(fp)?,
+            format,
+            config: config.clone(),
+            token: enc(token)?,
+            position: position.map(enc).transpose()?,
+            output: output.map(enc).transpose()?,
+        })
+    }
+
     /// The decoder's shape and family.
     pub fn config(&self) -> &DecoderConfig {
         &self.config
@@ -312,22 +362,13 @@ impl FixedDecoder {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let tables = DecoderTables {
-            approx,
+        let tables = DecoderTables::encode(
+            c,
             format,
-            config: c.clone(),
-            token: encode_matrix(fp, &w.token_embedding, 1.0)?,
-            position: w
-                .position_embedding
-                .as_ref()
-                .map(|p| encode_matrix(fp, p, 1.0))
-                .transpose()?,
-            output: w
-                .lm_head
-                .as_ref()
-                .map(|m| encode_matrix(fp, m, 1.0))
-                .transpose()?,
-        };
+            &w.token_embedding,
+            w.position_embedding.as_ref(),
+            w.lm_head.as_ref(),
+        )?;
         Ok(FixedDecoder {
             approx,
             format,
@@ -343,7 +384,7 @@ impl FixedDecoder {
         &self.tables
     }
 
-    /// Layer `id`'s weight [out, in] at f bits and bias [out] at 2f bits as ring elements: what
+    /// Layer `id`'s weight \[out, in\] at f bits and bias \[out\] at 2f bits as ring elements: what
     /// the server of the two-party pass prepares for its HE products. The LM head is not one of
     /// them (its table is public: [`DecoderTables::logits`]).
     pub fn linear_weights(&self, id: DecoderLayer) -> Result<(RingTensor, Option<RingTensor>)> {

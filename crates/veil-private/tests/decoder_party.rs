@@ -16,7 +16,7 @@ use veil_model::decoder::random::{write_tiny_gpt2, write_tiny_llama, TinyShape};
 use veil_model::decoder::{self, DecoderWeights};
 use veil_model::engine::decoder::DecoderEngine;
 use veil_model::engine::decoder::LogitRows;
-use veil_model::{DecoderFormat, FixedDecoder, ProductTruncation};
+use veil_model::{DecoderFormat, DecoderTables, FixedDecoder, ProductTruncation};
 use veil_net::{LabelStats, MemChannel, Role};
 use veil_nonlinear::OtSession;
 use veil_private::{DecoderParty, DecoderSide, Generation, ServerDecoder};
@@ -83,9 +83,10 @@ fn minus(a: &LabelStats, b: &LabelStats) -> LabelStats {
 type Script<'s, T> = &'s (dyn Fn(&mut DecoderParty<'_, MemChannel>) -> Result<T> + Sync);
 
 /// Runs both parties over the in-memory duplex with HE and OT sessions at the format's ring:
-/// the client runs `client`, the server `server`; returns (client's, server's).
+/// the server holds `fixed`, the client `tables`; the client runs `client`, the server
+/// `server`; returns (client's, server's).
 fn two_party<T: Send>(
-    fixed: &FixedDecoder,
+    (fixed, tables): (&FixedDecoder, &DecoderTables),
     mode: ProductTruncation,
     limit: usize,
     client: Script<'_, T>,
@@ -98,7 +99,7 @@ fn two_party<T: Send>(
         match role {
             Role::Client => {
                 let lin = ClientSession::setup(ch, ring)?;
-                let side = DecoderSide::Client(&lin, fixed.tables());
+                let side = DecoderSide::Client(&lin, tables);
                 client(&mut DecoderParty::new(ch, ot, side, &mut generation)?)
             }
             Role::Server => {
@@ -179,12 +180,13 @@ fn report(name: &str, fixed: &FixedDecoder, steps: &[Step]) {
     for (i, s) in steps.iter().enumerate() {
         let c = &s.cost;
         println!(
-            "{name} step {i:2} ({} tokens): {} flights ({:.0} per block), {} B client→server, {} B server→client",
+            "{name} step {i:2} ({} tokens): {} flights ({:.0} per block), {} B client→server, {} B server→client, {:.2} s",
             if i == 0 { PROMPT.len() } else { 1 },
             c.rounds(),
             c.rounds() as f64 / layers as f64,
             c.bytes_sent,
-            c.bytes_received
+            c.bytes_received,
+            c.seconds
         );
     }
     if let Some(s) = steps.get(1) {
@@ -201,10 +203,20 @@ fn report(name: &str, fixed: &FixedDecoder, steps: &[Step]) {
 
 fn faithful_generation_equals_the_simulator(gpt2: bool, seed: u8) {
     let name = if gpt2 { "gpt2" } else { "llama" };
-    let fixed = FixedDecoder::encode(&tiny(gpt2, seed), format()).unwrap();
+    let w = tiny(gpt2, seed);
+    let fixed = FixedDecoder::encode(&w, format()).unwrap();
+    // The client's tables from the public matrices alone, not from the server's model.
+    let tables = DecoderTables::encode(
+        &w.config,
+        format(),
+        &w.token_embedding,
+        w.position_embedding.as_ref(),
+        w.lm_head.as_ref(),
+    )
+    .unwrap();
     let limit = PROMPT.len() + STEPS + 1;
     let (steps, _) = two_party(
-        &fixed,
+        (&fixed, &tables),
         ProductTruncation::Faithful,
         limit,
         &|p| client_generate(&fixed, p),
@@ -270,7 +282,7 @@ fn one_bit_error_generation_stays_within_its_bound() {
         let fp = fixed.fp();
         let limit = PROMPT.len() + STEPS + 1;
         let (steps, _) = two_party(
-            &fixed,
+            (&fixed, fixed.tables()),
             ProductTruncation::OneBitError,
             limit,
             &|p| client_generate(&fixed, p),
@@ -345,7 +357,7 @@ fn a_context_beyond_the_limit_is_refused_cleanly() {
     let client: StepFn<'_> = &|p, ids| p.client_step(ids).map(|l| l.into_data());
     let server: StepFn<'_> = &|p, ids| p.server_step(ids.len()).map(|()| Vec::new());
     let ((err, cached, fresh), (server_err, server_cached, _)) = two_party(
-        &fixed,
+        (&fixed, fixed.tables()),
         ProductTruncation::Faithful,
         limit,
         &|p| limit_script(p, client),

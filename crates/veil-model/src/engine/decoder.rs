@@ -187,9 +187,18 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for `cfg`'s blocks.
     pub fn new(cfg: &DecoderConfig) -> Self {
+        Self::with_capacity(cfg, 0)
+    }
+
+    /// An empty cache for `cfg`'s blocks with room for `positions` allocated now: a cache
+    /// with a fixed limit then holds exactly what was counted for it, never a grown vector's
+    /// spare capacity.
+    pub fn with_capacity(cfg: &DecoderConfig, positions: usize) -> Self {
+        let width = cfg.kv_heads * cfg.head_dim;
+        let room = || Vec::with_capacity(positions * width);
         KvCache {
-            width: cfg.kv_heads * cfg.head_dim,
-            blocks: vec![(Vec::new(), Vec::new()); cfg.layers],
+            width,
+            blocks: (0..cfg.layers).map(|_| (room(), room())).collect(),
         }
     }
 

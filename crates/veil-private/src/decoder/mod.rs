@@ -30,9 +30,11 @@
 //!
 //! **Driving it.** Each party makes a [`Generation`] (the model's configuration, the
 //! truncation mode both agreed on, the context limit) and, for its steps, a [`DecoderParty`]
-//! over its channel, OT session, side ([`DecoderSide`]) and that generation. The client calls
-//! [`DecoderParty::client_step`] with the prompt's ids, then with each token it picked from the
-//! returned logits; the server calls [`DecoderParty::server_step`] with the same counts.
+//! over its channel, OT session, side ([`DecoderSide`]: the client's tables come from the open
+//! model's matrices alone, `veil_model::DecoderTables::encode`) and that generation. The
+//! client calls [`DecoderParty::client_step`] with the prompt's ids, then with each token it
+//! picked from the returned logits; the server calls [`DecoderParty::server_step`] with the
+//! same counts.
 //!
 //! **Security model.** Semi-honest client and server, the protocols of veil-linear and
 //! veil-nonlinear composed sequentially on uniformly masked shares (128-bit computational,

@@ -63,13 +63,14 @@ impl Generation {
             cfg: cfg.clone(),
             mode,
             context_limit,
-            cache: KvCache::new(cfg),
+            cache: KvCache::with_capacity(cfg, context_limit),
             broken: false,
         })
     }
 
     /// Bytes one party's KV cache takes at `positions` positions of a model shaped `cfg`:
-    /// what a server counts against a session's memory for a generation's context limit.
+    /// what a server counts against a session's memory for a generation's context limit
+    /// (a [`Generation`] allocates exactly this for its limit when it is made).
     pub fn cache_bytes(cfg: &DecoderConfig, positions: usize) -> usize {
         2 * cfg.layers * positions * cfg.kv_heads * cfg.head_dim * std::mem::size_of::<u64>()
     }
@@ -267,7 +268,7 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     }
 
     /// The server's weights times the shared rows (one HE product), then one truncation;
-    /// the LM head is [`DecoderParty::head`].
+    /// the LM head is the public table applied by the client (`DecoderParty::head`).
     fn linear(&mut self, id: DecoderLayer, x: &RingTensor) -> Result<RingTensor> {
         if id == DecoderLayer::LmHead {
             return self.head(x);
