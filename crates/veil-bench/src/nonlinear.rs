@@ -90,10 +90,10 @@ fn run_op(
         let out = {
             let mut cx = Ctx::new(&mut ot, ch, role, ax);
             if let Some(s) = &client {
-                cx = cx.with_he(HeKeys::client(s)?)?;
+                cx = cx.with_he(HeKeys::client(s, x.ring())?)?;
             }
             if let Some(s) = &server {
-                cx = cx.with_he(HeKeys::server(s)?)?;
+                cx = cx.with_he(HeKeys::server(s, x.ring())?)?;
             }
             op(&mut cx, xs)?
         };

@@ -37,7 +37,8 @@ pub struct Ctx<'a, C: Channel> {
 }
 
 /// This party's BFV keys (veil-he, plaintext modulus 2^ℓ of the context's ring; share operands
-/// need a set that floods ℓ-bit plaintexts, `ParamSet::N8192Q4`).
+/// need a set that floods them: `ParamSet::N8192Q4` for ℓ ≤ 41, `ParamSet::N8192Q4L48`'s 24-bit
+/// limbs for ℓ = 48).
 #[derive(Clone, Copy)]
 pub enum HeKeys<'a> {
     /// The client's secret key.
@@ -47,14 +48,16 @@ pub enum HeKeys<'a> {
 }
 
 impl<'a> HeKeys<'a> {
-    /// The share-product keys ([`veil_he::session::SHARED_SET`]) of the client's linear session.
-    pub fn client(s: &'a veil_he::session::ClientSession) -> Result<Self> {
-        Ok(HeKeys::Client(s.key(veil_he::session::SHARED_SET)?))
+    /// The share-product keys of the client's linear session over `ring`
+    /// ([`veil_he::session::shared_set`]: `N8192Q4` up to ℓ = 41, `N8192Q4L48` for the
+    /// decoder's ℓ = 48, whose share scalars are multiplied as 24-bit limbs).
+    pub fn client(s: &'a veil_he::session::ClientSession, ring: Ring) -> Result<Self> {
+        Ok(HeKeys::Client(s.key(veil_he::session::shared_set(ring))?))
     }
 
     /// The server's side of [`HeKeys::client`].
-    pub fn server(s: &'a veil_he::session::ServerSession) -> Result<Self> {
-        let (pk, gk) = s.keys_for(veil_he::session::SHARED_SET)?;
+    pub fn server(s: &'a veil_he::session::ServerSession, ring: Ring) -> Result<Self> {
+        let (pk, gk) = s.keys_for(veil_he::session::shared_set(ring))?;
         Ok(HeKeys::Server(pk, gk))
     }
 

@@ -42,6 +42,62 @@ use veil_net::Channel;
 /// Inner-product members per packed response.
 const PACK: usize = 1 << GALOIS_LEVELS;
 
+/// Bits of a limb of a share scalar when the ring is too wide to multiply it whole (ℓ > 41):
+/// `ParamSet::N8192Q4L48`'s flood hides plaintext products up to 2^47 in all, which a whole
+/// 48-bit share (bound 2^47, times the flood's own factor) exceeds, but centred 24-bit limbs
+/// (|s_j| ≤ 2^23) fit with room to spare. The same split as veil-linear's share products.
+const LIMB_BITS: u32 = 24;
+
+/// Limbs a share scalar over `ring` is multiplied in: 1 up to ℓ = 41, ⌈ℓ/24⌉ beyond.
+fn scalar_limbs(ring: Ring) -> usize {
+    if ring.bits() <= 41 {
+        1
+    } else {
+        ring.bits().div_ceil(LIMB_BITS) as usize
+    }
+}
+
+/// The public bound on one limb: a whole centred share (2^(ℓ−1)) when there is one limb.
+fn limb_bound(ring: Ring) -> u64 {
+    if scalar_limbs(ring) == 1 {
+        1 << (ring.bits() - 1)
+    } else {
+        1 << (LIMB_BITS - 1)
+    }
+}
+
+/// Limb `j` of the ring element v: v's signed value itself when there is one limb, else its
+/// j-th centred base-2^24 digit (v ≡ Σ_j 2^(24j)·digit_j mod 2^ℓ).
+fn scalar_limb(ring: Ring, v: u64, j: usize) -> i64 {
+    let mut rest = ring.to_signed(v);
+    if scalar_limbs(ring) == 1 {
+        return rest;
+    }
+    let half = 1i64 << (LIMB_BITS - 1);
+    let mut digit = 0;
+    for _ in 0..=j {
+        digit = (rest + half).rem_euclid(1 << LIMB_BITS) - half;
+        rest = (rest - digit) >> LIMB_BITS;
+    }
+    digit
+}
+
+/// out += 2^(24·limb)·part (mod 2^ℓ): one limb's product shares into the whole product's.
+fn recombine(ring: Ring, out: &mut [u64], part: &[u64], limb: usize) -> Result<()> {
+    ensure!(
+        part.len() == out.len(),
+        InvalidArgument,
+        "{} row products for {} values",
+        part.len(),
+        out.len()
+    );
+    let weight = ring.reduce(1u64 << (LIMB_BITS as usize * limb).min(63));
+    for (o, &v) in out.iter_mut().zip(part) {
+        *o = ring.add(*o, ring.mul(v, weight));
+    }
+    Ok(())
+}
+
 /// The stride layout of a [rows, cols] matrix (module docs).
 #[derive(Clone, Copy, Debug)]
 struct Layout {
@@ -194,12 +250,19 @@ impl RowsClient<'_> {
         Ok(flat.chunks(self.lay.rows).map(<[u64]>::to_vec).collect())
     }
 
-    /// Shares of U_kj·s_k for the server's per-row scalars s (row-major, like U).
+    /// Shares of U_kj·s_k for the server's per-row scalars s (row-major, like U): one
+    /// response set per limb of s ([`scalar_limbs`]), recombined as Σ_j 2^(24j)·(U·s_j).
     pub(crate) fn row_scaled<C: Channel>(&self, ch: &mut C) -> Result<Vec<u64>> {
         let positions: Vec<Vec<usize>> = (0..self.lay.ciphertexts())
             .map(|c| self.lay.scaled_positions(c))
             .collect();
-        Ok(round_trip::receive_results(ch, self.sk, &positions)?.concat())
+        let ring = self.sk.params().ring();
+        let mut out = vec![0u64; self.lay.rows * self.lay.cols];
+        for limb in 0..scalar_limbs(ring) {
+            let part = round_trip::receive_results(ch, self.sk, &positions)?.concat();
+            recombine(ring, &mut out, &part, limb)?;
+        }
+        Ok(out)
     }
 }
 
@@ -295,13 +358,26 @@ impl RowsServer<'_> {
             s.len(),
             lay.rows
         );
-        let (p, ring) = (self.params(), self.ring());
-        let bound = 1u64 << (ring.bits() - 1);
+        let ring = self.ring();
+        let limbs = scalar_limbs(ring);
+        let mut out = vec![0u64; lay.rows * lay.cols];
+        for limb in 0..limbs {
+            let digits: Vec<i64> = s.iter().map(|&v| scalar_limb(ring, v, limb)).collect();
+            let part = self.row_scaled_signed(ch, &digits, limb_bound(ring))?;
+            recombine(ring, &mut out, &part, limb)?;
+        }
+        Ok(out)
+    }
+
+    /// One response set of [`RowsServer::row_scaled`]: the rows times signed scalars |s| ≤ bound.
+    fn row_scaled_signed<C: Channel>(&self, ch: &mut C, s: &[i64], bound: u64) -> Result<Vec<u64>> {
+        let lay = self.lay;
+        let p = self.params();
         let parts = parallel_map(lay.ciphertexts(), |c, prg| {
             let rows = lay.rows_in(c);
             let mut accs = Vec::with_capacity(rows);
             for k in 0..rows {
-                let pt = NttPlaintext::new(p, &[ring.to_signed(s[c * lay.stride + k])], bound)?;
+                let pt = NttPlaintext::new(p, &[s[c * lay.stride + k]], bound)?;
                 let mut acc = Accumulator::new(p);
                 acc.mul_acc(p, &self.cts[c], &pt);
                 if k > 0 {
@@ -345,9 +421,18 @@ mod tests {
     /// Client matrix u (any ring values), server vectors (signed, |v| ≤ bound) and scalars: both
     /// products open to the integers mod 2^ℓ.
     fn check_products(rows: usize, cols: usize, planes: usize, bound: i64) {
-        let r = ring();
+        check_products_at(ring(), SHARED_SET, (rows, cols), planes, bound);
+    }
+
+    fn check_products_at(
+        r: Ring,
+        set: veil_he::ParamSet,
+        (rows, cols): (usize, usize),
+        planes: usize,
+        bound: i64,
+    ) {
         let mut prg = Prg::from_os_entropy();
-        let mut u = random_ring(rows * cols);
+        let mut u: Vec<u64> = (0..rows * cols).map(|_| prg.ring_elem(r)).collect();
         // Edges: the ring's extremes and zero in the first row.
         for (j, e) in [0u64, 1, r.from_signed(-1), 1 << 40, (1 << 40) - 1]
             .iter()
@@ -368,16 +453,21 @@ mod tests {
                     .collect()
             })
             .collect();
-        let scalars = random_ring(rows);
+        // Scalars with both extremes: a whole share wider than one limb at ℓ = 48.
+        let mut scalars: Vec<u64> = (0..rows).map(|_| prg.ring_elem(r)).collect();
+        scalars[0] = r.from_signed(-1);
+        if rows > 1 {
+            scalars[1] = 1 << (r.bits() - 1);
+        }
         let (c, s) = run_two_party(
             |ch: &mut MemChannel| {
-                let sess = client_session(ch)?;
-                let rc = client_open(ch, sess.key(SHARED_SET)?, &u, rows, cols)?;
+                let sess = ClientSession::setup_for(ch, r, &[set])?;
+                let rc = client_open(ch, sess.key(set)?, &u, rows, cols)?;
                 Ok((rc.inner_products(ch, planes)?, rc.row_scaled(ch)?))
             },
             |ch: &mut MemChannel| {
-                let sess = server_session(ch)?;
-                let (pk, gk) = sess.keys_for(SHARED_SET)?;
+                let sess = ServerSession::setup_for(ch, r, &[set])?;
+                let (pk, gk) = sess.keys_for(set)?;
                 let rs = server_open(ch, pk, gk, rows, cols)?;
                 Ok((
                     rs.inner_products(ch, &vectors, bound as u64)?,
@@ -405,6 +495,15 @@ mod tests {
     fn row_products_match_integers_bert_rows() {
         // 8 rows fill one ciphertext at stride 8; 13 leave a partial one.
         check_products(13, 768, 2, 32);
+    }
+
+    /// ℓ = 48 (the decoder's ring, `N8192Q4L48`): a row × share-scalar product is refused as
+    /// insecure if the 48-bit scalar is multiplied whole, so it runs as two 24-bit limbs; a
+    /// SmolLM2-wide row (576) and the inner products' widest plane (b = 32 bits) pass.
+    #[test]
+    fn row_products_at_48_bits_use_limbs() {
+        let r = Ring::new(48).unwrap();
+        check_products_at(r, veil_he::ParamSet::N8192Q4L48, (5, 576), 2, 1 << 31);
     }
 
     #[test]

@@ -263,8 +263,8 @@ impl<C: Channel> Engine for Party<'_, C> {
         // The share-product HE keys let LayerNorm's 1-bit-error path run its sum of squares and
         // d·r on BFV (veil-nonlinear's `he_rows`).
         let keys = match &self.side {
-            Side::Client(s, _) => HeKeys::client(s)?,
-            Side::Server(s, ..) => HeKeys::server(s)?,
+            Side::Client(s, _) => HeKeys::client(s, self.ax.fp.ring)?,
+            Side::Server(s, ..) => HeKeys::server(s, self.ax.fp.ring)?,
         };
         let mode = self.product_trunc_mode();
         let role = self.role();

@@ -5,12 +5,12 @@
 //! mode: within a stated bound. A context beyond the generation's limit is refused by both
 //! parties before anything is sent, and the generation can be reset and reused.
 //!
-//! The ring is ℓ = 41 (f = 13) until BFV takes the decoder format's t = 2^48; the engine reads
-//! every width from the format.
+//! The ring is the shipped format's ℓ = 48 (f = 13): the HE products run at t = 2^48
+//! (`N8192Q4L48`, share operands as 24-bit limbs).
 
 use std::collections::BTreeMap;
 
-use veil_core::{CostClass, Error, FixedPoint, Result};
+use veil_core::{CostClass, Error, Result};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::decoder::random::{write_tiny_gpt2, write_tiny_llama, TinyShape};
 use veil_model::decoder::{self, DecoderWeights};
@@ -27,12 +27,9 @@ const PROMPT: [u32; 5] = [1, 40, 77, 120, 5];
 /// Greedy steps after the prefill.
 const STEPS: usize = 16;
 
-/// The decoder format the tests run at: the shipped f = 13 and norm domain in a 41-bit ring.
+/// The decoder format the tests run at: the shipped one (ℓ = 48, f = 13, BFV at t = 2^48).
 fn format() -> DecoderFormat {
-    DecoderFormat {
-        fp: FixedPoint::new(41, 13).unwrap(),
-        norm_dev_bits: 12,
-    }
+    DecoderFormat::default()
 }
 
 fn tiny(gpt2: bool, seed: u8) -> DecoderWeights {

@@ -33,8 +33,8 @@ fn keys_in<C: Channel>(ch: &mut C, role: Role, r: Ring) -> veil_core::Result<Key
 
 fn he(k: &Keys) -> HeKeys<'_> {
     match k {
-        Keys::Client(s) => HeKeys::client(s).unwrap(),
-        Keys::Server(s) => HeKeys::server(s).unwrap(),
+        Keys::Client(s) => HeKeys::client(s, ring()).unwrap(),
+        Keys::Server(s) => HeKeys::server(s, ring()).unwrap(),
     }
 }
 

@@ -4,13 +4,13 @@
 
 use std::collections::HashMap;
 
-use veil_core::{bail, ensure, Error, Result};
+use veil_core::{bail, ensure, Error, Result, Ring};
 use veil_linear::{FcLayer, PreparedFc};
 use veil_model::decoder::{DecoderConfig, DecoderFamily};
 use veil_model::engine::decoder::{DecoderLayer, DecoderNorm};
 use veil_model::FixedDecoder;
 
-use crate::prepared::WEIGHT_SET;
+use veil_linear::weight_set;
 
 /// (in, out) features of private layer `id`, from the public configuration.
 fn dims(id: DecoderLayer, cfg: &DecoderConfig) -> Result<(usize, usize)> {
@@ -33,11 +33,13 @@ fn dims(id: DecoderLayer, cfg: &DecoderConfig) -> Result<(usize, usize)> {
     })
 }
 
-/// The public shape of layer `id` for `rows` input rows. The weights are cut once for any
-/// number of rows up to the model's `max_positions` (a prefill of the whole context at most).
+/// The public shape of layer `id` for `rows` input rows over `ring` (the format's: it picks the
+/// HE set, `N8192Q4L48` at ℓ = 48). The weights are cut once for any number of rows up to the
+/// model's `max_positions` (a prefill of the whole context at most).
 pub(crate) fn decoder_fc_shape(
     id: DecoderLayer,
     cfg: &DecoderConfig,
+    ring: Ring,
     rows: usize,
 ) -> Result<FcLayer> {
     let (in_features, out_features) = dims(id, cfg)?;
@@ -46,7 +48,7 @@ pub(crate) fn decoder_fc_shape(
         max_seq: cfg.max_positions,
         in_features,
         out_features,
-        set: WEIGHT_SET,
+        set: weight_set(ring),
     })
 }
 
@@ -98,7 +100,11 @@ impl ServerDecoder {
         let mut layers = HashMap::new();
         for id in private_layers(cfg) {
             let (w, b) = fixed.linear_weights(id)?;
-            let fc = PreparedFc::new(decoder_fc_shape(id, cfg, 1)?, &w, b.as_ref())?;
+            let fc = PreparedFc::new(
+                decoder_fc_shape(id, cfg, fixed.format.fp.ring, 1)?,
+                &w,
+                b.as_ref(),
+            )?;
             layers.insert(id, fc);
         }
         Ok(ServerDecoder { fixed, layers })

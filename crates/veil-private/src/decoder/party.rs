@@ -278,7 +278,8 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
             let _g = self.ch.meter().enter(CostClass::MatMul);
             match self.side {
                 DecoderSide::Client(s, _) => {
-                    fc_client(self.ch, s, &decoder_fc_shape(id, cfg, x.dims().0)?, x)?
+                    let shape = decoder_fc_shape(id, cfg, x.ring(), x.dims().0)?;
+                    fc_client(self.ch, s, &shape, x)?
                 }
                 DecoderSide::Server(s, m) => fc_server(self.ch, s, m.layer(id)?, x)?,
             }
@@ -291,9 +292,12 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     fn norm(&mut self, id: DecoderNorm, x: &RingTensor) -> Result<RingTensor> {
         let cfg = self.cfg();
         let (eps, dev_bits) = (cfg.norm_eps, self.format.norm_dev_bits);
+        let ring = self.format.fp.ring;
         let (weights, keys) = match self.side {
-            DecoderSide::Server(s, m) => (Some(m.fixed().norm_weights(id)?), HeKeys::server(s)?),
-            DecoderSide::Client(s, _) => (None, HeKeys::client(s)?),
+            DecoderSide::Server(s, m) => {
+                (Some(m.fixed().norm_weights(id)?), HeKeys::server(s, ring)?)
+            }
+            DecoderSide::Client(s, _) => (None, HeKeys::client(s, ring)?),
         };
         let mode = self.generation.mode;
         let role = self.role();
