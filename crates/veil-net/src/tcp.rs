@@ -79,7 +79,7 @@ impl TcpChannel {
     /// Receives fail within 0.1 s once `stop` is set, even while the peer keeps sending (a
     /// server ending its sessions at shutdown); sends are bounded by their deadlines.
     pub fn stop_reads_on(&mut self, stop: Arc<AtomicBool>) {
-        self.reader.get_mut().stop_reads_on(Some(stop));
+        self.reader.get_mut().stop_reads_on(stop);
     }
 }
 

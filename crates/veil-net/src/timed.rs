@@ -64,9 +64,9 @@ impl TimedStream {
         self.idle = idle;
     }
 
-    /// Reads fail once `stop` is set (`None`: never), even while a peer keeps sending.
-    pub(crate) fn stop_reads_on(&mut self, stop: Option<Arc<AtomicBool>>) {
-        self.stop = stop;
+    /// Reads fail once `stop` is set, even while a peer keeps sending.
+    pub(crate) fn stop_reads_on(&mut self, stop: Arc<AtomicBool>) {
+        self.stop = Some(stop);
     }
 
     fn stopped(&self) -> bool {

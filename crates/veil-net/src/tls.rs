@@ -650,7 +650,7 @@ impl TlsChannel {
 
     /// Receives fail within 0.1 s once `stop` is set (see `TcpChannel::stop_reads_on`).
     pub fn stop_reads_on(&mut self, stop: Arc<AtomicBool>) {
-        self.reader.get_mut().stop_reads_on(Some(stop));
+        self.reader.get_mut().stop_reads_on(stop);
     }
 
     fn write_tls(&mut self) -> Result<()> {
