@@ -40,6 +40,9 @@ pub enum Error {
     /// A remote resource (the package registry) could not be reached: the one failure tests may
     /// count as a missing resource rather than a fault.
     Unreachable(String),
+    /// The peer ended the session and said why (a close record, `veil_net::Channel::close_with`):
+    /// its text as received, shown escaped ([`escape_control`]).
+    PeerClosed(String),
 }
 
 /// `Result` with Veil's [`Error`], the return type of every fallible Veil function.
@@ -62,8 +65,22 @@ impl fmt::Display for Error {
             Error::NotFound(m) => write!(f, "not found: {m}"),
             Error::Refused(m) => write!(f, "{m}"),
             Error::Unreachable(m) => write!(f, "unreachable: {m}"),
+            Error::PeerClosed(m) => {
+                write!(f, "the peer closed the session: {}", escape_control(m))
+            }
         }
     }
+}
+
+/// A peer's text (a refusal, a close reason) with control characters (terminal escapes among
+/// them) shown escaped, so what a peer sends cannot drive the reader's terminal.
+pub fn escape_control(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect()
 }
 
 impl std::error::Error for Error {
@@ -107,4 +124,20 @@ macro_rules! ensure {
             $crate::bail!($kind, $($arg)*);
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_shown_escaped() {
+        assert_eq!(
+            escape_control("busy\x1b[2J\r\nnow\u{7}"),
+            "busy\\u{1b}[2J\\r\\nnow\\u{7}"
+        );
+        assert_eq!(escape_control("plain «text»"), "plain «text»");
+        let e = Error::PeerClosed("gone\x1b[2J".into()).to_string();
+        assert_eq!(e, "the peer closed the session: gone\\u{1b}[2J");
+    }
 }

@@ -26,7 +26,7 @@ mod tensor;
 pub mod wire;
 
 pub use cost::CostClass;
-pub use error::{Error, Result};
+pub use error::{escape_control, Error, Result};
 pub use fixed::{FixedPoint, FracBits};
 pub use prg::{Block, Prg, Seed};
 pub use ring::{Ring, RingBits};

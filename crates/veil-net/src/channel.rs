@@ -30,6 +30,23 @@ pub trait Channel: Send {
     fn set_deadline(&mut self, _deadline: Option<Instant>) -> Result<()> {
         Ok(())
     }
+    /// From here on, carry this end's bytes in records and read the peer's as records
+    /// ([`crate::records`]), so that [`Channel::close_with`] can end the session at any point.
+    /// Both ends switch at the same point of their protocol (a session: right after the
+    /// admission). In-memory transports keep a close apart from data anyway and ignore it.
+    fn start_records(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Ends this end's side of the session telling the peer why: whatever the peer is waiting
+    /// for, its next receive fails with `Error::PeerClosed(reason)` (cut to
+    /// [`crate::MAX_REASON_BYTES`]). Socket transports send it within [`crate::LINGER`] of their
+    /// own (the step's deadline may be what passed), then stop sending and read what the peer
+    /// still sends, for at most [`crate::LINGER`], so the reason is not lost to a reset. Before
+    /// records ([`Channel::start_records`]) a socket cannot tell a reason from data: nothing is
+    /// sent. Best effort: the session is over either way.
+    fn close_with(&mut self, _reason: &str) -> Result<()> {
+        self.flush()
+    }
 
     /// Sends a message with a 4-byte little-endian length prefix.
     fn send_msg(&mut self, data: &[u8]) -> Result<()> {
@@ -95,6 +112,12 @@ macro_rules! forward_channel {
             }
             fn set_deadline(&mut self, deadline: Option<Instant>) -> Result<()> {
                 (**self).set_deadline(deadline)
+            }
+            fn start_records(&mut self) -> Result<()> {
+                (**self).start_records()
+            }
+            fn close_with(&mut self, reason: &str) -> Result<()> {
+                (**self).close_with(reason)
             }
         }
     )*};

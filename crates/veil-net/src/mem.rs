@@ -1,16 +1,23 @@
 //! In-memory duplex channel: two ends joined by std mpsc queues, for tests and, shaped
-//! ([`crate::shaped_pair`]), for runs on a simulated network.
+//! ([`crate::shaped_pair`]), for runs on a simulated network. A close with a reason travels as
+//! its own item, apart from data, so records are not needed here.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::Duration;
 
 use veil_core::{Error, Result};
 
+use crate::records;
 use crate::shaped::{LinkEnd, NetworkModel};
 use crate::{Channel, Meter};
 
-/// A flushed chunk and when it arrives (zero on an unshaped pair).
-type Chunk = (Vec<u8>, Duration);
+/// What one end sends the other.
+enum Chunk {
+    /// A flushed chunk and when it arrives (zero on an unshaped pair).
+    Data(Vec<u8>, Duration),
+    /// The sender closed, saying why ([`Channel::close_with`]).
+    Close(String),
+}
 
 /// One end of an in-memory duplex.
 pub struct MemChannel {
@@ -19,6 +26,8 @@ pub struct MemChannel {
     pending: Vec<u8>,
     inbox: Vec<u8>,
     inbox_pos: usize,
+    /// The peer's reason, once it closed.
+    closed: Option<String>,
     meter: Meter,
     link: Option<LinkEnd>,
 }
@@ -38,10 +47,26 @@ pub(crate) fn joined(a: Option<LinkEnd>, b: Option<LinkEnd>) -> (MemChannel, Mem
         pending: Vec::new(),
         inbox: Vec::new(),
         inbox_pos: 0,
+        closed: None,
         meter: Meter::new(),
         link,
     };
     (end(tx_a, rx_a, a), end(tx_b, rx_b, b))
+}
+
+impl MemChannel {
+    /// After the peer hung up: the reason it closed with, if it left one behind its data
+    /// (kept for the receives that follow).
+    fn last_word(&mut self) -> Error {
+        while self.closed.is_none() {
+            match self.rx.try_recv() {
+                Ok(Chunk::Close(why)) => self.closed = Some(why),
+                Ok(Chunk::Data(..)) => {}
+                Err(_) => return Error::Disconnected,
+            }
+        }
+        Error::PeerClosed(self.closed.clone().unwrap_or_default())
+    }
 }
 
 /// Buffered output is pushed once it reaches this size, bounding memory held per end.
@@ -61,13 +86,20 @@ impl Channel for MemChannel {
         self.flush()?;
         let mut off = 0;
         while off < buf.len() {
+            if let Some(why) = &self.closed {
+                return Err(Error::PeerClosed(why.clone()));
+            }
             if self.inbox_pos == self.inbox.len() {
-                let (chunk, arrival) = self.rx.recv().map_err(|_| Error::Disconnected)?;
-                if let Some(link) = &self.link {
-                    link.wait_for(arrival);
+                match self.rx.recv().map_err(|_| Error::Disconnected)? {
+                    Chunk::Data(chunk, arrival) => {
+                        if let Some(link) = &self.link {
+                            link.wait_for(arrival);
+                        }
+                        self.inbox = chunk;
+                        self.inbox_pos = 0;
+                    }
+                    Chunk::Close(why) => self.closed = Some(why),
                 }
-                self.inbox = chunk;
-                self.inbox_pos = 0;
                 continue;
             }
             let n = (self.inbox.len() - self.inbox_pos).min(buf.len() - off);
@@ -86,11 +118,18 @@ impl Channel for MemChannel {
                 .link
                 .as_mut()
                 .map_or(Duration::ZERO, |l| l.depart(chunk.len()));
-            self.tx
-                .send((chunk, arrival))
-                .map_err(|_| Error::Disconnected)?;
+            if self.tx.send(Chunk::Data(chunk, arrival)).is_err() {
+                return Err(self.last_word());
+            }
         }
         Ok(())
+    }
+
+    fn close_with(&mut self, reason: &str) -> Result<()> {
+        self.flush()?;
+        self.tx
+            .send(Chunk::Close(records::cut(reason).to_string()))
+            .map_err(|_| Error::Disconnected)
     }
 
     fn meter(&self) -> &Meter {

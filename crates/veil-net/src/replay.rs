@@ -44,6 +44,14 @@ impl<C: Channel> Channel for Recording<C> {
         self.inner.flush()
     }
 
+    fn start_records(&mut self) -> Result<()> {
+        self.inner.start_records()
+    }
+
+    fn close_with(&mut self, reason: &str) -> Result<()> {
+        self.inner.close_with(reason)
+    }
+
     fn meter(&self) -> &Meter {
         self.inner.meter()
     }

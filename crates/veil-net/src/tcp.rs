@@ -1,15 +1,19 @@
 //! TCP transport: TCP_NODELAY (protocol messages are latency-bound), 1 MiB buffers, optional
-//! deadlines ([`Channel::set_deadline`]) and idle limit ([`TcpChannel::set_timeout`]).
+//! deadlines ([`Channel::set_deadline`]) and idle limit ([`TcpChannel::set_timeout`]), records
+//! and a close with a reason once started ([`crate::records`]).
 //! Plain TCP carries no authentication or encryption: `veil` uses it only behind
 //! `--insecure-plaintext` (and for in-process loopback); see [`crate::tls`].
 
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use veil_core::{Error, Result};
 
-use crate::timed::TimedStream;
+use crate::records::{Inbox, Outbox};
+use crate::timed::{hang_up, TimedStream, LINGER};
 use crate::{Channel, Meter};
 
 pub(crate) const BUF_BYTES: usize = 1 << 20;
@@ -18,6 +22,8 @@ pub(crate) const BUF_BYTES: usize = 1 << 20;
 pub struct TcpChannel {
     reader: BufReader<TimedStream>,
     writer: BufWriter<TimedStream>,
+    out: Outbox,
+    inbox: Inbox,
     meter: Meter,
 }
 
@@ -41,6 +47,8 @@ impl TcpChannel {
         Ok(TcpChannel {
             reader,
             writer,
+            out: Outbox::default(),
+            inbox: Inbox::default(),
             meter: Meter::new(),
         })
     }
@@ -56,6 +64,22 @@ impl TcpChannel {
     /// The peer's address.
     pub fn peer_addr(&self) -> Result<std::net::SocketAddr> {
         Ok(self.writer.get_ref().get_ref().peer_addr()?)
+    }
+
+    /// A send that failed with `e`: the peer's reason if it closed with one (read for at most
+    /// [`LINGER`]), else `e`.
+    fn last_word(&mut self, e: Error) -> Error {
+        self.reader
+            .get_mut()
+            .set_deadline(Some(Instant::now() + LINGER));
+        let r = &mut self.reader;
+        self.inbox.last_word(e, &mut |b| Ok(r.read_exact(b)?))
+    }
+
+    /// Receives fail within 0.1 s once `stop` is set, even while the peer keeps sending (a
+    /// server ending its sessions at shutdown); sends are bounded by their deadlines.
+    pub fn stop_reads_on(&mut self, stop: Arc<AtomicBool>) {
+        self.reader.get_mut().stop_reads_on(stop);
     }
 }
 
@@ -85,18 +109,24 @@ pub fn connect_timeout(addr: impl ToSocketAddrs, timeout: Duration) -> Result<Tc
 impl Channel for TcpChannel {
     fn send(&mut self, data: &[u8]) -> Result<()> {
         self.meter.on_send(data.len());
-        self.writer.write_all(data).map_err(Error::from)
+        let w = &mut self.writer;
+        let sent = self.out.push(data, &mut |b| Ok(w.write_all(b)?));
+        sent.map_err(|e| self.last_word(e))
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> Result<()> {
-        self.writer.flush()?;
-        self.reader.read_exact(buf)?;
+        self.flush()?;
+        let r = &mut self.reader;
+        self.inbox.recv(buf, &mut |b| Ok(r.read_exact(b)?))?;
         self.meter.on_recv(buf.len());
         Ok(())
     }
 
     fn flush(&mut self) -> Result<()> {
-        self.writer.flush().map_err(Error::from)
+        let w = &mut self.writer;
+        let sent = self.out.emit(&mut |b| Ok(w.write_all(b)?));
+        let sent = sent.and_then(|()| Ok(self.writer.flush()?));
+        sent.map_err(|e| self.last_word(e))
     }
 
     fn meter(&self) -> &Meter {
@@ -107,5 +137,29 @@ impl Channel for TcpChannel {
         self.reader.get_mut().set_deadline(deadline);
         self.writer.get_mut().set_deadline(deadline);
         Ok(())
+    }
+
+    fn start_records(&mut self) -> Result<()> {
+        let w = &mut self.writer;
+        self.out.start_records(&mut |b| Ok(w.write_all(b)?))?;
+        self.inbox.start_records();
+        Ok(())
+    }
+
+    fn close_with(&mut self, reason: &str) -> Result<()> {
+        // The step's deadline may be what passed: the reason gets its own time.
+        self.set_deadline(Some(Instant::now() + LINGER))?;
+        let w = &mut self.writer;
+        let sent = self.out.close(reason, &mut |b| Ok(w.write_all(b)?));
+        let sent = sent.and_then(|()| Ok(self.writer.flush()?));
+        hang_up(&mut self.reader);
+        sent
+    }
+}
+
+impl Drop for TcpChannel {
+    /// Sends what is still queued (as the buffered writer did before records), best effort.
+    fn drop(&mut self) {
+        let _ = self.flush();
     }
 }

@@ -22,6 +22,7 @@ use std::net::TcpStream;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -34,8 +35,9 @@ use sha2::{Digest, Sha256};
 use veil_core::{bail, ensure, Error, Result};
 use zeroize::Zeroizing;
 
+use crate::records::{Inbox, Outbox};
 use crate::tcp::BUF_BYTES;
-use crate::timed::TimedStream;
+use crate::timed::{hang_up, TimedStream, LINGER};
 use crate::{Channel, Meter};
 
 /// The name the client asks for (SNI) and the certificate carries; identity comes from the
@@ -601,7 +603,8 @@ pub struct TlsChannel {
     reader: BufReader<TimedStream>,
     writer: BufWriter<TimedStream>,
     /// Plaintext queued by `send`, encrypted at flush.
-    out: Vec<u8>,
+    out: Outbox,
+    inbox: Inbox,
     meter: Meter,
     peer: Option<Fingerprint>,
 }
@@ -615,7 +618,8 @@ impl TlsChannel {
             conn,
             reader: BufReader::with_capacity(BUF_BYTES, stream.try_clone()?),
             writer: BufWriter::with_capacity(BUF_BYTES, stream),
-            out: Vec::new(),
+            out: Outbox::default(),
+            inbox: Inbox::default(),
             meter: Meter::new(),
             peer: None,
         })
@@ -644,68 +648,106 @@ impl TlsChannel {
         Ok(())
     }
 
-    fn write_tls(&mut self) -> Result<()> {
-        while self.conn.wants_write() {
-            self.conn.write_tls(&mut self.writer)?;
-        }
-        self.writer.flush()?;
-        Ok(())
+    /// Receives fail within 0.1 s once `stop` is set (see `TcpChannel::stop_reads_on`).
+    pub fn stop_reads_on(&mut self, stop: Arc<AtomicBool>) {
+        self.reader.get_mut().stop_reads_on(stop);
     }
 
-    /// Reads more records from the socket and decrypts them.
-    fn read_tls(&mut self) -> Result<()> {
-        let n = self.conn.read_tls(&mut self.reader)?;
-        if n == 0 {
-            return Err(Error::Disconnected);
-        }
-        if let Err(e) = self.conn.process_new_packets() {
-            // Tell the peer why (an alert), best effort.
-            let _ = self.write_tls();
-            return Err(tls_err(e));
-        }
-        Ok(())
+    fn write_tls(&mut self) -> Result<()> {
+        write_tls(&mut self.conn, &mut self.writer)
     }
 
     fn handshake(&mut self) -> Result<()> {
         while self.conn.is_handshaking() {
             self.write_tls()?;
             if self.conn.is_handshaking() {
-                self.read_tls()?;
+                read_tls(&mut self.conn, &mut self.reader, &mut self.writer)?;
             }
         }
         self.write_tls()
     }
 
     fn flush_out(&mut self) -> Result<()> {
-        if !self.out.is_empty() {
-            self.conn.writer().write_all(&self.out)?;
-            self.out.clear();
-        }
-        self.write_tls()
+        let conn = &mut self.conn;
+        let sent = self.out.emit(&mut |b| Ok(conn.writer().write_all(b)?));
+        let sent = sent.and_then(|()| self.write_tls());
+        sent.map_err(|e| self.last_word(e))
     }
+
+    /// A send that failed with `e`: the peer's reason if it closed with one (read for at most
+    /// [`LINGER`]), else `e`.
+    fn last_word(&mut self, e: Error) -> Error {
+        self.reader
+            .get_mut()
+            .set_deadline(Some(Instant::now() + LINGER));
+        let (conn, reader, writer) = (&mut self.conn, &mut self.reader, &mut self.writer);
+        self.inbox
+            .last_word(e, &mut |b| read_plain(conn, reader, writer, b))
+    }
+}
+
+fn write_tls(conn: &mut rustls::Connection, writer: &mut BufWriter<TimedStream>) -> Result<()> {
+    while conn.wants_write() {
+        conn.write_tls(writer)?;
+    }
+    writer.flush()?;
+    Ok(())
+}
+
+/// Reads more records from the socket and decrypts them.
+fn read_tls(
+    conn: &mut rustls::Connection,
+    reader: &mut BufReader<TimedStream>,
+    writer: &mut BufWriter<TimedStream>,
+) -> Result<()> {
+    let n = conn.read_tls(reader)?;
+    if n == 0 {
+        return Err(Error::Disconnected);
+    }
+    if let Err(e) = conn.process_new_packets() {
+        // Tell the peer why (an alert), best effort.
+        let _ = write_tls(conn, writer);
+        return Err(tls_err(e));
+    }
+    Ok(())
+}
+
+/// Fills `buf` with decrypted bytes, reading records from the socket as needed.
+fn read_plain(
+    conn: &mut rustls::Connection,
+    reader: &mut BufReader<TimedStream>,
+    writer: &mut BufWriter<TimedStream>,
+    buf: &mut [u8],
+) -> Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match conn.reader().read(&mut buf[filled..]) {
+            Ok(0) => return Err(Error::Disconnected),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => read_tls(conn, reader, writer)?,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 impl Channel for TlsChannel {
     fn send(&mut self, data: &[u8]) -> Result<()> {
         self.meter.on_send(data.len());
-        self.out.extend_from_slice(data);
-        if self.out.len() >= BUF_BYTES {
-            self.flush_out()?;
-        }
-        Ok(())
+        let conn = &mut self.conn;
+        let sent = self
+            .out
+            .push(data, &mut |b| Ok(conn.writer().write_all(b)?));
+        // Every 1 MiB queued leaves at once, as on TCP.
+        let sent = sent.and_then(|()| self.write_tls());
+        sent.map_err(|e| self.last_word(e))
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> Result<()> {
         self.flush_out()?;
-        let mut filled = 0;
-        while filled < buf.len() {
-            match self.conn.reader().read(&mut buf[filled..]) {
-                Ok(0) => return Err(Error::Disconnected),
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.read_tls()?,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let (conn, reader, writer) = (&mut self.conn, &mut self.reader, &mut self.writer);
+        self.inbox
+            .recv(buf, &mut |b| read_plain(conn, reader, writer, b))?;
         self.meter.on_recv(buf.len());
         Ok(())
     }
@@ -722,6 +764,27 @@ impl Channel for TlsChannel {
         self.reader.get_mut().set_deadline(deadline);
         self.writer.get_mut().set_deadline(deadline);
         Ok(())
+    }
+
+    fn start_records(&mut self) -> Result<()> {
+        let conn = &mut self.conn;
+        self.out
+            .start_records(&mut |b| Ok(conn.writer().write_all(b)?))?;
+        self.inbox.start_records();
+        Ok(())
+    }
+
+    fn close_with(&mut self, reason: &str) -> Result<()> {
+        // The step's deadline may be what passed: the reason gets its own time.
+        self.set_deadline(Some(Instant::now() + LINGER))?;
+        let conn = &mut self.conn;
+        let sent = self
+            .out
+            .close(reason, &mut |b| Ok(conn.writer().write_all(b)?));
+        self.conn.send_close_notify();
+        let sent = sent.and_then(|()| self.write_tls());
+        hang_up(&mut self.reader);
+        sent
     }
 }
 

@@ -126,17 +126,6 @@ impl<T> Queue<T> {
     }
 }
 
-/// Refusal text: control characters (terminal escapes among them) shown escaped, so a peer's
-/// text cannot drive the reader's terminal.
-pub(crate) fn escape_control(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| match c.is_control() {
-            true => c.escape_default().collect::<Vec<_>>(),
-            false => vec![c],
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,14 +158,5 @@ mod tests {
         p.remove(a);
         p.remove(b);
         assert!(p.counts.is_empty());
-    }
-
-    #[test]
-    fn control_characters_are_shown_escaped() {
-        assert_eq!(
-            escape_control("busy\x1b[2J\r\nnow\u{7}"),
-            "busy\\u{1b}[2J\\r\\nnow\\u{7}"
-        );
-        assert_eq!(escape_control("plain «text»"), "plain «text»");
     }
 }

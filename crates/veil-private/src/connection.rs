@@ -1,6 +1,8 @@
 //! The client's end of a session ([`ClientConnection`]): the hello and the check of the
 //! server's configuration before anything secret moves, the set-up, then preprocessing and
-//! inferences on request, each step under a deadline ([`ClientOptions`]).
+//! inferences on request, each step under a deadline ([`ClientOptions`]). After the server's
+//! answer both ends carry the session in records, so a session the server ends early fails
+//! here with `Error::PeerClosed`, its reason (shown escaped) rather than a bare disconnection.
 //!
 //! What the server learns: the sequence length (the request says it). A client hides it by
 //! padding (`real_len` of [`ClientConnection::infer`]): it masks the padding keys itself, so the
@@ -18,13 +20,12 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use veil_core::approx::Approx;
-use veil_core::{bail, ensure, CostClass, Result, RingTensor};
+use veil_core::{bail, ensure, escape_control, CostClass, Result, RingTensor};
 use veil_linear::{ClientSession, LookupMethod};
 use veil_model::{EmbeddingMode, HeadKind, ModelConfig};
 use veil_net::{Channel, Role};
 use veil_nonlinear::OtSession;
 
-use crate::admission::escape_control;
 use crate::deadlines::{in_step, Deadlines};
 use crate::embedding::embed_client;
 use crate::forward::{Party, Pre, Side};
@@ -147,9 +148,15 @@ impl<C: Channel> ClientConnection<C> {
                     escape_control(&why)
                 ),
             };
+            // As the server after its answer: a close can now tell this client why.
+            ch.start_records()?;
             cfg = announced.config.clone();
             lookup = match cfg.veil.embedding {
-                EmbeddingMode::Private => Some(EmbeddingLookup::recv(&mut ch)?.0),
+                EmbeddingMode::Private => Some(
+                    EmbeddingLookup::recv(&mut ch)
+                        .map_err(|e| in_step(e, "the server's answer to the hello", budget))?
+                        .0,
+                ),
                 EmbeddingMode::Public => None,
             };
             if let Some(n) = opts.max_tokens {

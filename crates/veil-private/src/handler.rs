@@ -8,12 +8,18 @@
 //! Every step has a deadline on socket transports ([`crate::Deadlines`]): a total per step,
 //! proportional to its work, so a stalled or dripping peer is dropped. No admission control
 //! here: [`crate::server`] adds it.
+//!
+//! From the admission on, both ends carry the session in records (`veil_net::records`), so a
+//! session the server ends early is ended with a close record saying why, whatever the client
+//! is waiting for at that moment: the malformed message it sent, the deadline that passed and
+//! its step, the limit it hit, or the shutdown grace that cut it ([`told`]). The client's
+//! receive then fails with `Error::PeerClosed` and shows the reason escaped.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use veil_core::approx::Approx;
-use veil_core::{bail, ensure, Result, RingTensor};
+use veil_core::{bail, ensure, Error, Result, RingTensor};
 use veil_linear::ServerSession;
 use veil_model::BundleDigest;
 use veil_model::{EmbeddingMode, ModelConfig};
@@ -61,6 +67,7 @@ pub fn serve_session_with<C: Channel>(
             memory: &UnsharedMemory,
             cots: &CotCounts::default(),
             bundle: None,
+            ended: &|| None,
         },
         &mut SessionSummary::default(),
     )
@@ -92,49 +99,46 @@ pub(crate) struct SessionLimits<'a> {
     pub cots: &'a CotCounts,
     /// The digest of the client bundle this server would export, announced at admission.
     pub bundle: Option<BundleDigest>,
+    /// Why the server ended the session from outside (its shutdown grace passed: the
+    /// channel's reads were stopped), if it did.
+    pub ended: &'a dyn Fn() -> Option<String>,
 }
 
 /// Serves an admitted session (its `hello` read) until the client says goodbye or fails,
-/// within `limits`.
+/// within `limits`; a session ended early is closed telling the client why ([`told`]).
 pub(crate) fn serve_admitted<C: Channel>(
-    ch: C,
+    mut ch: C,
     model: &ServerModel,
     emb: Option<&ServerEmbedding>,
     hello: Hello,
     limits: &SessionLimits<'_>,
     summary: &mut SessionSummary,
 ) -> Result<()> {
-    let private = model.config().veil.embedding == EmbeddingMode::Private;
-    ensure!(
-        private == emb.is_some(),
-        InvalidArgument,
-        "an embedding layer is needed exactly in private-embedding mode"
-    );
-    let ax = Approx::new(session_format())?;
-    ensure!(
-        model.fixed.fp() == ax.fp,
-        InvalidArgument,
-        "model encoded at another fixed-point format"
-    );
-    let mut h = Handler::set_up(ch, model, emb, hello, ax, limits, summary)?;
-    loop {
-        h.set_deadline(h.limits.deadlines.map(|d| d.idle))?;
-        let req = match h.ch.recv_msg(Request::MAX_BYTES) {
-            Ok(m) => Request::decode(&m)?,
-            Err(veil_core::Error::Disconnected) => return Ok(()),
-            Err(e) => {
-                let idle = h.limits.deadlines.map(|d| d.idle);
-                return Err(in_step(e, "waiting for a request", budget(idle)));
-            }
-        };
-        match req {
-            Request::Goodbye => return Ok(()),
-            Request::Infer {
-                tokens,
-                preprocessed,
-            } => h.infer(tokens as usize, preprocessed)?,
-            Request::Preprocess { tokens } => h.preprocess(tokens as usize)?,
-        }
+    let res = Handler::set_up(&mut ch, model, emb, hello, limits, summary).and_then(Handler::serve);
+    let res = match ((limits.ended)(), res) {
+        (Some(why), Err(_)) => Err(Error::TimedOut(why)),
+        (_, res) => res,
+    };
+    if let Some(why) = res.as_ref().err().and_then(told) {
+        let _ = ch.close_with(&why);
+    }
+    res
+}
+
+/// What the client is told when the server ends its session on `e`: what it sent that was
+/// wrong, which deadline passed in which step, which limit it hit. `None` when the client is
+/// gone or the transport failed; a fault of the server's own is named as one, its details left
+/// in the server's log (they may describe the server's state).
+fn told(e: &Error) -> Option<String> {
+    match e {
+        Error::Disconnected | Error::PeerClosed(_) | Error::Io(_) => None,
+        Error::Malformed(_)
+        | Error::TooLarge { .. }
+        | Error::Unsupported(_)
+        | Error::TimedOut(_)
+        | Error::Refused(_)
+        | Error::Insecure(_) => Some(e.to_string()),
+        _ => Some("the server failed on its side (its log has the cause)".into()),
     }
 }
 
@@ -170,11 +174,22 @@ impl<'a, C: Channel> Handler<'a, C> {
         model: &'a ServerModel,
         emb: Option<&'a ServerEmbedding>,
         hello: Hello,
-        ax: Approx,
         limits: &'a SessionLimits<'a>,
         summary: &'a mut SessionSummary,
     ) -> Result<Self> {
         let cfg = model.config();
+        let private = cfg.veil.embedding == EmbeddingMode::Private;
+        ensure!(
+            private == emb.is_some(),
+            InvalidArgument,
+            "an embedding layer is needed exactly in private-embedding mode"
+        );
+        let ax = Approx::new(session_format())?;
+        ensure!(
+            model.fixed.fp() == ax.fp,
+            InvalidArgument,
+            "model encoded at another fixed-point format"
+        );
         let limit = match crate::admission::announced_tokens(&hello, cfg.max_sequence_len()) {
             Ok(n) => n,
             Err(why) => {
@@ -190,6 +205,8 @@ impl<'a, C: Channel> Handler<'a, C> {
             bundle: limits.bundle,
         })
         .send(&mut ch)?;
+        // From here on a close can tell the client why (the answer above left unframed).
+        ch.start_records()?;
         if let Some(e) = emb {
             EmbeddingLookup(e.method()).send(&mut ch)?;
         }
@@ -216,6 +233,30 @@ impl<'a, C: Channel> Handler<'a, C> {
         h.count();
         tracing::debug!("set-up done");
         Ok(h)
+    }
+
+    /// Answers requests until the client says goodbye or hangs up.
+    fn serve(mut self) -> Result<()> {
+        loop {
+            let idle = self.limits.deadlines.map(|d| d.idle);
+            self.set_deadline(idle)?;
+            let req = match self.ch.recv_msg(Request::MAX_BYTES) {
+                Ok(m) => Request::decode(&m)?,
+                Err(Error::Disconnected) => return Ok(()),
+                Err(e) => {
+                    let step = "waiting for the next request (the idle deadline)";
+                    return Err(in_step(e, step, budget(idle)));
+                }
+            };
+            match req {
+                Request::Goodbye => return Ok(()),
+                Request::Infer {
+                    tokens,
+                    preprocessed,
+                } => self.infer(tokens as usize, preprocessed)?,
+                Request::Preprocess { tokens } => self.preprocess(tokens as usize)?,
+            }
+        }
     }
 
     fn set_deadline(&mut self, d: Option<Duration>) -> Result<()> {

@@ -17,7 +17,10 @@
 //!
 //! Between these messages the protocols of veil-linear, veil-nonlinear and veil-ot carry their
 //! own (set-up after the admission, the forward pass after an inference request, the
-//! preprocessing after its reply). Request tags [`GENERATION_TAGS`] are reserved for the
+//! preprocessing after its reply). The hello and the admission travel as they are, so that a
+//! client of another version still reads why it is refused; everything after the admission
+//! travels in records on sockets (`veil_net::records`, [`veil_net::Channel::start_records`]),
+//! where the server may end the session with a close record carrying its reason. Request tags [`GENERATION_TAGS`] are reserved for the
 //! generation steps of decoder models: this version refuses them as unsupported.
 
 use std::ops::RangeInclusive;
@@ -32,8 +35,10 @@ use veil_nonlinear::OtSession;
 
 /// The protocol version; 2 added the hello's length and the server's status byte; 3 widened
 /// LayerNorm's domain to 2^11 and the FC weight bound to 2^17; 4 added the client bundle's
-/// digest to the admission and refuses a hello of 0 tokens.
-pub const VERSION: u32 = 4;
+/// digest to the admission and refuses a hello of 0 tokens; 5 carries everything after the
+/// admission in records (`veil_net::records`), so that the server can end a session with its
+/// reason at any point.
+pub const VERSION: u32 = 5;
 
 /// The fixed-point format of every session (the project defaults; training uses the same).
 pub fn session_format() -> FixedPoint {
@@ -396,10 +401,10 @@ mod tests {
         round_trip(Hello {
             max_tokens: u32::MAX,
         });
-        // The bytes of protocol version 4, pinned.
+        // The bytes of protocol version 5, pinned.
         assert_eq!(
             Hello { max_tokens: 7 }.encode(),
-            [b'V', b'E', b'I', b'L', 4, 0, 0, 0, 7, 0, 0, 0]
+            [b'V', b'E', b'I', b'L', 5, 0, 0, 0, 7, 0, 0, 0]
         );
         let e = Hello::decode(b"GET / HTTP/1.1").unwrap_err().to_string();
         assert!(e.contains("not a Veil client"), "{e}");
@@ -471,7 +476,7 @@ mod tests {
             });
         }
         round_trip(Request::Preprocess { tokens: 1 });
-        // The bytes of protocol version 4, pinned.
+        // The bytes of protocol version 5, pinned.
         assert_eq!(
             Request::Infer {
                 tokens: 5,

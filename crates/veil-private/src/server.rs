@@ -11,7 +11,9 @@
 //! without a thread for at most `queue_wait`, else a refusal saying the server is busy. Every
 //! refusal is sent with its reason. Set-up and idle deadlines are fixed totals; only an
 //! inference's grows with the sessions sharing the cores. The heavy work of every session runs
-//! on the process's one worker pool (`veil_core::parallel`).
+//! on the process's one worker pool (`veil_core::parallel`). Sessions still open when the
+//! shutdown grace ends are cut: their reads stop (`TcpChannel::stop_reads_on`), and each ends
+//! with a close record telling its client so ([`crate::handler`]).
 
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -83,6 +85,10 @@ pub(crate) const DEFAULT_HANDSHAKES: usize = 256;
 /// Unadmitted connections per source address, by default: enough for a host behind one NAT
 /// address, a quarter of the handshakes.
 pub(crate) const DEFAULT_PER_ADDRESS: usize = 64;
+
+/// How long sessions cut at the end of the shutdown grace get to notice it (at their next
+/// read), before they linger for their clients.
+const CUT_NOTICE: Duration = Duration::from_secs(1);
 
 /// Bytes per element of a linear layer's widest output while it is under HE (ciphertexts,
 /// masks, packed responses).
@@ -192,6 +198,9 @@ struct Shared {
     session_memory: u64,
     /// The COTs an inference draws, per length, for preprocessing requests.
     cots: CotCounts,
+    /// Set when the shutdown grace is over: every connection's reads stop, and open sessions
+    /// end telling their clients why.
+    cut: Arc<AtomicBool>,
     slots: Mutex<Slots>,
     /// Connection threads alive (handshakes and sessions).
     threads: AtomicUsize,
@@ -399,18 +408,20 @@ fn handshake(
     let hs_deadline = Instant::now() + d.handshake;
     let mut ch: Box<dyn Channel + Send> = match &o.transport {
         Transport::Tls(tls) => {
-            let ch = tls.accept(stream, hs_deadline).map_err(|e| match e {
+            let mut ch = tls.accept(stream, hs_deadline).map_err(|e| match e {
                 Error::TimedOut(m) => Error::TimedOut(format!("TLS handshake: {m}")),
                 e => e,
             })?;
             if let Some(fp) = ch.peer_fingerprint() {
                 tracing::info!(client = %fp, "client certificate accepted");
             }
+            ch.stop_reads_on(shared.cut.clone());
             Box::new(ch)
         }
         Transport::Plaintext => {
             let mut ch = TcpChannel::from_stream(stream)?;
             ch.set_deadline(Some(hs_deadline))?;
+            ch.stop_reads_on(shared.cut.clone());
             Box::new(ch)
         }
     };
@@ -506,6 +517,14 @@ fn run_session(
         let active = shared.lock().active;
         (active as f64 / veil_core::parallel::threads() as f64).max(1.0)
     };
+    let ended = || {
+        let grace = shared.opts.shutdown_grace.as_secs_f64();
+        (shared.cut.load(Ordering::SeqCst)).then(|| {
+            format!(
+                "the server is shutting down: its grace of {grace:.1} s for open sessions passed"
+            )
+        })
+    };
     let res = serve_admitted(
         ch,
         &shared.model,
@@ -517,6 +536,7 @@ fn run_session(
             memory: &shared,
             cots: &shared.cots,
             bundle: shared.opts.bundle,
+            ended: &ended,
         },
         &mut summary,
     );
@@ -555,6 +575,7 @@ impl Server {
                 emb,
                 session_memory: opts.memory_budget - lookups,
                 cots: CotCounts::default(),
+                cut: Arc::new(AtomicBool::new(false)),
                 opts,
                 // The embedding lookups' share is reserved for the server's life.
                 slots: Mutex::new(Slots {
@@ -690,16 +711,30 @@ impl Server {
         );
         shared.lock().closing = true;
         expire(shared);
-        let until = Instant::now() + o.shutdown_grace;
+        if !self.wait_for_connections(Instant::now() + o.shutdown_grace) {
+            tracing::warn!(
+                open = self.connections(),
+                "grace period over: ending open sessions"
+            );
+            // Each notices at its next read (within 0.1 s if it is waiting for its client),
+            // tells its client why, and lingers at most LINGER for the client to hang up.
+            shared.cut.store(true, Ordering::SeqCst);
+            let ending = CUT_NOTICE + veil_net::LINGER;
+            if !self.wait_for_connections(Instant::now() + ending) {
+                tracing::warn!(open = self.connections(), "sessions still open: left");
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every connection thread has ended (true) or `until` passed (false).
+    fn wait_for_connections(&self, until: Instant) -> bool {
+        let shared = &self.shared;
         let mut l = shared.ended_lock.lock().unwrap_or_else(|p| p.into_inner());
         while self.connections() > 0 {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                tracing::warn!(
-                    open = self.connections(),
-                    "grace period over: ending open sessions"
-                );
-                break;
+                return false;
             }
             l = shared
                 .ended
@@ -707,7 +742,7 @@ impl Server {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        Ok(())
+        true
     }
 }
 

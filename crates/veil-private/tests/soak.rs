@@ -153,9 +153,11 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
         matches!(e, Error::Insecure(_)) && e.to_string().contains(&server_fp.to_string()),
         "wrong pin: {e}"
     );
+    // Back after the server's linger: the reason still reaches it (its send finds the
+    // connection reset, and it reads what the server said last).
     let e = hanger.join().unwrap();
     assert!(
-        matches!(e, Error::Disconnected | Error::Insecure(_)),
+        matches!(e, Error::PeerClosed(_)) && e.to_string().contains("(the idle deadline)"),
         "hanging client: {e}"
     );
     drop(raw);
@@ -189,7 +191,7 @@ fn eight_honest_clients_and_four_bad_ones_over_tls() {
         (1.9..3.0).contains(&secs),
         "dripper held its session {secs} s: {drip}"
     );
-    assert!(count("waiting for a request") >= 1, "{text}");
+    assert!(count("waiting for the next request") >= 1, "{text}");
     assert!(count("TLS") >= 2, "raw garbage and the wrong pin: {text}");
     assert!(text.contains("session{id="), "structured spans: {text}");
 
