@@ -28,6 +28,10 @@
 //! anything is sent (`veil_core::Error::Refused`). [`Generation::cache_bytes`] is what one
 //! party's cache takes at that limit.
 //!
+//! **Sessions.** [`serve_generation`] and [`GenerationClient`] carry generations over a
+//! session (the typed messages of `crate::protocol`, memory admission for the KV cache, a
+//! client whose generations implement `veil_model::NextLogits`); see their module.
+//!
 //! **Driving it.** Each party makes a [`Generation`] (the model's configuration, the
 //! truncation mode both agreed on, the context limit) and, for its steps, a [`DecoderParty`]
 //! over its channel, OT session, side ([`DecoderSide`]: the client's tables come from the open
@@ -70,6 +74,11 @@
 
 mod model;
 mod party;
+mod session;
 
 pub use model::ServerDecoder;
 pub use party::{DecoderParty, DecoderSide, Generation};
+pub use session::{
+    serve_generation, step_bytes, GenerationClient, GenerationOptions, PrivateGeneration,
+    SessionMemoryPool,
+};
