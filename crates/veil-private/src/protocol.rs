@@ -25,8 +25,8 @@
 //!
 //! Between these messages the protocols of veil-linear, veil-nonlinear and veil-ot carry their
 //! own (set-up after the admission, the forward pass after an inference request, the
-//! preprocessing after its reply). Request tags [`GENERATION_TAGS`] are reserved for the
-//! generation steps of decoder models: this version refuses them as unsupported.
+//! preprocessing after its reply). Request tags [`GENERATION_TAGS`] are a decoder session's
+//! (below); an encoder session refuses them, naming the kind of model it serves.
 
 use std::ops::RangeInclusive;
 
