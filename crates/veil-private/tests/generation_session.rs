@@ -16,7 +16,7 @@ use veil_model::decoder::{self, DecoderWeights};
 use veil_model::ProductTruncation;
 use veil_model::{generate, DecoderFormat, DecoderTables, FixedDecoder, GenerateOptions};
 use veil_net::{mem_pair, MemChannel};
-use veil_private::protocol::{GenerateReply, GenerationRequest, Message};
+use veil_private::protocol::{DecoderAdmission, GenerateReply, GenerationRequest, Message};
 use veil_private::{
     serve_generation, step_bytes, Generation, GenerationClient, GenerationOptions, ServerDecoder,
     SessionMemoryPool,
@@ -169,6 +169,19 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
     let e = server_error(server);
     assert!(e.contains("context limit of 6"), "{e}");
     assert_eq!(served.pool.in_use(), 0);
+
+    // A stranger's first message is answered with a refusal naming it.
+    let (mut ch, server) = served.session();
+    {
+        use veil_net::Channel;
+        ch.send_msg(b"GET / HTTP/1.1").unwrap();
+        ch.flush().unwrap();
+    }
+    match DecoderAdmission::recv(&mut ch).unwrap() {
+        DecoderAdmission::Refused(why) => assert!(why.contains("not a Veil client"), "{why}"),
+        other => panic!("a stranger was admitted: {other:?}"),
+    }
+    assert!(server_error(server).contains("not a Veil client"));
 
     // A client with another model's tables refuses before any key moves, naming the digests.
     let (ch, server) = served.session();

@@ -137,9 +137,30 @@ pub fn serve_generation<C: Channel>(
     opts: &GenerationOptions,
     memory: &SessionMemoryPool,
 ) -> Result<()> {
+    let hello = match Hello::recv(&mut ch) {
+        Ok(h) => h,
+        Err(e @ (veil_core::Error::Malformed(_) | veil_core::Error::Unsupported(_))) => {
+            // A stranger or another version hears why, as an encoder server's would.
+            let _ = DecoderAdmission::Refused(e.to_string()).send(&mut ch);
+            let _ = ch.flush();
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    serve_generation_admitted(ch, model, opts, hello, memory)
+}
+
+/// [`serve_generation`] after the hello, with memory from any of the server's pools (a
+/// server's admission reads the hello itself).
+pub(crate) fn serve_generation_admitted<C: Channel>(
+    mut ch: C,
+    model: &ServerDecoder,
+    opts: &GenerationOptions,
+    hello: Hello,
+    memory: &dyn SessionMemory,
+) -> Result<()> {
     let cfg = model.config();
     let format = model.fixed().format;
-    let hello = Hello::recv(&mut ch)?;
     let cap = hello.max_tokens as usize;
     if !(1..=cfg.max_positions).contains(&cap) {
         let why = format!(
