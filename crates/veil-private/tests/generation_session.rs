@@ -1,10 +1,11 @@
 //! Private generation over a session (`serve_generation` / `GenerationClient`) on a tiny random
 //! Llama decoder at the shipped format (ℓ = 48, f = 13), each session's server on its own
 //! thread over an in-memory channel, all sharing one model and one memory pool: greedy tokens
-//! equal the simulator's (faithful truncations), twice in one session; a context above the
-//! session's cap, a zero limit, a step without a generation, a step beyond the limit and a
-//! server with other tables are refused with errors naming them, and the next session is
-//! served; the memory a generation reserved is given back however it ended.
+//! equal the simulator's (faithful truncations), twice in one session, and in the default
+//! 1-bit-error mode on this model; a context above the session's cap, a zero limit, a stranger's
+//! hello, a step without a generation, of no tokens or beyond the limit, and a server with other
+//! tables are refused with errors naming them, and the next session is served; the memory a
+//! generation reserved is given back however it ended (a disconnect mid-generation too).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -59,12 +60,17 @@ impl Served {
         }
     }
 
-    /// A session served on its own thread: the client's end and the server's outcome.
+    /// A session served on its own thread with faithful truncations: the client's end and
+    /// the server's outcome.
     fn session(&self) -> (MemChannel, JoinHandle<Result<()>>) {
+        self.session_in(ProductTruncation::Faithful)
+    }
+
+    fn session_in(&self, truncation: ProductTruncation) -> (MemChannel, JoinHandle<Result<()>>) {
         let (client, server) = mem_pair();
         let (model, pool) = (self.model.clone(), self.pool.clone());
         let opts = GenerationOptions {
-            truncation: ProductTruncation::Faithful,
+            truncation,
             ..GenerationOptions::default()
         };
         let h = std::thread::spawn(move || serve_generation(server, &model, &opts, &pool));
@@ -183,6 +189,16 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
     }
     assert!(server_error(server).contains("not a Veil client"));
 
+    // A step of no tokens ends the session, naming it.
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let g = client.start(3).unwrap();
+    drop(g);
+    send_raw(&mut client, GenerationRequest::Step { tokens: 0 });
+    let e = server_error(server);
+    assert!(e.contains("no tokens to run"), "{e}");
+    assert_eq!(served.pool.in_use(), 0);
+
     // A client with another model's tables refuses before any key moves, naming the digests.
     let (ch, server) = served.session();
     let other = tables_of_another_model();
@@ -213,4 +229,28 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
 
 fn tables_of_another_model() -> DecoderTables {
     tables(&tiny(6))
+}
+
+/// The default 1-bit-error truncations, announced by the server and followed by the client:
+/// the greedy tokens are the simulator's on this tiny model (its top-2 margins are far wider
+/// than the mode's bound, `decoder_party.rs`'s `ONE_BIT_ERROR_BOUND`).
+#[test]
+fn the_default_mode_is_announced_and_gives_the_simulators_tokens() {
+    let w = tiny(7);
+    let served = Served::new(&w);
+    let tables = tables(&w);
+    let (ch, server) = served.session_in(ProductTruncation::default());
+    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    assert_eq!(client.truncation(), ProductTruncation::OneBitError);
+    let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
+    let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
+    let margins: Vec<f32> = toks.iter().map(|t| t.margin).collect();
+    assert_eq!(
+        ids,
+        simulated(served.model.fixed(), &PROMPT),
+        "margins {margins:?}"
+    );
+    client.close().unwrap();
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0);
 }
