@@ -93,6 +93,8 @@ impl SessionMemory for SessionMemoryPool {
 pub struct GenerationOptions {
     /// The truncation mode every session runs (announced; the client follows it).
     pub truncation: ProductTruncation,
+    /// The hello, then the admission and key set-up, each (none: wait for ever).
+    pub setup: Option<Duration>,
     /// Between two requests (none: wait for ever).
     pub idle: Option<Duration>,
     /// A step's deadline per block and token, beyond a fixed minute (none: no deadline).
@@ -100,10 +102,12 @@ pub struct GenerationOptions {
 }
 
 impl Default for GenerationOptions {
-    /// The default 1-bit-error truncations, five minutes' idle, 2 s per block and token.
+    /// The default 1-bit-error truncations, two minutes for the hello and set-up (as an
+    /// encoder session's), five minutes' idle, 2 s per block and token.
     fn default() -> Self {
         GenerationOptions {
             truncation: ProductTruncation::default(),
+            setup: Some(Duration::from_secs(120)),
             idle: Some(crate::IDLE_TIMEOUT),
             per_block_token: Some(Duration::from_secs(2)),
         }
@@ -137,6 +141,8 @@ pub fn serve_generation<C: Channel>(
     opts: &GenerationOptions,
     memory: &SessionMemoryPool,
 ) -> Result<()> {
+    // A silent peer cannot hold the thread.
+    set_deadline(&mut ch, opts.setup)?;
     let hello = match Hello::recv(&mut ch) {
         Ok(h) => h,
         Err(e @ (veil_core::Error::Malformed(_) | veil_core::Error::Unsupported(_))) => {
@@ -162,6 +168,7 @@ pub(crate) fn serve_generation_admitted<C: Channel>(
     let cfg = model.config();
     let format = model.fixed().format;
     let cap = hello.max_tokens as usize;
+    set_deadline(&mut ch, opts.setup)?;
     if !(1..=cfg.max_positions).contains(&cap) {
         let why = format!(
             "a context of {cap} positions: this model takes 1..={}",
@@ -177,8 +184,11 @@ pub(crate) fn serve_generation_admitted<C: Channel>(
         tables: model.tables_digest(),
     })
     .send(&mut ch)?;
-    let lin = ServerSession::setup(&mut ch, format.fp.ring)?;
-    let mut ot = OtSession::setup(&mut ch, Role::Server)?;
+    let (lin, mut ot) = (|| {
+        let lin = ServerSession::setup(&mut ch, format.fp.ring)?;
+        Ok((lin, OtSession::setup(&mut ch, Role::Server)?))
+    })()
+    .map_err(|e| in_step(e, "set-up", opts.setup.unwrap_or(Duration::MAX)))?;
     let mut current: Option<Current<'_>> = None;
     loop {
         set_deadline(&mut ch, opts.idle)?;
