@@ -1,7 +1,7 @@
 //! Private generation over a session (`serve_generation` / `GenerationClient`) on a tiny random
 //! Llama decoder at the shipped format (ℓ = 48, f = 13), each session's server on its own
 //! thread over an in-memory channel, all sharing one model and one memory pool: greedy tokens
-//! equal the simulator's (faithful truncations), twice in one session, and in the default
+//! and logits equal the simulator's (faithful truncations), twice in one session, and in the default
 //! 1-bit-error mode on this model; a context above the session's cap, a zero limit, a stranger's
 //! hello, a step without a generation, of no tokens or beyond the limit, and a server with other
 //! tables are refused with errors naming them, and the next session is served; the memory a
@@ -14,6 +14,7 @@ use veil_core::{Error, Result};
 use veil_model::decoder::random::{write_tiny_llama, TinyShape};
 use veil_model::decoder::sample::SamplingParams;
 use veil_model::decoder::{self, DecoderWeights};
+use veil_model::engine::decoder::LogitRows;
 use veil_model::ProductTruncation;
 use veil_model::{generate, DecoderFormat, DecoderTables, FixedDecoder, GenerateOptions};
 use veil_net::{mem_pair, MemChannel};
@@ -116,6 +117,17 @@ fn private_generation_equals_the_simulator_twice_in_one_session() {
         let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
         assert_eq!(ids, simulated(fixed, prompt), "prompt {prompt:?}");
     }
+    // The logits themselves, integer for integer, over a prefill and a decode step.
+    let mut sim = fixed.session();
+    let mut g = client.start(PROMPT.len() + 1).unwrap();
+    for ids in [&PROMPT[..], &[42][..]] {
+        let want = sim.step(ids, LogitRows::Last).unwrap().into_data();
+        assert!(
+            g.step(ids).unwrap().into_data() == want,
+            "logits of {ids:?}"
+        );
+    }
+    g.end().unwrap();
     client.close().unwrap();
     server.join().unwrap().unwrap();
     assert_eq!(served.pool.in_use(), 0, "memory not given back");
