@@ -1,8 +1,9 @@
 //! Private generation over a session (`serve_generation` / `GenerationClient`) on a tiny random
 //! Llama decoder at the shipped format (ℓ = 48, f = 13), each session's server on its own
 //! thread over an in-memory channel, all sharing one model and one memory pool: greedy tokens
-//! and logits equal the simulator's (faithful truncations), twice in one session, and in the default
-//! 1-bit-error mode on this model; a context above the session's cap, a zero limit, a stranger's
+//! and logits equal the simulator's (faithful truncations), twice in one session, and the tokens
+//! in the default 1-bit-error mode on this model; a context above the session's cap, a zero
+//! limit, a stranger's
 //! hello, a step without a generation, of no tokens or beyond the limit, and a server with other
 //! tables are refused with errors naming them, and the next session is served; the memory a
 //! generation reserved is given back however it ended (a disconnect mid-generation too).
