@@ -80,7 +80,10 @@ pub use client::{
 };
 pub use connection::{ClientConnection, ClientOptions, Tokens};
 pub use deadlines::{Deadlines, IDLE_TIMEOUT};
-pub use decoder::{DecoderParty, DecoderSide, Generation, ServerDecoder};
+pub use decoder::{
+    serve_generation, step_bytes, DecoderParty, DecoderSide, Generation, GenerationClient,
+    GenerationOptions, PrivateGeneration, ServerDecoder, SessionMemoryPool,
+};
 pub use embedding::{
     cache_bytes, preparation_bytes, PreparationInUse, ServerEmbedding, PREPARED_LENGTHS_KEPT,
 };
