@@ -81,7 +81,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
         },
         stop: model.weights.config.eos_token_ids.clone(),
     };
-    let mut session = engine.session();
+    let mut session = engine.session()?;
     let (tokens, stopped, times) = run(session.as_mut(), &model, &ids, &opts, a.json)?;
     let warnings = session.warnings();
     for w in &warnings {

@@ -5,6 +5,8 @@
 //! conversation that extends the previous one (answered from the kept KV cache) equals a fresh
 //! run on the whole prompt, and every bad request gets its OpenAI error object and status while
 //! the proxy keeps answering.
+//! `veil serve` of the same decoder folder and `veil generate --connect`: private generation's
+//! tokens are the simulator's, client after client.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -445,4 +447,66 @@ fn chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_run() {
     assert_eq!(reused.len(), 2, "{err}");
     assert_eq!(reused[0].0, 0);
     assert!(reused[1].0 > 0 && reused[1].0 < reused[1].1, "{err}");
+}
+
+/// A `veil serve`, killed when dropped.
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `veil serve` of a decoder folder, and `veil generate --connect` to it: the private tokens are
+/// the simulator's (the server's default 1-bit-error truncations; this tiny model's top-2
+/// margins are far wider than their bound, as `generation_session.rs` checks), and the server
+/// serves the next client as well.
+#[test]
+fn private_generation_through_veil_serve_equals_the_simulator() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_llama(tmp.path());
+    let dir = tmp.path().to_str().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _server = Served(
+        Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args(["serve", "--model", dir, "--listen", &addr])
+            .arg("--insecure-plaintext")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while TcpStream::connect(&addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, "never listened");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let tokens = |engine: &[&str]| -> Vec<u32> {
+        let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args(["generate", "--model", dir])
+            .args(engine)
+            .args(["--chat", "--json", "--max-new-tokens", "4", "good film"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{engine:?}: {err}");
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let simulated = tokens(&["--simulate"]);
+    assert_eq!(simulated.len(), 4);
+    let private = ["--connect", &addr, "--insecure-plaintext"];
+    assert_eq!(tokens(&private), simulated);
+    assert_eq!(tokens(&private), simulated, "a second client");
 }

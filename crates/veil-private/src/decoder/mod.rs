@@ -81,7 +81,8 @@ mod session;
 
 pub use model::ServerDecoder;
 pub use party::{DecoderParty, DecoderSide, Generation};
+pub(crate) use session::serve_generation_admitted;
 pub use session::{
-    serve_generation, step_bytes, GenerationClient, GenerationOptions, PrivateGeneration,
-    SessionMemoryPool,
+    serve_generation, step_bytes, GenerationClient, GenerationOptions, OwnedGeneration,
+    PrivateGeneration, SessionMemoryPool,
 };

@@ -36,6 +36,7 @@ use veil_nonlinear::OtSession;
 
 use super::{DecoderParty, DecoderSide, Generation, ServerDecoder};
 use crate::deadlines::in_step;
+use crate::handler::told;
 use crate::protocol::{
     DecoderAdmission, DecoderAnnounced, GenerateReply, GenerationRequest, Hello, Message,
 };
@@ -153,18 +154,42 @@ pub fn serve_generation<C: Channel>(
         }
         Err(e) => return Err(e),
     };
-    serve_generation_admitted(ch, model, opts, hello, memory)
+    serve_generation_admitted(ch, model, opts, hello, memory, &|| None)
 }
 
 /// [`serve_generation`] after the hello, with memory from any of the server's pools (a
-/// server's admission reads the hello itself).
+/// server's admission reads the hello itself). A session ended early is closed telling the
+/// client why, as an encoder session is (`crate::handler`'s `told`): the malformed or
+/// refused step, the deadline that passed, or `ended`'s reason (the server's shutdown grace
+/// passed and cut the channel's reads).
 pub(crate) fn serve_generation_admitted<C: Channel>(
     mut ch: C,
     model: &ServerDecoder,
     opts: &GenerationOptions,
     hello: Hello,
     memory: &dyn SessionMemory,
+    ended: &dyn Fn() -> Option<String>,
 ) -> Result<()> {
+    let res = generation_session(&mut ch, model, opts, hello, memory);
+    let res = match (ended(), res) {
+        (Some(why), Err(_)) => Err(veil_core::Error::TimedOut(why)),
+        (_, res) => res,
+    };
+    if let Some(why) = res.as_ref().err().and_then(told) {
+        let _ = ch.close_with(&why);
+    }
+    res
+}
+
+/// The session itself: admission, set-up, then requests until goodbye or an error.
+fn generation_session<C: Channel>(
+    ch: &mut C,
+    model: &ServerDecoder,
+    opts: &GenerationOptions,
+    hello: Hello,
+    memory: &dyn SessionMemory,
+) -> Result<()> {
+    let mut ch = ch;
     let cfg = model.config();
     let format = model.fixed().format;
     let cap = hello.max_tokens as usize;
@@ -184,6 +209,8 @@ pub(crate) fn serve_generation_admitted<C: Channel>(
         tables: model.tables_digest(),
     })
     .send(&mut ch)?;
+    // From here on a close can tell the client why (the answer above left unframed).
+    ch.start_records()?;
     let (lin, mut ot) = (|| {
         let lin = ServerSession::setup(&mut ch, format.fp.ring)?;
         Ok((lin, OtSession::setup(&mut ch, Role::Server)?))
@@ -195,7 +222,10 @@ pub(crate) fn serve_generation_admitted<C: Channel>(
         let req = match ch.recv_msg(GenerationRequest::MAX_BYTES) {
             Ok(m) => GenerationRequest::decode(&m)?,
             Err(veil_core::Error::Disconnected) => return Ok(()),
-            Err(e) => return Err(e),
+            Err(e) => {
+                let step = "waiting for the next request (the idle deadline)";
+                return Err(in_step(e, step, opts.idle.unwrap_or(Duration::MAX)));
+            }
         };
         match req {
             GenerationRequest::Goodbye => return Ok(()),
@@ -316,6 +346,8 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
             DecoderAdmission::Admitted(a) => a,
             DecoderAdmission::Refused(why) => bail!(Refused, "the server refused: {why}"),
         };
+        // As the server after its answer: a close can now tell this client why.
+        ch.start_records()?;
         ensure!(
             announced.format == tables.format(),
             Unsupported,
@@ -352,6 +384,26 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
     /// ends first, on both sides). A refusal comes back as `Error::Refused` and the session
     /// goes on.
     pub fn start(&mut self, context_limit: usize) -> Result<PrivateGeneration<'_, 't, C>> {
+        let generation = self.request_start(context_limit)?;
+        Ok(PrivateGeneration {
+            client: self,
+            generation,
+        })
+    }
+
+    /// [`Self::start`] keeping the session: the generation then owns its session (one
+    /// connection per generation), so it can be handed out as a `NextLogits + Send` of its own,
+    /// as the CLI's engines hand out sessions.
+    pub fn into_generation(mut self, context_limit: usize) -> Result<OwnedGeneration<'t, C>> {
+        let generation = self.request_start(context_limit)?;
+        Ok(OwnedGeneration {
+            client: self,
+            generation,
+        })
+    }
+
+    /// Asks the server for a generation of `context_limit` positions; the client's half of it.
+    fn request_start(&mut self, context_limit: usize) -> Result<Generation> {
         let cfg = self.tables.config();
         ensure!(
             (1..=self.cap).contains(&context_limit),
@@ -367,12 +419,30 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         .send(&mut self.ch)?;
         self.ch.flush()?;
         match GenerateReply::recv(&mut self.ch)? {
-            GenerateReply::Accepted => Ok(PrivateGeneration {
-                client: self,
-                generation,
-            }),
+            GenerateReply::Accepted => Ok(generation),
             GenerateReply::Refused(why) => bail!(Refused, "the server refused: {why}"),
         }
+    }
+
+    /// One step of `generation` on this session: `ids` after its cached positions; the last
+    /// one's logits as ring values at f bits.
+    fn step(&mut self, generation: &mut Generation, ids: &[u32]) -> Result<veil_core::RingTensor> {
+        // Refused before the request: the server would end the session on it.
+        generation.check_room(ids.len())?;
+        GenerationRequest::Step {
+            tokens: ids.len() as u32,
+        }
+        .send(&mut self.ch)?;
+        let side = DecoderSide::Client(&self.lin, self.tables);
+        DecoderParty::new(&mut self.ch, &mut self.ot, side, generation)?.client_step(ids)
+    }
+
+    /// [`Self::step`] decoded to f32 as the simulator's `step_f64` (then `as f32`) does, so
+    /// equal integers give equal tokens.
+    fn step_f32(&mut self, generation: &mut Generation, ids: &[u32]) -> Result<Vec<f32>> {
+        let fp = self.tables.format().fp;
+        let logits = self.step(generation, ids)?;
+        Ok(logits.decode(fp).iter().map(|&v| v as f32).collect())
     }
 
     /// Generates from `prompt` with `veil_model::generate` (its sampling and stop tokens) in a
@@ -416,15 +486,7 @@ pub struct PrivateGeneration<'c, 't, C: Channel> {
 impl<C: Channel> PrivateGeneration<'_, '_, C> {
     /// Runs `ids` after the cached positions; the last one's logits as ring values at f bits.
     pub fn step(&mut self, ids: &[u32]) -> Result<veil_core::RingTensor> {
-        // Refused before the request: the server would end the session on it.
-        self.generation.check_room(ids.len())?;
-        let c = &mut *self.client;
-        GenerationRequest::Step {
-            tokens: ids.len() as u32,
-        }
-        .send(&mut c.ch)?;
-        let side = DecoderSide::Client(&c.lin, c.tables);
-        DecoderParty::new(&mut c.ch, &mut c.ot, side, &mut self.generation)?.client_step(ids)
+        self.client.step(&mut self.generation, ids)
     }
 
     /// Positions cached so far.
@@ -443,8 +505,21 @@ impl<C: Channel> NextLogits for PrivateGeneration<'_, '_, C> {
     /// The step's logits decoded to f32 as the simulator's `step_f64` (then `as f32`) does,
     /// so equal integers give equal tokens.
     fn next_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        let fp = self.client.tables.format().fp;
-        let logits = self.step(ids)?;
-        Ok(logits.decode(fp).iter().map(|&v| v as f32).collect())
+        self.client.step_f32(&mut self.generation, ids)
+    }
+}
+
+/// A private generation that owns its session ([`GenerationClient::into_generation`]):
+/// dropping it closes the connection, which ends the generation and the session on the server
+/// (its cache and memory freed).
+pub struct OwnedGeneration<'t, C: Channel> {
+    client: GenerationClient<'t, C>,
+    generation: Generation,
+}
+
+impl<C: Channel> NextLogits for OwnedGeneration<'_, C> {
+    /// As [`PrivateGeneration`]'s.
+    fn next_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.client.step_f32(&mut self.generation, ids)
     }
 }
