@@ -142,6 +142,15 @@ fn send_raw(client: &mut GenerationClient<'_, MemChannel>, req: GenerationReques
     ch.flush().unwrap();
 }
 
+/// The reason the server's close gave the client (`Error::PeerClosed`) at its next receive.
+fn told(client: &mut GenerationClient<'_, MemChannel>) -> String {
+    use veil_net::Channel;
+    match client.channel().recv_msg(1 << 10) {
+        Err(Error::PeerClosed(why)) => why,
+        other => panic!("the session ended without a reason: {other:?}"),
+    }
+}
+
 fn server_error(h: JoinHandle<Result<()>>) -> String {
     match h.join().unwrap() {
         Err(e) => e.to_string(),
@@ -187,6 +196,7 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
     send_raw(&mut client, GenerationRequest::Step { tokens: u32::MAX });
     let e = server_error(server);
     assert!(e.contains("context limit of 6"), "{e}");
+    assert!(told(&mut client).contains("context limit of 6"));
     assert_eq!(served.pool.in_use(), 0);
 
     // A stranger's first message is answered with a refusal naming it.
@@ -210,6 +220,12 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
     send_raw(&mut client, GenerationRequest::Step { tokens: 0 });
     let e = server_error(server);
     assert!(e.contains("no tokens to run"), "{e}");
+    // The session runs in records: the client hears why it was ended, as the client's fault.
+    let told = told(&mut client);
+    assert!(
+        told.contains("no tokens to run") && !told.contains("its side"),
+        "{told}"
+    );
     assert_eq!(served.pool.in_use(), 0);
 
     // A client with another model's tables refuses before any key moves, naming the digests.

@@ -254,7 +254,11 @@ fn generation_session<C: Channel>(
                     );
                 };
                 let tokens = tokens as usize;
-                c.generation.check_room(tokens)?;
+                // The client's request, not the server, is at fault: said so in the close.
+                c.generation.check_room(tokens).map_err(|e| match e {
+                    veil_core::Error::InvalidArgument(m) => veil_core::Error::Malformed(m),
+                    e => e,
+                })?;
                 let allowed = opts
                     .per_block_token
                     .map(|d| Duration::from_secs(60) + d.mul_f64((cfg.layers * tokens) as f64));
