@@ -1,5 +1,6 @@
-//! `veil generate`: text from a decoder LLM, in f32 (`--f32`) or in the fixed-point simulator
-//! (`--simulate`, the integers the private pass must produce), printed as the tokens come.
+//! `veil generate`: text from a decoder LLM, privately with a `veil serve` of it (`--connect`),
+//! or on this machine in f32 (`--f32`) or in the fixed-point simulator (`--simulate`, the
+//! integers the private pass must produce), printed as the tokens come.
 
 use std::io::Write;
 use std::time::Instant;
