@@ -212,7 +212,7 @@ impl Server {
 /// the session.
 #[pyclass(module = "veil._veil")]
 struct Client {
-    inner: Mutex<Option<veil_private::Client<Box<dyn Channel>>>>,
+    inner: Mutex<Option<veil_private::Client<Box<dyn Channel + Send>>>>,
     costs: Mutex<Vec<serde_json::Value>>,
     config: serde_json::Value,
 }
@@ -222,7 +222,7 @@ impl Client {
         &self,
         py: Python<'_>,
         f: impl FnOnce(
-                &mut veil_private::Client<Box<dyn Channel>>,
+                &mut veil_private::Client<Box<dyn Channel + Send>>,
             ) -> veil_core::Result<Vec<Classification>>
             + Send,
     ) -> PyResult<Vec<Classification>> {

@@ -4,61 +4,123 @@
 
 use clap::Args;
 use veil_core::{Error, Result};
-use veil_model::decoder::{ChatMessage, DecoderModel};
+use veil_model::decoder::{ChatMessage, DecoderModel, DecoderWeights};
 use veil_model::{generate, GenerateOptions, GeneratedToken, NextLogits};
-use veil_model::{DecoderFormat, F32Model, FixedDecoder};
+use veil_model::{DecoderFormat, DecoderTables, F32Model, FixedDecoder};
+use veil_private::{ClientTransport, GenerationClient};
 
 /// How the logits are computed.
-#[derive(Args, Clone, Copy, Debug)]
+#[derive(Args)]
 pub(crate) struct EngineArgs {
     /// Run the fixed-point simulator (ℓ = 48, f = 13) on this machine: what the private pass must
     /// equal. Not private: the model runs here in the clear.
-    #[arg(long, conflicts_with = "f32")]
+    #[arg(long, conflicts_with_all = ["f32", "connect"])]
     pub(crate) simulate: bool,
     /// Run plain f32 on this machine. Not private.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "connect")]
     pub(crate) f32: bool,
+    /// Generate privately with the `veil serve` at this address, which holds the weights: this
+    /// machine keeps the prompt and the tokens, and needs only the open model's public tables
+    /// and tokenizer (`--model`), which the server's digest check compares with its own.
+    #[arg(long)]
+    pub(crate) connect: Option<String>,
+    /// With --connect: the positions one private session holds (prompt, answers and, in a
+    /// conversation, every earlier turn), at most the model's. The server reserves memory for
+    /// them when the session starts. Default: 512, or the model's context if smaller.
+    #[arg(long, requires = "connect")]
+    pub(crate) context: Option<usize>,
+    #[command(flatten)]
+    pub(crate) net: crate::ClientNetArgs,
 }
+
+/// A private session's context when `--context` is not given (the server's reservation grows
+/// with it: a longer default would be refused by small servers).
+const DEFAULT_PRIVATE_CONTEXT: usize = 512;
 
 /// A decoder prepared for one engine; [`Engine::session`] starts an empty KV cache.
 pub(crate) enum Engine<'w> {
     F32(F32Model<'w>),
     Simulate(Box<FixedDecoder>),
+    Private(Box<Remote>),
+}
+
+/// The private engine: where the server is and how to reach it, and the model's public tables.
+pub(crate) struct Remote {
+    addr: String,
+    transport: ClientTransport,
+    tables: DecoderTables,
+    context: usize,
 }
 
 impl<'w> Engine<'w> {
-    /// The engine `args` asks for. Private generation is the two-party protocol's, which this
-    /// command cannot run yet: asking for no local engine is refused with that reason.
+    /// The engine `args` asks for: private (`--connect`), or on this machine in the clear
+    /// (`--simulate`, `--f32`). Asking for none is refused: the command would not know where to
+    /// compute.
     pub(crate) fn new(args: EngineArgs, model: &'w DecoderModel) -> Result<Self> {
+        if let Some(addr) = args.connect {
+            let max = model.weights.config.max_positions;
+            let context = args.context.unwrap_or(DEFAULT_PRIVATE_CONTEXT.min(max));
+            if !(1..=max).contains(&context) {
+                return Err(Error::InvalidArgument(format!(
+                    "--context {context}: this model holds 1 to {max} positions"
+                )));
+            }
+            return Ok(Engine::Private(Box::new(Remote {
+                addr,
+                transport: args.net.transport()?,
+                tables: public_tables(&model.weights)?,
+                context,
+            })));
+        }
         match (args.simulate, args.f32) {
             (true, _) => Ok(Engine::Simulate(Box::new(FixedDecoder::encode(
                 &model.weights,
                 DecoderFormat::default(),
             )?))),
             (_, true) => Ok(Engine::F32(F32Model::new(&model.weights)?)),
-            _ => Err(Error::Unsupported(
-                "private generation is not implemented yet in this command: pass --simulate \
-                 (fixed-point simulator) or --f32 to run the model on this machine"
+            _ => Err(Error::InvalidArgument(
+                "say where the model runs: --connect ADDR (private generation with a `veil \
+                 serve` of this model), or --simulate (fixed-point simulator) or --f32 to run \
+                 it on this machine, in the clear"
                     .into(),
             )),
         }
     }
 
-    /// `simulate` or `f32`, as reports name the mode.
+    /// `private`, `simulate` or `f32`, as reports name the mode.
     pub(crate) fn mode(&self) -> &'static str {
         match self {
             Engine::F32(_) => "f32",
             Engine::Simulate(_) => "simulate",
+            Engine::Private(_) => "private",
         }
     }
 
-    /// A session with an empty KV cache.
-    pub(crate) fn session(&self) -> Box<dyn NextLogits + Send + '_> {
-        match self {
+    /// A session with an empty KV cache: for the private engine, a new connection, its key
+    /// set-up and a generation of `--context` positions on the server.
+    pub(crate) fn session(&self) -> Result<Box<dyn NextLogits + Send + '_>> {
+        Ok(match self {
             Engine::F32(m) => Box::new(m.session()),
             Engine::Simulate(m) => Box::new(m.session()),
-        }
+            Engine::Private(r) => {
+                let ch = r.transport.connect(&r.addr)?;
+                let client = GenerationClient::connect(ch, &r.tables, r.context)?;
+                Box::new(client.into_generation(r.context)?)
+            }
+        })
     }
+}
+
+/// The client's tables from the open model's public matrices alone, at the server's format:
+/// the same model gives the digest the server announces.
+fn public_tables(w: &DecoderWeights) -> Result<DecoderTables> {
+    DecoderTables::encode(
+        &w.config,
+        DecoderFormat::default(),
+        &w.token_embedding,
+        w.position_embedding.as_ref(),
+        w.lm_head.as_ref(),
+    )
 }
 
 /// The decoder `spec` names, which must have a chat template (`veil chat`, `veil proxy`).
@@ -131,7 +193,8 @@ pub(crate) fn stream_text(
 /// repeats every earlier turn, runs only the tokens the cache does not hold yet.
 pub(crate) struct CachedSession<'e> {
     engine: &'e Engine<'e>,
-    session: Box<dyn NextLogits + Send + 'e>,
+    /// None until the next generation needs it (a private one is a connection).
+    session: Option<Box<dyn NextLogits + Send + 'e>>,
     /// The token ids the cache holds, in order.
     held: Vec<u32>,
 }
@@ -140,14 +203,14 @@ impl<'e> CachedSession<'e> {
     pub(crate) fn new(engine: &'e Engine<'e>) -> Self {
         CachedSession {
             engine,
-            session: engine.session(),
+            session: None,
             held: Vec::new(),
         }
     }
 
     /// Empties the cache.
     pub(crate) fn reset(&mut self) {
-        self.session = self.engine.session();
+        self.session = None;
         self.held.clear();
     }
 
@@ -180,13 +243,11 @@ impl<'e> CachedSession<'e> {
             self.reset();
         }
         let reused = self.held.len();
-        match stream_text(
-            self.session.as_mut(),
-            model,
-            &prompt[reused..],
-            opts,
-            on_text,
-        ) {
+        let session = match &mut self.session {
+            Some(s) => s,
+            None => self.session.insert(self.engine.session()?),
+        };
+        match stream_text(session.as_mut(), model, &prompt[reused..], opts, on_text) {
             Ok((tokens, finish)) => {
                 // The last token is fed to the model only when another step follows it.
                 let fed = match finish {
@@ -207,6 +268,6 @@ impl<'e> CachedSession<'e> {
 
     /// What the engine noticed (the simulator's domain warnings).
     pub(crate) fn warnings(&self) -> Vec<String> {
-        self.session.warnings()
+        self.session.as_ref().map_or(Vec::new(), |s| s.warnings())
     }
 }

@@ -1,5 +1,6 @@
-//! `veil generate`: text from a decoder LLM, in f32 (`--f32`) or in the fixed-point simulator
-//! (`--simulate`, the integers the private pass must produce), printed as the tokens come.
+//! `veil generate`: text from a decoder LLM, privately with a `veil serve` of it (`--connect`),
+//! or on this machine in f32 (`--f32`) or in the fixed-point simulator (`--simulate`, the
+//! integers the private pass must produce), printed as the tokens come.
 
 use std::io::Write;
 use std::time::Instant;
@@ -81,7 +82,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
         },
         stop: model.weights.config.eos_token_ids.clone(),
     };
-    let mut session = engine.session();
+    let mut session = engine.session()?;
     let (tokens, stopped, times) = run(session.as_mut(), &model, &ids, &opts, a.json)?;
     let warnings = session.warnings();
     for w in &warnings {

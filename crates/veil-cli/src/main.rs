@@ -97,7 +97,9 @@ enum Cmd {
     },
     /// Serves a model to private-inference clients.
     Serve {
-        /// The model to serve.
+        /// The model to serve: an encoder (inferences), or a decoder LLM (`smollm2-135m-instruct`,
+        /// a `.gguf` file, a Hugging Face decoder folder) served for private generation
+        /// (`veil generate --connect`).
         #[arg(long, default_value = "default", long_help = MODEL_HELP)]
         model: String,
         #[arg(long, default_value = "127.0.0.1:7878")]
@@ -525,12 +527,26 @@ impl ClientNetArgs {
     }
 }
 
+/// Whether `spec` names a decoder LLM (a built-in decoder, a `.gguf` file, or a folder whose
+/// config declares a decoder), which `veil serve` serves for private generation.
+fn is_decoder_spec(spec: &str) -> bool {
+    use veil_model::decoder;
+    let path = std::path::Path::new(spec);
+    decoder::NAMES.contains(&spec)
+        || decoder::is_gguf_path(path)
+        || (path.is_dir() && decoder::hf::is_decoder_folder(path))
+}
+
 /// `veil serve`: the model, the server's settings from the flags, signals.
 fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -> Result<()> {
     use std::sync::atomic::AtomicBool;
     use veil_private::{ServerBuilder, ServerIdentity};
-    let source = ModelSource::resolve(model)?;
-    if let ModelSource::Folder(dir) = &source {
+    // A decoder LLM is served as private generation sessions, an encoder as inferences.
+    let source = match is_decoder_spec(model) {
+        true => None,
+        false => Some(ModelSource::resolve(model)?),
+    };
+    if let Some(ModelSource::Folder(dir)) = &source {
         if !dir.exists() {
             bail!(NotFound, "the model folder {}", dir.display());
         }
@@ -559,7 +575,14 @@ fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) ->
         .checked()?;
     let listener = TcpListener::bind(listen)
         .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
-    let server = builder.build(&source.load()?)?;
+    let server = match source {
+        Some(source) => builder.build(&source.load()?)?,
+        None => {
+            let m = veil_model::decoder::load(model)?;
+            let fixed = veil_model::FixedDecoder::encode(&m.weights, Default::default())?;
+            builder.build_decoder(Arc::new(veil_private::ServerDecoder::new(fixed)?))?
+        }
+    };
     if let Some(fp) = server.fingerprint() {
         eprintln!("veil serve: server fingerprint (SHA-256 of its certificate): {fp}");
     }

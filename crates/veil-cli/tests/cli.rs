@@ -984,7 +984,7 @@ fn generate_prints_the_simulators_greedy_tokens() {
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        err.contains("private generation is not implemented yet"),
+        err.contains("say where the model runs: --connect ADDR"),
         "{err}"
     );
 }

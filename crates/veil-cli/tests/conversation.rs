@@ -5,6 +5,8 @@
 //! conversation that extends the previous one (answered from the kept KV cache) equals a fresh
 //! run on the whole prompt, and every bad request gets its OpenAI error object and status while
 //! the proxy keeps answering.
+//! `veil serve` of the same decoder folder and `veil generate --connect`: private generation's
+//! tokens are the simulator's, client after client, and `veil proxy --connect` answers with them.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -28,9 +30,11 @@ impl Drop for Proxy {
     }
 }
 
-fn start(dir: &Path) -> Proxy {
+/// `veil proxy` of the model in `dir` on `engine` (`--simulate`, or `--connect` and its flags).
+fn start(dir: &Path, engine: &[&str]) -> Proxy {
     let mut child = Command::new(env!("CARGO_BIN_EXE_veil"))
-        .args(["proxy", "--model", dir.to_str().unwrap(), "--simulate"])
+        .args(["proxy", "--model", dir.to_str().unwrap()])
+        .args(engine)
         .args(["--listen", "127.0.0.1:0", "--served-name", "tiny-llama"])
         .stderr(Stdio::piped())
         .spawn()
@@ -149,7 +153,7 @@ fn answers_equal_veil_generate_whole_streamed_and_from_the_kept_cache() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-llama");
     tiny_llama(&dir);
-    let p = start(&dir);
+    let p = start(&dir, &["--simulate"]);
 
     let (status, body) = http(&p.addr, "GET", "/v1/models", b"");
     assert_eq!(status, 200);
@@ -263,7 +267,7 @@ fn bad_requests_get_openai_errors_and_the_proxy_keeps_answering() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("tiny-llama");
     tiny_llama(&dir);
-    let p = start(&dir);
+    let p = start(&dir, &["--simulate"]);
     let good = json!({
         "model": "tiny-llama",
         "messages": [{"role": "user", "content": "good film"}],
@@ -445,4 +449,102 @@ fn chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_run() {
     assert_eq!(reused.len(), 2, "{err}");
     assert_eq!(reused[0].0, 0);
     assert!(reused[1].0 > 0 && reused[1].0 < reused[1].1, "{err}");
+}
+
+/// How far the default truncations may move a logit (`decoder_party.rs`'s bound).
+const ONE_BIT_ERROR_BOUND: f64 = 0.02;
+
+/// A `veil serve`, killed when dropped.
+struct Served(Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `veil serve` of a decoder folder, and `veil generate --connect` to it: the private tokens are
+/// the simulator's (the server's default 1-bit-error truncations; this tiny model's top-2
+/// margins are far wider than their bound, as `generation_session.rs` checks), and the server
+/// serves the next client as well.
+#[test]
+fn private_generation_through_veil_serve_equals_the_simulator() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_llama(tmp.path());
+    let dir = tmp.path().to_str().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _server = Served(
+        Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args(["serve", "--model", dir, "--listen", &addr])
+            .arg("--insecure-plaintext")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while TcpStream::connect(&addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, "never listened");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let tokens = |engine: &[&str]| -> (Vec<u32>, Vec<f64>) {
+        let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args(["generate", "--model", dir])
+            .args(engine)
+            .args(["--chat", "--json", "--max-new-tokens", "4", "good film"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{engine:?}: {err}");
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let list = |k: &str| report[k].as_array().unwrap().clone();
+        (
+            list("token_ids")
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect(),
+            list("margins")
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect(),
+        )
+    };
+    let (expected, margins) = tokens(&["--simulate"]);
+    assert_eq!(expected.len(), 4);
+    let private = ["--connect", &addr, "--insecure-plaintext"];
+    for client in ["first", "second"] {
+        let (ids, _) = tokens(&private);
+        // The one-bit-error truncations may move a logit by up to ONE_BIT_ERROR_BOUND
+        // (decoder_party.rs): a token may differ only where the simulator's top two are
+        // within twice that, and the generations part there.
+        let parted = (0..4).find(|&i| ids[i] != expected[i]).unwrap_or(4);
+        assert!(
+            parted == 4 || margins[parted] <= 2.0 * ONE_BIT_ERROR_BOUND,
+            "the {client} client's {ids:?} against the simulator's {expected:?} (margins {margins:?})"
+        );
+    }
+
+    // `veil proxy --connect` answers from a private generation.
+    let proxy = start(tmp.path(), &private);
+    let messages = [ChatMessage::new("user", "good film")];
+    let request = json!({
+        "model": "tiny-llama",
+        "messages": [{"role": "user", "content": "good film"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    });
+    let (status, body) = post(&proxy.addr, &request);
+    assert_eq!(status, 200, "{body}");
+    let answer = json_of(&body)["choices"][0]["message"]["content"].clone();
+    assert!(answer.is_string(), "{body}");
+    // Equal whenever no step is within the truncations' reach (as above).
+    if margins.iter().all(|&m| m > 2.0 * ONE_BIT_ERROR_BOUND) {
+        let expected = simulated(tmp.path(), &messages, 4, SamplingParams::GREEDY);
+        assert_eq!(answer, expected);
+    }
 }

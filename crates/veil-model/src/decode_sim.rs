@@ -206,6 +206,42 @@ impl DecoderTables {
         })
     }
 
+    /// SHA-256 of everything the client's half of a generation depends on: the configuration,
+    /// the format and every table's ring values. A server announces its own tables' digest and
+    /// a client refuses a server whose digest differs from its tables' before any key material
+    /// moves: different public tables would make its embeddings and logits silently wrong.
+    pub fn digest(&self) -> crate::BundleDigest {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"veil decoder tables v1\0");
+        h.update(format!("{:?}\0{:?}\0", self.config, self.format).as_bytes());
+        let tables = [
+            Some(&self.token),
+            self.position.as_ref(),
+            self.output.as_ref(),
+        ];
+        for t in tables {
+            match t {
+                None => h.update([0u8]),
+                Some(t) => {
+                    h.update([1u8]);
+                    h.update((t.rows as u64).to_le_bytes());
+                    h.update((t.cols as u64).to_le_bytes());
+                    for v in &t.weight {
+                        h.update(v.to_le_bytes());
+                    }
+                    // The tables carry no bias; hashed all the same, so none is overlooked.
+                    let bias = t.bias.as_deref().unwrap_or(&[]);
+                    h.update((bias.len() as u64).to_le_bytes());
+                    for v in bias {
+                        h.update(v.to_le_bytes());
+                    }
+                }
+            }
+        }
+        crate::BundleDigest(h.finalize().into())
+    }
+
     /// The decoder's shape and family.
     pub fn config(&self) -> &DecoderConfig {
         &self.config

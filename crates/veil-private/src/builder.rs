@@ -15,6 +15,7 @@ use veil_linear::LookupMethod;
 use veil_model::BundleDigest;
 use veil_net::{Fingerprint, Identity, ServerTls};
 
+use crate::decoder::ServerDecoder;
 use crate::limits::{open_file_limit, MachineCaps, MAX_DEFAULT_SESSIONS};
 use crate::prepared::{ServerModel, DEFAULT_NTT_BUDGET_BYTES};
 use crate::server::{available_memory, ServeOptions, Server, Transport, DEFAULT_HANDSHAKES};
@@ -240,13 +241,37 @@ impl ServerBuilder {
     /// The server for a model already prepared.
     pub fn build_prepared(self, model: Arc<ServerModel>) -> Result<Server> {
         let this = self.checked()?;
-        this.build_checked(model)
+        this.build_checked(
+            |t| ServeOptions::for_model(&model, t),
+            |opts| Server::new(model.clone(), opts),
+        )
     }
 
-    fn build_checked(self, model: Arc<ServerModel>) -> Result<Server> {
+    /// The server of a decoder: generation sessions ([`crate::GenerationClient`]) under the
+    /// same admission, limits, deadlines and transport as an encoder's (the lookup method and
+    /// the NTT budget do not apply; clients check the decoder's public tables' digest, which
+    /// its admission announces, instead of a bundle's).
+    pub fn build_decoder(self, model: Arc<ServerDecoder>) -> Result<Server> {
+        let this = self.checked()?;
+        tracing::info!(
+            prepared_mib = model.prepared_bytes() >> 20,
+            tables = %model.tables_digest(),
+            "prepared decoder"
+        );
+        this.build_checked(
+            |t| ServeOptions::for_decoder(&model, t),
+            |opts| Server::decoder(model.clone(), opts),
+        )
+    }
+
+    fn build_checked(
+        self,
+        defaults: impl FnOnce(Transport) -> ServeOptions,
+        server: impl FnOnce(ServeOptions) -> Result<Server>,
+    ) -> Result<Server> {
         veil_core::process::keep_freed_memory();
         let (transport, fingerprint) = self.transport()?;
-        let mut opts = ServeOptions::for_model(&model, transport);
+        let mut opts = defaults(transport);
         if let Some(n) = self.max_sessions {
             opts.max_sessions = n;
             opts.queue = (2 * n).max(4);
@@ -281,7 +306,7 @@ impl ServerBuilder {
             opts.method = m;
         }
         opts.bundle = self.bundle;
-        Ok(Server::new(model, opts)?.with_fingerprint(fingerprint))
+        Ok(server(opts)?.with_fingerprint(fingerprint))
     }
 
     fn transport(&self) -> Result<(Transport, Option<Fingerprint>)> {

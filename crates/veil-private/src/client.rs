@@ -636,7 +636,7 @@ impl Default for ClientTransport {
 impl ClientTransport {
     /// The channel to `addr`: TLS with the server pinned (or trusted on first use and
     /// recorded), or plain TCP when asked for. What it creates or trusts is logged.
-    pub fn connect(&self, addr: &str) -> Result<Box<dyn Channel>> {
+    pub fn connect(&self, addr: &str) -> Result<Box<dyn Channel + Send>> {
         let stream = veil_net::connect_timeout(addr, self.connect_timeout)?;
         if self.insecure_plaintext {
             tracing::warn!(

@@ -41,6 +41,20 @@ impl Deadlines {
         }
     }
 
+    /// Deadlines for a decoder's generation sessions: an encoder's handshake, set-up and idle
+    /// allowances; a step gets `infer_base` + `infer_per_token` × its tokens, 2 s per block and
+    /// token (a decode step of a 30-block model: 1 min beyond the base, many times its measured
+    /// time on two cores).
+    pub fn for_decoder(cfg: &veil_model::decoder::DecoderConfig) -> Self {
+        Deadlines {
+            handshake: Duration::from_secs(10),
+            setup: Duration::from_secs(120),
+            idle: IDLE_TIMEOUT,
+            infer_base: Duration::from_secs(60),
+            infer_per_token: Duration::from_secs(2) * cfg.layers.max(1) as u32,
+        }
+    }
+
     /// These deadlines with the set-up's and each inference's allowance `factor` times longer.
     pub fn stretched(self, factor: u32) -> Self {
         Deadlines {

@@ -129,7 +129,7 @@ pub(crate) fn serve_admitted<C: Channel>(
 /// wrong, which deadline passed in which step, which limit it hit. `None` when the client is
 /// gone or the transport failed; a fault of the server's own is named as one, its details left
 /// in the server's log (they may describe the server's state).
-fn told(e: &Error) -> Option<String> {
+pub(crate) fn told(e: &Error) -> Option<String> {
     match e {
         Error::Disconnected | Error::PeerClosed(_) | Error::Io(_) => None,
         Error::Malformed(_)

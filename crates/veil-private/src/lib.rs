@@ -80,7 +80,10 @@ pub use client::{
 };
 pub use connection::{ClientConnection, ClientOptions, Tokens};
 pub use deadlines::{Deadlines, IDLE_TIMEOUT};
-pub use decoder::{DecoderParty, DecoderSide, Generation, ServerDecoder};
+pub use decoder::{
+    serve_generation, step_bytes, DecoderParty, DecoderSide, Generation, GenerationClient,
+    GenerationOptions, OwnedGeneration, PrivateGeneration, ServerDecoder, SessionMemoryPool,
+};
 pub use embedding::{
     cache_bytes, preparation_bytes, PreparationInUse, ServerEmbedding, PREPARED_LENGTHS_KEPT,
 };
@@ -93,4 +96,7 @@ pub use prepared::{PreparedLayers, ServerModel, DEFAULT_NTT_BUDGET_BYTES};
 pub use preprocess::{material_bytes, plan, ClientMaterial, Material, ServerMaterial, Step};
 pub use report::{CostReport, PhaseCost};
 pub use reserve::preprocess_budget;
-pub use server::{serve, session_memory_estimate, RunningServer, ServeOptions, Server, Transport};
+pub use server::{
+    decoder_memory_estimate, serve, session_memory_estimate, RunningServer, ServeOptions, Server,
+    Transport,
+};

@@ -14,14 +14,23 @@
 //! | [`Request`] | client → server | tag (u8) ‖ fields: 0 goodbye; 1 inference ‖ length (u32) ‖ preprocessed (u8: 0 or 1); 2 preprocessing ‖ length (u32) |
 //! | [`PreprocessReply`] | server → client | 0 ‖ the silent-OT pool size to precompute (u64), or 1 ‖ why it refuses (UTF-8) |
 //! | [`OutputShare`] | server → client | the server's share of the output, ring elements at ⌈ℓ/8⌉ bytes |
+//! | [`DecoderAdmission`] | server → client | a decoder server's answer to the hello: 2 ‖ ring bits (u8) ‖ fraction bits (u8) ‖ norm domain bits (u8) ‖ truncation (u8: 0 faithful, 1 one-bit error) ‖ the public tables' digest (32 bytes), or 1 ‖ why it refuses (UTF-8) |
+//! | [`GenerationRequest`] | client → server | tag (u8) ‖ fields: 0 goodbye; 16 generation start ‖ context limit (u32); 17 step ‖ tokens (u32); 18 generation end |
+//! | [`GenerateReply`] | server → client | 0 (accepted), or 1 ‖ why it refuses (UTF-8) |
+//!
+//! A decoder server answers the hello with [`DecoderAdmission`] instead of [`Admission`] and
+//! reads [`GenerationRequest`]s instead of [`Request`]s (tags 16–31, [`GENERATION_TAGS`]); each
+//! side names the other kind of model when it meets it. A step's own flights
+//! (`crate::decoder`) follow its request without a reply message.
 //!
 //! Between these messages the protocols of veil-linear, veil-nonlinear and veil-ot carry their
 //! own (set-up after the admission, the forward pass after an inference request, the
 //! preprocessing after its reply). The hello and the admission travel as they are, so that a
 //! client of another version still reads why it is refused; everything after the admission
 //! travels in records on sockets (`veil_net::records`, [`veil_net::Channel::start_records`]),
-//! where the server may end the session with a close record carrying its reason. Request tags [`GENERATION_TAGS`] are reserved for the
-//! generation steps of decoder models: this version refuses them as unsupported.
+//! where the server may end the session with a close record carrying its reason. Request tags
+//! [`GENERATION_TAGS`] are a decoder session's (below); an encoder session refuses them, naming
+//! the kind of model it serves.
 
 use std::ops::RangeInclusive;
 
@@ -30,6 +39,7 @@ use veil_core::{bail, ensure, FixedPoint, Result, Ring};
 use veil_linear::LookupMethod;
 use veil_model::BundleDigest;
 use veil_model::ModelConfig;
+use veil_model::{DecoderFormat, ProductTruncation};
 use veil_net::Channel;
 use veil_nonlinear::OtSession;
 
@@ -45,8 +55,13 @@ pub fn session_format() -> FixedPoint {
     FixedPoint::default_format()
 }
 
-/// Request tags reserved for the generation steps of decoder models (not spoken yet).
+/// Request tags of the generation steps of decoder models ([`GenerationRequest`]); an encoder
+/// session refuses them.
 pub const GENERATION_TAGS: RangeInclusive<u8> = 16..=31;
+const STATUS_DECODER: u8 = 2;
+const TAG_GENERATE_START: u8 = 16;
+const TAG_STEP: u8 = 17;
+const TAG_GENERATE_END: u8 = 18;
 
 const MAGIC: &[u8; 4] = b"VEIL";
 const HELLO_BYTES: usize = 12;
@@ -203,6 +218,10 @@ impl Message for Admission {
                 Ok(Admission::Admitted(Announced { config, bundle }))
             }
             STATUS_REFUSED => Ok(Admission::Refused(text(r, what)?)),
+            STATUS_DECODER => bail!(
+                Unsupported,
+                "the server serves a decoder model (private generation), not classification"
+            ),
             s => bail!(Malformed, "unknown status {s} in the server's answer"),
         }
     }
@@ -278,7 +297,8 @@ impl Message for Request {
             TAG_PREPROCESS => Ok(Request::Preprocess { tokens: r.u32()? }),
             t if GENERATION_TAGS.contains(&t) => bail!(
                 Unsupported,
-                "request tag {t} is a generation step, which this server does not speak"
+                "request tag {t} is a generation request, and this session serves an encoder \
+                 model (classification), not a decoder"
             ),
             t => bail!(Malformed, "unknown request tag {t}"),
         }
@@ -363,6 +383,175 @@ impl OutputShare {
     }
 }
 
+/// What a decoder server announces at admission: what the client checks it runs the same
+/// public model with, before any key material moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecoderAnnounced {
+    /// The fixed-point format both parties compute in (the HE set-up runs at its ring).
+    pub format: DecoderFormat,
+    /// How every truncation after a product runs (both parties must agree: it decides the
+    /// protocol each truncation speaks).
+    pub truncation: ProductTruncation,
+    /// `veil_model::DecoderTables::digest` of the server's public tables, which covers the
+    /// decoder's configuration and the format too.
+    pub tables: BundleDigest,
+}
+
+/// A decoder server's answer to a hello.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DecoderAdmission {
+    /// The session goes on.
+    Admitted(DecoderAnnounced),
+    /// The session ends: why.
+    Refused(String),
+}
+
+impl Message for DecoderAdmission {
+    const WHAT: &'static str = "the decoder server's answer to the hello";
+    const MAX_BYTES: usize = MAX_REPLY_BYTES;
+
+    fn write(&self, w: &mut Writer) {
+        match self {
+            DecoderAdmission::Admitted(a) => {
+                let truncation = match a.truncation {
+                    ProductTruncation::Faithful => 0,
+                    ProductTruncation::OneBitError => 1,
+                };
+                let fp = a.format.fp;
+                w.u8(STATUS_DECODER)
+                    .u8(fp.ring.bits() as u8)
+                    .u8(fp.frac_bits() as u8)
+                    .u8(a.format.norm_dev_bits as u8)
+                    .u8(truncation)
+                    .bytes(&a.tables.0)
+            }
+            DecoderAdmission::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
+        };
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Self> {
+        match r.u8()? {
+            STATUS_DECODER => {
+                let (ring, frac, norm) = (r.u8()?, r.u8()?, r.u8()?);
+                let fp = FixedPoint::new(ring.into(), frac.into())?;
+                ensure!(
+                    norm < ring,
+                    Malformed,
+                    "a norm domain of 2^{norm} in a {ring}-bit ring"
+                );
+                let truncation = match r.u8()? {
+                    0 => ProductTruncation::Faithful,
+                    1 => ProductTruncation::OneBitError,
+                    t => bail!(Malformed, "truncation mode {t}"),
+                };
+                let mut d = [0u8; 32];
+                d.copy_from_slice(r.take(32)?);
+                Ok(DecoderAdmission::Admitted(DecoderAnnounced {
+                    format: DecoderFormat {
+                        fp,
+                        norm_dev_bits: norm.into(),
+                    },
+                    truncation,
+                    tables: BundleDigest(d),
+                }))
+            }
+            STATUS_REFUSED => Ok(DecoderAdmission::Refused(text(
+                r,
+                "the decoder server's refusal",
+            )?)),
+            STATUS_OK => bail!(
+                Unsupported,
+                "the server serves an encoder model (classification), not private generation"
+            ),
+            s => bail!(Malformed, "unknown status {s} in the server's answer"),
+        }
+    }
+}
+
+/// What a generation client asks for next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GenerationRequest {
+    /// Ends the session.
+    Goodbye,
+    /// A new generation whose KV cache may hold `context_limit` positions (the prompt and every
+    /// generated token); any current generation ends first. Answered by [`GenerateReply`].
+    GenerateStart {
+        /// Positions, 1 to the hello's length and the model's `max_positions`.
+        context_limit: u32,
+    },
+    /// The next `tokens` positions of the current generation (the prompt, then 1 per
+    /// generated token); its flights follow at once, no reply.
+    Step {
+        /// New positions, at least 1, within the context limit.
+        tokens: u32,
+    },
+    /// Ends the current generation and frees its cache; the session goes on.
+    GenerateEnd,
+}
+
+impl Message for GenerationRequest {
+    const WHAT: &'static str = "generation request";
+    const MAX_BYTES: usize = 5;
+
+    fn write(&self, w: &mut Writer) {
+        match *self {
+            GenerationRequest::Goodbye => w.u8(TAG_GOODBYE),
+            GenerationRequest::GenerateStart { context_limit } => {
+                w.u8(TAG_GENERATE_START).u32(context_limit)
+            }
+            GenerationRequest::Step { tokens } => w.u8(TAG_STEP).u32(tokens),
+            GenerationRequest::GenerateEnd => w.u8(TAG_GENERATE_END),
+        };
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Self> {
+        match r.u8()? {
+            TAG_GOODBYE => Ok(GenerationRequest::Goodbye),
+            TAG_GENERATE_START => Ok(GenerationRequest::GenerateStart {
+                context_limit: r.u32()?,
+            }),
+            TAG_STEP => Ok(GenerationRequest::Step { tokens: r.u32()? }),
+            TAG_GENERATE_END => Ok(GenerationRequest::GenerateEnd),
+            t @ (TAG_INFER | TAG_PREPROCESS) => bail!(
+                Unsupported,
+                "request tag {t} is an encoder request, and this session serves a decoder model \
+                 (private generation)"
+            ),
+            t => bail!(Malformed, "unknown generation request tag {t}"),
+        }
+    }
+}
+
+/// The server's answer to [`GenerationRequest::GenerateStart`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GenerateReply {
+    /// The cache is reserved; steps may follow.
+    Accepted,
+    /// Why not (a limit above the session's, the server's memory in use); the session goes on
+    /// without a generation.
+    Refused(String),
+}
+
+impl Message for GenerateReply {
+    const WHAT: &'static str = "generation status";
+    const MAX_BYTES: usize = MAX_REPLY_BYTES;
+
+    fn write(&self, w: &mut Writer) {
+        match self {
+            GenerateReply::Accepted => w.u8(STATUS_OK),
+            GenerateReply::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
+        };
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Self> {
+        match r.u8()? {
+            STATUS_OK => Ok(GenerateReply::Accepted),
+            STATUS_REFUSED => Ok(GenerateReply::Refused(text(r, "the generation refusal")?)),
+            s => bail!(Malformed, "unknown generation status {s}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,6 +582,56 @@ mod tests {
         let bytes = m.encode();
         assert_eq!(M::decode(&bytes).unwrap(), m);
         assert!(M::decode(&[]).is_err());
+    }
+
+    #[test]
+    fn generation_messages_round_trip_and_name_the_other_model_kind() {
+        for m in [
+            GenerationRequest::Goodbye,
+            GenerationRequest::GenerateStart { context_limit: 0 },
+            GenerationRequest::GenerateStart {
+                context_limit: u32::MAX,
+            },
+            GenerationRequest::Step { tokens: 7 },
+            GenerationRequest::GenerateEnd,
+        ] {
+            round_trip(m);
+        }
+        round_trip(GenerateReply::Accepted);
+        round_trip_text(GenerateReply::Refused("busy".into()));
+        let a = DecoderAdmission::Admitted(DecoderAnnounced {
+            format: DecoderFormat::default(),
+            truncation: ProductTruncation::Faithful,
+            tables: BundleDigest([7; 32]),
+        });
+        round_trip(a.clone());
+        round_trip_text(DecoderAdmission::Refused("full".into()));
+        // An encoder request on a decoder session and the reverse are named, not garbled.
+        let infer = Request::Infer {
+            tokens: 3,
+            preprocessed: false,
+        };
+        let e = GenerationRequest::decode(&infer.encode()).unwrap_err();
+        assert!(e.to_string().contains("encoder request"), "{e}");
+        let step = GenerationRequest::Step { tokens: 1 }.encode();
+        let e = Request::decode(&step).unwrap_err();
+        assert!(e.to_string().contains("serves an encoder"), "{e}");
+        let e = Admission::decode(&a.encode()).unwrap_err();
+        assert!(e.to_string().contains("decoder model"), "{e}");
+        let enc = Admission::Admitted(Announced {
+            config: Preset::BertTiny.config().announced(),
+            bundle: None,
+        });
+        let e = DecoderAdmission::decode(&enc.encode()).unwrap_err();
+        assert!(e.to_string().contains("encoder model"), "{e}");
+        // Out-of-range fields are refused: a ring the fixed point cannot take, a bad mode.
+        let mut bad = a.encode();
+        bad[1] = 70;
+        assert!(DecoderAdmission::decode(&bad).is_err());
+        let mut bad = a.encode();
+        bad[4] = 9;
+        assert!(DecoderAdmission::decode(&bad).is_err());
+        assert!(GenerationRequest::decode(&[99]).is_err());
     }
 
     #[test]
@@ -446,11 +685,12 @@ mod tests {
         round_trip_text(Admission::Refused("busy".into()));
         round_trip_text(Admission::Refused(String::new()));
         let mut bad = admitted.encode();
-        bad[0] = 2;
+        // Status 2 is a decoder server's (named in the generation messages' test).
+        bad[0] = 3;
         assert!(Admission::decode(&bad)
             .unwrap_err()
             .to_string()
-            .contains("unknown status 2"));
+            .contains("unknown status 3"));
         assert!(Admission::decode(&[STATUS_REFUSED, 0xff]).is_err());
         assert!(Admission::decode(&[]).is_err());
         // A configuration cut short is not a configuration.

@@ -22,12 +22,16 @@ use std::time::{Duration, Instant};
 
 use veil_core::{ensure, Error, Result};
 use veil_linear::LookupMethod;
+use veil_model::decoder::DecoderConfig;
 use veil_model::BundleDigest;
-use veil_model::{EmbeddingMode, ModelConfig};
+use veil_model::{EmbeddingMode, ModelConfig, ProductTruncation};
 use veil_net::{Channel, Fingerprint, ServerTls, TcpChannel};
 
 use crate::admission::{announced_tokens, PerAddress, Queue, Waiting};
 use crate::deadlines::Deadlines;
+use crate::decoder::{
+    serve_generation_admitted, step_bytes, Generation, GenerationOptions, ServerDecoder,
+};
 use crate::embedding::{self, ServerEmbedding, DEFAULT_METHOD};
 use crate::handler::{refuse, serve_admitted, SessionLimits, SessionSummary};
 use crate::limits::{MAX_DEFAULT_SESSIONS, SESSION_FIXED_BYTES};
@@ -122,7 +126,88 @@ pub(crate) fn available_memory() -> Option<u64> {
     field("MemAvailable:").or_else(|| field("MemTotal:"))
 }
 
+/// Bytes a decoder session keeps whatever its generations: the client's BFV keys at the
+/// decoder's ring and the OT session, as an encoder session's fixed part.
+const DECODER_SESSION_BYTES: u64 = SESSION_FIXED_BYTES;
+
+/// A decoder session's peak memory at a context cap of `cap` positions: its keys plus what one
+/// generation at that cap reserves (its KV cache and a step's working set), which the session
+/// takes from the server's session memory when it starts a generation.
+pub fn decoder_memory_estimate(cfg: &DecoderConfig, cap: usize) -> u64 {
+    DECODER_SESSION_BYTES + (Generation::cache_bytes(cfg, cap) + step_bytes(cfg, cap)) as u64
+}
+
+/// What a server serves: an encoder's inferences or a decoder's generations.
+pub(crate) enum Served {
+    /// An encoder, with its private-embedding lookups in that mode.
+    Encoder {
+        model: Arc<ServerModel>,
+        emb: Option<Box<ServerEmbedding>>,
+    },
+    /// A decoder LLM: generation sessions ([`crate::decoder`]).
+    Decoder(Arc<ServerDecoder>),
+}
+
+impl Served {
+    /// The longest length a hello may announce: tokens of one prompt, or a decoder's context.
+    fn max_tokens(&self) -> usize {
+        match self {
+            Served::Encoder { model, .. } => model.config().max_sequence_len(),
+            Served::Decoder(d) => d.config().max_positions,
+        }
+    }
+
+    /// The memory a session announcing `tokens` may need at its peak (checked against the
+    /// server's session memory at admission), and what its slot reserves: all of it for an
+    /// encoder; only the keys for a decoder, whose generations take their cache from the same
+    /// session memory when they start (refused then, the session going on, when it is full).
+    fn session_bytes(&self, tokens: usize) -> (u64, u64) {
+        match self {
+            Served::Encoder { model, .. } => {
+                let b = session_memory_estimate(model.config(), tokens);
+                (b, b)
+            }
+            Served::Decoder(d) => (
+                decoder_memory_estimate(d.config(), tokens),
+                DECODER_SESSION_BYTES,
+            ),
+        }
+    }
+}
+
 impl ServeOptions {
+    /// Defaults for a decoder: as [`Self::for_model`]'s, sessions counted at their keys and one
+    /// position, and [`Deadlines::for_decoder`].
+    pub fn for_decoder(model: &ServerDecoder, transport: Transport) -> Self {
+        let cfg = model.config();
+        let budget = available_memory().map_or(4 << 30, |m| m / 5 * 4);
+        let max_sessions = (budget / decoder_memory_estimate(cfg, 1))
+            .clamp(1, MAX_DEFAULT_SESSIONS as u64) as usize;
+        Self::defaults(transport, budget, max_sessions, Deadlines::for_decoder(cfg))
+    }
+
+    fn defaults(
+        transport: Transport,
+        budget: u64,
+        max_sessions: usize,
+        deadlines: Deadlines,
+    ) -> Self {
+        ServeOptions {
+            transport,
+            max_sessions,
+            queue: (2 * max_sessions).max(4),
+            queue_wait: Duration::from_secs(30),
+            handshakes: DEFAULT_HANDSHAKES,
+            per_address: DEFAULT_PER_ADDRESS,
+            deadlines,
+            memory_budget: budget,
+            shutdown: Arc::new(AtomicBool::new(false)),
+            shutdown_grace: Duration::from_secs(60),
+            method: DEFAULT_METHOD,
+            bundle: None,
+        }
+    }
+
     /// Defaults for `model`: memory = 80 % of the memory available now (4 GiB if unknown), as
     /// many sessions of one token as fit beside the embedding lookups' share (1 to 64: each
     /// session's hello reserves the memory of the length it announces, so memory, not this
@@ -135,20 +220,7 @@ impl ServeOptions {
         let least = session_memory_estimate(cfg, 1);
         let for_sessions = budget.saturating_sub(embedding::cache_bytes(cfg));
         let max_sessions = (for_sessions / least).clamp(1, MAX_DEFAULT_SESSIONS as u64) as usize;
-        ServeOptions {
-            transport,
-            max_sessions,
-            queue: (2 * max_sessions).max(4),
-            queue_wait: Duration::from_secs(30),
-            handshakes: DEFAULT_HANDSHAKES,
-            per_address: DEFAULT_PER_ADDRESS,
-            deadlines: Deadlines::for_model(cfg),
-            memory_budget: budget,
-            shutdown: Arc::new(AtomicBool::new(false)),
-            shutdown_grace: Duration::from_secs(60),
-            method: DEFAULT_METHOD,
-            bundle: None,
-        }
+        Self::defaults(transport, budget, max_sessions, Deadlines::for_model(cfg))
     }
 }
 
@@ -191,8 +263,7 @@ impl Slots {
 }
 
 struct Shared {
-    model: Arc<ServerModel>,
-    emb: Option<ServerEmbedding>,
+    served: Served,
     opts: ServeOptions,
     /// The memory budget less the embedding lookups' share: what one session may need at most.
     session_memory: u64,
@@ -439,21 +510,20 @@ fn handshake(
         }
         Err(e) => return Err(e),
     };
-    let cfg = shared.model.config();
     let refused = |ch: &mut Box<dyn Channel + Send>, why: String| {
         let _ = refuse(ch, &why);
         Err(Error::Refused(format!("refused: {why}")))
     };
-    let tokens = match announced_tokens(&hello, cfg.max_sequence_len()) {
+    let tokens = match announced_tokens(&hello, shared.served.max_tokens()) {
         Ok(n) => n,
         Err(why) => return refused(&mut ch, why),
     };
-    let bytes = session_memory_estimate(cfg, tokens);
-    if bytes > shared.session_memory {
+    let (peak, bytes) = shared.served.session_bytes(tokens);
+    if peak > shared.session_memory {
         let why = format!(
             "a session of up to {tokens} tokens needs about {} MiB, more than this server's \
              session memory ({} MiB): send shorter prompts",
-            bytes >> 20,
+            peak >> 20,
             shared.session_memory >> 20
         );
         return refused(&mut ch, why);
@@ -525,21 +595,33 @@ fn run_session(
             )
         })
     };
-    let res = serve_admitted(
-        ch,
-        &shared.model,
-        shared.emb.as_ref(),
-        hello,
-        &SessionLimits {
-            deadlines: Some(&shared.opts.deadlines),
-            load: &load,
-            memory: &shared,
-            cots: &shared.cots,
-            bundle: shared.opts.bundle,
-            ended: &ended,
-        },
-        &mut summary,
-    );
+    let res = match &shared.served {
+        Served::Encoder { model, emb } => serve_admitted(
+            ch,
+            model,
+            emb.as_deref(),
+            hello,
+            &SessionLimits {
+                deadlines: Some(&shared.opts.deadlines),
+                load: &load,
+                memory: &shared,
+                cots: &shared.cots,
+                bundle: shared.opts.bundle,
+                ended: &ended,
+            },
+            &mut summary,
+        ),
+        Served::Decoder(model) => {
+            let d = &shared.opts.deadlines;
+            let opts = GenerationOptions {
+                truncation: ProductTruncation::default(),
+                setup: Some(d.setup),
+                idle: Some(d.idle),
+                per_block_token: Some(d.infer_per_token / model.config().layers.max(1) as u32),
+            };
+            serve_generation_admitted(ch, model, &opts, hello, &shared, &ended)
+        }
+    };
     drop(slot);
     res.map(|()| summary)
 }
@@ -561,6 +643,18 @@ impl Server {
             EmbeddingMode::Public => None,
         };
         let lookups = embedding::cache_bytes(model.config());
+        let emb = emb.map(Box::new);
+        Self::serving(Served::Encoder { model, emb }, opts, lookups)
+    }
+
+    /// A server of the decoder `model` with `opts`: its sessions are private generations
+    /// ([`crate::GenerationClient`] on the client), admitted as encoder sessions are.
+    pub fn decoder(model: Arc<ServerDecoder>, opts: ServeOptions) -> Result<Self> {
+        Self::serving(Served::Decoder(model), opts, 0)
+    }
+
+    /// A server of `served`, `lookups` bytes of its memory kept for the server's life.
+    fn serving(served: Served, opts: ServeOptions, lookups: u64) -> Result<Self> {
         ensure!(
             lookups < opts.memory_budget,
             InvalidArgument,
@@ -571,8 +665,7 @@ impl Server {
         );
         Ok(Server {
             shared: Arc::new(Shared {
-                model,
-                emb,
+                served,
                 session_memory: opts.memory_budget - lookups,
                 cots: CotCounts::default(),
                 cut: Arc::new(AtomicBool::new(false)),
@@ -637,16 +730,15 @@ impl Server {
         const POLL: Duration = Duration::from_millis(25);
         let shared = &self.shared;
         let o = &shared.opts;
-        let cfg = shared.model.config();
+        let max_tokens = shared.served.max_tokens();
         tracing::info!(
             listen = %listener.local_addr()?,
             max_sessions = o.max_sessions,
             queue = o.queue,
             queue_wait_s = o.queue_wait.as_secs_f64(),
             session_memory_mib = o.memory_budget >> 20,
-            peak_per_session_mib =
-                session_memory_estimate(cfg, cfg.max_sequence_len()) >> 20,
-            max_tokens = cfg.max_sequence_len(),
+            peak_per_session_mib = shared.served.session_bytes(max_tokens).0 >> 20,
+            max_tokens,
             "serving"
         );
         listener.set_nonblocking(true)?;

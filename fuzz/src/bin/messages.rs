@@ -1,7 +1,10 @@
 //! The session's message decoders (`veil_private::protocol`) on arbitrary bytes, the hello
 //! first: each must return a clean error or a message that encodes back to the same bytes.
 
-use veil_private::protocol::{EmbeddingLookup, Hello, Message, PreprocessReply, Request};
+use veil_private::protocol::{
+    DecoderAdmission, EmbeddingLookup, GenerateReply, GenerationRequest, Hello, Message,
+    PreprocessReply, Request,
+};
 
 fn canonical<M: Message>(data: &[u8]) {
     if let Ok(m) = M::decode(data) {
@@ -16,6 +19,9 @@ fn main() {
         canonical::<Request>(data);
         canonical::<EmbeddingLookup>(data);
         canonical::<PreprocessReply>(data);
+        canonical::<GenerationRequest>(data);
+        canonical::<GenerateReply>(data);
+        canonical::<DecoderAdmission>(data);
         let _ = veil_private::protocol::Admission::decode(data);
     });
 }

@@ -6,7 +6,7 @@ use veil_core::{
     approx::{reference, Approx},
     FixedPoint, Prg, Ring, RingTensor,
 };
-use veil_he::session::{ClientSession, ServerSession, SHARED_SET};
+use veil_he::session::{shared_set, ClientSession, ServerSession};
 use veil_net::{Channel, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, TruncMode};
 use veil_test_harness::two_party::*;
@@ -26,15 +26,20 @@ fn keys<C: Channel>(ch: &mut C, role: Role) -> veil_core::Result<Keys> {
 
 fn keys_in<C: Channel>(ch: &mut C, role: Role, r: Ring) -> veil_core::Result<Keys> {
     Ok(match role {
-        Role::Client => Keys::Client(ClientSession::setup_for(ch, r, &[SHARED_SET])?),
-        Role::Server => Keys::Server(ServerSession::setup_for(ch, r, &[SHARED_SET])?),
+        Role::Client => Keys::Client(ClientSession::setup_for(ch, r, &[shared_set(r)])?),
+        Role::Server => Keys::Server(ServerSession::setup_for(ch, r, &[shared_set(r)])?),
     })
 }
 
 fn he(k: &Keys) -> HeKeys<'_> {
+    he_at(k, ring())
+}
+
+/// The share-product keys of a session over `r` (`N8192Q4L48` at ℓ = 48).
+fn he_at(k: &Keys, r: Ring) -> HeKeys<'_> {
     match k {
-        Keys::Client(s) => HeKeys::client(s, ring()).unwrap(),
-        Keys::Server(s) => HeKeys::server(s, ring()).unwrap(),
+        Keys::Client(s) => HeKeys::client(s, r).unwrap(),
+        Keys::Server(s) => HeKeys::server(s, r).unwrap(),
     }
 }
 
@@ -83,7 +88,7 @@ fn layer_norm_run(
         let k = keys_in(ch, role, format.ring)?;
         let mut cx = Ctx::new(ot, ch, role, a);
         if with_keys {
-            cx = cx.with_he(he(&k))?;
+            cx = cx.with_he(he_at(&k, format.ring))?;
         }
         cx.trunc_mode = TruncMode::OneBitError;
         let p = AffineParams {
@@ -151,6 +156,17 @@ fn assert_within_layer_norm_bound(
 #[test]
 fn layer_norm_with_he_keys_within_bound() {
     let format = fp();
+    let (x, gamma, beta) = layer_norm_case(format, 768);
+    let y = layer_norm_run(format, &x, &gamma, &beta, true);
+    assert_within_layer_norm_bound(format, &x, &gamma, &beta, &y);
+}
+
+/// The decoder's ring, (48, 13): the keys are `N8192Q4L48`'s and the row × share-scalar
+/// products run as 24-bit limbs (a whole 48-bit scalar is refused by the flooding check), within
+/// the same bound as at ℓ = 41.
+#[test]
+fn layer_norm_with_he_keys_at_48_bits_within_bound() {
+    let format = FixedPoint::new(48, 13).unwrap();
     let (x, gamma, beta) = layer_norm_case(format, 768);
     let y = layer_norm_run(format, &x, &gamma, &beta, true);
     assert_within_layer_norm_bound(format, &x, &gamma, &beta, &y);

@@ -28,6 +28,10 @@
 //! anything is sent (`veil_core::Error::Refused`). [`Generation::cache_bytes`] is what one
 //! party's cache takes at that limit.
 //!
+//! **Sessions.** [`serve_generation`] and [`GenerationClient`] carry generations over a
+//! session (the typed messages of `crate::protocol`, memory admission for the KV cache, a
+//! client whose generations implement `veil_model::NextLogits`); see their module.
+//!
 //! **Driving it.** Each party makes a [`Generation`] (the model's configuration, the
 //! truncation mode both agreed on, the context limit) and, for its steps, a [`DecoderParty`]
 //! over its channel, OT session, side ([`DecoderSide`]: the client's tables come from the open
@@ -55,21 +59,30 @@
 //! (their bounds are on `veil_nonlinear::Ctx`'s methods); GELU stays exact. The deviation is
 //! these one-sided errors carried through the blocks and the cache (bounded in `tests/`).
 //!
-//! **Flights** (measured on the tests' tiny models, 2 blocks of width 32 at (41, 13); they
-//! depend on the format and the context length, not on the width). A decode step (n = 1) in the
-//! 1-bit-error mode takes about 354 flights per Llama block (RMSNorm 2 × 72, Softmax 108, SiLU
-//! 76, the gated product 4, the seven HE products 9, truncations 13) and 340 per GPT-2 block
-//! (LayerNorm 2 × 76, Softmax 108, GELU 64, HE products 8, truncations 8), plus the final norm
-//! and one flight for the head; faithful truncations about double the norms, Softmax and SiLU
-//! (≈ 775 per Llama block). Softmax's max tree adds 12 flights per block each time the context
+//! **Flights** (measured on the tests' tiny models, 2 blocks of width 32, at the shipped
+//! (48, 13); they depend on the format and the context length, not on the width). A decode step
+//! (n = 1) in the 1-bit-error mode takes 790 flights on the two Llama blocks: per block RMSNorm
+//! 2 × 74, Softmax 108, SiLU 76, the gated product 4, the seven HE products 9, truncations 13,
+//! plus the final norm, one flight for the head and an OT refill; 766 on the two GPT-2 blocks
+//! (LayerNorm 2 × 78, Softmax 108, GELU 64, HE products 8, truncations 8, the final norm, the
+//! head). Faithful truncations about double the norms, Softmax and SiLU (≈ 775 per Llama block
+//! when measured at ℓ = 41). Softmax's max tree adds 12 flights per block each time the context
 //! doubles. A prefill costs the same flights as a decode step: its rows share every flight.
 //!
 //! **Ring.** Every width comes from the model's `veil_model::DecoderFormat`: the shipped format
-//! is ℓ = 48, f = 13, whose HE products need BFV with t = 2^48; other rings (the tests' ℓ = 41)
-//! run the same code.
+//! is ℓ = 48, f = 13 (what `tests/decoder_party.rs` and `tests/generation_session.rs` run), whose
+//! HE products run on BFV with t = 2^48 (`N8192Q4L48`: FC weights whole, shares as 24-bit limbs,
+//! in the attention products and in the norms' row products alike); other rings run the same
+//! code.
 
 mod model;
 mod party;
+mod session;
 
 pub use model::ServerDecoder;
 pub use party::{DecoderParty, DecoderSide, Generation};
+pub(crate) use session::serve_generation_admitted;
+pub use session::{
+    serve_generation, step_bytes, GenerationClient, GenerationOptions, OwnedGeneration,
+    PrivateGeneration, SessionMemoryPool,
+};

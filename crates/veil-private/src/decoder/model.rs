@@ -8,7 +8,7 @@ use veil_core::{bail, ensure, Error, Result, Ring};
 use veil_linear::{FcLayer, PreparedFc};
 use veil_model::decoder::{DecoderConfig, DecoderFamily};
 use veil_model::engine::decoder::{DecoderLayer, DecoderNorm};
-use veil_model::FixedDecoder;
+use veil_model::{BundleDigest, FixedDecoder};
 
 use veil_linear::weight_set;
 
@@ -75,6 +75,9 @@ fn private_layers(cfg: &DecoderConfig) -> Vec<DecoderLayer> {
 pub struct ServerDecoder {
     fixed: FixedDecoder,
     layers: HashMap<DecoderLayer, PreparedFc>,
+    /// The public tables' digest, announced to every session (hashing a real vocabulary's
+    /// table takes a while, so once).
+    tables_digest: BundleDigest,
 }
 
 impl ServerDecoder {
@@ -107,12 +110,22 @@ impl ServerDecoder {
             )?;
             layers.insert(id, fc);
         }
-        Ok(ServerDecoder { fixed, layers })
+        let tables_digest = fixed.tables().digest();
+        Ok(ServerDecoder {
+            fixed,
+            layers,
+            tables_digest,
+        })
     }
 
     /// The fixed-point model (weights, configuration, format).
     pub fn fixed(&self) -> &FixedDecoder {
         &self.fixed
+    }
+
+    /// `veil_model::DecoderTables::digest` of the public tables, announced at admission.
+    pub fn tables_digest(&self) -> BundleDigest {
+        self.tables_digest
     }
 
     /// The model's configuration.

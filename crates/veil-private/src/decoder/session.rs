@@ -1,0 +1,529 @@
+//! Private generation over a session: the server's handler of a decoder session
+//! ([`serve_generation`]) and the client's end ([`GenerationClient`], whose generations
+//! implement `veil_model::NextLogits`, so `veil_model::generate` drives them unchanged).
+//!
+//! **Flow.** The client's hello names the longest context it will ask for (the session's cap).
+//! The server answers with [`DecoderAdmission`]: the format, the truncation mode and the digest
+//! of its public tables (`veil_model::DecoderTables::digest`, covering the configuration); the
+//! client refuses a mismatch with its own tables before any key material moves. Then the BFV
+//! keys (at the format's ring: `N8192Q4L48` at ℓ = 48) and the OT session are set up, and the
+//! client sends [`GenerationRequest`]s: `GenerateStart { context_limit }` (answered by
+//! [`GenerateReply`]), then `Step { tokens }` per step, whose flights
+//! ([`crate::decoder`]'s module docs) follow at once, then `GenerateEnd` or another start.
+//!
+//! **What the server learns.** The session's cap, each generation's context limit, each
+//! step's token count (the prompt's length, then 1 per generated token: the number of steps).
+//! Never a token, a hidden value or a logit ([`crate::decoder`]'s security model).
+//!
+//! **What the server spends.** A generation's KV cache ([`Generation::cache_bytes`]) plus a
+//! step's working set at its limit ([`step_bytes`]) is taken from the server's session memory
+//! before anything is allocated and given back when the generation ends, however it ends
+//! (`GenerateEnd`, a new start, an error, a disconnect). A limit of 0, above the session's cap
+//! or above the model's positions is refused and the session goes on; a step without a
+//! generation, of 0 tokens or beyond the limit ends the session with an error naming it. With
+//! deadlines, each step has one scaled by the model's blocks and its tokens.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use veil_core::{bail, ensure, Result};
+use veil_linear::{ClientSession, ServerSession};
+use veil_model::decoder::DecoderConfig;
+use veil_model::{generate, DecoderTables, GenerateOptions, GeneratedToken, NextLogits};
+use veil_model::{BundleDigest, ProductTruncation};
+use veil_net::{Channel, Role};
+use veil_nonlinear::OtSession;
+
+use super::{DecoderParty, DecoderSide, Generation, ServerDecoder};
+use crate::deadlines::in_step;
+use crate::handler::told;
+use crate::protocol::{
+    DecoderAdmission, DecoderAnnounced, GenerateReply, GenerationRequest, Hello, Message,
+};
+use crate::reserve::SessionMemory;
+
+/// Bytes a step's working set may take at `limit` positions, beyond the cache: the widest
+/// rows of the block (the MLP's, the residual's and the attention's projections) for up to
+/// `limit` new positions, and every head's scores against the whole context. An upper
+/// estimate, reserved with the cache so that a prefill of the whole context fits too.
+pub fn step_bytes(cfg: &DecoderConfig, limit: usize) -> usize {
+    let rows = 4 * cfg.hidden + 3 * cfg.intermediate + 3 * cfg.heads * cfg.head_dim;
+    let scores = cfg.heads * limit;
+    // Each value is a u64 share, held two or three times over while a protocol runs.
+    3 * 8 * limit * (rows + scores)
+}
+
+/// Memory shared by a server's generation sessions, with a gauge of what is taken.
+#[derive(Debug)]
+pub struct SessionMemoryPool {
+    capacity: u64,
+    used: AtomicU64,
+}
+
+impl SessionMemoryPool {
+    /// A pool of `capacity` bytes.
+    pub fn new(capacity: u64) -> Self {
+        SessionMemoryPool {
+            capacity,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes taken now (0 once every generation has ended).
+    pub fn in_use(&self) -> u64 {
+        self.used.load(Ordering::SeqCst)
+    }
+}
+
+impl SessionMemory for SessionMemoryPool {
+    fn take(&self, bytes: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                u.checked_add(bytes).filter(|&t| t <= self.capacity)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::SeqCst);
+    }
+}
+
+/// How a decoder server runs its sessions.
+#[derive(Clone, Copy, Debug)]
+pub struct GenerationOptions {
+    /// The truncation mode every session runs (announced; the client follows it).
+    pub truncation: ProductTruncation,
+    /// The hello, then the admission and key set-up, each (none: wait for ever).
+    pub setup: Option<Duration>,
+    /// Between two requests (none: wait for ever).
+    pub idle: Option<Duration>,
+    /// A step's deadline per block and token, beyond a fixed minute (none: no deadline).
+    pub per_block_token: Option<Duration>,
+}
+
+impl Default for GenerationOptions {
+    /// The default 1-bit-error truncations, two minutes for the hello and set-up (as an
+    /// encoder session's), five minutes' idle, 2 s per block and token.
+    fn default() -> Self {
+        GenerationOptions {
+            truncation: ProductTruncation::default(),
+            setup: Some(Duration::from_secs(120)),
+            idle: Some(crate::IDLE_TIMEOUT),
+            per_block_token: Some(Duration::from_secs(2)),
+        }
+    }
+}
+
+/// Memory taken for one generation, given back when dropped (however the generation ends).
+struct Taken<'a> {
+    memory: &'a dyn SessionMemory,
+    bytes: u64,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.memory.give(self.bytes);
+    }
+}
+
+/// A generation on the server: its cache and the memory it holds. Field order: the cache is
+/// freed before the memory is given back.
+struct Current<'a> {
+    generation: Generation,
+    _taken: Taken<'a>,
+}
+
+/// Serves one decoder session on `ch` until the client says goodbye, disconnects or fails
+/// (the error names what failed). Memory for each generation comes from `memory`.
+pub fn serve_generation<C: Channel>(
+    mut ch: C,
+    model: &ServerDecoder,
+    opts: &GenerationOptions,
+    memory: &SessionMemoryPool,
+) -> Result<()> {
+    // A silent peer cannot hold the thread.
+    set_deadline(&mut ch, opts.setup)?;
+    let hello = match Hello::recv(&mut ch) {
+        Ok(h) => h,
+        Err(e @ (veil_core::Error::Malformed(_) | veil_core::Error::Unsupported(_))) => {
+            // A stranger or another version hears why, as an encoder server's would.
+            let _ = DecoderAdmission::Refused(e.to_string()).send(&mut ch);
+            let _ = ch.flush();
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
+    serve_generation_admitted(ch, model, opts, hello, memory, &|| None)
+}
+
+/// [`serve_generation`] after the hello, with memory from any of the server's pools (a
+/// server's admission reads the hello itself). A session ended early is closed telling the
+/// client why, as an encoder session is (`crate::handler`'s `told`): the malformed or
+/// refused step, the deadline that passed, or `ended`'s reason (the server's shutdown grace
+/// passed and cut the channel's reads).
+pub(crate) fn serve_generation_admitted<C: Channel>(
+    mut ch: C,
+    model: &ServerDecoder,
+    opts: &GenerationOptions,
+    hello: Hello,
+    memory: &dyn SessionMemory,
+    ended: &dyn Fn() -> Option<String>,
+) -> Result<()> {
+    let res = generation_session(&mut ch, model, opts, hello, memory);
+    let res = match (ended(), res) {
+        (Some(why), Err(_)) => Err(veil_core::Error::TimedOut(why)),
+        (_, res) => res,
+    };
+    if let Some(why) = res.as_ref().err().and_then(told) {
+        let _ = ch.close_with(&why);
+    }
+    res
+}
+
+/// The session itself: admission, set-up, then requests until goodbye or an error.
+fn generation_session<C: Channel>(
+    ch: &mut C,
+    model: &ServerDecoder,
+    opts: &GenerationOptions,
+    hello: Hello,
+    memory: &dyn SessionMemory,
+) -> Result<()> {
+    let mut ch = ch;
+    let cfg = model.config();
+    let format = model.fixed().format;
+    let cap = hello.max_tokens as usize;
+    set_deadline(&mut ch, opts.setup)?;
+    if !(1..=cfg.max_positions).contains(&cap) {
+        let why = format!(
+            "a context of {cap} positions: this model takes 1..={}",
+            cfg.max_positions
+        );
+        DecoderAdmission::Refused(why.clone()).send(&mut ch)?;
+        ch.flush()?;
+        bail!(Refused, "refused: {why}");
+    }
+    DecoderAdmission::Admitted(DecoderAnnounced {
+        format,
+        truncation: opts.truncation,
+        tables: model.tables_digest(),
+    })
+    .send(&mut ch)?;
+    // From here on a close can tell the client why (the answer above left unframed).
+    ch.start_records()?;
+    let (lin, mut ot) = (|| {
+        let lin = ServerSession::setup(&mut ch, format.fp.ring)?;
+        Ok((lin, OtSession::setup(&mut ch, Role::Server)?))
+    })()
+    .map_err(|e| in_step(e, "set-up", opts.setup.unwrap_or(Duration::MAX)))?;
+    let mut current: Option<Current<'_>> = None;
+    loop {
+        set_deadline(&mut ch, opts.idle)?;
+        let req = match ch.recv_msg(GenerationRequest::MAX_BYTES) {
+            Ok(m) => GenerationRequest::decode(&m)?,
+            Err(veil_core::Error::Disconnected) => return Ok(()),
+            Err(e) => {
+                let step = "waiting for the next request (the idle deadline)";
+                return Err(in_step(e, step, opts.idle.unwrap_or(Duration::MAX)));
+            }
+        };
+        match req {
+            GenerationRequest::Goodbye => return Ok(()),
+            GenerationRequest::GenerateEnd => current = None,
+            GenerationRequest::GenerateStart { context_limit } => {
+                // The old cache goes before the new one is reserved.
+                current = None;
+                let limit = context_limit as usize;
+                match start(cfg, opts.truncation, limit, cap, memory) {
+                    Ok(c) => {
+                        current = Some(c);
+                        GenerateReply::Accepted.send(&mut ch)?;
+                    }
+                    Err(why) => {
+                        tracing::info!(limit, why, "generation refused");
+                        GenerateReply::Refused(why).send(&mut ch)?;
+                    }
+                }
+                ch.flush()?;
+            }
+            GenerationRequest::Step { tokens } => {
+                let Some(c) = current.as_mut() else {
+                    bail!(
+                        Malformed,
+                        "a step of {tokens} tokens without a generation (GenerateStart first)"
+                    );
+                };
+                let tokens = tokens as usize;
+                // The client's request, not the server, is at fault: said so in the close.
+                c.generation.check_room(tokens).map_err(|e| match e {
+                    veil_core::Error::InvalidArgument(m) => veil_core::Error::Malformed(m),
+                    e => e,
+                })?;
+                let allowed = opts
+                    .per_block_token
+                    .map(|d| Duration::from_secs(60) + d.mul_f64((cfg.layers * tokens) as f64));
+                set_deadline(&mut ch, allowed)?;
+                let started = Instant::now();
+                let side = DecoderSide::Server(&lin, model);
+                DecoderParty::new(&mut ch, &mut ot, side, &mut c.generation)?
+                    .server_step(tokens)
+                    .map_err(|e| {
+                        in_step(
+                            e,
+                            &format!("a step of {tokens} tokens"),
+                            allowed.unwrap_or(Duration::MAX),
+                        )
+                    })?;
+                tracing::debug!(
+                    tokens,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "generation step"
+                );
+            }
+        }
+    }
+}
+
+/// A new generation of `limit` positions, or why not (the session goes on).
+fn start<'a>(
+    cfg: &DecoderConfig,
+    truncation: ProductTruncation,
+    limit: usize,
+    cap: usize,
+    memory: &'a dyn SessionMemory,
+) -> std::result::Result<Current<'a>, String> {
+    if !(1..=cap).contains(&limit) {
+        return Err(format!(
+            "a context limit of {limit} positions (this session takes 1..={cap}, as its hello \
+             announced)"
+        ));
+    }
+    let bytes = (Generation::cache_bytes(cfg, limit) + step_bytes(cfg, limit)) as u64;
+    if !memory.take(bytes) {
+        return Err(format!(
+            "the server's memory for sessions cannot hold a context of {limit} positions \
+             ({bytes} bytes) now"
+        ));
+    }
+    let taken = Taken { memory, bytes };
+    let generation = Generation::new(cfg, truncation, limit).map_err(|e| e.to_string())?;
+    Ok(Current {
+        generation,
+        _taken: taken,
+    })
+}
+
+fn set_deadline<C: Channel>(ch: &mut C, d: Option<Duration>) -> Result<()> {
+    ch.set_deadline(d.map(|d| Instant::now() + d))
+}
+
+/// The client's end of a decoder session: its keys, its OT session and the model's public
+/// tables (never the server's weights). Generations run one at a time ([`Self::start`]).
+pub struct GenerationClient<'t, C: Channel> {
+    ch: C,
+    lin: ClientSession,
+    ot: OtSession,
+    tables: &'t DecoderTables,
+    truncation: ProductTruncation,
+    cap: usize,
+}
+
+impl<'t, C: Channel> GenerationClient<'t, C> {
+    /// Opens a session for contexts of up to `max_context` positions with a server of the
+    /// model whose public tables are `tables` (`veil_model::DecoderTables::encode` from the
+    /// open model's matrices). Refuses, before any key material moves, a server that serves
+    /// an encoder or announces another format or other tables (both digests named).
+    pub fn connect(mut ch: C, tables: &'t DecoderTables, max_context: usize) -> Result<Self> {
+        let cfg = tables.config();
+        ensure!(
+            (1..=cfg.max_positions).contains(&max_context) && max_context <= u32::MAX as usize,
+            InvalidArgument,
+            "a context of {max_context} positions (the model takes 1..={})",
+            cfg.max_positions
+        );
+        Hello {
+            max_tokens: max_context as u32,
+        }
+        .send(&mut ch)?;
+        ch.flush()?;
+        let announced = match DecoderAdmission::recv(&mut ch)? {
+            DecoderAdmission::Admitted(a) => a,
+            DecoderAdmission::Refused(why) => bail!(Refused, "the server refused: {why}"),
+        };
+        // As the server after its answer: a close can now tell this client why.
+        ch.start_records()?;
+        ensure!(
+            announced.format == tables.format(),
+            Unsupported,
+            "the server computes at {:?}, these tables are at {:?}",
+            announced.format,
+            tables.format()
+        );
+        let ours: BundleDigest = tables.digest();
+        ensure!(
+            announced.tables == ours,
+            Unsupported,
+            "the server's public tables (digest {}) are not this client's ({ours}): another \
+             model or another version of it",
+            announced.tables
+        );
+        let lin = ClientSession::setup(&mut ch, tables.format().fp.ring)?;
+        let ot = OtSession::setup(&mut ch, Role::Client)?;
+        Ok(GenerationClient {
+            ch,
+            lin,
+            ot,
+            tables,
+            truncation: announced.truncation,
+            cap: max_context,
+        })
+    }
+
+    /// The truncation mode the server announced.
+    pub fn truncation(&self) -> ProductTruncation {
+        self.truncation
+    }
+
+    /// Starts a generation whose context may hold `context_limit` positions (any current one
+    /// ends first, on both sides). A refusal comes back as `Error::Refused` and the session
+    /// goes on.
+    pub fn start(&mut self, context_limit: usize) -> Result<PrivateGeneration<'_, 't, C>> {
+        let generation = self.request_start(context_limit)?;
+        Ok(PrivateGeneration {
+            client: self,
+            generation,
+        })
+    }
+
+    /// [`Self::start`] keeping the session: the generation then owns its session (one
+    /// connection per generation), so it can be handed out as a `NextLogits + Send` of its own,
+    /// as the CLI's engines hand out sessions.
+    pub fn into_generation(mut self, context_limit: usize) -> Result<OwnedGeneration<'t, C>> {
+        let generation = self.request_start(context_limit)?;
+        Ok(OwnedGeneration {
+            client: self,
+            generation,
+        })
+    }
+
+    /// Asks the server for a generation of `context_limit` positions; the client's half of it.
+    fn request_start(&mut self, context_limit: usize) -> Result<Generation> {
+        let cfg = self.tables.config();
+        ensure!(
+            (1..=self.cap).contains(&context_limit),
+            InvalidArgument,
+            "a context limit of {context_limit} positions (this session takes 1..={})",
+            self.cap
+        );
+        // Made before the request so that a local refusal sends nothing.
+        let generation = Generation::new(cfg, self.truncation, context_limit)?;
+        GenerationRequest::GenerateStart {
+            context_limit: context_limit as u32,
+        }
+        .send(&mut self.ch)?;
+        self.ch.flush()?;
+        match GenerateReply::recv(&mut self.ch)? {
+            GenerateReply::Accepted => Ok(generation),
+            GenerateReply::Refused(why) => bail!(Refused, "the server refused: {why}"),
+        }
+    }
+
+    /// One step of `generation` on this session: `ids` after its cached positions; the last
+    /// one's logits as ring values at f bits.
+    fn step(&mut self, generation: &mut Generation, ids: &[u32]) -> Result<veil_core::RingTensor> {
+        // Refused before the request: the server would end the session on it.
+        generation.check_room(ids.len())?;
+        GenerationRequest::Step {
+            tokens: ids.len() as u32,
+        }
+        .send(&mut self.ch)?;
+        let side = DecoderSide::Client(&self.lin, self.tables);
+        DecoderParty::new(&mut self.ch, &mut self.ot, side, generation)?.client_step(ids)
+    }
+
+    /// [`Self::step`] decoded to f32 as the simulator's `step_f64` (then `as f32`) does, so
+    /// equal integers give equal tokens.
+    fn step_f32(&mut self, generation: &mut Generation, ids: &[u32]) -> Result<Vec<f32>> {
+        let fp = self.tables.format().fp;
+        let logits = self.step(generation, ids)?;
+        Ok(logits.decode(fp).iter().map(|&v| v as f32).collect())
+    }
+
+    /// Generates from `prompt` with `veil_model::generate` (its sampling and stop tokens) in a
+    /// new generation whose limit is the prompt plus `opts.max_new_tokens`, calling `on_token`
+    /// with each token as it comes; the tokens, and whether a stop token ended it.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: impl FnMut(&GeneratedToken) -> Result<()>,
+    ) -> Result<(Vec<GeneratedToken>, bool)> {
+        ensure!(!prompt.is_empty(), InvalidArgument, "an empty prompt");
+        // The last token is picked, never run: prompt + max_new − 1 positions at most.
+        let limit = prompt.len() + opts.max_new_tokens.saturating_sub(1);
+        let mut g = self.start(limit)?;
+        let out = generate(&mut g, prompt, opts, on_token)?;
+        g.end()?;
+        Ok(out)
+    }
+
+    /// Ends the session (goodbye).
+    pub fn close(mut self) -> Result<()> {
+        GenerationRequest::Goodbye.send(&mut self.ch)?;
+        self.ch.flush()
+    }
+
+    /// The channel, for tests that send what a well-behaved client would not.
+    pub fn channel(&mut self) -> &mut C {
+        &mut self.ch
+    }
+}
+
+/// One private generation: each [`NextLogits::next_logits`] is one step (the server told only
+/// its token count). Dropping it without [`Self::end`] leaves the server's cache until the
+/// next start or the session's end.
+pub struct PrivateGeneration<'c, 't, C: Channel> {
+    client: &'c mut GenerationClient<'t, C>,
+    generation: Generation,
+}
+
+impl<C: Channel> PrivateGeneration<'_, '_, C> {
+    /// Runs `ids` after the cached positions; the last one's logits as ring values at f bits.
+    pub fn step(&mut self, ids: &[u32]) -> Result<veil_core::RingTensor> {
+        self.client.step(&mut self.generation, ids)
+    }
+
+    /// Positions cached so far.
+    pub fn positions(&self) -> usize {
+        self.generation.positions()
+    }
+
+    /// Ends the generation: the server frees its cache.
+    pub fn end(self) -> Result<()> {
+        GenerationRequest::GenerateEnd.send(&mut self.client.ch)?;
+        self.client.ch.flush()
+    }
+}
+
+impl<C: Channel> NextLogits for PrivateGeneration<'_, '_, C> {
+    /// The step's logits decoded to f32 as the simulator's `step_f64` (then `as f32`) does,
+    /// so equal integers give equal tokens.
+    fn next_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.client.step_f32(&mut self.generation, ids)
+    }
+}
+
+/// A private generation that owns its session ([`GenerationClient::into_generation`]):
+/// dropping it closes the connection, which ends the generation and the session on the server
+/// (its cache and memory freed).
+pub struct OwnedGeneration<'t, C: Channel> {
+    client: GenerationClient<'t, C>,
+    generation: Generation,
+}
+
+impl<C: Channel> NextLogits for OwnedGeneration<'_, C> {
+    /// As [`PrivateGeneration`]'s.
+    fn next_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.client.step_f32(&mut self.generation, ids)
+    }
+}

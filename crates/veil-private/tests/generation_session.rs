@@ -1,0 +1,285 @@
+//! Private generation over a session (`serve_generation` / `GenerationClient`) on a tiny random
+//! Llama decoder at the shipped format (ℓ = 48, f = 13), each session's server on its own
+//! thread over an in-memory channel, all sharing one model and one memory pool: greedy tokens
+//! and logits equal the simulator's (faithful truncations), twice in one session, and the tokens
+//! in the default 1-bit-error mode on this model; a context above the session's cap, a zero
+//! limit, a stranger's
+//! hello, a step without a generation, of no tokens or beyond the limit, and a server with other
+//! tables are refused with errors naming them, and the next session is served; the memory a
+//! generation reserved is given back however it ended (a disconnect mid-generation too).
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use veil_core::{Error, Result};
+use veil_model::decoder::random::{write_tiny_llama, TinyShape};
+use veil_model::decoder::sample::SamplingParams;
+use veil_model::decoder::{self, DecoderWeights};
+use veil_model::engine::decoder::LogitRows;
+use veil_model::ProductTruncation;
+use veil_model::{generate, DecoderFormat, DecoderTables, FixedDecoder, GenerateOptions};
+use veil_net::{mem_pair, MemChannel};
+use veil_private::protocol::{DecoderAdmission, GenerateReply, GenerationRequest, Message};
+use veil_private::{
+    serve_generation, step_bytes, Generation, GenerationClient, GenerationOptions, ServerDecoder,
+    SessionMemoryPool,
+};
+
+const PROMPT: [u32; 5] = [1, 40, 77, 120, 5];
+const NEW_TOKENS: usize = 8;
+/// Every session's cap: the prompt and its new tokens, plus room for the second prompt.
+const CAP: usize = 20;
+
+fn tiny(seed: u8) -> DecoderWeights {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_llama(dir.path(), seed, &TinyShape::default()).unwrap();
+    decoder::load(dir.path().to_str().unwrap()).unwrap().weights
+}
+
+/// The client's tables from the public matrices alone.
+fn tables(w: &DecoderWeights) -> DecoderTables {
+    DecoderTables::encode(
+        &w.config,
+        DecoderFormat::default(),
+        &w.token_embedding,
+        w.position_embedding.as_ref(),
+        w.lm_head.as_ref(),
+    )
+    .unwrap()
+}
+
+struct Served {
+    model: Arc<ServerDecoder>,
+    pool: Arc<SessionMemoryPool>,
+}
+
+impl Served {
+    fn new(w: &DecoderWeights) -> Self {
+        let fixed = FixedDecoder::encode(w, DecoderFormat::default()).unwrap();
+        Served {
+            model: Arc::new(ServerDecoder::new(fixed).unwrap()),
+            pool: Arc::new(SessionMemoryPool::new(1 << 30)),
+        }
+    }
+
+    /// A session served on its own thread with faithful truncations: the client's end and
+    /// the server's outcome.
+    fn session(&self) -> (MemChannel, JoinHandle<Result<()>>) {
+        self.session_in(ProductTruncation::Faithful)
+    }
+
+    fn session_in(&self, truncation: ProductTruncation) -> (MemChannel, JoinHandle<Result<()>>) {
+        let (client, server) = mem_pair();
+        let (model, pool) = (self.model.clone(), self.pool.clone());
+        let opts = GenerationOptions {
+            truncation,
+            ..GenerationOptions::default()
+        };
+        let h = std::thread::spawn(move || serve_generation(server, &model, &opts, &pool));
+        (client, h)
+    }
+}
+
+fn greedy() -> GenerateOptions {
+    GenerateOptions {
+        max_new_tokens: NEW_TOKENS,
+        sampling: SamplingParams::GREEDY,
+        stop: Vec::new(),
+    }
+}
+
+fn simulated(fixed: &FixedDecoder, prompt: &[u32]) -> Vec<u32> {
+    let (toks, _) = generate(&mut fixed.session(), prompt, &greedy(), |_| Ok(())).unwrap();
+    toks.iter().map(|t| t.id).collect()
+}
+
+#[test]
+fn private_generation_equals_the_simulator_twice_in_one_session() {
+    let w = tiny(3);
+    let served = Served::new(&w);
+    let tables = tables(&w);
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    assert_eq!(client.truncation(), ProductTruncation::Faithful);
+    let cfg = served.model.config().clone();
+    let fixed = served.model.fixed();
+    for prompt in [&PROMPT[..], &[9, 8, 7][..]] {
+        let limit = prompt.len() + NEW_TOKENS - 1;
+        let reserved = (Generation::cache_bytes(&cfg, limit) + step_bytes(&cfg, limit)) as u64;
+        let pool = served.pool.clone();
+        let (toks, stopped) = client
+            .generate(prompt, &greedy(), |_| {
+                // The server reserved the cache and a step before the first step ran.
+                assert_eq!(pool.in_use(), reserved);
+                Ok(())
+            })
+            .unwrap();
+        assert!(!stopped);
+        let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
+        assert_eq!(ids, simulated(fixed, prompt), "prompt {prompt:?}");
+    }
+    // The logits themselves, integer for integer, over a prefill and a decode step.
+    let mut sim = fixed.session();
+    let mut g = client.start(PROMPT.len() + 1).unwrap();
+    for ids in [&PROMPT[..], &[42][..]] {
+        let want = sim.step(ids, LogitRows::Last).unwrap().into_data();
+        assert!(
+            g.step(ids).unwrap().into_data() == want,
+            "logits of {ids:?}"
+        );
+    }
+    g.end().unwrap();
+    client.close().unwrap();
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0, "memory not given back");
+}
+
+/// Sends `req` as a misbehaving client would, past the client's own checks.
+fn send_raw(client: &mut GenerationClient<'_, MemChannel>, req: GenerationRequest) {
+    use veil_net::Channel;
+    let ch = client.channel();
+    req.send(ch).unwrap();
+    ch.flush().unwrap();
+}
+
+/// The reason the server's close gave the client (`Error::PeerClosed`) at its next receive.
+fn told(client: &mut GenerationClient<'_, MemChannel>) -> String {
+    use veil_net::Channel;
+    match client.channel().recv_msg(1 << 10) {
+        Err(Error::PeerClosed(why)) => why,
+        other => panic!("the session ended without a reason: {other:?}"),
+    }
+}
+
+fn server_error(h: JoinHandle<Result<()>>) -> String {
+    match h.join().unwrap() {
+        Err(e) => e.to_string(),
+        Ok(()) => panic!("the server ended the session without an error"),
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_and_the_next_session_is_served() {
+    let w = tiny(5);
+    let served = Served::new(&w);
+    let tables = tables(&w);
+
+    // A limit above the session's cap, then 0: refused, the session goes on; then a step
+    // without a generation ends it, naming why.
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let e = client.start(CAP + 1).err().unwrap();
+    assert!(e.to_string().contains("this session takes 1..=20"), "{e}");
+    send_raw(
+        &mut client,
+        GenerationRequest::GenerateStart { context_limit: 0 },
+    );
+    match GenerateReply::recv(client.channel()).unwrap() {
+        GenerateReply::Refused(why) => assert!(why.contains("limit of 0"), "{why}"),
+        GenerateReply::Accepted => panic!("a limit of 0 was accepted"),
+    }
+    let g = client.start(4).unwrap();
+    assert_eq!(g.positions(), 0);
+    g.end().unwrap();
+    send_raw(&mut client, GenerationRequest::Step { tokens: 1 });
+    let e = server_error(server);
+    assert!(e.contains("without a generation"), "{e}");
+    assert_eq!(served.pool.in_use(), 0);
+
+    // A step beyond the limit: the server ends the session and gives the memory back.
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let mut g = client.start(6).unwrap();
+    let local = g.step(&[1; 7]).err().unwrap();
+    assert!(matches!(local, Error::Refused(_)), "{local}");
+    drop(g);
+    send_raw(&mut client, GenerationRequest::Step { tokens: u32::MAX });
+    let e = server_error(server);
+    assert!(e.contains("context limit of 6"), "{e}");
+    assert!(told(&mut client).contains("context limit of 6"));
+    assert_eq!(served.pool.in_use(), 0);
+
+    // A stranger's first message is answered with a refusal naming it.
+    let (mut ch, server) = served.session();
+    {
+        use veil_net::Channel;
+        ch.send_msg(b"GET / HTTP/1.1").unwrap();
+        ch.flush().unwrap();
+    }
+    match DecoderAdmission::recv(&mut ch).unwrap() {
+        DecoderAdmission::Refused(why) => assert!(why.contains("not a Veil client"), "{why}"),
+        other => panic!("a stranger was admitted: {other:?}"),
+    }
+    assert!(server_error(server).contains("not a Veil client"));
+
+    // A step of no tokens ends the session, naming it.
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let g = client.start(3).unwrap();
+    drop(g);
+    send_raw(&mut client, GenerationRequest::Step { tokens: 0 });
+    let e = server_error(server);
+    assert!(e.contains("no tokens to run"), "{e}");
+    // The session runs in records: the client hears why it was ended, as the client's fault.
+    let told = told(&mut client);
+    assert!(
+        told.contains("no tokens to run") && !told.contains("its side"),
+        "{told}"
+    );
+    assert_eq!(served.pool.in_use(), 0);
+
+    // A client with another model's tables refuses before any key moves, naming the digests.
+    let (ch, server) = served.session();
+    let other = tables_of_another_model();
+    let e = GenerationClient::connect(ch, &other, CAP)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("digest") && e.contains("not this client's"),
+        "{e}"
+    );
+    let _ = server.join().unwrap();
+
+    // The model and the pool still serve: the next session's tokens equal the simulator's.
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
+    let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
+    assert_eq!(ids, simulated(served.model.fixed(), &PROMPT));
+    // A disconnect mid-generation gives the memory back too.
+    let mut g = client.start(CAP).unwrap();
+    g.step(&PROMPT).unwrap();
+    drop(g);
+    drop(client);
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0);
+}
+
+fn tables_of_another_model() -> DecoderTables {
+    tables(&tiny(6))
+}
+
+/// The default 1-bit-error truncations, announced by the server and followed by the client:
+/// the greedy tokens are the simulator's on this tiny model (its top-2 margins are far wider
+/// than the mode's bound, `decoder_party.rs`'s `ONE_BIT_ERROR_BOUND`).
+#[test]
+fn the_default_mode_is_announced_and_gives_the_simulators_tokens() {
+    let w = tiny(7);
+    let served = Served::new(&w);
+    let tables = tables(&w);
+    let (ch, server) = served.session_in(ProductTruncation::default());
+    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    assert_eq!(client.truncation(), ProductTruncation::OneBitError);
+    let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
+    let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
+    let margins: Vec<f32> = toks.iter().map(|t| t.margin).collect();
+    assert_eq!(
+        ids,
+        simulated(served.model.fixed(), &PROMPT),
+        "margins {margins:?}"
+    );
+    client.close().unwrap();
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0);
+}
