@@ -2,7 +2,7 @@
 
 use veil_core::FixedPoint;
 use veil_model::random::random_transformer_with_std;
-use veil_model::sim::FixedModel;
+use veil_model::FixedModel;
 use veil_model::{Architecture, BlockVariant, HeadKind, ModelConfig};
 use veil_private::ServerModel;
 
