@@ -5,16 +5,15 @@
 //! new token. Reports the set-up (HE keys, base OTs) and every step apart: wall time, bytes each
 //! way and flights, per operator class.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use veil_core::{bail, CostClass, Prg, Result};
+use veil_core::{bail, Prg, Result};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::decoder::{argmax, DecoderShape};
 use veil_model::{DecoderFormat, FixedDecoder, ProductTruncation};
-use veil_net::{run_two_party_on, run_two_party_tcp, shaped_pair, Channel, LabelStats, Meter};
+use veil_net::{run_two_party_on, run_two_party_tcp, shaped_pair, Channel, Meter};
 use veil_net::{NetworkModel, RealClock, Role};
 use veil_nonlinear::OtSession;
 
@@ -36,24 +35,15 @@ pub struct GenerateBench {
     pub truncation: ProductTruncation,
 }
 
-/// The client's meter since `before` (per class), with the phase's wall time.
-fn phase(before: &BTreeMap<CostClass, LabelStats>, meter: &Meter, seconds: f64) -> Value {
+/// The client's meter since its last reset (per class), with the phase's wall time; resets it
+/// for the next phase, as a session's set-up and inference are reported apart.
+fn phase(meter: &Meter, seconds: f64) -> Value {
     let per_op = meter
         .by_class()
         .into_iter()
-        .map(|(c, s)| {
-            let b = before.get(&c).cloned().unwrap_or_default();
-            let d = LabelStats {
-                bytes_sent: s.bytes_sent - b.bytes_sent,
-                bytes_received: s.bytes_received - b.bytes_received,
-                flights_sent: s.flights_sent - b.flights_sent,
-                flights_received: s.flights_received - b.flights_received,
-                seconds: s.seconds - b.seconds,
-            };
-            (c, d)
-        })
-        .filter(|(_, d)| d.rounds() > 0)
+        .filter(|(_, s)| s.rounds() > 0)
         .collect();
+    meter.reset();
     let mut v = PhaseCost { per_op }.to_json(Role::Client);
     v["wall_s"] = json!(seconds);
     v
@@ -127,17 +117,16 @@ fn run_client<C: Channel>(
     let t = Instant::now();
     let lin = ClientSession::setup(ch, fixed.fp().ring)?;
     let mut ot = OtSession::setup(ch, Role::Client)?;
-    let setup = phase(&BTreeMap::new(), ch.meter(), t.elapsed().as_secs_f64());
+    let setup = phase(ch.meter(), t.elapsed().as_secs_f64());
     let mut generation = Generation::new(&fixed.config, truncation, prompt.len() + new_tokens)?;
     let side = DecoderSide::Client(&lin, fixed.tables());
     let mut party = DecoderParty::new(ch, &mut ot, side, &mut generation)?;
     let mut steps = Vec::with_capacity(new_tokens + 1);
     let mut next = prompt.to_vec();
     for _ in 0..=new_tokens {
-        let before = party.meter().by_class();
         let t = Instant::now();
         let logits = party.client_step(&next)?.decode(fixed.fp());
-        steps.push(phase(&before, party.meter(), t.elapsed().as_secs_f64()));
+        steps.push(phase(party.meter(), t.elapsed().as_secs_f64()));
         let logits: Vec<f32> = logits.iter().map(|&l| l as f32).collect();
         next = vec![argmax(&logits)?];
     }
