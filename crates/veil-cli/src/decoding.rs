@@ -4,7 +4,7 @@
 
 use clap::Args;
 use veil_core::{Error, Result};
-use veil_model::decoder::{ChatMessage, DecoderModel, DecoderWeights};
+use veil_model::decoder::{ChatMessage, DecoderModel};
 use veil_model::{generate, GenerateOptions, GeneratedToken, NextLogits};
 use veil_model::{DecoderFormat, DecoderTables, F32Model, FixedDecoder};
 use veil_private::{ClientTransport, GenerationClient};
@@ -68,7 +68,7 @@ impl<'w> Engine<'w> {
             return Ok(Engine::Private(Box::new(Remote {
                 addr,
                 transport: args.net.transport()?,
-                tables: public_tables(&model.weights)?,
+                tables: DecoderTables::of_weights(&model.weights, DecoderFormat::default())?,
                 context,
             })));
         }
@@ -109,18 +109,6 @@ impl<'w> Engine<'w> {
             }
         })
     }
-}
-
-/// The client's tables from the open model's public matrices alone, at the server's format:
-/// the same model gives the digest the server announces.
-fn public_tables(w: &DecoderWeights) -> Result<DecoderTables> {
-    DecoderTables::encode(
-        &w.config,
-        DecoderFormat::default(),
-        &w.token_embedding,
-        w.position_embedding.as_ref(),
-        w.lm_head.as_ref(),
-    )
 }
 
 /// The decoder `spec` names, which must have a chat template (`veil chat`, `veil proxy`).

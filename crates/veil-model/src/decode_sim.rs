@@ -206,6 +206,18 @@ impl DecoderTables {
         })
     }
 
+    /// [`DecoderTables::encode`] of `w`'s public matrices only (token embedding, GPT-2's
+    /// positions, an untied output table): what a client with the open model's file builds.
+    pub fn of_weights(w: &DecoderWeights, format: DecoderFormat) -> Result<Self> {
+        Self::encode(
+            &w.config,
+            format,
+            &w.token_embedding,
+            w.position_embedding.as_ref(),
+            w.lm_head.as_ref(),
+        )
+    }
+
     /// SHA-256 of everything the client's half of a generation depends on: the configuration,
     /// the format and every table's ring values. A server announces its own tables' digest and
     /// a client refuses a server whose digest differs from its tables' before any key material
@@ -398,13 +410,7 @@ impl FixedDecoder {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let tables = DecoderTables::encode(
-            c,
-            format,
-            &w.token_embedding,
-            w.position_embedding.as_ref(),
-            w.lm_head.as_ref(),
-        )?;
+        let tables = DecoderTables::of_weights(w, format)?;
         Ok(FixedDecoder {
             approx,
             format,

@@ -203,14 +203,7 @@ fn faithful_generation_equals_the_simulator(gpt2: bool, seed: u8) {
     let w = tiny(gpt2, seed);
     let fixed = FixedDecoder::encode(&w, format()).unwrap();
     // The client's tables from the public matrices alone, not from the server's model.
-    let tables = DecoderTables::encode(
-        &w.config,
-        format(),
-        &w.token_embedding,
-        w.position_embedding.as_ref(),
-        w.lm_head.as_ref(),
-    )
-    .unwrap();
+    let tables = DecoderTables::of_weights(&w, format()).unwrap();
     let limit = PROMPT.len() + STEPS + 1;
     let (steps, _) = two_party(
         (&fixed, &tables),

@@ -38,14 +38,7 @@ fn tiny(seed: u8) -> DecoderWeights {
 
 /// The client's tables from the public matrices alone.
 fn tables(w: &DecoderWeights) -> DecoderTables {
-    DecoderTables::encode(
-        &w.config,
-        DecoderFormat::default(),
-        &w.token_embedding,
-        w.position_embedding.as_ref(),
-        w.lm_head.as_ref(),
-    )
-    .unwrap()
+    DecoderTables::of_weights(w, DecoderFormat::default()).unwrap()
 }
 
 struct Served {
