@@ -4,7 +4,7 @@
 //! Every message travels length-prefixed and size-limited (`veil_net::Channel`; each type's
 //! [`Message::MAX_BYTES`] is the limit its receiver reads with). Integers are little-endian.
 //! Decoders reject trailing bytes and every value outside the field's range, naming the
-//! message; they never panic on anything a peer sends (`tests/mutation.rs`, `fuzz/`).
+//! message; they never panic on anything a peer sends (`tests/protocol/mutation.rs`, `fuzz/`).
 //!
 //! | message | direction | bytes |
 //! |---|---|---|

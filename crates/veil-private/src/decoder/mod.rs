@@ -70,7 +70,7 @@
 //! doubles. A prefill costs the same flights as a decode step: its rows share every flight.
 //!
 //! **Ring.** Every width comes from the model's `veil_model::DecoderFormat`: the shipped format
-//! is ℓ = 48, f = 13 (what `tests/decoder_party.rs` and `tests/generation_session.rs` run), whose
+//! is ℓ = 48, f = 13 (what `tests/protocol/decoder_party.rs` and `tests/protocol/generation_session.rs` run), whose
 //! HE products run on BFV with t = 2^48 (`N8192Q4L48`: FC weights whole, shares as 24-bit limbs,
 //! in the attention products and in the norms' row products alike); other rings run the same
 //! code.

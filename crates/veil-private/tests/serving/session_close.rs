@@ -3,10 +3,7 @@
 //! deadline, the shutdown grace; a reason's control characters are shown escaped; the server
 //! goes on serving other clients. Loopback, plain TCP and TLS.
 
-// The soak tests' log capture and thread count are not used here.
-#[allow(dead_code)]
-mod common;
-
+use crate::common;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
