@@ -11,7 +11,8 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use numpy::{IntoPyArray, PyArray1};
@@ -22,14 +23,17 @@ use pyo3::exceptions::{
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use veil_core::{Error, FixedPoint};
+use veil_model::decoder::sample::SamplingParams;
+use veil_model::decoder::{ChatMessage, DecoderModel};
 use veil_model::random;
 use veil_model::source::ModelSource;
+use veil_model::{generate_text, DecoderFormat, DecoderTables, GenerateOptions};
 use veil_net::{Channel, Fingerprint, Role};
 use veil_private::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{argmax, softmax};
 use veil_private::{
-    Classification, ClientModel, ClientOptions, ClientTransport, Input, PromptOptions,
-    RunningServer, ServerBuilder, ServerIdentity,
+    Classification, ClientModel, ClientOptions, ClientTransport, GenerationClient, Input,
+    PromptOptions, RunningServer, ServerBuilder, ServerIdentity,
 };
 
 create_exception!(
@@ -111,7 +115,9 @@ fn to_py<'py>(py: Python<'py>, cs: &[Classification]) -> Results<'py> {
 /// the session limits of `veil serve` (sessions, queue, deadlines, memory estimate).
 ///
 /// `model`: "default" (the built-in SST-2 model), a Hugging Face model folder, a shipped
-/// overlay folder or a model id in the local Hugging Face cache. `listen`: "HOST:PORT" (port 0:
+/// overlay folder or a model id in the local Hugging Face cache; or a decoder LLM
+/// ("smollm2-135m-instruct", a `.gguf` file, a Hugging Face decoder folder), served for
+/// private generation (`Client.generate`, `Client.chat`). `listen`: "HOST:PORT" (port 0:
 /// the system picks one; see `address`). TLS 1.3 with the identity kept in `state_dir`
 /// (default `$XDG_STATE_HOME/veil` or `~/.local/state/veil`) unless `insecure_plaintext`.
 /// A context manager: leaving the `with` block stops it.
@@ -142,11 +148,15 @@ impl Server {
                 true => ServerIdentity::Plaintext,
                 false => ServerIdentity::StateDir(state_dir),
             };
-            let running = ServerBuilder::new(identity)
+            let builder = ServerBuilder::new(identity)
                 .max_sessions(max_sessions)
-                .ntt_budget(ntt_budget_mib << 20)
-                .build(&veil_model::source::load(&model)?)?
-                .spawn(TcpListener::bind(&listen)?)?;
+                .ntt_budget(ntt_budget_mib << 20);
+            // A decoder LLM is served for private generation, an encoder for inferences.
+            let server = match veil_model::decoder::names_decoder(&model) {
+                true => builder.build_named_decoder(&model)?,
+                false => builder.build(&veil_model::source::load(&model)?)?,
+            };
+            let running = server.spawn(TcpListener::bind(&listen)?)?;
             Ok(Server {
                 address: running.local_addr().to_string(),
                 fingerprint: running.fingerprint().map(|f| f.to_string()),
@@ -212,12 +222,175 @@ impl Server {
 /// the session.
 #[pyclass(module = "veil._veil")]
 struct Client {
+    /// The classification session (None for a decoder, or once closed).
     inner: Mutex<Option<veil_private::Client<Box<dyn Channel + Send>>>>,
+    /// A decoder's client (None once closed): each generation is a session of its own.
+    decoder: Mutex<Option<Arc<Decoder>>>,
+    is_decoder: bool,
     costs: Mutex<Vec<serde_json::Value>>,
     config: serde_json::Value,
 }
 
+/// What a decoder's client keeps between generations: the open model (tokenizer, chat
+/// template, public tables) and how to reach the server.
+struct Decoder {
+    model: DecoderModel,
+    tables: DecoderTables,
+    transport: ClientTransport,
+    server: String,
+    /// Positions a generation's session reserves on the server (`max_context`).
+    context: usize,
+    /// Each exchange's allowance (`timeout`): the set-up, each step.
+    step_timeout: Duration,
+}
+
+impl Decoder {
+    fn open(
+        spec: &str,
+        transport: ClientTransport,
+        server: String,
+        context: Option<usize>,
+        step_timeout: Duration,
+    ) -> veil_core::Result<Self> {
+        let model = veil_model::decoder::load(spec)?;
+        let max = model.weights.config.max_positions;
+        let context = context.unwrap_or(512.min(max));
+        if !(1..=max).contains(&context) {
+            return Err(Error::InvalidArgument(format!(
+                "max_context {context}: this model holds 1 to {max} positions"
+            )));
+        }
+        let tables = DecoderTables::of_weights(&model.weights, DecoderFormat::default())?;
+        Ok(Decoder {
+            model,
+            tables,
+            transport,
+            server,
+            context,
+            step_timeout,
+        })
+    }
+
+    /// The public shape, as `Client.config` shows it.
+    fn config(&self) -> serde_json::Value {
+        let c = &self.model.weights.config;
+        serde_json::json!({
+            "family": format!("{:?}", c.family).to_lowercase(),
+            "vocab_size": c.vocab_size,
+            "hidden": c.hidden,
+            "layers": c.layers,
+            "heads": c.heads,
+            "kv_heads": c.kv_heads,
+            "intermediate": c.intermediate,
+            "max_positions": c.max_positions,
+            "max_context": self.context,
+        })
+    }
+
+    /// One private generation after `prompt` on a thread of its own (a new session with the
+    /// server), its text pieces sent to the returned stream as they are made.
+    fn spawn(self: Arc<Self>, prompt: Vec<u32>, opts: GenerateOptions) -> TextStream {
+        // One piece in flight: the generation waits for a reader that lags.
+        let (tx, rx) = sync_channel(1);
+        std::thread::spawn(move || {
+            let run = || -> veil_core::Result<()> {
+                let ch = self.transport.connect(&self.server)?;
+                let client = GenerationClient::connect(
+                    ch,
+                    &self.tables,
+                    self.context,
+                    Some(self.step_timeout),
+                )?;
+                let mut g = client.into_generation(self.context)?;
+                generate_text(&mut g, &self.model.tokenizer, &prompt, &opts, |piece| {
+                    tx.send(Ok(piece.to_string()))
+                        .map_err(|_| Error::Disconnected)
+                })?;
+                Ok(())
+            };
+            // A reader that went away (Disconnected) has nothing to be told.
+            if let Err(e) = run() {
+                let _ = tx.send(Err(e));
+            }
+        });
+        TextStream { rx: Mutex::new(rx) }
+    }
+}
+
+/// The text of a private generation, piece by piece as its tokens are chosen (an iterator of
+/// str). The generation runs on a thread of its own; dropping the iterator ends it.
+#[pyclass(module = "veil._veil")]
+struct TextStream {
+    rx: Mutex<Receiver<veil_core::Result<String>>>,
+}
+
+#[pymethods]
+impl TextStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        match py.detach(|| lock(&self.rx).recv()) {
+            Ok(Ok(piece)) => Ok(Some(piece)),
+            Ok(Err(e)) => Err(py_err(e)),
+            // The generation ended.
+            Err(_) => Ok(None),
+        }
+    }
+}
+
 impl Client {
+    fn decoder(&self) -> PyResult<Arc<Decoder>> {
+        if !self.is_decoder {
+            return Err(PyValueError::new_err(
+                "this client's model is a classifier: generate and chat need a decoder model",
+            ));
+        }
+        lock(&self.decoder)
+            .clone()
+            .ok_or_else(|| PyValueError::new_err("the client is closed"))
+    }
+
+    /// Refuses a generation its session's context cannot hold (the prompt, then every
+    /// generated token but the last, is run).
+    fn check_room(d: &Decoder, prompt: usize, max_new_tokens: usize) -> PyResult<()> {
+        if prompt + max_new_tokens - 1 > d.context {
+            return Err(PyValueError::new_err(format!(
+                "{prompt} prompt tokens and up to {max_new_tokens} new ones exceed the session's \
+                 context of {} positions (max_context)",
+                d.context
+            )));
+        }
+        Ok(())
+    }
+
+    fn options(
+        &self,
+        max_new_tokens: usize,
+        temperature: f32,
+        top_k: usize,
+        top_p: f32,
+        seed: u64,
+        fixed_length: bool,
+    ) -> PyResult<GenerateOptions> {
+        let d = self.decoder()?;
+        if max_new_tokens == 0 {
+            return Err(PyValueError::new_err("max_new_tokens must be at least 1"));
+        }
+        Ok(GenerateOptions {
+            max_new_tokens,
+            sampling: SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed,
+            },
+            stop: d.model.weights.config.eos_token_ids.clone(),
+            fixed_length,
+        })
+    }
+
     fn run(
         &self,
         py: Python<'_>,
@@ -226,6 +399,11 @@ impl Client {
             ) -> veil_core::Result<Vec<Classification>>
             + Send,
     ) -> PyResult<Vec<Classification>> {
+        if self.is_decoder {
+            return Err(PyValueError::new_err(
+                "this client's model is a decoder: use generate or chat",
+            ));
+        }
         let mut guard = lock(&self.inner);
         let client = guard
             .as_mut()
@@ -239,7 +417,7 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (bundle=PathBuf::from("default"), server="127.0.0.1:7878", *, fingerprint=None, known_servers=None, identity=None, insecure_plaintext=false, pad_to=None, truncate=false, max_tokens=None, timeout=600.0, connect_timeout=10.0))]
+    #[pyo3(signature = (bundle=PathBuf::from("default"), server="127.0.0.1:7878", *, fingerprint=None, known_servers=None, identity=None, insecure_plaintext=false, pad_to=None, truncate=false, max_tokens=None, timeout=600.0, connect_timeout=10.0, max_context=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -254,6 +432,7 @@ impl Client {
         max_tokens: Option<usize>,
         timeout: f64,
         connect_timeout: f64,
+        max_context: Option<usize>,
     ) -> PyResult<Self> {
         let bundle = spec(&bundle)?.to_string();
         let server = server.to_string();
@@ -268,6 +447,19 @@ impl Client {
             insecure_plaintext,
             connect_timeout: seconds(connect_timeout, "connect_timeout")?,
         };
+        if veil_model::decoder::names_decoder(&bundle) {
+            let step = seconds(timeout, "timeout")?;
+            let decoder = py
+                .detach(move || Decoder::open(&bundle, transport, server, max_context, step))
+                .map_err(py_err)?;
+            return Ok(Client {
+                inner: Mutex::new(None),
+                config: decoder.config(),
+                decoder: Mutex::new(Some(Arc::new(decoder))),
+                is_decoder: true,
+                costs: Mutex::new(vec![]),
+            });
+        }
         let limits = ClientOptions {
             max_tokens: pad_to.or(max_tokens),
             step_timeout: Some(seconds(timeout, "timeout")?),
@@ -287,9 +479,103 @@ impl Client {
             })?;
         Ok(Client {
             inner: Mutex::new(Some(client)),
+            decoder: Mutex::new(None),
+            is_decoder: false,
             costs: Mutex::new(vec![]),
             config,
         })
+    }
+
+    /// A decoder model's text after `prompt` (plain text, tokenised as is), generated
+    /// privately: an iterator of text pieces as the tokens are chosen. Each call is a session
+    /// of its own with the server, which learns the prompt's length and the number of steps
+    /// (`fixed_length=True`: always `max_new_tokens` steps) and nothing else. Sampling:
+    /// `temperature` 0 is greedy; `top_k` 0 keeps every token; `seed` makes it repeatable.
+    #[pyo3(signature = (prompt, *, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompt: &str,
+        max_new_tokens: usize,
+        temperature: f32,
+        top_k: usize,
+        top_p: f32,
+        seed: u64,
+        fixed_length: bool,
+    ) -> PyResult<TextStream> {
+        let opts = self.options(
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            fixed_length,
+        )?;
+        let d = self.decoder()?;
+        let ids = py
+            .detach(|| d.model.tokenizer.encode(prompt))
+            .map_err(py_err)?;
+        if ids.is_empty() {
+            return Err(PyValueError::new_err("an empty prompt"));
+        }
+        Self::check_room(&d, ids.len(), max_new_tokens)?;
+        Ok(d.spawn(ids, opts))
+    }
+
+    /// The assistant's answer to a conversation, generated privately: `messages` is a list of
+    /// `{"role": ..., "content": ...}` dicts (system, user, assistant) rendered with the
+    /// model's chat template. Each call is a session of its own (the whole conversation is run
+    /// again). Returns the answer's text; options as `generate`'s.
+    #[pyo3(signature = (messages, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn chat(
+        &self,
+        py: Python<'_>,
+        messages: Vec<std::collections::HashMap<String, String>>,
+        max_new_tokens: usize,
+        temperature: f32,
+        top_k: usize,
+        top_p: f32,
+        seed: u64,
+        fixed_length: bool,
+    ) -> PyResult<String> {
+        let opts = self.options(
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            fixed_length,
+        )?;
+        let d = self.decoder()?;
+        let messages = messages
+            .iter()
+            .map(|m| match (m.get("role"), m.get("content")) {
+                (Some(r), Some(c)) if m.len() == 2 => Ok(ChatMessage::new(r, c)),
+                _ => Err(PyValueError::new_err(
+                    "each message is a dict with exactly \"role\" and \"content\"",
+                )),
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        if messages.is_empty() {
+            return Err(PyValueError::new_err("no messages"));
+        }
+        if !d.model.tokenizer.has_chat_template() {
+            return Err(PyValueError::new_err(
+                "the model has no chat template: use generate with a plain prompt",
+            ));
+        }
+        let ids = py
+            .detach(|| d.model.chat_prompt(&messages))
+            .map_err(py_err)?;
+        Self::check_room(&d, ids.len(), max_new_tokens)?;
+        let stream = d.spawn(ids, opts);
+        let mut answer = String::new();
+        while let Some(piece) = stream.__next__(py)? {
+            answer.push_str(&piece);
+        }
+        Ok(answer)
     }
 
     /// Classifies each text privately: a list of (label, probabilities as a numpy array).
@@ -331,6 +617,11 @@ impl Client {
     /// Raises VeilError if the server refuses (its per-session budget or its memory; the
     /// session goes on) or the model has private embeddings (not preprocessed).
     fn preprocess(&self, py: Python<'_>, prompts: Vec<Prompt>) -> PyResult<Vec<Py<PyAny>>> {
+        if self.is_decoder {
+            return Err(PyValueError::new_err(
+                "this client's model is a decoder: use generate or chat",
+            ));
+        }
         let mut guard = lock(&self.inner);
         let client = guard
             .as_mut()
@@ -378,6 +669,7 @@ impl Client {
 
     /// Ends the session politely (a closed client refuses further calls).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        lock(&self.decoder).take();
         let client = lock(&self.inner).take();
         match client {
             Some(c) => py.detach(move || c.close()).map_err(py_err),
@@ -496,6 +788,7 @@ fn write_tiny_decoder(
 fn _veil(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Server>()?;
     m.add_class::<Client>()?;
+    m.add_class::<TextStream>()?;
     m.add_function(wrap_pyfunction!(default_model, m)?)?;
     m.add_function(wrap_pyfunction!(export_client, m)?)?;
     m.add_function(wrap_pyfunction!(export, m)?)?;

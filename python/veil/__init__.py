@@ -16,6 +16,9 @@ and the model's public architecture.
 * ``Server(model, listen=...)`` serves a model from background threads (a context manager);
 * ``Client(bundle, server=...)`` is one session: ``classify(texts)`` returns a list of
   ``(label, probabilities)`` with numpy arrays, ``cost`` the last prompt's cost report as a dict;
+  with a decoder LLM (``Client("smollm2-135m-instruct", server=...)``, the server serving the
+  same model), ``generate(prompt)`` streams a private generation's text and ``chat(messages)``
+  returns the assistant's answer;
 * ``export_client(model, out_dir)`` writes what a client needs (no server weight);
   ``export(model, out_dir)`` a complete Hugging Face folder;
 * ``default_model()`` is the path of the built-in SST-2 model, assembled on first use;
@@ -32,6 +35,7 @@ in the local Hugging Face cache (nothing is downloaded from a hub). Errors raise
 from ._veil import (
     Client,
     Server,
+    TextStream,
     VeilError,
     __version__,
     default_model,
@@ -45,6 +49,7 @@ from ._veil import (
 __all__ = [
     "Client",
     "Server",
+    "TextStream",
     "VeilError",
     "__version__",
     "default_model",

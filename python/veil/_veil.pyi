@@ -2,7 +2,7 @@
 
 import os
 from types import TracebackType
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -19,7 +19,8 @@ class VeilError(RuntimeError):
 
 class Server:
     """Serves a model to private-inference clients from background threads, with the session
-    limits of ``veil serve``. TLS 1.3 with the identity in ``state_dir`` unless
+    limits of ``veil serve``; a decoder LLM ("smollm2-135m-instruct", a ``.gguf`` file, a
+    Hugging Face decoder folder) is served for private generation. TLS 1.3 with the identity in ``state_dir`` unless
     ``insecure_plaintext``. A context manager: leaving the ``with`` block stops it."""
 
     def __init__(
@@ -71,7 +72,38 @@ class Client:
         max_tokens: Optional[int] = None,
         timeout: float = 600.0,
         connect_timeout: float = 10.0,
-    ) -> None: ...
+        max_context: Optional[int] = None,
+    ) -> None:
+        """A decoder model as ``bundle`` makes a generation client (``generate``, ``chat``;
+        ``max_context``: positions each generation's session reserves, default 512 or the
+        model's context); each generation is then a session of its own."""
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        fixed_length: bool = False,
+    ) -> "TextStream":
+        """A decoder's text after ``prompt``, generated privately, as an iterator of text
+        pieces. The server learns the prompt's length and the number of steps
+        (``fixed_length``: always ``max_new_tokens``)."""
+    def chat(
+        self,
+        messages: Sequence[Dict[str, str]],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        fixed_length: bool = False,
+    ) -> str:
+        """The assistant's answer to ``messages`` (``{"role", "content"}`` dicts) in the
+        model's chat template, generated privately."""
     def classify(self, texts: Sequence[str]) -> List[_Result]:
         """(label, probabilities) of each text, classified privately. Every text is checked
         before the first is sent."""
@@ -106,6 +138,12 @@ class Client:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> bool: ...
+
+class TextStream(Iterator[str]):
+    """The text of a private generation, piece by piece as its tokens are chosen."""
+
+    def __iter__(self) -> "TextStream": ...
+    def __next__(self) -> str: ...
 
 def default_model() -> str:
     """Path of the built-in SST-2 model as a complete Hugging Face folder (fetched and

@@ -10,7 +10,7 @@ use veil_model::decoder::sample::SamplingParams;
 use veil_model::decoder::ChatMessage;
 use veil_model::GenerateOptions;
 
-use crate::decoding::{load_chat_model, prompt_ids, CachedSession, Engine, EngineArgs, Finish};
+use crate::decoding::{load_chat_model, CachedSession, Engine, EngineArgs, Finish};
 
 #[derive(Args)]
 pub(crate) struct ChatArgs {
@@ -50,6 +50,7 @@ pub(crate) fn chat_cmd(a: ChatArgs) -> Result<()> {
             seed: a.seed,
         },
         stop: model.weights.config.eos_token_ids.clone(),
+        fixed_length: engine.fixed_length(),
     };
     let opening: Vec<ChatMessage> = a
         .system
@@ -78,7 +79,7 @@ pub(crate) fn chat_cmd(a: ChatArgs) -> Result<()> {
             continue;
         }
         messages.push(ChatMessage::new("user", line));
-        let ids = prompt_ids(&model, &messages)?;
+        let ids = model.chat_prompt(&messages)?;
         let mut answer = String::new();
         let (tokens, finish, reused) = session.generate(&model, &ids, &opts, |piece| {
             answer.push_str(piece);

@@ -2,10 +2,12 @@
 //! logits (chosen once per command by [`EngineArgs`]), the prompt of a conversation, and one
 //! generation streamed as text pieces.
 
+use std::time::Duration;
+
 use clap::Args;
 use veil_core::{Error, Result};
-use veil_model::decoder::{ChatMessage, DecoderModel};
-use veil_model::{generate, GenerateOptions, GeneratedToken, NextLogits};
+use veil_model::decoder::DecoderModel;
+use veil_model::{generate_text, GenerateOptions, GeneratedToken, NextLogits};
 use veil_model::{DecoderFormat, DecoderTables, F32Model, FixedDecoder};
 use veil_private::{ClientTransport, GenerationClient};
 
@@ -29,6 +31,11 @@ pub(crate) struct EngineArgs {
     /// them when the session starts. Default: 512, or the model's context if smaller.
     #[arg(long, requires = "connect")]
     pub(crate) context: Option<usize>,
+    /// With --connect: run every one of the --max-new-tokens steps even when the answer ends
+    /// sooner, so that the server cannot see where it ended (it sees the number of steps).
+    /// The answer is the same; a conversation's next turn then runs from its start again.
+    #[arg(long, requires = "connect")]
+    pub(crate) fixed_length: bool,
     #[command(flatten)]
     pub(crate) net: crate::ClientNetArgs,
 }
@@ -50,6 +57,8 @@ pub(crate) struct Remote {
     transport: ClientTransport,
     tables: DecoderTables,
     context: usize,
+    fixed_length: bool,
+    step_timeout: Duration,
 }
 
 impl<'w> Engine<'w> {
@@ -57,6 +66,14 @@ impl<'w> Engine<'w> {
     /// (`--simulate`, `--f32`). Asking for none is refused: the command would not know where to
     /// compute.
     pub(crate) fn new(args: EngineArgs, model: &'w DecoderModel) -> Result<Self> {
+        // clap's `requires` lets these through beside --simulate or --f32 (which conflict with
+        // --connect), where they would be silently ignored.
+        if args.connect.is_none() && (args.fixed_length || args.context.is_some()) {
+            return Err(Error::InvalidArgument(
+                "--fixed-length and --context are about a private session: they need --connect"
+                    .into(),
+            ));
+        }
         if let Some(addr) = args.connect {
             let max = model.weights.config.max_positions;
             let context = args.context.unwrap_or(DEFAULT_PRIVATE_CONTEXT.min(max));
@@ -68,8 +85,10 @@ impl<'w> Engine<'w> {
             return Ok(Engine::Private(Box::new(Remote {
                 addr,
                 transport: args.net.transport()?,
+                step_timeout: crate::secs(args.net.timeout, "--timeout")?,
                 tables: DecoderTables::of_weights(&model.weights, DecoderFormat::default())?,
                 context,
+                fixed_length: args.fixed_length,
             })));
         }
         match (args.simulate, args.f32) {
@@ -85,6 +104,11 @@ impl<'w> Engine<'w> {
                     .into(),
             )),
         }
+    }
+
+    /// Whether generations must run every step they may (`--fixed-length`, private only).
+    pub(crate) fn fixed_length(&self) -> bool {
+        matches!(self, Engine::Private(r) if r.fixed_length)
     }
 
     /// `private`, `simulate` or `f32`, as reports name the mode.
@@ -104,7 +128,8 @@ impl<'w> Engine<'w> {
             Engine::Simulate(m) => Box::new(m.session()),
             Engine::Private(r) => {
                 let ch = r.transport.connect(&r.addr)?;
-                let client = GenerationClient::connect(ch, &r.tables, r.context)?;
+                let client =
+                    GenerationClient::connect(ch, &r.tables, r.context, Some(r.step_timeout))?;
                 Box::new(client.into_generation(r.context)?)
             }
         })
@@ -120,13 +145,6 @@ pub(crate) fn load_chat_model(spec: &str) -> Result<DecoderModel> {
         )));
     }
     Ok(model)
-}
-
-/// The prompt's token ids: the chat template rendered with the assistant's opening, or the plain
-/// text (after the BOS token when the model declares one and the template does not).
-pub(crate) fn prompt_ids(m: &DecoderModel, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-    let text = m.tokenizer.render_chat(messages, true)?;
-    m.tokenizer.encode(&text)
 }
 
 /// Why a generation ended.
@@ -155,20 +173,9 @@ pub(crate) fn stream_text(
     model: &DecoderModel,
     prompt: &[u32],
     opts: &GenerateOptions,
-    mut on_text: impl FnMut(&str) -> Result<()>,
+    on_text: impl FnMut(&str) -> Result<()>,
 ) -> Result<(Vec<GeneratedToken>, Finish)> {
-    let mut stream = model.tokenizer.stream();
-    let (tokens, stopped) = generate(session, prompt, opts, |t| {
-        let piece = stream.push(t.id)?;
-        if piece.is_empty() {
-            return Ok(());
-        }
-        on_text(&piece)
-    })?;
-    let rest = stream.finish()?;
-    if !rest.is_empty() {
-        on_text(&rest)?;
-    }
+    let (tokens, stopped) = generate_text(session, &model.tokenizer, prompt, opts, on_text)?;
     let finish = if stopped {
         Finish::Stop
     } else {
@@ -244,6 +251,10 @@ impl<'e> CachedSession<'e> {
                 };
                 self.held = prompt.to_vec();
                 self.held.extend(tokens[..fed].iter().map(|t| t.id));
+                if opts.fixed_length && finish == Finish::Stop {
+                    // The cache holds the padding steps after the stop token too.
+                    self.reset();
+                }
                 Ok((tokens, finish, reused))
             }
             Err(e) => {

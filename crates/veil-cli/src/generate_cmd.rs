@@ -12,7 +12,7 @@ use veil_model::decoder::sample::SamplingParams;
 use veil_model::decoder::{self, ChatMessage, DecoderModel};
 use veil_model::{GenerateOptions, GeneratedToken, NextLogits};
 
-use crate::decoding::{prompt_ids, stream_text, Engine, EngineArgs, Finish};
+use crate::decoding::{stream_text, Engine, EngineArgs, Finish};
 
 #[derive(Args)]
 pub(crate) struct GenerateArgs {
@@ -62,7 +62,7 @@ struct Report<'a> {
 /// The prompt's token ids: one user turn in the chat template, or the plain text.
 fn ids_of(m: &DecoderModel, prompt: &str, chat: bool) -> Result<Vec<u32>> {
     if chat {
-        return prompt_ids(m, &[ChatMessage::new("user", prompt)]);
+        return m.chat_prompt(&[ChatMessage::new("user", prompt)]);
     }
     m.tokenizer.encode(prompt)
 }
@@ -81,6 +81,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
             seed: a.seed,
         },
         stop: model.weights.config.eos_token_ids.clone(),
+        fixed_length: engine.fixed_length(),
     };
     let mut session = engine.session()?;
     let (tokens, stopped, times) = run(session.as_mut(), &model, &ids, &opts, a.json)?;

@@ -255,7 +255,8 @@ struct ClientNetArgs {
     #[arg(long, default_value_t = 10.0)]
     connect_timeout: f64,
     /// Seconds allowed for each step: the server's answer (it may queue us), the set-up, each
-    /// inference (which gets at least the server's allowance for its length).
+    /// inference (which gets at least the server's allowance for its length), each generation
+    /// step (a long prompt's prefill may need more).
     #[arg(long, default_value_t = 600.0)]
     timeout: f64,
 }
@@ -527,22 +528,12 @@ impl ClientNetArgs {
     }
 }
 
-/// Whether `spec` names a decoder LLM (a built-in decoder, a `.gguf` file, or a folder whose
-/// config declares a decoder), which `veil serve` serves for private generation.
-fn is_decoder_spec(spec: &str) -> bool {
-    use veil_model::decoder;
-    let path = std::path::Path::new(spec);
-    decoder::NAMES.contains(&spec)
-        || decoder::is_gguf_path(path)
-        || (path.is_dir() && decoder::hf::is_decoder_folder(path))
-}
-
 /// `veil serve`: the model, the server's settings from the flags, signals.
 fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -> Result<()> {
     use std::sync::atomic::AtomicBool;
     use veil_private::{ServerBuilder, ServerIdentity};
     // A decoder LLM is served as private generation sessions, an encoder as inferences.
-    let source = match is_decoder_spec(model) {
+    let source = match veil_model::decoder::names_decoder(model) {
         true => None,
         false => Some(ModelSource::resolve(model)?),
     };
@@ -577,11 +568,7 @@ fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) ->
         .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
     let server = match source {
         Some(source) => builder.build(&source.load()?)?,
-        None => {
-            let m = veil_model::decoder::load(model)?;
-            let fixed = veil_model::FixedDecoder::encode(&m.weights, Default::default())?;
-            builder.build_decoder(Arc::new(veil_private::ServerDecoder::new(fixed)?))?
-        }
+        None => builder.build_named_decoder(model)?,
     };
     if let Some(fp) = server.fingerprint() {
         eprintln!("veil serve: server fingerprint (SHA-256 of its certificate): {fp}");

@@ -974,6 +974,7 @@ fn generate_prints_the_simulators_greedy_tokens() {
         max_new_tokens: 6,
         sampling: SamplingParams::GREEDY,
         stop: model.weights.config.eos_token_ids.clone(),
+        fixed_length: false,
     };
     let (expected, _) = generate(&mut fixed.session(), &ids, &opts, |_| Ok(())).unwrap();
     let expected: Vec<u32> = expected.iter().map(|t| t.id).collect();
@@ -987,6 +988,18 @@ fn generate_prints_the_simulators_greedy_tokens() {
         err.contains("say where the model runs: --connect ADDR"),
         "{err}"
     );
+    // Hiding where the answer ends is for a server's eyes: it needs one.
+    let refused = veil(&[
+        "generate",
+        "--model",
+        dir_s,
+        "--simulate",
+        "--fixed-length",
+        "good film",
+    ]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--connect"), "{err}");
 }
 
 /// `veil serve` checks its flags and its listening address before it prepares (or fetches) any

@@ -138,6 +138,7 @@ fn simulated(dir: &Path, messages: &[ChatMessage], max: usize, sampling: Samplin
         max_new_tokens: max,
         sampling,
         stop: model.weights.config.eos_token_ids.clone(),
+        fixed_length: false,
     };
     let (tokens, _) = generate(&mut fixed.session(), &ids, &opts, |_| Ok(())).unwrap();
     let tokens: Vec<u32> = tokens.iter().map(|t| t.id).collect();
@@ -463,7 +464,7 @@ const ONE_BIT_ERROR_BOUND: f64 = 0.02;
 /// `veil serve` of a decoder folder, and `veil generate --connect` to it: the private tokens are
 /// the simulator's up to the first step whose top-2 margin is within twice the server's default
 /// 1-bit-error bound (where the truncations may pick either), and the server serves the next
-/// client as well.
+/// client as well (with `--fixed-length`, whose step count `veil_model`'s tests check).
 #[test]
 fn private_generation_through_veil_serve_equals_the_simulator() {
     let tmp = tempfile::tempdir().unwrap();
@@ -513,8 +514,9 @@ fn private_generation_through_veil_serve_equals_the_simulator() {
     let (expected, margins) = tokens(&["--simulate"]);
     assert_eq!(expected.len(), 4);
     let private = ["--connect", &addr, "--insecure-plaintext"];
-    for client in ["first", "second"] {
-        let (ids, _) = tokens(&private);
+    let fixed = ["--connect", &addr, "--insecure-plaintext", "--fixed-length"];
+    for (client, engine) in [("first", &private[..]), ("second", &fixed[..])] {
+        let (ids, _) = tokens(engine);
         // The one-bit-error truncations may move a logit by up to ONE_BIT_ERROR_BOUND
         // (decoder_party.rs): a token may differ only where the simulator's top two are
         // within twice that, and the generations part there.

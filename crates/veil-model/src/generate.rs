@@ -7,6 +7,7 @@ use veil_core::Result;
 use crate::decode_f32::F32Decoder;
 use crate::decode_sim::DecoderSim;
 use crate::decoder::sample::{Sampler, SamplingParams};
+use crate::decoder::DecoderTokenizer;
 use crate::engine::decoder::LogitRows;
 
 /// A decoder session that turns the next tokens into the logits of the last one.
@@ -50,6 +51,10 @@ pub struct GenerateOptions {
     pub sampling: SamplingParams,
     /// Generation ends when one of these is chosen (it is not part of the output).
     pub stop: Vec<u32>,
+    /// Run all `max_new_tokens` steps even after a stop token (the steps after it are fed the
+    /// stop token and their logits dropped), so that a private session's server, which sees
+    /// every step, cannot tell where the answer ended. The output is the same either way.
+    pub fixed_length: bool,
 }
 
 /// One generated token and how sure the model was.
@@ -78,6 +83,12 @@ pub fn generate(
     loop {
         let id = sampler.sample(&logits)?;
         if opts.stop.contains(&id) {
+            if opts.fixed_length {
+                // As many model runs as an answer of max_new_tokens: one per token but the last.
+                for _ in out.len() + 1..opts.max_new_tokens {
+                    session.next_logits(&[id])?;
+                }
+            }
             return Ok((out, true));
         }
         let t = GeneratedToken {
@@ -91,6 +102,30 @@ pub fn generate(
         }
         logits = session.next_logits(&[id])?;
     }
+}
+
+/// [`generate`] with each complete piece of text passed to `on_text` as soon as its tokens are
+/// chosen (a character split across tokens waits for its last byte).
+pub fn generate_text(
+    session: &mut (impl NextLogits + ?Sized),
+    tokenizer: &DecoderTokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut on_text: impl FnMut(&str) -> Result<()>,
+) -> Result<(Vec<GeneratedToken>, bool)> {
+    let mut stream = tokenizer.stream();
+    let out = generate(session, prompt, opts, |t| {
+        let piece = stream.push(t.id)?;
+        if piece.is_empty() {
+            return Ok(());
+        }
+        on_text(&piece)
+    })?;
+    let rest = stream.finish()?;
+    if !rest.is_empty() {
+        on_text(&rest)?;
+    }
+    Ok(out)
 }
 
 /// Largest minus second-largest logit (0 for fewer than two).

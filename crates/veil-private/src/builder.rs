@@ -264,6 +264,14 @@ impl ServerBuilder {
         )
     }
 
+    /// [`Self::build_decoder`] of the decoder `spec` names ([`veil_model::decoder::load`]), its
+    /// weights in the shipped fixed-point format.
+    pub fn build_named_decoder(self, spec: &str) -> Result<Server> {
+        let m = veil_model::decoder::load(spec)?;
+        let fixed = veil_model::FixedDecoder::encode(&m.weights, Default::default())?;
+        self.build_decoder(Arc::new(ServerDecoder::new(fixed)?))
+    }
+
     fn build_checked(
         self,
         defaults: impl FnOnce(Transport) -> ServeOptions,

@@ -25,7 +25,7 @@ use veil_core::{Error, Result};
 use veil_model::decoder::{self, DecoderModel};
 use veil_model::GenerateOptions;
 
-use crate::decoding::{load_chat_model, prompt_ids, CachedSession, Engine, EngineArgs};
+use crate::decoding::{load_chat_model, CachedSession, Engine, EngineArgs};
 use api::{ApiError, ChatRequest, Completion, Usage};
 
 /// The largest request body read (a long conversation is well under it).
@@ -59,6 +59,8 @@ struct Proxy<'e> {
     name: String,
     session: Mutex<CachedSession<'e>>,
     default_max_tokens: usize,
+    /// The engine's `--fixed-length`: every answer runs all its `max_tokens` steps.
+    fixed_length: bool,
     completions: AtomicU64,
     waiting: AtomicUsize,
 }
@@ -79,6 +81,7 @@ pub(crate) fn proxy_cmd(a: ProxyArgs) -> Result<()> {
         name,
         session: Mutex::new(CachedSession::new(&engine)),
         default_max_tokens: a.default_max_tokens,
+        fixed_length: engine.fixed_length(),
         completions: AtomicU64::new(0),
         waiting: AtomicUsize::new(0),
     };
@@ -222,7 +225,9 @@ impl Proxy<'_> {
         &self,
         chat: &ChatRequest,
     ) -> std::result::Result<(Vec<u32>, GenerateOptions), ApiError> {
-        let ids = prompt_ids(self.model, &chat.messages)
+        let ids = self
+            .model
+            .chat_prompt(&chat.messages)
             .map_err(|e| ApiError::invalid(Some("messages"), None, e.to_string()))?;
         let max_new = chat.max_tokens.unwrap_or(self.default_max_tokens);
         let context = self.model.weights.config.max_positions;
@@ -246,6 +251,7 @@ impl Proxy<'_> {
             max_new_tokens: max_new,
             sampling,
             stop: self.model.weights.config.eos_token_ids.clone(),
+            fixed_length: self.fixed_length,
         };
         Ok((ids, opts))
     }

@@ -53,6 +53,15 @@ pub struct DecoderModel {
     pub tokenizer: DecoderTokenizer,
 }
 
+impl DecoderModel {
+    /// The token ids of a conversation: the chat template rendered with the assistant's opening
+    /// (after the BOS token when the model declares one and the template does not).
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let text = self.tokenizer.render_chat(messages, true)?;
+        self.tokenizer.encode(&text)
+    }
+}
+
 /// Built-in decoder names and the fetchers of their GGUF files.
 pub const BUILT_IN: [(&str, crate::source::Fetcher); 1] =
     [("smollm2-135m-instruct", crate::fetch::smollm2_135m_instruct)];
@@ -64,6 +73,13 @@ pub const NAMES: [&str; 1] = [BUILT_IN[0].0];
 pub fn is_gguf_path(path: &Path) -> bool {
     path.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// Whether `spec` names a decoder LLM (a built-in decoder, a `.gguf` file, or a folder whose
+/// config declares a decoder) rather than an encoder: a server serves it for generation.
+pub fn names_decoder(spec: &str) -> bool {
+    let path = Path::new(spec);
+    NAMES.contains(&spec) || is_gguf_path(path) || (path.is_dir() && hf::is_decoder_folder(path))
 }
 
 /// A decoder named by `--model`, resolved.

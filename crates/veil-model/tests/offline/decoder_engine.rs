@@ -9,7 +9,7 @@ use veil_model::decoder::random::{write_tiny_gguf, write_tiny_gpt2, write_tiny_l
 use veil_model::decoder::{self, DecoderWeights};
 use veil_model::engine::decoder::LogitRows;
 use veil_model::F32Model;
-use veil_model::{generate, GenerateOptions};
+use veil_model::{generate, GenerateOptions, NextLogits};
 use veil_model::{DecoderFormat, FixedDecoder};
 
 /// Token ids of a fixed sequence in the tiny vocabulary (269 tokens).
@@ -130,6 +130,7 @@ fn greedy_generation_agrees_and_stops() {
         max_new_tokens: 12,
         sampling: decoder::sample::SamplingParams::GREEDY,
         stop: vec![],
+        fixed_length: false,
     };
     let (a, stopped) = generate(&mut model.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
     assert_eq!((a.len(), stopped), (12, false));
@@ -141,6 +142,63 @@ fn greedy_generation_agrees_and_stops() {
     let (c, stopped) = generate(&mut model.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
     let first = a.iter().position(|t| t.id == a[4].id).unwrap();
     assert_eq!((c.len(), stopped), (first, true));
+}
+
+/// A session that counts the model runs it is asked for and the tokens fed to them.
+struct Counting<S> {
+    inner: S,
+    runs: usize,
+    fed: usize,
+}
+
+impl<S: NextLogits> NextLogits for Counting<S> {
+    fn next_logits(&mut self, ids: &[u32]) -> veil_core::Result<Vec<f32>> {
+        self.runs += 1;
+        self.fed += ids.len();
+        self.inner.next_logits(ids)
+    }
+}
+
+/// `fixed_length`: an answer ended early by a stop token still runs one model step per
+/// possible token but the last (what the server of a private session sees), and its tokens
+/// are those of the same generation without it; without it, the steps end at the stop token.
+#[test]
+fn fixed_length_runs_every_step_and_keeps_the_answer() {
+    let w = tiny(false, 3, &TinyShape::default());
+    let model = F32Model::new(&w).unwrap();
+    let mut opts = GenerateOptions {
+        max_new_tokens: 10,
+        sampling: decoder::sample::SamplingParams::GREEDY,
+        stop: vec![],
+        fixed_length: false,
+    };
+    let (all, _) = generate(&mut model.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
+    for stop_at in [0, 3, 9] {
+        opts.stop = vec![all[stop_at].id];
+        let first = all.iter().position(|t| t.id == all[stop_at].id).unwrap();
+        for fixed_length in [false, true] {
+            opts.fixed_length = fixed_length;
+            let mut s = Counting {
+                inner: model.session(),
+                runs: 0,
+                fed: 0,
+            };
+            let (out, stopped) = generate(&mut s, &IDS[..3], &opts, |_| Ok(())).unwrap();
+            assert_eq!(out, all[..first], "stop at {stop_at}, fixed {fixed_length}");
+            assert!(stopped);
+            let runs = if fixed_length { 10 } else { first + 1 };
+            assert_eq!((s.runs, s.fed), (runs, 3 + runs - 1), "stop at {stop_at}");
+        }
+    }
+    // A generation that reaches the limit runs the same steps with or without it.
+    opts.stop = vec![];
+    let mut s = Counting {
+        inner: model.session(),
+        runs: 0,
+        fed: 0,
+    };
+    let (out, stopped) = generate(&mut s, &IDS[..3], &opts, |_| Ok(())).unwrap();
+    assert_eq!((out.len(), stopped, s.runs), (10, false, 10));
 }
 
 /// candle-transformers' `quantized_llama` (an independent Llama) on the GGUF Veil reads: the same

@@ -164,6 +164,7 @@ fn smollm2_simulator_chat_answers_equal_f32(m: &DecoderModel) {
         max_new_tokens: 24,
         sampling: SamplingParams::GREEDY,
         stop: m.weights.config.eos_token_ids.clone(),
+        fixed_length: false,
     };
     let mut same = 0;
     for (i, q) in QUESTIONS.iter().enumerate() {

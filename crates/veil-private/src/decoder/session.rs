@@ -326,14 +326,23 @@ pub struct GenerationClient<'t, C: Channel> {
     tables: &'t DecoderTables,
     truncation: ProductTruncation,
     cap: usize,
+    /// Each exchange's allowance: the set-up, each start, each step; None: no deadline.
+    step_timeout: Option<Duration>,
 }
 
 impl<'t, C: Channel> GenerationClient<'t, C> {
     /// Opens a session for contexts of up to `max_context` positions with a server of the
     /// model whose public tables are `tables` (`veil_model::DecoderTables::encode` from the
     /// open model's matrices). Refuses, before any key material moves, a server that serves
-    /// an encoder or announces another format or other tables (both digests named).
-    pub fn connect(mut ch: C, tables: &'t DecoderTables, max_context: usize) -> Result<Self> {
+    /// an encoder or announces another format or other tables (both digests named). The
+    /// hello and set-up, then each start and each step, must finish within `step_timeout`
+    /// (replacing whatever deadline the channel had, such as its handshake's).
+    pub fn connect(
+        mut ch: C,
+        tables: &'t DecoderTables,
+        max_context: usize,
+        step_timeout: Option<Duration>,
+    ) -> Result<Self> {
         let cfg = tables.config();
         ensure!(
             (1..=cfg.max_positions).contains(&max_context) && max_context <= u32::MAX as usize,
@@ -341,6 +350,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
             "a context of {max_context} positions (the model takes 1..={})",
             cfg.max_positions
         );
+        set_deadline(&mut ch, step_timeout)?;
         Hello {
             max_tokens: max_context as u32,
         }
@@ -376,6 +386,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
             tables,
             truncation: announced.truncation,
             cap: max_context,
+            step_timeout,
         })
     }
 
@@ -417,6 +428,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         );
         // Made before the request so that a local refusal sends nothing.
         let generation = Generation::new(cfg, self.truncation, context_limit)?;
+        set_deadline(&mut self.ch, self.step_timeout)?;
         GenerationRequest::GenerateStart {
             context_limit: context_limit as u32,
         }
@@ -433,6 +445,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
     fn step(&mut self, generation: &mut Generation, ids: &[u32]) -> Result<veil_core::RingTensor> {
         // Refused before the request: the server would end the session on it.
         generation.check_room(ids.len())?;
+        set_deadline(&mut self.ch, self.step_timeout)?;
         GenerationRequest::Step {
             tokens: ids.len() as u32,
         }

@@ -78,6 +78,7 @@ fn greedy() -> GenerateOptions {
         max_new_tokens: NEW_TOKENS,
         sampling: SamplingParams::GREEDY,
         stop: Vec::new(),
+        fixed_length: false,
     }
 }
 
@@ -92,7 +93,7 @@ fn private_generation_equals_the_simulator_twice_in_one_session() {
     let served = Served::new(&w);
     let tables = tables(&w);
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
     assert_eq!(client.truncation(), ProductTruncation::Faithful);
     let cfg = served.model.config().clone();
     let fixed = served.model.fixed();
@@ -160,7 +161,7 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
     // A limit above the session's cap, then 0: refused, the session goes on; then a step
     // without a generation ends it, naming why.
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
     let e = client.start(CAP + 1).err().unwrap();
     assert!(e.to_string().contains("this session takes 1..=20"), "{e}");
     send_raw(
@@ -181,7 +182,7 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
 
     // A step beyond the limit: the server ends the session and gives the memory back.
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
     let mut g = client.start(6).unwrap();
     let local = g.step(&[1; 7]).err().unwrap();
     assert!(matches!(local, Error::Refused(_)), "{local}");
@@ -207,7 +208,7 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
 
     // A step of no tokens ends the session, naming it.
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
     let g = client.start(3).unwrap();
     drop(g);
     send_raw(&mut client, GenerationRequest::Step { tokens: 0 });
@@ -224,7 +225,7 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
     // A client with another model's tables refuses before any key moves, naming the digests.
     let (ch, server) = served.session();
     let other = tables_of_another_model();
-    let e = GenerationClient::connect(ch, &other, CAP)
+    let e = GenerationClient::connect(ch, &other, CAP, None)
         .err()
         .unwrap()
         .to_string();
@@ -236,7 +237,7 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
 
     // The model and the pool still serve: the next session's tokens equal the simulator's.
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
     let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
     let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
     assert_eq!(ids, simulated(served.model.fixed(), &PROMPT));
@@ -262,7 +263,7 @@ fn the_default_mode_is_announced_and_gives_the_simulators_tokens() {
     let served = Served::new(&w);
     let tables = tables(&w);
     let (ch, server) = served.session_in(ProductTruncation::default());
-    let mut client = GenerationClient::connect(ch, &tables, CAP).unwrap();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
     assert_eq!(client.truncation(), ProductTruncation::OneBitError);
     let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
     let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();

@@ -1,0 +1,96 @@
+"""Private generation from Python: a ``veil.Server`` serving a tiny random Llama decoder in
+background threads (over TLS, its fingerprint pinned) and ``veil.Client.generate`` /
+``Client.chat`` against it. The text equals the fixed-point simulator's (``veil generate
+--simulate``, the oracle) whenever no step's top-two logits are within twice the default
+1-bit-error mode's reach (checked first: the random model and the simulator are deterministic);
+``fixed_length`` changes nothing in the answer; misuse raises ``ValueError``.
+
+The ``veil`` binary is the one ``cargo test --workspace`` built (``target/debug/veil``), or
+``$VEIL_BIN``; without it the tests are skipped, and fail under CI."""
+
+import json
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+import veil
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The most the default one-bit-error truncations move a logit on these models
+# (crates/veil-private/tests/protocol/decoder_party.rs, ONE_BIT_ERROR_BOUND).
+ONE_BIT_ERROR_BOUND = 0.02
+
+
+def veil_binary():
+    path = pathlib.Path(os.environ.get("VEIL_BIN", ROOT / "target" / "debug" / "veil"))
+    if not path.is_file():
+        why = f"{path} is missing: run `cargo test --workspace` (or `cargo build -p veil-cli`) first"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny-decoder")
+    veil.write_tiny_decoder(d, seed=5)
+    return d
+
+
+@pytest.fixture(scope="module")
+def client(decoder, tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")
+    with veil.Server(decoder, listen="127.0.0.1:0", state_dir=state) as server:
+        with veil.Client(decoder, server=server.address, fingerprint=server.fingerprint,
+                         max_context=128) as c:
+            yield c
+
+
+def simulated(decoder, prompt, chat, n):
+    args = [veil_binary(), "generate", "--model", str(decoder), "--simulate", "--json",
+            "--max-new-tokens", str(n)]
+    if chat:
+        args.append("--chat")
+    out = subprocess.run(args + [prompt], check=True, capture_output=True, text=True)
+    report = json.loads(out.stdout)
+    assert min(report["margins"]) > 2 * ONE_BIT_ERROR_BOUND, (
+        f"a near-tie in the simulator's steps {report['margins']}: pick another prompt")
+    return report["text"]
+
+
+def test_generate_streams_the_simulators_text(decoder, client):
+    want = simulated(decoder, "good film", chat=False, n=6)
+    pieces = list(client.generate("good film", max_new_tokens=6))
+    assert all(isinstance(p, str) and p for p in pieces)
+    assert "".join(pieces) == want
+    assert "".join(client.generate("good film", max_new_tokens=6, fixed_length=True)) == want
+    assert client.config["max_context"] == 128
+    assert client.config["family"] == "llama"
+
+
+def test_chat_answers_as_the_simulator(decoder, client):
+    want = simulated(decoder, "good film", chat=True, n=5)
+    got = client.chat([{"role": "user", "content": "good film"}], max_new_tokens=5)
+    assert got == want
+
+
+def test_misuse_raises_value_error(decoder, client):
+    with pytest.raises(ValueError, match="decoder"):
+        client.classify(["good film"])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        client.generate("good film", max_new_tokens=0)
+    with pytest.raises(ValueError, match="empty prompt"):
+        client.generate("")
+    with pytest.raises(ValueError, match="role"):
+        client.chat([{"role": "user"}])
+    with pytest.raises(ValueError, match="no messages"):
+        client.chat([])
+    # More tokens than the session's context, or a context longer than the model's, are
+    # refused before anything is sent.
+    with pytest.raises(ValueError, match="context of 128"):
+        client.generate("good film", max_new_tokens=128)
+    with pytest.raises(ValueError, match="max_context"):
+        veil.Client(decoder, server="127.0.0.1:1", max_context=10**6)
