@@ -4,33 +4,19 @@ background threads (over TLS, its fingerprint pinned) and ``veil.Client.generate
 --simulate``, the oracle) whenever no step's top-two logits are within twice the default
 1-bit-error mode's reach (checked first: the random model and the simulator are deterministic);
 ``fixed_length`` changes nothing in the answer; misuse raises ``ValueError``.
-
-The ``veil`` binary is the one ``cargo test --workspace`` built (``target/debug/veil``), or
-``$VEIL_BIN``; without it the tests are skipped, and fail under CI."""
+The ``veil`` command is ``veil_cli.veil_binary()``'s."""
 
 import json
-import os
-import pathlib
 import subprocess
 
 import pytest
 
 import veil
+from veil_cli import veil_binary
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The most the default one-bit-error truncations move a logit on these models
 # (crates/veil-private/tests/protocol/decoder_party.rs, ONE_BIT_ERROR_BOUND).
 ONE_BIT_ERROR_BOUND = 0.02
-
-
-def veil_binary():
-    path = pathlib.Path(os.environ.get("VEIL_BIN", ROOT / "target" / "debug" / "veil"))
-    if not path.is_file():
-        why = f"{path} is missing: run `cargo test --workspace` (or `cargo build -p veil-cli`) first"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -2,19 +2,17 @@
 a tiny random Llama in the fixed-point simulator, a whole and a streamed completion equal
 ``veil generate``'s text for the same seed, and a bad request raises the API's own error class
 with the proxy's error object while the proxy keeps answering.
-
-The ``veil`` binary is the one ``cargo test --workspace`` built (``target/debug/veil``), or
-``$VEIL_BIN``; without it the tests are skipped, and fail under CI."""
+The ``veil`` command is ``veil_cli.veil_binary()``'s."""
 
 import json
 import os
-import pathlib
 import subprocess
 import threading
 
 import pytest
 
 import veil
+from veil_cli import veil_binary
 
 try:
     import openai
@@ -22,18 +20,6 @@ except ImportError:
     if os.environ.get("CI"):
         raise
     pytest.skip("the openai package is not installed", allow_module_level=True)
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def veil_binary():
-    path = pathlib.Path(os.environ.get("VEIL_BIN", ROOT / "target" / "debug" / "veil"))
-    if not path.is_file():
-        why = f"{path} is missing: run `cargo test --workspace` (or `cargo build -p veil-cli`) first"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return str(path)
 
 
 @pytest.fixture(scope="module")
