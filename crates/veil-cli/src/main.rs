@@ -7,6 +7,7 @@ mod chat_cmd;
 mod classify_cmd;
 mod decoding;
 mod demo;
+mod demo_chat;
 mod embed_cmd;
 mod eval_cmd;
 mod generate_cmd;
@@ -58,9 +59,11 @@ from a hub)";
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Starts a server and a client over loopback and classifies a few sentences privately.
+    /// Starts a server and a client over loopback and classifies a few sentences privately;
+    /// with a decoder LLM (`--model smollm2-135m-instruct`), answers one question privately.
     Demo {
-        /// A model with a classifier.
+        /// A model with a classifier, or a decoder LLM (one chat turn: the sentence is the
+        /// question; default: a built-in one).
         #[arg(long, default_value = "default", long_help = MODEL_HELP)]
         model: String,
         /// Sentences to classify (default: a few for the model's task).
@@ -582,6 +585,28 @@ fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) ->
 fn run(cli: Cli) -> Result<()> {
     veil_model::progress::set_quiet(cli.quiet);
     match cli.cmd {
+        Cmd::Demo {
+            model,
+            sentences,
+            pairs,
+            pad_to,
+            truncate,
+            net,
+            tls,
+            json,
+            ..
+        } if veil_model::decoder::names_decoder(&model) => {
+            // A decoder's demo is one private chat turn: the encoder's options do not apply.
+            if pairs || pad_to.is_some() || truncate || net.is_some() || json || sentences.len() > 1
+            {
+                bail!(
+                    InvalidArgument,
+                    "a decoder's demo takes one question and --tls only (--pairs, --pad-to, \
+                     --truncate, --net and --json are for classifiers)"
+                );
+            }
+            demo_chat::run(&model, sentences.into_iter().next(), tls)
+        }
         Cmd::Demo {
             model,
             sentences,

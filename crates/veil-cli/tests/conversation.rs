@@ -6,7 +6,8 @@
 //! run on the whole prompt, and every bad request gets its OpenAI error object and status while
 //! the proxy keeps answering.
 //! `veil serve` of the same decoder folder and `veil generate --connect`: private generation's
-//! tokens are the simulator's, client after client, and `veil proxy --connect` answers with them.
+//! tokens are the simulator's, client after client, and `veil proxy --connect` answers with them;
+//! `veil demo` of the decoder answers one question privately as the simulator does.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -545,4 +546,68 @@ fn private_generation_through_veil_serve_equals_the_simulator() {
         let expected = simulated(tmp.path(), &messages, 4, SamplingParams::GREEDY);
         assert_eq!(answer, expected);
     }
+}
+
+/// `veil demo` of a decoder folder: one private chat turn with a server thread over TLS on
+/// loopback; the answer is the simulator's up to its first near-tie (where the 1-bit-error
+/// truncations may pick either token; at least four tokens on this model and question) and
+/// the cost lines follow it.
+#[test]
+fn demo_of_a_decoder_answers_privately_as_the_simulator() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_llama(tmp.path());
+    let dir = tmp.path().to_str().unwrap();
+    let model = decoder::load(dir).unwrap();
+    let fixed = FixedDecoder::encode(&model.weights, DecoderFormat::default()).unwrap();
+    let opts = GenerateOptions {
+        // The demo's limit.
+        max_new_tokens: 24,
+        sampling: SamplingParams::GREEDY,
+        stop: model.weights.config.eos_token_ids.clone(),
+        fixed_length: false,
+    };
+    // The simulator's answer up to its first near-tie, for the first question whose answer
+    // has at least four tokens before one (the model and the simulator are deterministic).
+    let sure_answer = |question: &str| {
+        let ids = model
+            .chat_prompt(&[ChatMessage::new("user", question)])
+            .unwrap();
+        let (tokens, _) = generate(&mut fixed.session(), &ids, &opts, |_| Ok(())).unwrap();
+        let sure = tokens
+            .iter()
+            .position(|t| f64::from(t.margin) <= 2.0 * ONE_BIT_ERROR_BOUND)
+            .unwrap_or(tokens.len());
+        let ids: Vec<u32> = tokens[..sure].iter().map(|t| t.id).collect();
+        (sure >= 4).then(|| model.tokenizer.decode(&ids).unwrap())
+    };
+    let questions = [
+        "good film",
+        "a bad film",
+        "great",
+        "the film",
+        "awful",
+        "good",
+        "bad",
+    ];
+    let (question, want) = questions
+        .iter()
+        .find_map(|q| sure_answer(q).map(|a| (*q, a)))
+        .expect("no question without an early near-tie");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(["demo", "--model", dir, "--tls", question])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("answer: {want}")),
+        "{want:?} in {stdout}"
+    );
+    assert!(stdout.contains("\nset-up: "), "{stdout}");
+    assert!(stdout.contains("\ngeneration: "), "{stdout}");
 }

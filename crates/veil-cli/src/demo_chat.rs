@@ -1,0 +1,114 @@
+//! `veil demo --model <decoder>`: the decoder served on a thread of this process (what `veil
+//! serve` runs) and one private chat turn with it over TCP loopback (TLS 1.3 with `--tls`, the
+//! server's in-memory identity pinned): a question (a built-in one by default), the answer
+//! printed as its tokens come, then what the set-up, the prefill and the decode steps cost.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Instant;
+
+use veil_core::{Error, Result};
+use veil_model::decoder::sample::SamplingParams;
+use veil_model::decoder::{self, ChatMessage};
+use veil_model::{generate_text, DecoderFormat, DecoderTables, FixedDecoder, GenerateOptions};
+use veil_net::{LabelStats, Role};
+use veil_private::{
+    ClientTransport, GenerationClient, ServerBuilder, ServerDecoder, ServerIdentity,
+};
+
+/// Asked when the command line gives no question.
+const QUESTION: &str = "What is the capital of France?";
+/// The answer's most tokens (the built-in question's answer is one short sentence).
+const MAX_NEW_TOKENS: usize = 24;
+
+pub(crate) fn run(model: &str, question: Option<String>, tls: bool) -> Result<()> {
+    let question = question.unwrap_or_else(|| QUESTION.into());
+    let m = decoder::load(model)?;
+    let ids = match m.tokenizer.has_chat_template() {
+        true => m.chat_prompt(&[ChatMessage::new("user", &question)])?,
+        false => m.tokenizer.encode(&question)?,
+    };
+    if ids.is_empty() {
+        return Err(Error::InvalidArgument("an empty question".into()));
+    }
+    let context = ids.len() + MAX_NEW_TOKENS - 1;
+    let tables = DecoderTables::of_weights(&m.weights, DecoderFormat::default())?;
+    let fixed = FixedDecoder::encode(&m.weights, DecoderFormat::default())?;
+    let identity = match tls {
+        true => ServerIdentity::Ephemeral,
+        false => ServerIdentity::Plaintext,
+    };
+    let server = ServerBuilder::new(identity)
+        .build_decoder(Arc::new(ServerDecoder::new(fixed)?))?
+        .spawn(TcpListener::bind("127.0.0.1:0")?)?;
+    let transport = ClientTransport {
+        server_fingerprint: server.fingerprint(),
+        insecure_plaintext: !tls,
+        ..ClientTransport::default()
+    };
+    let over = if tls {
+        "TLS 1.3 on TCP loopback"
+    } else {
+        "TCP loopback"
+    };
+    eprintln!(
+        "veil demo: {model}, {} blocks, privately over {over}; {} prompt tokens (the chat \
+         template around the question), at most {MAX_NEW_TOKENS} new ones.",
+        m.weights.config.layers,
+        ids.len()
+    );
+    println!("question: {question}");
+    let start = Instant::now();
+    let mut client = GenerationClient::connect(
+        transport.connect(&server.local_addr().to_string())?,
+        &tables,
+        context,
+        None,
+    )?;
+    let setup = (
+        start.elapsed().as_secs_f64(),
+        client.channel().meter().total(),
+    );
+    client.channel().meter().reset();
+    let opts = GenerateOptions {
+        max_new_tokens: MAX_NEW_TOKENS,
+        sampling: SamplingParams::GREEDY,
+        stop: m.weights.config.eos_token_ids.clone(),
+        fixed_length: false,
+    };
+    print!("answer: ");
+    let start = Instant::now();
+    let mut first: Option<f64> = None;
+    let mut g = client.start(context)?;
+    let (tokens, _) = generate_text(&mut g, &m.tokenizer, &ids, &opts, |piece| {
+        first.get_or_insert_with(|| start.elapsed().as_secs_f64());
+        print!("{piece}");
+        std::io::stdout().flush().map_err(Error::Io)
+    })?;
+    g.end()?;
+    println!();
+    let total = start.elapsed().as_secs_f64();
+    let prefill = first.unwrap_or(total);
+    let cost = client.channel().meter().total();
+    client.close()?;
+    server.stop()?;
+    let mb = |s: &LabelStats| {
+        format!(
+            "{:.1} MB to the server, {:.1} MB back, {} flights",
+            s.client_to_server(Role::Client) as f64 / 1e6,
+            s.server_to_client(Role::Client) as f64 / 1e6,
+            s.rounds()
+        )
+    };
+    println!("set-up: {:.2} s, {}", setup.0, mb(&setup.1));
+    println!(
+        "generation: {} prompt tokens and {} new ones in {total:.1} s (prefill and the first \
+         token {prefill:.1} s, then {:.1} s per token), {}",
+        ids.len(),
+        tokens.len(),
+        (total - prefill) / tokens.len().saturating_sub(1).max(1) as f64,
+        mb(&cost)
+    );
+    Ok(())
+}
