@@ -8,7 +8,14 @@
 //! 2^{2f}; the bias must be encoded at 2^{2f}. Truncation back to 2^f is a separate protocol.
 //! **Security and error:** as [`crate::matmul`] (exact mod 2^ℓ, at ℓ = 48 except with probability
 //! 2^-69 per output; the weights' size is checked against the flooding budget when the layer is
-//! prepared, through the public bound [`WEIGHT_BOUND`]).
+//! prepared, through the public bound [`WEIGHT_BOUND`]). **Flights:** 2 per request (one
+//! Π_MatMul batch).
+//!
+//! **Which cut.** Both parties derive the layout from the request's public [`FcLayer`]: its row
+//! count and the row limit it is priced for ([`FcLayer::layout`]). [`fc_server`] prices a request
+//! at the prepared layer's limit (an encoder's cuts, whose NTT forms may be kept);
+//! [`fc_server_for`] takes the limit from the request (a decoder's prompt priced for its own
+//! length), which the prepared weights serve as well, since they are cut at use time.
 
 use veil_core::{ensure, Result, RingTensor};
 use veil_he::{ParamSet, Params};

@@ -9,7 +9,12 @@
 //! open model, so the client embeds its own ids from it (`veil_model::DecoderTables::embed`,
 //! the simulator's code) and holds the result as its share; the server's share is zero and it
 //! is told only how many tokens a step has. Linear layers: the server's weights times the
-//! shared rows by BFV (`veil_linear::fc_client` / `fc_server`), then one truncation. Norms:
+//! shared rows by BFV (`veil_linear::fc_client` / `fc_server_for`), then one truncation; the
+//! layers that read the same rows (a block's query, key and value; a Llama block's gate and up)
+//! are one product against their weights stacked and one truncation, so the rows are encrypted
+//! and sent once (`model::fused_group`, public). Each request is priced for its own row count
+//! (a prompt's layout for that prompt, a step's the matrix × vector one), which both parties
+//! derive from the public number of rows. Norms:
 //! `veil_nonlinear::Ctx::rms_norm` / `layer_norm_at` on the format's wide domain with the
 //! server's γ (and β). Rotary positions: public cos and sin, local on each share, one
 //! truncation. Q·Kᵀ and P·V: BFV products of shares by shares (`veil_linear::cross`), one

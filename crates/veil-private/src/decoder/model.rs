@@ -204,3 +204,79 @@ impl ServerDecoder {
             .ok_or_else(|| Error::Unsupported(format!("the decoder has no private layer {id:?}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(family: DecoderFamily) -> DecoderConfig {
+        let llama = family == DecoderFamily::Llama;
+        DecoderConfig {
+            family,
+            vocab_size: 100,
+            hidden: 576,
+            layers: 2,
+            heads: 9,
+            kv_heads: if llama { 3 } else { 9 },
+            head_dim: 64,
+            intermediate: 1536,
+            norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+            max_positions: 2048,
+            attention_bias: !llama,
+            mlp_bias: !llama,
+            tie_word_embeddings: true,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+        }
+    }
+
+    /// The groups partition a model's private layers, each led by the layer the forward pass
+    /// asks for first; a group's product has its members' input width and their outputs side
+    /// by side, priced for its own rows; layers of different input widths are refused.
+    #[test]
+    fn fused_groups_partition_the_layers_and_share_one_input() {
+        let ring = Ring::new(48).unwrap();
+        for family in [DecoderFamily::Llama, DecoderFamily::Gpt2] {
+            let cfg = config(family);
+            let layers = private_layers(&cfg);
+            let mut seen = Vec::new();
+            for &id in &layers {
+                let group = fused_group(id, &cfg);
+                assert!(group.contains(&id), "{id:?}: {group:?}");
+                for &member in &group {
+                    assert_eq!(fused_group(member, &cfg), group, "{member:?}");
+                }
+                if group[0] == id {
+                    let at = layers.iter().position(|&l| l == id).unwrap();
+                    assert_eq!(&layers[at..at + group.len()], group.as_slice());
+                    seen.extend(group.iter().copied());
+                    for rows in [1, 7, 40] {
+                        let shape = decoder_fc_shape(&group, &cfg, ring, rows).unwrap();
+                        let outs: usize = group.iter().map(|&m| dims(m, &cfg).unwrap().1).sum();
+                        assert_eq!(shape.in_features, dims(id, &cfg).unwrap().0);
+                        assert_eq!(shape.out_features, outs);
+                        assert_eq!((shape.seq, shape.max_seq), (rows, rows));
+                    }
+                }
+            }
+            assert_eq!(seen, layers, "{family:?}");
+        }
+        let llama = config(DecoderFamily::Llama);
+        assert_eq!(
+            fused_group(DecoderLayer::Up(1), &llama),
+            [DecoderLayer::Gate(1), DecoderLayer::Up(1)]
+        );
+        let q = decoder_fc_shape(&fused_group(DecoderLayer::Key(0), &llama), &llama, ring, 1);
+        assert_eq!(q.unwrap().out_features, 576 + 2 * 192);
+        let gpt2 = config(DecoderFamily::Gpt2);
+        assert_eq!(
+            fused_group(DecoderLayer::Up(0), &gpt2),
+            [DecoderLayer::Up(0)]
+        );
+        let mixed = [DecoderLayer::Query(0), DecoderLayer::Down(0)];
+        assert!(decoder_fc_shape(&mixed, &llama, ring, 1).is_err());
+        assert!(decoder_fc_shape(&[], &llama, ring, 1).is_err());
+    }
+}

@@ -125,27 +125,21 @@ pub struct DecoderParty<'a, C: Channel> {
     format: DecoderFormat,
     generation: &'a mut Generation,
     /// Products computed with their group's lead ([`fused_group`]), not yet asked for: this
-    /// party's shares, untruncated, with the rows they were computed on.
+    /// party's truncated shares, with the rows they were computed on.
     pending: Vec<Pending>,
 }
 
-/// A member's share of a fused product, waiting for the forward pass to ask for it.
+/// A member's truncated share of a fused product, waiting for the forward pass to ask for it.
 struct Pending {
     id: DecoderLayer,
     input: RingTensor,
-    product: RingTensor,
-}
-
-impl Pending {
-    fn zeroize(&mut self) {
-        self.input.zeroize();
-        self.product.zeroize();
-    }
+    output: RingTensor,
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        self.zeroize();
+        self.input.zeroize();
+        self.output.zeroize();
     }
 }
 
@@ -304,12 +298,12 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     /// the LM head is the public table applied by the client (`DecoderParty::head`).
     ///
     /// Layers that share their input ([`fused_group`]: a block's query, key and value; a Llama
-    /// block's gate and up) are one HE product against their stacked weights, run when the
-    /// forward pass asks for the group's lead: the rows are encrypted and sent once and the
-    /// round trips fall from seven to four per block. The other members' products wait, still
-    /// untruncated, until the forward pass asks for them with the same rows (checked on this
-    /// party's share); each member is then truncated on its own, in the forward pass's order,
-    /// so the truncations are those of one product per layer.
+    /// block's gate and up) are one HE product against their stacked weights and one
+    /// truncation, run when the forward pass asks for the group's lead: the rows are encrypted
+    /// and sent once and the members share every flight. The other members' truncated shares
+    /// wait until the forward pass asks for them with the same rows (checked on this party's
+    /// share). Truncation is elementwise, so each member's values are those of its own product
+    /// and truncation (bit for bit in the faithful mode).
     fn linear(&mut self, id: DecoderLayer, x: &RingTensor) -> Result<RingTensor> {
         if id == DecoderLayer::LmHead {
             return self.head(x);
@@ -325,41 +319,41 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
                     group[0]
                 );
             };
-            let mut p = self.pending.remove(at);
+            let p = self.pending.remove(at);
             ensure!(
                 p.input == *x,
                 InvalidArgument,
                 "layer {id:?} asked for with other rows than its group's lead {:?}",
                 group[0]
             );
-            let out = self.truncate(&p.product);
-            p.zeroize();
-            return out;
+            return Ok(p.output.clone());
         }
         self.clear_pending();
         let rows = x.dims().0;
         let shape = decoder_fc_shape(&group, cfg, x.ring(), rows)?;
-        let acc = {
+        let mut acc = {
             let _g = self.ch.meter().enter(CostClass::MatMul);
             match self.side {
                 DecoderSide::Client(s, _) => fc_client(self.ch, s, &shape, x)?,
                 DecoderSide::Server(s, m) => fc_server_for(self.ch, s, m.layer(id)?, &shape, x)?,
             }
         };
+        let all = self.truncate(&acc);
+        acc.zeroize();
+        let mut all = all?;
         let widths = group_widths(&group, cfg)?;
         let mut from = widths[0];
         for (&member, &w) in group.iter().zip(&widths).skip(1) {
             self.pending.push(Pending {
                 id: member,
                 input: x.clone(),
-                product: acc.columns(from, w)?,
+                output: all.columns(from, w)?,
             });
             from += w;
         }
-        let lead = acc.columns(0, widths[0])?;
-        let mut acc = acc;
-        acc.zeroize();
-        self.truncate(&lead)
+        let lead = all.columns(0, widths[0]);
+        all.zeroize();
+        lead
     }
 
     /// RMSNorm (Llama) or LayerNorm (GPT-2) on the format's wide domain, with the server's γ
