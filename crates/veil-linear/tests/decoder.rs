@@ -502,15 +502,41 @@ fn requests_priced_for_their_rows_are_exact_at_l48() {
         );
     }
     let c = case(2, 576, 192, 63);
-    let fc = PreparedFc::new(FcLayer { max_seq: 4, ..c.layer }, &c.w, None).unwrap();
+    let fc = PreparedFc::new(
+        FcLayer {
+            max_seq: 4,
+            ..c.layer
+        },
+        &c.w,
+        None,
+    )
+    .unwrap();
     let mut g = Prg::from_seed(&Seed([63; 16]));
     let (_, x1) = share(&c.x, &mut g).unwrap();
     let bad = [
-        FcLayer { max_seq: 5, ..c.layer },
-        FcLayer { seq: 1, max_seq: 2, ..c.layer },
-        FcLayer { out_features: 191, max_seq: 2, ..c.layer },
-        FcLayer { in_features: 575, max_seq: 2, ..c.layer },
-        FcLayer { max_seq: 0, ..c.layer },
+        FcLayer {
+            max_seq: 5,
+            ..c.layer
+        },
+        FcLayer {
+            seq: 1,
+            max_seq: 2,
+            ..c.layer
+        },
+        FcLayer {
+            out_features: 191,
+            max_seq: 2,
+            ..c.layer
+        },
+        FcLayer {
+            in_features: 575,
+            max_seq: 2,
+            ..c.layer
+        },
+        FcLayer {
+            max_seq: 0,
+            ..c.layer
+        },
     ];
     let (_, refused) = run_two_party(
         |ch| ClientSession::setup(ch, ring()).map(drop),
@@ -521,7 +547,11 @@ fn requests_priced_for_their_rows_are_exact_at_l48() {
                 .iter()
                 .map(|r| fc_server_for(ch, &s, &fc, r, &x1).is_err())
                 .collect::<Vec<_>>();
-            assert_eq!(ch.meter().total().bytes_sent, sent, "a refusal sent something");
+            assert_eq!(
+                ch.meter().total().bytes_sent,
+                sent,
+                "a refusal sent something"
+            );
             Ok(refused)
         },
     )

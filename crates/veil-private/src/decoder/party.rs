@@ -16,8 +16,8 @@ use veil_net::{Channel, Meter, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
 use super::model::{decoder_fc_shape, fused_group, group_widths, ServerDecoder};
-use zeroize::Zeroize;
 use crate::protocol::OutputShare;
+use zeroize::Zeroize;
 
 /// What only one side has.
 pub enum DecoderSide<'a> {
