@@ -8,7 +8,14 @@
 //! 2^{2f}; the bias must be encoded at 2^{2f}. Truncation back to 2^f is a separate protocol.
 //! **Security and error:** as [`crate::matmul`] (exact mod 2^ℓ, at ℓ = 48 except with probability
 //! 2^-69 per output; the weights' size is checked against the flooding budget when the layer is
-//! prepared, through the public bound [`WEIGHT_BOUND`]).
+//! prepared, through the public bound [`WEIGHT_BOUND`]). **Flights:** 2 per request (one
+//! Π_MatMul batch).
+//!
+//! **Which cut.** Both parties derive the layout from the request's public [`FcLayer`]: its row
+//! count and the row limit it is priced for ([`FcLayer::layout`]). [`fc_server`] prices a request
+//! at the prepared layer's limit (an encoder's cuts, whose NTT forms may be kept);
+//! [`fc_server_for`] takes the limit from the request (a decoder's prompt priced for its own
+//! length), which the prepared weights serve as well, since they are cut at use time.
 
 use veil_core::{ensure, Result, RingTensor};
 use veil_he::{ParamSet, Params};
@@ -168,6 +175,41 @@ pub fn fc_server<C: Channel + ?Sized>(
         ..fc.layer
     }
     .layout(pk.params())?;
+    let bias = fc.bias_rows(rows)?;
+    let job = ServerJob {
+        matrix: &fc.matrix,
+        layout,
+        lhs_share: Some(x1),
+        add: bias.as_ref(),
+    };
+    Ok(server_respond(ch, pk, Some(gk), &[job])?.remove(0))
+}
+
+/// Server side of a request whose public shape `request` the parties derived themselves
+/// (its `max_seq` picks the cut, [`FcLayer::layout`]): a layer prepared once for up to
+/// `fc.layer().max_seq` rows serves a request priced for a tighter row limit, e.g. a decoder's
+/// prompt priced for its own length rather than the model's context. The request must have the
+/// prepared layer's features and set, `x1`'s rows, and a `max_seq` within the prepared one.
+pub fn fc_server_for<C: Channel + ?Sized>(
+    ch: &mut C,
+    session: &ServerSession,
+    fc: &PreparedFc,
+    request: &FcLayer,
+    x1: &RingTensor,
+) -> Result<RingTensor> {
+    let rows = x1.shape().first().copied().unwrap_or(0);
+    ensure!(
+        request.in_features == fc.layer.in_features
+            && request.out_features == fc.layer.out_features
+            && request.set == fc.layer.set
+            && request.seq == rows
+            && (1..=fc.layer.max_seq).contains(&request.max_seq),
+        InvalidArgument,
+        "request {request:?} for {rows} rows does not fit the prepared layer {:?}",
+        fc.layer
+    );
+    let (pk, gk) = session.keys_for(fc.layer.set)?;
+    let layout = request.layout(pk.params())?;
     let bias = fc.bias_rows(rows)?;
     let job = ServerJob {
         matrix: &fc.matrix,

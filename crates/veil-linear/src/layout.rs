@@ -802,3 +802,71 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod decoder_choices {
+    use super::*;
+    use veil_core::Ring;
+    use veil_he::ParamSet;
+
+    /// Prints the layouts and modelled prices of the decoder's products at ℓ = 48 (SmolLM2's
+    /// and GPT-2's FC shapes, q|k|v and gate|up stacked, at 1, 8 and 40 rows, each priced for
+    /// its own rows and for a 2,048-row limit; the attention products at a few context lengths):
+    /// `cargo test -p veil-linear --lib decoder_choices -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "prints the search's choices"]
+    fn print_decoder_choices() {
+        let ring = Ring::new(48).unwrap();
+        let p = Params::new(ParamSet::N8192Q4L48, ring).unwrap();
+        let bound = crate::fc::WEIGHT_BOUND;
+        let shapes = [
+            (576, 576),
+            (576, 192),
+            (576, 960),
+            (576, 1536),
+            (576, 3072),
+            (1536, 576),
+            (768, 768),
+            (768, 2304),
+            (768, 3072),
+            (3072, 768),
+        ];
+        for (k, m) in shapes {
+            for n in [1usize, 8, 40] {
+                for limit in [n, 2048] {
+                    let wb = WeightBlocking::for_rows(&p, n, limit, k, m, bound).unwrap();
+                    let lay = Layout::for_weights(&p, n, k, m, wb).unwrap();
+                    let c = lay.counts();
+                    let pr = c.price(&p);
+                    println!(
+                        "{k}x{m} n={n} limit={limit}: {:?} {c:?} server {:.0} ms client {:.0} ms \
+                         {:.2} MB modelled {:.2} s",
+                        lay.blocks,
+                        pr.server_us / 1e3,
+                        pr.client_us / 1e3,
+                        pr.bits / 8e6,
+                        pr.seconds()
+                    );
+                }
+            }
+        }
+        let shared = Params::new(veil_he::session::shared_set(ring), ring).unwrap();
+        for t in [9usize, 41] {
+            for dims in [vec![(1usize, 64usize, t); 9], vec![(1, t, 64); 9]] {
+                for lay in crate::cross::layouts(&shared, &dims).unwrap() {
+                    let c = lay.counts();
+                    println!(
+                        "attention t={t} {:?}: {}x{}x{} ({} heads) {:?} {c:?} {:.2} MB",
+                        dims[0],
+                        lay.n,
+                        lay.k,
+                        lay.m,
+                        lay.heads,
+                        lay.blocks,
+                        c.price(&shared).bits / 8e6
+                    );
+                }
+            }
+        }
+    }
+}

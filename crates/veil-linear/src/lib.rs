@@ -53,7 +53,7 @@ pub mod premask;
 pub mod triples;
 
 pub use cross::{shared_matmul_client, shared_matmul_server};
-pub use fc::{fc_client, fc_server, FcLayer, PreparedFc};
+pub use fc::{fc_client, fc_server, fc_server_for, FcLayer, PreparedFc};
 pub use layout::{Blocking, Layout, WeightBlocking};
 pub use lookup::{lookup_client, lookup_server, LookupMethod, LookupShape, PreparedLookup};
 pub use matmul::{PreparedMatrix, ServerJob};

@@ -468,3 +468,93 @@ fn print_attention_costs() {
         .unwrap();
     }
 }
+
+/// A request priced for its own rows ([`fc_server_for`], the decoder's prompts and steps) on a
+/// layer prepared for 2,048 rows is exact at ℓ = 48, on the stacked shapes the decoder sends
+/// (SmolLM2's q|k|v, 576 → 960; gate|up, 576 → 3,072) and edge row counts; requests that do not
+/// fit the prepared layer are refused before anything is sent.
+#[test]
+fn requests_priced_for_their_rows_are_exact_at_l48() {
+    for (seq, inp, out, tag) in [(1, 576, 960, 60), (1, 576, 3072, 61), (3, 576, 960, 62)] {
+        let c = case(seq, inp, out, tag);
+        let request = FcLayer {
+            max_seq: seq,
+            ..c.layer
+        };
+        let fc = PreparedFc::new(c.layer, &c.w, Some(&c.b)).unwrap();
+        let mut g = Prg::from_seed(&Seed([tag; 16]));
+        let (x0, x1) = share(&c.x, &mut g).unwrap();
+        let (y0, y1) = run_two_party(
+            |ch| {
+                let s = ClientSession::setup(ch, ring())?;
+                fc_client(ch, &s, &request, &x0)
+            },
+            |ch| {
+                let s = ServerSession::setup(ch, ring())?;
+                fc_server_for(ch, &s, &fc, &request, &x1)
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            reconstruct(&y0, &y1).unwrap().data(),
+            oracle(&c),
+            "{seq}x{inp}x{out}"
+        );
+    }
+    let c = case(2, 576, 192, 63);
+    let fc = PreparedFc::new(
+        FcLayer {
+            max_seq: 4,
+            ..c.layer
+        },
+        &c.w,
+        None,
+    )
+    .unwrap();
+    let mut g = Prg::from_seed(&Seed([63; 16]));
+    let (_, x1) = share(&c.x, &mut g).unwrap();
+    let bad = [
+        FcLayer {
+            max_seq: 5,
+            ..c.layer
+        },
+        FcLayer {
+            seq: 1,
+            max_seq: 2,
+            ..c.layer
+        },
+        FcLayer {
+            out_features: 191,
+            max_seq: 2,
+            ..c.layer
+        },
+        FcLayer {
+            in_features: 575,
+            max_seq: 2,
+            ..c.layer
+        },
+        FcLayer {
+            max_seq: 0,
+            ..c.layer
+        },
+    ];
+    let (_, refused) = run_two_party(
+        |ch| ClientSession::setup(ch, ring()).map(drop),
+        |ch| {
+            let s = ServerSession::setup(ch, ring())?;
+            let sent = ch.meter().total().bytes_sent;
+            let refused = bad
+                .iter()
+                .map(|r| fc_server_for(ch, &s, &fc, r, &x1).is_err())
+                .collect::<Vec<_>>();
+            assert_eq!(
+                ch.meter().total().bytes_sent,
+                sent,
+                "a refusal sent something"
+            );
+            Ok(refused)
+        },
+    )
+    .unwrap();
+    assert!(refused.iter().all(|&r| r), "{refused:?}");
+}

@@ -9,7 +9,12 @@
 //! open model, so the client embeds its own ids from it (`veil_model::DecoderTables::embed`,
 //! the simulator's code) and holds the result as its share; the server's share is zero and it
 //! is told only how many tokens a step has. Linear layers: the server's weights times the
-//! shared rows by BFV (`veil_linear::fc_client` / `fc_server`), then one truncation. Norms:
+//! shared rows by BFV (`veil_linear::fc_client` / `fc_server_for`), then one truncation; the
+//! layers that read the same rows (a block's query, key and value; a Llama block's gate and up)
+//! are one product against their weights stacked and one truncation, so the rows are encrypted
+//! and sent once (`model::fused_group`, public). Each request is priced for its own row count
+//! (a prompt's layout for that prompt, a step's the matrix × vector one), which both parties
+//! derive from the public number of rows. Norms:
 //! `veil_nonlinear::Ctx::rms_norm` / `layer_norm_at` on the format's wide domain with the
 //! server's γ (and β). Rotary positions: public cos and sin, local on each share, one
 //! truncation. Q·Kᵀ and P·V: BFV products of shares by shares (`veil_linear::cross`), one
@@ -61,11 +66,12 @@
 //!
 //! **Flights** (measured on the tests' tiny models, 2 blocks of width 32, at the shipped
 //! (48, 13); they depend on the format and the context length, not on the width). A decode step
-//! (n = 1) in the 1-bit-error mode takes 790 flights on the two Llama blocks: per block RMSNorm
-//! 2 × 74, Softmax 108, SiLU 76, the gated product 4, the seven HE products 9, truncations 13,
-//! plus the final norm, one flight for the head and an OT refill; 766 on the two GPT-2 blocks
-//! (LayerNorm 2 × 78, Softmax 108, GELU 64, HE products 8, truncations 8, the final norm, the
-//! head). Faithful truncations about double the norms, Softmax and SiLU (≈ 775 per Llama block
+//! (n = 1) in the 1-bit-error mode takes 778 flights on the two Llama blocks: per block RMSNorm
+//! 2 × 74, Softmax 108, SiLU 76, the gated product 4, the six HE products (q|k|v, o, gate|up,
+//! down, Q·Kᵀ, P·V) 6, truncations 10, plus the final norm, one flight for the head and an OT
+//! refill; 758 on the two GPT-2 blocks (LayerNorm 2 × 78, Softmax 108, GELU 64, HE products 6,
+//! truncations 6, the final norm, the head). (Before q, k, v and gate, up were fused: 790 and
+//! 766.) Faithful truncations about double the norms, Softmax and SiLU (≈ 775 per Llama block
 //! when measured at ℓ = 41). Softmax's max tree adds 12 flights per block each time the context
 //! doubles. A prefill costs the same flights as a decode step: its rows share every flight.
 //!

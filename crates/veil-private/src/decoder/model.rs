@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use veil_core::{bail, ensure, Error, Result, Ring};
+use veil_core::{bail, ensure, Error, Result, Ring, RingTensor};
 use veil_linear::{FcLayer, PreparedFc};
 use veil_model::decoder::{DecoderConfig, DecoderFamily};
 use veil_model::engine::decoder::{DecoderLayer, DecoderNorm};
@@ -33,21 +33,58 @@ fn dims(id: DecoderLayer, cfg: &DecoderConfig) -> Result<(usize, usize)> {
     })
 }
 
-/// The public shape of layer `id` for `rows` input rows over `ring` (the format's: it picks the
-/// HE set, `N8192Q4L48` at ℓ = 48). The weights are cut once for any number of rows up to the
-/// model's `max_positions` (a prefill of the whole context at most).
+/// The layers one HE product computes when the forward pass asks for `id`: a block's query, key
+/// and value (one input, the normed rows) and a Llama block's gate and up projections (likewise)
+/// are one product against their weights stacked, so the client's rows are encrypted and sent
+/// once; any other layer alone. Public (the configuration's family and `id`), so both parties
+/// agree; the first member is the group's lead, the one the forward pass asks for first.
+pub(crate) fn fused_group(id: DecoderLayer, cfg: &DecoderConfig) -> Vec<DecoderLayer> {
+    match id {
+        DecoderLayer::Query(i) | DecoderLayer::Key(i) | DecoderLayer::Value(i) => vec![
+            DecoderLayer::Query(i),
+            DecoderLayer::Key(i),
+            DecoderLayer::Value(i),
+        ],
+        DecoderLayer::Gate(i) | DecoderLayer::Up(i) if cfg.family == DecoderFamily::Llama => {
+            vec![DecoderLayer::Gate(i), DecoderLayer::Up(i)]
+        }
+        other => vec![other],
+    }
+}
+
+/// The output columns of each member of `group`, in order.
+pub(crate) fn group_widths(group: &[DecoderLayer], cfg: &DecoderConfig) -> Result<Vec<usize>> {
+    group.iter().map(|&id| Ok(dims(id, cfg)?.1)).collect()
+}
+
+/// The public shape of the product computing `group` ([`fused_group`]) for `rows` input rows
+/// over `ring` (the format's: it picks the HE set, `N8192Q4L48` at ℓ = 48): the members'
+/// weights stacked, out = Σ members' outputs. The request is priced for its own row count
+/// (`max_seq = rows`: a prompt's cut is the cheapest for that prompt, a step's the single-row
+/// cut), which both parties derive from the public row count; the server's weights, prepared
+/// once for up to `max_positions` rows ([`ServerDecoder`]), serve any cut.
 pub(crate) fn decoder_fc_shape(
-    id: DecoderLayer,
+    group: &[DecoderLayer],
     cfg: &DecoderConfig,
     ring: Ring,
     rows: usize,
 ) -> Result<FcLayer> {
-    let (in_features, out_features) = dims(id, cfg)?;
+    let Some(&lead) = group.first() else {
+        bail!(InvalidArgument, "an empty group of layers");
+    };
+    let in_features = dims(lead, cfg)?.0;
+    for &id in group {
+        ensure!(
+            dims(id, cfg)?.0 == in_features,
+            InvalidArgument,
+            "layers {group:?} do not share an input width"
+        );
+    }
     Ok(FcLayer {
         seq: rows,
-        max_seq: cfg.max_positions,
+        max_seq: rows,
         in_features,
-        out_features,
+        out_features: group_widths(group, cfg)?.iter().sum(),
         set: weight_set(ring),
     })
 }
@@ -101,14 +138,35 @@ impl ServerDecoder {
             );
         }
         let mut layers = HashMap::new();
+        let ring = fixed.format.fp.ring;
         for id in private_layers(cfg) {
-            let (w, b) = fixed.linear_weights(id)?;
-            let fc = PreparedFc::new(
-                decoder_fc_shape(id, cfg, fixed.format.fp.ring, 1)?,
-                &w,
-                b.as_ref(),
-            )?;
-            layers.insert(id, fc);
+            let group = fused_group(id, cfg);
+            if group[0] != id {
+                continue;
+            }
+            let mut weights = Vec::with_capacity(group.len());
+            let mut biases = Vec::with_capacity(group.len());
+            for &member in &group {
+                let (w, b) = fixed.linear_weights(member)?;
+                biases.push(b.map(RingTensor::into_data));
+                weights.push(w);
+            }
+            let w = RingTensor::concat_rows(&weights.iter().collect::<Vec<_>>())?;
+            // A group's bias is its members' side by side (zero for a member without one);
+            // none when no member has one.
+            let b = if biases.iter().any(Option::is_some) {
+                let data: Vec<u64> = weights
+                    .iter()
+                    .zip(&biases)
+                    .flat_map(|(w, b)| b.clone().unwrap_or_else(|| vec![0; w.shape()[0]]))
+                    .collect();
+                Some(RingTensor::from_vec(ring, &[data.len()], data)?)
+            } else {
+                None
+            };
+            let mut shape = decoder_fc_shape(&group, cfg, ring, 1)?;
+            shape.max_seq = cfg.max_positions;
+            layers.insert(id, PreparedFc::new(shape, &w, b.as_ref())?);
         }
         let tables_digest = fixed.tables().digest();
         Ok(ServerDecoder {
@@ -138,10 +196,87 @@ impl ServerDecoder {
         self.layers.values().map(PreparedFc::prepared_bytes).sum()
     }
 
-    /// The prepared layer `id`, or an error naming a layer the model does not have.
+    /// The prepared product whose group ([`fused_group`]) `id` leads, or an error naming a
+    /// layer the model does not have.
     pub(crate) fn layer(&self, id: DecoderLayer) -> Result<&PreparedFc> {
         self.layers
             .get(&id)
             .ok_or_else(|| Error::Unsupported(format!("the decoder has no private layer {id:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(family: DecoderFamily) -> DecoderConfig {
+        let llama = family == DecoderFamily::Llama;
+        DecoderConfig {
+            family,
+            vocab_size: 100,
+            hidden: 576,
+            layers: 2,
+            heads: 9,
+            kv_heads: if llama { 3 } else { 9 },
+            head_dim: 64,
+            intermediate: 1536,
+            norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: None,
+            max_positions: 2048,
+            attention_bias: !llama,
+            mlp_bias: !llama,
+            tie_word_embeddings: true,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+        }
+    }
+
+    /// The groups partition a model's private layers, each led by the layer the forward pass
+    /// asks for first; a group's product has its members' input width and their outputs side
+    /// by side, priced for its own rows; layers of different input widths are refused.
+    #[test]
+    fn fused_groups_partition_the_layers_and_share_one_input() {
+        let ring = Ring::new(48).unwrap();
+        for family in [DecoderFamily::Llama, DecoderFamily::Gpt2] {
+            let cfg = config(family);
+            let layers = private_layers(&cfg);
+            let mut seen = Vec::new();
+            for &id in &layers {
+                let group = fused_group(id, &cfg);
+                assert!(group.contains(&id), "{id:?}: {group:?}");
+                for &member in &group {
+                    assert_eq!(fused_group(member, &cfg), group, "{member:?}");
+                }
+                if group[0] == id {
+                    let at = layers.iter().position(|&l| l == id).unwrap();
+                    assert_eq!(&layers[at..at + group.len()], group.as_slice());
+                    seen.extend(group.iter().copied());
+                    for rows in [1, 7, 40] {
+                        let shape = decoder_fc_shape(&group, &cfg, ring, rows).unwrap();
+                        let outs: usize = group.iter().map(|&m| dims(m, &cfg).unwrap().1).sum();
+                        assert_eq!(shape.in_features, dims(id, &cfg).unwrap().0);
+                        assert_eq!(shape.out_features, outs);
+                        assert_eq!((shape.seq, shape.max_seq), (rows, rows));
+                    }
+                }
+            }
+            assert_eq!(seen, layers, "{family:?}");
+        }
+        let llama = config(DecoderFamily::Llama);
+        assert_eq!(
+            fused_group(DecoderLayer::Up(1), &llama),
+            [DecoderLayer::Gate(1), DecoderLayer::Up(1)]
+        );
+        let q = decoder_fc_shape(&fused_group(DecoderLayer::Key(0), &llama), &llama, ring, 1);
+        assert_eq!(q.unwrap().out_features, 576 + 2 * 192);
+        let gpt2 = config(DecoderFamily::Gpt2);
+        assert_eq!(
+            fused_group(DecoderLayer::Up(0), &gpt2),
+            [DecoderLayer::Up(0)]
+        );
+        let mixed = [DecoderLayer::Query(0), DecoderLayer::Down(0)];
+        assert!(decoder_fc_shape(&mixed, &llama, ring, 1).is_err());
+        assert!(decoder_fc_shape(&[], &llama, ring, 1).is_err());
     }
 }

@@ -4,7 +4,7 @@
 
 use veil_core::approx::Approx;
 use veil_core::{bail, ensure, CostClass, Error, Result, RingTensor};
-use veil_linear::{fc_client, fc_server, shared_matmul_client, shared_matmul_server};
+use veil_linear::{fc_client, fc_server_for, shared_matmul_client, shared_matmul_server};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::decoder::{DecoderConfig, DecoderFamily};
 use veil_model::engine::decoder::{
@@ -15,8 +15,9 @@ use veil_model::{DecoderFormat, DecoderTables, ProductTruncation};
 use veil_net::{Channel, Meter, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
-use super::model::{decoder_fc_shape, ServerDecoder};
+use super::model::{decoder_fc_shape, fused_group, group_widths, ServerDecoder};
 use crate::protocol::OutputShare;
+use zeroize::Zeroize;
 
 /// What only one side has.
 pub enum DecoderSide<'a> {
@@ -123,6 +124,23 @@ pub struct DecoderParty<'a, C: Channel> {
     ax: Approx,
     format: DecoderFormat,
     generation: &'a mut Generation,
+    /// Products computed with their group's lead ([`fused_group`]), not yet asked for: this
+    /// party's truncated shares, with the rows they were computed on.
+    pending: Vec<Pending>,
+}
+
+/// A member's truncated share of a fused product, waiting for the forward pass to ask for it.
+struct Pending {
+    id: DecoderLayer,
+    input: RingTensor,
+    output: RingTensor,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.input.zeroize();
+        self.output.zeroize();
+    }
 }
 
 impl<'a, C: Channel> DecoderParty<'a, C> {
@@ -149,6 +167,7 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
             ax,
             format,
             generation,
+            pending: Vec::new(),
         })
     }
 
@@ -193,9 +212,17 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         self.generation.check_room(ids.len())?;
         let cfg = self.cfg();
         self.generation.broken = true;
-        let logits = forward(self, cfg, ids, LogitRows::Last)?;
+        self.clear_pending();
+        let logits = forward(self, cfg, ids, LogitRows::Last);
+        self.clear_pending();
+        let logits = logits?;
         self.generation.broken = false;
         Ok(logits)
+    }
+
+    /// Drops (and zeroizes) the fused products not asked for.
+    fn clear_pending(&mut self) {
+        self.pending.clear();
     }
 
     fn cfg(&self) -> &'a DecoderConfig {
@@ -269,22 +296,64 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
 
     /// The server's weights times the shared rows (one HE product), then one truncation;
     /// the LM head is the public table applied by the client (`DecoderParty::head`).
+    ///
+    /// Layers that share their input ([`fused_group`]: a block's query, key and value; a Llama
+    /// block's gate and up) are one HE product against their stacked weights and one
+    /// truncation, run when the forward pass asks for the group's lead: the rows are encrypted
+    /// and sent once and the members share every flight. The other members' truncated shares
+    /// wait until the forward pass asks for them with the same rows (checked on this party's
+    /// share). Truncation is elementwise, so each member's values are those of its own product
+    /// and truncation (bit for bit in the faithful mode).
     fn linear(&mut self, id: DecoderLayer, x: &RingTensor) -> Result<RingTensor> {
         if id == DecoderLayer::LmHead {
             return self.head(x);
         }
         let cfg = self.cfg();
-        let acc = {
+        let group = fused_group(id, cfg);
+        if group[0] != id {
+            let at = self.pending.iter().position(|p| p.id == id);
+            let Some(at) = at else {
+                bail!(
+                    InvalidArgument,
+                    "layer {id:?} asked for before its group's lead {:?}",
+                    group[0]
+                );
+            };
+            let p = self.pending.remove(at);
+            ensure!(
+                p.input == *x,
+                InvalidArgument,
+                "layer {id:?} asked for with other rows than its group's lead {:?}",
+                group[0]
+            );
+            return Ok(p.output.clone());
+        }
+        self.clear_pending();
+        let rows = x.dims().0;
+        let shape = decoder_fc_shape(&group, cfg, x.ring(), rows)?;
+        let mut acc = {
             let _g = self.ch.meter().enter(CostClass::MatMul);
             match self.side {
-                DecoderSide::Client(s, _) => {
-                    let shape = decoder_fc_shape(id, cfg, x.ring(), x.dims().0)?;
-                    fc_client(self.ch, s, &shape, x)?
-                }
-                DecoderSide::Server(s, m) => fc_server(self.ch, s, m.layer(id)?, x)?,
+                DecoderSide::Client(s, _) => fc_client(self.ch, s, &shape, x)?,
+                DecoderSide::Server(s, m) => fc_server_for(self.ch, s, m.layer(id)?, &shape, x)?,
             }
         };
-        self.truncate(&acc)
+        let all = self.truncate(&acc);
+        acc.zeroize();
+        let mut all = all?;
+        let widths = group_widths(&group, cfg)?;
+        let mut from = widths[0];
+        for (&member, &w) in group.iter().zip(&widths).skip(1) {
+            self.pending.push(Pending {
+                id: member,
+                input: x.clone(),
+                output: all.columns(from, w)?,
+            });
+            from += w;
+        }
+        let lead = all.columns(0, widths[0]);
+        all.zeroize();
+        lead
     }
 
     /// RMSNorm (Llama) or LayerNorm (GPT-2) on the format's wide domain, with the server's γ
