@@ -166,5 +166,5 @@ fn layer_operators_take_their_documented_flights() {
     println!(
         "relu_normalise softmax layer_norm centre_affine gelu relu rms_norm silu silu-faithful: {got:?}"
     );
-    assert_eq!(got, [44, 108, 76, 8, 64, 11, 72, 76, 152]);
+    assert_eq!(got, [44, 108, 76, 8, 64, 11, 72, 46, 66]);
 }
