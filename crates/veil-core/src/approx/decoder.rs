@@ -145,6 +145,41 @@ mod tests {
         }
     }
 
+    /// Properties of the split over the whole ring (random values of every magnitude and the
+    /// segment and tail edges): silu(x) − silu(−x) = x exactly (the correction is even), ReLU
+    /// exactly from the tail on, 0 at 0, and the error bound up to |x| = 64.
+    #[test]
+    fn silu_is_an_odd_split_over_the_whole_ring() {
+        let mut prg = Prg::from_os_entropy();
+        for a in formats() {
+            let (fp, r) = (a.fp, a.fp.ring);
+            let plan = a.silu_plan();
+            let tail = r.to_signed(plan.tail);
+            let mut xs: Vec<i64> = vec![0, 1, -1, tail - 1, tail, tail + 1];
+            for &t in plan.breaks() {
+                let t = plan.ring.to_signed(t);
+                xs.extend([t - 1, t, t + 1]);
+            }
+            for _ in 0..20_000 {
+                let bits = 1 + prg.u64() % u64::from(r.bits() - 1);
+                xs.push(r.to_signed(r.reduce(prg.u64() >> (64 - bits))));
+            }
+            for &x in &xs {
+                for x in [x, -x] {
+                    let v = r.from_signed(x);
+                    let y = a.silu(v);
+                    assert_eq!(r.sub(y, a.silu(r.neg(v))), v, "silu({x}) − silu(−x) = x");
+                    if x.unsigned_abs() >= tail.unsigned_abs() {
+                        assert_eq!(y, a.relu(v), "silu({x}) is ReLU from the tail on");
+                    } else {
+                        let err = (fp.decode(y) - reference::silu(fp.decode(v))).abs();
+                        assert!(err <= SILU_MAX_ERROR, "silu({x}) error {err}");
+                    }
+                }
+            }
+        }
+    }
+
     fn random_row(prg: &mut Prg, n: usize, scale: f64) -> Vec<f64> {
         (0..n)
             .map(|_| (prg.u64() as f64 / u64::MAX as f64 * 2.0 - 1.0) * scale)
