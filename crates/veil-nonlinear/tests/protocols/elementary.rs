@@ -208,7 +208,17 @@ fn silu_inputs(a: &Approx, n: usize) -> Vec<u64> {
     let top = (1i64 << (ring.bits() - 1)) - 1;
     let plan = a.silu_plan();
     let k = plan.ring;
-    let mut edges = vec![0, 1, -1, 100 * one, -100 * one, top, -top, -top - 1, top - 1];
+    let mut edges = vec![
+        0,
+        1,
+        -1,
+        100 * one,
+        -100 * one,
+        top,
+        -top,
+        -top - 1,
+        top - 1,
+    ];
     let tail = ring.to_signed(plan.tail);
     for t in plan.breaks().iter().map(|&t| k.to_signed(t)).chain([tail]) {
         for d in -1..=1 {

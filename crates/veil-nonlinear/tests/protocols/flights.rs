@@ -219,7 +219,10 @@ fn decode_step_flights_by_label() {
                 parts.push(format!("{label:?} {fl} ({} B sent)", s.bytes_sent));
             }
         }
-        println!("{op} [{rows}, {cols}]: {total} flights: {}", parts.join(", "));
+        println!(
+            "{op} [{rows}, {cols}]: {total} flights: {}",
+            parts.join(", ")
+        );
         total
     };
     assert!(run(1, 576, "rms_norm") > 0);
