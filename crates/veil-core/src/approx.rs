@@ -92,21 +92,67 @@ pub const GELU_CMP_BITS: u32 = 16;
 /// Extra fractional bits of GELU's polynomial coefficients (V is at f + this many bits).
 pub const GELU_COEF_FRAC: u32 = 22;
 
-/// Public constants of GELU's piecewise polynomial (see [`Approx::gelu`]), ring elements of the
-/// narrow ring except `tail` (full ring).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GeluPlan {
-    /// The narrow ring (2^GELU_RING_BITS) the polynomials run in, cheaper than the full one.
-    pub ring: Ring,
-    /// A = GELU_TAIL at f bits.
-    pub tail: u64,
-    /// t_1 … t_4 at f bits.
-    pub breaks: [u64; GELU_SEGMENTS.len() - 1],
-    /// C_(j,0) at 2f + GELU_COEF_FRAC bits, C_(j,1..3) at GELU_COEF_FRAC bits.
-    pub coef: [[u64; 4]; GELU_SEGMENTS.len()],
+/// The most segments a [`SplitSpec`] may have.
+pub const SPLIT_MAX_SEGMENTS: usize = 8;
+
+/// An odd split g(x) = ReLU(x) − φ(|x|) whose correction φ is a cubic on each segment of
+/// [0, tail) and 0 from `tail` on ([`Approx::odd_split`]): GELU ([`GELU_SPLIT`]) and SiLU
+/// ([`decoder::SILU_SPLIT`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitSpec {
+    /// A: φ is taken as 0 from here on.
+    pub tail: f64,
+    /// (start, [C_0, C_1, C_2, C_3]): φ(a) ≈ C_0 + C_1·a + C_2·a² + C_3·a³ on [start, next
+    /// start) (the last segment ends at `tail`); the first starts at 0.
+    pub segments: &'static [(f64, [f64; 4])],
+    /// Width k of the narrow ring the polynomials run in: needs A³·2^(2f) < 2^(k−2) (the product
+    /// a_c·a2) and max |φ|·2^(f + coef_frac) < 2^(k−2) (the value V before its rounding; with
+    /// f + coef_frac ≤ k that holds for |φ| < 1/4, and for SiLU's 0.279 at k = f + coef_frac + 1).
+    pub ring_bits: u32,
+    /// The segment comparisons are on a_c − t_j: needs A·2^f < 2^cmp_bits.
+    pub cmp_bits: u32,
+    /// Extra fractional bits of the coefficients (V is at f + this many bits).
+    pub coef_frac: u32,
 }
 
-impl GeluPlan {
+/// GELU's split (see [`Approx::gelu`]).
+pub const GELU_SPLIT: SplitSpec = SplitSpec {
+    tail: GELU_TAIL,
+    segments: &GELU_SEGMENTS,
+    ring_bits: GELU_RING_BITS,
+    cmp_bits: GELU_CMP_BITS,
+    coef_frac: GELU_COEF_FRAC,
+};
+
+/// Public constants of an odd split's piecewise polynomial at a format (see
+/// [`Approx::odd_split`]), ring elements of the narrow ring except `tail` (full ring).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitPlan {
+    /// The narrow ring (2^ring_bits) the polynomials run in, cheaper than the full one.
+    pub ring: Ring,
+    /// A = tail at f bits.
+    pub tail: u64,
+    /// Number of segments s; `breaks[..s − 1]` and `coef[..s]` are used.
+    pub segs: usize,
+    /// t_1 … t_(s−1) at f bits.
+    pub breaks: [u64; SPLIT_MAX_SEGMENTS - 1],
+    /// C_(j,0) at 2f + coef_frac bits, C_(j,1..3) at coef_frac bits.
+    pub coef: [[u64; 4]; SPLIT_MAX_SEGMENTS],
+    /// [`SplitSpec::cmp_bits`].
+    pub cmp_bits: u32,
+    /// [`SplitSpec::coef_frac`].
+    pub coef_frac: u32,
+}
+
+/// GELU's plan (the name it had before SiLU shared it).
+pub type GeluPlan = SplitPlan;
+
+impl SplitPlan {
+    /// The used breakpoints t_1 … t_(s−1).
+    pub fn breaks(&self) -> &[u64] {
+        &self.breaks[..self.segs - 1]
+    }
+
     /// P_j(a) = C_0 + C_1·a + C_2·a2 + C_3·a3 in the narrow ring (powers at f bits).
     pub fn poly(&self, j: usize, a: u64, a2: u64, a3: u64) -> u64 {
         let k = self.ring;
@@ -447,8 +493,19 @@ impl Approx {
     /// Domain: every x (ReLU is exact; the tail's φ is below the error bound).
     /// Max error vs f64 (measured over |x| ≤ 60 and at large |x|): [`GELU_MAX_ERROR`].
     pub fn gelu(&self, x: u64) -> u64 {
+        self.odd_split(&self.gelu_plan(), x)
+    }
+
+    /// The odd split ReLU(x) − φ̃(|x|) of `plan` (GELU's and SiLU's steps, exactly the
+    /// protocol's `Ctx::odd_split`): r = ReLU(x), a = 2r − x = |x|; c = [a − A ≥ 0]; the clamped
+    /// a_c = a − c·(a − A) ∈ [0, A] always (also for x = −2^(ℓ−1)), so everything after runs in
+    /// the plan's narrow ring on a_c mod 2^k: a2 = ⌊a_c²⌋_f, a3 = ⌊a_c·a2⌋_f; segment bits
+    /// c_j = [a_c ≥ t_j] (DReLU on 2^cmp_bits-bounded values); P_j = Σ_i C_(j,i)·a^i;
+    /// V = P_0 + Σ_j c_j·(P_j − P_(j−1)) − c·P_last (a telescoping selection: only the segment's
+    /// own polynomial survives, 0 beyond A); φ̃ = round(V, coef_frac), sign-extended to the full
+    /// ring; y = r − φ̃.
+    pub fn odd_split(&self, p: &SplitPlan, x: u64) -> u64 {
         let ring = self.fp.ring;
-        let p = self.gelu_plan();
         let k = p.ring;
         let f = self.fp.frac_bits();
         let r = self.relu(x);
@@ -457,43 +514,67 @@ impl Approx {
         let ac = if clamp { p.tail } else { k.reduce(a) };
         let a2 = trunc_in(k, k.mul(ac, ac), f);
         let a3 = trunc_in(k, k.mul(ac, a2), f);
-        let poly: Vec<u64> = (0..GELU_SEGMENTS.len())
-            .map(|j| p.poly(j, ac, a2, a3))
-            .collect();
-        let mut v = poly[0];
-        for (j, &t) in p.breaks.iter().enumerate() {
-            if drelu_bounded(k, k.sub(ac, t), GELU_CMP_BITS) {
-                v = k.add(v, k.sub(poly[j + 1], poly[j]));
+        let mut prev = p.poly(0, ac, a2, a3);
+        let mut v = prev;
+        for (j, &t) in p.breaks().iter().enumerate() {
+            let next = p.poly(j + 1, ac, a2, a3);
+            if drelu_bounded(k, k.sub(ac, t), p.cmp_bits) {
+                v = k.add(v, k.sub(next, prev));
             }
+            prev = next;
         }
         if clamp {
-            v = k.sub(v, poly[GELU_SEGMENTS.len() - 1]);
+            v = k.sub(v, prev);
         }
-        let phi = trunc_in(k, k.add(v, 1u64 << (GELU_COEF_FRAC - 1)), GELU_COEF_FRAC);
+        let cf = p.coef_frac;
+        let phi = trunc_in(k, k.add(v, 1u64 << (cf - 1)), cf);
         ring.sub(r, ring.from_signed(k.to_signed(phi)))
     }
 
     /// The public constants of [`Approx::gelu`] (the protocol selects and scales with them).
-    pub fn gelu_plan(&self) -> GeluPlan {
-        let k = Ring::new(GELU_RING_BITS).expect("GELU ring width");
+    pub fn gelu_plan(&self) -> SplitPlan {
+        self.split_plan(&GELU_SPLIT)
+    }
+
+    /// The public constants of `spec` at this format. Panics if the spec does not fit the
+    /// format (its ring, comparison width or segment count): the specs are constants checked
+    /// by the tests at the formats in use.
+    pub fn split_plan(&self, spec: &SplitSpec) -> SplitPlan {
+        let k = Ring::new(spec.ring_bits).expect("split ring width");
         let f = self.fp.frac_bits();
+        let segs = spec.segments.len();
+        assert!(
+            (1..=SPLIT_MAX_SEGMENTS).contains(&segs),
+            "{segs} segments (at most {SPLIT_MAX_SEGMENTS})"
+        );
+        let a = spec.tail * 2f64.powi(f as i32);
+        assert!(
+            a < 2f64.powi(spec.cmp_bits as i32)
+                && a * a * a / 2f64.powi(f as i32) < 2f64.powi(spec.ring_bits as i32 - 2)
+                && f + spec.coef_frac <= spec.ring_bits
+                && spec.cmp_bits + 1 < spec.ring_bits,
+            "split spec does not fit f = {f}"
+        );
         let enc = |v: f64, frac: u32| k.from_signed((v * 2f64.powi(frac as i32)).round() as i64);
-        let mut breaks = [0u64; GELU_SEGMENTS.len() - 1];
-        for (b, seg) in breaks.iter_mut().zip(&GELU_SEGMENTS[1..]) {
+        let mut breaks = [0u64; SPLIT_MAX_SEGMENTS - 1];
+        for (b, seg) in breaks.iter_mut().zip(&spec.segments[1..]) {
             *b = enc(seg.0, f);
         }
-        let mut coef = [[0u64; 4]; GELU_SEGMENTS.len()];
-        for (c, seg) in coef.iter_mut().zip(&GELU_SEGMENTS) {
+        let mut coef = [[0u64; 4]; SPLIT_MAX_SEGMENTS];
+        for (c, seg) in coef.iter_mut().zip(spec.segments) {
             // C_0 multiplies the constant 2^f, C_1..C_3 the powers at f bits.
             for (i, &v) in seg.1.iter().enumerate() {
-                c[i] = enc(v, GELU_COEF_FRAC + if i == 0 { f } else { 0 });
+                c[i] = enc(v, spec.coef_frac + if i == 0 { f } else { 0 });
             }
         }
-        GeluPlan {
+        SplitPlan {
             ring: k,
-            tail: self.fp.encode(GELU_TAIL),
+            tail: self.fp.encode(spec.tail),
+            segs,
             breaks,
             coef,
+            cmp_bits: spec.cmp_bits,
+            coef_frac: spec.coef_frac,
         }
     }
 

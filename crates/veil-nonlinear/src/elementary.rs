@@ -8,8 +8,9 @@
 //!   quotient by Goldschmidt's two coupled steps (three rounds of products);
 //! * rsqrt:   ≤ 1 ulp + 2^-11 relative on the same domain;
 //! * tanh:    ≤ 2.7 ulp on all x; in the 1-bit-error mode within 1e-3 (3.8e-4 measured).
-//! * silu:    ≤ 7.2e-4 on |x| ≤ 64 (`approx::SILU_MAX_ERROR`), exactly ReLU beyond |x| = 16; the
-//!   decoders' gated MLP (every x is in its domain).
+//! * silu:    ≤ 1.8e-4 for every x (`approx::SILU_MAX_ERROR`), exactly ReLU from |x| = 12 on;
+//!   the decoders' gated MLP. GELU's piecewise-cubic odd split with SiLU's constants
+//!   (`Ctx::odd_split` in `layers`), no exp and no quotient.
 //! * layer_norm_rsqrts: LayerNorm's √n/√S over the class range of its plan (see
 //!   `approx::Approx::layer_norm_rsqrt`), the coarse and the fine sums in one pass.
 //!
@@ -161,44 +162,17 @@ impl<C: Channel> Ctx<'_, C> {
             .collect())
     }
 
-    /// SiLU(x) = x·σ(x) (approx::silu): ReLU(x) − ψ(|x|) with ψ(a) = a·σ(−a), σ(−a) =
-    /// (z/2) / ((1 + z)/2) for z = exp(−a), the quotient by Goldschmidt (m ∈ [1/2, 1] needs no
-    /// normalisation). Before the exp, a is clamped to a_c = min(a, 16) (where exp already
-    /// clamps, so z is `approx`'s): ψ = ⌊a_c·N⌋_F then has a narrow factor a_c < 2^(f+5), and
-    /// from a = 16 on z, N and ψ are exactly 0 as in `approx`, so every x is in the domain
-    /// (x = −2^(ℓ−1) too: a wraps, a − 16 wraps back, a_c = 16). In the 1-bit-error mode the
-    /// quotient is a few units off at F = f + 2 bits and a_c multiplies that by up to 16: within
-    /// 64 ulps of `approx` (below |x| = 2^(ℓ−2)). Label "SiLU". Flights at the default format:
-    /// 76 in the 1-bit-error mode, 152 faithful (two full-width ReLUs one after the other, exp's
-    /// clamp and six rounded squarings, Goldschmidt, the product).
+    /// SiLU(x) = x·σ(x) (approx::silu): ReLU(x) − ψ(|x|) with ψ(a) = a·σ(−a) piecewise cubic
+    /// on [0, 12) and 0 beyond, GELU's protocol with SiLU's constants ([`Ctx::odd_split`] with
+    /// `approx::silu_plan`). Every x is in the domain; shares open to exactly `approx::silu`
+    /// with faithful truncations, and in the 1-bit-error mode the three narrow-ring truncations
+    /// (a², a³, the rounding of V) may each land one unit low: within 2 ulps of it. Label
+    /// "SiLU". Flights at the default format: 46 in the 1-bit-error mode, 66 faithful (were 76
+    /// and 152 with exp and Goldschmidt's quotient).
     pub fn silu(&mut self, x: &[u64]) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter(CostClass::Silu);
-        let ring = self.ring();
-        let f = self.ax.fp.frac_bits();
-        let fr = self.ax.newton_frac();
-        let (_, r, a) = self.relu_and_abs(x)?;
-        // a_c = a − ReLU(a − 16).
-        let clamp = (veil_core::approx::EXP_CLAMP as u64) << f;
-        let mut over = a.clone();
-        self.add_public(&mut over, ring.neg(clamp));
-        let excess = self.relu(&over, None)?;
-        let a_c: Vec<u64> = a
-            .iter()
-            .zip(&excess)
-            .map(|(&v, &e)| ring.sub(v, e))
-            .collect();
-        // exp(−a_c): −a_c + 16 ∈ [0, 16] is below 2^(f+5), the clamp's promise.
-        let neg: Vec<u64> = a_c.iter().map(|&v| ring.neg(v)).collect();
-        let z = self.exp_neg(&neg, Some(f + 5))?;
-        // m = (1 + z)/2 and num = z/2, both at F bits.
-        let half_up = 1u64 << (fr - f - 1);
-        let num: Vec<u64> = z.iter().map(|&v| ring.mul(v, half_up)).collect();
-        let mut m = num.clone();
-        self.add_public(&mut m, 1u64 << (fr - 1));
-        let n = goldschmidt(self, &m, Some(&num))?;
-        // ψ = a_c·N / 2^F < 0.28: a few ulps of room below 2^(f+1).
-        let psi = self.mul_narrow_trunc(&a_c, Narrow::unsigned(f + 5), &n, fr, f + 2)?;
-        Ok(r.iter().zip(&psi).map(|(&p, &q)| ring.sub(p, q)).collect())
+        let plan = self.ax.silu_plan();
+        self.odd_split(&plan, x)
     }
 }
 

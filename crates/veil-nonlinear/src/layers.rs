@@ -41,7 +41,7 @@
 //! The padding mask is public (both parties know the sequence length, as in BERT serving).
 //! Security: semi-honest; compositions of the primitives' protocols.
 
-use veil_core::approx::{GELU_CMP_BITS, GELU_COEF_FRAC};
+use veil_core::approx::SplitPlan;
 use veil_core::{ensure, CostClass, Result, RingTensor};
 use veil_net::Channel;
 
@@ -75,15 +75,29 @@ fn check_ring<C: Channel>(cx: &Ctx<C>, x: &RingTensor) -> Result<()> {
 impl<C: Channel> Ctx<'_, C> {
     /// GELU, tanh form, as ReLU(x) − φ(|x|) with φ piecewise cubic (approx::gelu: the clamp to
     /// [0, A], the narrow-ring powers, the segment comparisons and the telescoping selection are the
-    /// same steps). Label "GELU". Flights at the default format: 64 (faithful truncations).
+    /// same steps, [`Ctx::odd_split`]). Label "GELU". Flights at the default format: 64 (faithful
+    /// truncations).
     pub fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter(CostClass::Gelu);
-        let ring = self.ring();
         let plan = self.ax.gelu_plan();
+        let y = self.odd_split(&plan, x.data())?;
+        RingTensor::from_vec(self.ring(), x.shape(), y)
+    }
+
+    /// ReLU(x) − φ̃(|x|) for the piecewise cubic φ̃ of `plan` (approx::odd_split, step for step;
+    /// GELU and SiLU): the sign DReLU and ReLU's multiplexer on the full ring, the clamp
+    /// c = [|x| ≥ A] (a second full-ring DReLU) and a_c = a − c·(a − A), then in the plan's
+    /// narrow ring the square and the cube of a_c (narrow products, a_c < 2^cmp_bits) with their
+    /// truncations, the segment bits [a_c ≥ t_j] (one batch of cmp_bits-wide DReLUs), one batch
+    /// of multiplexers for the telescoping selection, the rounding and the sign extension.
+    /// Shares open to exactly `approx::odd_split` with faithful truncations, for every x.
+    /// Flights: 64 faithful for GELU's plan, 66 for SiLU's (its wider narrow ring), 46 in the
+    /// 1-bit-error mode (the three narrow-ring truncations take 2 flights instead of 8).
+    pub fn odd_split(&mut self, plan: &SplitPlan, xs: &[u64]) -> Result<Vec<u64>> {
+        let ring = self.ring();
         let k = plan.ring;
         let f = self.ax.fp.frac_bits();
-        let xs = x.data();
         let n = xs.len();
         let (_, r, a) = self.relu_and_abs(xs)?;
         // c = [a ≥ A]; a_c = a − c·(a − A), from here on in the narrow ring.
@@ -93,24 +107,25 @@ impl<C: Channel> Ctx<'_, C> {
         let over_k: Vec<u64> = over.iter().map(|&v| k.reduce(v)).collect();
         let cut = self.mux_in(k, &clamp, &over_k)?;
         let ac: Vec<u64> = a.iter().zip(&cut).map(|(&v, &c)| k.sub(v, c)).collect();
-        // a_c ≤ A·2^f < 2^16: narrow products (m = 17).
-        let m = GELU_CMP_BITS + 1;
+        // a_c ≤ A·2^f < 2^cmp_bits: narrow products (m = cmp_bits + 1).
+        let m = plan.cmp_bits + 1;
         let sq = self.square_narrow_in(k, &ac, Narrow::signed(m))?;
         let a2 = self.trunc_in(k, &sq, f)?;
         let cube = self.mul_narrow_in(k, &ac, Narrow::signed(m), &a2)?;
         let a3 = self.trunc_in(k, &cube, f)?;
         // Segment bits [a_c ≥ t_j], breakpoint-major.
-        let mut diffs = Vec::with_capacity(plan.breaks.len() * n);
-        for &t in &plan.breaks {
+        let breaks = plan.breaks();
+        let mut diffs = Vec::with_capacity(breaks.len() * n);
+        for &t in breaks {
             diffs.extend(
                 ac.iter()
                     .map(|&v| if self.is_server() { k.sub(v, t) } else { v }),
             );
         }
-        let mut bits = self.drelu_in(k, &diffs, Some(GELU_CMP_BITS))?;
+        let mut bits = self.drelu_in(k, &diffs, Some(plan.cmp_bits))?;
         bits.extend_from_slice(&clamp);
         // P_j on shares: the server adds the constant term C_(j,0).
-        let segs = plan.coef.len();
+        let segs = plan.segs;
         let poly: Vec<Vec<u64>> = (0..segs)
             .map(|j| {
                 (0..n)
@@ -135,10 +150,9 @@ impl<C: Channel> Ctx<'_, C> {
         let v: Vec<u64> = (0..n)
             .map(|i| (0..segs).fold(poly[0][i], |acc, j| k.add(acc, picked[j * n + i])))
             .collect();
-        let phi = self.round_in(k, &v, GELU_COEF_FRAC)?;
+        let phi = self.round_in(k, &v, plan.coef_frac)?;
         let phi = self.extend(k, &phi)?;
-        let y = r.iter().zip(&phi).map(|(&p, &q)| ring.sub(p, q)).collect();
-        RingTensor::from_vec(ring, x.shape(), y)
+        Ok(r.iter().zip(&phi).map(|(&p, &q)| ring.sub(p, q)).collect())
     }
 
     /// ReLU as a layer on a tensor (the GELU substitute): [`Ctx::relu`] on the tensor's values,

@@ -5,12 +5,39 @@
 //! [`Approx::layer_norm_row_at`] on a wider domain. Every step is one a two-party protocol does on
 //! shares: comparisons, exp_neg, Goldschmidt's quotient, products followed by truncations.
 
-use super::{Approx, LayerNormPlan};
+use super::{Approx, LayerNormPlan, SplitSpec};
 
 /// Max |approx::silu − reference::silu| over |x| ≤ 64, every raw input, at (41, 13) and (48, 13):
-/// 7.18e-4 at x ≈ 8.70 (ψ = a·σ(−a) inherits exp_neg's ≤ 1.8-ulp error times a). Beyond
-/// |x| = [`super::EXP_CLAMP`] SiLU is ReLU exactly.
-pub const SILU_MAX_ERROR: f64 = 7.2e-4;
+/// 1.70e-4 at |x| ≈ 2.39 (the cubic fits' ≤ 1.03e-4, the output's half ulp, the truncated
+/// powers). From |x| = [`SILU_TAIL`] on SiLU is ReLU exactly (ψ(12) = 7.4e-5).
+pub const SILU_MAX_ERROR: f64 = 1.8e-4;
+
+/// ψ(a) = a·σ(−a) (a ≥ 0) is taken as 0 from a = SILU_TAIL on (ψ(12) = 7.4e-5).
+pub const SILU_TAIL: f64 = 12.0;
+
+/// (start, [C_0, C_1, C_2, C_3]): ψ(a) ≈ C_0 + C_1·a + C_2·a² + C_3·a³ on [start, next start)
+/// (the last segment ends at [`SILU_TAIL`]); weighted least-squares (Lawson) minimax fits, max
+/// fit errors 6.0e-5, 3.7e-5, 1.03e-4, 5.5e-5, 7.3e-5, 5.4e-5 (least squares on 4,000 points
+/// per segment, reweighted by the residuals 300 times); the first has C_0 = 0, so SiLU(0) = 0.
+pub const SILU_SEGMENTS: [(f64, [f64; 4]); 6] = [
+    (0.0, [0.0, 0.501578703, -0.262526234, 0.028738315]),
+    (0.8, [-0.000498376, 0.513764778, -0.291744629, 0.047383974]),
+    (1.8, [0.207788949, 0.184332013, -0.116185724, 0.015824691]),
+    (3.0, [0.632739499, -0.250639587, 0.033390121, -0.001444436]),
+    (4.8, [0.521287031, -0.197191038, 0.025586962, -0.001131966]),
+    (7.5, [0.112375415, -0.030501158, 0.002775554, -0.000084503]),
+];
+
+/// SiLU's odd split ([`Approx::silu`]): the narrow ring of 40 bits holds a_c·a2 < 12³·2^26 <
+/// 2^37 and V = ψ·2^39 < 2^37.2; the comparisons on a_c − t_j take 17 bits (12·2^13 < 2^17);
+/// the coefficients carry 26 extra bits (C_3·a³ on the last segment, a³ ≤ 1728, needs them).
+pub const SILU_SPLIT: SplitSpec = SplitSpec {
+    tail: SILU_TAIL,
+    segments: &SILU_SEGMENTS,
+    ring_bits: 40,
+    cmp_bits: 17,
+    coef_frac: 26,
+};
 
 /// Max error of RMSNorm's normalised value x/√(mean(x²) + ε) vs f64 on a row in the domain,
 /// as a + b·|value| (the output then adds ≤ 1.5 ulp + |γ|·this): the output quantisation at W
@@ -19,24 +46,20 @@ pub const SILU_MAX_ERROR: f64 = 7.2e-4;
 pub const RMS_NORM_ERROR: (f64, f64) = (2e-3, 1e-3);
 
 impl Approx {
-    /// SiLU(x) = x·σ(x), evaluated as ReLU(x) − ψ(|x|) with ψ(a) = a·σ(−a) = a·e^(−a)/(1 + e^(−a))
-    /// (σ(x) = 1 − σ(−x)), so only a bounded correction is approximated.
-    ///
-    /// Steps (exactly a protocol's): r = ReLU(x), a = 2r − x = |x|; z = exp_neg(−a) ∈ (0, 1] (0
-    /// from a = 16 on, where ψ < 2e-6); the quotient σ(−a) = (z/2) / ((1 + z)/2) by
-    /// [`Approx::goldschmidt`] with m = (1 + z)/2 ∈ [1/2, 1] (no normalisation: the range is
-    /// known), N ≈ σ(−a) at F = f + 2 bits; ψ = ⌊a·N⌋_F; y = r − ψ.
+    /// SiLU(x) = x·σ(x), evaluated as ReLU(x) − ψ(|x|) with ψ(a) = a·σ(−a) = a/(1 + e^a)
+    /// (σ(x) = 1 − σ(−x)), so only a bounded correction (ψ ≤ 0.279) is approximated: ψ is a
+    /// cubic on each of the six segments [`SILU_SEGMENTS`] of [0, [`SILU_TAIL`]) and 0 beyond,
+    /// GELU's algorithm with SiLU's constants ([`Approx::odd_split`] with [`SILU_SPLIT`]):
+    /// a ReLU, one clamp comparison, two narrow products and five 17-bit comparisons instead of
+    /// an exp and a quotient.
     /// Domain: every x. Max error vs f64: [`SILU_MAX_ERROR`].
     pub fn silu(&self, x: u64) -> u64 {
-        let ring = self.fp.ring;
-        let f = self.fp.frac_bits();
-        let r = self.relu(x);
-        let a = ring.sub(ring.add(r, r), x);
-        let z = self.exp_neg(ring.neg(a));
-        let half_up = 1u64 << (self.newton_frac - f - 1);
-        let m = ring.mul(ring.add(self.u(self.one()), z), half_up);
-        let n = self.goldschmidt(m, ring.mul(z, half_up));
-        ring.sub(r, self.mul_trunc_by(a, n, self.newton_frac))
+        self.odd_split(&self.silu_plan(), x)
+    }
+
+    /// The public constants of [`Approx::silu`].
+    pub fn silu_plan(&self) -> super::SplitPlan {
+        self.split_plan(&SILU_SPLIT)
     }
 
     /// RMSNorm of one row: ⌊⌊x_i·r⌋_W·γ_i⌋_f with r ≈ 1/√(Σx²/n + ε), for |x| < 2^dev_bits.
@@ -116,9 +139,44 @@ mod tests {
                 (1 << top) - 1,
             ] {
                 let v = r.from_signed(x);
-                assert_eq!(a.silu(v), a.relu(v), "silu({x}) is ReLU beyond the clamp");
+                assert_eq!(a.silu(v), a.relu(v), "silu({x}) is ReLU beyond the tail");
             }
             assert_eq!(a.silu(0), 0);
+        }
+    }
+
+    /// Properties of the split over the whole ring (random values of every magnitude and the
+    /// segment and tail edges): silu(x) − silu(−x) = x exactly (the correction is even), ReLU
+    /// exactly from the tail on, 0 at 0, and the error bound up to |x| = 64.
+    #[test]
+    fn silu_is_an_odd_split_over_the_whole_ring() {
+        let mut prg = Prg::from_os_entropy();
+        for a in formats() {
+            let (fp, r) = (a.fp, a.fp.ring);
+            let plan = a.silu_plan();
+            let tail = r.to_signed(plan.tail);
+            let mut xs: Vec<i64> = vec![0, 1, -1, tail - 1, tail, tail + 1];
+            for &t in plan.breaks() {
+                let t = plan.ring.to_signed(t);
+                xs.extend([t - 1, t, t + 1]);
+            }
+            for _ in 0..20_000 {
+                let bits = 1 + prg.u64() % u64::from(r.bits() - 1);
+                xs.push(r.to_signed(r.reduce(prg.u64() >> (64 - bits))));
+            }
+            for &x in &xs {
+                for x in [x, -x] {
+                    let v = r.from_signed(x);
+                    let y = a.silu(v);
+                    assert_eq!(r.sub(y, a.silu(r.neg(v))), v, "silu({x}) − silu(−x) = x");
+                    if x.unsigned_abs() >= tail.unsigned_abs() {
+                        assert_eq!(y, a.relu(v), "silu({x}) is ReLU from the tail on");
+                    } else {
+                        let err = (fp.decode(y) - reference::silu(fp.decode(v))).abs();
+                        assert!(err <= SILU_MAX_ERROR, "silu({x}) error {err}");
+                    }
+                }
+            }
         }
     }
 

@@ -166,5 +166,66 @@ fn layer_operators_take_their_documented_flights() {
     println!(
         "relu_normalise softmax layer_norm centre_affine gelu relu rms_norm silu silu-faithful: {got:?}"
     );
-    assert_eq!(got, [44, 108, 76, 8, 64, 11, 72, 76, 152]);
+    assert_eq!(got, [44, 108, 76, 8, 64, 11, 72, 46, 66]);
+}
+
+/// Where a decode step's flights go (n = 1, the 1-bit-error mode, ℓ = 48): the flights of
+/// RMSNorm on one 576-row, the causal Softmax of 9 heads over 10 keys and SiLU on 1,536 values,
+/// by the innermost label of each flight, printed (run with `--nocapture`). The sum is the
+/// operator's total, which the layer test above pins at the default format.
+#[test]
+fn decode_step_flights_by_label() {
+    let fp48 = veil_core::FixedPoint::new(48, 13).unwrap();
+    let ax = Approx::new(fp48).unwrap();
+    let ring = fp48.ring;
+    let run = |rows: usize, cols: usize, op: &str| {
+        let x = RingTensor::from_vec(
+            ring,
+            &[rows, cols],
+            values_below(ring, 12, rows * cols)[..rows * cols].to_vec(),
+        )
+        .unwrap();
+        let pair = veil_core::share(&x, &mut veil_core::Prg::from_os_entropy()).unwrap();
+        let gamma = vec![fp48.encode(1.0); cols];
+        let (client, _) = run_mem(|ot, ch, role| {
+            ot.precompute(ch, 1 << 20)?;
+            ch.flush()?;
+            let mut cx = Ctx::new(ot, ch, role, ax);
+            cx.trunc_mode = TruncMode::OneBitError;
+            cx.ch.meter().reset();
+            let x = pick(role, &pair);
+            let server = role == veil_net::Role::Server;
+            match op {
+                "rms_norm" => {
+                    cx.rms_norm(x, server.then_some(&gamma[..]), 1e-5, 16)?;
+                }
+                "softmax" => {
+                    let mask: Vec<bool> = (0..rows * cols).map(|i| i % cols < 8).collect();
+                    cx.softmax_masked(x, &mask)?;
+                }
+                _ => {
+                    cx.silu(x.data())?;
+                }
+            }
+            cx.ch.flush()?;
+            Ok(cx.ch.meter().snapshot())
+        });
+        let mut total = 0;
+        let mut parts = Vec::new();
+        for (label, s) in client {
+            let fl = s.flights_sent + s.flights_received;
+            total += fl;
+            if fl > 0 || s.bytes_sent > 0 {
+                parts.push(format!("{label:?} {fl} ({} B sent)", s.bytes_sent));
+            }
+        }
+        println!(
+            "{op} [{rows}, {cols}]: {total} flights: {}",
+            parts.join(", ")
+        );
+        total
+    };
+    assert!(run(1, 576, "rms_norm") > 0);
+    assert!(run(9, 10, "softmax") > 0);
+    assert!(run(1, 1536, "silu") > 0);
 }
