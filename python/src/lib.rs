@@ -32,8 +32,8 @@ use veil_net::{Channel, Fingerprint, Role};
 use veil_private::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{argmax, softmax};
 use veil_private::{
-    Classification, ClientModel, ClientOptions, ClientTransport, GenerationClient, Input,
-    PromptOptions, RunningServer, ServerBuilder, ServerIdentity,
+    default_generation_context, Classification, ClientModel, ClientOptions, ClientTransport,
+    GenerationClient, Input, PromptOptions, RunningServer, ServerBuilder, ServerIdentity,
 };
 
 create_exception!(
@@ -254,7 +254,7 @@ impl Decoder {
     ) -> veil_core::Result<Self> {
         let model = veil_model::decoder::load(spec)?;
         let max = model.weights.config.max_positions;
-        let context = context.unwrap_or(512.min(max));
+        let context = context.unwrap_or(default_generation_context(&model.weights.config));
         if !(1..=max).contains(&context) {
             return Err(Error::InvalidArgument(format!(
                 "max_context {context}: this model holds 1 to {max} positions"
@@ -288,8 +288,18 @@ impl Decoder {
     }
 
     /// One private generation after `prompt` on a thread of its own (a new session with the
-    /// server), its text pieces sent to the returned stream as they are made.
-    fn spawn(self: Arc<Self>, prompt: Vec<u32>, opts: GenerateOptions) -> TextStream {
+    /// server), its text pieces sent to the returned stream as they are made. Refused before
+    /// anything is sent when the session's context cannot hold it (the prompt, then every
+    /// generated token but the last, is run).
+    fn spawn(self: Arc<Self>, prompt: Vec<u32>, opts: GenerateOptions) -> PyResult<TextStream> {
+        let (n, max_new) = (prompt.len(), opts.max_new_tokens);
+        if n + max_new - 1 > self.context {
+            return Err(PyValueError::new_err(format!(
+                "{n} prompt tokens and up to {max_new} new ones exceed the session's context of \
+                 {} positions (max_context)",
+                self.context
+            )));
+        }
         // One piece in flight: the generation waits for a reader that lags.
         let (tx, rx) = sync_channel(1);
         std::thread::spawn(move || {
@@ -313,7 +323,7 @@ impl Decoder {
                 let _ = tx.send(Err(e));
             }
         });
-        TextStream { rx: Mutex::new(rx) }
+        Ok(TextStream { rx: Mutex::new(rx) })
     }
 }
 
@@ -352,21 +362,9 @@ impl Client {
             .ok_or_else(|| PyValueError::new_err("the client is closed"))
     }
 
-    /// Refuses a generation its session's context cannot hold (the prompt, then every
-    /// generated token but the last, is run).
-    fn check_room(d: &Decoder, prompt: usize, max_new_tokens: usize) -> PyResult<()> {
-        if prompt + max_new_tokens - 1 > d.context {
-            return Err(PyValueError::new_err(format!(
-                "{prompt} prompt tokens and up to {max_new_tokens} new ones exceed the session's \
-                 context of {} positions (max_context)",
-                d.context
-            )));
-        }
-        Ok(())
-    }
-
+    /// A generation's options on decoder `d`; at least one new token.
     fn options(
-        &self,
+        d: &Decoder,
         max_new_tokens: usize,
         temperature: f32,
         top_k: usize,
@@ -374,7 +372,6 @@ impl Client {
         seed: u64,
         fixed_length: bool,
     ) -> PyResult<GenerateOptions> {
-        let d = self.decoder()?;
         if max_new_tokens == 0 {
             return Err(PyValueError::new_err("max_new_tokens must be at least 1"));
         }
@@ -504,7 +501,9 @@ impl Client {
         seed: u64,
         fixed_length: bool,
     ) -> PyResult<TextStream> {
-        let opts = self.options(
+        let d = self.decoder()?;
+        let opts = Self::options(
+            &d,
             max_new_tokens,
             temperature,
             top_k,
@@ -512,15 +511,13 @@ impl Client {
             seed,
             fixed_length,
         )?;
-        let d = self.decoder()?;
         let ids = py
             .detach(|| d.model.tokenizer.encode(prompt))
             .map_err(py_err)?;
         if ids.is_empty() {
             return Err(PyValueError::new_err("an empty prompt"));
         }
-        Self::check_room(&d, ids.len(), max_new_tokens)?;
-        Ok(d.spawn(ids, opts))
+        d.spawn(ids, opts)
     }
 
     /// The assistant's answer to a conversation, generated privately: `messages` is a list of
@@ -540,7 +537,9 @@ impl Client {
         seed: u64,
         fixed_length: bool,
     ) -> PyResult<String> {
-        let opts = self.options(
+        let d = self.decoder()?;
+        let opts = Self::options(
+            &d,
             max_new_tokens,
             temperature,
             top_k,
@@ -548,7 +547,6 @@ impl Client {
             seed,
             fixed_length,
         )?;
-        let d = self.decoder()?;
         let messages = messages
             .iter()
             .map(|m| match (m.get("role"), m.get("content")) {
@@ -569,8 +567,7 @@ impl Client {
         let ids = py
             .detach(|| d.model.chat_prompt(&messages))
             .map_err(py_err)?;
-        Self::check_room(&d, ids.len(), max_new_tokens)?;
-        let stream = d.spawn(ids, opts);
+        let stream = d.spawn(ids, opts)?;
         let mut answer = String::new();
         while let Some(piece) = stream.__next__(py)? {
             answer.push_str(&piece);

@@ -20,13 +20,6 @@ ONE_BIT_ERROR_BOUND = 0.02
 
 
 @pytest.fixture(scope="module")
-def decoder(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-decoder")
-    veil.write_tiny_decoder(d, seed=5)
-    return d
-
-
-@pytest.fixture(scope="module")
 def client(decoder, tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     with veil.Server(decoder, listen="127.0.0.1:0", state_dir=state) as server:

@@ -11,7 +11,6 @@ import threading
 
 import pytest
 
-import veil
 from veil_cli import veil_binary
 
 try:
@@ -20,13 +19,6 @@ except ImportError:
     if os.environ.get("CI"):
         raise
     pytest.skip("the openai package is not installed", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def decoder(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-decoder")
-    veil.write_tiny_decoder(d, seed=5)
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ use veil_core::{Error, Result};
 use veil_model::decoder::DecoderModel;
 use veil_model::{generate_text, GenerateOptions, GeneratedToken, NextLogits};
 use veil_model::{DecoderFormat, DecoderTables, F32Model, FixedDecoder};
-use veil_private::{ClientTransport, GenerationClient};
+use veil_private::{default_generation_context, ClientTransport, GenerationClient};
 
 /// How the logits are computed.
 #[derive(Args)]
@@ -39,10 +39,6 @@ pub(crate) struct EngineArgs {
     #[command(flatten)]
     pub(crate) net: crate::ClientNetArgs,
 }
-
-/// A private session's context when `--context` is not given (the server's reservation grows
-/// with it: a longer default would be refused by small servers).
-const DEFAULT_PRIVATE_CONTEXT: usize = 512;
 
 /// A decoder prepared for one engine; [`Engine::session`] starts an empty KV cache.
 pub(crate) enum Engine<'w> {
@@ -76,7 +72,9 @@ impl<'w> Engine<'w> {
         }
         if let Some(addr) = args.connect {
             let max = model.weights.config.max_positions;
-            let context = args.context.unwrap_or(DEFAULT_PRIVATE_CONTEXT.min(max));
+            let context = args
+                .context
+                .unwrap_or(default_generation_context(&model.weights.config));
             if !(1..=max).contains(&context) {
                 return Err(Error::InvalidArgument(format!(
                     "--context {context}: this model holds 1 to {max} positions"

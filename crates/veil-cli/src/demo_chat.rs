@@ -3,7 +3,6 @@
 //! server's in-memory identity pinned): a question (a built-in one by default), the answer
 //! printed as its tokens come, then what the set-up, the prefill and the decode steps cost.
 
-use std::io::Write;
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,7 +10,7 @@ use std::time::Instant;
 use veil_core::{Error, Result};
 use veil_model::decoder::sample::SamplingParams;
 use veil_model::decoder::{self, ChatMessage};
-use veil_model::{generate_text, DecoderFormat, DecoderTables, FixedDecoder, GenerateOptions};
+use veil_model::{DecoderFormat, DecoderTables, FixedDecoder, GenerateOptions};
 use veil_net::{LabelStats, Role};
 use veil_private::{
     ClientTransport, GenerationClient, ServerBuilder, ServerDecoder, ServerIdentity,
@@ -81,18 +80,12 @@ pub(crate) fn run(model: &str, question: Option<String>, tls: bool) -> Result<()
         fixed_length: false,
     };
     print!("answer: ");
-    let start = Instant::now();
-    let mut first: Option<f64> = None;
     let mut g = client.start(context)?;
-    let (tokens, _) = generate_text(&mut g, &m.tokenizer, &ids, &opts, |piece| {
-        first.get_or_insert_with(|| start.elapsed().as_secs_f64());
-        print!("{piece}");
-        std::io::stdout().flush().map_err(Error::Io)
-    })?;
+    let (tokens, _, (prefill, decode)) =
+        crate::generate_cmd::stream_timed(&mut g, &m, &ids, &opts, false)?;
     g.end()?;
     println!();
-    let total = start.elapsed().as_secs_f64();
-    let prefill = first.unwrap_or(total);
+    let total = prefill + decode;
     let cost = client.channel().meter().total();
     client.close()?;
     server.stop()?;
@@ -110,7 +103,7 @@ pub(crate) fn run(model: &str, question: Option<String>, tls: bool) -> Result<()
          token {prefill:.1} s, then {:.1} s per token), {}",
         ids.len(),
         tokens.len(),
-        (total - prefill) / tokens.len().saturating_sub(1).max(1) as f64,
+        decode / tokens.len().saturating_sub(1).max(1) as f64,
         mb(&cost)
     );
     Ok(())

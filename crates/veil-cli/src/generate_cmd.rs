@@ -84,7 +84,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
         fixed_length: engine.fixed_length(),
     };
     let mut session = engine.session()?;
-    let (tokens, stopped, times) = run(session.as_mut(), &model, &ids, &opts, a.json)?;
+    let (tokens, stopped, times) = stream_timed(session.as_mut(), &model, &ids, &opts, a.json)?;
     let warnings = session.warnings();
     for w in &warnings {
         eprintln!("veil generate: simulator warning: {w}");
@@ -128,7 +128,8 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
 
 /// Generates, streaming the text to stdout unless `quiet`; returns the tokens, whether a stop
 /// token ended them, and the seconds of prefill (prompt + first token) and of the decode steps.
-fn run(
+/// (`veil demo` of a decoder streams its answer with it too.)
+pub(crate) fn stream_timed(
     session: &mut dyn NextLogits,
     model: &DecoderModel,
     ids: &[u32],

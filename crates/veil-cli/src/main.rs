@@ -593,9 +593,20 @@ fn run(cli: Cli) -> Result<()> {
             truncate,
             net,
             tls,
+            preprocess,
             json,
-            ..
-        } if veil_model::decoder::names_decoder(&model) => {
+        } => {
+            if !veil_model::decoder::names_decoder(&model) {
+                return demo::run(
+                    &model,
+                    prompt::from_arguments(sentences, pairs)?,
+                    PromptOptions { pad_to, truncate },
+                    net,
+                    tls,
+                    json,
+                    preprocess,
+                );
+            }
             // A decoder's demo is one private chat turn: the encoder's options do not apply.
             if pairs || pad_to.is_some() || truncate || net.is_some() || json || sentences.len() > 1
             {
@@ -607,25 +618,6 @@ fn run(cli: Cli) -> Result<()> {
             }
             demo_chat::run(&model, sentences.into_iter().next(), tls)
         }
-        Cmd::Demo {
-            model,
-            sentences,
-            pairs,
-            pad_to,
-            truncate,
-            net,
-            tls,
-            preprocess,
-            json,
-        } => demo::run(
-            &model,
-            prompt::from_arguments(sentences, pairs)?,
-            PromptOptions { pad_to, truncate },
-            net,
-            tls,
-            json,
-            preprocess,
-        ),
         Cmd::Serve {
             model,
             listen,

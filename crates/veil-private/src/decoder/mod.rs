@@ -89,6 +89,6 @@ pub use model::ServerDecoder;
 pub use party::{DecoderParty, DecoderSide, Generation};
 pub(crate) use session::serve_generation_admitted;
 pub use session::{
-    serve_generation, step_bytes, GenerationClient, GenerationOptions, OwnedGeneration,
-    PrivateGeneration, SessionMemoryPool,
+    default_generation_context, serve_generation, step_bytes, GenerationClient, GenerationOptions,
+    OwnedGeneration, PrivateGeneration, SessionMemoryPool,
 };

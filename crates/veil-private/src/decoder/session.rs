@@ -317,6 +317,13 @@ fn set_deadline<C: Channel>(ch: &mut C, d: Option<Duration>) -> Result<()> {
     ch.set_deadline(d.map(|d| Instant::now() + d))
 }
 
+/// The positions a client's session asks for when its user names none: 512, or the model's
+/// context if smaller (the server reserves memory for them: a longer default would be refused
+/// by small servers).
+pub fn default_generation_context(cfg: &DecoderConfig) -> usize {
+    512.min(cfg.max_positions)
+}
+
 /// The client's end of a decoder session: its keys, its OT session and the model's public
 /// tables (never the server's weights). Generations run one at a time ([`Self::start`]).
 pub struct GenerationClient<'t, C: Channel> {
