@@ -293,6 +293,13 @@ impl Approx {
     /// result is 0). Max error vs f64 over the whole domain (measured): 1.79 ulp (2.2e-4) at
     /// x ≈ −1.27; exp(0) = 1 exactly.
     pub fn exp_neg(&self, x: u64) -> u64 {
+        self.round(self.exp_neg_wide(x), EXP_SQUARINGS)
+    }
+
+    /// [`Approx::exp_neg`] before its last rounding: exp(x) at `exp_frac` = f + 5 fractional bits.
+    /// Softmax sums these and rounds the sum once, so a row's sum does not collect one rounding
+    /// (and, in the protocol's one-bit-error mode, one low ulp) per entry.
+    pub fn exp_neg_wide(&self, x: u64) -> u64 {
         let fe = self.exp_frac;
         let lo = -EXP_CLAMP * self.one();
         let t = self.s(x).max(lo);
@@ -304,7 +311,7 @@ impl Approx {
         for _ in 0..EXP_SQUARINGS {
             p = self.mul_round_by(p, p, fe);
         }
-        self.round(p, EXP_SQUARINGS)
+        p
     }
 
     /// Bit length e of a raw positive value, clamped to [1, norm_bits]: the class the protocol's
@@ -598,7 +605,10 @@ impl Approx {
 
     /// Softmax of one row with max subtraction and a padding mask (Algorithm 3). `valid[i]` false
     /// means a padded position: excluded from the max and the sum, output 0. The mask is public.
-    /// Steps: m = max over valid; e_i = exp_neg(x_i − m); s = Σ e_i; r = recip_at(s, 2f−2);
+    /// Steps: m = max over valid; p_i = exp_neg_wide(x_i − m) (f + 5 bits); e_i = round(p_i) and
+    /// s = round(Σ p_i) to f bits (one rounding for the sum, not one per entry: in the protocol's
+    /// one-bit-error mode each rounding may land an ulp low, which over a long row's many
+    /// near-zero terms would bias s by half an ulp per entry); r = recip_at(s, 2f−2);
     /// y_i = ⌊e_i·r⌋_(2f−2). Domain: valid entries within 2^(ℓ−2)/2^f of each other (no wrap in
     /// x_i − m), at most 2^(norm_bits−f) = 2048 valid entries. Max error vs f64: 8e-4 absolute per
     /// output. A row with no valid entry outputs all zeros.
@@ -614,18 +624,22 @@ impl Approx {
         else {
             return vec![0; row.len()];
         };
-        let e: Vec<u64> = row
+        let p: Vec<u64> = row
             .iter()
             .zip(valid)
             .map(|(&x, &v)| {
                 if v {
-                    self.exp_neg(ring.sub(x, self.u(max)))
+                    self.exp_neg_wide(ring.sub(x, self.u(max)))
                 } else {
                     0
                 }
             })
             .collect();
-        let s = e.iter().fold(0u64, |acc, &v| ring.add(acc, v));
+        let s = self.round(
+            p.iter().fold(0u64, |acc, &v| ring.add(acc, v)),
+            EXP_SQUARINGS,
+        );
+        let e: Vec<u64> = p.iter().map(|&v| self.round(v, EXP_SQUARINGS)).collect();
         let w = self.wide_recip_frac();
         let r = self.recip_at(s, w);
         e.iter().map(|&v| self.mul_trunc_by(v, r, w)).collect()

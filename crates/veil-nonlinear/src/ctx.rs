@@ -297,15 +297,25 @@ impl<'a, C: Channel> Ctx<'a, C> {
         truncate_values(self.ot, self.ch, self.role, ring, a, s, self.trunc_mode)
     }
 
-    /// ⌊(a + 2^(s−1)) / 2^s⌋ (approx::round).
+    /// ⌊(a + 2^(s−1)) / 2^s⌋ (approx::round) with faithful truncation. In the one-bit-error
+    /// mode, a/2^s rounded stochastically: ⌊a/2^s⌋ or ⌊a/2^s⌋ + 1, unbiased, |error| < 1 ulp.
+    /// (That mode's truncation of y is ⌊y/2^s⌋ − c, where the carry c of the two shares' low
+    /// bits is 1 with probability 1 − (y mod 2^s + 1)/2^s over the uniform shares, so its
+    /// mean is y/2^s − 1 + 2^−s; truncating a + 2^s centres it. Adding 2^(s−1) instead, as the
+    /// faithful rounding does, would leave every rounding half an ulp low on average, and a sum
+    /// of many rounded values — a long Softmax row — that many half ulps low.)
     pub fn round(&mut self, a: &[u64], s: u32) -> Result<Vec<u64>> {
         self.round_in(self.ring(), a, s)
     }
 
     /// [`Ctx::round`] on shares of `ring`.
     pub fn round_in(&mut self, ring: Ring, a: &[u64], s: u32) -> Result<Vec<u64>> {
+        let offset = match self.trunc_mode {
+            TruncMode::Faithful => 1u64 << (s - 1),
+            TruncMode::OneBitError => 1u64 << s,
+        };
         let mut v = a.to_vec();
-        self.add_public_in(ring, &mut v, 1u64 << (s - 1));
+        self.add_public_in(ring, &mut v, offset);
         self.trunc_in(ring, &v, s)
     }
 

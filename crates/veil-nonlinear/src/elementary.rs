@@ -37,6 +37,14 @@ use crate::trunc::extend_with_b2a;
 impl<C: Channel> Ctx<'_, C> {
     /// exp(x) for x ≤ 0 (approx::exp_neg). `bound`: a promise |x + 16| < 2^k for a cheaper clamp.
     pub fn exp_neg(&mut self, x: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
+        let p = self.exp_neg_wide(x, bound)?;
+        let _g = self.ch.meter().enter(CostClass::Exp);
+        self.round(&p, veil_core::approx::EXP_SQUARINGS)
+    }
+
+    /// [`Ctx::exp_neg`] before its last rounding: exp(x) at `exp_frac` = f + 5 bits
+    /// (approx::exp_neg_wide), for Softmax to round its row sums once.
+    pub fn exp_neg_wide(&mut self, x: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter(CostClass::Exp);
         let ring = self.ring();
         let fe = self.ax.exp_frac();
@@ -57,7 +65,7 @@ impl<C: Channel> Ctx<'_, C> {
             let sq = self.square_narrow(&p, Narrow::signed(fe + 2))?;
             p = self.round(&sq, fe)?;
         }
-        self.round(&p, veil_core::approx::EXP_SQUARINGS)
+        Ok(p)
     }
 
     /// 1/s with the output at `out_frac` fractional bits (approx::recip_at), on the domain

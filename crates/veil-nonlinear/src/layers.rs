@@ -5,8 +5,8 @@
 //! approx tests and re-checked here on BERT-shaped rows):
 //! * GELU (tanh form of Alg. 2, as ReLU(x) − φ(|x|), φ piecewise cubic on [0, 4.25), 0 beyond):
 //!   ≤ 1.6e-4 for every x;
-//! * Softmax (Alg. 3, max subtraction, public padding mask): ≤ 8e-4 per output (the rounding
-//!   errors of the row's exp values add up in the sum);
+//! * Softmax (Alg. 3, max subtraction, public padding mask): ≤ 8e-4 per output (the errors of
+//!   the row's exp values add up in the sum, which is rounded once from exp's f + 5 bits);
 //! * ReLU-normalise: ReLU(x_i) / (Σ_j ReLU(x_j) + ε): ≤ 3e-4;
 //! * LayerNorm (Alg. 4, γ and β private to the server), on |x − mean| < 2048 and
 //!   var + ε ≥ 2^-13: ≤ 1 ulp + |γ|·(4.5e-3 + 2.5e-4/√(var + ε))
@@ -23,14 +23,15 @@
 //! still do, for every input).
 //!
 //! With 1-bit-error truncation (`TruncMode::OneBitError`) the shares no longer open to `approx`:
-//! each truncation may land 1 ulp low, and the final products of Softmax, ReLU-normalise,
+//! each truncation may land 1 ulp low, each rounding ([`Ctx::round`]) is stochastic (the floor
+//! or the ceiling, unbiased), and the final products of Softmax, ReLU-normalise,
 //! LayerNorm's d·r and the products by γ are fused with their truncation
 //! ([`Ctx::mul_narrow_trunc`], [`Ctx::mul_server_trunc`]: only the high part of the product is
 //! computed, each COT carrying n ≤ ℓ − t bits instead of up to ℓ) and land within −3 … +2 ulp.
 //! Tested bounds in that mode: ReLU-normalise 3e-4 + 3 ulp, LayerNorm (2e-3 + 3 ulp)·(1 + |γ|)
 //! plus the mean's error (≤ 2 ulp, in every d_i) times |γ|/σ, which matters for tiny variances;
-//! centre + affine 4 ulp·(1 + |γ|), Softmax 4e-3 (exp's squarings amplify its low truncations on
-//! outputs near 1). LayerNorm's two sums of squares come in that mode from one square of d in a
+//! centre + affine 4 ulp·(1 + |γ|), Softmax 8e-4 + 8 ulp (its row sums are rounded once from
+//! f + 5 bits, so a long row's many near-zero terms add no bias). LayerNorm's two sums of squares come in that mode from one square of d in a
 //! wide ring (the fine sum exact as before, the coarse one finer than the faithful path's).
 //! When the context has HE keys ([`Ctx::with_he`]), that mode computes the sum of squares and
 //! the client-side cross term of d·r on BFV ([`crate::he_rows`]): same values for the sums, the
@@ -191,13 +192,22 @@ impl<C: Channel> Ctx<'_, C> {
             .zip(&sel)
             .map(|(r, &v)| ring.sub(v, mx[r]))
             .collect();
-        let e = self.exp_neg(&d, None)?;
-        let sums = rows.sums(ring, &e);
+        // The entries and the row sums rounded from f + 5 bits in one batch (approx::softmax_row):
+        // one rounding per sum, so the one-bit-error mode's low ulps do not pile up in long rows.
+        let mut p = self.exp_neg_wide(&d, None)?;
+        let n = p.len();
+        let sums = rows.sums(ring, &p);
+        p.extend(sums);
+        let e = {
+            let _g = self.ch.meter().enter(CostClass::Exp);
+            self.round(&p, veil_core::approx::EXP_SQUARINGS)?
+        };
+        let (e, sums) = e.split_at(n);
         // e ∈ [0, 1]: a narrow product (|e| < 2^(f+1)); the output y ≤ 1. The row's largest
         // score gives exp(0) = 1 (a few ulps low at most), so every sum is at least 1/2 (a row
         // with nothing selected has sum 0, outside the domain: its quotients are never used).
         let f = self.ax.fp.frac_bits();
-        let y = divide_rows(self, &e, &rows, Narrow::signed(f + 2), (&sums, ring, f - 1))?;
+        let y = divide_rows(self, e, &rows, Narrow::signed(f + 2), (sums, ring, f - 1))?;
         RingTensor::from_vec(ring, x.shape(), rows.scatter(&y))
     }
 

@@ -9,7 +9,9 @@
 //! * [`TruncMode::Faithful`]: c by a millionaire's comparison on s bits and a B2A conversion:
 //!   exactly ⌊x / 2^s⌋, the semantics of `veil_core::approx`.
 //! * [`TruncMode::OneBitError`]: c dropped; the result is ⌊x / 2^s⌋ or ⌊x / 2^s⌋ − 1 (error
-//!   ≤ 1 ulp, one-sided), at the cost of one s-bit COT per element.
+//!   ≤ 1 ulp, one-sided; x/2^s − 1 + 2^−s on average over the uniform shares, which
+//!   [`Ctx::round`](crate::Ctx::round) uses to round without bias), at the cost of one s-bit COT
+//!   per element.
 //!
 //! [`truncate_into`] delivers the result in a wider ring at no extra step (the wrap's COT is
 //! just wider), so a truncation in a narrow ring followed by a sign extension costs one COT,
