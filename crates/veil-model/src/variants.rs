@@ -46,10 +46,11 @@ impl Activation {
 }
 
 /// How attention scores become weights.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttentionNorm {
     /// exp(x_i − max) / Σ_j exp(x_j − max), as pre-trained.
+    #[default]
     Softmax,
     /// ReLU(x_i) / (Σ_j ReLU(x_j) + ε), ε = [`veil_core::defaults::RELU_NORMALISE_EPS`].
     ReluNormalise,

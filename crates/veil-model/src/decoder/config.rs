@@ -1,6 +1,9 @@
 //! Shape and hyper-parameters of a decoder-only language model, whatever file it came from.
 
+use serde::{Deserialize, Serialize};
 use veil_core::{Error, Result};
+
+use crate::variants::AttentionNorm;
 
 /// The block layout a decoder uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +72,63 @@ impl RopeScaling {
     }
 }
 
+/// The MLP activation of a decoder block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecoderActivation {
+    /// As pre-trained: SiLU in the Llama family's gated MLP, GELU-tanh in GPT-2's.
+    #[default]
+    Original,
+    /// max(x, 0) in its place: a comparison and a multiplexer under MPC.
+    Relu,
+}
+
+/// The normalisation before a decoder block's attention or MLP.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecoderNormKind {
+    /// As pre-trained: RMSNorm (Llama family) or LayerNorm (GPT-2).
+    #[default]
+    Original,
+    /// x·γ (Llama family only): no division by the root mean square, so no reciprocal square
+    /// root under MPC; the scale of the residual stream is left to fine-tuning.
+    Scale,
+}
+
+/// The operator choice of one decoder block: the original operators, or the privacy-computing
+/// friendly substitutes of the substitution workflow. Stored in the model folder's
+/// `config.json` as the `"veil"` object, `{"blocks": [{"activation": "relu", "attention":
+/// "relu_normalise", "attn_norm": "original", "mlp_norm": "original"}, …]}` (one per block); a
+/// folder without it has the original operators everywhere.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecoderBlockVariant {
+    /// The MLP activation.
+    pub activation: DecoderActivation,
+    /// How causal attention scores become weights (Softmax, or ReLU-normalise with the causal
+    /// mask).
+    pub attention: AttentionNorm,
+    /// The norm before attention.
+    pub attn_norm: DecoderNormKind,
+    /// The norm before the MLP.
+    pub mlp_norm: DecoderNormKind,
+}
+
+impl DecoderBlockVariant {
+    /// The pre-trained operators.
+    pub const ORIGINAL: Self = DecoderBlockVariant {
+        activation: DecoderActivation::Original,
+        attention: AttentionNorm::Softmax,
+        attn_norm: DecoderNormKind::Original,
+        mlp_norm: DecoderNormKind::Original,
+    };
+
+    /// Whether every operator is the pre-trained one.
+    pub fn is_original(&self) -> bool {
+        *self == Self::ORIGINAL
+    }
+}
+
 /// Everything the composition needs to know about a decoder's shape.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecoderConfig {
@@ -107,6 +167,9 @@ pub struct DecoderConfig {
     pub bos_token_id: Option<u32>,
     /// Generation stops at any of these.
     pub eos_token_ids: Vec<u32>,
+    /// The operators of each block: empty for the original operators everywhere, otherwise one
+    /// per block (see [`DecoderConfig::variant`]).
+    pub variants: Vec<DecoderBlockVariant>,
 }
 
 impl DecoderConfig {
@@ -151,6 +214,16 @@ impl DecoderConfig {
                 self.rope_theta
             ));
         }
+        if !self.variants.is_empty() && self.variants.len() != self.layers {
+            return bad(format!(
+                "{} block variants for {} blocks",
+                self.variants.len(),
+                self.layers
+            ));
+        }
+        if self.family == DecoderFamily::Gpt2 && self.is_substituted() {
+            return bad("substituted operators are implemented for the Llama family only".into());
+        }
         let vocab = self.vocab_size as u64;
         for id in self.bos_token_id.iter().chain(&self.eos_token_ids) {
             if u64::from(*id) >= vocab {
@@ -160,6 +233,16 @@ impl DecoderConfig {
             }
         }
         Ok(())
+    }
+
+    /// The operators of block `i`.
+    pub fn variant(&self, i: usize) -> DecoderBlockVariant {
+        self.variants.get(i).copied().unwrap_or_default()
+    }
+
+    /// Whether any block has a substituted operator.
+    pub fn is_substituted(&self) -> bool {
+        self.variants.iter().any(|v| !v.is_original())
     }
 
     /// Query heads per key/value head.

@@ -248,6 +248,7 @@ impl Gguf<'_> {
             tie_word_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
             bos_token_id: self.id("tokenizer.ggml.bos_token_id")?,
             eos_token_ids,
+            variants: Vec::new(),
         };
         config.validate(self.name)?;
         Ok(config)

@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 use veil_core::{Error, Result};
 
-use super::config::{DecoderConfig, DecoderFamily, RopeScaling};
+use super::config::{DecoderBlockVariant, DecoderConfig, DecoderFamily, RopeScaling};
 
 /// `model_type`s Veil loads as decoders.
 pub(crate) const MODEL_TYPES: [&str; 4] = ["llama", "qwen2", "mistral", "gpt2"];
@@ -172,7 +172,7 @@ pub(crate) fn parse(text: &str, source: &str) -> Result<DecoderConfig> {
         .and_then(Value::as_str)
         .ok_or_else(|| f.err("model_type", "is missing"))?
         .to_string();
-    let config = match model_type.as_str() {
+    let mut config = match model_type.as_str() {
         "llama" | "qwen2" | "mistral" => llama(&mut f, &model_type)?,
         "gpt2" => gpt2(&mut f)?,
         other => {
@@ -182,6 +182,7 @@ pub(crate) fn parse(text: &str, source: &str) -> Result<DecoderConfig> {
             )))
         }
     };
+    config.variants = variants(&mut f)?;
     f.finish()?;
     config.validate(source)?;
     Ok(config)
@@ -227,7 +228,48 @@ fn llama(f: &mut Fields, model_type: &str) -> Result<DecoderConfig> {
         tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
         bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
         eos_token_ids: f.token_ids("eos_token_id")?,
+        variants: Vec::new(),
     })
+}
+
+/// Veil's `"veil"` object: `{"blocks": [DecoderBlockVariant, …]}`, the operators each block
+/// uses after substitution (absent: the original operators everywhere).
+#[derive(serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct VeilDecoderSettings {
+    pub(crate) blocks: Vec<DecoderBlockVariant>,
+}
+
+fn variants(f: &mut Fields) -> Result<Vec<DecoderBlockVariant>> {
+    let Some(v) = f.take("veil") else {
+        return Ok(Vec::new());
+    };
+    serde_json::from_value::<VeilDecoderSettings>(v)
+        .map(|s| s.blocks)
+        .map_err(|e| f.err("veil", &e.to_string()))
+}
+
+/// `config_text` (a decoder's `config.json`) with its `"veil"` object set to `variants`
+/// (removed when every block is original): how a substituted model's folder records its
+/// operators, every other field kept as it was.
+pub fn with_variants(config_text: &str, variants: &[DecoderBlockVariant]) -> Result<String> {
+    let mut map = match serde_json::from_str::<Value>(config_text) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return Err(Error::Malformed("config.json: not a JSON object".into())),
+        Err(e) => return Err(Error::Malformed(format!("config.json: {e}"))),
+    };
+    if variants.iter().all(DecoderBlockVariant::is_original) {
+        map.remove("veil");
+    } else {
+        let settings = VeilDecoderSettings {
+            blocks: variants.to_vec(),
+        };
+        let v = serde_json::to_value(settings)
+            .map_err(|e| Error::Other(format!("config.json: {e}")))?;
+        map.insert("veil".into(), v);
+    }
+    serde_json::to_string_pretty(&Value::Object(map))
+        .map_err(|e| Error::Other(format!("config.json: {e}")))
 }
 
 fn rope_scaling(f: &mut Fields) -> Result<Option<RopeScaling>> {
@@ -325,5 +367,6 @@ fn gpt2(f: &mut Fields) -> Result<DecoderConfig> {
         tie_word_embeddings: f.bool_or("tie_word_embeddings", true)?,
         bos_token_id: f.token_ids("bos_token_id")?.first().copied(),
         eos_token_ids: f.token_ids("eos_token_id")?,
+        variants: Vec::new(),
     })
 }

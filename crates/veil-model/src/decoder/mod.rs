@@ -32,7 +32,11 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use config::{DecoderConfig, DecoderFamily, RopeScaling};
+pub use config::{
+    DecoderActivation, DecoderBlockVariant, DecoderConfig, DecoderFamily, DecoderNormKind,
+    RopeScaling,
+};
+pub use hf_config::with_variants;
 pub use sample::{argmax, Sampler, SamplingParams};
 pub use shapes::DecoderShape;
 pub use tokenizer::{DecoderTokenizer, TextStream};

@@ -54,6 +54,7 @@ impl DecoderShape {
                 tie_word_embeddings: true,
                 bos_token_id: Some(1),
                 eos_token_ids: vec![2],
+                variants: Vec::new(),
             },
             DecoderShape::Gpt2 => DecoderConfig {
                 family: DecoderFamily::Gpt2,
@@ -73,6 +74,7 @@ impl DecoderShape {
                 tie_word_embeddings: true,
                 bos_token_id: None,
                 eos_token_ids: vec![50_256],
+                variants: Vec::new(),
             },
         }
     }

@@ -265,6 +265,11 @@ pub fn forward<E: DecoderEngine>(
     rows: LogitRows,
 ) -> Result<E::Value> {
     let start = e.cached();
+    ensure!(
+        !cfg.is_substituted(),
+        Unsupported,
+        "the decoder engines do not run substituted operators yet"
+    );
     ensure!(!ids.is_empty(), InvalidArgument, "no tokens to run");
     ensure!(
         start + ids.len() <= cfg.max_positions,

@@ -200,6 +200,77 @@ fn config_fields_that_change_the_computation_are_refused_by_name() {
 }
 
 #[test]
+fn block_variants_round_trip_through_the_veil_object_and_bad_ones_are_refused() {
+    use veil_model::decoder::{DecoderActivation, DecoderBlockVariant, DecoderNormKind};
+    use veil_model::AttentionNorm;
+    let dir = tempfile::tempdir().unwrap();
+    let shape = TinyShape::default();
+    write_tiny_llama(dir.path(), 3, &shape).unwrap();
+    let path = dir.path().join("config.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut variants = vec![DecoderBlockVariant::ORIGINAL; shape.layers];
+    variants[0] = DecoderBlockVariant {
+        activation: DecoderActivation::Relu,
+        attention: AttentionNorm::ReluNormalise,
+        attn_norm: DecoderNormKind::Scale,
+        mlp_norm: DecoderNormKind::Original,
+    };
+    std::fs::write(&path, decoder::with_variants(&text, &variants).unwrap()).unwrap();
+    let c = decoder::load(dir.path().to_str().unwrap())
+        .unwrap()
+        .weights
+        .config;
+    assert_eq!(c.variants, variants);
+    assert!(c.is_substituted());
+    assert_eq!(c.variant(1), DecoderBlockVariant::ORIGINAL);
+    // All original: the object is removed, and the folder reads as the pre-trained model.
+    let orig = vec![DecoderBlockVariant::ORIGINAL; shape.layers];
+    let plain = decoder::with_variants(&text, &orig).unwrap();
+    assert!(!plain.contains("\"veil\""));
+
+    for (veil, named) in [
+        (
+            serde_json::json!({"blocks": [{"activation": "tanh", "attention": "softmax", "attn_norm": "original", "mlp_norm": "original"}]}),
+            "veil",
+        ),
+        (serde_json::json!({"blocks": [], "extra": 1}), "veil"),
+        (
+            serde_json::json!({"blocks": [DecoderBlockVariant::ORIGINAL]}),
+            "block variants",
+        ),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        write_tiny_llama(d.path(), 3, &shape).unwrap();
+        edit_config(d.path(), |m| {
+            m.insert("veil".into(), veil.clone());
+        });
+        let e = load_err(d.path());
+        assert!(e.contains(named), "{veil}: {e}");
+    }
+    let g = tempfile::tempdir().unwrap();
+    write_tiny_gpt2(
+        g.path(),
+        1,
+        &TinyShape {
+            kv_heads: 4,
+            ..shape
+        },
+    )
+    .unwrap();
+    let relu = DecoderBlockVariant {
+        activation: DecoderActivation::Relu,
+        ..DecoderBlockVariant::ORIGINAL
+    };
+    edit_config(g.path(), |m| {
+        m.insert(
+            "veil".into(),
+            serde_json::json!({"blocks": vec![relu; shape.layers]}),
+        );
+    });
+    assert!(load_err(g.path()).contains("Llama family only"));
+}
+
+#[test]
 fn rope_scaling_kinds_parse_and_scale_the_frequencies() {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_llama(dir.path(), 1, &TinyShape::default()).unwrap();

@@ -229,6 +229,7 @@ mod tests {
             tie_word_embeddings: true,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
+            variants: Vec::new(),
         }
     }
 
