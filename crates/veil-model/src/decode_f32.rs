@@ -2,6 +2,10 @@
 //! the linear layers as candle matrix products (CPU), the rest on row-major [`Matrix`] values.
 //! It is the reference the fixed-point simulator is compared with, and is itself compared with
 //! candle-transformers' independent `quantized_llama` (tests/decoder_candle.rs).
+//!
+//! Substituted operators (Llama family) in f32: the Scale norm x·γ, ReLU-normalise attention
+//! ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over the visible keys (ε =
+//! `veil_core::defaults::RELU_NORMALISE_EPS`), and relu(gate) ⊙ up.
 
 use candle_core::{Device, Tensor};
 use veil_core::{ensure, Error, Result};

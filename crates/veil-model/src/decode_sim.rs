@@ -8,6 +8,17 @@
 //! silu(g)·u are secret products truncated by f; RMSNorm ([`veil_core::approx::Approx::rms_norm_row`])
 //! and GPT-2's LayerNorm run on the wide domain |x| < 2^[`DecoderFormat::norm_dev_bits`].
 //!
+//! Substituted operators ([`crate::decoder::DecoderBlockVariant`], Llama family): the Scale norm
+//! is ⌊x_i·γ_i / 2^f⌋ (γ at f bits; error vs f64 under one ulp plus γ's encoding error times
+//! |x|, its accumulator recorded against the wrap bound); ReLU-normalise attention is
+//! [`Approx::relu_normalise_row`] over each row's visible keys (3e-4 absolute vs f64 with the
+//! quantised ε, inside its domain: row sums Σ ReLU + ε below 2^(norm_bits − f) = 2^18 at ℓ = 48,
+//! f = 13, and visible scores |x| < 2^`RELU_DOMAIN_BITS`, the promise the private comparisons
+//! make); the ReLU activation is exact (the private comparison's domain |gate| <
+//! 2^`RELU_DOMAIN_BITS` counted), then ⌊relu(g)·u / 2^f⌋. Inputs outside these domains are
+//! counted with the norms' in [`BlockReport::out_of_domain`] and reported by
+//! [`DecoderSim::warnings`].
+//!
 //! Format ([`DecoderFormat::default`]): ℓ = 48, f = 13, norms on |x| < 2^16. Llama-family
 //! residual streams carry "massive activations" (SmolLM2-135M: ≈ 24,900 on one position): at the
 //! encoder's ℓ = 41 the MLP's down projection that writes them (accumulator bound 2^(ℓ−1−2f) =
@@ -16,7 +27,8 @@
 //! squares pre-shifted by 6 bits (see docs/RESULTS.md for the measured extremes).
 //!
 //! Statistics: per block the largest |hidden|, the largest accumulator against the wrap bound,
-//! the largest norm input against the domain, and the count of violations, merged over every
+//! the largest norm input against the domain, and the count of domain violations (norm rows,
+//! and in substituted blocks ReLU inputs and ReLU-normalise row sums), merged over every
 //! step of a generation ([`DecoderSim::reports`], [`DecoderSim::warnings`]).
 
 use veil_core::approx::{Approx, LayerNormPlan};
