@@ -67,8 +67,8 @@
 //! **Error.** With `ProductTruncation::Faithful` every step's logits equal the simulator's
 //! integers bit for bit. In the default `OneBitError` mode each truncation after a product
 //! (linear, rotary, the attention products, the gated product) may read one ulp (2^−f) low,
-//! and Softmax, ReLU-normalise, the norms (the Scale norm's product by γ: ⌊x·γ / 2^f⌋ − 3 to
-//! + 2 ulps) and SiLU run their internal truncations in their 1-bit-error modes (their bounds
+//! and Softmax, ReLU-normalise, the norms (the Scale norm's product by γ: ⌊x·γ / 2^f⌋ off by
+//! −3 to 2 ulps) and SiLU run their internal truncations in their 1-bit-error modes (their bounds
 //! are on `veil_nonlinear::Ctx`'s methods); GELU and ReLU stay exact. The deviation is these
 //! errors carried through the blocks and the cache (bounded in `tests/`); a Scale norm passes
 //! the residual stream on unnormalised, so the blocks after it may amplify them (the tests'
