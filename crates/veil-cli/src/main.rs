@@ -338,6 +338,11 @@ enum BenchCmd {
         /// Preprocess the steps (not implemented yet: refused with that reason).
         #[arg(long)]
         preprocess: bool,
+        /// Every block substituted: ReLU activation and ReLU-normalise attention (norms kept),
+        /// the private cost of a fully substituted model beside the original's (Llama-family
+        /// shapes only: refused for gpt2).
+        #[arg(long)]
+        friendly: bool,
         #[arg(long)]
         json: bool,
     },
@@ -386,9 +391,10 @@ fn print_generate_bench(r: &serde_json::Value) {
         );
     };
     println!(
-        "private generation, {} shape ({} blocks), {} prompt tokens, {} new, {}",
+        "private generation, {} shape ({} blocks, {} operators), {} prompt tokens, {} new, {}",
         r["shape"].as_str().unwrap_or(""),
         r["layers"],
+        r["operators"].as_str().unwrap_or(""),
         r["prompt_tokens"],
         r["new_tokens"],
         r["network"].as_str().unwrap_or("loopback")
@@ -454,6 +460,7 @@ fn bench(what: BenchCmd) -> Result<()> {
             net,
             faithful,
             preprocess,
+            friendly,
             json,
         } => {
             if preprocess {
@@ -476,6 +483,7 @@ fn bench(what: BenchCmd) -> Result<()> {
                 new_tokens,
                 net,
                 truncation,
+                friendly,
             })?;
             if json {
                 println!("{report}");

@@ -2,16 +2,23 @@
 //! the linear layers as candle matrix products (CPU), the rest on row-major [`Matrix`] values.
 //! It is the reference the fixed-point simulator is compared with, and is itself compared with
 //! candle-transformers' independent `quantized_llama` (tests/decoder_candle.rs).
+//!
+//! Substituted operators (Llama family) in f32: the Scale norm x·γ, ReLU-normalise attention
+//! ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over the visible keys (ε =
+//! `veil_core::defaults::RELU_NORMALISE_EPS`), and relu(gate) ⊙ up.
 
 use candle_core::{Device, Tensor};
 use veil_core::{ensure, Error, Result};
 
 use crate::candle_error;
-use crate::decoder::{DecoderConfig, DecoderWeights, Linear, Matrix, Mlp, Norm};
+use crate::decoder::{
+    DecoderActivation, DecoderConfig, DecoderNormKind, DecoderWeights, Linear, Matrix, Mlp, Norm,
+};
 use crate::engine::decoder::{
     self as composition, causal_visible, rotary_tables, DecoderEngine, DecoderLayer, DecoderNorm,
     LogitRows, Rows,
 };
+use crate::variants::AttentionNorm;
 
 impl Rows for Matrix {
     fn dims(&self) -> (usize, usize) {
@@ -270,8 +277,15 @@ pub(crate) fn gelu_tanh(x: f32) -> f32 {
     0.5 * x * (1.0 + (k * (x + veil_core::approx::GELU_CUBIC as f32 * x * x * x)).tanh())
 }
 
-/// RMSNorm (no bias) or LayerNorm (with bias) of one row, in f32.
-fn norm_row(row: &[f32], n: &Norm, eps: f64, out: &mut Vec<f32>) {
+/// RMSNorm (no bias) or LayerNorm (with bias) of one row, in f32; [`DecoderNormKind::Scale`]:
+/// x·γ (+ β).
+fn norm_row(row: &[f32], n: &Norm, kind: DecoderNormKind, eps: f64, out: &mut Vec<f32>) {
+    if kind == DecoderNormKind::Scale {
+        for (i, &x) in row.iter().enumerate() {
+            out.push(x * n.weight[i] + n.bias.as_ref().map_or(0.0, |b| b[i]));
+        }
+        return;
+    }
     let len = row.len() as f32;
     let mean = match n.bias {
         Some(_) => row.iter().sum::<f32>() / len,
@@ -330,7 +344,7 @@ impl DecoderEngine for F32Decoder<'_, '_> {
         l.apply(x)
     }
 
-    fn norm(&mut self, id: DecoderNorm, x: &Matrix) -> Result<Matrix> {
+    fn norm(&mut self, id: DecoderNorm, kind: DecoderNormKind, x: &Matrix) -> Result<Matrix> {
         let w = self.model.weights;
         let missing = || Error::Unsupported(format!("the decoder has no norm {id:?}"));
         let n = match id {
@@ -340,7 +354,7 @@ impl DecoderEngine for F32Decoder<'_, '_> {
         };
         let mut out = Vec::with_capacity(x.data.len());
         for row in x.data.chunks(x.cols.max(1)) {
-            norm_row(row, n, w.config.norm_eps, &mut out);
+            norm_row(row, n, kind, w.config.norm_eps, &mut out);
         }
         Matrix::new(x.rows, x.cols, out)
     }
@@ -424,7 +438,12 @@ impl DecoderEngine for F32Decoder<'_, '_> {
             .collect()
     }
 
-    fn causal_softmax(&mut self, scores: &Matrix, start: usize) -> Result<Matrix> {
+    fn causal_weights(
+        &mut self,
+        kind: AttentionNorm,
+        scores: &Matrix,
+        start: usize,
+    ) -> Result<Matrix> {
         let total = scores.cols;
         ensure!(
             total > start,
@@ -435,6 +454,16 @@ impl DecoderEngine for F32Decoder<'_, '_> {
         let mut out = Vec::with_capacity(scores.data.len());
         for (r, row) in scores.data.chunks(total).enumerate() {
             let visible = causal_visible(start, new, r, total);
+            if kind == AttentionNorm::ReluNormalise {
+                let relu: Vec<f32> = row
+                    .iter()
+                    .zip(&visible)
+                    .map(|(&x, &v)| if v { x.max(0.0) } else { 0.0 })
+                    .collect();
+                let s = relu.iter().sum::<f32>() + veil_core::defaults::RELU_NORMALISE_EPS as f32;
+                out.extend(relu.iter().map(|&v| v / s));
+                continue;
+            }
             let max = row
                 .iter()
                 .zip(&visible)
@@ -452,7 +481,7 @@ impl DecoderEngine for F32Decoder<'_, '_> {
         Matrix::new(scores.rows, total, out)
     }
 
-    fn gated(&mut self, gate: &Matrix, up: &Matrix) -> Result<Matrix> {
+    fn gated(&mut self, act: DecoderActivation, gate: &Matrix, up: &Matrix) -> Result<Matrix> {
         ensure!(
             gate.data.len() == up.data.len(),
             InvalidArgument,
@@ -464,7 +493,10 @@ impl DecoderEngine for F32Decoder<'_, '_> {
             gate.data
                 .iter()
                 .zip(&up.data)
-                .map(|(&g, &u)| silu(g) * u)
+                .map(|(&g, &u)| match act {
+                    DecoderActivation::Original => silu(g) * u,
+                    DecoderActivation::Relu => g.max(0.0) * u,
+                })
                 .collect(),
         )
     }

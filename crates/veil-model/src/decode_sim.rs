@@ -8,6 +8,17 @@
 //! silu(g)·u are secret products truncated by f; RMSNorm ([`veil_core::approx::Approx::rms_norm_row`])
 //! and GPT-2's LayerNorm run on the wide domain |x| < 2^[`DecoderFormat::norm_dev_bits`].
 //!
+//! Substituted operators ([`crate::decoder::DecoderBlockVariant`], Llama family): the Scale norm
+//! is ⌊x_i·γ_i / 2^f⌋ (γ at f bits; error vs f64 under one ulp plus γ's encoding error times
+//! |x|, its accumulator recorded against the wrap bound); ReLU-normalise attention is
+//! [`Approx::relu_normalise_row`] over each row's visible keys (3e-4 absolute vs f64 with the
+//! quantised ε, inside its domain: row sums Σ ReLU + ε below 2^(norm_bits − f) = 2^18 at ℓ = 48,
+//! f = 13, and visible scores |x| < 2^`RELU_DOMAIN_BITS`, the promise the private comparisons
+//! make); the ReLU activation is exact (the private comparison's domain |gate| <
+//! 2^`RELU_DOMAIN_BITS` counted), then ⌊relu(g)·u / 2^f⌋. Inputs outside these domains are
+//! counted with the norms' in [`BlockReport::out_of_domain`] and reported by
+//! [`DecoderSim::warnings`].
+//!
 //! Format ([`DecoderFormat::default`]): ℓ = 48, f = 13, norms on |x| < 2^16. Llama-family
 //! residual streams carry "massive activations" (SmolLM2-135M: ≈ 24,900 on one position): at the
 //! encoder's ℓ = 41 the MLP's down projection that writes them (accumulator bound 2^(ℓ−1−2f) =
@@ -16,18 +27,26 @@
 //! squares pre-shifted by 6 bits (see docs/RESULTS.md for the measured extremes).
 //!
 //! Statistics: per block the largest |hidden|, the largest accumulator against the wrap bound,
-//! the largest norm input against the domain, and the count of violations, merged over every
+//! the largest norm input against the domain, and the count of domain violations (norm rows,
+//! and in substituted blocks ReLU inputs and ReLU-normalise row sums), merged over every
 //! step of a generation ([`DecoderSim::reports`], [`DecoderSim::warnings`]).
 
 use veil_core::approx::{Approx, LayerNormPlan};
 use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
 
-use crate::decoder::{DecoderConfig, DecoderFamily, DecoderWeights, Linear, Matrix, Mlp, Norm};
+use crate::decoder::{
+    DecoderActivation, DecoderConfig, DecoderFamily, DecoderNormKind, DecoderWeights, Linear,
+    Matrix, Mlp, Norm,
+};
 use crate::engine::decoder::{
     self as composition, causal_visible, rotary_accumulators, DecoderEngine, DecoderLayer,
     DecoderNorm, KvCache, LogitRows, Rows,
 };
-use crate::sim::{matmul_signed, max_abs, secret_products, BlockReport, Tracker};
+use crate::sim::{
+    matmul_signed, max_abs, relu_domain, relu_normalise_domain, secret_products, BlockReport,
+    Tracker,
+};
+use crate::variants::AttentionNorm;
 
 /// The decoder's fixed-point format: the ring and fraction, and the norms' input domain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -544,10 +563,12 @@ impl<'a> DecoderSim<'a> {
         &self.reports
     }
 
-    /// One line per block whose accumulators wrapped or whose norm inputs left the domain.
+    /// One line per block whose accumulators wrapped or whose inputs left an operator's domain
+    /// (norm rows, and in substituted blocks ReLU inputs and ReLU-normalise row sums).
     pub fn warnings(&self) -> Vec<String> {
         let fp = self.model.fp();
         let domain = (1u64 << self.model.format.norm_dev_bits) as f64;
+        let substituted = self.model.config.is_substituted();
         let mut out = Vec::new();
         for r in &self.reports {
             if r.wrapped > 0 {
@@ -556,7 +577,12 @@ impl<'a> DecoderSim<'a> {
                     r.block, r.wrapped, r.accumulator_bound, r.max_abs_accumulator, fp.ring.bits()
                 ));
             }
-            if r.out_of_domain > 0 {
+            if r.out_of_domain > 0 && substituted {
+                out.push(format!(
+                    "block {}: {} inputs outside the approximations' domains (norm rows: max |input| {:.1}, domain {domain}; ReLU inputs: |x| < {}; ReLU-normalise row sums: < {})",
+                    r.block, r.out_of_domain, r.max_abs_norm_deviation, relu_domain(fp), relu_normalise_domain(fp)
+                ));
+            } else if r.out_of_domain > 0 {
                 out.push(format!(
                     "block {}: {} norm rows outside the domain (max |input| {:.1}, domain {domain})",
                     r.block, r.out_of_domain, r.max_abs_norm_deviation
@@ -583,6 +609,62 @@ impl<'a> DecoderSim<'a> {
         self.model
             .approx
             .trunc(ring.from_signed(acc), self.model.fp().frac_bits())
+    }
+
+    /// How many of `xs` lie outside the ReLU domain |x| < 2^RELU_DOMAIN_BITS the private
+    /// comparisons are promised (outside it the protocol's ReLU is unspecified).
+    fn outside_relu_domain(&self, xs: &[u64]) -> usize {
+        let fp = self.model.fp();
+        let bound = relu_domain(fp);
+        xs.iter().filter(|&&v| fp.decode(v).abs() >= bound).count()
+    }
+
+    /// ReLU-normalise of one row of scores over its visible keys
+    /// ([`Approx::relu_normalise_row`]), counting a row sum Σ ReLU + ε at or above
+    /// 2^(norm_bits − f) and visible scores outside the ReLU domain: the protocol equals these
+    /// integers only inside both.
+    fn relu_normalise(&mut self, row: &[u64], visible: &[bool]) -> Vec<u64> {
+        let m = self.model;
+        let fp = m.fp();
+        let seen: Vec<u64> = row
+            .iter()
+            .zip(visible)
+            .filter(|(_, &v)| v)
+            .map(|(&x, _)| x)
+            .collect();
+        let sum = seen.iter().map(|&v| fp.decode(v).max(0.0)).sum::<f64>()
+            + fp.decode(m.approx.relu_normalise_eps());
+        let outside = self.outside_relu_domain(&seen);
+        let t = &mut self.tracker.report;
+        t.out_of_domain += outside;
+        if sum >= relu_normalise_domain(fp) {
+            t.out_of_domain += 1;
+        }
+        m.approx.relu_normalise_row(row, visible)
+    }
+
+    /// The Scale norm x·γ (+ β): ⌊x_i·γ_i / 2^f⌋ per value, the product the two-party norm
+    /// computes with the server's γ, its accumulator recorded.
+    fn scale(&mut self, n: &FixedNorm, x: &RingTensor) -> Result<RingTensor> {
+        let m = self.model;
+        let (ring, ax) = (m.fp().ring, &m.approx);
+        let h = x.shape()[1];
+        ensure!(
+            n.gamma.len() == h,
+            InvalidArgument,
+            "γ of {} for rows of {h}",
+            n.gamma.len()
+        );
+        let mut out = Vec::with_capacity(x.len());
+        for (i, &v) in x.data().iter().enumerate() {
+            let g = n.gamma[i % h];
+            let acc = i128::from(ring.to_signed(v)) * i128::from(ring.to_signed(g));
+            self.tracker
+                .accumulator(acc.clamp(i64::MIN.into(), i64::MAX.into()) as i64);
+            let y = ax.mul_trunc(v, g);
+            out.push(n.beta.as_ref().map_or(y, |b| ring.add(y, b[i % h])));
+        }
+        RingTensor::from_vec(ring, x.shape(), out)
     }
 
     fn map(&self, x: &RingTensor, f: impl Fn(u64) -> u64) -> Result<RingTensor> {
@@ -619,11 +701,19 @@ impl DecoderEngine for DecoderSim<'_> {
         linear_signed(&m.approx, m.layer(id)?, id, x, &mut self.tracker)
     }
 
-    fn norm(&mut self, id: DecoderNorm, x: &RingTensor) -> Result<RingTensor> {
+    fn norm(
+        &mut self,
+        id: DecoderNorm,
+        kind: DecoderNormKind,
+        x: &RingTensor,
+    ) -> Result<RingTensor> {
         let m = self.model;
         let n = m.norm_params(id)?;
         let (fp, ax) = (m.fp(), &m.approx);
         let h = x.shape()[1];
+        if kind == DecoderNormKind::Scale {
+            return self.scale(n, x);
+        }
         let domain = (1u64 << m.format.norm_dev_bits) as f64;
         let mut out = Vec::with_capacity(x.len());
         for row in x.data().chunks(h) {
@@ -676,7 +766,12 @@ impl DecoderEngine for DecoderSim<'_> {
         secret_products(&self.model.approx, a, b, &mut self.tracker)
     }
 
-    fn causal_softmax(&mut self, scores: &RingTensor, start: usize) -> Result<RingTensor> {
+    fn causal_weights(
+        &mut self,
+        kind: AttentionNorm,
+        scores: &RingTensor,
+        start: usize,
+    ) -> Result<RingTensor> {
         let total = scores.shape()[1];
         ensure!(
             total > start,
@@ -687,12 +782,20 @@ impl DecoderEngine for DecoderSim<'_> {
         let mut probs = Vec::with_capacity(scores.len());
         for (r, row) in scores.data().chunks(total).enumerate() {
             let visible = causal_visible(start, new, r, total);
-            probs.extend(self.model.approx.softmax_row(row, &visible));
+            probs.extend(match kind {
+                AttentionNorm::Softmax => self.model.approx.softmax_row(row, &visible),
+                AttentionNorm::ReluNormalise => self.relu_normalise(row, &visible),
+            });
         }
         RingTensor::from_vec(scores.ring(), scores.shape(), probs)
     }
 
-    fn gated(&mut self, gate: &RingTensor, up: &RingTensor) -> Result<RingTensor> {
+    fn gated(
+        &mut self,
+        act: DecoderActivation,
+        gate: &RingTensor,
+        up: &RingTensor,
+    ) -> Result<RingTensor> {
         ensure!(
             gate.shape() == up.shape(),
             InvalidArgument,
@@ -705,7 +808,16 @@ impl DecoderEngine for DecoderSim<'_> {
             .data()
             .iter()
             .zip(up.data())
-            .map(|(&g, &u)| self.product(ax.silu(g), u))
+            .map(|(&g, &u)| {
+                let a = match act {
+                    DecoderActivation::Original => ax.silu(g),
+                    DecoderActivation::Relu => {
+                        self.tracker.report.out_of_domain += self.outside_relu_domain(&[g]);
+                        ax.relu(g)
+                    }
+                };
+                self.product(a, u)
+            })
             .collect();
         RingTensor::from_vec(gate.ring(), gate.shape(), out)
     }

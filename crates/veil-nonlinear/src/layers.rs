@@ -336,6 +336,25 @@ impl<C: Channel> Ctx<'_, C> {
         let y = affine(self, &d, cols, weights, x.ring().bits() - f)?;
         RingTensor::from_vec(x.ring(), x.shape(), y)
     }
+
+    /// The RMSNorm substitute x·γ (+ β) with the server's γ (and β): ⌊x_i·γ_i / 2^f⌋ (+ β_i)
+    /// (approx::mul_trunc by γ, then β added), the product RMSNorm and LayerNorm end with,
+    /// without their normalisation. The server passes `Some(γ)` (promised |γ| < 2^GAMMA_BITS
+    /// as for the norms; a larger γ is an error on the server), the client `None`. No bound on
+    /// x·γ beyond the ring's head-room (|x·γ| < 2^(ℓ−2) raw at 2f bits). Runs under the
+    /// caller's cost class.
+    pub fn scale_affine(
+        &mut self,
+        x: &RingTensor,
+        gamma: Option<&[u64]>,
+        beta: Option<&[u64]>,
+    ) -> Result<RingTensor> {
+        check_ring(self, x)?;
+        let cols = row_len(x)?;
+        let f = self.ax.fp.frac_bits();
+        let y = affine(self, x.data(), cols, (gamma, beta), x.ring().bits() - f)?;
+        RingTensor::from_vec(x.ring(), x.shape(), y)
+    }
 }
 
 /// The scaling LayerNorm and RMSNorm share (approx::scale_row): d (centred or not, |d| <

@@ -3,7 +3,9 @@
 //! weights' values) in the shipped format, both parties in one process over TCP loopback or a
 //! link shaped like a given network; a prefill of random prompt tokens, then one greedy step per
 //! new token. Reports the set-up (HE keys, base OTs) and every step apart: wall time, bytes each
-//! way and flights, per operator class.
+//! way and flights, per operator class. With [`GenerateBench::friendly`] every block of a Llama
+//! shape runs the substitutes (ReLU activation, ReLU-normalise attention; the norms kept), so a
+//! fully substituted model's cost can be measured beside the original's.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,8 +13,10 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use veil_core::{bail, Prg, Result};
 use veil_linear::{ClientSession, ServerSession};
-use veil_model::decoder::{argmax, DecoderShape};
-use veil_model::{DecoderFormat, FixedDecoder, ProductTruncation};
+use veil_model::decoder::{
+    argmax, DecoderActivation, DecoderBlockVariant, DecoderFamily, DecoderNormKind, DecoderShape,
+};
+use veil_model::{AttentionNorm, DecoderFormat, FixedDecoder, ProductTruncation};
 use veil_net::{run_two_party_on, run_two_party_tcp, shaped_pair, Channel, Meter};
 use veil_net::{NetworkModel, RealClock, Role};
 use veil_nonlinear::OtSession;
@@ -33,7 +37,19 @@ pub struct GenerateBench {
     pub net: Option<NetworkModel>,
     /// How every product's truncation rounds (the shipped default: one-bit error).
     pub truncation: ProductTruncation,
+    /// Every block substituted with [`FRIENDLY_BLOCK`] (Llama-family shapes only; refused for
+    /// GPT-2).
+    pub friendly: bool,
 }
+
+/// The block `veil bench generate --friendly` runs everywhere: ReLU in the gated MLP and
+/// ReLU-normalise attention; RMSNorm kept.
+pub const FRIENDLY_BLOCK: DecoderBlockVariant = DecoderBlockVariant {
+    activation: DecoderActivation::Relu,
+    attention: AttentionNorm::ReluNormalise,
+    attn_norm: DecoderNormKind::Original,
+    mlp_norm: DecoderNormKind::Original,
+};
 
 /// The client's meter since its last reset (per class), with the phase's wall time; resets it
 /// for the next phase, as a session's set-up and inference are reported apart.
@@ -54,7 +70,18 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     if b.prompt_tokens == 0 {
         bail!(InvalidArgument, "a prompt of at least one token is needed");
     }
-    let weights = b.shape.random_weights(7)?;
+    if b.friendly && b.shape.config().family != DecoderFamily::Llama {
+        bail!(
+            Unsupported,
+            "the friendly substitutes run in Llama-family decoders only, not the {} shape",
+            b.shape.name()
+        );
+    }
+    let mut weights = b.shape.random_weights(7)?;
+    if b.friendly {
+        weights.config.variants = vec![FRIENDLY_BLOCK; weights.config.layers];
+        weights.config.validate(b.shape.name())?;
+    }
     let cfg = weights.config.clone();
     let limit = b.prompt_tokens + b.new_tokens;
     if limit > cfg.max_positions {
@@ -101,6 +128,7 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     v["layers"] = json!(cfg.layers);
     v["network"] = json!(b.net.map(|n| n.to_string()));
     v["truncation"] = json!(format!("{:?}", b.truncation));
+    v["operators"] = json!(if b.friendly { "friendly" } else { "original" });
     v["weight_preparation_s"] = json!(prepare_s);
     Ok(v)
 }
@@ -153,4 +181,25 @@ fn run_server<C: Channel>(
         party.server_step(1)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GPT-2 with `--friendly` is refused before any weights are drawn.
+    #[test]
+    fn friendly_gpt2_is_refused() {
+        let e = bench_generate(GenerateBench {
+            shape: DecoderShape::Gpt2,
+            prompt_tokens: 1,
+            new_tokens: 0,
+            net: None,
+            truncation: ProductTruncation::OneBitError,
+            friendly: true,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("Llama-family decoders only"), "{e}");
+    }
 }

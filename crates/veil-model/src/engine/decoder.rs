@@ -13,10 +13,19 @@
 //! (grouped: head j reads key/value head j / (heads / kv_heads)) scores = q·Kᵀ; causal softmax;
 //! context = P·V; x += o(context); h = norm(x); x += down(silu(gate(h)) ⊙ up(h)) or
 //! down(gelu_tanh(up(h))). Then the final norm and the LM head on the last position (or all).
+//!
+//! Operator variants ([`DecoderConfig::variant`], Llama family only): the composition passes
+//! each block's choice to the engine's call, so every engine computes the same substitute.
+//! [`DecoderNormKind::Scale`] makes a block norm x·γ (no division by the root mean square; the
+//! final norm is always the original), [`AttentionNorm::ReluNormalise`] makes the causal
+//! attention weights ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over the visible keys (ε =
+//! `veil_core::defaults::RELU_NORMALISE_EPS`, masked keys exactly 0), and
+//! [`DecoderActivation::Relu`] makes the gated MLP relu(gate) ⊙ up.
 
 use veil_core::{ensure, FixedPoint, Result, RingTensor};
 
-use crate::decoder::{DecoderConfig, DecoderFamily};
+use crate::decoder::{DecoderActivation, DecoderConfig, DecoderFamily, DecoderNormKind};
+use crate::variants::AttentionNorm;
 
 /// Names a linear layer of the decoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,8 +147,14 @@ pub trait DecoderEngine {
     /// x·Wᵀ + b of layer `id`, x [rows, in].
     fn linear(&mut self, id: DecoderLayer, x: &Self::Value) -> Result<Self::Value>;
 
-    /// RMSNorm or LayerNorm `id` of every row.
-    fn norm(&mut self, id: DecoderNorm, x: &Self::Value) -> Result<Self::Value>;
+    /// Norm `id` of every row: with [`DecoderNormKind::Original`] RMSNorm (Llama family) or
+    /// LayerNorm (GPT-2); with [`DecoderNormKind::Scale`] (Llama family only) x·γ, no division.
+    fn norm(
+        &mut self,
+        id: DecoderNorm,
+        kind: DecoderNormKind,
+        x: &Self::Value,
+    ) -> Result<Self::Value>;
 
     /// Rotary positions on x [rows, heads·head_dim], row r at position start + r: in each head,
     /// (a, b) = (first, second half) becomes (a·cos − b·sin, b·cos + a·sin). A public linear map.
@@ -158,12 +173,24 @@ pub trait DecoderEngine {
     /// a_i·b_i for each pair (the attention's products, one pair per head).
     fn products(&mut self, a: &[Self::Value], b: &[Self::Value]) -> Result<Vec<Self::Value>>;
 
-    /// Softmax of the scores [heads·new, start + new]: row r (query position start + r mod new)
-    /// sees the keys 0..=start + (r mod new); the others contribute exactly zero.
-    fn causal_softmax(&mut self, scores: &Self::Value, start: usize) -> Result<Self::Value>;
+    /// The attention weights of the scores [heads·new, start + new] under `kind` (Softmax, or
+    /// ReLU(x_i) / (Σ_j ReLU(x_j) + ε)): row r (query position start + r mod new) sees the keys
+    /// 0..=start + (r mod new) ([`causal_visible`]); the others get exactly zero.
+    fn causal_weights(
+        &mut self,
+        kind: AttentionNorm,
+        scores: &Self::Value,
+        start: usize,
+    ) -> Result<Self::Value>;
 
-    /// silu(gate) ⊙ up, element-wise.
-    fn gated(&mut self, gate: &Self::Value, up: &Self::Value) -> Result<Self::Value>;
+    /// act(gate) ⊙ up, element-wise: silu for [`DecoderActivation::Original`], max(·, 0) for
+    /// [`DecoderActivation::Relu`].
+    fn gated(
+        &mut self,
+        act: DecoderActivation,
+        gate: &Self::Value,
+        up: &Self::Value,
+    ) -> Result<Self::Value>;
 
     /// GELU (tanh form), element-wise.
     fn gelu(&mut self, x: &Self::Value) -> Result<Self::Value>;
@@ -266,9 +293,16 @@ pub fn forward<E: DecoderEngine>(
 ) -> Result<E::Value> {
     let start = e.cached();
     ensure!(
-        !cfg.is_substituted(),
+        cfg.variants.is_empty() || cfg.variants.len() == cfg.layers,
+        InvalidArgument,
+        "{} block variants for {} blocks",
+        cfg.variants.len(),
+        cfg.layers
+    );
+    ensure!(
+        cfg.family == DecoderFamily::Llama || !cfg.is_substituted(),
         Unsupported,
-        "the decoder engines do not run substituted operators yet"
+        "substituted operators are implemented for the Llama family only"
     );
     ensure!(!ids.is_empty(), InvalidArgument, "no tokens to run");
     ensure!(
@@ -288,7 +322,7 @@ pub fn forward<E: DecoderEngine>(
         LogitRows::Last => x.rows(n - 1, 1)?,
         LogitRows::All => x,
     };
-    let h = e.norm(DecoderNorm::Final, &last)?;
+    let h = e.norm(DecoderNorm::Final, DecoderNormKind::Original, &last)?;
     e.linear(DecoderLayer::LmHead, &h)
 }
 
@@ -300,7 +334,8 @@ fn block<E: DecoderEngine>(
     x: &E::Value,
 ) -> Result<E::Value> {
     let (nh, nkv, dh) = (cfg.heads, cfg.kv_heads, cfg.head_dim);
-    let h = e.norm(DecoderNorm::Attn(i), x)?;
+    let variant = cfg.variant(i);
+    let h = e.norm(DecoderNorm::Attn(i), variant.attn_norm, x)?;
     let mut q = e.linear(DecoderLayer::Query(i), &h)?;
     let mut k = e.linear(DecoderLayer::Key(i), &h)?;
     let v = e.linear(DecoderLayer::Value(i), &h)?;
@@ -321,16 +356,16 @@ fn block<E: DecoderEngine>(
     }
     let per_head = e.products(&qs, &kts)?;
     let scores = E::Value::stack_rows(&per_head.iter().collect::<Vec<_>>())?;
-    let probs = e.causal_softmax(&scores, start)?;
+    let probs = e.causal_weights(variant.attention, &scores, start)?;
     let heads = e.products(&probs.split_rows(q.dims().0)?, &vs)?;
     let context = E::Value::stack_columns(&heads.iter().collect::<Vec<_>>())?;
     let x = e.linear(DecoderLayer::AttnOut(i), &context)?.plus(x)?;
-    let h = e.norm(DecoderNorm::Mlp(i), &x)?;
+    let h = e.norm(DecoderNorm::Mlp(i), variant.mlp_norm, &x)?;
     let act = match cfg.family {
         DecoderFamily::Llama => {
             let gate = e.linear(DecoderLayer::Gate(i), &h)?;
             let up = e.linear(DecoderLayer::Up(i), &h)?;
-            e.gated(&gate, &up)?
+            e.gated(variant.activation, &gate, &up)?
         }
         DecoderFamily::Gpt2 => {
             let up = e.linear(DecoderLayer::Up(i), &h)?;

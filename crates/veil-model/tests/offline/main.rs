@@ -3,6 +3,7 @@
 
 mod decoder;
 mod decoder_engine;
+mod decoder_variants;
 mod loading;
 mod presets;
 mod simulator;

@@ -6,12 +6,12 @@ use veil_core::approx::Approx;
 use veil_core::{bail, ensure, CostClass, Error, Result, RingTensor};
 use veil_linear::{fc_client, fc_server_for, shared_matmul_client, shared_matmul_server};
 use veil_linear::{ClientSession, ServerSession};
-use veil_model::decoder::{DecoderConfig, DecoderFamily};
+use veil_model::decoder::{DecoderActivation, DecoderConfig, DecoderFamily, DecoderNormKind};
 use veil_model::engine::decoder::{
     causal_visible, forward, rotary_accumulators, DecoderEngine, DecoderLayer, DecoderNorm,
     KvCache, LogitRows, Rows,
 };
-use veil_model::{DecoderFormat, DecoderTables, ProductTruncation};
+use veil_model::{AttentionNorm, DecoderFormat, DecoderTables, ProductTruncation};
 use veil_net::{Channel, Meter, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
@@ -357,9 +357,31 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     }
 
     /// RMSNorm (Llama) or LayerNorm (GPT-2) on the format's wide domain, with the server's γ
-    /// (and β).
-    fn norm(&mut self, id: DecoderNorm, x: &RingTensor) -> Result<RingTensor> {
+    /// (and β); the Scale substitute: the server's γ times the shares and one truncation
+    /// (`Ctx::scale_affine`, the norms' own final product), under the RMSNorm cost class.
+    fn norm(
+        &mut self,
+        id: DecoderNorm,
+        kind: DecoderNormKind,
+        x: &RingTensor,
+    ) -> Result<RingTensor> {
         let cfg = self.cfg();
+        if kind == DecoderNormKind::Scale {
+            // The public configuration picks this branch on both sides. Scale is Llama-only
+            // (refused for GPT-2 by the composition): there is no β.
+            ensure!(
+                cfg.family == DecoderFamily::Llama,
+                Unsupported,
+                "the Scale norm is implemented for the Llama family only"
+            );
+            let gamma = match self.side {
+                DecoderSide::Server(_, m) => Some(m.fixed().norm_weights(id)?.0),
+                DecoderSide::Client(..) => None,
+            };
+            let mut cx = self.cx();
+            let _g = cx.ch.meter().enter(CostClass::RmsNorm);
+            return cx.scale_affine(x, gamma, None);
+        }
         let (eps, dev_bits) = (cfg.norm_eps, self.format.norm_dev_bits);
         let ring = self.format.fp.ring;
         let (weights, keys) = match self.side {
@@ -431,8 +453,15 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         self.truncate(&joined)?.split_rows(acc[0].dims().0)
     }
 
-    /// Softmax with a public mask per row: query row r sees the keys up to its own position.
-    fn causal_softmax(&mut self, scores: &RingTensor, start: usize) -> Result<RingTensor> {
+    /// Softmax (`Ctx::softmax_masked`) or ReLU-normalise (`Ctx::relu_normalise_masked`, its
+    /// comparisons promised |x| < 2^RELU_DOMAIN_BITS as the encoder's) with a public mask per
+    /// row: query row r sees the keys up to its own position.
+    fn causal_weights(
+        &mut self,
+        kind: AttentionNorm,
+        scores: &RingTensor,
+        start: usize,
+    ) -> Result<RingTensor> {
         let (rows, total) = scores.dims();
         ensure!(
             total > start,
@@ -444,13 +473,28 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
             .flat_map(|r| causal_visible(start, new, r, total))
             .collect();
         let mut cx = self.cx();
-        let _g = cx.ch.meter().enter(CostClass::Softmax);
-        cx.softmax_masked(scores, &mask)
+        match kind {
+            AttentionNorm::Softmax => {
+                let _g = cx.ch.meter().enter(CostClass::Softmax);
+                cx.softmax_masked(scores, &mask)
+            }
+            AttentionNorm::ReluNormalise => {
+                let _g = cx.ch.meter().enter(CostClass::ReluNormalise);
+                let k = cx.ax.relu_bound_bits();
+                cx.relu_normalise_masked(scores, &mask, Some(k))
+            }
+        }
     }
 
-    /// SiLU of the gate, then its secret product with `up` and one truncation (the simulator's
-    /// ⌊silu(g)·u / 2^f⌋).
-    fn gated(&mut self, gate: &RingTensor, up: &RingTensor) -> Result<RingTensor> {
+    /// SiLU (or, substituted, ReLU with the comparisons promised |x| < 2^RELU_DOMAIN_BITS) of
+    /// the gate, then its secret product with `up` and one truncation (the simulator's
+    /// ⌊act(g)·u / 2^f⌋).
+    fn gated(
+        &mut self,
+        act: DecoderActivation,
+        gate: &RingTensor,
+        up: &RingTensor,
+    ) -> Result<RingTensor> {
         ensure!(
             gate.shape() == up.shape(),
             InvalidArgument,
@@ -460,9 +504,15 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         );
         let f = self.ax.fp.frac_bits();
         let mut cx = self.cx();
-        let s = {
-            let _g = cx.ch.meter().enter(CostClass::Silu);
-            cx.silu(gate.data())?
+        let s = match act {
+            DecoderActivation::Original => {
+                let _g = cx.ch.meter().enter(CostClass::Silu);
+                cx.silu(gate.data())?
+            }
+            DecoderActivation::Relu => {
+                let k = cx.ax.relu_bound_bits();
+                cx.relu(gate.data(), Some(k))?
+            }
         };
         let _g = cx.ch.meter().enter(CostClass::Mul);
         let y = cx.mul_trunc(&s, up.data(), f)?;

@@ -1,8 +1,9 @@
 //! The two-party decoder against its oracle, the fixed-point simulator: on tiny random Llama
 //! (grouped-query attention) and GPT-2 decoders, a prefill then 16 greedy steps with n = 1
 //! (the KV cache growing as shares). Faithful truncations: the client's logits equal the
-//! simulator's integers at every step and the tokens are the same. The default 1-bit-error
-//! mode: within a stated bound. A context beyond the generation's limit is refused by both
+//! simulator's integers at every step and the tokens are the same, also with substituted
+//! operators (ReLU, ReLU-normalise, the Scale norm). The default 1-bit-error mode: within a
+//! stated bound. A context beyond the generation's limit is refused by both
 //! parties before anything is sent, and the generation can be reset and reused.
 //!
 //! The ring is the shipped format's ℓ = 48 (f = 13): the HE products run at t = 2^48
@@ -13,10 +14,12 @@ use std::collections::BTreeMap;
 use veil_core::{CostClass, Error, Result};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::decoder::random::{write_tiny_gpt2, write_tiny_llama, TinyShape};
-use veil_model::decoder::{self, DecoderWeights};
+use veil_model::decoder::{
+    self, DecoderActivation, DecoderBlockVariant, DecoderNormKind, DecoderWeights,
+};
 use veil_model::engine::decoder::DecoderEngine;
 use veil_model::engine::decoder::LogitRows;
-use veil_model::{DecoderFormat, DecoderTables, FixedDecoder, ProductTruncation};
+use veil_model::{AttentionNorm, DecoderFormat, DecoderTables, FixedDecoder, ProductTruncation};
 use veil_net::{LabelStats, MemChannel, Role};
 use veil_nonlinear::OtSession;
 use veil_private::{DecoderParty, DecoderSide, Generation, ServerDecoder};
@@ -44,6 +47,28 @@ fn tiny(gpt2: bool, seed: u8) -> DecoderWeights {
         write_tiny_llama(dir.path(), seed, &shape).unwrap();
     }
     decoder::load(dir.path().to_str().unwrap()).unwrap().weights
+}
+
+/// Every substitute somewhere in a tiny Llama's two blocks: block 0 with the ReLU activation and
+/// ReLU-normalise attention (RMSNorm kept), block 1 with both norms x·γ (SiLU and Softmax
+/// kept), so one generation runs every original and every substituted operator.
+fn substituted(seed: u8) -> DecoderWeights {
+    let mut w = tiny(false, seed);
+    w.config.variants = vec![
+        DecoderBlockVariant {
+            activation: DecoderActivation::Relu,
+            attention: AttentionNorm::ReluNormalise,
+            ..DecoderBlockVariant::ORIGINAL
+        },
+        DecoderBlockVariant {
+            attn_norm: DecoderNormKind::Scale,
+            mlp_norm: DecoderNormKind::Scale,
+            ..DecoderBlockVariant::ORIGINAL
+        },
+    ];
+    assert_eq!(w.config.layers, 2);
+    w.config.validate("substituted").unwrap();
+    w
 }
 
 /// The first largest logit (signed ring values): the same rule for both paths.
@@ -256,6 +281,63 @@ fn faithful_gpt2_generation_equals_the_simulator_bit_for_bit() {
     faithful_generation_equals_the_simulator(true, 4);
 }
 
+/// A tiny Llama with substitutes ([`substituted`]): the client's logits equal the simulator's
+/// integers at every step (prefill and 16 decode steps with the KV cache), the substituted
+/// operators ran and were metered under their classes, and the logits are not the original
+/// model's (the substitutes were computed, not skipped).
+#[test]
+fn faithful_substituted_llama_generation_equals_the_simulator_bit_for_bit() {
+    let w = substituted(12);
+    let fixed = FixedDecoder::encode(&w, format()).unwrap();
+    let tables = DecoderTables::of_weights(&w, format()).unwrap();
+    let limit = PROMPT.len() + STEPS + 1;
+    let (steps, _) = two_party(
+        (&fixed, &tables),
+        ProductTruncation::Faithful,
+        limit,
+        &|p| client_generate(&fixed, p),
+        &|p| server_generate(p),
+    );
+    let want = simulated(&fixed, &steps);
+    for (i, (s, w)) in steps.iter().zip(&want).enumerate() {
+        assert!(
+            &s.logits == w,
+            "substituted: step {i}'s logits differ from the simulator's"
+        );
+    }
+    let ids: Vec<u32> = steps.iter().map(|s| s.id).collect();
+    assert_eq!(ids, simulated_greedy(&fixed), "substituted: tokens");
+    let classes = &steps[1].classes;
+    for class in [
+        CostClass::ReluNormalise,
+        CostClass::Relu,
+        CostClass::Softmax,
+        CostClass::Silu,
+        CostClass::RmsNorm,
+        CostClass::Mul,
+    ] {
+        assert!(
+            classes.contains_key(&class),
+            "substituted: no cost for {class}"
+        );
+    }
+    let mut original = w.clone();
+    original.config.variants.clear();
+    let original = FixedDecoder::encode(&original, format()).unwrap();
+    let fp = fixed.fp();
+    let moved = simulated(&original, &steps)
+        .iter()
+        .flatten()
+        .zip(want.iter().flatten())
+        .map(|(&a, &b)| (fp.decode(a) - fp.decode(b)).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        moved > 0.1,
+        "the substitutes moved the logits by {moved} only"
+    );
+    report("llama substituted", &fixed, &steps);
+}
+
 /// The default mode's bound on the logits, in real units: 0.02, the budget the simulator keeps
 /// against f32 on these tiny decoders (veil-model's `simulator_tracks_f32_on_tiny_models`).
 /// Each truncation after a product reads at most one ulp (2^−13) low and each non-linear
@@ -264,11 +346,29 @@ fn faithful_gpt2_generation_equals_the_simulator_bit_for_bit() {
 /// the 1-bit mode must not cost more than the fixed-point format already does.
 const ONE_BIT_ERROR_BOUND: f64 = 0.02;
 
+/// The bound for [`substituted`]'s model, 0.25: its second block's norms are x·γ, so that
+/// block sees the residual stream unnormalised and grows it tenfold (|hidden| 6 → 60 on these
+/// weights), and the one-bit errors of the first block (its ReLU-normalise attention above
+/// all) arrive amplified. Measured: 0.08 to 0.12 over three runs with both substitutes, 0.03
+/// with ReLU-normalise and Scale only, 0.01 with either alone or with Scale after an original
+/// block — while the faithful mode is bit-exact and f32 against the simulator stays at 0.02,
+/// so the amplified errors are the one-bit mode's (ReLU-normalise's truncations are not
+/// debiased as Softmax's are).
+const SUBSTITUTED_ONE_BIT_ERROR_BOUND: f64 = 0.25;
+
 #[test]
 fn one_bit_error_generation_stays_within_its_bound() {
-    for (gpt2, seed) in [(false, 5), (true, 6)] {
-        let name = if gpt2 { "gpt2" } else { "llama" };
-        let fixed = FixedDecoder::encode(&tiny(gpt2, seed), format()).unwrap();
+    let models = [
+        ("llama", tiny(false, 5), ONE_BIT_ERROR_BOUND),
+        ("gpt2", tiny(true, 6), ONE_BIT_ERROR_BOUND),
+        (
+            "llama substituted",
+            substituted(13),
+            SUBSTITUTED_ONE_BIT_ERROR_BOUND,
+        ),
+    ];
+    for (name, w, bound) in models {
+        let fixed = FixedDecoder::encode(&w, format()).unwrap();
         let fp = fixed.fp();
         let limit = PROMPT.len() + STEPS + 1;
         let (steps, _) = two_party(
@@ -291,7 +391,7 @@ fn one_bit_error_generation_stays_within_its_bound() {
             let sim_id = argmax(&fixed, w);
             let gap = fp.decode(w[sim_id as usize]) - fp.decode(w[s.id as usize]);
             assert!(
-                s.id == sim_id || gap <= 2.0 * ONE_BIT_ERROR_BOUND,
+                s.id == sim_id || gap <= 2.0 * bound,
                 "{name} step {i}: token {} against the simulator's {sim_id} (gap {gap})",
                 s.id
             );
@@ -300,10 +400,7 @@ fn one_bit_error_generation_stays_within_its_bound() {
             "{name} 1-bit mode: largest logit deviation {worst} over {} steps",
             steps.len()
         );
-        assert!(
-            worst <= ONE_BIT_ERROR_BOUND,
-            "{name}: deviation {worst} above {ONE_BIT_ERROR_BOUND}"
-        );
+        assert!(worst <= bound, "{name}: deviation {worst} above {bound}");
         report(&format!("{name} 1-bit"), &fixed, &steps);
     }
 }

@@ -128,6 +128,61 @@ fn private_generation_equals_the_simulator_twice_in_one_session() {
     assert_eq!(served.pool.in_use(), 0, "memory not given back");
 }
 
+/// A decoder with substituted operators over a session: block 0 with ReLU and ReLU-normalise,
+/// block 1 with both norms x·γ. The greedy tokens and a prefill's and a decode step's logits
+/// equal the simulator's; a client holding the original model's tables (the same matrices,
+/// the operators not substituted) is refused at admission, since the tables' digest covers
+/// the configuration and its variants: the parties cannot run different operators.
+#[test]
+fn substituted_decoder_generation_over_a_session_equals_the_simulator() {
+    use veil_model::decoder::{DecoderActivation, DecoderBlockVariant, DecoderNormKind};
+    use veil_model::AttentionNorm;
+    let original = tiny(11);
+    let mut w = original.clone();
+    w.config.variants = vec![
+        DecoderBlockVariant {
+            activation: DecoderActivation::Relu,
+            attention: AttentionNorm::ReluNormalise,
+            ..DecoderBlockVariant::ORIGINAL
+        },
+        DecoderBlockVariant {
+            attn_norm: DecoderNormKind::Scale,
+            mlp_norm: DecoderNormKind::Scale,
+            ..DecoderBlockVariant::ORIGINAL
+        },
+    ];
+    let served = Served::new(&w);
+    let (ch, server) = served.session();
+    let e = GenerationClient::connect(ch, &tables(&original), CAP, None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("digest"), "{e}");
+    let _ = server.join().unwrap();
+
+    let substituted = tables(&w);
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &substituted, CAP, None).unwrap();
+    let fixed = served.model.fixed();
+    let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
+    let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
+    assert_eq!(ids, simulated(fixed, &PROMPT));
+    let mut sim = fixed.session();
+    let mut g = client.start(PROMPT.len() + 1).unwrap();
+    for ids in [&PROMPT[..], &[42][..]] {
+        let want = sim.step(ids, LogitRows::Last).unwrap().into_data();
+        assert!(
+            g.step(ids).unwrap().into_data() == want,
+            "logits of {ids:?}"
+        );
+    }
+    assert!(sim.warnings().is_empty(), "{:?}", sim.warnings());
+    g.end().unwrap();
+    client.close().unwrap();
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0, "memory not given back");
+}
+
 /// Sends `req` as a misbehaving client would, past the client's own checks.
 fn send_raw(client: &mut GenerationClient<'_, MemChannel>, req: GenerationRequest) {
     use veil_net::Channel;
