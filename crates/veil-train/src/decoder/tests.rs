@@ -156,8 +156,22 @@ fn distillation_reduces_the_loss_and_only_trains_the_block() {
         bound: None,
         checkpoint_dir: None,
         data_offset: 0,
+        below_unchanged: true,
         progress: false,
     };
+    // Reusing the teacher's hidden state below gives the same loss as recomputing it.
+    let b = batch_at(&train, 4, 0, pad);
+    let reused = super::distill::distill_forward(&student, &teacher, &b, 1, true, &settings, None)
+        .unwrap()
+        .kl;
+    let recomputed =
+        super::distill::distill_forward(&student, &teacher, &b, 1, false, &settings, None)
+            .unwrap()
+            .kl;
+    assert!(
+        (reused - recomputed).abs() < 1e-6,
+        "{reused} vs {recomputed}"
+    );
     let r = finetune(&mut student, &teacher, &train, &settings, &job, pad).unwrap();
     assert_eq!(r.updates, 40);
     let after = kl_now(&student);
@@ -179,6 +193,7 @@ fn distillation_reduces_the_loss_and_only_trains_the_block() {
     let job = FinetuneJob {
         block: 0,
         checkpoint_dir: Some(&ck),
+        below_unchanged: false,
         ..job
     };
     let first = finetune(&mut student, &teacher, &train, &settings, &job, pad).unwrap();
