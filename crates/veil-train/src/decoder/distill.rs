@@ -14,12 +14,15 @@
 //! always frozen, so their forward runs without an autograd graph (and, while they are still
 //! the original's, the student reuses the teacher's hidden state there). Either way the loss is
 //! at the output, so backward runs through every block above the replaced one; `Above` adds
-//! the weight gradients and AdamW state of those blocks. Measured on SmolLM2-135M (batch 4 × 64
-//! tokens, this project's 2-core machine shared with another build, dev profile whose
-//! dependencies are optimised like release): 14.8 s per update for the top block, 23.0 s for
-//! block 0 with `Block`, 31.7 s for block 0 with `Above` (+38 %); one held-out sequence of 64
-//! tokens costs about 1.1 s to evaluate. At ~20 s per update, 60 steps (SiLU and Softmax over
-//! 30 blocks) of 16 updates are ~5–6 hours; `Above` would add a third, hence `Block`.
+//! the weight gradients and AdamW state of those blocks. Measured on SmolLM2-135M, batch 4 × 64
+//! tokens, this project's 2-core machine: release build, quiet machine, 3.0 s per update for
+//! the top block (reusing the teacher's hidden state below) and 6.8 s for block 0; the held-out
+//! evaluation ~0.27 s per 64-token sequence (8.5 s for 32). Dev profile (dependencies
+//! optimised as release) with another build on the same cores: 14.8 s for the top block, 23.0 s
+//! for block 0 with `Block` and 31.7 s with `Above` (+38 %). `Above` costs a third more per
+//! update and did not recover block 0 better in that short test (agreement 0.76 vs 0.79 after 3
+//! updates), hence `Block`: 60 steps (SiLU and Softmax over 30 blocks) of 32 updates are about
+//! 2–4 hours when none is retried.
 
 //! **Evaluation** on held-out sequences: top-1 agreement of the student's next-token choice
 //! with the original's at every real position (the original's choices are computed once), the
