@@ -5,6 +5,7 @@
 
 mod chat_cmd;
 mod classify_cmd;
+mod decoder_train_cmd;
 mod decoding;
 mod demo;
 mod demo_chat;
@@ -176,6 +177,13 @@ enum Cmd {
     /// Algorithm 5: replaces GELU, Softmax and both LayerNorms block by block, keeping each change
     /// whose dev accuracy stays within --max-drop points of the original.
     Substitute(train_cmd::SubstituteArgs),
+    /// Algorithm 5 for a decoder LLM: replaces SiLU, Softmax (and, if asked, the RMSNorms) block
+    /// by block, distilling from the original on unlabelled text, keeping each change whose
+    /// held-out top-1 agreement with the original stays at least --threshold. Resumable.
+    SubstituteDecoder(decoder_train_cmd::SubstituteDecoderArgs),
+    /// Greedy answers of a (substituted) decoder to a question set against the original's:
+    /// exact-match and first-token agreement.
+    EvalDecoder(decoder_train_cmd::EvalDecoderArgs),
     /// Accuracy of a classifier in f32, in the fixed-point simulator and (--private N) in the real
     /// two-party protocol, with their agreement.
     Eval(eval_cmd::EvalArgs),
@@ -679,6 +687,8 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Finetune(a) => train_cmd::finetune(a, cli.quiet),
         Cmd::Substitute(a) => train_cmd::substitute(a, cli.quiet),
+        Cmd::SubstituteDecoder(a) => decoder_train_cmd::substitute_decoder_cmd(a, cli.quiet),
+        Cmd::EvalDecoder(a) => decoder_train_cmd::eval_decoder_cmd(a),
         Cmd::Eval(a) => eval_cmd::eval(a),
         Cmd::Embed(a) => embed_cmd::embed(a),
         Cmd::Generate(a) => generate_cmd::generate_cmd(a),

@@ -285,6 +285,12 @@ pub(crate) fn substitute(a: SubstituteArgs, quiet: bool) -> Result<()> {
     };
     for (i, &(op, lr)) in a.stage_lr.iter().enumerate() {
         ensure!(
+            op.is_encoder_operator(),
+            InvalidArgument,
+            "--stage-lr: {} is a decoder operator (see substitute-decoder)",
+            op.label()
+        );
+        ensure!(
             a.stage_lr[..i].iter().all(|&(seen, _)| seen != op),
             InvalidArgument,
             "--stage-lr gives {} twice",

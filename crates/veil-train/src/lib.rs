@@ -11,6 +11,8 @@
 //!   step from a progress folder;
 //! * `report` — JSON, Markdown and SVG reports of a substitution run;
 //! * [`transformer`] — a veil-model transformer made trainable (VarMap, freezing, variants);
+//! * [`decoder`] — the workflow for decoder LLMs: a trainable Llama, distillation, Algorithm 5,
+//!   question-set scoring;
 //! * [`fixed_check`] — overflow check of a model in veil-model's fixed-point simulator;
 //! * [`workflow`] — `finetune` and `substitute` end to end, with an options struct each.
 
@@ -19,6 +21,7 @@
 
 mod batch;
 mod checkpoint;
+pub mod decoder;
 pub mod fixed_check;
 mod init;
 mod loss;

@@ -50,6 +50,12 @@ pub enum Operator {
     LayerNorm1,
     /// LayerNorm after the feed-forward network → (x − mean)·γ + β.
     LayerNorm2,
+    /// SiLU of a decoder's gated MLP → ReLU.
+    Silu,
+    /// A decoder's RMSNorm before attention → x·γ.
+    RmsNorm1,
+    /// A decoder's RMSNorm before the MLP → x·γ.
+    RmsNorm2,
 }
 
 impl Operator {
@@ -61,6 +67,15 @@ impl Operator {
         Operator::LayerNorm2,
     ];
 
+    /// A decoder's operators, in the decoder workflow's default stage order (see
+    /// `crate::decoder::workflow`): Softmax is shared with encoders (causal there).
+    pub const DECODER: [Operator; 4] = [
+        Operator::Silu,
+        Operator::Softmax,
+        Operator::RmsNorm1,
+        Operator::RmsNorm2,
+    ];
+
     /// The paper's column name.
     pub fn label(self) -> &'static str {
         match self {
@@ -68,21 +83,32 @@ impl Operator {
             Operator::Softmax => "Softmax",
             Operator::LayerNorm1 => "LN1",
             Operator::LayerNorm2 => "LN2",
+            Operator::Silu => "SiLU",
+            Operator::RmsNorm1 => "RMS1",
+            Operator::RmsNorm2 => "RMS2",
         }
+    }
+
+    /// Whether an encoder block has this operator.
+    pub fn is_encoder_operator(self) -> bool {
+        Operator::ALL.contains(&self)
     }
 }
 
 impl std::str::FromStr for Operator {
     type Err = Error;
 
-    /// The label, in any case (`gelu`, `softmax`, `ln1`, `ln2`).
+    /// The label, in any case (`gelu`, `softmax`, `ln1`, `ln2`; decoders: `silu`, `rms1`,
+    /// `rms2`).
     fn from_str(s: &str) -> Result<Operator> {
         Operator::ALL
             .into_iter()
+            .chain(Operator::DECODER)
             .find(|op| op.label().eq_ignore_ascii_case(s))
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "unknown operator {s:?}: expected GELU, Softmax, LN1 or LN2"
+                    "unknown operator {s:?}: expected GELU, Softmax, LN1 or LN2 (encoders), \
+                     SiLU, Softmax, RMS1 or RMS2 (decoders)"
                 ))
             })
     }
@@ -142,6 +168,10 @@ pub struct SubstitutionConfig {
     pub retry_factor: f64,
     /// The order blocks are visited in within a stage.
     pub block_order: BlockOrder,
+    /// An absolute acceptance floor: when set, a step is kept iff its accuracy is ≥ this
+    /// (the decoder workflow's top-1 agreement with the original), instead of > α − Δα.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_accuracy: Option<f64>,
 }
 
 /// Far more retries than any budget allows (each one multiplies the updates).
@@ -155,6 +185,7 @@ impl Default for SubstitutionConfig {
             retries: 0,
             retry_factor: 2.0,
             block_order: BlockOrder::Down,
+            min_accuracy: None,
         }
     }
 }
@@ -167,6 +198,13 @@ impl SubstitutionConfig {
             "Δα must be a fraction in [0, 1), got {}",
             self.max_accuracy_drop
         );
+        if let Some(m) = self.min_accuracy {
+            ensure!(
+                (0.0..=1.0).contains(&m),
+                InvalidArgument,
+                "the acceptance threshold must be a fraction in [0, 1], got {m}"
+            );
+        }
         ensure!(
             !self.stages.is_empty(),
             InvalidArgument,
@@ -288,6 +326,9 @@ pub struct StepRecord {
     /// Dev F1 of class 1 on a two-class task ([`Evaluation::f1`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub f1: Option<f64>,
+    /// Held-out perplexity of a language model ([`Evaluation::perplexity`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
     /// Whether the step was kept.
     pub accepted: bool,
     /// Largest |hidden value| per block on the dev set.
@@ -316,6 +357,9 @@ pub struct AttemptRecord {
     pub train_loss: f64,
     /// Dev accuracy after the step.
     pub accuracy: f64,
+    /// Held-out perplexity of a language model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
     /// Largest |hidden value| per block on the dev set.
     pub max_abs_hidden: Vec<f32>,
     /// The update an interrupted fine-tuning was continued from.
@@ -349,7 +393,8 @@ pub struct SubstitutionReport {
     pub max_accuracy_drop: f64,
     /// Evaluation of the model before any substitution.
     pub original: Evaluation,
-    /// α − Δα: a step is accepted when its accuracy is strictly above this.
+    /// α − Δα: a step is accepted when its accuracy is strictly above this (or, with
+    /// [`SubstitutionConfig::min_accuracy`], that floor: accepted when at least this).
     pub threshold: f64,
     /// Every step, in order.
     pub steps: Vec<StepRecord>,
@@ -582,6 +627,8 @@ fn stage_records(
 
 /// How [`run_substitution`] ended.
 #[derive(Clone, Debug, PartialEq)]
+// Returned once per run: boxing the report would only make every caller unwrap it.
+#[allow(clippy::large_enum_variant)]
 pub enum RunOutcome {
     /// Every step done.
     Finished(SubstitutionReport),
@@ -656,7 +703,9 @@ pub fn run_substitution<T: SubstitutionTarget>(
         }
     };
     let earlier_seconds = progress.seconds;
-    let threshold = progress.original.accuracy - config.max_accuracy_drop;
+    let threshold = config
+        .min_accuracy
+        .unwrap_or(progress.original.accuracy - config.max_accuracy_drop);
     let stop_after = resume.and_then(|r| r.stop_after);
     for (k, &(stage, block)) in schedule.iter().enumerate().skip(progress.steps.len()) {
         if stop_after.is_some_and(|s| k >= s) {
@@ -683,7 +732,10 @@ pub fn run_substitution<T: SubstitutionTarget>(
                 checkpoint_dir: checkpoint.as_deref(),
             })?;
             let eval = target.evaluate()?;
-            let accepted = eval.accuracy > threshold;
+            let accepted = match config.min_accuracy {
+                Some(floor) => eval.accuracy >= floor,
+                None => eval.accuracy > threshold,
+            };
             let superseded = if accepted {
                 progress.accepted = eval.clone();
                 match &store {
@@ -701,6 +753,7 @@ pub fn run_substitution<T: SubstitutionTarget>(
                 updates: tuned.updates,
                 train_loss: tuned.mean_loss,
                 accuracy: eval.accuracy,
+                perplexity: eval.perplexity,
                 max_abs_hidden: eval.max_abs_hidden.clone(),
                 resumed_from: tuned.resumed_from,
                 seconds: attempt_started.elapsed().as_secs_f64(),
@@ -714,6 +767,7 @@ pub fn run_substitution<T: SubstitutionTarget>(
                     train_loss: tuned.mean_loss,
                     accuracy: eval.accuracy,
                     f1: eval.f1,
+                    perplexity: eval.perplexity,
                     accepted,
                     max_abs_hidden: eval.max_abs_hidden,
                     seconds: step_started.elapsed().as_secs_f64(),
@@ -857,6 +911,7 @@ pub(crate) mod tests {
                 examples: 100,
                 max_abs_hidden: vec![accuracy as f32; 2],
                 f1: None,
+                perplexity: None,
             })
         }
     }

@@ -422,6 +422,9 @@ pub struct Evaluation {
     /// more classes (and in records written before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub f1: Option<f64>,
+    /// Perplexity of a language model on held-out text (`None` for classifiers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
 }
 
 /// F1 of class 1: 2·TP / (2·TP + FP + FN) over (predicted, label) pairs (0 when class 1 is
@@ -493,6 +496,7 @@ pub fn evaluate<M: SequenceClassifier>(
         examples: data.len(),
         f1: (classes == 2).then(|| f1_of_class_one(pairs)),
         max_abs_hidden: max_abs,
+        perplexity: None,
     })
 }
 

@@ -499,10 +499,11 @@ struct TransformerTarget<'a> {
     progress: bool,
 }
 
-/// Replaces `op` in `variant` by its privacy-friendly substitute.
-pub fn substituted(variant: BlockVariant, op: Operator) -> BlockVariant {
+/// Replaces `op` in `variant` by its privacy-friendly substitute; decoder operators are not
+/// an encoder's (an error).
+pub fn substituted(variant: BlockVariant, op: Operator) -> Result<BlockVariant> {
     let friendly = BlockVariant::friendly();
-    match op {
+    Ok(match op {
         Operator::Gelu => BlockVariant {
             activation: friendly.activation,
             ..variant
@@ -519,7 +520,13 @@ pub fn substituted(variant: BlockVariant, op: Operator) -> BlockVariant {
             ln2: friendly.ln2,
             ..variant
         },
-    }
+        Operator::Silu | Operator::RmsNorm1 | Operator::RmsNorm2 => {
+            return Err(Error::InvalidArgument(format!(
+                "{} is a decoder operator: an encoder has GELU, Softmax, LN1 and LN2",
+                op.label()
+            )))
+        }
+    })
 }
 
 impl SubstitutionTarget for TransformerTarget<'_> {
@@ -550,7 +557,7 @@ impl SubstitutionTarget for TransformerTarget<'_> {
 
     fn substitute(&mut self, op: Operator, block: usize) -> Result<()> {
         let current = self.model.variants()[block];
-        self.model.set_variant(block, substituted(current, op))
+        self.model.set_variant(block, substituted(current, op)?)
     }
 
     /// Blocks `0 .. block` frozen. For Softmax the paper makes the attention input/output

@@ -51,6 +51,21 @@ impl ChatTemplate {
         Ok(t)
     }
 
+    /// The Jinja source (for writing `tokenizer_config.json` again).
+    pub fn template(&self) -> &str {
+        &self.template
+    }
+
+    /// The BOS token string the template may use.
+    pub fn bos_token(&self) -> &str {
+        &self.bos_token
+    }
+
+    /// The EOS token string the template may use.
+    pub fn eos_token(&self) -> &str {
+        &self.eos_token
+    }
+
     fn error(&self, what: &str, e: JinjaError) -> Error {
         Error::Malformed(format!("{}: chat template {what}: {e:#}", self.source))
     }

@@ -114,6 +114,11 @@ impl DecoderTokenizer {
     pub fn has_chat_template(&self) -> bool {
         self.chat.is_some()
     }
+
+    /// The chat template, when the model ships one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat.as_ref()
+    }
 }
 
 /// Streaming decode: byte-level BPE splits characters across tokens, so text is released only
