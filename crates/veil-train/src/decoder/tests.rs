@@ -75,6 +75,44 @@ fn original_variants_match_decode_f32() {
     }
 }
 
+/// What is trained is what the engines run: each substitute, alone and mixed, in the trainable
+/// model and in decode_f32 (the composition every engine, the two-party one included, shares).
+#[test]
+fn substituted_variants_match_decode_f32() {
+    use veil_model::decoder::{DecoderActivation, DecoderNormKind};
+    use veil_model::AttentionNorm;
+    let tmp = tempfile::tempdir().unwrap();
+    let m = veil_model::decoder::load(&tiny(tmp.path(), 5, &TinyShape::default())).unwrap();
+    let friendly = DecoderBlockVariant {
+        activation: DecoderActivation::Relu,
+        attention: AttentionNorm::ReluNormalise,
+        ..DecoderBlockVariant::ORIGINAL
+    };
+    let scaled = DecoderBlockVariant {
+        attn_norm: DecoderNormKind::Scale,
+        mlp_norm: DecoderNormKind::Scale,
+        ..DecoderBlockVariant::ORIGINAL
+    };
+    let layers = m.weights.config.layers;
+    let mut mixes = vec![vec![friendly; layers]];
+    let mut mixed = vec![DecoderBlockVariant::ORIGINAL; layers];
+    mixed[0] = friendly;
+    mixed[layers - 1] = scaled;
+    mixes.push(mixed);
+    for variants in mixes {
+        let mut w = m.weights.clone();
+        w.config.variants = variants.clone();
+        let reference = F32Model::new(&w).unwrap();
+        let expected = reference.session().step(&IDS, LogitRows::All).unwrap();
+        let mut model = TrainableDecoder::from_weights(&m.weights).unwrap();
+        for (i, v) in variants.iter().enumerate() {
+            model.set_variant(i, *v).unwrap();
+        }
+        let err = max_rel(&logits(&model, &IDS), &expected.data);
+        assert!(err < 1e-4, "{variants:?}: relative error {err}");
+    }
+}
+
 #[test]
 fn every_substitution_changes_the_output() {
     let tmp = tempfile::tempdir().unwrap();
