@@ -223,12 +223,13 @@ fn report(name: &str, fixed: &FixedDecoder, steps: &[Step]) {
     }
 }
 
-fn faithful_generation_equals_the_simulator(gpt2: bool, seed: u8) {
-    let name = if gpt2 { "gpt2" } else { "llama" };
-    let w = tiny(gpt2, seed);
-    let fixed = FixedDecoder::encode(&w, format()).unwrap();
+/// A faithful private generation of `w` (prefill and [`STEPS`] cached steps): every step's
+/// logits must equal the simulator's integers and the tokens its greedy ones. Returns the
+/// encoded model, the steps and the simulator's logits.
+fn faithful_run(name: &str, w: &DecoderWeights) -> (FixedDecoder, Vec<Step>, Vec<Vec<u64>>) {
+    let fixed = FixedDecoder::encode(w, format()).unwrap();
     // The client's tables from the public matrices alone, not from the server's model.
-    let tables = DecoderTables::of_weights(&w, format()).unwrap();
+    let tables = DecoderTables::of_weights(w, format()).unwrap();
     let limit = PROMPT.len() + STEPS + 1;
     let (steps, _) = two_party(
         (&fixed, &tables),
@@ -246,6 +247,12 @@ fn faithful_generation_equals_the_simulator(gpt2: bool, seed: u8) {
     }
     let ids: Vec<u32> = steps.iter().map(|s| s.id).collect();
     assert_eq!(ids, simulated_greedy(&fixed), "{name}: tokens");
+    (fixed, steps, want)
+}
+
+fn faithful_generation_equals_the_simulator(gpt2: bool, seed: u8) {
+    let name = if gpt2 { "gpt2" } else { "llama" };
+    let (fixed, steps, _) = faithful_run(name, &tiny(gpt2, seed));
     // Every decoder operator class ran (and was metered) in a decode step.
     let classes = &steps[1].classes;
     let norm = if gpt2 {
@@ -288,25 +295,7 @@ fn faithful_gpt2_generation_equals_the_simulator_bit_for_bit() {
 #[test]
 fn faithful_substituted_llama_generation_equals_the_simulator_bit_for_bit() {
     let w = substituted(12);
-    let fixed = FixedDecoder::encode(&w, format()).unwrap();
-    let tables = DecoderTables::of_weights(&w, format()).unwrap();
-    let limit = PROMPT.len() + STEPS + 1;
-    let (steps, _) = two_party(
-        (&fixed, &tables),
-        ProductTruncation::Faithful,
-        limit,
-        &|p| client_generate(&fixed, p),
-        &|p| server_generate(p),
-    );
-    let want = simulated(&fixed, &steps);
-    for (i, (s, w)) in steps.iter().zip(&want).enumerate() {
-        assert!(
-            &s.logits == w,
-            "substituted: step {i}'s logits differ from the simulator's"
-        );
-    }
-    let ids: Vec<u32> = steps.iter().map(|s| s.id).collect();
-    assert_eq!(ids, simulated_greedy(&fixed), "substituted: tokens");
+    let (fixed, steps, want) = faithful_run("substituted", &w);
     let classes = &steps[1].classes;
     for class in [
         CostClass::ReluNormalise,
