@@ -13,10 +13,8 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use veil_core::{bail, Prg, Result};
 use veil_linear::{ClientSession, ServerSession};
-use veil_model::decoder::{
-    argmax, DecoderActivation, DecoderBlockVariant, DecoderFamily, DecoderNormKind, DecoderShape,
-};
-use veil_model::{AttentionNorm, DecoderFormat, FixedDecoder, ProductTruncation};
+use veil_model::decoder::{argmax, DecoderBlockVariant, DecoderFamily, DecoderShape};
+use veil_model::{DecoderFormat, FixedDecoder, ProductTruncation};
 use veil_net::{run_two_party_on, run_two_party_tcp, shaped_pair, Channel, Meter};
 use veil_net::{NetworkModel, RealClock, Role};
 use veil_nonlinear::OtSession;
@@ -37,19 +35,10 @@ pub struct GenerateBench {
     pub net: Option<NetworkModel>,
     /// How every product's truncation rounds (the shipped default: one-bit error).
     pub truncation: ProductTruncation,
-    /// Every block substituted with [`FRIENDLY_BLOCK`] (Llama-family shapes only; refused for
-    /// GPT-2).
+    /// Every block substituted with [`DecoderBlockVariant::FRIENDLY`] (Llama-family shapes only;
+    /// refused for GPT-2).
     pub friendly: bool,
 }
-
-/// The block `veil bench generate --friendly` runs everywhere: ReLU in the gated MLP and
-/// ReLU-normalise attention; RMSNorm kept.
-pub const FRIENDLY_BLOCK: DecoderBlockVariant = DecoderBlockVariant {
-    activation: DecoderActivation::Relu,
-    attention: AttentionNorm::ReluNormalise,
-    attn_norm: DecoderNormKind::Original,
-    mlp_norm: DecoderNormKind::Original,
-};
 
 /// The client's meter since its last reset (per class), with the phase's wall time; resets it
 /// for the next phase, as a session's set-up and inference are reported apart.
@@ -79,7 +68,7 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     }
     let mut weights = b.shape.random_weights(7)?;
     if b.friendly {
-        weights.config.variants = vec![FRIENDLY_BLOCK; weights.config.layers];
+        weights.config.variants = vec![DecoderBlockVariant::FRIENDLY; weights.config.layers];
         weights.config.validate(b.shape.name())?;
     }
     let cfg = weights.config.clone();

@@ -89,7 +89,7 @@ pub use embedding::{
     cache_bytes, preparation_bytes, PreparationInUse, ServerEmbedding, PREPARED_LENGTHS_KEPT,
 };
 pub use forward::{Party, Pre, Side};
-pub use generate_bench::{bench_generate, GenerateBench, FRIENDLY_BLOCK};
+pub use generate_bench::{bench_generate, GenerateBench};
 pub use handler::{serve_session, serve_session_with};
 pub use loopback::{Connector, InProcess, Link, Loopback};
 pub use pool_size::{CotCounts, Draw};

@@ -179,6 +179,14 @@ pub(crate) fn bound_loss(hidden_states: &[Tensor], mask: &Tensor, bound: f64) ->
         .map_err(candle_error("loss"))
 }
 
+/// KL(teacher ‖ student) of the distributions softmax(logits) over the last dimension, one value
+/// per row; the teacher is detached, so no gradient reaches it.
+pub(crate) fn kl_rows(student: &Tensor, teacher: &Tensor) -> candle_core::Result<Tensor> {
+    let log_s = candle_nn::ops::log_softmax(student, D::Minus1)?;
+    let log_t = candle_nn::ops::log_softmax(&teacher.detach(), D::Minus1)?;
+    (log_t.exp()? * (log_t - log_s)?)?.sum(D::Minus1)
+}
+
 /// L_distill of the module docs for one batch (`mask` as for [`bound_loss`]). The teacher's
 /// outputs are detached here, so no gradient ever reaches the teacher.
 pub(crate) fn distill_loss(
@@ -211,11 +219,7 @@ pub(crate) fn distill_loss(
         );
     }
     (|| {
-        let log_s = candle_nn::ops::log_softmax(&student.logits, D::Minus1)?;
-        let log_t = candle_nn::ops::log_softmax(&teacher.logits.detach(), D::Minus1)?;
-        let kl = (log_t.exp()? * (log_t - log_s)?)?
-            .sum(D::Minus1)?
-            .mean_all()?;
+        let kl = kl_rows(&student.logits, &teacher.logits)?.mean_all()?;
         let mask = mask.to_dtype(DType::F32)?;
         let hidden = student.hidden_states[0].dim(2)?;
         // Real-token entries per block, ≥ 1 for any batch of non-empty examples.

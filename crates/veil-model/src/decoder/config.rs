@@ -123,6 +123,21 @@ impl DecoderBlockVariant {
         mlp_norm: DecoderNormKind::Original,
     };
 
+    /// ReLU in the gated MLP and ReLU-normalise attention, the norms kept: the block
+    /// `veil bench generate --friendly` runs everywhere.
+    pub const FRIENDLY: Self = DecoderBlockVariant {
+        activation: DecoderActivation::Relu,
+        attention: AttentionNorm::ReluNormalise,
+        ..Self::ORIGINAL
+    };
+
+    /// Both norms replaced by x·γ, SiLU and Softmax kept.
+    pub const SCALED: Self = DecoderBlockVariant {
+        attn_norm: DecoderNormKind::Scale,
+        mlp_norm: DecoderNormKind::Scale,
+        ..Self::ORIGINAL
+    };
+
     /// Whether every operator is the pre-trained one.
     pub fn is_original(&self) -> bool {
         *self == Self::ORIGINAL
@@ -214,15 +229,8 @@ impl DecoderConfig {
                 self.rope_theta
             ));
         }
-        if !self.variants.is_empty() && self.variants.len() != self.layers {
-            return bad(format!(
-                "{} block variants for {} blocks",
-                self.variants.len(),
-                self.layers
-            ));
-        }
-        if self.family == DecoderFamily::Gpt2 && self.is_substituted() {
-            return bad("substituted operators are implemented for the Llama family only".into());
+        if let Err(Error::InvalidArgument(m) | Error::Unsupported(m)) = self.check_variants() {
+            return bad(m);
         }
         let vocab = self.vocab_size as u64;
         for id in self.bos_token_id.iter().chain(&self.eos_token_ids) {
@@ -238,6 +246,25 @@ impl DecoderConfig {
     /// The operators of block `i`.
     pub fn variant(&self, i: usize) -> DecoderBlockVariant {
         self.variants.get(i).copied().unwrap_or_default()
+    }
+
+    /// The rules on [`DecoderConfig::variants`], for configs loaded ([`DecoderConfig::validate`])
+    /// and built in memory alike (the composition checks them before it runs): none or one per
+    /// block (`InvalidArgument` otherwise), substitutes in the Llama family only (`Unsupported`).
+    pub fn check_variants(&self) -> Result<()> {
+        if !self.variants.is_empty() && self.variants.len() != self.layers {
+            return Err(Error::InvalidArgument(format!(
+                "{} block variants for {} blocks",
+                self.variants.len(),
+                self.layers
+            )));
+        }
+        if self.family != DecoderFamily::Llama && self.is_substituted() {
+            return Err(Error::Unsupported(
+                "substituted operators are implemented for the Llama family only".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether any block has a substituted operator.

@@ -292,18 +292,7 @@ pub fn forward<E: DecoderEngine>(
     rows: LogitRows,
 ) -> Result<E::Value> {
     let start = e.cached();
-    ensure!(
-        cfg.variants.is_empty() || cfg.variants.len() == cfg.layers,
-        InvalidArgument,
-        "{} block variants for {} blocks",
-        cfg.variants.len(),
-        cfg.layers
-    );
-    ensure!(
-        cfg.family == DecoderFamily::Llama || !cfg.is_substituted(),
-        Unsupported,
-        "substituted operators are implemented for the Llama family only"
-    );
+    cfg.check_variants()?;
     ensure!(!ids.is_empty(), InvalidArgument, "no tokens to run");
     ensure!(
         start + ids.len() <= cfg.max_positions,

@@ -17,21 +17,8 @@ const IDS: [u32; 9] = [1, 40, 77, 120, 5, 268, 33, 200, 2];
 
 const ORIGINAL: DecoderBlockVariant = DecoderBlockVariant::ORIGINAL;
 
-/// ReLU activation and ReLU-normalise attention, the norms kept (what `--friendly` benchmarks).
-const FRIENDLY: DecoderBlockVariant = DecoderBlockVariant {
-    activation: DecoderActivation::Relu,
-    attention: AttentionNorm::ReluNormalise,
-    attn_norm: DecoderNormKind::Original,
-    mlp_norm: DecoderNormKind::Original,
-};
-
-/// Both norms replaced by x·γ.
-const SCALED: DecoderBlockVariant = DecoderBlockVariant {
-    activation: DecoderActivation::Original,
-    attention: AttentionNorm::Softmax,
-    attn_norm: DecoderNormKind::Scale,
-    mlp_norm: DecoderNormKind::Scale,
-};
+const FRIENDLY: DecoderBlockVariant = DecoderBlockVariant::FRIENDLY;
+const SCALED: DecoderBlockVariant = DecoderBlockVariant::SCALED;
 
 fn shape() -> TinyShape {
     TinyShape {

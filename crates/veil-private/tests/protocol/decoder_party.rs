@@ -14,12 +14,10 @@ use std::collections::BTreeMap;
 use veil_core::{CostClass, Error, Result};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::decoder::random::{write_tiny_gpt2, write_tiny_llama, TinyShape};
-use veil_model::decoder::{
-    self, DecoderActivation, DecoderBlockVariant, DecoderNormKind, DecoderWeights,
-};
+use veil_model::decoder::{self, DecoderBlockVariant, DecoderWeights};
 use veil_model::engine::decoder::DecoderEngine;
 use veil_model::engine::decoder::LogitRows;
-use veil_model::{AttentionNorm, DecoderFormat, DecoderTables, FixedDecoder, ProductTruncation};
+use veil_model::{DecoderFormat, DecoderTables, FixedDecoder, ProductTruncation};
 use veil_net::{LabelStats, MemChannel, Role};
 use veil_nonlinear::OtSession;
 use veil_private::{DecoderParty, DecoderSide, Generation, ServerDecoder};
@@ -54,18 +52,7 @@ fn tiny(gpt2: bool, seed: u8) -> DecoderWeights {
 /// kept), so one generation runs every original and every substituted operator.
 fn substituted(seed: u8) -> DecoderWeights {
     let mut w = tiny(false, seed);
-    w.config.variants = vec![
-        DecoderBlockVariant {
-            activation: DecoderActivation::Relu,
-            attention: AttentionNorm::ReluNormalise,
-            ..DecoderBlockVariant::ORIGINAL
-        },
-        DecoderBlockVariant {
-            attn_norm: DecoderNormKind::Scale,
-            mlp_norm: DecoderNormKind::Scale,
-            ..DecoderBlockVariant::ORIGINAL
-        },
-    ];
+    w.config.variants = vec![DecoderBlockVariant::FRIENDLY, DecoderBlockVariant::SCALED];
     assert_eq!(w.config.layers, 2);
     w.config.validate("substituted").unwrap();
     w

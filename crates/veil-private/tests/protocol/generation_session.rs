@@ -112,17 +112,7 @@ fn private_generation_equals_the_simulator_twice_in_one_session() {
         let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
         assert_eq!(ids, simulated(fixed, prompt), "prompt {prompt:?}");
     }
-    // The logits themselves, integer for integer, over a prefill and a decode step.
-    let mut sim = fixed.session();
-    let mut g = client.start(PROMPT.len() + 1).unwrap();
-    for ids in [&PROMPT[..], &[42][..]] {
-        let want = sim.step(ids, LogitRows::Last).unwrap().into_data();
-        assert!(
-            g.step(ids).unwrap().into_data() == want,
-            "logits of {ids:?}"
-        );
-    }
-    g.end().unwrap();
+    logits_equal_the_simulator(&mut client, fixed);
     client.close().unwrap();
     server.join().unwrap().unwrap();
     assert_eq!(served.pool.in_use(), 0, "memory not given back");
@@ -135,22 +125,10 @@ fn private_generation_equals_the_simulator_twice_in_one_session() {
 /// the configuration and its variants: the parties cannot run different operators.
 #[test]
 fn substituted_decoder_generation_over_a_session_equals_the_simulator() {
-    use veil_model::decoder::{DecoderActivation, DecoderBlockVariant, DecoderNormKind};
-    use veil_model::AttentionNorm;
+    use veil_model::decoder::DecoderBlockVariant;
     let original = tiny(11);
     let mut w = original.clone();
-    w.config.variants = vec![
-        DecoderBlockVariant {
-            activation: DecoderActivation::Relu,
-            attention: AttentionNorm::ReluNormalise,
-            ..DecoderBlockVariant::ORIGINAL
-        },
-        DecoderBlockVariant {
-            attn_norm: DecoderNormKind::Scale,
-            mlp_norm: DecoderNormKind::Scale,
-            ..DecoderBlockVariant::ORIGINAL
-        },
-    ];
+    w.config.variants = vec![DecoderBlockVariant::FRIENDLY, DecoderBlockVariant::SCALED];
     let served = Served::new(&w);
     let (ch, server) = served.session();
     let e = GenerationClient::connect(ch, &tables(&original), CAP, None)
@@ -167,6 +145,19 @@ fn substituted_decoder_generation_over_a_session_equals_the_simulator() {
     let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
     let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
     assert_eq!(ids, simulated(fixed, &PROMPT));
+    let warnings = logits_equal_the_simulator(&mut client, fixed);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    client.close().unwrap();
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0, "memory not given back");
+}
+
+/// The logits themselves, integer for integer, over a prefill and a decode step of one
+/// generation; returns the simulator's warnings.
+fn logits_equal_the_simulator(
+    client: &mut GenerationClient<'_, MemChannel>,
+    fixed: &FixedDecoder,
+) -> Vec<String> {
     let mut sim = fixed.session();
     let mut g = client.start(PROMPT.len() + 1).unwrap();
     for ids in [&PROMPT[..], &[42][..]] {
@@ -176,11 +167,8 @@ fn substituted_decoder_generation_over_a_session_equals_the_simulator() {
             "logits of {ids:?}"
         );
     }
-    assert!(sim.warnings().is_empty(), "{:?}", sim.warnings());
     g.end().unwrap();
-    client.close().unwrap();
-    server.join().unwrap().unwrap();
-    assert_eq!(served.pool.in_use(), 0, "memory not given back");
+    sim.warnings()
 }
 
 /// Sends `req` as a misbehaving client would, past the client's own checks.

@@ -40,6 +40,7 @@ use veil_model::candle_error;
 use super::data::{batch_at, PaddedBatch};
 use super::model::{ids_tensor, TrainableDecoder};
 use crate::checkpoint::{self, TrainState};
+use crate::loss::kl_rows;
 use crate::optim::{clip_grad_norm, AdamW, AdamWConfig, LinearSchedule};
 use crate::train::{Evaluation, Fnv};
 
@@ -132,20 +133,10 @@ impl DistillSettings {
     }
 }
 
-/// log-softmax over the last dimension (the max detached: the result does not depend on it).
-fn log_softmax(x: &Tensor) -> CResult<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let shifted = x.broadcast_sub(&max)?;
-    let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    shifted.broadcast_sub(&lse)
-}
-
 /// Mean over real positions of KL(teacher ‖ student); `mask` `[B, T]`.
 pub fn kl_loss(student: &Tensor, teacher: &Tensor, mask: &Tensor) -> Result<Tensor> {
     (|| {
-        let ls = log_softmax(student)?;
-        let lt = log_softmax(&teacher.detach())?;
-        let per = (lt.exp()? * (lt - ls)?)?.sum(D::Minus1)?;
+        let per = kl_rows(student, teacher)?;
         let n = mask.sum_all()?.to_scalar::<f32>()?.max(1.0) as f64;
         (per * mask)?.sum_all()? / n
     })()
@@ -448,7 +439,7 @@ fn score_batch(model: &TrainableDecoder, batch: &PaddedBatch) -> Result<BatchSco
     let (b, t) = (batch.ids.len(), batch.ids[0].len());
     let (top1, nll, predicted) = (|| -> CResult<(Vec<u32>, f64, usize)> {
         let top1 = logits.argmax(D::Minus1)?.flatten_all()?.to_vec1::<u32>()?;
-        let ls = log_softmax(&logits)?;
+        let ls = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
         // Position p predicts token p + 1 (real positions before the last of each row).
         let mut next = vec![0u32; b * t];
         let mut weight = vec![0f32; b * t];

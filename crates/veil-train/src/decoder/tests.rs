@@ -79,20 +79,9 @@ fn original_variants_match_decode_f32() {
 /// model and in decode_f32 (the composition every engine, the two-party one included, shares).
 #[test]
 fn substituted_variants_match_decode_f32() {
-    use veil_model::decoder::{DecoderActivation, DecoderNormKind};
-    use veil_model::AttentionNorm;
     let tmp = tempfile::tempdir().unwrap();
     let m = veil_model::decoder::load(&tiny(tmp.path(), 5, &TinyShape::default())).unwrap();
-    let friendly = DecoderBlockVariant {
-        activation: DecoderActivation::Relu,
-        attention: AttentionNorm::ReluNormalise,
-        ..DecoderBlockVariant::ORIGINAL
-    };
-    let scaled = DecoderBlockVariant {
-        attn_norm: DecoderNormKind::Scale,
-        mlp_norm: DecoderNormKind::Scale,
-        ..DecoderBlockVariant::ORIGINAL
-    };
+    let (friendly, scaled) = (DecoderBlockVariant::FRIENDLY, DecoderBlockVariant::SCALED);
     let layers = m.weights.config.layers;
     let mut mixes = vec![vec![friendly; layers]];
     let mut mixed = vec![DecoderBlockVariant::ORIGINAL; layers];
