@@ -9,7 +9,7 @@ use veil_core::{ensure, Result};
 use veil_train::decoder::questions::load_scored;
 use veil_train::decoder::{
     read_questions, score_questions, substitute_decoder, DecoderOutcome, DecoderSubstituteOptions,
-    Scope,
+    DecoderText, Scope,
 };
 use veil_train::{BlockOrder, Operator};
 
@@ -21,6 +21,14 @@ pub(crate) enum ScopeArg {
     Block,
     /// That block and every block above it.
     Above,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum TextArg {
+    /// Chat prompts answered by the original.
+    Answers,
+    /// Unanswered chat prompts and plain running text.
+    Mix,
 }
 
 #[derive(Args)]
@@ -39,11 +47,16 @@ pub(crate) struct SubstituteDecoderArgs {
     /// Held-out text (repeatable; default: the shared SST-2 and MRPC dev files).
     #[arg(long)]
     held_out: Vec<PathBuf>,
-    /// Tokens per sequence.
-    #[arg(long, default_value_t = 64)]
+    /// The text: `answers` (each sentence in a chat prompt, answered by the original; the
+    /// evaluation scores the answers) or `mix` (unanswered prompts and plain running text).
+    #[arg(long, value_enum, default_value_t = TextArg::Answers)]
+    text: TextArg,
+    /// Tokens per sequence (an answered prompt takes at most half).
+    #[arg(long, default_value_t = 128)]
     seq_len: usize,
-    /// Training sequences kept (0: all the text makes).
-    #[arg(long, default_value_t = 0)]
+    /// Training sequences kept (0: all the text makes; `answers` needs a number, as each is
+    /// generated).
+    #[arg(long, default_value_t = 1024)]
     train_sequences: usize,
     /// Held-out sequences of the evaluation.
     #[arg(long, default_value_t = 48)]
@@ -124,6 +137,10 @@ pub(crate) fn substitute_decoder_cmd(a: SubstituteDecoderArgs, quiet: bool) -> R
         ],
     };
     let mut o = DecoderSubstituteOptions::new(&a.model, &a.out, train, held_out);
+    o.text = match a.text {
+        TextArg::Answers => DecoderText::Answers,
+        TextArg::Mix => DecoderText::Mix,
+    };
     o.seq_len = a.seq_len;
     o.train_sequences = a.train_sequences;
     o.held_out_sequences = a.held_out_sequences;

@@ -66,6 +66,8 @@ fn substitute_decoder_resumes_and_eval_decoder_scores() {
             &t,
             "--held-out",
             &t,
+            "--text",
+            "mix",
             "--seq-len",
             "24",
             "--updates",

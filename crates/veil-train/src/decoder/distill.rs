@@ -25,7 +25,8 @@
 //! 2–4 hours when none is retried.
 
 //! **Evaluation** on held-out sequences: top-1 agreement of the student's next-token choice
-//! with the original's at every real position (the original's choices are computed once), the
+//! with the original's at every scored position (every real one, or an answered chat
+//! sequence's answer positions; the original's choices are computed once), the
 //! student's perplexity on the actual next tokens, and the largest |hidden value| per block.
 
 use std::ops::Range;
@@ -409,6 +410,9 @@ fn run_updates(
 /// Held-out sequences with the original model's next-token choices.
 pub struct HeldOut {
     batches: Vec<PaddedBatch>,
+    /// Per batch, each row's first scored position (0: all of it; an answered chat sequence
+    /// scores only the positions that predict its answer).
+    scored_from: Vec<Vec<usize>>,
     teacher_top1: Vec<Vec<u32>>,
     /// The original model's perplexity on the held-out text.
     pub teacher_perplexity: f64,
@@ -422,7 +426,11 @@ struct BatchScore {
     max_abs: Vec<f32>,
 }
 
-fn score_batch(model: &TrainableDecoder, batch: &PaddedBatch) -> Result<BatchScore> {
+fn score_batch(
+    model: &TrainableDecoder,
+    batch: &PaddedBatch,
+    scored_from: &[usize],
+) -> Result<BatchScore> {
     let ids = ids_tensor(&batch.ids)?;
     let mut max_abs = vec![0f32; model.num_blocks()];
     let x = model.embed(&ids)?;
@@ -440,11 +448,11 @@ fn score_batch(model: &TrainableDecoder, batch: &PaddedBatch) -> Result<BatchSco
     let (top1, nll, predicted) = (|| -> CResult<(Vec<u32>, f64, usize)> {
         let top1 = logits.argmax(D::Minus1)?.flatten_all()?.to_vec1::<u32>()?;
         let ls = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
-        // Position p predicts token p + 1 (real positions before the last of each row).
+        // Position p predicts token p + 1 (scored real positions before the last of each row).
         let mut next = vec![0u32; b * t];
         let mut weight = vec![0f32; b * t];
         for (r, row) in batch.ids.iter().enumerate() {
-            for p in 0..batch.lengths[r].saturating_sub(1) {
+            for p in scored_from[r]..batch.lengths[r].saturating_sub(1) {
                 next[r * t + p] = row[p + 1];
                 weight[r * t + p] = 1.0;
             }
@@ -466,10 +474,12 @@ fn score_batch(model: &TrainableDecoder, batch: &PaddedBatch) -> Result<BatchSco
 }
 
 impl HeldOut {
-    /// Batches of `sequences` (of `batch_size`), scored once by `teacher`.
+    /// Batches of `sequences` (of `batch_size`), scored once by `teacher`; sequence i is
+    /// scored from position `scored_from[i]` on (empty: every position of every sequence).
     pub fn new(
         teacher: &TrainableDecoder,
         sequences: &[Vec<u32>],
+        scored_from: &[usize],
         batch_size: usize,
         pad: u32,
     ) -> Result<Self> {
@@ -478,20 +488,32 @@ impl HeldOut {
             InvalidArgument,
             "no held-out sequences"
         );
+        let from = match scored_from.is_empty() {
+            true => vec![0; sequences.len()],
+            false => scored_from.to_vec(),
+        };
+        ensure!(
+            from.len() == sequences.len()
+                && from.iter().zip(sequences).all(|(&f, s)| f + 1 < s.len()),
+            InvalidArgument,
+            "each held-out sequence needs a scored position before its last"
+        );
         let batches: Vec<PaddedBatch> = sequences
             .chunks(batch_size)
             .map(|c| PaddedBatch::new(&c.iter().collect::<Vec<_>>(), pad))
             .collect();
+        let scored_from: Vec<Vec<usize>> = from.chunks(batch_size).map(<[usize]>::to_vec).collect();
         let (mut nll, mut predicted) = (0.0, 0usize);
         let mut teacher_top1 = Vec::with_capacity(batches.len());
-        for b in &batches {
-            let s = score_batch(teacher, b)?;
+        for (b, from) in batches.iter().zip(&scored_from) {
+            let s = score_batch(teacher, b, from)?;
             nll += s.nll;
             predicted += s.predicted;
             teacher_top1.push(s.top1);
         }
         Ok(HeldOut {
             batches,
+            scored_from,
             teacher_top1,
             teacher_perplexity: (nll / predicted.max(1) as f64).exp(),
         })
@@ -501,14 +523,19 @@ impl HeldOut {
     pub fn evaluate(&self, model: &TrainableDecoder) -> Result<Evaluation> {
         let (mut agree, mut positions, mut nll, mut predicted) = (0usize, 0usize, 0.0, 0usize);
         let mut max_abs = vec![0f32; model.num_blocks()];
-        for (b, reference) in self.batches.iter().zip(&self.teacher_top1) {
-            let s = score_batch(model, b)?;
+        for ((b, from), reference) in self
+            .batches
+            .iter()
+            .zip(&self.scored_from)
+            .zip(&self.teacher_top1)
+        {
+            let s = score_batch(model, b, from)?;
             let t = b.ids[0].len();
             for (r, &len) in b.lengths.iter().enumerate() {
-                for p in 0..len {
+                for p in from[r]..len {
                     agree += (s.top1[r * t + p] == reference[r * t + p]) as usize;
                 }
-                positions += len;
+                positions += len - from[r];
             }
             nll += s.nll;
             predicted += s.predicted;

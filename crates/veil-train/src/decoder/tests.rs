@@ -7,6 +7,7 @@ use veil_model::decoder::DecoderBlockVariant;
 use veil_model::engine::decoder::LogitRows;
 use veil_model::F32Model;
 
+use super::answers::{answer_all, chat_prompts, TEMPLATES};
 use super::data::{batch_at, sequences};
 use super::distill::{finetune, kl_loss, DistillSettings, FinetuneJob, HeldOut, Scope};
 use super::model::{ids_tensor, KvCache, TrainableDecoder};
@@ -288,18 +289,98 @@ fn held_out_agreement_of_the_original_is_one() {
     let sentences: Vec<String> = TRAIN.iter().map(|s| s.to_string()).collect();
     let held = sequences(&tokenizer, &sentences, 16, 2, 5).unwrap();
     assert!(held.len() <= 5);
-    let h = HeldOut::new(&teacher, &held, 2, pad_id(&teacher)).unwrap();
+    let h = HeldOut::new(&teacher, &held, &[], 2, pad_id(&teacher)).unwrap();
     let e = h.evaluate(&teacher).unwrap();
     assert_eq!(e.accuracy, 1.0);
     assert!((e.perplexity.unwrap() - h.teacher_perplexity).abs() < 1e-9);
     assert_eq!(e.max_abs_hidden.len(), 2);
 }
 
+/// Answers are the original's greedy continuations, kept and resumed from their file; a file
+/// made for other inputs (or unreadable) is replaced; scored from the answers, the original
+/// agrees with itself everywhere and a changed model does not.
+#[test]
+fn answered_chat_text_is_kept_resumed_and_scored_on_the_answers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shape = TinyShape {
+        max_positions: 200,
+        ..TinyShape::default()
+    };
+    let spec = tiny(&tmp.path().join("m"), 12, &shape);
+    let (teacher, tokenizer) = load_trainable(&spec).unwrap();
+    let sentences: Vec<String> = TRAIN.iter().map(|s| s.to_string()).collect();
+    // The tiny tokenizer spends a token on about every character of the chat template.
+    let prompts = chat_prompts(&tokenizer, &sentences, 3, 5, 170).unwrap();
+    assert_eq!(prompts.len(), 5.min(sentences.len()));
+    let len = prompts.iter().map(Vec::len).max().unwrap() + 6;
+    let cache = tmp.path().join("answers.json");
+    let all = answer_all(&teacher, 1, &prompts, len, &cache, false).unwrap();
+    for (a, p) in all.iter().zip(&prompts) {
+        assert_eq!(&a.ids[..a.prompt_len], &p[..]);
+        let answer = &a.ids[a.prompt_len..];
+        assert!(!answer.is_empty() && a.ids.len() <= len);
+        assert_eq!(
+            answer,
+            super::questions::greedy(&teacher, p, len - p.len()).unwrap()
+        );
+    }
+    // Resumed from a partial file: the same answers.
+    let mut file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
+    file["answers"].as_array_mut().unwrap().truncate(2);
+    std::fs::write(&cache, serde_json::to_vec(&file).unwrap()).unwrap();
+    assert_eq!(
+        answer_all(&teacher, 1, &prompts, len, &cache, false).unwrap(),
+        all
+    );
+    // Another model's (or a garbled) file is replaced, not trusted.
+    file["answers"][0] = serde_json::json!([1, 2, 3]);
+    std::fs::write(&cache, serde_json::to_vec(&file).unwrap()).unwrap();
+    assert_eq!(
+        answer_all(&teacher, 2, &prompts, len, &cache, false).unwrap(),
+        all
+    );
+    std::fs::write(&cache, b"{not json").unwrap();
+    assert_eq!(
+        answer_all(&teacher, 1, &prompts, len, &cache, false).unwrap(),
+        all
+    );
+    assert!(answer_all(&teacher, 1, &prompts, prompts[0].len(), &cache, false).is_err());
+    // The user turns follow the templates in turn.
+    let first = tokenizer.decode(&prompts[1]).unwrap();
+    assert!(
+        first.contains(TEMPLATES[1].split("{}").next().unwrap().trim()),
+        "{first}"
+    );
+
+    let seqs: Vec<Vec<u32>> = all.iter().map(|a| a.ids.clone()).collect();
+    let from: Vec<usize> = all.iter().map(|a| a.prompt_len - 1).collect();
+    let h = HeldOut::new(&teacher, &seqs, &from, 2, pad_id(&teacher)).unwrap();
+    let e = h.evaluate(&teacher).unwrap();
+    assert_eq!(e.accuracy, 1.0);
+    assert_eq!(
+        e.examples,
+        all.iter()
+            .map(|a| a.ids.len() - a.prompt_len + 1)
+            .sum::<usize>()
+    );
+    let mut student = load_trainable(&spec).unwrap().0;
+    student
+        .set_variant(
+            1,
+            substituted_decoder(DecoderBlockVariant::ORIGINAL, Operator::Softmax).unwrap(),
+        )
+        .unwrap();
+    assert!(h.evaluate(&student).unwrap().accuracy < 1.0);
+    // A scored position must leave a next token to predict.
+    assert!(HeldOut::new(&teacher, &seqs, &[seqs[0].len() - 1; 5], 2, 0).is_err());
+}
+
 #[test]
 fn workflow_runs_resumes_and_scores_questions() {
     let tmp = tempfile::tempdir().unwrap();
     let shape = TinyShape {
-        max_positions: 160,
+        max_positions: 400,
         ..TinyShape::default()
     };
     let spec = tiny(&tmp.path().join("m"), 8, &shape);
@@ -307,7 +388,9 @@ fn workflow_runs_resumes_and_scores_questions() {
     let dev = text_file(tmp.path(), "dev.txt", &TRAIN[..4]);
     let out = tmp.path().join("out");
     let mut opts = DecoderSubstituteOptions::new(&spec, &out, vec![train], vec![dev]);
-    opts.seq_len = 24;
+    // Answered chat text (the default): the tiny tokenizer's prompts are ~150 tokens.
+    opts.seq_len = 340;
+    opts.train_sequences = 6;
     opts.held_out_sequences = 4;
     opts.settings = DistillSettings {
         updates: 4,
@@ -326,6 +409,9 @@ fn workflow_runs_resumes_and_scores_questions() {
         DecoderOutcome::Finished(_) => panic!("should have stopped"),
     }
     assert!(out.join("steps.md").is_file());
+    assert!(
+        out.join("answers-train.json").is_file() && out.join("answers-held-out.json").is_file()
+    );
     // Other settings are refused against the saved progress.
     let mut other = opts.clone();
     other.settings.updates = 5;

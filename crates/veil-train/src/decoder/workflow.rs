@@ -33,6 +33,7 @@ use veil_model::decoder::{
 };
 use veil_model::AttentionNorm;
 
+use super::answers::{answer_all, chat_prompts};
 use super::data::{read_all, sequences};
 use super::distill::{finetune, sequences_fingerprint, DistillSettings, FinetuneJob, HeldOut};
 use super::model::TrainableDecoder;
@@ -75,6 +76,18 @@ pub fn substituted_decoder(
     })
 }
 
+/// The text a run distils on and is judged by, made from the dataset files' sentences.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecoderText {
+    /// Chat prompts answered by the original ([`super::answers`]); the evaluation scores the
+    /// answer positions.
+    Answers,
+    /// Unanswered chat prompts and plain running text ([`super::data::sequences`]); the
+    /// evaluation scores every position.
+    Mix,
+}
+
 /// Options of [`substitute_decoder`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DecoderSubstituteOptions {
@@ -86,6 +99,8 @@ pub struct DecoderSubstituteOptions {
     pub train_files: Vec<PathBuf>,
     /// Held-out text for the evaluation.
     pub held_out_files: Vec<PathBuf>,
+    /// The kind of text.
+    pub text: DecoderText,
     /// Tokens per sequence.
     pub seq_len: usize,
     /// Training sequences kept (0: all).
@@ -129,8 +144,9 @@ impl DecoderSubstituteOptions {
             out: out.into(),
             train_files,
             held_out_files,
-            seq_len: 64,
-            train_sequences: 0,
+            text: DecoderText::Answers,
+            seq_len: 128,
+            train_sequences: 1024,
             held_out_sequences: 48,
             eval_batch_size: 8,
             settings: DistillSettings::default(),
@@ -394,6 +410,11 @@ pub fn substitute_decoder(opts: &DecoderSubstituteOptions) -> Result<DecoderOutc
         "the evaluation needs held-out sequences and a batch size > 0"
     );
     ensure!(
+        opts.text == DecoderText::Mix || opts.train_sequences > 0,
+        InvalidArgument,
+        "answered text is generated sequence by sequence: give a number of training sequences"
+    );
+    ensure!(
         !opts.train_files.is_empty() && !opts.held_out_files.is_empty(),
         InvalidArgument,
         "training and held-out text files are needed"
@@ -408,20 +429,38 @@ pub fn substitute_decoder(opts: &DecoderSubstituteOptions) -> Result<DecoderOutc
         teacher.config().max_positions
     );
     let pad = pad_id(&teacher);
-    let train = sequences(
-        &tokenizer,
-        &read_all(&opts.train_files)?,
-        opts.seq_len,
-        opts.seed,
-        opts.train_sequences,
-    )?;
-    let held = sequences(
-        &tokenizer,
-        &read_all(&opts.held_out_files)?,
-        opts.seq_len,
+    std::fs::create_dir_all(&opts.out).map_err(|e| io_err("cannot create", &opts.out, e))?;
+    let weights_hash = hash_weights(&teacher)?;
+    let text = |files: &[PathBuf], seed: u64, limit: usize, kind: &str| match opts.text {
+        DecoderText::Mix => Ok((
+            sequences(&tokenizer, &read_all(files)?, opts.seq_len, seed, limit)?,
+            Vec::new(),
+        )),
+        DecoderText::Answers => {
+            // A prompt takes at most half the length: the rest is the answer's.
+            let prompts =
+                chat_prompts(&tokenizer, &read_all(files)?, seed, limit, opts.seq_len / 2)?;
+            let cache = opts.out.join(format!("answers-{kind}.json"));
+            let answered = answer_all(
+                &teacher,
+                weights_hash,
+                &prompts,
+                opts.seq_len,
+                &cache,
+                opts.progress,
+            )?;
+            let from = answered.iter().map(|a| a.prompt_len - 1).collect();
+            Ok::<_, Error>((answered.into_iter().map(|a| a.ids).collect(), from))
+        }
+    };
+    // Held-out first: an evaluation set is needed whatever the training text's size.
+    let (held, held_from) = text(
+        &opts.held_out_files,
         opts.seed.wrapping_add(1),
         opts.held_out_sequences,
+        "held-out",
     )?;
+    let (train, _) = text(&opts.train_files, opts.seed, opts.train_sequences, "train")?;
     if opts.progress {
         eprintln!(
             "{} training and {} held-out sequences of ≤ {} tokens ({:.1} s to load)",
@@ -431,7 +470,7 @@ pub fn substitute_decoder(opts: &DecoderSubstituteOptions) -> Result<DecoderOutc
             started.elapsed().as_secs_f64()
         );
     }
-    let held_out = HeldOut::new(&teacher, &held, opts.eval_batch_size, pad)?;
+    let held_out = HeldOut::new(&teacher, &held, &held_from, opts.eval_batch_size, pad)?;
     if opts.progress {
         eprintln!(
             "original held-out perplexity {:.3} ({:.1} s so far)",
@@ -445,7 +484,7 @@ pub fn substitute_decoder(opts: &DecoderSubstituteOptions) -> Result<DecoderOutc
     fingerprint.insert("model".into(), base.clone().into());
     fingerprint.insert(
         "model_weights".into(),
-        format!("{:016x}", hash_weights(&teacher)?).into(),
+        format!("{weights_hash:016x}").into(),
     );
     fingerprint.insert(
         "train_data".into(),
@@ -455,6 +494,7 @@ pub fn substitute_decoder(opts: &DecoderSubstituteOptions) -> Result<DecoderOutc
         "held_out_data".into(),
         format!("{:016x}", sequences_fingerprint(&held)).into(),
     );
+    fingerprint.insert("held_out_scored_from".into(), held_from.clone().into());
     fingerprint.insert(
         "settings".into(),
         serde_json::to_value(&opts.settings).map_err(json_err)?,
@@ -472,7 +512,6 @@ pub fn substitute_decoder(opts: &DecoderSubstituteOptions) -> Result<DecoderOutc
         pad,
         progress: opts.progress,
     };
-    std::fs::create_dir_all(&opts.out).map_err(|e| io_err("cannot create", &opts.out, e))?;
     let progress_dir = opts.out.join("progress");
     let resume = Resume {
         dir: &progress_dir,
