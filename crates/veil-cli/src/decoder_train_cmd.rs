@@ -262,6 +262,7 @@ pub(crate) fn eval_decoder_cmd(a: EvalDecoderArgs) -> Result<()> {
             "model": a.model,
             "original": original_spec,
             "questions": report.questions.len(),
+            "first_sentence_match": report.first_sentence_match,
             "exact_match": report.exact_match,
             "first_token_agreement": report.first_token_agreement,
             "seconds": report.seconds,

@@ -81,6 +81,37 @@ pub struct QuestionScore {
     pub exact: bool,
     /// Whether the first answer tokens are equal.
     pub first_token: bool,
+    /// Whether the answers' first sentences say the same ([`first_sentence`]).
+    #[serde(default)]
+    pub same_first_sentence: bool,
+}
+
+/// The first sentence of an answer, normalised for comparison: the text up to the first line
+/// break or the first '.', '!' or '?' followed by a space or the end (so "3.14" does not end
+/// one), lower-cased, with runs of anything but letters and digits made one space.
+///
+/// Why this is the question set's main score: a short factual answer's content is its first
+/// sentence ("The capital of France is Paris."); whole greedy answers of 24 tokens drift apart
+/// in their later, optional sentences even when the answer is the same, and a first token
+/// ("The") says nothing about the content.
+pub fn first_sentence(answer: &str) -> String {
+    let chars: Vec<char> = answer.trim().chars().collect();
+    let end = (0..chars.len())
+        .find(|&i| {
+            chars[i] == '\n'
+                || (matches!(chars[i], '.' | '!' | '?')
+                    && chars.get(i + 1).is_none_or(|c| c.is_whitespace()))
+        })
+        .unwrap_or(chars.len());
+    let mut out = String::new();
+    for c in chars[..end].iter().flat_map(|c| c.to_lowercase()) {
+        if c.is_alphanumeric() {
+            out.push(c);
+        } else if !out.is_empty() && !out.ends_with(' ') {
+            out.push(' ');
+        }
+    }
+    out.trim_end().to_string()
 }
 
 /// Scores of a question set.
@@ -96,6 +127,9 @@ pub struct QuestionReport {
     pub exact_match: f64,
     /// Fraction of equal first tokens.
     pub first_token_agreement: f64,
+    /// Fraction of answers whose first sentences say the same ([`first_sentence`]).
+    #[serde(default)]
+    pub first_sentence_match: f64,
     /// Every question.
     pub questions: Vec<QuestionScore>,
     /// Wall time.
@@ -107,11 +141,13 @@ impl QuestionReport {
     pub fn markdown(&self) -> String {
         let cell = |s: &str| s.replace('|', "\\|").replace('\n', " ");
         let mut s = format!(
-            "# Questions: {} vs {}\n\nExact match {:.3}, first-token agreement {:.3} over {} \
-             questions (greedy, ≤ {} new tokens).\n\n| question | original | scored | exact |\n\
-             |---|---|---|---|\n",
+            "# Questions: {} vs {}\n\nSame first sentence {:.3}, exact match {:.3}, first-token \
+             agreement {:.3} over {} questions (greedy, ≤ {} new tokens).\n\n\
+             | question | original | scored | same first sentence | exact |\n\
+             |---|---|---|---|---|\n",
             self.model,
             self.original,
+            self.first_sentence_match,
             self.exact_match,
             self.first_token_agreement,
             self.questions.len(),
@@ -119,10 +155,11 @@ impl QuestionReport {
         );
         for q in &self.questions {
             s.push_str(&format!(
-                "| {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} |\n",
                 cell(&q.question),
                 cell(&q.original),
                 cell(&q.student),
+                if q.same_first_sentence { "yes" } else { "no" },
                 if q.exact { "yes" } else { "no" }
             ));
         }
@@ -164,6 +201,7 @@ pub fn score_questions(
             question: q.clone(),
             exact: ta == tb,
             first_token: a.first() == b.first(),
+            same_first_sentence: first_sentence(&ta) == first_sentence(&tb),
             original: ta,
             student: tb,
         });
@@ -175,7 +213,33 @@ pub fn score_questions(
         max_new_tokens,
         exact_match: out.iter().filter(|q| q.exact).count() as f64 / n,
         first_token_agreement: out.iter().filter(|q| q.first_token).count() as f64 / n,
+        first_sentence_match: out.iter().filter(|q| q.same_first_sentence).count() as f64 / n,
         questions: out,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_sentence;
+
+    #[test]
+    fn first_sentences_compare_the_content() {
+        let paris = first_sentence("The capital of France is Paris. It is known for the Eiffel");
+        assert_eq!(paris, "the capital of france is paris");
+        assert_eq!(
+            first_sentence("  the capital of France is  PARIS!\nMore"),
+            paris
+        );
+        assert_ne!(first_sentence("The capital of France is Lyon."), paris);
+        assert_eq!(first_sentence("Pi is 3.14. Roughly."), "pi is 3 14");
+        assert_eq!(first_sentence("7 × 8 = 56"), "7 8 56");
+        assert_eq!(
+            first_sentence("Bonjour, le monde\nHello"),
+            "bonjour le monde"
+        );
+        assert_eq!(first_sentence("Why? Because."), "why");
+        assert_eq!(first_sentence(""), "");
+        assert_eq!(first_sentence("..."), "");
+    }
 }
