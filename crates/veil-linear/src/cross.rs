@@ -1,6 +1,6 @@
 //! Products of two secret-shared matrices, C_h = A_h·B_h with A_h = A0_h + A1_h (n×k) and
-//! B_h = B0_h + B1_h (k×m), for the H independent products of the attention heads (Q·Kᵀ, A·V)
-//! in one round trip.
+//! B_h = B0_h + B1_h (k×m), for the H independent products of the attention heads (Q·Kᵀ, A·V;
+//! a decoder's one per key/value head, its query heads' rows stacked) in one round trip.
 //!
 //! A·B = A0·B0 + A·B1 + A1·B0. The client computes A0·B0 locally; the HE products are
 //! (i) Enc(A0) with A1 folded in by the server, times B1 (= A·B1), and (ii) Enc(B0ᵀ) times A1ᵀ

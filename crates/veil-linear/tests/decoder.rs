@@ -404,7 +404,8 @@ fn print_costs() {
 }
 
 /// The cost of SmolLM2's per-block attention products of shares at ℓ = 48 (9 query heads of
-/// 64; a decode step at a 41-token context and a 40-token prompt), directly and as Beaver
+/// 64 over 3 key/value heads; a decode step at a 41-token context and a 40-token prompt), per
+/// query head and grouped per key/value head, directly and as Beaver
 /// triples (offline, then online): `cargo test -p veil-linear --test decoder print_attention_costs
 /// -- --ignored --nocapture`.
 #[test]
@@ -414,19 +415,25 @@ fn print_attention_costs() {
     use veil_net::Role;
     let label = veil_core::CostClass::MatMul;
     let mut g = Prg::from_seed(&Seed([14; 16]));
-    for (name, shape) in [
-        ("decode Q·Kᵀ", (1, 64, 41)),
-        ("decode A·V", (1, 41, 64)),
-        ("prefill Q·Kᵀ", (40, 64, 40)),
-        ("prefill A·V", (40, 40, 64)),
+    // Per query head (9 products), and per key/value head as the decoder runs them (3
+    // products, each of the 3 query heads' rows stacked).
+    for (name, heads, shape) in [
+        ("decode Q·Kᵀ", 9, (1, 64, 41)),
+        ("decode A·V", 9, (1, 41, 64)),
+        ("prefill Q·Kᵀ", 9, (40, 64, 40)),
+        ("prefill A·V", 9, (40, 40, 64)),
+        ("decode Q·Kᵀ grouped", 3, (3, 64, 41)),
+        ("decode A·V grouped", 3, (3, 41, 64)),
+        ("prefill Q·Kᵀ grouped", 3, (120, 64, 40)),
+        ("prefill A·V grouped", 3, (120, 40, 64)),
     ] {
-        let dims = [shape; 9];
-        let (_, _, [a0, a1, b0, b1]) = head_operands(9, shape, &mut g);
+        let dims = vec![shape; heads];
+        let (_, _, [a0, a1, b0, b1]) = head_operands(heads, shape, &mut g);
         let report = |ch: &dyn Channel, what: &str, secs: f64| {
             let on = ch.meter().snapshot()[&label].clone();
             let role = veil_net::Role::Client;
             println!(
-                "{name} 9 heads {shape:?} {what}: up {} B down {} B flights {} {secs:.2} s (dev)",
+                "{name} {heads} products {shape:?} {what}: up {} B down {} B flights {} {secs:.2} s (dev)",
                 on.client_to_server(role),
                 on.server_to_client(role),
                 on.rounds()

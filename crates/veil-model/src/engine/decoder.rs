@@ -11,7 +11,8 @@
 //! Per block: h = norm(x); q, k, v = linear(h) (the attention scale 1/√d_head is part of the
 //! engine's q); Llama: rotary(q), rotary(k) by position; K, V = cache ∪ (k, v); per query head
 //! (grouped: head j reads key/value head j / (heads / kv_heads)) scores = q·Kᵀ; causal softmax;
-//! context = P·V; x += o(context); h = norm(x); x += down(silu(gate(h)) ⊙ up(h)) or
+//! context = P·V — computed as one product per key/value head, its query heads' rows stacked,
+//! so each cached key and value is an operand once; x += o(context); h = norm(x); x += down(silu(gate(h)) ⊙ up(h)) or
 //! down(gelu_tanh(up(h))). Then the final norm and the LM head on the last position (or all).
 //!
 //! Operator variants ([`DecoderConfig::variant`], Llama family only): the composition passes
@@ -170,7 +171,7 @@ pub trait DecoderEngine {
         v: &Self::Value,
     ) -> Result<(Self::Value, Self::Value)>;
 
-    /// a_i·b_i for each pair (the attention's products, one pair per head).
+    /// a_i·b_i for each pair (the attention's products, one pair per key/value head).
     fn products(&mut self, a: &[Self::Value], b: &[Self::Value]) -> Result<Vec<Self::Value>>;
 
     /// The attention weights of the scores [heads·new, start + new] under `kind` (Softmax, or
@@ -333,20 +334,33 @@ fn block<E: DecoderEngine>(
         k = e.rotary(&k, nkv, start)?;
     }
     let (keys, values) = e.append_cache(i, start, &k, &v)?;
+    // One product per key/value head: its query heads' rows stacked (group·n × d) times its
+    // Kᵀ, so each cached key and value enters a product once, not once per query head. Rows
+    // are independent in a product, and the stacked groups in order are the query heads in
+    // order, so the scores come out head-major [heads·n, total] as if per head.
+    let n = q.dims().0;
     let group = nh / nkv;
-    let mut qs = Vec::with_capacity(nh);
-    let mut kts = Vec::with_capacity(nh);
-    let mut vs = Vec::with_capacity(nh);
-    for hd in 0..nh {
-        let kv = hd / group;
-        qs.push(q.columns(hd * dh, dh)?);
+    let mut qs = Vec::with_capacity(nkv);
+    let mut kts = Vec::with_capacity(nkv);
+    let mut vs = Vec::with_capacity(nkv);
+    for kv in 0..nkv {
+        let heads = (kv * group..(kv + 1) * group)
+            .map(|hd| q.columns(hd * dh, dh))
+            .collect::<Result<Vec<_>>>()?;
+        qs.push(E::Value::stack_rows(&heads.iter().collect::<Vec<_>>())?);
         kts.push(keys.columns(kv * dh, dh)?.transpose()?);
         vs.push(values.columns(kv * dh, dh)?);
     }
-    let per_head = e.products(&qs, &kts)?;
-    let scores = E::Value::stack_rows(&per_head.iter().collect::<Vec<_>>())?;
+    let per_group = e.products(&qs, &kts)?;
+    let scores = E::Value::stack_rows(&per_group.iter().collect::<Vec<_>>())?;
     let probs = e.causal_weights(variant.attention, &scores, start)?;
-    let heads = e.products(&probs.split_rows(q.dims().0)?, &vs)?;
+    // The probabilities' rows are head-major too: a group's rows times its V, then each
+    // query head's n rows of the result side by side.
+    let grouped = e.products(&probs.split_rows(group * n)?, &vs)?;
+    let mut heads = Vec::with_capacity(nh);
+    for g in &grouped {
+        heads.extend(g.split_rows(n)?);
+    }
     let context = E::Value::stack_columns(&heads.iter().collect::<Vec<_>>())?;
     let x = e.linear(DecoderLayer::AttnOut(i), &context)?.plus(x)?;
     let h = e.norm(DecoderNorm::Mlp(i), variant.mlp_norm, &x)?;

@@ -18,7 +18,8 @@
 //! `veil_nonlinear::Ctx::rms_norm` / `layer_norm_at` on the format's wide domain with the
 //! server's γ (and β). Rotary positions: public cos and sin, local on each share, one
 //! truncation. Q·Kᵀ and P·V: BFV products of shares by shares (`veil_linear::cross`), one
-//! truncation. Causal softmax: `Ctx::softmax_masked` with each row's public mask. Gated MLP:
+//! per key/value head with its query heads' rows stacked (so each party's cached key and value
+//! share enters one product per step, not one per query head), one truncation. Causal softmax: `Ctx::softmax_masked` with each row's public mask. Gated MLP:
 //! `Ctx::silu`, then a secret product and a truncation; GPT-2: `Ctx::gelu` (the simulator's
 //! `approx::gelu`, the same tanh-form polynomial). Substituted operators (a Llama block's
 //! `veil_model::decoder::DecoderBlockVariant`, public in the configuration, so both parties
