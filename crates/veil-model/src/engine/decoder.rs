@@ -12,8 +12,8 @@
 //! engine's q); Llama: rotary(q), rotary(k) by position; K, V = cache ∪ (k, v); per query head
 //! (grouped: head j reads key/value head j / (heads / kv_heads)) scores = q·Kᵀ; causal softmax;
 //! context = P·V — computed as one product per key/value head, its query heads' rows stacked,
-//! so each cached key and value is an operand once; x += o(context); h = norm(x); x += down(silu(gate(h)) ⊙ up(h)) or
-//! down(gelu_tanh(up(h))). Then the final norm and the LM head on the last position (or all).
+//! so each cached key and value is an operand once; x += o(context); h = norm(x);
+//! x += down(silu(gate(h)) ⊙ up(h)) or down(gelu_tanh(up(h))). Then the final norm and the LM head on the last position (or all).
 //!
 //! Operator variants ([`DecoderConfig::variant`], Llama family only): the composition passes
 //! each block's choice to the engine's call, so every engine computes the same substitute.
