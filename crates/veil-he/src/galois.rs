@@ -1,6 +1,8 @@
 //! Galois keys and hybrid key switching: the server applies the automorphisms
-//! σ_k: X ↦ X^k (k = 1 + N/u, u = 1, 2, 4, …, 2^([`GALOIS_LEVELS`]−1)) to ciphertexts under the
-//! client's key, which is what [`crate::pack`] needs to merge many sparse responses into one.
+//! σ_k: X ↦ X^k (k = 1 + N/u, u = 1, 2, 4, …, 2^(levels−1), levels = [`Params::galois_levels`])
+//! to ciphertexts under the client's key, which is what [`crate::pack`] needs to merge many
+//! sparse responses into one. Every level's key costs limbs digits × log2(Q·P)·N bits on the
+//! wire and is used the same way, so a switch costs the same at every level.
 //!
 //! # Keys
 //! For each level and each RNS limb i (the CRT "digit") the client sends, modulo Q·P with the
@@ -32,9 +34,15 @@ use crate::math::{
 use crate::params::{Params, Special};
 use crate::poly::RnsPoly;
 
-/// Number of automorphism levels the client provides keys for: u = 1, 2, …, 32, enough to pack
-/// responses whose useful coefficients have any stride up to 2^GALOIS_LEVELS = 64.
-pub const GALOIS_LEVELS: usize = 6;
+/// Automorphism levels of every set's Galois keys (u = 1, 2, …, 32): responses whose useful
+/// coefficients have any stride up to 2^6 = 64 can be packed under any set.
+pub const MIN_GALOIS_LEVELS: usize = 6;
+
+/// Automorphism levels of the decoder's set ([`crate::ParamSet::N8192Q4L48`]): strides up to
+/// 2^9 = 512, the widest inner blocks its single-row (decode-step) products pick (GPT-2's
+/// 3072 → 768 takes 512; a tenth level, 1024, is picked by no decoder shape and would add
+/// ≈ 0.9 MB to the set-up).
+pub const MAX_GALOIS_LEVELS: usize = 9;
 
 /// The Galois element of level `level` (u = 2^level): k = 1 + N/u, the automorphism that maps
 /// X^u to −X^u and fixes X^{2u}.
@@ -75,7 +83,7 @@ pub(crate) fn expand_key_masks(p: &Params, seed: &Seed) -> Result<Vec<Vec<u64>>>
     let sp = special(p)?;
     let (n, l) = (p.degree(), p.limbs());
     let mut prg = Prg::from_seed(seed);
-    Ok((0..GALOIS_LEVELS)
+    Ok((0..p.galois_levels())
         .map(|_| {
             let mut a = vec![0u64; l * (l + 1) * n];
             for (idx, chunk) in a.chunks_exact_mut(n).enumerate() {
@@ -163,7 +171,7 @@ impl SecretKey {
         }
         let seed = Seed(prg.block());
         let a = expand_key_masks(p, &seed)?;
-        let mut b = Vec::with_capacity(GALOIS_LEVELS);
+        let mut b = Vec::with_capacity(a.len());
         for (level, a_level) in a.iter().enumerate() {
             let rot = Zeroizing::new(automorph_signed(&s, galois_element(n, level)));
             let mut bl = vec![0u64; l * (l + 1) * n];
@@ -333,15 +341,20 @@ mod tests {
     }
 
     /// A key switch maps an encryption of m to one of σ_k(m), with noise within the bound, at
-    /// every level and for both parameter sets.
+    /// every level of every parameter set (the decoder's up to [`MAX_GALOIS_LEVELS`]).
     #[test]
     fn rotation_applies_the_automorphism_within_the_noise_bound() {
-        for set in [ParamSet::N8192, ParamSet::N8192Q4] {
-            let p = Params::new(set, Ring::new(41).unwrap()).unwrap();
+        for (set, bits) in [
+            (ParamSet::N8192, 41),
+            (ParamSet::N8192Q4, 41),
+            (ParamSet::N8192Q4L48, 48),
+        ] {
+            let p = Params::new(set, Ring::new(bits).unwrap()).unwrap();
             let n = p.degree();
             let mut g = Prg::from_seed(&Seed([21; 16]));
             let sk = SecretKey::generate(&p, &mut g);
             let gk = sk.galois_keys(&mut g).unwrap();
+            assert_eq!(gk.b.len(), set.galois_levels());
             // A trivial-noise "ciphertext" of m: c1 uniform, c0 = m − c1·s.
             let m: Vec<i64> = (0..n as i64).map(|j| (j * 7919) % 1000 - 500).collect();
             let mut c1 = RnsPoly::zero(&p);
@@ -356,7 +369,7 @@ mod tests {
             c0.intt(&p);
             assert_eq!(phase(&sk, &c0, &c1), m);
             let bound = ks_noise_bound(&p).unwrap();
-            for level in 0..GALOIS_LEVELS {
+            for level in 0..p.galois_levels() {
                 let (r0, r1) = gk.rotate(level, &c0, &c1);
                 let want = automorph_signed(&m, galois_element(n, level));
                 let got = phase(&sk, &r0, &r1);
@@ -379,6 +392,9 @@ mod tests {
     fn galois_elements_and_secret_recovery() {
         assert_eq!(galois_element(8192, 0), 8193);
         assert_eq!(galois_element(8192, 5), 257);
+        assert_eq!(galois_element(8192, MAX_GALOIS_LEVELS - 1), 33);
+        assert_eq!(ParamSet::N8192.galois_levels(), MIN_GALOIS_LEVELS);
+        assert_eq!(ParamSet::N8192Q4L48.galois_levels(), MAX_GALOIS_LEVELS);
         let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
         let mut g = Prg::from_seed(&Seed([22; 16]));
         let sk = SecretKey::generate(&p, &mut g);

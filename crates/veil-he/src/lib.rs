@@ -129,7 +129,7 @@ pub mod session;
 pub mod wire;
 
 pub use cipher::{Accumulator, EvalCiphertext, NttPlaintext, SeededCiphertext};
-pub use galois::{GaloisKeys, GALOIS_LEVELS};
+pub use galois::{GaloisKeys, MAX_GALOIS_LEVELS, MIN_GALOIS_LEVELS};
 pub use keys::{PublicKey, SecretKey};
 pub use pack::PackShape;
 pub use params::{

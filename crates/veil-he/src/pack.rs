@@ -26,7 +26,7 @@
 use veil_core::{ensure, Result};
 
 use crate::cipher::Accumulator;
-use crate::galois::{ks_noise_bound, GaloisKeys, GALOIS_LEVELS};
+use crate::galois::{ks_noise_bound, GaloisKeys, MAX_GALOIS_LEVELS};
 use crate::math::{inv_mod, ShoupConst};
 use crate::params::Params;
 use crate::poly::RnsPoly;
@@ -35,7 +35,8 @@ use crate::poly::RnsPoly;
 /// ciphertext holds. Public, derived from the matrix layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PackShape {
-    /// Power of two ≤ 2^[`GALOIS_LEVELS`]: useful coefficients are ≡ `offset` (mod stride).
+    /// Power of two ≤ 2^[`crate::Params::galois_levels`] of the keys that pack (at most
+    /// 2^[`MAX_GALOIS_LEVELS`]): useful coefficients are ≡ `offset` (mod stride).
     pub stride: usize,
     /// Power of two in 2..=stride: members per packed ciphertext.
     pub leaves: usize,
@@ -47,18 +48,19 @@ type Ct = (RnsPoly, RnsPoly);
 
 impl PackShape {
     /// A merge of up to `leaves` members whose useful coefficients sit at `offset` + multiples of
-    /// `stride`; refused unless both are powers of two the Galois keys can serve.
+    /// `stride`; refused unless both are powers of two the largest Galois keys can serve
+    /// ([`GaloisKeys::pack`] checks the stride against its own keys' levels).
     pub fn new(stride: usize, leaves: usize, offset: usize) -> Result<Self> {
         ensure!(
             stride.is_power_of_two()
-                && stride <= 1 << GALOIS_LEVELS
+                && stride <= 1 << MAX_GALOIS_LEVELS
                 && leaves.is_power_of_two()
                 && (2..=stride).contains(&leaves)
                 && offset < stride,
             InvalidArgument,
             "packing needs power-of-two 2 ≤ leaves ≤ stride ≤ {} and offset < stride \
              (got stride {stride}, leaves {leaves}, offset {offset})",
-            1 << GALOIS_LEVELS
+            1 << MAX_GALOIS_LEVELS
         );
         Ok(PackShape {
             stride,
@@ -99,11 +101,15 @@ impl GaloisKeys {
         let p = &self.params;
         let n = p.degree();
         ensure!(
-            (1..=shape.leaves).contains(&accs.len()) && shape.stride <= n,
+            (1..=shape.leaves).contains(&accs.len())
+                && shape.stride <= n
+                && shape.stride <= 1 << self.b.len(),
             InvalidArgument,
-            "cannot pack {} ciphertexts into {} leaves",
+            "cannot pack {} ciphertexts into {} leaves at stride {} with {} key levels",
             accs.len(),
-            shape.leaves
+            shape.leaves,
+            shape.stride,
+            self.b.len()
         );
         // (L·N)^-1: L^-1 for the merge, N^-1 the inverse transform's normalisation.
         let linv: Vec<ShoupConst> = p
@@ -194,7 +200,9 @@ mod tests {
 
     /// Members with random plaintexts in all coefficients: after packing, every member's
     /// coefficients on the stride class decrypt exactly at their packed positions (full and
-    /// partial groups, u₀ = 1 and u₀ > 1, offset 0 and not), for both parameter sets.
+    /// partial groups, u₀ = 1 and u₀ > 1, offset 0 and not), for every parameter set, up to the
+    /// decoder's largest stride with a merge through all its key levels (u₀ = 1, D = 9: the
+    /// noise bound's largest multiple, (4^9 − 1)/3, within the flooding check).
     #[test]
     fn packed_members_decrypt_exactly() {
         for (set, stride, leaves, offset, members) in [
@@ -203,6 +211,8 @@ mod tests {
             (ParamSet::N8192Q4, 4, 4, 0, 3),
             (ParamSet::N8192, 2, 2, 1, 1),
             (ParamSet::N8192Q4L48, 64, 8, 63, 8),
+            (ParamSet::N8192Q4L48, 256, 16, 255, 16),
+            (ParamSet::N8192Q4L48, 512, 512, 511, 3),
         ] {
             let bits = if set == ParamSet::N8192Q4L48 { 48 } else { 41 };
             let p = Params::new(set, Ring::new(bits).unwrap()).unwrap();
@@ -244,9 +254,24 @@ mod tests {
         }
     }
 
+    /// Keys pack only strides their levels reach: the encoder's sets' keys refuse a stride the
+    /// decoder's serve.
+    #[test]
+    fn keys_refuse_strides_beyond_their_levels() {
+        let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
+        let mut g = Prg::from_seed(&Seed([32; 16]));
+        let sk = SecretKey::generate(&p, &mut g);
+        let gk = sk.galois_keys(&mut g).unwrap();
+        let accs = || vec![Accumulator::new(&p); 2];
+        assert!(gk.pack(accs(), &PackShape::new(64, 2, 0).unwrap()).is_ok());
+        let e = gk.pack(accs(), &PackShape::new(128, 2, 0).unwrap()).err();
+        assert!(e.unwrap().to_string().contains("6 key levels"));
+    }
+
     #[test]
     fn shapes_are_validated_and_counted() {
-        assert!(PackShape::new(128, 2, 0).is_err());
+        assert!(PackShape::new(1024, 2, 0).is_err());
+        assert!(PackShape::new(512, 512, 511).is_ok());
         assert!(PackShape::new(16, 32, 0).is_err());
         assert!(PackShape::new(16, 3, 0).is_err());
         assert!(PackShape::new(16, 4, 16).is_err());

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tfhe_ntt::prime64::Plan;
 use veil_core::{ensure, Error, Result, Ring};
 
+use crate::galois::{MAX_GALOIS_LEVELS, MIN_GALOIS_LEVELS};
 use crate::math::{inv_mod, ntt_primes, ShoupConst};
 
 /// Maximal total log2 Q for 128-bit security (HomomorphicEncryption.org standard, ternary secret).
@@ -81,6 +82,17 @@ impl ParamSet {
             _ => Err(Error::Malformed(format!(
                 "unknown BFV parameter set id {id}"
             ))),
+        }
+    }
+
+    /// Automorphism levels of the set's Galois keys: strides up to 2^levels can be packed. The
+    /// decoder's set has [`MAX_GALOIS_LEVELS`], whose single-row products want inner blocks of
+    /// 128–512 entries; the encoder's sets keep [`MIN_GALOIS_LEVELS`] (each extra level would
+    /// add limbs × log2(Q·P)·N bits, ≈ 0.9 MB, to their set-up and serve no encoder layout).
+    pub fn galois_levels(self) -> usize {
+        match self {
+            ParamSet::N8192 | ParamSet::N8192Q4 => MIN_GALOIS_LEVELS,
+            ParamSet::N8192Q4L48 => MAX_GALOIS_LEVELS,
         }
     }
 
@@ -434,6 +446,12 @@ impl Params {
     /// The named set, if these are one.
     pub fn set(&self) -> Option<ParamSet> {
         self.inner.set
+    }
+    /// Automorphism levels of the Galois keys ([`ParamSet::galois_levels`];
+    /// [`MIN_GALOIS_LEVELS`] for custom parameters).
+    pub fn galois_levels(&self) -> usize {
+        self.set()
+            .map_or(MIN_GALOIS_LEVELS, ParamSet::galois_levels)
     }
     /// N, the ring degree.
     pub fn degree(&self) -> usize {

@@ -3,7 +3,8 @@
 //! (zeroized on drop) and sends, once at set-up, its public key (the server uses it only to
 //! re-randomise responses) and its Galois keys (the server uses them only to pack responses,
 //! [`veil_he::pack`]). Set-up traffic: ≈ 0.2 MB of public keys and ≈ 9 MB of Galois keys
-//! (6 levels × limbs digits × log2(Q·P)·N bits per set), once per session.
+//! (6 levels × limbs digits × log2(Q·P)·N bits per set) for the encoder's two sets; 8.2 MB for
+//! the decoder's one set (9 levels, [`crate::ParamSet::galois_levels`]), once per session.
 
 use crate::{wire, GaloisKeys, ParamSet, Params, PublicKey, SecretKey};
 use veil_core::{ensure, Error, Prg, Result, Ring};

@@ -12,13 +12,13 @@
 //! | public key | 16-byte seed of pk1, pk0 (NTT domain) in every limb |
 //! | ciphertexts | u32 count, then per ciphertext: 16-byte seed of c1, c0 (NTT domain) in every limb |
 //! | responses | u32 count, then per response: c1 (N values mod p), the needed c0 values (dropped bits) |
-//! | Galois keys | special prime P (u64), u8 level count, 16-byte seed of every a, then per level, digit and limb of Q·P: b (NTT domain) |
+//! | Galois keys | special prime P (u64), u8 level count (the set's [`Params::galois_levels`]), 16-byte seed of every a, then per level, digit and limb of Q·P: b (NTT domain) |
 
 use veil_core::bitpack::packed_len;
 use veil_core::wire::{Reader, Writer};
 use veil_core::{ensure, Result, Seed};
 
-use crate::galois::{expand_key_masks, special, GaloisKeys, GALOIS_LEVELS};
+use crate::galois::{expand_key_masks, special, GaloisKeys};
 use crate::keys::{expand_uniform_ntt, PublicKey};
 use crate::params::Params;
 use crate::{Response, SeededCiphertext};
@@ -104,7 +104,7 @@ pub fn galois_keys_len(p: &Params) -> usize {
     let limb_bytes = |q: u64| packed_len(p.degree(), bits_of(q));
     let per_digit: usize = p.moduli().iter().map(|&q| limb_bytes(q)).sum::<usize>()
         + p.special_modulus().map_or(0, limb_bytes);
-    96 + p.limbs() * 8 + GALOIS_LEVELS * p.limbs() * per_digit
+    96 + p.limbs() * 8 + p.galois_levels() * p.limbs() * per_digit
 }
 
 /// Galois keys: their seed and the bit-packed residues of every key's b part.
@@ -113,7 +113,7 @@ pub fn encode_galois_keys(gk: &GaloisKeys) -> Result<Vec<u8>> {
     let pm = special(p)?.modulus;
     let mut w = Writer::with_capacity(galois_keys_len(p));
     header(&mut w, KIND_GALOIS_KEYS, p);
-    w.u64(pm).u8(GALOIS_LEVELS as u8);
+    w.u64(pm).u8(gk.b.len() as u8);
     w.bytes(&gk.seed.0);
     for level in &gk.b {
         for (idx, chunk) in level.chunks_exact(p.degree()).enumerate() {
@@ -133,9 +133,10 @@ pub fn decode_galois_keys(p: &Params, bytes: &[u8]) -> Result<GaloisKeys> {
     ensure!(r.u64()? == pm, Malformed, "{what}: special prime mismatch");
     let levels = r.u8()? as usize;
     ensure!(
-        levels == GALOIS_LEVELS,
+        levels == p.galois_levels(),
         Malformed,
-        "{what}: {levels} levels, expected {GALOIS_LEVELS}"
+        "{what}: {levels} levels, expected {}",
+        p.galois_levels()
     );
     let seed = Seed(r.array::<16>()?);
     let l = p.limbs();
@@ -312,6 +313,29 @@ mod tests {
         assert_strict(&bytes, |b| decode_galois_keys(&p, b));
         let other = Params::new(ParamSet::N8192Q4, p.ring()).unwrap();
         assert!(decode_galois_keys(&other, &bytes).is_err());
+    }
+
+    /// The decoder's keys carry their set's levels (more than the encoder's), priced exactly by
+    /// `galois_keys_len`; a level count other than the set's is refused.
+    #[test]
+    fn decoder_galois_keys_carry_their_levels() {
+        let p = Params::new(ParamSet::N8192Q4L48, veil_core::Ring::new(48).unwrap()).unwrap();
+        let mut g = Prg::from_seed(&Seed([23; 16]));
+        let sk = SecretKey::generate(&p, &mut g);
+        let gk = sk.galois_keys(&mut g).unwrap();
+        assert_eq!(gk.b.len(), crate::MAX_GALOIS_LEVELS);
+        let bytes = encode_galois_keys(&gk).unwrap();
+        // The bound leaves 56 bytes of slack for the header (96 − 40).
+        assert_eq!(bytes.len(), galois_keys_len(&p) - 56);
+        let back = decode_galois_keys(&p, &bytes).unwrap();
+        assert_eq!((back.a, back.b), (gk.a, gk.b));
+        // The level count follows the header (kind, N, ℓ, limbs, primes, final prime) and P.
+        let at = 1 + 4 + 1 + 1 + 8 * p.limbs() + 8 + 8;
+        assert_eq!(bytes[at] as usize, crate::MAX_GALOIS_LEVELS);
+        let mut fewer = bytes.clone();
+        fewer[at] = crate::MIN_GALOIS_LEVELS as u8;
+        let e = decode_galois_keys(&p, &fewer).err().unwrap().to_string();
+        assert!(e.contains("6 levels, expected 9"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! k_w − 1, under no target (see `wrap_around_never_hits_a_target`). Every coefficient
 //! ≡ k_w − 1 (mod k_w) is thus an output entry or zero, the others are cross terms.
 //!
-//! **Response packing.** When k_w is a power of two ≤ 2^[`veil_he::GALOIS_LEVELS`], `pack` = L > 1
+//! **Response packing.** When k_w is a power of two ≤ 2^[`Params::galois_levels`] (64 for the
+//! encoder's sets, 512 for the decoder's), `pack` = L > 1
 //! consecutive responses (in [`Layout::responses`] order) are merged by the server into one
 //! ciphertext ([`veil_he::pack`]): member r's output at coefficient pos lands at
 //! pos − (k_w − 1) + (k_w/L)·r, and only those coefficients' c0 are sent, so L responses
@@ -36,7 +37,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use veil_core::{ensure, Result, RingTensor};
-use veil_he::{PackShape, Params, GALOIS_LEVELS};
+use veil_he::{PackShape, Params};
 
 use crate::cost::{OpCounts, Price};
 
@@ -206,9 +207,16 @@ impl Layout {
             "{heads} diagonal blocks do not divide {k}×{m}"
         );
         // Both parties search once per shape and process: every request of a length asks again.
-        type Key = (usize, Vec<u64>, [usize; 4], u64);
+        // The key levels belong to the key: they decide which strides can pack.
+        type Key = (usize, Vec<u64>, usize, [usize; 4], u64);
         static FOUND: Mutex<BTreeMap<Key, Layout>> = Mutex::new(BTreeMap::new());
-        let key = (p.degree(), p.moduli().to_vec(), [n, k, m, heads], bound);
+        let key = (
+            p.degree(),
+            p.moduli().to_vec(),
+            p.galois_levels(),
+            [n, k, m, heads],
+            bound,
+        );
         if let Some(&lay) = FOUND.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(lay);
         }
@@ -303,7 +311,7 @@ impl Layout {
             heads,
         };
         let packable =
-            p.special_modulus().is_some() && k_w.is_power_of_two() && k_w <= 1 << GALOIS_LEVELS;
+            p.special_modulus().is_some() && k_w.is_power_of_two() && k_w <= 1 << p.galois_levels();
         let max_pack = if packable {
             k_w.min(lay.output_count().next_power_of_two())
         } else {
@@ -800,6 +808,49 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    /// The decoder's set packs at strides up to 512: at n = 1 every SmolLM2 and GPT-2 product is
+    /// priced no higher than under the same parameters with the encoder's 6 key levels (custom
+    /// parameters), most pack wider than 64, and a SmolLM2 block's four decode-step products send
+    /// more than a quarter fewer modelled bytes.
+    #[test]
+    fn single_rows_pack_at_the_decoders_strides() {
+        let ring = Ring::new(48).unwrap();
+        let p = Params::new(ParamSet::N8192Q4L48, ring).unwrap();
+        let six = Params::custom(8192, 42, 4, 62, ring).unwrap();
+        assert_eq!(six.moduli(), p.moduli());
+        assert_eq!((six.galois_levels(), p.galois_levels()), (6, 9));
+        let bound = crate::fc::WEIGHT_BOUND;
+        let (mut wide, mut bits, mut bits_six) = (0, 0.0, 0.0);
+        for (k, m) in [
+            (576, 960),
+            (576, 576),
+            (576, 3072),
+            (1536, 576),
+            (768, 2304),
+            (768, 768),
+            (768, 3072),
+            (3072, 768),
+        ] {
+            let lay = Layout::search(&p, 1, k, m, bound).unwrap();
+            let old = Layout::search(&six, 1, k, m, bound).unwrap();
+            lay.check_noise(&p, bound).unwrap();
+            let (a, b) = (lay.counts().price(&p), old.counts().price(&six));
+            assert!(
+                a.seconds() <= b.seconds(),
+                "{k}x{m}: {lay:?} {a:?} vs {old:?} {b:?}"
+            );
+            assert!(old.blocks.pack == 1 || old.blocks.k_w <= 64, "{old:?}");
+            if lay.blocks.pack > 1 && lay.blocks.k_w > 64 {
+                wide += 1;
+            }
+            if k == 576 || m == 576 {
+                (bits, bits_six) = (bits + a.bits, bits_six + b.bits);
+            }
+        }
+        assert!(wide >= 6, "{wide} products pack wider than 64");
+        assert!(bits < 0.75 * bits_six, "{bits} vs {bits_six}");
     }
 }
 

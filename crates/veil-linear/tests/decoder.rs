@@ -565,3 +565,86 @@ fn requests_priced_for_their_rows_are_exact_at_l48() {
     .unwrap();
     assert!(refused.iter().all(|&r| r), "{refused:?}");
 }
+
+/// One SmolLM2 block's four products as the private decoder runs them in a decode step (q|k|v
+/// and gate|up fused, each request priced for its single row): each equals X·Wᵀ + b mod 2^48.
+/// Prints the layouts and the client's metered MatMul bytes each way (deterministic):
+/// `cargo test -p veil-linear --test decoder fused_decode_step -- --nocapture`.
+#[test]
+fn fused_decode_step_is_exact_at_l48() {
+    let label = veil_core::CostClass::MatMul;
+    let role = veil_net::Role::Client;
+    let cases: Vec<Case> = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(inp, out))| {
+            let mut c = case(1, inp, out, 70 + i as u8);
+            c.layer.max_seq = 1;
+            c
+        })
+        .collect();
+    let fcs: Vec<PreparedFc> = cases
+        .iter()
+        .map(|c| PreparedFc::new(c.layer, &c.w, Some(&c.b)).unwrap())
+        .collect();
+    let mut g = Prg::from_seed(&Seed([71; 16]));
+    let shares: Vec<(RingTensor, RingTensor)> =
+        cases.iter().map(|c| share(&c.x, &mut g).unwrap()).collect();
+    let (client, y1) = run_two_party(
+        |ch| {
+            let s = ClientSession::setup(ch, ring())?;
+            let setup: u64 = ch
+                .meter()
+                .snapshot()
+                .values()
+                .map(|st| st.client_to_server(role))
+                .sum();
+            println!("session set-up: up {setup} B");
+            let mut out = Vec::new();
+            for (c, (x0, _)) in cases.iter().zip(&shares) {
+                ch.meter().reset();
+                let y0 = {
+                    let _g = ch.meter().enter(label);
+                    fc_client(ch, &s, &c.layer, x0)?
+                };
+                out.push((y0, ch.meter().snapshot()[&label].clone()));
+            }
+            Ok(out)
+        },
+        |ch| {
+            let s = ServerSession::setup(ch, ring())?;
+            fcs.iter()
+                .zip(&cases)
+                .zip(&shares)
+                .map(|((fc, c), (_, x1))| fc_server_for(ch, &s, fc, &c.layer, x1))
+                .collect::<veil_core::Result<Vec<_>>>()
+        },
+    )
+    .unwrap();
+    let (mut up, mut down) = (0, 0);
+    for ((c, (y0, st)), y1) in cases.iter().zip(client).zip(y1) {
+        let (inp, out) = (c.layer.in_features, c.layer.out_features);
+        assert_eq!(
+            reconstruct(&y0, &y1).unwrap().data(),
+            oracle(c),
+            "{inp}->{out}"
+        );
+        let lay = c
+            .layer
+            .layout(&veil_he::Params::new(c.layer.set, ring()).unwrap());
+        println!(
+            "n=1 {inp}->{out}: {:?} up {} B down {} B flights {}",
+            lay.unwrap().blocks,
+            st.client_to_server(role),
+            st.server_to_client(role),
+            st.rounds()
+        );
+        up += st.client_to_server(role);
+        down += st.server_to_client(role);
+    }
+    println!(
+        "one block: up {up} B down {down} B; 30 blocks: up {} B down {} B",
+        30 * up,
+        30 * down
+    );
+}

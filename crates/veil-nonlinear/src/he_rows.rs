@@ -6,7 +6,7 @@
 //!
 //! # Layout
 //! The client encrypts a [rows, cols] matrix U in the stride layout: with R the largest power of
-//! two ≤ 2^[`GALOIS_LEVELS`] with R·cols ≤ N, ciphertext c holds rows cR … cR + R − 1, row k's
+//! two ≤ 2^[`MIN_GALOIS_LEVELS`] with R·cols ≤ N, ciphertext c holds rows cR … cR + R − 1, row k's
 //! value j at coefficient R·j + k.
 //! * **Inner product of row k with a server vector v**: the plaintext Σ_j v_j·X^−(Rj+k) puts
 //!   Σ_j U_kj·v_j at coefficient 0. No other pair reaches it: (row k', index j') lands there only
@@ -35,12 +35,12 @@ use veil_core::parallel::parallel_map;
 use veil_core::{ensure, Prg, Result, Ring};
 use veil_he::{
     round_trip, Accumulator, EvalCiphertext, GaloisKeys, NttPlaintext, PackShape, Params,
-    PublicKey, Response, SecretKey, GALOIS_LEVELS,
+    PublicKey, Response, SecretKey, MIN_GALOIS_LEVELS,
 };
 use veil_net::Channel;
 
 /// Inner-product members per packed response.
-const PACK: usize = 1 << GALOIS_LEVELS;
+const PACK: usize = 1 << MIN_GALOIS_LEVELS;
 
 /// Bits of a limb of a share scalar when the ring is too wide to multiply it whole (ℓ > 41):
 /// `ParamSet::N8192Q4L48`'s flood hides plaintext products up to 2^47 in all, which a whole

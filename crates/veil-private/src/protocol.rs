@@ -47,8 +47,9 @@ use veil_nonlinear::OtSession;
 /// LayerNorm's domain to 2^11 and the FC weight bound to 2^17; 4 added the client bundle's
 /// digest to the admission and refuses a hello of 0 tokens; 5 carries everything after the
 /// admission in records (`veil_net::records`), so that the server can end a session with its
-/// reason at any point.
-pub const VERSION: u32 = 5;
+/// reason at any point; 6 gave the decoder's ℓ = 48 set Galois keys of 9 levels (its single-row
+/// products pack responses at strides up to 512, with layouts of their own).
+pub const VERSION: u32 = 6;
 
 /// The fixed-point format of every session (the project defaults; training uses the same).
 pub fn session_format() -> FixedPoint {
@@ -640,10 +641,10 @@ mod tests {
         round_trip(Hello {
             max_tokens: u32::MAX,
         });
-        // The bytes of protocol version 5, pinned.
+        // The bytes of protocol version 6, pinned.
         assert_eq!(
             Hello { max_tokens: 7 }.encode(),
-            [b'V', b'E', b'I', b'L', 5, 0, 0, 0, 7, 0, 0, 0]
+            [b'V', b'E', b'I', b'L', 6, 0, 0, 0, 7, 0, 0, 0]
         );
         let e = Hello::decode(b"GET / HTTP/1.1").unwrap_err().to_string();
         assert!(e.contains("not a Veil client"), "{e}");
@@ -716,7 +717,7 @@ mod tests {
             });
         }
         round_trip(Request::Preprocess { tokens: 1 });
-        // The bytes of protocol version 5, pinned.
+        // The bytes of protocol version 6, pinned.
         assert_eq!(
             Request::Infer {
                 tokens: 5,
