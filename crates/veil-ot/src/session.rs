@@ -84,6 +84,9 @@ trait Lanes {
 
     /// The silent engine's iteration length and reserve prefix length.
     fn silent_lens(e: &Self::Silent) -> (usize, usize);
+
+    /// Bytes of the entries the buffers have written (see [`OtSession::pool_bytes`]).
+    fn written_bytes(&self) -> usize;
 }
 
 /// COTs this party sends: `q_i`, with the receiver holding `q_i ⊕ r_i·Δ`.
@@ -190,6 +193,10 @@ impl Lanes for Sending {
     fn silent_lens(e: &FerretSender) -> (usize, usize) {
         (e.iteration_len(), e.reserve_len())
     }
+
+    fn written_bytes(&self) -> usize {
+        self.q.written_bytes()
+    }
 }
 
 impl Lanes for Receiving {
@@ -235,6 +242,10 @@ impl Lanes for Receiving {
 
     fn silent_lens(e: &FerretReceiver) -> (usize, usize) {
         (e.iteration_len(), e.reserve_len())
+    }
+
+    fn written_bytes(&self) -> usize {
+        self.t.written_bytes() + self.bits.written_bytes()
     }
 }
 
@@ -463,6 +474,14 @@ impl OtSession {
             .max(self.receiver.capacity_after(n))
     }
 
+    /// Bytes the two pools' buffers keep resident: every entry they have written (16 per COT
+    /// sent, 17 per COT received). A silent session's first main refill writes one iteration
+    /// beside the bootstrap's leftover, 6,815,936 entries per direction (225 MB a party);
+    /// [`OtSession::pool_capacity_after`] is the larger allocation, mostly never touched.
+    pub fn pool_bytes(&self) -> usize {
+        self.sender.lanes.written_bytes() + self.receiver.lanes.written_bytes()
+    }
+
     /// COTs used so far in (sending, receiving) direction: one party's sending count is the
     /// other's receiving count, so both can size a later [`OtSession::precompute`] alike.
     pub fn consumed(&self) -> (u64, u64) {
@@ -511,5 +530,34 @@ mod tests {
         assert_eq!(capacity_after(10, 5_000, Some(1_000)), 7_000);
         assert_eq!(capacity_after(0, 10, None), 2 * IKNP_MIN_REFILL);
         assert_eq!(capacity_after(10, 1 << 20, None), 2 << 20);
+    }
+
+    /// What a silent session keeps resident: the bootstrap's output, then after the first main
+    /// refill one iteration beside the bootstrap's leftover, in each direction, whatever the
+    /// (small) need; the estimate of a server session's fixed memory rests on this.
+    #[test]
+    fn a_silent_session_keeps_one_iteration_and_the_bootstrap_leftover_per_direction() {
+        use veil_net::run_two_party;
+        let (client, server) = run_two_party(
+            |c| {
+                let mut s = OtSession::setup(c, Role::Client)?;
+                let setup = s.pool_bytes();
+                s.precompute(c, s.available().0 + 1)?;
+                Ok((setup, s.pool_bytes()))
+            },
+            |c| {
+                let mut s = OtSession::setup(c, Role::Server)?;
+                let setup = s.pool_bytes();
+                s.precompute(c, s.available().0 + 1)?;
+                Ok((setup, s.pool_bytes()))
+            },
+        )
+        .unwrap();
+        // The published sets (pinned in `ferret::params`): bootstrap n, main n, main reserve.
+        let (boot, main, reserve) = (870_400, 6_225_920, 280_384);
+        assert_eq!(server, client);
+        assert_eq!(client.0, boot * 33);
+        assert_eq!(client.1, (main + boot - reserve) * 33);
+        assert_eq!(client.1, 224_925_888);
     }
 }

@@ -3,7 +3,10 @@
 //! them is capped, with the reason, rather than found out under load.
 
 /// Bytes kept per session whatever its length: the client's BFV public and Galois keys, the
-/// OT pools (one silent-COT buffer per direction) and the base-OT state.
+/// OT pools (one silent-COT buffer per direction) and the base-OT state. The pools are most of
+/// it: after their first main refill they keep 225 MB resident (one silent iteration beside the
+/// bootstrap's leftover per direction, 33 bytes per COT; [`veil_nonlinear::OtSession::pool_bytes`]),
+/// the keys about 10 MB (the test below measures both).
 pub(crate) const SESSION_FIXED_BYTES: u64 = 256 << 20;
 
 /// The most sessions a server runs by default (when memory would allow more).
@@ -119,5 +122,36 @@ mod tests {
         assert!(q + h <= 32 && q >= 1 && h >= 1, "{q} {h}");
         assert!(why.unwrap().contains("128"));
         assert!(open_file_limit().is_some_and(|n| n > 0));
+    }
+
+    /// A session's fixed part covers what its set-up keeps, measured: both silent-OT pools after
+    /// their first main refill and the client's BFV keys (counted at twice the bytes they
+    /// arrive in, a bound on their decoded form).
+    #[test]
+    fn the_fixed_session_memory_covers_the_pools_and_the_keys() {
+        use veil_linear::{ClientSession, ServerSession};
+        use veil_net::{run_two_party, Channel, Role};
+        use veil_nonlinear::OtSession;
+        let ring = crate::protocol::session_format().ring;
+        let (_, (keys, pools)) = run_two_party(
+            |c| {
+                let _keys = ClientSession::setup(c, ring)?;
+                let mut ot = OtSession::setup(c, Role::Client)?;
+                ot.precompute(c, ot.available().0 + 1)
+            },
+            |c| {
+                let _keys = ServerSession::setup(c, ring)?;
+                let keys = c.meter().total().bytes_received;
+                let mut ot = OtSession::setup(c, Role::Server)?;
+                ot.precompute(c, ot.available().0 + 1)?;
+                Ok((keys, ot.pool_bytes() as u64))
+            },
+        )
+        .unwrap();
+        assert_eq!(pools, 224_925_888);
+        assert!(
+            pools + 2 * keys <= SESSION_FIXED_BYTES,
+            "pools {pools} B and keys {keys} B exceed {SESSION_FIXED_BYTES} B"
+        );
     }
 }

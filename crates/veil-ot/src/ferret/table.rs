@@ -93,6 +93,12 @@ impl<T: DefaultIsZeroes> PoolBuf<T> {
         &self.buf
     }
 
+    /// Bytes of the entries ever written: what the buffer keeps resident (pages never written
+    /// are never touched).
+    pub(crate) fn written_bytes(&self) -> usize {
+        self.written * std::mem::size_of::<T>()
+    }
+
     /// Prepares the buffer for a refill that writes all of `[0, len)`: the live entries
     /// `live` move to start at `at` (`at + live.len() <= len`), and the caller then fills the
     /// rest of `[0, len)`. When the buffer is too short, a new one of at least `min_capacity`
