@@ -266,7 +266,7 @@ impl<C: Channel> Ctx<'_, C> {
     }
 
     /// LayerNorm over the last dimension (Algorithm 4 / approx::layer_norm_row). The server passes
-    /// `Some(params)`, the client `None`. Label "LayerNorm". Flights at the default format: 76
+    /// `Some(params)`, the client `None`. Label "LayerNorm". Flights at the default format: 46
     /// (1-bit-error mode).
     pub fn layer_norm(
         &mut self,
@@ -301,7 +301,7 @@ impl<C: Channel> Ctx<'_, C> {
     /// scaling without the centring and without β, for rows promised |x| < 2^`dev_bits` (a
     /// decoder's residual stream: the Llama family's outliers need a wider domain than
     /// LayerNorm's). The server passes `Some(γ)`, the client `None`. Label "RMSNorm". Flights at
-    /// the default format: 72 (1-bit-error mode; LayerNorm's less the centring's). Rows whose
+    /// the default format: 42 (1-bit-error mode; LayerNorm's less the centring's). Rows whose
     /// exact sum of squares would need more than 64 bits (576 values on |x| < 2^16 at f = 13)
     /// take the faithful mode's coarse and fine sums in either mode.
     pub fn rms_norm(
