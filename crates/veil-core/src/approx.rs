@@ -54,11 +54,14 @@ pub const EXP_QUAD_NUM: u64 = 31;
 pub const EXP_QUAD_SHIFT: u32 = 6;
 /// Reciprocal and rsqrt iterate at f + RECIP_EXTRA_BITS fractional bits.
 pub const RECIP_EXTRA_BITS: u32 = 2;
-/// Newton iterations for 1/√m on m ∈ [1/2, 1): the initial guess has relative error ≤ 2.3 %;
-/// two quadratic steps bring it to ≤ 1e-6, below the fixed-point resolution of the outputs (each
-/// further step would cost two products). (1/m takes the same two quadratic steps in Goldschmidt's
-/// form, [`Approx::goldschmidt`].)
-pub const NEWTON_ITERS: usize = 2;
+/// Pieces per octave of rsqrt's piecewise-quadratic approximation ([`Approx::rsqrt_piece`]):
+/// their thresholds join the class comparisons in one batch (one comparison per piece and row,
+/// a few hundred bytes per row), and J = 8 geometric pieces leave a relative error of about
+/// 6e-6 with no Newton step (a quadratic's near-minimax error ≈ (15/8)·(ln 2 / J)³ / 192; a
+/// linear piece would leave 3.5e-4, too much for LayerNorm's bound).
+pub const RSQRT_PIECES: u32 = 8;
+/// The public constants of one rsqrt piece, (M_c, P, Q, R, b) ([`Approx::rsqrt_piece`]).
+pub type RsqrtPiece = (u64, u64, u64, u64, u32);
 /// The private pass promises |x| < 2^RELU_DOMAIN_BITS (8192) for every ReLU input (the GELU
 /// substitute's FFN activations and ReLU-normalise's scores, including the client's padding-key
 /// offset of −4096): its comparisons then run on f + 13 bits instead of ℓ − 1, and [`Approx::relu`]
@@ -181,7 +184,7 @@ pub struct Approx {
     pub fp: FixedPoint,
     /// Fractional bits inside exp: f + EXP_SQUARINGS.
     exp_frac: u32,
-    /// Fractional bits inside the Newton iterations: f + RECIP_EXTRA_BITS.
+    /// Fractional bits of the normalised reciprocal and rsqrt: f + RECIP_EXTRA_BITS.
     newton_frac: u32,
     /// Reciprocal and rsqrt accept raw inputs in [1, 2^norm_bits).
     norm_bits: u32,
@@ -227,7 +230,8 @@ impl Approx {
         1i64 << self.fp.frac_bits()
     }
 
-    /// Fractional bits of the Newton iterations (protocols need it to reproduce them).
+    /// Fractional bits F of the normalised reciprocal and rsqrt (protocols need it to reproduce
+    /// them).
     pub fn newton_frac(&self) -> u32 {
         self.newton_frac
     }
@@ -360,24 +364,6 @@ impl Approx {
         self.u((2.914_213_562_373_095 * (1u64 << self.newton_frac) as f64).round() as i64)
     }
 
-    /// Newton for 1/√m, m ∈ [1/2, 1) at F bits: y0 = 1.7877 − 0.81·m, then
-    /// y ← ⌊y·(3 − ⌊m·⌊y²⌋_F⌋_F)⌋_(F+1) twice. Returns y ≈ 2^F/√m.
-    pub fn newton_rsqrt(&self, m: u64) -> u64 {
-        let ring = self.fp.ring;
-        let fr = self.newton_frac;
-        let sc = (1u64 << fr) as f64;
-        let a = self.u((RSQRT_GUESS.0 * sc).round() as i64);
-        let b = self.u((RSQRT_GUESS.1 * sc).round() as i64);
-        let three = self.u(3i64 << fr);
-        let mut y = ring.sub(a, self.mul_trunc_by(b, m, fr));
-        for _ in 0..NEWTON_ITERS {
-            let y2 = self.mul_trunc_by(y, y, fr);
-            let my2 = self.mul_trunc_by(m, y2, fr);
-            y = self.mul_trunc_by(y, ring.sub(three, my2), fr + 1);
-        }
-        y
-    }
-
     /// 1/s on the raw domain [1, 2^norm_bits) (values [2^-13, 2048) at (41,13)), output at f bits.
     ///
     /// Method: class e = bit length of s (norm_bits − 1 comparisons with public powers of two),
@@ -416,46 +402,168 @@ impl Approx {
         self.mul_trunc_by(y, self.norm_scale(e), self.recip_out_shift(out_frac))
     }
 
-    /// Truncation after the rsqrt output scaling, c = ⌊ℓ − 2 − f/2 − out⌋: as large as the ring
-    /// allows, so the selected constants keep ≥ 11 significant bits.
-    pub fn rsqrt_out_shift(&self, out_frac: u32) -> u32 {
-        let l = self.fp.ring.bits() as f64;
-        let c = (l - 2.0 - self.fp.frac_bits() as f64 / 2.0 - out_frac as f64).floor();
-        assert!(c >= 0.0, "rsqrt output precision {out_frac} too high");
-        c as u32
+    /// Bits R of rsqrt's pieces: r1 ≤ 2^R (|P|, |Q|, |R| ≤ 2^(R+1)), with R = ℓ − 4 − F so that
+    /// the products by D stay below 2^(ℓ−2) for every S in [0, 2^hi) (|slope·D| < 2^(R+F); D is
+    /// small inside the classes, down to −0.53·2^F below the lowest) and r1 keeps R
+    /// significant bits.
+    pub fn rsqrt_piece_bits(&self) -> u32 {
+        self.fp.ring.bits() - 4 - self.newton_frac
     }
 
-    /// Public output constant of rsqrt for class e: G_e = round(2^(c + out + f/2 − F − e/2)).
-    pub fn rsqrt_out_scale(&self, e: u32, out_frac: u32) -> u64 {
-        let f = self.fp.frac_bits() as f64;
-        let c = self.rsqrt_out_shift(out_frac) as f64;
-        let ex = c + out_frac as f64 + f / 2.0 - self.newton_frac as f64 - e as f64 / 2.0;
-        (2f64).powf(ex).round() as u64
+    /// The ascending public thresholds of rsqrt over the classes lo ..= hi: the class boundaries
+    /// 2^(e−1) (e > lo) and, inside each class, the piece boundaries ≈ 2^(e−1)·2^(j/J) (j = 1 …
+    /// J − 1, J = [`RSQRT_PIECES`]) rounded to 5 significant bits, so their low bits are zero
+    /// and the comparisons share those digits' leaves with the value's own. Interval i of the
+    /// ladder (below threshold i, at or above threshold i − 1) is the i-th piece of
+    /// [`Approx::rsqrt_pieces_in_class`] order, class by class.
+    pub fn rsqrt_thresholds(&self, lo: u32, hi: u32) -> Vec<u64> {
+        let mut t = Vec::new();
+        for e in lo..=hi {
+            if e > lo {
+                t.push(1u64 << (e - 1));
+            }
+            t.extend(self.rsqrt_class_thresholds(e));
+        }
+        t
+    }
+
+    /// The piece boundaries strictly inside class e ([2^(e−1), 2^e)), ascending.
+    fn rsqrt_class_thresholds(&self, e: u32) -> Vec<u64> {
+        let base = 1u64 << (e - 1);
+        let q = 1u64 << (e - 1).saturating_sub(RSQRT_PIECES.ilog2() + 2);
+        let mut t: Vec<u64> = Vec::new();
+        for j in 1..RSQRT_PIECES {
+            let v = base as f64 * 2f64.powf(j as f64 / RSQRT_PIECES as f64);
+            let v = (v / q as f64).round() as u64 * q;
+            if v > base && v < 2 * base && t.last().is_none_or(|&l| l < v) {
+                t.push(v);
+            }
+        }
+        t
+    }
+
+    /// The pieces of class e as (class, lower bound, upper bound) of the raw S they cover
+    /// (the last bound exclusive), in the order of [`Approx::rsqrt_thresholds`].
+    pub fn rsqrt_pieces_in_class(&self, e: u32) -> Vec<(u32, u64, u64)> {
+        let mut bounds = vec![1u64 << (e - 1)];
+        bounds.extend(self.rsqrt_class_thresholds(e));
+        bounds.push(1u64 << e);
+        bounds.windows(2).map(|w| (e, w[0], w[1])).collect()
+    }
+
+    /// The piece of S over the classes lo ..= hi: its class (bit length clamped to the range)
+    /// and its bounds. Below 2^(lo−1) the class's first piece, from 2^hi on its last.
+    pub fn rsqrt_piece_of(&self, lo: u32, hi: u32, s: u64) -> (u32, u64, u64) {
+        let v = self.s(s);
+        let e = if v <= 0 { 1 } else { 64 - v.leading_zeros() };
+        let e = e.clamp(lo, hi);
+        let pieces = self.rsqrt_pieces_in_class(e);
+        let i = pieces
+            .iter()
+            .position(|&(_, _, end)| v < end as i64)
+            .unwrap_or(pieces.len() - 1);
+        pieces[i]
+    }
+
+    /// The public constants of the piece of class e covering raw S ∈ [a, b_end) for r ≈ κ/√S:
+    /// (M_c, P, Q, R, b) with r = (P + ⌊(Q + ⌊R·D / 2^F⌋)·D / 2^F⌋)·2^b, where M = ⌊S·2^(F−e)⌋
+    /// is S normalised to [1/2, 1) at F bits and D = M − M_c its offset from the piece's centre.
+    /// The quadratic interpolates κ·2^(−e/2)/√x (x = M / 2^F) at the three Chebyshev nodes of
+    /// the piece (near-minimax: 6e-6 relative at J = 8); centred and in Horner's form, only the
+    /// outer floor lands at r's unit (|D| / 2^F < 2^-4 scales the inner one down). b ≥ 0
+    /// is the smallest power with r1 = r/2^b below 2^R ([`Approx::rsqrt_piece_bits`]) over the
+    /// class, so r keeps R significant bits over any range of classes (LayerNorm's 1/√var
+    /// spans 2^17 and more).
+    pub fn rsqrt_piece(&self, kappa: f64, (e, a, b_end): (u32, u64, u64)) -> RsqrtPiece {
+        let fr = self.newton_frac as i32;
+        let r_bits = self.rsqrt_piece_bits();
+        let top = kappa * 2f64.powf(-((e - 1) as f64) / 2.0);
+        let b = (top.log2().ceil() - r_bits as f64).max(0.0) as u32;
+        let k = kappa * 2f64.powf(-(e as f64) / 2.0) / 2f64.powi(b as i32);
+        let one = 2f64.powi(fr);
+        // M ∈ [m_a, m_b] on the piece; for e > F, M is S's floor: the real x is ½ unit above.
+        let (m_a, m_b) = (self.normal_floor(a, e), self.normal_floor(b_end - 1, e));
+        let half = if e as i32 > fr { 0.5 } else { 0.0 };
+        let mc = (m_a + m_b).div_ceil(2);
+        let target = |t: f64| k * ((mc as f64 + half) / one + t).powf(-0.5);
+        let (lo, hi) = (
+            (m_a as f64 - mc as f64) / one,
+            (m_b as f64 - mc as f64) / one,
+        );
+        let (c0, c1, c2) = if m_a == m_b {
+            (target(0.0), 0.0, 0.0)
+        } else {
+            let (mid, rad) = ((lo + hi) / 2.0, (hi - lo) / 2.0);
+            let t: Vec<f64> = (0..3)
+                .map(|i| mid + rad * ((2 * i + 1) as f64 * std::f64::consts::PI / 6.0).cos())
+                .collect();
+            let y: Vec<f64> = t.iter().map(|&t| target(t)).collect();
+            let d1 = (y[1] - y[0]) / (t[1] - t[0]);
+            let d2 = ((y[2] - y[1]) / (t[2] - t[1]) - d1) / (t[2] - t[0]);
+            (
+                y[0] - d1 * t[0] + d2 * t[0] * t[1],
+                d1 - d2 * (t[0] + t[1]),
+                d2,
+            )
+        };
+        // The outer floor loses ½ unit on average: P carries it.
+        let p = (c0 + 0.5).round() as i64;
+        let q = c1.round() as i64;
+        let r = c2.round() as i64;
+        assert!(
+            [p, q, r].iter().all(|v| v.abs() <= 1i64 << (r_bits + 1)),
+            "rsqrt piece constants exceed 2^{r_bits}: κ too large for the ring"
+        );
+        (mc, self.u(p), self.u(q), self.u(r), b)
+    }
+
+    /// M = ⌊S·2^(F−e)⌋ for S of class e: the normalisation ⌊S·2^(hi−e) / 2^(hi−F)⌋ of every hi.
+    fn normal_floor(&self, s: u64, e: u32) -> u64 {
+        let fr = self.newton_frac;
+        if e > fr {
+            s >> (e - fr)
+        } else {
+            s << (fr - e)
+        }
+    }
+
+    /// r = (P + ⌊(Q + ⌊R·D / 2^F⌋)·D / 2^F⌋)·2^b with M = ⌊S·2^(hi−e) / 2^(hi−F)⌋, D = M − M_c
+    /// and the constants of S's piece over the classes lo ..= hi ([`Approx::rsqrt_piece`]):
+    /// r ≈ κ/√S.
+    pub fn rsqrt_pieces(&self, kappa: f64, lo: u32, hi: u32, s: u64) -> u64 {
+        let piece = self.rsqrt_piece_of(lo, hi, s);
+        let e = piece.0;
+        let fr = self.newton_frac;
+        let ring = self.fp.ring;
+        let m = self.mul_trunc_by(s, 1u64 << (hi - e), hi - fr);
+        let (mc, p, q, r, b) = self.rsqrt_piece(kappa, piece);
+        let d = ring.sub(m, mc);
+        let slope = ring.add(q, self.mul_trunc_by(r, d, fr));
+        let r1 = ring.add(p, self.mul_trunc_by(slope, d, fr));
+        ring.mul(r1, 1u64 << b)
+    }
+
+    /// κ of rsqrt with the output at `out` fractional bits: 2^out·(S / 2^f)^(−½) = κ/√S.
+    pub fn rsqrt_kappa(&self, out_frac: u32) -> f64 {
+        2f64.powf(out_frac as f64 + self.fp.frac_bits() as f64 / 2.0)
     }
 
     /// 1/√s on the raw domain [1, 2^norm_bits), output at f bits.
     ///
-    /// Method: the same normalisation as [`Approx::recip`] (m = s/2^e ∈ [1/2, 1)), y = Newton(1/√m),
-    /// result ⌊y·G_e / 2^c⌋ with the public G_e of [`Approx::rsqrt_out_scale`] selected by the
-    /// one-hot class. Max error vs f64: 1 ulp + 2^-11 relative.
+    /// Method: the piece of s (its class e, the bit length, and one of [`RSQRT_PIECES`] pieces
+    /// of the octave; the protocol's comparisons with every threshold of
+    /// [`Approx::rsqrt_thresholds`] in one batch select it), m = s/2^e ∈ [1/2, 1) at F bits,
+    /// then the piece's quadratic in the offset D from its centre ([`Approx::rsqrt_pieces`]):
+    /// three rounds of products, no iteration. Max error vs f64 (measured over the domain):
+    /// 1 ulp + 2^-14 relative (the constant and the floor, each within ½ ulp).
     pub fn rsqrt(&self, s: u64) -> u64 {
         self.rsqrt_at(s, self.fp.frac_bits())
     }
 
-    /// [`Approx::rsqrt`] with the output at `out_frac` fractional bits.
+    /// [`Approx::rsqrt`] with the output at `out_frac` fractional bits (r1 < 2^R with b = 0:
+    /// out_frac + f/2 < R).
     pub fn rsqrt_at(&self, s: u64, out_frac: u32) -> u64 {
-        self.rsqrt_in_class(s, self.norm_class(s), out_frac)
-    }
-
-    /// [`Approx::rsqrt_at`] with the class given.
-    pub fn rsqrt_in_class(&self, s: u64, e: u32, out_frac: u32) -> u64 {
-        let m = self.normalise(s, e);
-        let y = self.newton_rsqrt(m);
-        self.mul_trunc_by(
-            y,
-            self.rsqrt_out_scale(e, out_frac),
-            self.rsqrt_out_shift(out_frac),
-        )
+        self.rsqrt_pieces(self.rsqrt_kappa(out_frac), 1, self.norm_bits, s)
     }
 
     /// tanh(x) for any x.
@@ -732,9 +840,9 @@ impl Approx {
             let fine = d
                 .iter()
                 .fold(plan.fine.eps_sum, |acc, &v| ring.add(acc, ring.mul(v, v)));
-            self.layer_norm_rsqrt(plan, &plan.fine, fine)
+            self.layer_norm_rsqrt(&plan.fine, fine)
         } else {
-            self.layer_norm_rsqrt(plan, &plan.coarse, coarse)
+            self.layer_norm_rsqrt(&plan.coarse, coarse)
         };
         d.iter()
             .zip(gamma)
@@ -804,13 +912,18 @@ impl Approx {
         // |d·r| ≤ √n in the domain, ≤ 2.9·√n for rows under the floor; ⌊d·r⌋_W must stay < 2^(ℓ−2).
         let out_frac = head - f - (2.9 * (n as f64).sqrt()).log2().ceil() as u32;
         let fine_limit = head - 2 * f; // Σd² < 2^fine_limit keeps the fine sum below 2^(ℓ−2)
+        let switch_bits = fine_limit - 1 + coarse_frac;
+        let mut coarse = self.layer_norm_sum_plan(n, eps, coarse_frac, out_frac);
+        // The coarse root is used only from the switch on (S_c ≥ 2^switch_bits): its lower
+        // classes would be comparisons whose root is always dropped.
+        coarse.class_min = coarse.class_min.max(switch_bits + 1).min(head);
         LayerNormPlan {
             n,
             pre_shift,
             square_shift: sq_frac - coarse_frac,
             out_frac,
-            switch: 1u64 << (fine_limit - 1 + coarse_frac),
-            coarse: self.layer_norm_sum_plan(n, eps, coarse_frac, out_frac),
+            switch: 1u64 << switch_bits,
+            coarse,
             fine: self.layer_norm_sum_plan(n, eps, 2 * f, out_frac),
         }
     }
@@ -819,78 +932,27 @@ impl Approx {
         let head = self.fp.ring.bits() - 2;
         let eps_sum = ((n as f64 * eps * 2f64.powi(g as i32)).round() as u64).max(1);
         // Classes: S ∈ [2^(e−1), 2^e) for e ∈ [e_min, ℓ−2]; smaller S (below the variance floor)
-        // fall into e_min, where Newton sees m < 1/2 and stays bounded (y < 4.03·2^F).
+        // fall into e_min's first piece, whose quadratic stays bounded down to S = 0.
         let s_floor = n as f64 * 2f64.powi(g as i32 - LAYER_NORM_VAR_FLOOR_BITS as i32);
         let class_min = if s_floor < 1.0 {
             1
         } else {
             (s_floor.log2().floor() as u32 + 1).min(head)
         };
-        let g_top = self.layer_norm_scale(n, g, out_frac, head);
-        let scale_shift = (LAYER_NORM_SCALE_BITS as f64 - g_top.log2())
-            .ceil()
-            .max(0.0) as u32;
         SumPlan {
             frac: g,
             eps_sum,
             class_min,
             class_max: head,
-            scale_shift,
+            kappa: (n as f64).sqrt() * 2f64.powf(out_frac as f64 + g as f64 / 2.0),
         }
     }
 
-    /// G_e = √n·2^(g/2 − e/2 − F + W): r = y·G_e turns y ≈ 2^F/√m (m = S/2^e) into √n/√(S/2^g)
-    /// at W bits.
-    fn layer_norm_scale(&self, n: usize, g: u32, w: u32, e: u32) -> f64 {
-        let ex = g as f64 / 2.0 - e as f64 / 2.0 - self.newton_frac as f64 + w as f64;
-        (n as f64).sqrt() * 2f64.powf(ex)
-    }
-
-    /// The public constants of class e: (A_e, 2^b_e) with G_e·2^c ≈ A_e·2^b_e, A_e < 2^(ℓ−F−5) (2^21 at (41, 13), so
-    /// y·A_e fits the ring) and A_e ≥ 2^12 (12 significant bits at every class).
-    pub fn layer_norm_class_consts(
-        &self,
-        plan: &LayerNormPlan,
-        sum: &SumPlan,
-        e: u32,
-    ) -> (u64, u64) {
-        let g = self.layer_norm_scale(plan.n, sum.frac, plan.out_frac, e)
-            * 2f64.powi(sum.scale_shift as i32);
-        let b = (g.log2() - self.layer_norm_scale_max_bits() as f64)
-            .ceil()
-            .max(0.0) as u32;
-        ((g / 2f64.powi(b as i32)).round() as u64, 1u64 << b)
-    }
-
-    /// A_e < 2^this: y < 2^(F+2.01), so y·A_e < 2^(ℓ−2.99), inside the fused product's contract
-    /// |y·A_e| < 2^(ℓ−2) in every format (21 at (41, 13); a fixed 21 overflowed it at ℓ < 41, e.g.
-    /// (33, 9)). f + 8 at the narrowest ring `Approx::new` accepts (ℓ = 2f + 15).
-    fn layer_norm_scale_max_bits(&self) -> u32 {
-        self.fp.ring.bits() - self.newton_frac - 5
-    }
-
-    /// Class of the raw sum S: its bit length clamped to [class_min, class_max].
-    pub fn layer_norm_class(&self, sum: &SumPlan, s: u64) -> u32 {
-        let v = self.s(s);
-        let e = if v <= 0 { 1 } else { 64 - v.leading_zeros() };
-        e.clamp(sum.class_min, sum.class_max)
-    }
-
-    /// r ≈ √n/√(S / 2^g) at W fractional bits: m = ⌊S·2^(e_max−e) / 2^(e_max−F)⌋; y =
-    /// Newton(1/√m); r = ⌊y·A_e / 2^c⌋·2^(b_e) (two selected constants, so the 2^16-fold range
-    /// of 1/√var keeps 12 significant bits in the scale).
-    pub fn layer_norm_rsqrt(&self, plan: &LayerNormPlan, sum: &SumPlan, s: u64) -> u64 {
-        let e = self.layer_norm_class(sum, s);
-        let m = self.mul_trunc_by(
-            s,
-            1u64 << (sum.class_max - e),
-            sum.class_max - self.newton_frac,
-        );
-        let y = self.newton_rsqrt(m);
-        let (a, b) = self.layer_norm_class_consts(plan, sum, e);
-        self.fp
-            .ring
-            .mul(self.mul_trunc_by(y, a, sum.scale_shift), b)
+    /// r ≈ √n/√(S / 2^g) at W fractional bits: [`Approx::rsqrt_pieces`] with κ = √n·2^(W + g/2)
+    /// over the sum's classes (a power 2^b per class keeps 1/√var's 2^17-fold range at R
+    /// significant bits).
+    pub fn layer_norm_rsqrt(&self, sum: &SumPlan, s: u64) -> u64 {
+        self.rsqrt_pieces(sum.kappa, sum.class_min, sum.class_max, s)
     }
 
     /// x − mean(x) with the mean of [`Approx::mean_of_sum`].
@@ -916,18 +978,12 @@ impl Approx {
     }
 }
 
-/// Linear initial guess a − b·m for 1/√m on [1/2, 1) (equal-ripple, relative error ≤ 2.3%).
-pub const RSQRT_GUESS: (f64, f64) = (1.7877, 0.81);
-
 /// LayerNorm's domain for the deviations: |x − mean| < 2^LAYER_NORM_DEV_BITS (2048). Real
 /// BERT-class models reach hundreds in their outlier dimensions (MiniLM-L6: ≈ 221;
 /// all-mpnet-base-v2: 1,254 in block 9, beyond the 1,024 this was before).
 pub const LAYER_NORM_DEV_BITS: u32 = 11;
 /// LayerNorm's domain for the variance: var + ε ≥ 2^-LAYER_NORM_VAR_FLOOR_BITS.
 pub const LAYER_NORM_VAR_FLOOR_BITS: u32 = 13;
-/// The selected output constants A_e of LayerNorm's rsqrt keep at least this many bits (and stay
-/// below 2^[`Approx::layer_norm_scale_max_bits`]).
-const LAYER_NORM_SCALE_BITS: u32 = 12;
 
 /// Max error of LayerNorm's normalised value (x − μ)/√(var + ε) vs f64 on a row in the domain
 /// (the output then adds ≤ 1 ulp + |γ|·this): 4.5e-3 (output quantisation at W bits,
@@ -970,8 +1026,8 @@ pub struct SumPlan {
     pub class_min: u32,
     /// Highest class of S (the range bounds the comparisons that find the class).
     pub class_max: u32,
-    /// c: truncation after y·A_e.
-    pub scale_shift: u32,
+    /// κ: the root is r ≈ κ/√S = √n/√(S / 2^g) at W bits ([`Approx::layer_norm_rsqrt`]).
+    pub kappa: f64,
 }
 
 /// The real-valued functions the fixed-point algorithms approximate (test oracles for the
@@ -1131,7 +1187,7 @@ mod tests {
             let exact = 1.0 / fp.decode(xv).sqrt();
             let err = (fp.decode(a.rsqrt(xv)) - exact).abs();
             assert!(
-                err <= ULP + exact / 2048.0,
+                err <= ULP + exact / 16384.0,
                 "rsqrt({}) error {err}",
                 fp.decode(xv)
             );

@@ -42,19 +42,20 @@ pub(crate) fn drelu_values<C: Channel>(
     drelu_batch(ot, ch, role, ring, x, &[], bound)
 }
 
-/// Comparisons of shared values s with the public powers of two 2^j, j ∈ `js`: the DReLUs of
-/// s − 2^j, element-major (value by value, j ascending).
+/// Comparisons of shared values s with public thresholds t > 0: the DReLUs of s − t,
+/// element-major (value by value, in the order of `ts`).
 pub(crate) struct Thresholds<'a> {
     /// This party's shares of the values s.
     pub values: &'a [u64],
-    pub js: std::ops::Range<u32>,
+    /// The thresholds: powers of two for a class, finer steps for rsqrt's pieces.
+    pub ts: &'a [u64],
 }
 
-/// XOR shares of [x ≥ 0] for `plain` (as [`drelu_values`]) followed by those of [s ≥ 2^j] for
+/// XOR shares of [x ≥ 0] for `plain` (as [`drelu_values`]) followed by those of [s ≥ t] for
 /// every set of [`Thresholds`], all in one comparison batch (one tree's depth) under the bound
-/// |x| < 2^k, |s − 2^j| < 2^k. The millionaire's inputs of s − 2^j and of s agree below bit j
-/// (subtracting 2^j changes no lower bit, and the client's share is s's own), so those digits'
-/// leaves are computed once per value s ([`greater_than_sharing_low`]).
+/// |x| < 2^k, 0 < t < 2^k, |s − t| < 2^k. The millionaire's inputs of s − t and of s agree
+/// below t's lowest set bit j (subtracting t changes no lower bit, and the client's share is s's
+/// own), so those digits' leaves are computed once per value s ([`greater_than_sharing_low`]).
 pub(crate) fn drelu_batch<C: Channel>(
     ot: &mut OtSession,
     ch: &mut C,
@@ -66,9 +67,11 @@ pub(crate) fn drelu_batch<C: Channel>(
 ) -> Result<Vec<bool>> {
     let k = bound_bits(ring, bound)?;
     ensure!(
-        sets.iter().all(|t| t.js.end <= k),
+        sets.iter()
+            .flat_map(|t| t.ts)
+            .all(|&t| t > 0 && t >> k == 0),
         InvalidArgument,
-        "a threshold at or above the comparison bound 2^{k}"
+        "a threshold of 0 or at or above the comparison bound 2^{k}"
     );
     let offset = if role == Role::Server { 1u64 << k } else { 0 };
     let low = low_mask(k);
@@ -79,7 +82,7 @@ pub(crate) fn drelu_batch<C: Channel>(
     let count = plain.len()
         + sets
             .iter()
-            .map(|t| t.values.len() * t.js.len())
+            .map(|t| t.values.len() * t.ts.len())
             .sum::<usize>();
     let mut z = Vec::with_capacity(count);
     // Without thresholds nothing is shared (an empty map).
@@ -94,14 +97,14 @@ pub(crate) fn drelu_batch<C: Channel>(
     for set in sets {
         for &v in set.values {
             base.push(input(ring.add(v, offset)));
-            for j in set.js.clone() {
+            for &t in set.ts {
                 let x = if role == Role::Server {
-                    ring.sub(v, 1u64 << j)
+                    ring.sub(v, t)
                 } else {
                     v
                 };
                 z.push(ring.add(x, offset));
-                share.push(Some((base.len() - 1, j)));
+                share.push(Some((base.len() - 1, t.trailing_zeros())));
             }
         }
     }

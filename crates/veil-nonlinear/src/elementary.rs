@@ -6,26 +6,30 @@
 //!   (|p| ≤ 1), so the shares equal `approx` only on that domain;
 //! * recip:   ≤ 1 ulp + 2^-12 relative on raw inputs [1, 2^24] (values [2^-13, 2048]), the
 //!   quotient by Goldschmidt's two coupled steps (three rounds of products);
-//! * rsqrt:   ≤ 1 ulp + 2^-11 relative on the same domain;
+//! * rsqrt:   ≤ 1 ulp + 2^-14 relative on the same domain, by pieces: a quadratic on each
+//!   of 8 pieces per octave of s, no Newton step;
 //! * tanh:    ≤ 2.7 ulp on all x; in the 1-bit-error mode within 1e-3 (3.8e-4 measured).
 //! * silu:    ≤ 1.8e-4 for every x (`approx::SILU_MAX_ERROR`), exactly ReLU from |x| = 12 on;
 //!   the decoders' gated MLP. GELU's piecewise-cubic odd split with SiLU's constants
 //!   (`Ctx::odd_split` in `layers`), no exp and no quotient.
-//! * layer_norm_rsqrts: LayerNorm's √n/√S over the class range of its plan (see
-//!   `approx::Approx::layer_norm_rsqrt`), the coarse and the fine sums in one pass.
+//! * layer_norm_rsqrts: LayerNorm's (and RMSNorm's) √n/√S over the class range of its plan
+//!   (see `approx::Approx::layer_norm_rsqrt`), the coarse and the fine sums in one pass.
 //!
 //! With [`TruncMode::Faithful`](crate::TruncMode) (the default of [`Ctx::new`]) the shares open to
 //! exactly the integers `approx` computes; the tests check equality.
 //!
 //! Reciprocal and rsqrt need the bit length e of their input: DReLUs of s − 2^k for
 //! k = 1 … K−1 (one batch, narrow when s has a known range; the reciprocal skips the thresholds
-//! below a promised floor), converted to arithmetic shares; the
-//! one-hot class h_e = c_(e−1) − c_e then selects public constants by a local linear combination. These comparisons are per row in the layers
-//! (one reciprocal per Softmax row), so they cost little per element.
+//! below a promised floor), converted to arithmetic shares; the one-hot class
+//! h_e = c_(e−1) − c_e then selects public constants by a local linear combination. rsqrt
+//! compares with 7 more thresholds inside each octave in the same batch, so the one-hot piece
+//! selects a quadratic good to 6e-6 and no Newton iteration follows (LayerNorm and RMSNorm:
+//! 30 flights fewer per norm, about 2 % more bytes). These comparisons are per row in the layers
+//! (one reciprocal per Softmax row, one rsqrt per norm row), so they cost little per element.
 //!
 //! Security: semi-honest; compositions of the primitives' protocols.
 
-use veil_core::approx::{LayerNormPlan, EXP_QUAD_NUM, EXP_QUAD_SHIFT};
+use veil_core::approx::{LayerNormPlan, RsqrtPiece, EXP_QUAD_NUM, EXP_QUAD_SHIFT};
 use veil_core::{ensure, CostClass, Result, Ring};
 use veil_net::Channel;
 
@@ -104,10 +108,8 @@ impl<C: Channel> Ctx<'_, C> {
         let lo = floor + 1;
         let bits = {
             let _g = self.ch.meter().enter(CostClass::Compare);
-            let js = Thresholds {
-                values: s,
-                js: lo..k,
-            };
+            let ts: Vec<u64> = (lo..k).map(|j| 1u64 << j).collect();
+            let js = Thresholds { values: s, ts: &ts };
             self.drelu_thresholds_in(s_ring, &[], &[js], Some(k))?
         };
         let (s, c) = if s_ring == ring {
@@ -115,8 +117,8 @@ impl<C: Channel> Ctx<'_, C> {
         } else {
             extend_with_b2a(self.ot, self.ch, self.role, (s_ring, ring), s, &bits)?
         };
-        let h = onehot(self, &c, s.len(), lo, k);
-        let g = select(self, &h, lo, k, |e| ax.norm_scale(e));
+        let h = onehot(self, &c, s.len(), (k - lo) as usize);
+        let g = select(self, &h, k - lo + 1, |i| ax.norm_scale(lo + i));
         // g = 2^(K−e) ≤ 2^(K−lo) is the narrower factor of m = s·g.
         let m = self.mul_narrow_trunc(&g, Narrow::unsigned(k - lo + 1), &s, k - fr, fr + 2)?;
         let y = goldschmidt(self, &m, None)?;
@@ -126,17 +128,34 @@ impl<C: Channel> Ctx<'_, C> {
         self.mul_narrow_trunc(&y, Narrow::unsigned(fr + 2), &g, shift, out)
     }
 
-    /// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at).
+    /// 1/√s with the output at `out_frac` fractional bits (approx::rsqrt_at), on the domain
+    /// s ∈ [1, 2^K): the comparisons with every threshold of `approx::rsqrt_thresholds` (the
+    /// classes and the pieces of each octave) in one batch, their B2A, then the normalisation
+    /// and the piece's quadratic ([`rsqrt_pieces`]). Flights: the DReLU batch (11 at ℓ = 41),
+    /// the B2A (2), three fused products (4 each).
     pub fn rsqrt_at(&mut self, s: &[u64], out_frac: u32) -> Result<Vec<u64>> {
         let _g = self.ch.meter().enter(CostClass::Rsqrt);
-        let ax = self.ax;
-        let k = ax.norm_bits();
-        let h = class_onehot(self, s, 1, k)?;
-        let g = select(self, &h, 1, k, |e| ax.norm_scale(e));
-        let big_g = select(self, &h, 1, k, |e| ax.rsqrt_out_scale(e, out_frac));
-        let m = self.mul_trunc(s, &g, ax.norm_bits() - ax.newton_frac())?;
-        let y = newton_rsqrt(self, &m)?;
-        self.mul_trunc(&y, &big_g, ax.rsqrt_out_shift(out_frac))
+        let ladder = Ladder {
+            kappa: self.ax.rsqrt_kappa(out_frac),
+            lo: 1,
+            hi: self.ax.norm_bits(),
+            s,
+        };
+        let ts = ladder.thresholds(self);
+        let bits = {
+            let _g = self.ch.meter().enter(CostClass::Compare);
+            let set = Thresholds { values: s, ts: &ts };
+            self.drelu_thresholds_in(self.ring(), &[], &[set], None)?
+        };
+        let c = self.b2a(&bits)?;
+        let (r1, _, scaled) = rsqrt_pieces(self, &[ladder], &c)?;
+        // b = 0 on every piece (out_frac + f/2 < R): r = r1.
+        ensure!(
+            !scaled,
+            InvalidArgument,
+            "rsqrt output precision {out_frac} too high"
+        );
+        Ok(r1)
     }
 
     /// tanh(x) (approx::tanh): sign by DReLU, exp(−2|x|), Goldschmidt quotient, sign re-applied.
@@ -230,59 +249,106 @@ fn goldschmidt<C: Channel>(cx: &mut Ctx<C>, m: &[u64], num: Option<&[u64]>) -> R
     Ok(n1.iter().zip(&dn).map(|(&x, &d)| ring.add(x, d)).collect())
 }
 
-/// Newton for 1/√m on m ∈ [1/2, 1) (approx::newton_rsqrt). Narrow products: |m| < 2^(F+1) (a
-/// fused normalisation lands m within −3 … +2 of its value in [0, 2^F]: LayerNorm's sums below
-/// the variance floor give m near 0, the top of a class m near 2^F), and |y| < 2^(F+3)
-/// (y < 4.03·2^F below the floor, y0 ≤ 1.79·2^F otherwise).
-fn newton_rsqrt<C: Channel>(cx: &mut Ctx<C>, m: &[u64]) -> Result<Vec<u64>> {
-    let ring = cx.ring();
-    let fr = cx.ax.newton_frac();
-    let sc = (1u64 << fr) as f64;
-    let (a, b) = veil_core::approx::RSQRT_GUESS;
-    let bm = cx.scale_trunc(m, (b * sc).round() as u64, fr)?;
-    let mut y: Vec<u64> = bm.iter().map(|&v| ring.neg(v)).collect();
-    cx.add_public(&mut y, (a * sc).round() as u64);
-    let y_nw = Narrow::signed(fr + 4);
-    for _ in 0..veil_core::approx::NEWTON_ITERS {
-        let y2 = cx.square_narrow(&y, y_nw)?;
-        let y2 = cx.trunc(&y2, fr)?;
-        // m·y² < 2^F·16.3.
-        let my2 = cx.mul_narrow_trunc(m, Narrow::signed(fr + 2), &y2, fr, fr + 6)?;
-        let mut u: Vec<u64> = my2.iter().map(|&v| ring.neg(v)).collect();
-        cx.add_public(&mut u, 3u64 << fr);
-        y = cx.mul_narrow_trunc(&y, y_nw, &u, fr + 1, fr + 4)?;
+/// One rsqrt over a ladder of public thresholds: r ≈ κ/√S over the classes lo ..= hi of S
+/// (approx::rsqrt_pieces), for this party's shares `s`.
+struct Ladder<'a> {
+    kappa: f64,
+    lo: u32,
+    hi: u32,
+    s: &'a [u64],
+}
+
+impl Ladder<'_> {
+    fn thresholds<C: Channel>(&self, cx: &Ctx<C>) -> Vec<u64> {
+        cx.ax.rsqrt_thresholds(self.lo, self.hi)
     }
-    Ok(y)
+
+    /// The pieces in threshold order: (class, (M_c, P, Q, R', b)).
+    fn pieces<C: Channel>(&self, cx: &Ctx<C>) -> Vec<(u32, RsqrtPiece)> {
+        (self.lo..=self.hi)
+            .flat_map(|e| cx.ax.rsqrt_pieces_in_class(e))
+            .map(|piece| (piece.0, cx.ax.rsqrt_piece(self.kappa, piece)))
+            .collect()
+    }
 }
 
-/// Arithmetic shares of the one-hot class h_e of each s over classes e = lo … hi (element-major:
-/// h[i·(hi−lo+1) + e − lo]): class e holds s ∈ [2^(e−1), 2^e), clamped to the range.
-/// The thresholds [s ≥ 2^j] are DReLUs of s − 2^j on the whole ring, all in one batch (one
-/// comparison tree's depth, 11 flights at ℓ = 41, then a B2A). (A bit decomposition of s and a
-/// suffix OR need fewer bits per row but two prefix networks, about 4·⌈log2 b⌉ flights: these
-/// comparisons are per row, so their bytes are small and their depth is what costs.)
-fn class_onehot<C: Channel>(cx: &mut Ctx<C>, s: &[u64], lo: u32, hi: u32) -> Result<Vec<u64>> {
-    let bits = {
-        let _g = cx.ch.meter().enter(CostClass::Compare);
-        let js = Thresholds {
-            values: s,
-            js: lo..hi,
+/// r1 = P + ⌊(Q + ⌊R·D / 2^F⌋)·D / 2^F⌋ of every ladder's S (concatenated, ladder by ladder;
+/// approx::rsqrt_pieces) from the arithmetic shares `c` of their threshold comparisons
+/// (element-major per ladder, ladder by ladder), the selected powers 2^b (r = r1·2^b) and
+/// whether any b is above 0. The one-hot piece selects the public constants locally; then three
+/// fused products for all ladders at once (12 flights): the normalisation M = ⌊S·2^(hi−e) /
+/// 2^(hi−F)⌋ (2^(hi−e) the narrow factor), then Horner's two products by D = M − M_c, the
+/// narrow factor: |D| < 2^F for every S in [0, 2^hi) (|D| < 2^(F−4) inside the classes, a
+/// piece spanning < 2^-3.4 of x; down to −0.53·2^F below the lowest class: a coarse sum under
+/// LayerNorm's switch, a fine one under its variance floor), where |slope·D| < 2^(R+F) keeps
+/// the products in the ring. The ladders share their top class hi (one truncation).
+fn rsqrt_pieces<C: Channel>(
+    cx: &mut Ctx<C>,
+    ladders: &[Ladder],
+    c: &[u64],
+) -> Result<(Vec<u64>, Vec<u64>, bool)> {
+    let ax = cx.ax;
+    let fr = ax.newton_frac();
+    let hi = ladders[0].hi;
+    ensure!(
+        ladders.iter().all(|l| l.hi == hi && l.lo <= hi && hi >= fr),
+        InvalidArgument,
+        "rsqrt ladders of different tops"
+    );
+    let ring = cx.ring();
+    let (mut g, mut mc, mut p, mut qr, mut pow) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut s = Vec::new();
+    let (mut first, mut scaled) = (0, false);
+    for l in ladders {
+        let pieces = l.pieces(cx);
+        let k = (pieces.len() - 1) * l.s.len();
+        ensure!(
+            first + k <= c.len(),
+            InvalidArgument,
+            "rsqrt comparison bits"
+        );
+        let h = onehot(cx, &c[first..first + k], l.s.len(), pieces.len() - 1);
+        first += k;
+        let width = pieces.len() as u32;
+        let pick = |f: &dyn Fn(&(u32, RsqrtPiece)) -> u64| {
+            select(cx, &h, width, |i| f(&pieces[i as usize]))
         };
-        cx.drelu_thresholds_in(cx.ring(), &[], &[js], None)?
-    };
-    let c = cx.b2a(&bits)?;
-    Ok(onehot(cx, &c, s.len(), lo, hi))
+        g.extend(pick(&|x| 1u64 << (hi - x.0)));
+        mc.extend(pick(&|x| x.1 .0));
+        p.extend(pick(&|x| x.1 .1));
+        qr.push((pick(&|x| x.1 .2), pick(&|x| x.1 .3)));
+        pow.extend(pick(&|x| 1u64 << x.1 .4));
+        s.extend_from_slice(l.s);
+        scaled |= pieces.iter().any(|x| x.1 .4 > 0);
+    }
+    let g_bits = ladders.iter().map(|l| hi - l.lo + 1).max().unwrap_or(1);
+    let m = cx.mul_narrow_trunc(&g, Narrow::unsigned(g_bits), &s, hi - fr, fr + 2)?;
+    let d: Vec<u64> = m.iter().zip(&mc).map(|(&a, &b)| ring.sub(a, b)).collect();
+    let (q, r): (Vec<u64>, Vec<u64>) = qr.into_iter().fold((vec![], vec![]), |mut acc, x| {
+        acc.0.extend(x.0);
+        acc.1.extend(x.1);
+        acc
+    });
+    // |R·D|, |slope·D| < 2^(R+F): below 2^R after the truncation by F.
+    let nw = Narrow::signed(fr + 1);
+    let out = ax.rsqrt_piece_bits() + 1;
+    let t = cx.mul_narrow_trunc(&d, nw, &r, fr, out)?;
+    let slope: Vec<u64> = q.iter().zip(&t).map(|(&a, &b)| ring.add(a, b)).collect();
+    let u = cx.mul_narrow_trunc(&d, nw, &slope, fr, out)?;
+    let r1 = p.iter().zip(&u).map(|(&a, &b)| ring.add(a, b)).collect();
+    Ok((r1, pow, scaled))
 }
 
-/// The one-hot classes of n values from the arithmetic shares c of their thresholds
-/// (element-major, [`Thresholds`] order): h_e = c_(e−1) − c_e, local.
-fn onehot<C: Channel>(cx: &Ctx<C>, c: &[u64], n: usize, lo: u32, hi: u32) -> Vec<u64> {
-    let k = (hi - lo) as usize;
+/// The one-hot intervals of n values from the arithmetic shares c of their k ascending
+/// thresholds each (element-major, [`Thresholds`] order): h_i = c_(i−1) − c_i over the k + 1
+/// intervals, local.
+fn onehot<C: Channel>(cx: &Ctx<C>, c: &[u64], n: usize, k: usize) -> Vec<u64> {
     let ring = cx.ring();
     let one = if cx.is_server() { 1 } else { 0 };
     let mut h = Vec::with_capacity(n * (k + 1));
     for i in 0..n {
-        // c_j = [s ≥ 2^(lo+j)] for j < k; below the first comparison 1, above the last 0.
+        // c_j = [s ≥ t_j] for j < k; below the first comparison 1, above the last 0.
         let cj = |j: usize| -> u64 {
             if j == 0 {
                 one
@@ -299,31 +365,25 @@ fn onehot<C: Channel>(cx: &Ctx<C>, c: &[u64], n: usize, lo: u32, hi: u32) -> Vec
     h
 }
 
-/// Σ_e h_e·const(e) over classes lo … hi: selects a public constant per element by its class.
-fn select(
-    cx: &Ctx<impl Channel>,
-    h: &[u64],
-    lo: u32,
-    hi: u32,
-    konst: impl Fn(u32) -> u64,
-) -> Vec<u64> {
+/// Σ_i h_i·const(i) over the `width` intervals of each element: a public constant per element,
+/// selected by its one-hot interval.
+fn select(cx: &Ctx<impl Channel>, h: &[u64], width: u32, konst: impl Fn(u32) -> u64) -> Vec<u64> {
     let ring = cx.ring();
-    h.chunks((hi - lo + 1) as usize)
+    h.chunks(width as usize)
         .map(|hs| {
             hs.iter().enumerate().fold(0u64, |acc, (j, &hv)| {
-                ring.add(acc, ring.mul(hv, konst(lo + j as u32)))
+                ring.add(acc, ring.mul(hv, konst(j as u32)))
             })
         })
         .collect()
 }
 
 /// LayerNorm's r ≈ √n/√(S/2^g) at W bits from the row sums of squares S, for the coarse and the
-/// fine sums at once (approx::layer_norm_rsqrt on each: class over the plan's range,
-/// normalisation, Newton, then the two selected output constants), and LayerNorm's choice
-/// between them, the XOR-shared [`switch` ≥ 0] of `switch` (= switch − 1 − S_coarse): every
-/// comparison of both class ranges and the switch in one DReLU batch, both B2As in one call, one
-/// Newton on both vectors and one final product; only the normalisations and the output
-/// scalings, whose constants differ, run apart (as one call when their shifts agree).
+/// fine sums at once (approx::layer_norm_rsqrt on each: [`rsqrt_pieces`] over the sum's classes,
+/// then the power 2^b), and LayerNorm's choice between them, the XOR-shared [`switch` ≥ 0] of
+/// `switch` (= switch − 1 − S_coarse): every comparison (both ladders and the switch) in one
+/// DReLU batch, one B2A, the three fused products of the pieces for both sums in one call each,
+/// and one product by 2^b. Flights: 11 + 2 + 12 + 3 at ℓ = 41 and 48.
 /// Returns (r_coarse, r_fine, use_fine).
 pub(crate) fn layer_norm_rsqrts<C: Channel>(
     cx: &mut Ctx<C>,
@@ -332,68 +392,28 @@ pub(crate) fn layer_norm_rsqrts<C: Channel>(
     switch: &[u64],
 ) -> Result<(Vec<u64>, Vec<u64>, Vec<bool>)> {
     let _g = cx.ch.meter().enter(CostClass::Rsqrt);
-    let ax = cx.ax;
     let rows = coarse.len();
-    let parts = [(&plan.coarse, coarse), (&plan.fine, fine)];
+    let ladders = [(&plan.coarse, coarse), (&plan.fine, fine)].map(|(sum, s)| Ladder {
+        kappa: sum.kappa,
+        lo: sum.class_min,
+        hi: sum.class_max,
+        s,
+    });
     // S ∈ [0, 2^hi) whenever its root is used: the coarse sum always, the fine sum when it is
     // picked (below the switch); a wrapped fine sum of a coarse row gives a root that is dropped.
-    let sets = parts.map(|(sum, s)| Thresholds {
-        values: s,
-        js: sum.class_min..sum.class_max,
-    });
+    let ts = ladders.each_ref().map(|l| l.thresholds(cx));
     let bits = {
         let _g = cx.ch.meter().enter(CostClass::Compare);
+        let sets = [0, 1].map(|i| Thresholds {
+            values: ladders[i].s,
+            ts: &ts[i],
+        });
         cx.drelu_thresholds_in(cx.ring(), switch, &sets, None)?
     };
     let (use_fine, thresholds) = bits.split_at(rows);
     let c = cx.b2a(thresholds)?;
-    let mut classes = Vec::with_capacity(2);
-    let mut first = 0;
-    for (sum, _) in parts {
-        let (lo, hi) = (sum.class_min, sum.class_max);
-        let k = (hi - lo) as usize * rows;
-        classes.push(onehot(cx, &c[first..first + k], rows, lo, hi));
-        first += k;
-    }
-    let mut m = Vec::with_capacity(2 * rows);
-    for ((sum, s), h) in parts.iter().zip(&classes) {
-        let (lo, hi) = (sum.class_min, sum.class_max);
-        let g = select(cx, h, lo, hi, |e| 1u64 << (hi - e));
-        // g = 2^(hi−e) ≤ 2^(hi−lo) and m = S·g / 2^(hi−F) < 2^F.
-        m.extend(cx.mul_narrow_trunc(
-            &g,
-            Narrow::unsigned(hi - lo + 1),
-            s,
-            hi - ax.newton_frac(),
-            ax.newton_frac() + 2,
-        )?);
-    }
-    let y = newton_rsqrt(cx, &m)?;
-    let (mut a, mut b) = (Vec::with_capacity(2 * rows), Vec::with_capacity(2 * rows));
-    for ((sum, _), h) in parts.iter().zip(&classes) {
-        let (lo, hi) = (sum.class_min, sum.class_max);
-        a.extend(select(cx, h, lo, hi, |e| {
-            ax.layer_norm_class_consts(plan, sum, e).0
-        }));
-        b.extend(select(cx, h, lo, hi, |e| {
-            ax.layer_norm_class_consts(plan, sum, e).1
-        }));
-    }
-    let y_nw = Narrow::signed(ax.newton_frac() + 4);
-    let l = cx.ring().bits();
-    let r1 = if plan.coarse.scale_shift == plan.fine.scale_shift {
-        let c = plan.coarse.scale_shift;
-        cx.mul_narrow_trunc(&y, y_nw, &a, c, l - c)?
-    } else {
-        let mut r1 = Vec::with_capacity(2 * rows);
-        for (half, (sum, _)) in parts.iter().enumerate() {
-            let span = half * rows..(half + 1) * rows;
-            let c = sum.scale_shift;
-            r1.extend(cx.mul_narrow_trunc(&y[span.clone()], y_nw, &a[span], c, l - c)?);
-        }
-        r1
-    };
-    let mut r = cx.mul(&r1, &b)?;
+    let (r1, pow, _) = rsqrt_pieces(cx, &ladders, &c)?;
+    let mut r = cx.mul(&r1, &pow)?;
     let r_fine = r.split_off(rows);
     Ok((r, r_fine, use_fine.to_vec()))
 }

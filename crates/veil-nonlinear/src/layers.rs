@@ -168,7 +168,9 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// Softmax over the last dimension with max subtraction; `valid` is the public padding mask of
     /// the columns, the same for every row (false: excluded, output 0). Algorithm 3 /
-    /// approx::softmax_row. Label "Softmax". Flights at the default format: 108 (1-bit-error mode).
+    /// approx::softmax_row. Label "Softmax". Flights at the default format (1-bit-error mode):
+    /// 88 on rows of up to 16 values (`ALL_PAIRS_MAX_LEN`; the all-pairs max, where the tree took
+    /// 108 at 8 values, 120 at 16), 132 at 32 (the tree, 12 more per doubling).
     pub fn softmax(&mut self, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
         let mask = every_row(x, valid)?;
         self.softmax_masked(x, &mask)
@@ -176,7 +178,8 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// [`Ctx::softmax`] with a public mask per row, `mask` [rows · cols] (a decoder's causal
     /// attention: query row r sees the keys up to its position). Rows of different lengths run
-    /// in the same flights: the max tree takes as many rounds as the longest row needs.
+    /// in the same flights: the longest row picks the all-pairs max (up to
+    /// `ALL_PAIRS_MAX_LEN` values) or the tree, which takes as many rounds as it needs.
     pub fn softmax_masked(&mut self, x: &RingTensor, mask: &[bool]) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter(CostClass::Softmax);
@@ -266,7 +269,7 @@ impl<C: Channel> Ctx<'_, C> {
     }
 
     /// LayerNorm over the last dimension (Algorithm 4 / approx::layer_norm_row). The server passes
-    /// `Some(params)`, the client `None`. Label "LayerNorm". Flights at the default format: 76
+    /// `Some(params)`, the client `None`. Label "LayerNorm". Flights at the default format: 46
     /// (1-bit-error mode).
     pub fn layer_norm(
         &mut self,
@@ -301,7 +304,7 @@ impl<C: Channel> Ctx<'_, C> {
     /// scaling without the centring and without β, for rows promised |x| < 2^`dev_bits` (a
     /// decoder's residual stream: the Llama family's outliers need a wider domain than
     /// LayerNorm's). The server passes `Some(γ)`, the client `None`. Label "RMSNorm". Flights at
-    /// the default format: 72 (1-bit-error mode; LayerNorm's less the centring's). Rows whose
+    /// the default format: 42 (1-bit-error mode; LayerNorm's less the centring's). Rows whose
     /// exact sum of squares would need more than 64 bits (576 values on |x| < 2^16 at f = 13)
     /// take the faithful mode's coarse and fine sums in either mode.
     pub fn rms_norm(
@@ -551,14 +554,25 @@ fn divide_rows<C: Channel>(
     cx.mul_narrow_trunc(v, nw, &inv_b, w, f + 2)
 }
 
-/// The max of each row (rows of any lengths, an empty row's max is 0), by a tree of pairwise
-/// [`Ctx::max2`] in one batch per level: as many levels as the longest row needs.
+/// Rows of at most this many values take the all-pairs max ([`max_rows_all_pairs`], 18 flights
+/// at ℓ = 41 and 48); longer ones the tree (14 flights per level: 56 at 16 values). The pairs'
+/// comparisons grow as n²/2 against the tree's n: at 16 values 120 per row instead of 15.
+const ALL_PAIRS_MAX_LEN: usize = 16;
+
+/// The max of each row (rows of any lengths, an empty row's max is 0): all pairs at once when
+/// the longest row has at most [`ALL_PAIRS_MAX_LEN`] values, otherwise a tree of pairwise
+/// [`Ctx::max2`] in one batch per level, as many levels as the longest row needs. Both give the
+/// row's max exactly (while |x_i − x_j| < 2^(ℓ−1)).
 fn max_rows<C: Channel>(
     cx: &mut Ctx<C>,
     mut cur: Vec<Vec<u64>>,
     bound: Option<u32>,
 ) -> Result<Vec<u64>> {
     let _g = cx.ch.meter().enter(CostClass::Max);
+    let longest = cur.iter().map(Vec::len).max().unwrap_or(0);
+    if (2..=ALL_PAIRS_MAX_LEN).contains(&longest) {
+        return max_rows_all_pairs(cx, &cur, bound);
+    }
     while cur.iter().any(|v| v.len() > 1) {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for row in &cur {
@@ -585,6 +599,65 @@ fn max_rows<C: Channel>(
     Ok(cur
         .into_iter()
         .map(|v| v.first().copied().unwrap_or(0))
+        .collect())
+}
+
+/// The max of each row from all its pairs in one batch: c_ij = [x_i ≥ x_j] for i < j (one DReLU
+/// batch), their B2A in a ring of k + 2 bits (n − 1 < 2^k for the longest row's n), then per
+/// value the count s_i of the others it beats, x_j ≤ x_i after it and x_j < x_i before it (ties
+/// go to the first), so exactly the first maximum has s_i = n − 1: w_i = [s_i − (n − 1) ≥ 0]
+/// by a k-bit DReLU, and the max is Σ_i w_i·x_i by one multiplexer. Flights: the comparison
+/// batch (11 at ℓ = 41 and 48), the B2A (2), the k-bit DReLU (2 for k ≤ 4, 5 for k ≤ 8), the
+/// multiplexer (3). Rows of one value take w = 1 (no pair), empty rows 0.
+fn max_rows_all_pairs<C: Channel>(
+    cx: &mut Ctx<C>,
+    rows: &[Vec<u64>],
+    bound: Option<u32>,
+) -> Result<Vec<u64>> {
+    let ring = cx.ring();
+    let longest = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let k = (usize::BITS - longest.saturating_sub(1).leading_zeros()).max(1);
+    let mut d = Vec::new();
+    for row in rows {
+        for (i, &xi) in row.iter().enumerate() {
+            d.extend(row[i + 1..].iter().map(|&xj| ring.sub(xi, xj)));
+        }
+    }
+    let c = cx.drelu(&d, bound)?;
+    let kr = veil_core::Ring::narrow(k + 2)?;
+    let a = crate::boolean::bool_to_arith(cx.ot, cx.ch, cx.role, kr, &c)?;
+    let public = |v: u64| if cx.is_server() { kr.reduce(v) } else { 0 };
+    let mut s = Vec::with_capacity(rows.iter().map(Vec::len).sum());
+    let mut first = 0;
+    for row in rows {
+        let n = row.len();
+        // Pair (i, j), i < j, of this row: its index in the row's block of d.
+        let pair = |i: usize, j: usize| first + i * n - i * (i + 1) / 2 + (j - i - 1);
+        for i in 0..n {
+            let mut v = public(kr.neg(n as u64 - 1));
+            for j in 0..n {
+                if j > i {
+                    v = kr.add(v, a[pair(i, j)]);
+                } else if j < i {
+                    v = kr.add(v, kr.sub(public(1), a[pair(j, i)]));
+                }
+            }
+            s.push(v);
+        }
+        first += n * n.saturating_sub(1) / 2;
+    }
+    let w = cx.drelu_in(kr, &s, Some(k))?;
+    let flat: Vec<u64> = rows.iter().flatten().copied().collect();
+    let picked = cx.mux(&w, &flat)?;
+    let mut at = 0;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            at += row.len();
+            picked[at - row.len()..at]
+                .iter()
+                .fold(0, |acc, &v| ring.add(acc, v))
+        })
         .collect())
 }
 
@@ -729,6 +802,69 @@ mod tests {
 
     fn ax() -> Approx {
         Approx::new(fp()).unwrap()
+    }
+
+    /// The row max of masked rows of every length up to beyond [`ALL_PAIRS_MAX_LEN`] (so the
+    /// all-pairs max and the tree both run) equals the plaintext max: random values, ties,
+    /// all-equal rows, extremes at ±(2^(ℓ−2) − 1) (differences below 2^(ℓ−1)), rows of one
+    /// value and empty rows (max 0) under a per-row mask.
+    #[test]
+    fn row_max_equals_the_plaintext_max_at_every_length() {
+        let a = ax();
+        let ring = a.fp.ring;
+        let top = (1i64 << (ring.bits() - 2)) - 1;
+        let mut prg = veil_core::Prg::from_os_entropy();
+        for cols in 1..=ALL_PAIRS_MAX_LEN + 3 {
+            let mut rows: Vec<Vec<i64>> = Vec::new();
+            for kind in 0..6 {
+                rows.push(
+                    (0..cols)
+                        .map(|_| {
+                            let r = prg.u64();
+                            match kind {
+                                0 => (r % 7) as i64 - 3,
+                                1 => 5,
+                                2 => [top, -top, 0][(r % 3) as usize],
+                                _ => ring.to_signed(ring.reduce(r)) >> 3,
+                            }
+                        })
+                        .collect(),
+                );
+            }
+            // Row r sees its first (r + cols) % (cols + 1) columns: lengths 0 … cols, the
+            // longest (cols) always among them.
+            let lens: Vec<usize> = (0..rows.len()).map(|r| (r + cols) % (cols + 1)).collect();
+            let mask: Vec<bool> = lens
+                .iter()
+                .flat_map(|&n| (0..cols).map(move |j| j < n))
+                .collect();
+            let flat: Vec<u64> = rows
+                .iter()
+                .flatten()
+                .map(|&v| ring.from_signed(v))
+                .collect();
+            let x = share_values(ring, &flat);
+            let got = run_mem(|ot, ch, role| {
+                let mut cx = Ctx::new(ot, ch, role, a);
+                let t = RingTensor::from_vec(
+                    ring,
+                    &[rows.len(), cols],
+                    pick(role, &x).data().to_vec(),
+                )?;
+                let masked = MaskedRows::new(&t, &mask)?;
+                let m = max_rows(&mut cx, masked.split(&masked.gather(t.data())), None)?;
+                RingTensor::from_vec(ring, &[m.len()], m)
+            });
+            let m = open(got);
+            for (r, row) in rows.iter().enumerate() {
+                let want = row[..lens[r]].iter().copied().max().unwrap_or(0);
+                assert_eq!(
+                    ring.to_signed(m[r]),
+                    want,
+                    "{cols} columns, row {r}: {row:?}"
+                );
+            }
+        }
     }
 
     #[test]

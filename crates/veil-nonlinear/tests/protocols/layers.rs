@@ -270,6 +270,50 @@ fn layer_norm_with_large_deviations_equals_simulator() {
     }
 }
 
+/// Rows below LayerNorm's variance floor (constant rows, a one-ulp ripple) and RMSNorm's zero
+/// row: outside the error domain, but the rsqrt's pieces keep their narrow promises down to a
+/// sum of squares of 0, so the shares still open to the simulator's integers (faithful mode).
+#[test]
+fn norms_below_the_variance_floor_equal_the_simulator() {
+    let a = approx();
+    let cols = 64;
+    let mut v: Vec<u64> = vec![a.fp.encode(0.75); cols];
+    v.extend((0..cols).map(|j| a.fp.encode(-2.0) + (j % 2) as u64));
+    v.extend(vec![0u64; cols]);
+    let x = RingTensor::from_vec(a.fp.ring, &[3, cols], v).unwrap();
+    let gamma = random_tensor(&[cols], 2.0);
+    let beta = random_tensor(&[cols], 1.0);
+    let sh = split(&x);
+    let (eps, dev) = (1e-12, veil_core::approx::LAYER_NORM_DEV_BITS);
+    let out = run_mem(|ot, ch, role| {
+        let mut cx = Ctx::new(ot, ch, role, a);
+        let p = AffineParams {
+            gamma: gamma.data(),
+            beta: beta.data(),
+        };
+        let server = role == Role::Server;
+        let ln = cx.layer_norm(pick(role, &sh), server.then_some(&p), eps)?;
+        let rms = cx.rms_norm(pick(role, &sh), server.then_some(gamma.data()), eps, dev)?;
+        Ok((ln, rms))
+    });
+    let ln = open((out.0 .0, out.1 .0));
+    let rms = open((out.0 .1, out.1 .1));
+    for (row, raw) in x.data().chunks(cols).enumerate() {
+        let want = a.layer_norm_row(raw, gamma.data(), beta.data(), eps);
+        assert_eq!(
+            &ln[row * cols..(row + 1) * cols],
+            &want[..],
+            "LayerNorm row {row}"
+        );
+        let want = a.rms_norm_row(raw, gamma.data(), eps, dev);
+        assert_eq!(
+            &rms[row * cols..(row + 1) * cols],
+            &want[..],
+            "RMSNorm row {row}"
+        );
+    }
+}
+
 /// RMSNorm at the decoder's format (48, 13) on rows of 576 (SmolLM2's width) with |x| < 2^16:
 /// small, typical and massive rows and one outlier near the domain's edge, as the Llama family's
 /// residual streams have. Faithful: the simulator's integers exactly (and LayerNorm on the same
