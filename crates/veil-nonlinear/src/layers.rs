@@ -804,6 +804,26 @@ mod tests {
         Approx::new(fp()).unwrap()
     }
 
+    /// The private row max of `rows` (signed values, `cols` each) under a row-major `mask`,
+    /// opened.
+    fn private_row_max(a: Approx, rows: &[Vec<i64>], cols: usize, mask: &[bool]) -> Vec<u64> {
+        let ring = a.fp.ring;
+        let flat: Vec<u64> = rows
+            .iter()
+            .flatten()
+            .map(|&v| ring.from_signed(v))
+            .collect();
+        let x = share_values(ring, &flat);
+        open(run_mem(|ot, ch, role| {
+            let mut cx = Ctx::new(ot, ch, role, a);
+            let t =
+                RingTensor::from_vec(ring, &[rows.len(), cols], pick(role, &x).data().to_vec())?;
+            let masked = MaskedRows::new(&t, mask)?;
+            let m = max_rows(&mut cx, masked.split(&masked.gather(t.data())), None)?;
+            RingTensor::from_vec(ring, &[m.len()], m)
+        }))
+    }
+
     /// The row max of masked rows of every length up to beyond [`ALL_PAIRS_MAX_LEN`] (so the
     /// all-pairs max and the tree both run) equals the plaintext max: random values, ties,
     /// all-equal rows, extremes at ±(2^(ℓ−2) − 1) (differences below 2^(ℓ−1)), rows of one
@@ -838,24 +858,7 @@ mod tests {
                 .iter()
                 .flat_map(|&n| (0..cols).map(move |j| j < n))
                 .collect();
-            let flat: Vec<u64> = rows
-                .iter()
-                .flatten()
-                .map(|&v| ring.from_signed(v))
-                .collect();
-            let x = share_values(ring, &flat);
-            let got = run_mem(|ot, ch, role| {
-                let mut cx = Ctx::new(ot, ch, role, a);
-                let t = RingTensor::from_vec(
-                    ring,
-                    &[rows.len(), cols],
-                    pick(role, &x).data().to_vec(),
-                )?;
-                let masked = MaskedRows::new(&t, &mask)?;
-                let m = max_rows(&mut cx, masked.split(&masked.gather(t.data())), None)?;
-                RingTensor::from_vec(ring, &[m.len()], m)
-            });
-            let m = open(got);
+            let m = private_row_max(a, &rows, cols, &mask);
             for (r, row) in rows.iter().enumerate() {
                 let want = row[..lens[r]].iter().copied().max().unwrap_or(0);
                 assert_eq!(
@@ -880,24 +883,10 @@ mod tests {
             vec![1, 2, 3, 4, 100],
         ];
         let cols = 5;
-        let flat: Vec<u64> = rows
-            .iter()
-            .flatten()
-            .map(|&v| ring.from_signed(v))
-            .collect();
-        let x = share_values(ring, &flat);
         // Column 4 is padding; the last row has only its first two columns.
         let mut mask: Vec<bool> = [true, true, true, true, false].repeat(rows.len());
         mask[4 * cols + 2..].fill(false);
-        let got = run_mem(|ot, ch, role| {
-            let mut cx = Ctx::new(ot, ch, role, a);
-            let t =
-                RingTensor::from_vec(ring, &[rows.len(), cols], pick(role, &x).data().to_vec())?;
-            let masked = MaskedRows::new(&t, &mask)?;
-            let m = max_rows(&mut cx, masked.split(&masked.gather(t.data())), None)?;
-            RingTensor::from_vec(ring, &[m.len()], m)
-        });
-        let m = open(got);
+        let m = private_row_max(a, &rows, cols, &mask);
         for (r, row) in rows.iter().enumerate() {
             let want = row[..if r == 4 { 2 } else { 4 }]
                 .iter()

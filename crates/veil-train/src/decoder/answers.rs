@@ -118,12 +118,13 @@ pub fn answer_all(
         "every prompt must have between 1 and {} tokens to leave room for an answer",
         len - 1
     );
+    let prompts_hash = sequences_fingerprint(prompts);
     let mut h = Fnv::new();
     for x in [
         weights_hash as u32,
         (weights_hash >> 32) as u32,
-        sequences_fingerprint(prompts) as u32,
-        (sequences_fingerprint(prompts) >> 32) as u32,
+        prompts_hash as u32,
+        (prompts_hash >> 32) as u32,
         len as u32,
     ] {
         h.eat(x);
