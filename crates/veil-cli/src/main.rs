@@ -343,7 +343,8 @@ enum BenchCmd {
         /// one-bit-error ones.
         #[arg(long)]
         faithful: bool,
-        /// Preprocess the steps (not implemented yet: refused with that reason).
+        /// Preprocess each decode step between tokens (its FC masks, attention triples and OT
+        /// pools) and report its online cost with the offline cost beside it.
         #[arg(long)]
         preprocess: bool,
         /// Every block substituted: ReLU activation and ReLU-normalise attention (norms kept),
@@ -412,6 +413,9 @@ fn print_generate_bench(r: &serde_json::Value) {
     let steps = r["steps"].as_array().cloned().unwrap_or_default();
     for (i, s) in steps.iter().enumerate() {
         line(&format!("step {}", i + 1), s);
+        if !s["offline"].is_null() {
+            line("offline", &s["offline"]);
+        }
     }
     let mut times: Vec<f64> = steps.iter().filter_map(|s| s["wall_s"].as_f64()).collect();
     times.sort_by(f64::total_cmp);
@@ -471,11 +475,6 @@ fn bench(what: BenchCmd) -> Result<()> {
             friendly,
             json,
         } => {
-            if preprocess {
-                return Err(Error::Unsupported(
-                    "preprocessing private generation is not implemented yet".into(),
-                ));
-            }
             let shape = match shape {
                 DecoderShapeArg::Smollm2 => DecoderShape::SmolLm2,
                 DecoderShapeArg::Gpt2 => DecoderShape::Gpt2,
@@ -492,6 +491,7 @@ fn bench(what: BenchCmd) -> Result<()> {
                 net,
                 truncation,
                 friendly,
+                preprocess,
             })?;
             if json {
                 println!("{report}");

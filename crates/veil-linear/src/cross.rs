@@ -23,7 +23,8 @@
 //! heads then share input ciphertexts and packed responses (at 8 tokens a head fills 1/32 of
 //! a ciphertext), and the weight blocks off the diagonal, zero by the public structure, are
 //! never multiplied ([`Layout::search_block_diagonal`]); at 128 tokens the search finds the
-//! per-head layouts again. Heads of different shapes are multiplied one by one.
+//! per-head layouts again. A batch of heads of several shapes is carried run by run (each run of
+//! consecutive heads of one shape block-diagonally), still in one round trip.
 //!
 //! **Security and error:** as [`crate::matmul`] (exact mod 2^ℓ up to ℓ = 41; at ℓ = 48 except
 //! with probability 2^-69 per decrypted coefficient, two limbs per output). **Flights:** 2 per batch. Output scale is the product of
@@ -131,16 +132,17 @@ fn shapes(a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<(usize, usize, usize
         .collect()
 }
 
-/// How a batch of products is carried: all heads block-diagonally when their shapes agree,
-/// else head by head. Each group is (heads, n, k, m) for direction (i) and (heads, m, k, n)
-/// for direction (ii).
+/// How a batch of products is carried: each run of consecutive heads of one shape
+/// block-diagonally (all heads when their shapes agree; a decode step's preprocessed triples,
+/// every block's Q·Kᵀ heads then its P·V heads, in one batch). Each group is (heads, n, k, m)
+/// for direction (i) and (heads, m, k, n) for direction (ii).
 fn groups(dims: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize, usize)> {
-    if dims.iter().all(|&d| d == dims[0]) {
-        let (n, k, m) = dims[0];
-        vec![(dims.len(), n, k, m)]
-    } else {
-        dims.iter().map(|&(n, k, m)| (1, n, k, m)).collect()
-    }
+    dims.chunk_by(|a, b| a == b)
+        .map(|run| {
+            let (n, k, m) = run[0];
+            (run.len(), n, k, m)
+        })
+        .collect()
 }
 
 /// The layouts of the products of these per-head shapes, two per group of heads (directions (i)

@@ -198,16 +198,7 @@ pub fn fc_server_for<C: Channel + ?Sized>(
     x1: &RingTensor,
 ) -> Result<RingTensor> {
     let rows = x1.shape().first().copied().unwrap_or(0);
-    ensure!(
-        request.in_features == fc.layer.in_features
-            && request.out_features == fc.layer.out_features
-            && request.set == fc.layer.set
-            && request.seq == rows
-            && (1..=fc.layer.max_seq).contains(&request.max_seq),
-        InvalidArgument,
-        "request {request:?} for {rows} rows does not fit the prepared layer {:?}",
-        fc.layer
-    );
+    fc.check_request(request, rows)?;
     let (pk, gk) = session.keys_for(fc.layer.set)?;
     let layout = request.layout(pk.params())?;
     let bias = fc.bias_rows(rows)?;
@@ -221,6 +212,22 @@ pub fn fc_server_for<C: Channel + ?Sized>(
 }
 
 impl PreparedFc {
+    /// Refuses a request that this layer cannot serve: other features or set, `rows` other than
+    /// the request's, a row limit outside the prepared one.
+    fn check_request(&self, request: &FcLayer, rows: usize) -> Result<()> {
+        ensure!(
+            request.in_features == self.layer.in_features
+                && request.out_features == self.layer.out_features
+                && request.set == self.layer.set
+                && request.seq == rows
+                && (1..=self.layer.max_seq).contains(&request.max_seq),
+            InvalidArgument,
+            "request {request:?} for {rows} rows does not fit the prepared layer {:?}",
+            self.layer
+        );
+        Ok(())
+    }
+
     /// The bias repeated over `rows` rows (rows × out), or none.
     fn bias_rows(&self, rows: usize) -> Result<Option<RingTensor>> {
         self.bias
@@ -256,11 +263,27 @@ pub fn fc_premask_client<C: Channel + ?Sized>(
     premask_client(ch, sk, &layouts)
 }
 
-/// Offline, server: the other side of [`fc_premask_client`], for each layer at `seq` rows.
+/// Offline, server: the other side of [`fc_premask_client`], for each layer at `seq` rows
+/// priced at its prepared row limit (an encoder's cuts).
 pub fn fc_premask_server<C: Channel + ?Sized>(
     ch: &mut C,
     session: &ServerSession,
     requests: &[(&PreparedFc, usize)],
+) -> Result<Vec<ServerMask>> {
+    let requests: Vec<(&PreparedFc, FcLayer)> = requests
+        .iter()
+        .map(|&(fc, seq)| (fc, FcLayer { seq, ..fc.layer }))
+        .collect();
+    fc_premask_server_for(ch, session, &requests)
+}
+
+/// Offline, server: the other side of [`fc_premask_client`] for requests whose public shapes
+/// the parties derived themselves, as [`fc_server_for`]'s (a decoder step priced for its own
+/// rows); each must fit its prepared layer.
+pub fn fc_premask_server_for<C: Channel + ?Sized>(
+    ch: &mut C,
+    session: &ServerSession,
+    requests: &[(&PreparedFc, FcLayer)],
 ) -> Result<Vec<ServerMask>> {
     let Some(&(first, _)) = requests.first() else {
         return Ok(Vec::new());
@@ -275,9 +298,9 @@ pub fn fc_premask_server<C: Channel + ?Sized>(
     let (pk, gk) = session.keys_for(first.layer.set)?;
     let products = requests
         .iter()
-        .map(|&(fc, seq)| {
-            let layout = FcLayer { seq, ..fc.layer }.layout(pk.params())?;
-            Ok((&fc.matrix, layout))
+        .map(|(fc, request)| {
+            fc.check_request(request, request.seq)?;
+            Ok((&fc.matrix, request.layout(pk.params())?))
         })
         .collect::<Result<Vec<_>>>()?;
     premask_server(ch, pk, Some(gk), &products)

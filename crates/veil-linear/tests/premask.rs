@@ -128,13 +128,16 @@ fn masks_of_another_shape_and_wrong_messages_are_refused() {
     assert!(matches!(s.1, Err(Error::Malformed(_))), "{:?}", s.1);
 }
 
-/// Attention-shaped products by Beaver triples: 3 heads of one shape (the block-diagonal batch)
-/// and 2 of different shapes (head by head), each equal to A·B mod 2^ℓ.
+/// Attention-shaped products by Beaver triples: 3 heads of one shape (the block-diagonal batch),
+/// 2 of different shapes (head by head), and runs of equal shapes one after another (a decode
+/// step's batch: each block's Q·Kᵀ heads, then its P·V heads, each run block-diagonal), each
+/// equal to A·B mod 2^ℓ.
 #[test]
 fn triple_products_are_exact() {
     use veil_linear::triples::{beaver_matmul, triples_client, triples_server};
     let mut g = Prg::from_seed(&Seed([7; 16]));
-    for dims in [vec![(8, 16, 8); 3], vec![(5, 4, 6), (9, 3, 2)]] {
+    let runs = [[(2, 4, 6); 2], [(2, 6, 4); 2], [(2, 4, 7); 2]].concat();
+    for dims in [vec![(8, 16, 8); 3], vec![(5, 4, 6), (9, 3, 2)], runs] {
         let a: Vec<RingTensor> = dims
             .iter()
             .map(|&(n, k, _)| RingTensor::random(ring(), &[n, k], &mut g).unwrap())

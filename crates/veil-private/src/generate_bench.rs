@@ -5,7 +5,11 @@
 //! new token. Reports the set-up (HE keys, base OTs) and every step apart: wall time, bytes each
 //! way and flights, per operator class. With [`GenerateBench::friendly`] every block of a Llama
 //! shape runs the substitutes (ReLU activation, ReLU-normalise attention; the norms kept), so a
-//! fully substituted model's cost can be measured beside the original's.
+//! fully substituted model's cost can be measured beside the original's. With
+//! [`GenerateBench::preprocess`] each decode step is preprocessed after the previous step's
+//! logits came back (`crate::decoder`'s preprocessing, the OT pools filled by
+//! `pool_fill`): each step's report is then its online cost, and its `offline` field the
+//! preprocessing's, measured apart.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,7 +23,7 @@ use veil_net::{run_two_party_on, run_two_party_tcp, shaped_pair, Channel, Meter}
 use veil_net::{NetworkModel, RealClock, Role};
 use veil_nonlinear::OtSession;
 
-use crate::decoder::{DecoderParty, DecoderSide, Generation, ServerDecoder};
+use crate::decoder::{pool_fill, DecoderParty, DecoderSide, Generation, ServerDecoder};
 use crate::report::PhaseCost;
 
 /// What to run.
@@ -38,6 +42,8 @@ pub struct GenerateBench {
     /// Every block substituted with [`DecoderBlockVariant::FRIENDLY`] (Llama-family shapes only;
     /// refused for GPT-2).
     pub friendly: bool,
+    /// Each decode step preprocessed between tokens, its offline cost reported beside it.
+    pub preprocess: bool,
 }
 
 /// The client's meter since its last reset (per class), with the phase's wall time; resets it
@@ -92,11 +98,12 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
         .collect();
 
     let (t, p, n, limit) = (b.truncation, b.prompt_tokens, b.new_tokens, limit);
+    let pre = b.preprocess;
     let report = match b.net {
         None => {
             run_two_party_tcp(
-                |c| run_client(c, &fixed, &prompt, t, n),
-                |s| run_server(s, &server, t, p, limit, n),
+                |c| run_client(c, &fixed, &prompt, t, n, pre),
+                |s| run_server(s, &server, t, p, limit, n, pre),
             )?
             .0
         }
@@ -104,8 +111,8 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
             let pair = shaped_pair(net, Arc::new(RealClock::new()))?;
             run_two_party_on(
                 pair,
-                |c| run_client(c, &fixed, &prompt, t, n),
-                |s| run_server(s, &server, t, p, limit, n),
+                |c| run_client(c, &fixed, &prompt, t, n, pre),
+                |s| run_server(s, &server, t, p, limit, n, pre),
             )?
             .0
         }
@@ -118,18 +125,21 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     v["network"] = json!(b.net.map(|n| n.to_string()));
     v["truncation"] = json!(format!("{:?}", b.truncation));
     v["operators"] = json!(if b.friendly { "friendly" } else { "original" });
+    v["preprocess"] = json!(b.preprocess);
     v["weight_preparation_s"] = json!(prepare_s);
     Ok(v)
 }
 
-/// The client: set-up, the prefill of `prompt`, then `new_tokens` greedy steps; its meter's
-/// report of each.
+/// The client: set-up, the prefill of `prompt`, then `new_tokens` greedy steps (each
+/// preprocessed after the previous one when `preprocess`); its meter's report of each, a
+/// step's preprocessing as its `offline` field.
 fn run_client<C: Channel>(
     ch: &mut C,
     fixed: &FixedDecoder,
     prompt: &[u32],
     truncation: ProductTruncation,
     new_tokens: usize,
+    preprocess: bool,
 ) -> Result<Value> {
     let t = Instant::now();
     let lin = ClientSession::setup(ch, fixed.fp().ring)?;
@@ -140,10 +150,32 @@ fn run_client<C: Channel>(
     let mut party = DecoderParty::new(ch, &mut ot, side, &mut generation)?;
     let mut steps = Vec::with_capacity(new_tokens + 1);
     let mut next = prompt.to_vec();
-    for _ in 0..=new_tokens {
+    let mut last_draw = None;
+    for i in 0..=new_tokens {
+        let (offline, material) = if preprocess && i > 0 {
+            let t = Instant::now();
+            let m = party.preprocess(1, pool_fill(last_draw, 1))?;
+            (
+                Some(phase(party.meter(), t.elapsed().as_secs_f64())),
+                Some(m),
+            )
+        } else {
+            (None, None)
+        };
         let t = Instant::now();
-        let logits = party.client_step(&next)?.decode(fixed.fp());
-        steps.push(phase(party.meter(), t.elapsed().as_secs_f64()));
+        let before = party.ot_consumed();
+        let logits = match material {
+            Some(m) => party.client_step_with(&next, m)?,
+            None => party.client_step(&next)?,
+        }
+        .decode(fixed.fp());
+        let after = party.ot_consumed();
+        last_draw = Some((next.len(), (after.0 - before.0).max(after.1 - before.1)));
+        let mut step = phase(party.meter(), t.elapsed().as_secs_f64());
+        if preprocess && i > 0 {
+            step["offline"] = json!(offline);
+        }
+        steps.push(step);
         let logits: Vec<f32> = logits.iter().map(|&l| l as f32).collect();
         next = vec![argmax(&logits)?];
     }
@@ -159,15 +191,28 @@ fn run_server<C: Channel>(
     prompt_tokens: usize,
     limit: usize,
     new_tokens: usize,
+    preprocess: bool,
 ) -> Result<()> {
     let lin = ServerSession::setup(ch, model.fixed().fp().ring)?;
     let mut ot = OtSession::setup(ch, Role::Server)?;
     let mut generation = Generation::new(model.config(), truncation, limit)?;
     let side = DecoderSide::Server(&lin, model);
     let mut party = DecoderParty::new(ch, &mut ot, side, &mut generation)?;
-    party.server_step(prompt_tokens)?;
-    for _ in 0..new_tokens {
-        party.server_step(1)?;
+    let mut tokens = prompt_tokens;
+    let mut last_draw = None;
+    for i in 0..=new_tokens {
+        let material = match preprocess && i > 0 {
+            true => Some(party.preprocess(1, pool_fill(last_draw, 1))?),
+            false => None,
+        };
+        let before = party.ot_consumed();
+        match material {
+            Some(m) => party.server_step_with(tokens, m)?,
+            None => party.server_step(tokens)?,
+        }
+        let after = party.ot_consumed();
+        last_draw = Some((tokens, (after.0 - before.0).max(after.1 - before.1)));
+        tokens = 1;
     }
     Ok(())
 }
@@ -186,6 +231,7 @@ mod tests {
             net: None,
             truncation: ProductTruncation::OneBitError,
             friendly: true,
+            preprocess: false,
         })
         .unwrap_err()
         .to_string();

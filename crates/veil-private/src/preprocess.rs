@@ -33,11 +33,12 @@ use veil_net::Channel;
 
 use crate::prepared::{fc_shape, ServerModel};
 
-/// One linear step of the composition, in order.
+/// One linear step of the composition, in order (an encoder's layers are named by
+/// [`LayerId`], a decoder's fused groups by their lead `DecoderLayer`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
+pub enum Step<I = LayerId> {
     /// A fully connected layer on this many rows.
-    Fc(LayerId, usize),
+    Fc(I, usize),
     /// One batch of shared × shared products, (n, k, m) per head.
     Products(Vec<(usize, usize, usize)>),
 }
@@ -119,9 +120,9 @@ impl Engine for Planner<'_> {
 
 /// One party's preprocessed material for one inference of `seq` tokens: a mask per FC step
 /// and the triples of each product batch, consumed in the plan's order.
-pub struct Material<M> {
+pub struct Material<M, I = LayerId> {
     seq: usize,
-    fc: VecDeque<(LayerId, M)>,
+    fc: VecDeque<(I, M)>,
     products: VecDeque<Vec<Triple>>,
 }
 
@@ -130,14 +131,27 @@ pub type ClientMaterial = Material<ClientMask>;
 /// The server's material (its FC masks).
 pub type ServerMaterial = Material<ServerMask>;
 
-impl<M> Material<M> {
+impl<M, I: PartialEq + std::fmt::Debug> Material<M, I> {
+    /// Material made from each FC step's mask and each product batch's triples, in order.
+    pub(crate) fn new(
+        seq: usize,
+        fc: impl IntoIterator<Item = (I, M)>,
+        products: impl IntoIterator<Item = Vec<Triple>>,
+    ) -> Self {
+        Material {
+            seq,
+            fc: fc.into_iter().collect(),
+            products: products.into_iter().collect(),
+        }
+    }
+
     /// The prompt length it was made for.
     pub fn seq(&self) -> usize {
         self.seq
     }
 
     /// The mask of the next FC step, which must be layer `id`.
-    pub(crate) fn next_fc(&mut self, id: LayerId) -> Result<M> {
+    pub(crate) fn next_fc(&mut self, id: I) -> Result<M> {
         match self.fc.pop_front() {
             Some((made, mask)) if made == id => Ok(mask),
             Some((made, _)) => {
@@ -163,17 +177,26 @@ impl<M> Material<M> {
 /// Bytes one party keeps for the inference these steps plan: the client R and its share per
 /// FC step, the server T; both parties U, V and W per head.
 pub fn material_bytes(cfg: &ModelConfig, steps: &[Step], client: bool) -> usize {
-    let elems: usize = steps
-        .iter()
-        .map(|s| match s {
+    steps_material_bytes(steps, |id| Ok(id.dims(cfg)), client).unwrap_or(usize::MAX)
+}
+
+/// [`material_bytes`] for steps whose FC layers have (in, out) features `dims(id)`.
+pub(crate) fn steps_material_bytes<I>(
+    steps: &[Step<I>],
+    dims: impl Fn(&I) -> Result<(usize, usize)>,
+    client: bool,
+) -> Result<usize> {
+    let mut elems = 0usize;
+    for s in steps {
+        elems += match s {
             Step::Fc(id, rows) => {
-                let (i, o) = id.dims(cfg);
+                let (i, o) = dims(id)?;
                 rows * (o + if client { i } else { 0 })
             }
             Step::Products(dims) => dims.iter().map(|&(n, k, m)| n * k + k * m + n * m).sum(),
-        })
-        .sum();
-    elems * 8
+        };
+    }
+    Ok(elems * 8)
 }
 
 /// What one step made: a mask, or a batch's triples.

@@ -15,7 +15,7 @@
 //! | [`PreprocessReply`] | server → client | 0 ‖ the silent-OT pool size to precompute (u64), or 1 ‖ why it refuses (UTF-8) |
 //! | [`OutputShare`] | server → client | the server's share of the output, ring elements at ⌈ℓ/8⌉ bytes |
 //! | [`DecoderAdmission`] | server → client | a decoder server's answer to the hello: 2 ‖ ring bits (u8) ‖ fraction bits (u8) ‖ norm domain bits (u8) ‖ truncation (u8: 0 faithful, 1 one-bit error) ‖ the public tables' digest (32 bytes), or 1 ‖ why it refuses (UTF-8) |
-//! | [`GenerationRequest`] | client → server | tag (u8) ‖ fields: 0 goodbye; 16 generation start ‖ context limit (u32); 17 step ‖ tokens (u32); 18 generation end |
+//! | [`GenerationRequest`] | client → server | tag (u8) ‖ fields: 0 goodbye; 16 generation start ‖ context limit (u32); 17 step ‖ tokens (u32); 18 generation end; 19 preprocess the next step ‖ tokens (u32), answered by [`PreprocessReply`]; 20 preprocessed step ‖ tokens (u32) |
 //! | [`GenerateReply`] | server → client | 0 (accepted), or 1 ‖ why it refuses (UTF-8) |
 //!
 //! A decoder server answers the hello with [`DecoderAdmission`] instead of [`Admission`] and
@@ -63,6 +63,8 @@ const STATUS_DECODER: u8 = 2;
 const TAG_GENERATE_START: u8 = 16;
 const TAG_STEP: u8 = 17;
 const TAG_GENERATE_END: u8 = 18;
+const TAG_PREPROCESS_STEP: u8 = 19;
+const TAG_PREPROCESSED_STEP: u8 = 20;
 
 const MAGIC: &[u8; 4] = b"VEIL";
 const HELLO_BYTES: usize = 12;
@@ -488,6 +490,19 @@ pub enum GenerationRequest {
     },
     /// Ends the current generation and frees its cache; the session goes on.
     GenerateEnd,
+    /// Preprocess the current generation's next step of `tokens` positions
+    /// (`crate::decoder`'s preprocessing), replacing any material held. Answered by
+    /// [`PreprocessReply`]; when accepted, the offline flights follow at once.
+    PreprocessStep {
+        /// The next step's new positions, at least 1, within the context limit.
+        tokens: u32,
+    },
+    /// As [`GenerationRequest::Step`], on the material the last accepted
+    /// [`GenerationRequest::PreprocessStep`] made for this very step.
+    PreprocessedStep {
+        /// New positions, as the material was made for.
+        tokens: u32,
+    },
 }
 
 impl Message for GenerationRequest {
@@ -502,6 +517,10 @@ impl Message for GenerationRequest {
             }
             GenerationRequest::Step { tokens } => w.u8(TAG_STEP).u32(tokens),
             GenerationRequest::GenerateEnd => w.u8(TAG_GENERATE_END),
+            GenerationRequest::PreprocessStep { tokens } => w.u8(TAG_PREPROCESS_STEP).u32(tokens),
+            GenerationRequest::PreprocessedStep { tokens } => {
+                w.u8(TAG_PREPROCESSED_STEP).u32(tokens)
+            }
         };
     }
 
@@ -513,6 +532,8 @@ impl Message for GenerationRequest {
             }),
             TAG_STEP => Ok(GenerationRequest::Step { tokens: r.u32()? }),
             TAG_GENERATE_END => Ok(GenerationRequest::GenerateEnd),
+            TAG_PREPROCESS_STEP => Ok(GenerationRequest::PreprocessStep { tokens: r.u32()? }),
+            TAG_PREPROCESSED_STEP => Ok(GenerationRequest::PreprocessedStep { tokens: r.u32()? }),
             t @ (TAG_INFER | TAG_PREPROCESS) => bail!(
                 Unsupported,
                 "request tag {t} is an encoder request, and this session serves a decoder model \
@@ -595,6 +616,8 @@ mod tests {
             },
             GenerationRequest::Step { tokens: 7 },
             GenerationRequest::GenerateEnd,
+            GenerationRequest::PreprocessStep { tokens: 1 },
+            GenerationRequest::PreprocessedStep { tokens: u32::MAX },
         ] {
             round_trip(m);
         }

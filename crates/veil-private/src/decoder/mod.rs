@@ -41,6 +41,13 @@
 //! anything is sent (`veil_core::Error::Refused`). [`Generation::cache_bytes`] is what one
 //! party's cache takes at that limit.
 //!
+//! **Preprocessing between tokens** (`preprocess`): [`DecoderParty::preprocess`] makes the next
+//! step's FC masks and attention triples in one request (planned on shapes by the same
+//! composition) and fills the OT pools; [`DecoderParty::client_step_with`] and
+//! [`DecoderParty::server_step_with`] then run each FC group as one client → server message and
+//! a plaintext product, and each batch of attention products as Beaver openings. Same security
+//! model, same results bit for bit; its module states the flights of each phase.
+//!
 //! **Sessions.** [`serve_generation`] and [`GenerationClient`] carry generations over a
 //! session (the typed messages of `crate::protocol`, memory admission for the KV cache, a
 //! client whose generations implement `veil_model::NextLogits`); see their module.
@@ -99,10 +106,13 @@
 
 mod model;
 mod party;
+mod preprocess;
 mod session;
 
 pub use model::ServerDecoder;
 pub use party::{DecoderParty, DecoderSide, Generation};
+pub(crate) use preprocess::pool_fill;
+pub use preprocess::{plan_step, step_material_bytes, StepMaterial};
 pub(crate) use session::serve_generation_admitted;
 pub use session::{
     default_generation_context, serve_generation, step_bytes, GenerationClient, GenerationOptions,

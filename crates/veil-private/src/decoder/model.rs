@@ -13,7 +13,7 @@ use veil_model::{BundleDigest, FixedDecoder};
 use veil_linear::weight_set;
 
 /// (in, out) features of private layer `id`, from the public configuration.
-fn dims(id: DecoderLayer, cfg: &DecoderConfig) -> Result<(usize, usize)> {
+pub(crate) fn dims(id: DecoderLayer, cfg: &DecoderConfig) -> Result<(usize, usize)> {
     let (h, q, kv, ffn) = (
         cfg.hidden,
         cfg.heads * cfg.head_dim,

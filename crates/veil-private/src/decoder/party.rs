@@ -4,6 +4,9 @@
 
 use veil_core::approx::Approx;
 use veil_core::{bail, ensure, CostClass, Error, Result, RingTensor};
+use veil_linear::fc::{fc_online_server, fc_premask_client, fc_premask_server_for};
+use veil_linear::premask::online_client;
+use veil_linear::triples::{beaver_matmul, triples_client, triples_server, Triple};
 use veil_linear::{fc_client, fc_server_for, shared_matmul_client, shared_matmul_server};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::decoder::{DecoderActivation, DecoderConfig, DecoderFamily, DecoderNormKind};
@@ -16,6 +19,8 @@ use veil_net::{Channel, Meter, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
 use super::model::{decoder_fc_shape, fused_group, group_widths, ServerDecoder};
+use super::preprocess::{plan_step, Held, StepMaterial};
+use crate::preprocess::{Material, Step};
 use crate::protocol::OutputShare;
 use zeroize::Zeroize;
 
@@ -127,6 +132,8 @@ pub struct DecoderParty<'a, C: Channel> {
     /// Products computed with their group's lead ([`fused_group`]), not yet asked for: this
     /// party's truncated shares, with the rows they were computed on.
     pending: Vec<Pending>,
+    /// The running step's preprocessed material, when it has some.
+    pre: Option<Held>,
 }
 
 /// A member's truncated share of a fused product, waiting for the forward pass to ask for it.
@@ -168,6 +175,7 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
             format,
             generation,
             pending: Vec::new(),
+            pre: None,
         })
     }
 
@@ -176,21 +184,48 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         self.ch.meter()
     }
 
+    /// The COTs this party's OT session has drawn so far, (sending, receiving): a step's draw
+    /// is their difference, the same on both sides with the directions swapped.
+    pub fn ot_consumed(&self) -> (u64, u64) {
+        self.ot.consumed()
+    }
+
     /// Client: runs its next tokens `ids` (the prompt, then one generated token per step)
     /// after the cached positions; returns the logits of the last of them, [1, vocab] at f
     /// bits, which only the client learns.
     pub fn client_step(&mut self, ids: &[u32]) -> Result<RingTensor> {
+        self.client_step_inner(ids, None)
+    }
+
+    /// [`Self::client_step`] on material [`Self::preprocess`] made for this very step (refused
+    /// before anything is sent when it was made for another): its linear layers and attention
+    /// products run their online parts only.
+    pub fn client_step_with(&mut self, ids: &[u32], material: StepMaterial) -> Result<RingTensor> {
+        self.client_step_inner(ids, Some(material))
+    }
+
+    fn client_step_inner(&mut self, ids: &[u32], pre: Option<StepMaterial>) -> Result<RingTensor> {
         ensure!(
             matches!(self.side, DecoderSide::Client(..)),
             InvalidArgument,
             "the server has no token ids: it runs server_step"
         );
-        self.step(ids)
+        self.step(ids, pre)
     }
 
     /// Server: runs the client's next `tokens` positions, which it does not see; the client
     /// gets the logits, the server nothing.
     pub fn server_step(&mut self, tokens: usize) -> Result<()> {
+        self.server_step_inner(tokens, None)
+    }
+
+    /// [`Self::server_step`] on material made for this very step, as
+    /// [`Self::client_step_with`].
+    pub fn server_step_with(&mut self, tokens: usize, material: StepMaterial) -> Result<()> {
+        self.server_step_inner(tokens, Some(material))
+    }
+
+    fn server_step_inner(&mut self, tokens: usize, pre: Option<StepMaterial>) -> Result<()> {
         ensure!(
             matches!(self.side, DecoderSide::Server(..)),
             InvalidArgument,
@@ -199,7 +234,67 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         // Checked before the placeholders are allocated: `tokens` may come from the peer.
         self.generation.check_room(tokens)?;
         // Placeholders: the server's embedding share is zero whatever the ids.
-        self.step(&vec![0; tokens]).map(drop)
+        self.step(&vec![0; tokens], pre).map(drop)
+    }
+
+    /// Offline, both parties: the material of the next step of `tokens` tokens (after the
+    /// positions cached now; `crate::decoder::preprocess`), made in one request — every FC
+    /// group's mask in one Π_MatMul batch, every attention product's triple in one cross-term
+    /// batch — and the OT pools filled to at least `pool_cots` COTs each way. Both parties
+    /// pass the same `tokens` and `pool_cots` (the server decides them in a session).
+    pub fn preprocess(&mut self, tokens: usize, pool_cots: usize) -> Result<StepMaterial> {
+        self.generation.check_room(tokens)?;
+        let start = self.generation.positions();
+        let cfg = self.cfg();
+        let ring = self.ax.fp.ring;
+        let steps = plan_step(cfg, ring, start, tokens)?;
+        let mut leads = Vec::new();
+        let mut dims = Vec::new();
+        let mut batches = Vec::new();
+        for step in &steps {
+            match step {
+                Step::Fc(lead, rows) => leads.push((*lead, *rows)),
+                Step::Products(d) => {
+                    batches.push(d.len());
+                    dims.extend_from_slice(d);
+                }
+            }
+        }
+        let shapes = leads
+            .iter()
+            .map(|&(lead, rows)| decoder_fc_shape(&fused_group(lead, cfg), cfg, ring, rows))
+            .collect::<Result<Vec<_>>>()?;
+        // A failure part-way may leave the pools of the two parties apart: as a failed step.
+        self.generation.broken = true;
+        let held = {
+            let _g = self.ch.meter().enter(CostClass::MatMul);
+            match self.side {
+                DecoderSide::Client(s, _) => {
+                    let masks = fc_premask_client(self.ch, s, &shapes)?;
+                    let triples =
+                        make_triples(dims.is_empty(), || triples_client(self.ch, s, ring, &dims))?;
+                    Held::Client(material(tokens, &leads, masks, triples, &batches))
+                }
+                DecoderSide::Server(s, m) => {
+                    let requests = leads
+                        .iter()
+                        .zip(&shapes)
+                        .map(|(&(lead, _), shape)| Ok((m.layer(lead)?, *shape)))
+                        .collect::<Result<Vec<_>>>()?;
+                    let masks = fc_premask_server_for(self.ch, s, &requests)?;
+                    let triples =
+                        make_triples(dims.is_empty(), || triples_server(self.ch, s, ring, &dims))?;
+                    Held::Server(material(tokens, &leads, masks, triples, &batches))
+                }
+            }
+        };
+        self.ot.precompute(self.ch, pool_cots)?;
+        self.generation.broken = false;
+        Ok(StepMaterial {
+            start,
+            tokens,
+            held,
+        })
     }
 
     /// Forgets the cache ([`Generation::reset`]).
@@ -207,15 +302,27 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         self.generation.reset();
     }
 
-    /// Runs the composition on the next positions, after [`Generation::check_room`].
-    fn step(&mut self, ids: &[u32]) -> Result<RingTensor> {
+    /// Runs the composition on the next positions, after [`Generation::check_room`] and, with
+    /// material, [`StepMaterial::check_for`]; a step that leaves material unused fails.
+    fn step(&mut self, ids: &[u32], pre: Option<StepMaterial>) -> Result<RingTensor> {
         self.generation.check_room(ids.len())?;
+        let client = matches!(self.side, DecoderSide::Client(..));
+        if let Some(m) = &pre {
+            m.check_for(self.generation.positions(), ids.len(), client)?;
+        }
         let cfg = self.cfg();
         self.generation.broken = true;
         self.clear_pending();
+        self.pre = pre.map(|m| m.held);
         let logits = forward(self, cfg, ids, LogitRows::Last);
         self.clear_pending();
+        let left = self.pre.take();
         let logits = logits?;
+        ensure!(
+            left.is_none_or(|m| m.is_used_up()),
+            InvalidArgument,
+            "the step left preprocessed material unused: it was planned for another step"
+        );
         self.generation.broken = false;
         Ok(logits)
     }
@@ -333,9 +440,19 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         let shape = decoder_fc_shape(&group, cfg, x.ring(), rows)?;
         let mut acc = {
             let _g = self.ch.meter().enter(CostClass::MatMul);
-            match self.side {
-                DecoderSide::Client(s, _) => fc_client(self.ch, s, &shape, x)?,
-                DecoderSide::Server(s, m) => fc_server_for(self.ch, s, m.layer(id)?, &shape, x)?,
+            match (&self.side, self.pre.as_mut()) {
+                (DecoderSide::Client(..), Some(Held::Client(pre))) => {
+                    online_client(self.ch, vec![pre.next_fc(id)?], &[x])?.remove(0)
+                }
+                (DecoderSide::Server(_, m), Some(Held::Server(pre))) => {
+                    let mask = pre.next_fc(id)?;
+                    fc_online_server(self.ch, vec![(m.layer(id)?, mask, x)])?.remove(0)
+                }
+                (DecoderSide::Client(s, _), None) => fc_client(self.ch, s, &shape, x)?,
+                (DecoderSide::Server(s, m), None) => {
+                    fc_server_for(self.ch, s, m.layer(id)?, &shape, x)?
+                }
+                _ => bail!(InvalidArgument, "the other party's preprocessed material"),
             }
         };
         let all = self.truncate(&acc);
@@ -438,14 +555,17 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         self.generation.cache.append(block, start, k, v)
     }
 
-    /// Every pair in one batch of HE products of shares by shares (`veil_linear::cross`), then
-    /// one truncation of every product.
+    /// Every pair in one batch of HE products of shares by shares (`veil_linear::cross`), or,
+    /// preprocessed, of Beaver triples (`veil_linear::triples`), then one truncation of every
+    /// product.
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
+        let role = self.role();
         let acc = {
             let _g = self.ch.meter().enter(CostClass::MatMul);
-            match self.side {
-                DecoderSide::Client(s, _) => shared_matmul_client(self.ch, s, a, b)?,
-                DecoderSide::Server(s, _) => shared_matmul_server(self.ch, s, a, b)?,
+            match (&self.side, self.pre.as_mut()) {
+                (_, Some(pre)) => beaver_matmul(self.ch, role, pre.next_products()?, a, b)?,
+                (DecoderSide::Client(s, _), None) => shared_matmul_client(self.ch, s, a, b)?,
+                (DecoderSide::Server(s, _), None) => shared_matmul_server(self.ch, s, a, b)?,
             }
         };
         ensure!(!acc.is_empty(), InvalidArgument, "no products to compute");
@@ -526,4 +646,34 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         let _g = cx.ch.meter().enter(CostClass::Gelu);
         cx.gelu(x)
     }
+}
+
+/// The triples of a step's products in one batch, or none when it has no products.
+fn make_triples(none: bool, make: impl FnOnce() -> Result<Vec<Triple>>) -> Result<Vec<Triple>> {
+    if none {
+        Ok(Vec::new())
+    } else {
+        make()
+    }
+}
+
+/// A step's material from its FC groups' masks (one per lead, in order) and its products'
+/// triples (in order, `batches[i]` for the i-th batch).
+fn material<M>(
+    tokens: usize,
+    leads: &[(DecoderLayer, usize)],
+    masks: Vec<M>,
+    triples: Vec<Triple>,
+    batches: &[usize],
+) -> Material<M, DecoderLayer> {
+    let mut triples = triples.into_iter();
+    let per_batch: Vec<Vec<Triple>> = batches
+        .iter()
+        .map(|&n| triples.by_ref().take(n).collect())
+        .collect();
+    Material::new(
+        tokens,
+        leads.iter().map(|&(lead, _)| lead).zip(masks),
+        per_batch,
+    )
 }

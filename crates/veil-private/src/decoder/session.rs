@@ -10,6 +10,10 @@
 //! client sends [`GenerationRequest`]s: `GenerateStart { context_limit }` (answered by
 //! [`GenerateReply`]), then `Step { tokens }` per step, whose flights
 //! ([`crate::decoder`]'s module docs) follow at once, then `GenerateEnd` or another start.
+//! Between steps the client may send `PreprocessStep { tokens }` (answered by
+//! [`PreprocessReply`]: accepted with the COTs to put in the pools, then the offline flights of
+//! `crate::decoder`'s preprocessing; or refused, and the session goes on), then run that step
+//! as `PreprocessedStep { tokens }` on the material both sides hold; a plain `Step` drops it.
 //!
 //! **What the server learns.** The session's cap, each generation's context limit, each
 //! step's token count (the prompt's length, then 1 per generated token: the number of steps).
@@ -18,7 +22,12 @@
 //! **What the server spends.** A generation's KV cache ([`Generation::cache_bytes`]) plus a
 //! step's working set at its limit ([`step_bytes`]) is taken from the server's session memory
 //! before anything is allocated and given back when the generation ends, however it ends
-//! (`GenerateEnd`, a new start, an error, a disconnect). A limit of 0, above the session's cap
+//! (`GenerateEnd`, a new start, an error, a disconnect). A preprocessed step's material (the
+//! server's masks and triples, `step_material_bytes`) is taken from the same memory when it is
+//! asked for, refused when it does not fit, and given back when the step has run or the
+//! material is dropped (a plain step, a new preprocessing, the generation's end however it
+//! ends); one step's material at most is held. A preprocessed step without material, or on
+//! material made for another step, ends the session with an error naming it. A limit of 0, above the session's cap
 //! or above the model's positions is refused and the session goes on; a step without a
 //! generation, of 0 tokens or beyond the limit ends the session with an error naming it. With
 //! deadlines, each step has one scaled by the model's blocks and its tokens.
@@ -34,11 +43,14 @@ use veil_model::{BundleDigest, ProductTruncation};
 use veil_net::{Channel, Role};
 use veil_nonlinear::OtSession;
 
+use super::preprocess::pool_fill;
+use super::{plan_step, step_material_bytes, StepMaterial};
 use super::{DecoderParty, DecoderSide, Generation, ServerDecoder};
 use crate::deadlines::in_step;
 use crate::handler::told;
 use crate::protocol::{
     DecoderAdmission, DecoderAnnounced, GenerateReply, GenerationRequest, Hello, Message,
+    PreprocessReply,
 };
 use crate::reserve::SessionMemory;
 
@@ -127,10 +139,22 @@ impl Drop for Taken<'_> {
     }
 }
 
-/// A generation on the server: its cache and the memory it holds. Field order: the cache is
-/// freed before the memory is given back.
+/// A generation on the server: its cache, the next step's material when the client had it
+/// preprocessed, and the memory they hold. Field order: the cache and the material are freed
+/// before the memory is given back.
 struct Current<'a> {
     generation: Generation,
+    material: Option<Held<'a>>,
+    /// The COTs the last step drew (the larger direction) and its tokens: the next step of as
+    /// many tokens draws about as many, which its preprocessing puts in the pools.
+    last_draw: Option<(usize, u64)>,
+    _taken: Taken<'a>,
+}
+
+/// A step's preprocessed material and the memory it holds (given back when it is used or
+/// dropped).
+struct Held<'a> {
+    material: StepMaterial,
     _taken: Taken<'a>,
 }
 
@@ -230,6 +254,46 @@ fn generation_session<C: Channel>(
         match req {
             GenerationRequest::Goodbye => return Ok(()),
             GenerationRequest::GenerateEnd => current = None,
+            GenerationRequest::PreprocessStep { tokens } => {
+                let Some(c) = current.as_mut() else {
+                    bail!(
+                        Malformed,
+                        "preprocessing a step of {tokens} tokens without a generation \
+                         (GenerateStart first)"
+                    );
+                };
+                // Any material held goes (its memory given back) before the new is reserved.
+                c.material = None;
+                let tokens = tokens as usize;
+                let (taken, pool_cots) =
+                    match admit_material(cfg, format.fp.ring, c, tokens, memory) {
+                        Ok(a) => a,
+                        Err(why) => {
+                            tracing::info!(tokens, why, "step preprocessing refused");
+                            PreprocessReply::Refused(why).send(&mut ch)?;
+                            ch.flush()?;
+                            continue;
+                        }
+                    };
+                PreprocessReply::Accepted {
+                    pool_cots: pool_cots as u64,
+                }
+                .send(&mut ch)?;
+                ch.flush()?;
+                let allowed = step_allowance(opts, cfg.layers, tokens);
+                set_deadline(&mut ch, allowed)?;
+                let side = DecoderSide::Server(&lin, model);
+                let material = DecoderParty::new(&mut ch, &mut ot, side, &mut c.generation)?
+                    .preprocess(tokens, pool_cots)
+                    .map_err(|e| {
+                        let what = format!("preprocessing a step of {tokens} tokens");
+                        in_step(e, &what, allowed.unwrap_or(Duration::MAX))
+                    })?;
+                c.material = Some(Held {
+                    material,
+                    _taken: taken,
+                });
+            }
             GenerationRequest::GenerateStart { context_limit } => {
                 // The old cache goes before the new one is reserved.
                 current = None;
@@ -246,7 +310,8 @@ fn generation_session<C: Channel>(
                 }
                 ch.flush()?;
             }
-            GenerationRequest::Step { tokens } => {
+            GenerationRequest::Step { tokens } | GenerationRequest::PreprocessedStep { tokens } => {
+                let preprocessed = matches!(req, GenerationRequest::PreprocessedStep { .. });
                 let Some(c) = current.as_mut() else {
                     bail!(
                         Malformed,
@@ -255,27 +320,57 @@ fn generation_session<C: Channel>(
                 };
                 let tokens = tokens as usize;
                 // The client's request, not the server, is at fault: said so in the close.
-                c.generation.check_room(tokens).map_err(|e| match e {
+                let clients_fault = |e| match e {
                     veil_core::Error::InvalidArgument(m) => veil_core::Error::Malformed(m),
                     e => e,
-                })?;
-                let allowed = opts
-                    .per_block_token
-                    .map(|d| Duration::from_secs(60) + d.mul_f64((cfg.layers * tokens) as f64));
+                };
+                c.generation.check_room(tokens).map_err(clients_fault)?;
+                // A plain step drops any material held (its memory given back after the step).
+                let held = c.material.take();
+                let (material, _taken) = match (preprocessed, held) {
+                    (true, Some(h)) => {
+                        let start = c.generation.positions();
+                        ensure!(
+                            (h.material.start(), h.material.tokens()) == (start, tokens),
+                            Malformed,
+                            "a preprocessed step of {tokens} tokens after {start} positions, on \
+                             material made for {} tokens after {}",
+                            h.material.tokens(),
+                            h.material.start()
+                        );
+                        (Some(h.material), Some(h._taken))
+                    }
+                    (true, None) => bail!(
+                        Malformed,
+                        "a preprocessed step of {tokens} tokens without preprocessed material"
+                    ),
+                    (false, _) => (None, None),
+                };
+                let allowed = step_allowance(opts, cfg.layers, tokens);
                 set_deadline(&mut ch, allowed)?;
                 let started = Instant::now();
+                let before = ot.consumed();
                 let side = DecoderSide::Server(&lin, model);
-                DecoderParty::new(&mut ch, &mut ot, side, &mut c.generation)?
-                    .server_step(tokens)
-                    .map_err(|e| {
-                        in_step(
-                            e,
-                            &format!("a step of {tokens} tokens"),
-                            allowed.unwrap_or(Duration::MAX),
-                        )
-                    })?;
+                {
+                    let mut party = DecoderParty::new(&mut ch, &mut ot, side, &mut c.generation)?;
+                    match material {
+                        Some(m) => party.server_step_with(tokens, m),
+                        None => party.server_step(tokens),
+                    }
+                }
+                .map_err(|e| {
+                    in_step(
+                        e,
+                        &format!("a step of {tokens} tokens"),
+                        allowed.unwrap_or(Duration::MAX),
+                    )
+                })?;
+                let after = ot.consumed();
+                let drawn = (after.0 - before.0).max(after.1 - before.1);
+                c.last_draw = Some((tokens, drawn));
                 tracing::debug!(
                     tokens,
+                    preprocessed,
                     seconds = started.elapsed().as_secs_f64(),
                     "generation step"
                 );
@@ -309,8 +404,40 @@ fn start<'a>(
     let generation = Generation::new(cfg, truncation, limit).map_err(|e| e.to_string())?;
     Ok(Current {
         generation,
+        material: None,
+        last_draw: None,
         _taken: taken,
     })
+}
+
+/// A step's deadline: a fixed minute plus the per-block-and-token allowance (none: no
+/// deadline). Preprocessing a step gets the step's own.
+fn step_allowance(opts: &GenerationOptions, layers: usize, tokens: usize) -> Option<Duration> {
+    opts.per_block_token
+        .map(|d| Duration::from_secs(60) + d.mul_f64((layers * tokens) as f64))
+}
+
+/// The memory for the material of `c`'s next step of `tokens` tokens, taken from `memory`,
+/// and the COTs to put in the pools ([`pool_fill`]); or why not (the session goes on).
+fn admit_material<'a>(
+    cfg: &DecoderConfig,
+    ring: veil_core::Ring,
+    c: &Current<'_>,
+    tokens: usize,
+    memory: &'a dyn SessionMemory,
+) -> std::result::Result<(Taken<'a>, usize), String> {
+    c.generation.check_room(tokens).map_err(|e| e.to_string())?;
+    let start = c.generation.positions();
+    let bytes = plan_step(cfg, ring, start, tokens)
+        .and_then(|steps| step_material_bytes(cfg, &steps, false))
+        .map_err(|e| e.to_string())? as u64;
+    if !memory.take(bytes) {
+        return Err(format!(
+            "the server's memory for sessions cannot hold a preprocessed step of {tokens} \
+             tokens ({bytes} bytes) now"
+        ));
+    }
+    Ok((Taken { memory, bytes }, pool_fill(c.last_draw, tokens)))
 }
 
 fn set_deadline<C: Channel>(ch: &mut C, d: Option<Duration>) -> Result<()> {
@@ -335,6 +462,8 @@ pub struct GenerationClient<'t, C: Channel> {
     cap: usize,
     /// Each exchange's allowance: the set-up, each start, each step; None: no deadline.
     step_timeout: Option<Duration>,
+    /// Whether each step is followed by the next one's preprocessing ([`Self::set_preprocessing`]).
+    preprocess: bool,
 }
 
 impl<'t, C: Channel> GenerationClient<'t, C> {
@@ -394,7 +523,18 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
             truncation: announced.truncation,
             cap: max_context,
             step_timeout,
+            preprocess: false,
         })
+    }
+
+    /// Has every step of this session's generations run through `NextLogits` (what
+    /// [`Self::generate`] and the CLI use) followed, between tokens, by the preprocessing of the
+    /// next one (`crate::decoder`'s preprocessing; off by default): its
+    /// FC masks, attention triples and OT pools are made while the caller handles the token,
+    /// so the next step runs its online parts only. A refusal (the server's memory) leaves the
+    /// next step single-phase.
+    pub fn set_preprocessing(&mut self, on: bool) {
+        self.preprocess = on;
     }
 
     /// The truncation mode the server announced.
@@ -410,6 +550,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         Ok(PrivateGeneration {
             client: self,
             generation,
+            material: None,
         })
     }
 
@@ -421,6 +562,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         Ok(OwnedGeneration {
             client: self,
             generation,
+            material: None,
         })
     }
 
@@ -447,25 +589,81 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         }
     }
 
-    /// One step of `generation` on this session: `ids` after its cached positions; the last
-    /// one's logits as ring values at f bits.
-    fn step(&mut self, generation: &mut Generation, ids: &[u32]) -> Result<veil_core::RingTensor> {
+    /// One step of `generation` on this session: `ids` after its cached positions, on the
+    /// material in `material` when it was made for this step (else it is dropped, and the
+    /// server drops its own at the plain step); the last one's logits as ring values at f bits.
+    /// With preprocessing on, the next decode step is then preprocessed.
+    fn step(
+        &mut self,
+        generation: &mut Generation,
+        material: &mut Option<StepMaterial>,
+        ids: &[u32],
+    ) -> Result<veil_core::RingTensor> {
         // Refused before the request: the server would end the session on it.
         generation.check_room(ids.len())?;
+        let start = generation.positions();
+        let material = material
+            .take()
+            .filter(|m| (m.start(), m.tokens()) == (start, ids.len()));
         set_deadline(&mut self.ch, self.step_timeout)?;
-        GenerationRequest::Step {
-            tokens: ids.len() as u32,
+        let tokens = ids.len() as u32;
+        match material {
+            Some(_) => GenerationRequest::PreprocessedStep { tokens },
+            None => GenerationRequest::Step { tokens },
         }
         .send(&mut self.ch)?;
         let side = DecoderSide::Client(&self.lin, self.tables);
-        DecoderParty::new(&mut self.ch, &mut self.ot, side, generation)?.client_step(ids)
+        let logits = {
+            let mut party = DecoderParty::new(&mut self.ch, &mut self.ot, side, generation)?;
+            match material {
+                Some(m) => party.client_step_with(ids, m)?,
+                None => party.client_step(ids)?,
+            }
+        };
+        Ok(logits)
+    }
+
+    /// Preprocesses `generation`'s next step of one token into `material` when preprocessing
+    /// is on and the context has room for it; whether material was made (the server may
+    /// refuse: its memory).
+    fn preprocess_next(
+        &mut self,
+        generation: &mut Generation,
+        material: &mut Option<StepMaterial>,
+    ) -> Result<bool> {
+        // Any old material goes first, as the server's does.
+        *material = None;
+        if !self.preprocess || generation.check_room(1).is_err() {
+            return Ok(false);
+        }
+        set_deadline(&mut self.ch, self.step_timeout)?;
+        GenerationRequest::PreprocessStep { tokens: 1 }.send(&mut self.ch)?;
+        self.ch.flush()?;
+        let pool_cots = match PreprocessReply::recv(&mut self.ch)? {
+            PreprocessReply::Accepted { pool_cots } => pool_cots as usize,
+            PreprocessReply::Refused(why) => {
+                tracing::info!(why, "the server refused to preprocess the next step");
+                return Ok(false);
+            }
+        };
+        let side = DecoderSide::Client(&self.lin, self.tables);
+        let made = DecoderParty::new(&mut self.ch, &mut self.ot, side, generation)?
+            .preprocess(1, pool_cots)?;
+        *material = Some(made);
+        Ok(true)
     }
 
     /// [`Self::step`] decoded to f32 as the simulator's `step_f64` (then `as f32`) does, so
-    /// equal integers give equal tokens.
-    fn step_f32(&mut self, generation: &mut Generation, ids: &[u32]) -> Result<Vec<f32>> {
+    /// equal integers give equal tokens; then the next step's preprocessing, when on.
+    fn step_f32(
+        &mut self,
+        generation: &mut Generation,
+        material: &mut Option<StepMaterial>,
+        ids: &[u32],
+    ) -> Result<Vec<f32>> {
         let fp = self.tables.format().fp;
-        let logits = self.step(generation, ids)?;
+        let logits = self.step(generation, material, ids)?;
+        self.preprocess_next(generation, material)?;
         Ok(logits.decode(fp).iter().map(|&v| v as f32).collect())
     }
 
@@ -505,12 +703,25 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
 pub struct PrivateGeneration<'c, 't, C: Channel> {
     client: &'c mut GenerationClient<'t, C>,
     generation: Generation,
+    /// The next step's material, when it was preprocessed.
+    material: Option<StepMaterial>,
 }
 
 impl<C: Channel> PrivateGeneration<'_, '_, C> {
-    /// Runs `ids` after the cached positions; the last one's logits as ring values at f bits.
+    /// Runs `ids` after the cached positions (on the material [`Self::preprocess_next`] made,
+    /// when it was made for this step); the last one's logits as ring values at f bits. Does
+    /// not preprocess the next step itself: the caller measures each phase apart.
     pub fn step(&mut self, ids: &[u32]) -> Result<veil_core::RingTensor> {
-        self.client.step(&mut self.generation, ids)
+        self.client
+            .step(&mut self.generation, &mut self.material, ids)
+    }
+
+    /// Preprocesses the next step of one token when the session's preprocessing is on
+    /// ([`GenerationClient::set_preprocessing`]) and the context has room; whether material
+    /// was made (the server may refuse it: its memory).
+    pub fn preprocess_next(&mut self) -> Result<bool> {
+        self.client
+            .preprocess_next(&mut self.generation, &mut self.material)
     }
 
     /// Positions cached so far.
@@ -529,7 +740,8 @@ impl<C: Channel> NextLogits for PrivateGeneration<'_, '_, C> {
     /// The step's logits decoded to f32 as the simulator's `step_f64` (then `as f32`) does,
     /// so equal integers give equal tokens.
     fn next_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        self.client.step_f32(&mut self.generation, ids)
+        self.client
+            .step_f32(&mut self.generation, &mut self.material, ids)
     }
 }
 
@@ -539,11 +751,13 @@ impl<C: Channel> NextLogits for PrivateGeneration<'_, '_, C> {
 pub struct OwnedGeneration<'t, C: Channel> {
     client: GenerationClient<'t, C>,
     generation: Generation,
+    material: Option<StepMaterial>,
 }
 
 impl<C: Channel> NextLogits for OwnedGeneration<'_, C> {
     /// As [`PrivateGeneration`]'s.
     fn next_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
-        self.client.step_f32(&mut self.generation, ids)
+        self.client
+            .step_f32(&mut self.generation, &mut self.material, ids)
     }
 }

@@ -20,7 +20,7 @@ use veil_model::engine::decoder::LogitRows;
 use veil_model::{DecoderFormat, DecoderTables, FixedDecoder, ProductTruncation};
 use veil_net::{LabelStats, MemChannel, Role};
 use veil_nonlinear::OtSession;
-use veil_private::{DecoderParty, DecoderSide, Generation, ServerDecoder};
+use veil_private::{DecoderParty, DecoderSide, Generation, ServerDecoder, StepMaterial};
 use veil_test_harness::two_party::run_mem;
 
 /// A prompt of 5 tokens of the tiny vocabulary (269 tokens).
@@ -451,4 +451,175 @@ fn a_context_beyond_the_limit_is_refused_cleanly() {
         .unwrap()
         .to_string();
     assert!(e.contains("the model takes 1..=64"), "{e}");
+}
+
+/// COTs the preprocessing tests fill the pools with before each preprocessed step.
+const POOL_COTS: usize = 20_000;
+
+/// The client's greedy generation with every other decode step preprocessed between tokens
+/// (steps 1, 3, 5, …: made right after the previous step's logits came back; the others run
+/// single-phase, as a step without material does).
+fn client_generate_preprocessed(
+    fixed: &FixedDecoder,
+    p: &mut DecoderParty<'_, MemChannel>,
+) -> Result<Vec<Step>> {
+    let mut out = Vec::new();
+    let mut next = PROMPT.to_vec();
+    for i in 0..=STEPS {
+        let material = if i % 2 == 1 {
+            Some(p.preprocess(1, POOL_COTS)?)
+        } else {
+            None
+        };
+        let (before, classes) = (p.meter().total(), p.meter().by_class());
+        let logits = match material {
+            Some(m) => p.client_step_with(&next, m)?,
+            None => p.client_step(&next)?,
+        }
+        .into_data();
+        let id = argmax(fixed, &logits);
+        let after = p.meter().by_class();
+        let classes = after
+            .iter()
+            .map(|(c, s)| (*c, minus(s, &classes.get(c).cloned().unwrap_or_default())))
+            .filter(|(_, s)| s.bytes_sent + s.bytes_received > 0)
+            .collect();
+        out.push(Step {
+            logits,
+            id,
+            cost: minus(&p.meter().total(), &before),
+            classes,
+        });
+        next = vec![id];
+    }
+    Ok(out)
+}
+
+fn server_generate_preprocessed(p: &mut DecoderParty<'_, MemChannel>) -> Result<Vec<Step>> {
+    p.server_step(PROMPT.len())?;
+    for i in 1..=STEPS {
+        if i % 2 == 1 {
+            let m = p.preprocess(1, POOL_COTS)?;
+            p.server_step_with(1, m)?;
+        } else {
+            p.server_step(1)?;
+        }
+    }
+    Ok(Vec::new())
+}
+
+/// Preprocessing between tokens (`veil_private::decoder`'s preprocess): on the tiny Llama and
+/// GPT-2 decoders in the faithful mode, a generation whose odd decode steps (8 of 16) run on
+/// material made after the previous token gives the simulator's logits bit for bit at every
+/// step, preprocessed or not (so the single-phase run's, which the faithful tests above hold to
+/// the simulator too), and its greedy tokens; a preprocessed step's online MatMul moves under
+/// 1% of a single-phase step's bytes, in no more flights.
+#[test]
+fn preprocessed_steps_equal_the_simulator_bit_for_bit() {
+    for (gpt2, seed) in [(false, 3), (true, 4)] {
+        let name = if gpt2 { "gpt2 pre" } else { "llama pre" };
+        let fixed = FixedDecoder::encode(&tiny(gpt2, seed), format()).unwrap();
+        let limit = PROMPT.len() + STEPS + 1;
+        let (steps, _) = two_party(
+            (&fixed, fixed.tables()),
+            ProductTruncation::Faithful,
+            limit,
+            &|p| client_generate_preprocessed(&fixed, p),
+            &|p| server_generate_preprocessed(p),
+        );
+        let want = simulated(&fixed, &steps);
+        for (i, (s, w)) in steps.iter().zip(&want).enumerate() {
+            assert!(&s.logits == w, "{name}: step {i}'s logits differ");
+        }
+        let ids: Vec<u32> = steps.iter().map(|s| s.id).collect();
+        assert_eq!(ids, simulated_greedy(&fixed), "{name}: tokens");
+        let (pre, single) = (&steps[1].classes, &steps[2].classes);
+        let (p, s) = (&pre[&CostClass::MatMul], &single[&CostClass::MatMul]);
+        println!(
+            "{name}: MatMul of a preprocessed step {} flights, {} B / {} B; single-phase {} \
+             flights, {} B / {} B; whole steps {} and {} flights",
+            p.rounds(),
+            p.bytes_sent,
+            p.bytes_received,
+            s.rounds(),
+            s.bytes_sent,
+            s.bytes_received,
+            steps[1].cost.rounds(),
+            steps[2].cost.rounds()
+        );
+        // No HE traffic online: the masked rows and the openings only. The flights do not
+        // drop (measured: equal): the truncation after each product keeps the direction
+        // changes the HE round trip had.
+        assert!(steps[1].cost.rounds() <= steps[2].cost.rounds(), "{name}");
+        let (pb, sb) = (
+            p.bytes_sent + p.bytes_received,
+            s.bytes_sent + s.bytes_received,
+        );
+        assert!(pb < sb / 100, "{name}: {pb} B against {sb} B");
+        report(name, &fixed, &steps);
+    }
+}
+
+/// Material made for one step is refused, by both parties and before anything is sent, for a
+/// step of another length or at another position (after a step ran without it); the
+/// generation goes on single-phase and still equals the simulator.
+#[test]
+fn material_for_another_step_is_refused_on_both_sides() {
+    let fixed = FixedDecoder::encode(&tiny(false, 8), format()).unwrap();
+    let limit = PROMPT.len() + 4;
+    type Run<'s> = &'s (dyn Fn(&mut DecoderParty<'_, MemChannel>, &[u32], Option<StepMaterial>) -> Result<Vec<u64>>
+             + Sync);
+    let script = |p: &mut DecoderParty<'_, MemChannel>, run: Run<'_>| -> Result<_> {
+        run(p, &PROMPT, None)?;
+        let traffic = |p: &DecoderParty<'_, MemChannel>| {
+            let t = p.meter().total();
+            (t.bytes_sent, t.bytes_received, t.rounds())
+        };
+        let m = p.preprocess(1, POOL_COTS)?;
+        assert_eq!((m.start(), m.tokens()), (PROMPT.len(), 1));
+        let before = traffic(p);
+        let longer = run(p, &[7, 8], Some(m)).unwrap_err().to_string();
+        assert_eq!(traffic(p), before, "the refusal sent something");
+        let m = p.preprocess(1, POOL_COTS)?;
+        run(p, &[7], None)?;
+        let before = traffic(p);
+        let later = run(p, &[9], Some(m)).unwrap_err().to_string();
+        assert_eq!(traffic(p), before, "the refusal sent something");
+        let last = run(p, &[9], None)?;
+        Ok((longer, later, last))
+    };
+    let ((longer, later, last), (s_longer, s_later, _)) = two_party(
+        (&fixed, fixed.tables()),
+        ProductTruncation::Faithful,
+        limit,
+        &|p| {
+            script(p, &|p, ids, m| {
+                match m {
+                    Some(m) => p.client_step_with(ids, m),
+                    None => p.client_step(ids),
+                }
+                .map(|l| l.into_data())
+            })
+        },
+        &|p| {
+            script(p, &|p, ids, m| {
+                match m {
+                    Some(m) => p.server_step_with(ids.len(), m),
+                    None => p.server_step(ids.len()),
+                }
+                .map(|()| Vec::new())
+            })
+        },
+    );
+    assert!(
+        longer.contains("made for a step of 1 tokens after 5"),
+        "{longer}"
+    );
+    assert!(later.contains("used for a step of 1 after 6"), "{later}");
+    assert_eq!((longer, later), (s_longer, s_later));
+    let mut sim = fixed.session();
+    sim.step(&PROMPT, LogitRows::Last).unwrap();
+    sim.step(&[7], LogitRows::Last).unwrap();
+    let want = sim.step(&[9], LogitRows::Last).unwrap().into_data();
+    assert!(last == want, "the generation after the refusals differs");
 }

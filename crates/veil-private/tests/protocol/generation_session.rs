@@ -320,3 +320,111 @@ fn the_default_mode_is_announced_and_gives_the_simulators_tokens() {
     server.join().unwrap().unwrap();
     assert_eq!(served.pool.in_use(), 0);
 }
+
+/// Preprocessing between tokens over a session (`GenerationClient::set_preprocessing`): the
+/// greedy tokens equal the simulator's; a prefill, then a decode step preprocessed by hand
+/// (`PrivateGeneration::preprocess_next`), give the simulator's logits bit for bit, the
+/// material's memory held on the server between the two and given back by the step; a second
+/// preprocessing for the same step replaces the first.
+#[test]
+fn preprocessed_generation_over_a_session_equals_the_simulator() {
+    let w = tiny(3);
+    let served = Served::new(&w);
+    let tables = tables(&w);
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    client.set_preprocessing(true);
+    let fixed = served.model.fixed();
+    let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
+    let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
+    assert_eq!(ids, simulated(fixed, &PROMPT));
+
+    let cfg = served.model.config().clone();
+    let limit = PROMPT.len() + 2;
+    let reserved = (Generation::cache_bytes(&cfg, limit) + step_bytes(&cfg, limit)) as u64;
+    let mut sim = fixed.session();
+    let mut g = client.start(limit).unwrap();
+    let want = sim.step(&PROMPT, LogitRows::Last).unwrap().into_data();
+    assert!(g.step(&PROMPT).unwrap().into_data() == want, "prefill");
+    assert_eq!(served.pool.in_use(), reserved);
+    assert!(g.preprocess_next().unwrap());
+    assert!(g.preprocess_next().unwrap());
+    let held = served.pool.in_use() - reserved;
+    assert!(held > 0, "no memory held for the material");
+    for id in [42, 17] {
+        let want = sim.step(&[id], LogitRows::Last).unwrap().into_data();
+        assert!(g.step(&[id]).unwrap().into_data() == want, "step {id}");
+        assert_eq!(served.pool.in_use(), reserved, "material not given back");
+        // The context has room for one more step after 42, none after 17.
+        assert_eq!(g.preprocess_next().unwrap(), id == 42);
+    }
+    g.end().unwrap();
+    client.close().unwrap();
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0, "memory not given back");
+}
+
+/// A client that disconnects between preprocessing and its step: the server ends the session
+/// cleanly, gives the cache's and the material's memory back, and serves the next session.
+/// A server whose memory cannot hold the material refuses it and the step runs single-phase;
+/// a preprocessed step with no material ends the session, naming why.
+#[test]
+fn preprocessing_sessions_refuse_cleanly_and_give_memory_back() {
+    let w = tiny(5);
+    let served = Served::new(&w);
+    let tables = tables(&w);
+    let fixed = served.model.fixed();
+
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    client.set_preprocessing(true);
+    let mut g = client.start(CAP).unwrap();
+    g.step(&PROMPT).unwrap();
+    assert!(g.preprocess_next().unwrap());
+    drop(g);
+    drop(client);
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0);
+
+    // The next session is served, preprocessed.
+    let (ch, server) = served.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    client.set_preprocessing(true);
+    let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
+    let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
+    assert_eq!(ids, simulated(fixed, &PROMPT));
+    // A preprocessed step without material, past the client's own checks.
+    let g = client.start(CAP).unwrap();
+    drop(g);
+    send_raw(
+        &mut client,
+        GenerationRequest::PreprocessedStep { tokens: 1 },
+    );
+    let e = server_error(server);
+    assert!(e.contains("without preprocessed material"), "{e}");
+    assert!(told(&mut client).contains("without preprocessed material"));
+    assert_eq!(served.pool.in_use(), 0);
+
+    // Memory for the cache and a step, none for material: refused, the steps run single-phase.
+    let cfg = served.model.config().clone();
+    let limit = PROMPT.len() + 1;
+    let reserved = (Generation::cache_bytes(&cfg, limit) + step_bytes(&cfg, limit)) as u64;
+    let tight = Served {
+        model: served.model.clone(),
+        pool: Arc::new(SessionMemoryPool::new(reserved)),
+    };
+    let (ch, server) = tight.session();
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    client.set_preprocessing(true);
+    let mut sim = fixed.session();
+    let mut g = client.start(limit).unwrap();
+    g.step(&PROMPT).unwrap();
+    sim.step(&PROMPT, LogitRows::Last).unwrap();
+    assert!(!g.preprocess_next().unwrap(), "material beyond the budget");
+    let want = sim.step(&[42], LogitRows::Last).unwrap().into_data();
+    assert!(g.step(&[42]).unwrap().into_data() == want);
+    g.end().unwrap();
+    client.close().unwrap();
+    server.join().unwrap().unwrap();
+    assert_eq!(tight.pool.in_use(), 0);
+}
