@@ -31,7 +31,7 @@ class Server:
         state_dir: Optional[_Model] = None,
         insecure_plaintext: bool = False,
         max_sessions: Optional[int] = None,
-        ntt_budget_mib: int = 2048,
+        ntt_budget_mib: int = 0,
     ) -> None: ...
     @property
     def address(self) -> str:

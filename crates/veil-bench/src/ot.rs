@@ -196,8 +196,8 @@ fn bench_silent() -> Result<Value> {
                 |ch, r| {
                     let (mut t, mut bits, mut made) = (Vec::new(), Vec::new(), 0);
                     while made < COT_COUNT {
-                        let start = r.extend(ch, &mut t, &mut bits)?;
-                        made += t.len() - start;
+                        r.extend(ch, &mut t, &mut bits)?;
+                        made += t.len();
                     }
                     Ok(made)
                 },
@@ -219,8 +219,8 @@ fn bench_silent() -> Result<Value> {
                 |ch, s| {
                     let (mut q, mut made) = (Vec::new(), 0);
                     while made < COT_COUNT {
-                        let start = s.extend(ch, &mut q)?;
-                        made += q.len() - start;
+                        s.extend(ch, &mut q)?;
+                        made += q.len();
                     }
                     Ok(made)
                 },

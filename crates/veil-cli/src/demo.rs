@@ -8,13 +8,13 @@ use veil_core::Result;
 use veil_model::source::{ModelSource, Task};
 use veil_model::Inputs;
 use veil_net::NetworkModel;
-use veil_private::DEFAULT_NTT_BUDGET_BYTES;
 use veil_private::{Ahead, Client, ClientModel, Link, Loopback, PromptOptions, ServerModel};
 
 use crate::prompt::Prompt;
 
 /// `veil demo`: a server thread and this process's client over TCP loopback, or over a link
 /// shaped like `net` (the reports then measure the time on it).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     model: &str,
     prompts: Vec<Prompt>,
@@ -23,6 +23,7 @@ pub(crate) fn run(
     tls: bool,
     json: bool,
     preprocess_ahead: usize,
+    ntt_budget: usize,
 ) -> Result<()> {
     let link = Link::new(net, tls)?;
     let plain = if tls {
@@ -65,7 +66,7 @@ pub(crate) fn run(
     };
     let encoded = crate::prompt::check_and_encode(&client, &prompts, opts)?;
     let limits = client.session_options(&encoded, opts, None);
-    let server = Arc::new(ServerModel::from_model(&m, DEFAULT_NTT_BUDGET_BYTES)?);
+    let server = Arc::new(ServerModel::from_model(&m, ntt_budget)?);
     let server = Loopback::start(server, link)?;
     let session = Client::connect_renewing(client, server.connector(), opts, limits)?;
     let ahead = Ahead {

@@ -96,6 +96,10 @@ enum Cmd {
         /// 0: no preprocessing.
         #[arg(long, default_value_t = 1)]
         preprocess: usize,
+        /// Memory for the in-process server's NTT-domain weights, in MiB (as `veil serve
+        /// --ntt-budget-mib`).
+        #[arg(long, default_value_t = veil_private::DEFAULT_NTT_BUDGET_BYTES >> 20)]
+        ntt_budget_mib: usize,
         #[arg(long)]
         json: bool,
     },
@@ -324,6 +328,10 @@ enum BenchCmd {
         /// apart from the online one (JSON: online at the top level, `offline` beside).
         #[arg(long)]
         preprocess: bool,
+        /// Memory for the in-process server's NTT-domain weights, in MiB (as `veil serve
+        /// --ntt-budget-mib`).
+        #[arg(long, default_value_t = veil_private::DEFAULT_NTT_BUDGET_BYTES >> 20)]
+        ntt_budget_mib: usize,
         #[arg(long)]
         json: bool,
     },
@@ -506,8 +514,10 @@ fn bench(what: BenchCmd) -> Result<()> {
             net,
             tls,
             preprocess,
+            ntt_budget_mib,
             json,
         } => {
+            let ntt_budget = ntt_budget_mib << 20;
             let preset = match shape {
                 Shape::Tiny => Preset::BertTiny,
                 Shape::Medium => Preset::BertMedium,
@@ -521,12 +531,13 @@ fn bench(what: BenchCmd) -> Result<()> {
                 println!(
                     "{}",
                     veil_private::bench::run_model_json(
-                        preset, variant, seq, net, tls, preprocess
+                        preset, variant, seq, net, tls, preprocess, ntt_budget
                     )?
                 );
             } else {
-                let (report, prep) =
-                    veil_private::bench::run_model(preset, variant, seq, net, tls, preprocess)?;
+                let (report, prep) = veil_private::bench::run_model(
+                    preset, variant, seq, net, tls, preprocess, ntt_budget,
+                )?;
                 println!("{} ({}), {seq} tokens; weight preparation {prep:.2} s (once per model and length)", preset.name(), variant.name());
                 print!("{}", report.to_table());
             }
@@ -610,6 +621,7 @@ fn run(cli: Cli) -> Result<()> {
             net,
             tls,
             preprocess,
+            ntt_budget_mib,
             json,
         } => {
             if !veil_model::decoder::names_decoder(&model) {
@@ -621,6 +633,7 @@ fn run(cli: Cli) -> Result<()> {
                     tls,
                     json,
                     preprocess,
+                    ntt_budget_mib << 20,
                 );
             }
             // A decoder's demo is one private chat turn: the encoder's options do not apply.

@@ -9,9 +9,17 @@
 //! [`CostClass::OtRefill`]: traffic every operator shares, reported on its own line rather than
 //! charged to whichever operator happened to drain a pool.
 //!
+//! A silent pool keeps its iterations in seed form and builds a call's COTs from them into a
+//! window as large as the largest call, so a party keeps about 30 MB (the engines' reserves,
+//! one iteration per direction and the bootstrap's until drawn) plus that window, not the
+//! 225 MB of one materialised iteration per direction; preprocessing adds 13 MB per 5.9 M COTs
+//! each way. The COTs, their order, the refills and their bytes are those of the materialised
+//! pool (a test checks them against it).
+//!
 //! Every consumed COT has a per-direction index that both parties know; flavours derive their
 //! hash tweaks from it, so no tweak is ever reused within a session.
 
+use std::collections::VecDeque;
 use std::ops::Range;
 
 use veil_core::{ensure, CostClass, Prg, Result};
@@ -19,7 +27,7 @@ use veil_net::{Channel, Role};
 use zeroize::{Zeroize, Zeroizing};
 
 use crate::ferret::table::PoolBuf;
-use crate::ferret::{FerretReceiver, FerretSender};
+use crate::ferret::{FerretReceiver, FerretSender, ReceiverIteration, SenderIteration};
 use crate::iknp::{IknpReceiver, IknpSender};
 
 /// Which extension produces the COTs.
@@ -39,19 +47,22 @@ const IKNP_MIN_REFILL: usize = 1 << 16;
 /// Upper bound on COTs requested in one call (bounds allocations from caller mistakes).
 pub(crate) const MAX_COTS_PER_CALL: usize = 1 << 26;
 
-/// One direction's engine: IKNP, or silent COT bootstrapped from it.
-enum Engine<I, S> {
-    Iknp(I),
-    Silent(Box<S>),
+/// One direction's engine and what it has made that is not yet consumed: IKNP with the live
+/// entries of the lanes, or silent COT with its iterations in seed form, in the order their
+/// COTs are handed out.
+enum Engine<I, S, It> {
+    Iknp(I, Range<usize>),
+    Silent(Box<S>, VecDeque<It>),
 }
 
-/// Where a silent refill puts a pool's entries: the `live` ones move to `at` in buffers of
-/// `len` (a new one of at least `cap` when they grow).
-struct Room {
-    live: Range<usize>,
-    at: usize,
-    len: usize,
-    cap: usize,
+/// A silent iteration kept in seed form ([`crate::ferret::SenderIteration`]).
+trait Iteration {
+    /// COTs not yet handed out.
+    fn left(&self) -> usize;
+    /// Builds the next `m` ahead of their calls.
+    fn build_ahead(&mut self, m: usize);
+    /// Bytes it keeps.
+    fn bytes(&self) -> usize;
 }
 
 /// One direction's COT storage, and how each engine writes into it: the sender's `q`, or the
@@ -59,6 +70,10 @@ struct Room {
 trait Lanes {
     type Iknp;
     type Silent;
+    type Iteration: Iteration;
+
+    /// Bytes of one COT in the buffers.
+    const ENTRY_BYTES: usize;
 
     /// IKNP: extends by `m` COTs and stores them after the `live` ones, which move to the front.
     fn iknp_refill<C: Channel>(
@@ -69,21 +84,20 @@ trait Lanes {
         m: usize,
     ) -> Result<()>;
 
-    /// Silent: makes `room`, then runs one iteration into `slot`; returns its reserve prefix
-    /// length.
-    fn silent_iteration<C: Channel>(
-        &mut self,
-        e: &mut Self::Silent,
-        ch: &mut C,
-        room: Room,
-        slot: Range<usize>,
-    ) -> Result<usize>;
+    /// Silent: one iteration's flight.
+    fn iterate<C: Channel>(e: &mut Self::Silent, ch: &mut C) -> Result<Self::Iteration>;
 
-    /// Moves the entries `src` down to `dest`.
-    fn copy_within(&mut self, src: Range<usize>, dest: usize);
+    /// Silent: makes entries `0..n` the window a call's COTs are written to.
+    fn window(&mut self, n: usize);
 
-    /// The silent engine's iteration length and reserve prefix length.
-    fn silent_lens(e: &Self::Silent) -> (usize, usize);
+    /// Silent: writes the next `at.len()` COTs of `it` to entries `at` of the window.
+    fn write(&mut self, it: &mut Self::Iteration, at: Range<usize>);
+
+    /// Silent: the COTs each iteration hands out, and the bytes it keeps until they are.
+    fn silent_sizes(e: &Self::Silent) -> (usize, usize);
+
+    /// Bytes the silent engine keeps between iterations.
+    fn engine_bytes(e: &Self::Silent) -> usize;
 
     /// Bytes of the entries the buffers have written (see [`OtSession::pool_bytes`]).
     fn written_bytes(&self) -> usize;
@@ -103,12 +117,10 @@ struct Receiving {
     prg: Prg,
 }
 
-/// A pool of one direction: the unconsumed COTs are entries `pos..end` of its lanes.
+/// A pool of one direction.
 struct Pool<L: Lanes> {
-    engine: Engine<L::Iknp, L::Silent>,
+    engine: Engine<L::Iknp, L::Silent, L::Iteration>,
     lanes: L,
-    pos: usize,
-    end: usize,
     consumed: u64,
 }
 
@@ -131,34 +143,44 @@ fn refill_size(available: usize, need: usize) -> usize {
     (need - available).max(IKNP_MIN_REFILL)
 }
 
-/// Capacity of a silent pool buffer that must hold `need` COTs: the iteration plus room for a
-/// leftover of a quarter iteration, so calls of up to ~1.5 M OTs never grow the buffer a second
-/// time, and at least `need` plus two iterations (the first iteration's place and the last
-/// appended one), so a call needing several iterations grows it once, not at every iteration
-/// (each fresh buffer costs the kernel's page clearing).
-fn silent_capacity(iteration_len: usize, need: usize) -> usize {
-    (iteration_len + iteration_len / 4).max(need + 2 * iteration_len)
-}
-
 /// Capacity of a grown IKNP pool buffer (geometric growth: repeated refills rarely allocate).
 fn iknp_capacity(len: usize) -> usize {
     2 * len
 }
 
-/// The COTs a pool holding `available` may hold after it is made to hold `need`: `need` when
-/// it already does (nothing is allocated), else the capacity its refill gives the new buffer
-/// (`iteration`: the silent engine's iteration length; `None` for IKNP).
-fn capacity_after(available: usize, need: usize, iteration: Option<usize>) -> usize {
-    match iteration {
-        _ if need <= available => need,
-        Some(n) => silent_capacity(n, need),
-        None => iknp_capacity(available + refill_size(available, need)),
+impl Iteration for SenderIteration {
+    fn left(&self) -> usize {
+        self.left()
+    }
+
+    fn build_ahead(&mut self, m: usize) {
+        self.build_ahead(m)
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes()
+    }
+}
+
+impl Iteration for ReceiverIteration {
+    fn left(&self) -> usize {
+        self.left()
+    }
+
+    fn build_ahead(&mut self, m: usize) {
+        self.build_ahead(m)
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes()
     }
 }
 
 impl Lanes for Sending {
     type Iknp = IknpSender;
     type Silent = FerretSender;
+    type Iteration = SenderIteration;
+    const ENTRY_BYTES: usize = 16;
 
     fn iknp_refill<C: Channel>(
         &mut self,
@@ -175,23 +197,24 @@ impl Lanes for Sending {
         Ok(())
     }
 
-    fn silent_iteration<C: Channel>(
-        &mut self,
-        e: &mut FerretSender,
-        ch: &mut C,
-        room: Room,
-        slot: Range<usize>,
-    ) -> Result<usize> {
-        let out = self.q.make_room(room.live, room.at, room.len, room.cap);
-        e.extend_into(ch, &mut out[slot])
+    fn iterate<C: Channel>(e: &mut FerretSender, ch: &mut C) -> Result<SenderIteration> {
+        e.iterate(ch)
     }
 
-    fn copy_within(&mut self, src: Range<usize>, dest: usize) {
-        self.q.copy_within(src, dest);
+    fn window(&mut self, n: usize) {
+        self.q.make_room(0..0, 0, n, 2 * n);
     }
 
-    fn silent_lens(e: &FerretSender) -> (usize, usize) {
-        (e.iteration_len(), e.reserve_len())
+    fn write(&mut self, it: &mut SenderIteration, at: Range<usize>) {
+        it.take_into(&mut self.q.as_mut_slice()[at]);
+    }
+
+    fn silent_sizes(e: &FerretSender) -> (usize, usize) {
+        (e.batch_size(), e.iteration_bytes())
+    }
+
+    fn engine_bytes(e: &FerretSender) -> usize {
+        e.bytes()
     }
 
     fn written_bytes(&self) -> usize {
@@ -202,6 +225,8 @@ impl Lanes for Sending {
 impl Lanes for Receiving {
     type Iknp = IknpReceiver;
     type Silent = FerretReceiver;
+    type Iteration = ReceiverIteration;
+    const ENTRY_BYTES: usize = 17;
 
     fn iknp_refill<C: Channel>(
         &mut self,
@@ -222,26 +247,26 @@ impl Lanes for Receiving {
         Ok(())
     }
 
-    fn silent_iteration<C: Channel>(
-        &mut self,
-        e: &mut FerretReceiver,
-        ch: &mut C,
-        room: Room,
-        slot: Range<usize>,
-    ) -> Result<usize> {
-        let Room { live, at, len, cap } = room;
-        let t = self.t.make_room(live.clone(), at, len, cap);
-        let bits = self.bits.make_room(live, at, len, cap);
-        e.extend_into(ch, &mut t[slot.clone()], &mut bits[slot])
+    fn iterate<C: Channel>(e: &mut FerretReceiver, ch: &mut C) -> Result<ReceiverIteration> {
+        e.iterate(ch)
     }
 
-    fn copy_within(&mut self, src: Range<usize>, dest: usize) {
-        self.t.copy_within(src.clone(), dest);
-        self.bits.copy_within(src, dest);
+    fn window(&mut self, n: usize) {
+        self.t.make_room(0..0, 0, n, 2 * n);
+        self.bits.make_room(0..0, 0, n, 2 * n);
     }
 
-    fn silent_lens(e: &FerretReceiver) -> (usize, usize) {
-        (e.iteration_len(), e.reserve_len())
+    fn write(&mut self, it: &mut ReceiverIteration, at: Range<usize>) {
+        let bits = &mut self.bits.as_mut_slice()[at.clone()];
+        it.take_into(&mut self.t.as_mut_slice()[at], bits);
+    }
+
+    fn silent_sizes(e: &FerretReceiver) -> (usize, usize) {
+        (e.batch_size(), e.iteration_bytes())
+    }
+
+    fn engine_bytes(e: &FerretReceiver) -> usize {
+        e.bytes()
     }
 
     fn written_bytes(&self) -> usize {
@@ -250,81 +275,90 @@ impl Lanes for Receiving {
 }
 
 impl<L: Lanes> Pool<L> {
-    fn new(engine: Engine<L::Iknp, L::Silent>, lanes: L, pos: usize, end: usize) -> Self {
+    fn new(engine: Engine<L::Iknp, L::Silent, L::Iteration>, lanes: L) -> Self {
         Pool {
             engine,
             lanes,
-            pos,
-            end,
             consumed: 0,
         }
     }
 
     fn available(&self) -> usize {
-        self.end - self.pos
+        match &self.engine {
+            Engine::Iknp(_, live) => live.len(),
+            Engine::Silent(_, its) => its.iter().map(|it| it.left()).sum(),
+        }
     }
 
-    /// The COTs this pool may hold after `ensure(need)` (see [`capacity_after`]).
-    fn capacity_after(&self, need: usize) -> usize {
-        let iteration = match &self.engine {
-            Engine::Iknp(_) => None,
-            Engine::Silent(e) => Some(L::silent_lens(e).0),
+    /// Bytes this pool keeps: its buffers' written entries, and a silent engine's reserve and
+    /// iterations.
+    fn bytes(&self) -> usize {
+        let engine = match &self.engine {
+            Engine::Iknp(..) => 0,
+            Engine::Silent(e, its) => {
+                L::engine_bytes(e) + its.iter().map(|it| it.bytes()).sum::<usize>()
+            }
         };
-        capacity_after(self.available(), need, iteration)
+        self.lanes.written_bytes() + engine
+    }
+
+    /// The bytes that hold `n` COTs ready: a silent pool's COTs built ahead
+    /// ([`Pool::build_ahead`]) and the iterations in seed form its refill adds, an IKNP pool's
+    /// grown buffer.
+    fn bytes_for(&self, n: usize) -> usize {
+        match &self.engine {
+            Engine::Iknp(..) => iknp_capacity(n) * L::ENTRY_BYTES,
+            Engine::Silent(e, _) => {
+                let (batch, bytes) = L::silent_sizes(e);
+                let refill = n.saturating_sub(self.available()).div_ceil(batch);
+                refill * bytes + n * L::ENTRY_BYTES
+            }
+        }
+    }
+
+    /// Refills until the pool holds `n` COTs and builds them ahead of their calls (the offline
+    /// phase): an online call then only copies them, as it did when pools held whole
+    /// iterations built.
+    fn build_ahead<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<()> {
+        self.ensure(ch, n)?;
+        if let Engine::Silent(_, its) = &mut self.engine {
+            let mut have = 0;
+            for it in its.iter_mut() {
+                if have == n {
+                    break;
+                }
+                let m = it.left().min(n - have);
+                it.build_ahead(m);
+                have += m;
+            }
+        }
+        Ok(())
     }
 
     /// Refills until the pool holds `need` COTs (both parties run the same refills).
     fn ensure<C: Channel>(&mut self, ch: &mut C, need: usize) -> Result<()> {
-        if self.available() >= need {
+        let left = self.available();
+        if left >= need {
             return Ok(());
         }
         let _g = ch.meter().enter_class(CostClass::OtRefill);
-        let left = self.available();
         match &mut self.engine {
-            Engine::Iknp(e) => {
+            Engine::Iknp(e, live) => {
                 let m = refill_size(left, need);
-                self.lanes.iknp_refill(e, ch, self.pos..self.end, m)?;
-                (self.pos, self.end) = (0, left + m);
+                self.lanes.iknp_refill(e, ch, live.clone(), m)?;
+                *live = 0..left + m;
             }
-            Engine::Silent(e) => {
-                let (n, reserve) = L::silent_lens(e);
-                let cap = silent_capacity(n, need);
-                let mut first = true;
-                while self.end - self.pos < need {
-                    let live = self.pos..self.end;
-                    let start = if first {
-                        // The leftover moves behind the iteration's place in the same buffer,
-                        // the iteration overwrites the consumed COTs, and its usable part
-                        // followed by the leftover is the new pool (both parties lay it out the
-                        // same way).
-                        let left = live.len();
-                        (self.pos, self.end) = (n, n + left);
-                        let room = Room {
-                            live,
-                            at: n,
-                            len: n + left,
-                            cap,
-                        };
-                        self.lanes.silent_iteration(e, ch, room, 0..n)?
-                    } else {
-                        // Further iterations of one refill are appended, their usable part
-                        // moved down over their reserve prefix: each COT is copied once, so a
-                        // large preprocessing pool costs linear, not quadratic, copying.
-                        let end = self.end;
-                        let room = Room {
-                            at: live.start,
-                            live,
-                            len: end + n,
-                            cap,
-                        };
-                        let start = self.lanes.silent_iteration(e, ch, room, end..end + n)?;
-                        self.lanes.copy_within(end + start..end + n, end);
-                        self.end = end + n - start;
-                        start
-                    };
-                    assert_eq!(start, reserve, "silent OT reserve length");
+            Engine::Silent(e, its) => {
+                let (mut have, mut first) = (left, true);
+                while have < need {
+                    let it = L::iterate(e, ch)?;
+                    have += it.left();
+                    // A refill's first iteration is handed out before the leftover, its
+                    // further ones after it (both parties order them alike).
                     if first {
-                        self.pos = start;
+                        its.push_front(it);
+                    } else {
+                        its.push_back(it);
                     }
                     first = false;
                 }
@@ -334,7 +368,8 @@ impl<L: Lanes> Pool<L> {
     }
 
     /// Takes `n` COTs from the front (refilling first when needed): their first entry and their
-    /// session-wide index.
+    /// session-wide index. A silent pool builds them from its iterations into its window,
+    /// dropping (wiping) each iteration once all its COTs are out.
     fn take<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<(usize, u64)> {
         ensure!(
             n <= MAX_COTS_PER_CALL,
@@ -342,8 +377,26 @@ impl<L: Lanes> Pool<L> {
             "{n} OTs in one call exceed {MAX_COTS_PER_CALL}"
         );
         self.ensure(ch, n)?;
-        let start = self.pos;
-        self.pos += n;
+        let start = match &mut self.engine {
+            Engine::Iknp(_, live) => {
+                live.start += n;
+                live.start - n
+            }
+            Engine::Silent(_, its) => {
+                self.lanes.window(n);
+                let mut done = 0;
+                while done < n {
+                    let it = its.front_mut().expect("the refill covers the call");
+                    let m = it.left().min(n - done);
+                    self.lanes.write(it, done..done + m);
+                    done += m;
+                    if it.left() == 0 {
+                        its.pop_front();
+                    }
+                }
+                0
+            }
+        };
         let index = self.consumed;
         self.consumed += n as u64;
         Ok((start, index))
@@ -354,39 +407,37 @@ impl Pool<Sending> {
     fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
         let mut iknp = IknpSender::setup(ch)?;
         let delta = iknp.delta();
-        let (engine, q, pos) = match backend {
-            Backend::Iknp => (Engine::Iknp(iknp), Vec::new(), 0),
+        let engine = match backend {
+            Backend::Iknp => Engine::Iknp(iknp, 0..0),
             Backend::Silent => {
-                let (ferret, q, start) = FerretSender::setup(ch, &mut iknp)?;
-                (Engine::Silent(Box::new(ferret)), q, start)
+                let (ferret, boot) = FerretSender::setup(ch, &mut iknp)?;
+                Engine::Silent(Box::new(ferret), VecDeque::from([boot]))
             }
         };
-        let end = q.len();
         let lanes = Sending {
             delta,
-            q: PoolBuf::from_vec(q),
+            q: PoolBuf::from_vec(Vec::new()),
         };
-        Ok(Pool::new(engine, lanes, pos, end))
+        Ok(Pool::new(engine, lanes))
     }
 }
 
 impl Pool<Receiving> {
     fn setup<C: Channel>(ch: &mut C, backend: Backend) -> Result<Self> {
         let mut iknp = IknpReceiver::setup(ch)?;
-        let (engine, t, bits, pos) = match backend {
-            Backend::Iknp => (Engine::Iknp(iknp), Vec::new(), Vec::new(), 0),
+        let engine = match backend {
+            Backend::Iknp => Engine::Iknp(iknp, 0..0),
             Backend::Silent => {
-                let (ferret, t, bits, start) = FerretReceiver::setup(ch, &mut iknp)?;
-                (Engine::Silent(Box::new(ferret)), t, bits, start)
+                let (ferret, boot) = FerretReceiver::setup(ch, &mut iknp)?;
+                Engine::Silent(Box::new(ferret), VecDeque::from([boot]))
             }
         };
-        let end = t.len();
         let lanes = Receiving {
-            t: PoolBuf::from_vec(t),
-            bits: PoolBuf::from_vec(bits),
+            t: PoolBuf::from_vec(Vec::new()),
+            bits: PoolBuf::from_vec(Vec::new()),
             prg: Prg::from_os_entropy(),
         };
-        Ok(Pool::new(engine, lanes, pos, end))
+        Ok(Pool::new(engine, lanes))
     }
 }
 
@@ -440,8 +491,9 @@ impl OtSession {
     /// The most COTs one [`OtSession::precompute`] (or one call) may ask for.
     pub const MAX_PRECOMPUTE: usize = MAX_COTS_PER_CALL;
 
-    /// Pre-generates at least `n` COTs in each direction (offline phase), so later calls only
-    /// consume. Flights: those of the refills, server's sending direction first.
+    /// Pre-generates `n` COTs in each direction (offline phase): refills, and builds the next
+    /// `n` out of their seed form, so later calls only copy them. Flights: those of the
+    /// refills, server's sending direction first.
     pub fn precompute<C: Channel>(&mut self, ch: &mut C, n: usize) -> Result<()> {
         ensure!(
             n <= MAX_COTS_PER_CALL,
@@ -450,12 +502,12 @@ impl OtSession {
         );
         match self.role {
             Role::Server => {
-                self.sender.ensure(ch, n)?;
-                self.receiver.ensure(ch, n)
+                self.sender.build_ahead(ch, n)?;
+                self.receiver.build_ahead(ch, n)
             }
             Role::Client => {
-                self.receiver.ensure(ch, n)?;
-                self.sender.ensure(ch, n)
+                self.receiver.build_ahead(ch, n)?;
+                self.sender.build_ahead(ch, n)
             }
         }
     }
@@ -465,21 +517,21 @@ impl OtSession {
         (self.sender.available(), self.receiver.available())
     }
 
-    /// The COTs the larger pool may hold after [`OtSession::precompute`]`(n)`: `n` when both
-    /// already hold that many, else what a growing pool allocates (its refill's iterations
-    /// beside the leftover), so preprocessing budgets the memory it really takes.
-    pub fn pool_capacity_after(&self, n: usize) -> usize {
-        self.sender
-            .capacity_after(n)
-            .max(self.receiver.capacity_after(n))
+    /// The bytes both pools need to hold `n` COTs ready beyond what a session keeps anyway
+    /// (see [`OtSession::pool_bytes`]), so preprocessing budgets the memory it takes: a silent
+    /// pool builds them ahead (16 bytes per COT sent, 17 per COT received) and keeps the
+    /// iterations its refill adds in seed form (6.4 MB sending and 6.7 MB receiving per main
+    /// iteration of 5,945,536 COTs).
+    pub fn pool_bytes_for(&self, n: usize) -> usize {
+        self.sender.bytes_for(n) + self.receiver.bytes_for(n)
     }
 
-    /// Bytes the two pools' buffers keep resident: every entry they have written (16 per COT
-    /// sent, 17 per COT received). A silent session's first main refill writes one iteration
-    /// beside the bootstrap's leftover, 6,815,936 entries per direction (225 MB a party);
-    /// [`OtSession::pool_capacity_after`] is the larger allocation, mostly never touched.
+    /// Bytes the two pools keep resident. A silent pool keeps its engine's reserve, its
+    /// iterations in seed form (the input reserve, roots or level messages, and the last tree
+    /// a call stopped in) and the window the largest call so far was written to (16 bytes per
+    /// COT sent, 17 per COT received); an IKNP pool its buffer's written entries.
     pub fn pool_bytes(&self) -> usize {
-        self.sender.lanes.written_bytes() + self.receiver.lanes.written_bytes()
+        self.sender.bytes() + self.receiver.bytes()
     }
 
     /// COTs used so far in (sending, receiving) direction: one party's sending count is the
@@ -520,44 +572,243 @@ impl OtSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ferret::tests::{eager_receive, eager_send};
+    use crate::ferret::{TEST_BOOT, TEST_MAIN};
+    use veil_net::run_two_party;
 
-    /// A pool that holds the need allocates nothing; a growing silent pool gets the need and
-    /// two iterations (at least 1.25 of one), an IKNP pool twice what its refill leaves.
-    #[test]
-    fn the_capacity_after_a_refill_is_what_the_refill_allocates() {
-        assert_eq!(capacity_after(500, 500, Some(1_000)), 500);
-        assert_eq!(capacity_after(0, 1, Some(1_000)), 2_001);
-        assert_eq!(capacity_after(10, 5_000, Some(1_000)), 7_000);
-        assert_eq!(capacity_after(0, 10, None), 2 * IKNP_MIN_REFILL);
-        assert_eq!(capacity_after(10, 1 << 20, None), 2 << 20);
+    /// The pool as it was before iterations were kept in seed form (the oracle of the COT
+    /// stream): every iteration's COTs materialised at once, a refill's first iteration
+    /// handed out before the leftover and its further ones after it. It is given the
+    /// iterations the seed-form pool's refill made (in the order made), and must use exactly
+    /// those.
+    struct Materialised<It> {
+        cots: VecDeque<(u128, u8)>,
+        all: fn(&It) -> Vec<(u128, u8)>,
     }
 
-    /// What a silent session keeps resident: the bootstrap's output, then after the first main
-    /// refill one iteration beside the bootstrap's leftover, in each direction, whatever the
-    /// (small) need; the estimate of a server session's fixed memory rests on this.
+    impl<It: Iteration> Materialised<It> {
+        fn usable(&self, it: &It) -> Vec<(u128, u8)> {
+            let all = (self.all)(it);
+            all[all.len() - it.left()..].to_vec()
+        }
+
+        /// Refills to `n` with the iterations `made`.
+        fn fill(&mut self, n: usize, made: Vec<It>) {
+            let mut made = made.into_iter();
+            let mut first = true;
+            while self.cots.len() < n {
+                let it = made.next().expect("the materialised pool refills more");
+                let usable = self.usable(&it);
+                if first {
+                    let left = std::mem::take(&mut self.cots);
+                    self.cots.extend(usable);
+                    self.cots.extend(left);
+                } else {
+                    self.cots.extend(usable);
+                }
+                first = false;
+            }
+            assert!(made.next().is_none(), "the seed-form pool refills more");
+        }
+
+        fn take(&mut self, n: usize, made: Vec<It>) -> Vec<(u128, u8)> {
+            self.fill(n, made);
+            self.cots.drain(..n).collect()
+        }
+    }
+
+    /// Runs `ensure(n)`, or `build_ahead(n)` (as `precompute` does) if `ahead`; returns the
+    /// iterations it made, in the order made (a refill's first goes to the front, its further
+    /// ones to the back).
+    fn refill<L: Lanes>(
+        pool: &mut Pool<L>,
+        ch: &mut veil_net::MemChannel,
+        n: usize,
+        ahead: bool,
+    ) -> Vec<L::Iteration>
+    where
+        L::Iteration: Clone,
+    {
+        let before = match &pool.engine {
+            Engine::Silent(_, its) => its.len(),
+            Engine::Iknp(..) => unreachable!(),
+        };
+        if ahead {
+            pool.build_ahead(ch, n).unwrap();
+        } else {
+            pool.ensure(ch, n).unwrap();
+        }
+        match &pool.engine {
+            Engine::Silent(_, its) if its.len() > before => {
+                let later = its.iter().skip(before + 1);
+                std::iter::once(&its[0]).chain(later).cloned().collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// (COTs built ahead first, as `precompute` does, or 0; the call's size): calls of 0 and
+    /// 1, within a tree, across trees, to the end of the bootstrap's leftover (1,646 COTs),
+    /// across iterations (23,150 each), refills of several iterations at once, and calls that
+    /// take part of the COTs built ahead, all of them, or run past them.
+    const STEPS: [(usize, usize); 16] = [
+        (0, 0),
+        (0, 1),
+        (3_000, 1_000),
+        (0, 645),
+        (0, 1),
+        (0, 0),
+        (30_000, 512),
+        (0, 23_150),
+        (0, 7),
+        (0, 30_000),
+        (100_000, 50_000),
+        (0, 1),
+        (0, 4_095),
+        (0, 70_000),
+        (0, 0),
+        (0, 23_149),
+    ];
+
+    /// The COT streams of the seed-form pool and of the materialised one agree bit for bit,
+    /// call by call, in both lanes (the client sends, the server receives), refilled at the
+    /// same calls with the same bytes.
     #[test]
-    fn a_silent_session_keeps_one_iteration_and_the_bootstrap_leftover_per_direction() {
-        use veil_net::run_two_party;
+    fn the_seed_form_pool_hands_out_the_materialised_pools_cots() {
+        type Calls = Vec<Vec<(u128, u8)>>;
         let (client, server) = run_two_party(
             |c| {
-                let mut s = OtSession::setup(c, Role::Client)?;
-                let setup = s.pool_bytes();
-                s.precompute(c, s.available().0 + 1)?;
-                Ok((setup, s.pool_bytes()))
+                let mut iknp = IknpSender::setup(c)?;
+                let delta = iknp.delta();
+                let (ferret, boot) = FerretSender::setup_with(c, &mut iknp, TEST_BOOT, TEST_MAIN)?;
+                let mut old = Materialised {
+                    cots: VecDeque::new(),
+                    all: |it| eager_send(it).into_iter().map(|q| (q, 0)).collect(),
+                };
+                old.cots = old.usable(&boot).into();
+                let lanes = Sending {
+                    delta,
+                    q: PoolBuf::from_vec(Vec::new()),
+                };
+                let engine = Engine::Silent(Box::new(ferret), VecDeque::from([boot]));
+                let mut pool = Pool::new(engine, lanes);
+                let (mut new_calls, mut old_calls, mut traffic) =
+                    (Calls::new(), Calls::new(), Vec::new());
+                for (ahead, n) in STEPS {
+                    let before = c.meter().total();
+                    let early = refill(&mut pool, c, ahead, true);
+                    let made = refill(&mut pool, c, n, false);
+                    let after = c.meter().total();
+                    let count = (early.len() + made.len()) as u64;
+                    traffic.push((count, after.bytes_sent - before.bytes_sent));
+                    old.fill(ahead, early);
+                    old_calls.push(old.take(n, made));
+                    let (start, _) = pool.take(c, n)?;
+                    let q = &pool.lanes.q.as_slice()[start..start + n];
+                    new_calls.push(q.iter().map(|&q| (q, 0)).collect());
+                }
+                Ok((delta, new_calls, old_calls, traffic))
             },
             |c| {
-                let mut s = OtSession::setup(c, Role::Server)?;
-                let setup = s.pool_bytes();
-                s.precompute(c, s.available().0 + 1)?;
-                Ok((setup, s.pool_bytes()))
+                let mut iknp = IknpReceiver::setup(c)?;
+                let (ferret, boot) =
+                    FerretReceiver::setup_with(c, &mut iknp, TEST_BOOT, TEST_MAIN)?;
+                let mut old = Materialised {
+                    cots: VecDeque::new(),
+                    all: |it| {
+                        let (t, bits) = eager_receive(it);
+                        t.into_iter().zip(bits).collect()
+                    },
+                };
+                old.cots = old.usable(&boot).into();
+                let lanes = Receiving {
+                    t: PoolBuf::from_vec(Vec::new()),
+                    bits: PoolBuf::from_vec(Vec::new()),
+                    prg: Prg::from_os_entropy(),
+                };
+                let engine = Engine::Silent(Box::new(ferret), VecDeque::from([boot]));
+                let mut pool = Pool::new(engine, lanes);
+                let (mut new_calls, mut old_calls) = (Calls::new(), Calls::new());
+                for (ahead, n) in STEPS {
+                    old.fill(ahead, refill(&mut pool, c, ahead, true));
+                    old_calls.push(old.take(n, refill(&mut pool, c, n, false)));
+                    let (start, _) = pool.take(c, n)?;
+                    let t = &pool.lanes.t.as_slice()[start..start + n];
+                    let bits = &pool.lanes.bits.as_slice()[start..start + n];
+                    new_calls.push(t.iter().copied().zip(bits.iter().copied()).collect());
+                }
+                Ok((new_calls, old_calls))
             },
         )
         .unwrap();
-        // The published sets (pinned in `ferret::params`): bootstrap n, main n, main reserve.
-        let (boot, main, reserve) = (870_400, 6_225_920, 280_384);
+        let (delta, sent, sent_before, traffic) = client;
+        let (received, received_before) = server;
+        assert_eq!(sent, sent_before);
+        assert_eq!(received, received_before);
+        for ((&(_, n), q), t) in STEPS.iter().zip(&sent).zip(&received) {
+            assert_eq!((q.len(), t.len()), (n, n));
+            for (&(q, _), &(t, b)) in q.iter().zip(t) {
+                assert_eq!(t, q ^ if b == 1 { delta } else { 0 });
+            }
+        }
+        // Each iteration sends its t·depth blocks (and the message's 4-byte length) in the
+        // refill, as before.
+        let iteration = (TEST_MAIN.t * TEST_MAIN.depth() * 16 + 4) as u64;
+        let made: Vec<u64> = traffic.iter().map(|&(made, _)| made).collect();
+        for &(made, bytes) in &traffic {
+            assert_eq!(bytes, made * iteration);
+        }
+        // 1,646 + 23,150·k COTs cover the 202,561 drawn at k = 9, refilled at these calls.
+        assert_eq!(STEPS.iter().map(|s| s.1).sum::<usize>(), 202_561);
+        assert_eq!(made, [0, 0, 1, 0, 0, 0, 1, 0, 0, 1, 4, 0, 0, 1, 0, 1]);
+    }
+
+    /// What a silent session keeps resident after its set-up and after its first main refill
+    /// and a call that drew all of the bootstrap's leftover and one COT more: per direction,
+    /// the engine's reserve and one iteration in seed form (the bootstrap's until it is
+    /// drawn), and the window of the largest call; the estimate of a server session's fixed
+    /// memory rests on this. `pool_bytes_for` is exactly what the refill adds.
+    #[test]
+    fn a_silent_session_keeps_iterations_in_seed_form() {
+        use veil_net::run_two_party;
+        let party = |role| {
+            move |c: &mut veil_net::MemChannel| {
+                let mut s = OtSession::setup(c, role)?;
+                let setup = s.pool_bytes();
+                let n = s.available().0 + 1;
+                let estimate = s.pool_bytes_for(n);
+                s.precompute(c, n)?;
+                let filled = s.pool_bytes();
+                match role {
+                    Role::Client => s.take_send(c, n)?.q.len(),
+                    Role::Server => s.take_recv(c, n)?.t.len(),
+                };
+                match role {
+                    Role::Client => s.take_recv(c, n)?.t.len(),
+                    Role::Server => s.take_send(c, n)?.q.len(),
+                };
+                Ok((setup, estimate, filled, s.pool_bytes()))
+            }
+        };
+        let (client, server) = run_two_party(party(Role::Client), party(Role::Server)).unwrap();
         assert_eq!(server, client);
-        assert_eq!(client.0, boot * 33);
-        assert_eq!(client.1, (main + boot - reserve) * 33);
-        assert_eq!(client.1, 224_925_888);
+        let (setup, estimate, filled, drawn) = client;
+        // Reserve: 280,384 blocks in three huge pages (6 MiB); main trees of 4,096 leaves.
+        let (reserve, tree) = (6 << 20, 4_096 * 16);
+        let (k, levels) = (262_144, 1_520 * 12);
+        // Bootstrap: 74,036 blocks in one huge page, 850 roots or 8,500 level messages.
+        let boot_send = (2 << 20) + 850 * 16 + 1_024 * 16;
+        let boot_recv = (2 << 20) + 65_536 / 8 + 8_500 * 17 + 1_024 * 16;
+        let send_it = reserve + 1_520 * 16 + tree;
+        let recv_it = reserve + k / 8 + levels * 17 + tree;
+        let engines = 2 * reserve + 280_384;
+        assert_eq!(setup, engines + boot_send + boot_recv);
+        // Refilled by one iteration each way, and the 590,017 COTs built ahead.
+        assert_eq!(estimate, send_it + recv_it + 590_017 * 33);
+        assert_eq!(filled, setup + estimate);
+        // Drawing them: the main iteration's first ones, built ahead, now copied to the
+        // window of the call (590,017 COTs each way) and freed; the bootstrap's still pending.
+        assert_eq!(drawn, filled);
+        assert_eq!(drawn, 49_808_373);
     }
 }

@@ -60,7 +60,8 @@ pub fn config(preset: Preset, variant: Variant) -> ModelConfig {
 
 /// Runs one private inference of `seq` tokens, over TCP loopback (TLS 1.3 on it if `tls`) or
 /// (`net`) a link shaped like that network, after preprocessing it when `preprocess` (the
-/// report then has the offline phase apart); returns the report plus the server's one-off
+/// report then has the offline phase apart), with `ntt_budget` bytes for the server's NTT-domain
+/// weights ([`ServerModel::with_ntt_budget`]); returns the report plus the server's one-off
 /// weight-preparation time.
 pub fn run_model(
     preset: Preset,
@@ -69,6 +70,7 @@ pub fn run_model(
     net: Option<NetworkModel>,
     tls: bool,
     preprocess: bool,
+    ntt_budget: usize,
 ) -> Result<(CostReport, f64)> {
     let link = Link::new(net, tls)?;
     let cfg = config(preset, variant);
@@ -81,7 +83,7 @@ pub fn run_model(
     let types = vec![0u32; seq];
     let (x, _) = fixed.embed(&ids, &types)?;
     let t = Instant::now();
-    let server = ServerModel::new(fixed)?;
+    let server = ServerModel::with_ntt_budget(fixed, ntt_budget)?;
     let prepare_s = t.elapsed().as_secs_f64();
     let parties = Loopback::start(Arc::new(server), link)?;
     let report = parties.connector()().and_then(|ch| infer_once(ch, &x, preprocess));
@@ -109,14 +111,16 @@ pub fn run_model_json(
     net: Option<NetworkModel>,
     tls: bool,
     preprocess: bool,
+    ntt_budget: usize,
 ) -> Result<Value> {
-    let (report, prepare_s) = run_model(preset, variant, seq, net, tls, preprocess)?;
+    let (report, prepare_s) = run_model(preset, variant, seq, net, tls, preprocess, ntt_budget)?;
     let mut v = report.to_json();
     v["model"] = json!(preset.name());
     v["variant"] = json!(variant.name());
     v["seq"] = json!(seq);
     v["tls"] = json!(tls);
     v["preprocessed"] = json!(preprocess);
+    v["ntt_budget_mib"] = json!(ntt_budget >> 20);
     v["weight_preparation_s"] = json!(prepare_s);
     Ok(v)
 }

@@ -294,8 +294,8 @@ impl<'a, C: Channel> Handler<'a, C> {
                 let cots = self.limits.cots.per_inference(self.model, seq)?;
                 let need = cots.0.max(cots.1);
                 let ot = &self.ot;
-                let pool_cots = |f| ot.pool_capacity_after(f);
-                (self.reserve.take(need, bytes, pool_cots)).map(|f| (f, need))
+                let pool_bytes = |f| ot.pool_bytes_for(f);
+                (self.reserve.take(need, bytes, pool_bytes)).map(|f| (f, need))
             }
             Err(why) => Err(why),
         };

@@ -3,11 +3,13 @@
 //! them is capped, with the reason, rather than found out under load.
 
 /// Bytes kept per session whatever its length: the client's BFV public and Galois keys, the
-/// OT pools (one silent-COT buffer per direction) and the base-OT state. The pools are most of
-/// it: after their first main refill they keep 225 MB resident (one silent iteration beside the
-/// bootstrap's leftover per direction, 33 bytes per COT; [`veil_nonlinear::OtSession::pool_bytes`]),
-/// the keys about 10 MB (the test below measures both).
-pub(crate) const SESSION_FIXED_BYTES: u64 = 256 << 20;
+/// OT pools and the base-OT state. After their first main refill the two pools keep 30 MB
+/// (per direction the engine's reserve, one silent iteration in seed form and the bootstrap's;
+/// [`veil_nonlinear::OtSession::pool_bytes`]), plus 33 bytes per COT built ahead or written to
+/// the window of a call (the test below measures 50 MB with 590,017 COTs built ahead, and the
+/// keys' 10 MB); the rest leaves room for calls of about 2 M COTs (larger ones come with a
+/// working set that grows with the tokens, [`crate::server::session_memory_estimate`]).
+pub(crate) const SESSION_FIXED_BYTES: u64 = 128 << 20;
 
 /// The most sessions a server runs by default (when memory would allow more).
 pub(crate) const MAX_DEFAULT_SESSIONS: usize = 64;
@@ -104,7 +106,7 @@ mod tests {
     fn limits_beyond_the_machine_are_capped_with_the_reason() {
         let roomy = MachineCaps {
             files: Some(1 << 20),
-            memory: Some(64 << 30),
+            memory: Some(32 << 30),
         };
         assert_eq!(roomy.sessions(8), (8, None));
         assert_eq!(roomy.waiting(8, 16, 256), (16, 256, None));
@@ -148,7 +150,8 @@ mod tests {
             },
         )
         .unwrap();
-        assert_eq!(pools, 224_925_888);
+        // 30.3 MB of engines and seed-form iterations, and the 590,017 COTs built ahead.
+        assert_eq!(pools, 49_808_373);
         assert!(
             pools + 2 * keys <= SESSION_FIXED_BYTES,
             "pools {pools} B and keys {keys} B exceed {SESSION_FIXED_BYTES} B"

@@ -80,18 +80,21 @@ fn fuse(parts: &[&FixedLinear]) -> Result<(RingTensor, RingTensor)> {
     ))
 }
 
-/// Default budget for NTT-domain weights: 2 GiB. A cut's NTT form takes N/(k_w·m_w) × 24
-/// bytes per weight (three 8-byte limbs per slot of N, each weight polynomial holding k_w·m_w
-/// weights): 384 bytes per weight at the short-prompt cut (k_w·m_w = N/16), against 8 in
-/// coefficient form. So the 2-block MiniLM's short-prompt cuts take 1.36 GB (1,296 MiB) and its
-/// long-prompt cuts do not fit beside them; BERT-Tiny keeps both passes, 152 MB and 1.21 GB
-/// (its long-prompt cut holds 64 weights per polynomial: 3 KB per weight; the test below pins
-/// both); BERT-Base needs ≈ 30 GB for its short-prompt cuts alone, so it transforms its
-/// weights per request. What the cache saves is one weight transform per polynomial per
-/// request: at the 2-block MiniLM's short prompts about 0.9 s of the server's CPU per prompt
-/// (6,913 polynomials; a fifth of its CPU), with no MatMul wall-time change measurable on a
-/// loaded 2-core machine.
-pub const DEFAULT_NTT_BUDGET_BYTES: usize = 2 << 30;
+/// Default budget for NTT-domain weights: none. The rule: keep a cut's NTT form only while it
+/// is a modest share of the model (a few times its coefficient weights), and no cut is: the NTT
+/// form takes N/(k_w·m_w) × 24 bytes per weight (three 8-byte limbs per slot of N, each weight
+/// polynomial holding k_w·m_w weights), 384 bytes at the short-prompt cut (k_w·m_w = N/16)
+/// against 8 in coefficient form, so 48× the weights at best: the 2-block MiniLM's short-prompt
+/// cuts take 1.36 GB (1,296 MiB; `veil demo` then peaks at 1.85 GB instead of 0.38 GB),
+/// BERT-Tiny's passes 152 MB and 1.21 GB (3 KB per weight at its long-prompt cut; the test
+/// below pins both), BERT-Base's short-prompt cuts ≈ 30 GB. What a cache saves is one weight
+/// transform per polynomial per request: in release, at the 2-block MiniLM's short prompts,
+/// about 0.9 s of the server's CPU per prompt (a fifth of it) and no MatMul wall time
+/// measurable on a loaded 2-core machine (server and client in separate processes). A server
+/// with memory to spare and CPU-bound short prompts can still ask for one (`veil serve
+/// --ntt-budget-mib 2048` keeps the MiniLM's short-prompt cuts; `veil demo` and `veil bench
+/// model` take the same flag).
+pub const DEFAULT_NTT_BUDGET_BYTES: usize = 0;
 
 /// The server's model: the fixed-point weights plus its linear layers prepared for HE once,
 /// for every sequence length. Plain data, read by every session at once.

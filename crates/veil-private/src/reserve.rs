@@ -45,10 +45,6 @@ impl SessionMemory for UnsharedMemory {
     fn give(&self, _bytes: u64) {}
 }
 
-/// A party's two silent-OT pools hold about this many bytes per COT (the sender's 16-byte q,
-/// the receiver's 16-byte t and its choice bit).
-const POOL_BYTES_PER_COT: usize = 33;
-
 /// What a server session holds for its preprocessed inferences: the material's bytes and the OT
 /// pools' (against its [`preprocess_budget`], and taken from the server's [`SessionMemory`]),
 /// and the COTs reserved for the preprocessed inferences not yet run (in each one's busier
@@ -99,22 +95,22 @@ impl<'a> Reserve<'a> {
     }
 
     /// Takes one inference drawing `cots` with `bytes` of server material; returns the pool size
-    /// to precompute, or why it cannot. `pool_cots(fill)`: what the pools may hold after
-    /// precomputing `fill` ([`OtSession::pool_capacity_after`]), nondecreasing in `fill`.
+    /// to precompute, or why it cannot. `pool_bytes(fill)`: the bytes the pools need to hold
+    /// `fill` COTs ready ([`OtSession::pool_bytes_for`]), nondecreasing in `fill`, 0 at 0.
     pub(crate) fn take(
         &mut self,
         cots: u64,
         bytes: usize,
-        pool_cots: impl Fn(usize) -> usize,
+        pool_bytes: impl Fn(usize) -> usize,
     ) -> std::result::Result<usize, String> {
         let mib = |b: usize| b >> 20;
         self.room_for(bytes)?;
         let reserved = self.reserved + cots;
         let room = self.budget - self.held - bytes;
-        let fits = |fill: usize| pool_cots(fill) * POOL_BYTES_PER_COT <= room;
+        let fits = |fill: usize| pool_bytes(fill) <= room;
         let mut fill = reserved.min(OtSession::MAX_PRECOMPUTE as u64) as usize;
         if !fits(fill) {
-            // The largest fill whose pools fit (pool_cots(0) = 0 always does).
+            // The largest fill whose pools fit (pool_bytes(0) = 0 always does).
             let (mut lo, mut hi) = (0, fill);
             while lo < hi {
                 let mid = hi - (hi - lo) / 2;
@@ -126,7 +122,7 @@ impl<'a> Reserve<'a> {
             }
             fill = lo;
         }
-        let pools = self.pools.max(pool_cots(fill) * POOL_BYTES_PER_COT);
+        let pools = self.pools.max(pool_bytes(fill));
         let more = bytes + (pools - self.pools);
         if !self.memory.take(more as u64) {
             return Err(format!(
@@ -157,23 +153,22 @@ impl Drop for Reserve<'_> {
 mod tests {
     use super::*;
 
-    /// Preprocessing charges the pools' memory as the pools will hold it: the COTs asked for
-    /// while they fit in what the pools hold, the grown buffer (refill iterations included)
-    /// once they must grow, with the fill cut to what the budget's rest can hold then.
+    /// Preprocessing charges the pools' memory as the pools will hold it, with the fill cut to
+    /// what the budget's rest can hold.
     #[test]
-    fn preprocessing_charges_what_the_pools_allocate() {
-        // Pools that hold 1,000 COTs and grow to the need plus 10,000 beyond that.
-        let pool_cots = |f: usize| if f <= 1_000 { f } else { f + 10_000 };
-        let budget = 100 + POOL_BYTES_PER_COT * 12_000;
-        let mut r = Reserve::new(budget, &UnsharedMemory);
-        assert_eq!(r.take(800, 100, pool_cots), Ok(800));
-        assert_eq!(r.pools, 800 * POOL_BYTES_PER_COT);
-        // 1,600 reserved: the pools grow, to 11,600 COTs, which fit.
-        assert_eq!(r.take(800, 0, pool_cots), Ok(1_600));
-        assert_eq!(r.pools, 11_600 * POOL_BYTES_PER_COT);
-        // 2,400 would need 12,400 COTs of pool: the fill is cut to the 2,000 that fit.
-        assert_eq!(r.take(800, 0, pool_cots), Ok(2_000));
-        assert_eq!(r.pools, 12_000 * POOL_BYTES_PER_COT);
+    fn preprocessing_charges_what_the_pools_hold() {
+        // Pools that hold 1,000 COTs in 4,000 bytes (an iteration in seed form).
+        let pool_bytes = |f: usize| f.div_ceil(1_000) * 4_000;
+        let mut r = Reserve::new(100 + 12_000, &UnsharedMemory);
+        assert_eq!(r.take(800, 100, pool_bytes), Ok(800));
+        assert_eq!(r.pools, 4_000);
+        assert_eq!(r.take(800, 0, pool_bytes), Ok(1_600));
+        assert_eq!(r.pools, 8_000);
+        assert_eq!(r.take(800, 0, pool_bytes), Ok(2_400));
+        assert_eq!(r.pools, 12_000);
+        // 3,200 would need 16,000 bytes of pool: the fill is cut to the 3,000 that fit.
+        assert_eq!(r.take(800, 0, pool_bytes), Ok(3_000));
+        assert_eq!(r.pools, 12_000);
         // Material beyond the budget is refused before anything else.
         assert!(r
             .room_for(1)

@@ -27,6 +27,7 @@ const ROWS: usize = 256;
 const JOB_ROWS: usize = 16 * ROWS;
 
 /// The public sparse matrix of one parameter set.
+#[derive(Clone)]
 pub(crate) struct LpnMatrix {
     cipher: Aes128,
     k: usize,
@@ -99,36 +100,46 @@ impl LpnMatrix {
         }
     }
 
-    /// Sender: applies the matrix to all of `out`, in parallel.
-    pub(crate) fn encode(&self, out: &mut [u128], base: &[u128]) {
+    /// Sender: `out` gets rows `first..first + out.len()` applied (on the worker pool when
+    /// they are more than one job).
+    pub(crate) fn encode(&self, first: usize, out: &mut [u128], base: &[u128]) {
         assert_eq!(base.len(), self.k, "LPN base length");
+        if out.len() <= JOB_ROWS {
+            return self.apply(first, out, None, base);
+        }
         pool().install(|| {
             out.par_chunks_mut(JOB_ROWS)
                 .enumerate()
-                .for_each(|(j, part)| self.apply(j * JOB_ROWS, part, None, base));
+                .for_each(|(j, part)| self.apply(first + j * JOB_ROWS, part, None, base));
         });
     }
 
-    /// Receiver: applies the matrix to blocks and bits, in parallel.
+    /// Receiver: the same on blocks and bits; `packed`: the base's choice bits
+    /// ([`pack_bits`]).
     pub(crate) fn encode_with_bits(
         &self,
+        first: usize,
         out: &mut [u128],
         out_bits: &mut [u8],
         base: &[u128],
-        base_bits: &[u8],
+        packed: &[u64],
     ) {
         assert!(
-            base.len() == self.k && base_bits.len() == self.k && out.len() == out_bits.len(),
+            base.len() == self.k
+                && packed.len() == self.k.div_ceil(64)
+                && out.len() == out_bits.len(),
             "LPN shapes"
         );
-        let packed = zeroize::Zeroizing::new(pack_bits(base_bits));
-        let packed = &packed[..];
+        if out.len() <= JOB_ROWS {
+            return self.apply(first, out, Some((out_bits, packed)), base);
+        }
         pool().install(|| {
             out.par_chunks_mut(JOB_ROWS)
                 .zip(out_bits.par_chunks_mut(JOB_ROWS))
                 .enumerate()
                 .for_each(|(j, (part, part_bits))| {
-                    self.apply(j * JOB_ROWS, part, Some((part_bits, packed)), base)
+                    let at = first + j * JOB_ROWS;
+                    self.apply(at, part, Some((part_bits, packed)), base)
                 });
         });
     }
@@ -173,7 +184,7 @@ fn prefetch(p: &u128) {
 }
 
 /// 0/1 bytes packed 64 per word.
-fn pack_bits(bits: &[u8]) -> Vec<u64> {
+pub(crate) fn pack_bits(bits: &[u8]) -> Vec<u64> {
     let mut out = vec![0u64; bits.len().div_ceil(64)];
     for (i, &b) in bits.iter().enumerate() {
         out[i / 64] |= ((b & 1) as u64) << (i % 64);
@@ -194,9 +205,9 @@ mod tests {
         let n = 5000;
         let mut out = vec![0u128; n];
         let mut out_bits = vec![0u8; n];
-        m.encode_with_bits(&mut out, &mut out_bits, &base, &base_bits);
+        m.encode_with_bits(0, &mut out, &mut out_bits, &base, &pack_bits(&base_bits));
         let mut only_blocks = vec![0u128; n];
-        m.encode(&mut only_blocks, &base);
+        m.encode(0, &mut only_blocks, &base);
         assert_eq!(out, only_blocks);
         let mut idx = [0u32; D];
         let mut hits = vec![0u32; k];

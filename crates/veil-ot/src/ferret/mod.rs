@@ -16,6 +16,15 @@
 //! main iteration keeps its first `k + t·depth` outputs as the next reserve and hands out the
 //! rest (5,945,536 COTs per main iteration). Parameters and their sources: [`params`].
 //!
+//! **Seed form.** An iteration's flight needs the sender's whole trees (their level messages),
+//! but its outputs are needed only when a call takes them. So [`FerretSender::iterate`] and
+//! [`FerretReceiver::iterate`] run the flight, build only the next reserve at once, and return
+//! the iteration as what its outputs derive from ([`SenderIteration`], [`ReceiverIteration`]:
+//! its input reserve and the roots or level messages, 4.5 MB instead of 100 MB of COTs); every
+//! tree and LPN row depends only on its index, so a range of outputs is rebuilt on demand bit
+//! for bit as the whole iteration would have been (the sender builds its trees twice, once for
+//! the flight and once for the outputs).
+//!
 //! Traffic per iteration: `t·depth` blocks from sender to receiver in one flight (≈ 0.39 bit per
 //! usable COT for the main set); the receiver sends nothing (plus one 16-byte flight at set-up
 //! carrying the public matrix seed).
@@ -23,13 +32,15 @@
 //! Security: semi-honest, 128-bit computational (regular-noise LPN with the published
 //! parameters; the Half-Tree trees in the random-permutation model for fixed-key AES). No
 //! consistency check: that is only needed against a malicious party, and this version claims
-//! no malicious security. Δ, reserves and roots are zeroized on drop, punctured indices
-//! after each iteration.
+//! no malicious security. Δ, reserves, roots, choice bits and cached leaves are zeroized on drop,
+//! punctured indices after each use.
 
 mod lpn;
 mod params;
 mod spcot;
 pub(crate) mod table;
+
+use std::ops::Range;
 
 use rayon::prelude::*;
 use veil_core::parallel::pool;
@@ -39,10 +50,12 @@ use zeroize::{Zeroize, Zeroizing};
 
 use crate::ct::eq_mask;
 use crate::iknp::{IknpReceiver, IknpSender};
-use lpn::LpnMatrix;
+use lpn::{pack_bits, LpnMatrix};
 use params::LpnParams;
+#[cfg(test)]
+pub(crate) use params::{TEST_BOOT, TEST_MAIN};
 use spcot::{receive_tree, send_tree};
-use table::{scratch_wiping, HugeTable};
+use table::{huge_bytes, scratch_wiping, HugeTable};
 
 /// Checks that `boot` can seed `main` and that `main` sustains itself.
 fn check_params(boot: &LpnParams, main: &LpnParams) {
@@ -72,7 +85,7 @@ pub struct FerretReceiver {
     main: LpnParams,
     matrix: LpnMatrix,
     reserve: HugeTable,
-    reserve_bits: Vec<u8>,
+    reserve_bits: Zeroizing<Vec<u8>>,
 }
 
 impl Drop for FerretSender {
@@ -81,124 +94,359 @@ impl Drop for FerretSender {
     }
 }
 
-impl Drop for FerretReceiver {
+/// The leaves of the tree a hand-out stopped in, so that the next one (which starts there)
+/// does not rebuild it: many small calls would otherwise rebuild a 4,096-leaf tree each.
+#[derive(Default)]
+#[cfg_attr(test, derive(Clone))]
+struct LastTree {
+    index: Option<usize>,
+    leaves: Zeroizing<Vec<u128>>,
+    /// The receiver's punctured leaf in it (a secret).
+    hole: usize,
+}
+
+impl Drop for LastTree {
     fn drop(&mut self) {
-        self.reserve_bits.zeroize();
+        self.hole.zeroize();
     }
 }
 
-/// Sender's MPCOT: `out` gets the t bins of leaves; returns after sending the tree messages.
-fn mpcot_send<C: Channel>(
-    ch: &mut C,
-    p: &LpnParams,
-    delta: u128,
-    level_cots: &[u128],
-    prg: &mut Prg,
-    out: &mut [u128],
-) -> Result<()> {
-    assert_eq!(out.len(), p.n, "MPCOT output length");
-    let depth = p.depth();
-    let roots: Zeroizing<Vec<u128>> =
-        Zeroizing::new((0..p.t).map(|_| u128::from_le_bytes(prg.block())).collect());
-    let mut msg = vec![0u128; p.t * depth];
-    pool().install(|| {
-        out.par_chunks_mut(1 << depth)
-            .zip(msg.par_chunks_mut(depth))
-            .enumerate()
-            .for_each(|(i, (leaves, tree_msg))| {
-                send_tree(
-                    roots[i],
-                    delta,
-                    &level_cots[i * depth..(i + 1) * depth],
-                    leaves,
-                    tree_msg,
-                );
+impl LastTree {
+    /// Writes the leaves of `rows` (of trees of `2^depth` leaves) to `out` and, with `noise`,
+    /// the receiver's noise bits (1 at each tree's punctured leaf). `tree(i, leaves)` builds
+    /// tree `i` into `leaves` and returns its punctured leaf (the sender's trees have none: 0).
+    /// Whole trees are built in place on the worker pool, the partial ones at either end
+    /// through this cache.
+    fn leaves<F: Fn(usize, &mut [u128]) -> usize + Sync>(
+        &mut self,
+        depth: usize,
+        rows: Range<usize>,
+        out: &mut [u128],
+        mut noise: Option<&mut [u8]>,
+        tree: &F,
+    ) {
+        let l = 1 << depth;
+        let (first, last) = (rows.start.div_ceil(l) * l, rows.end / l * l);
+        if first >= last {
+            // Inside one tree, or across the boundary between two partial trees.
+            let mid = first.min(rows.end);
+            self.partial(l, &rows, rows.start..mid, out, noise.as_deref_mut(), tree);
+            self.partial(l, &rows, mid..rows.end, out, noise, tree);
+            return;
+        }
+        self.partial(l, &rows, rows.start..first, out, noise.as_deref_mut(), tree);
+        let whole = first - rows.start..last - rows.start;
+        let mut holes: Zeroizing<Vec<usize>> = Zeroizing::new(vec![0; whole.len() / l]);
+        let trees = first / l;
+        let build = |(i, (leaves, hole)): (usize, (&mut [u128], &mut usize))| {
+            *hole = tree(trees + i, leaves);
+        };
+        if whole.len() == l {
+            build((0, (&mut out[whole.clone()], &mut holes[0])));
+        } else {
+            pool().install(|| {
+                out[whole.clone()]
+                    .par_chunks_mut(l)
+                    .zip(holes.par_iter_mut())
+                    .enumerate()
+                    .for_each(build);
             });
-    });
-    let bytes: Vec<u8> = msg.iter().flat_map(|b| b.to_le_bytes()).collect();
-    ch.send_msg(&bytes)?;
-    ch.flush()
-}
+        }
+        if let Some(noise) = noise.as_deref_mut() {
+            for (bin, &hole) in noise[whole].chunks_exact_mut(l).zip(holes.iter()) {
+                for (j, b) in bin.iter_mut().enumerate() {
+                    *b = (eq_mask(j, hole) & 1) as u8;
+                }
+            }
+        }
+        self.partial(l, &rows, last..rows.end, out, noise, tree);
+    }
 
-fn mpcot_receive<C: Channel>(
-    ch: &mut C,
-    p: &LpnParams,
-    level_t: &[u128],
-    level_bits: &[u8],
-    out: &mut [u128],
-    noise: &mut [u8],
-) -> Result<()> {
-    assert!(
-        out.len() == p.n && noise.len() == p.n,
-        "MPCOT output length"
-    );
-    let depth = p.depth();
-    let bytes = ch.recv_msg_exact(p.t * depth * 16)?;
-    let msg: Vec<u128> = bytes
-        .chunks_exact(16)
-        .map(|b| u128::from_le_bytes(b.try_into().expect("16 bytes")))
-        .collect();
-    let mut holes: Zeroizing<Vec<usize>> = Zeroizing::new(vec![0; p.t]);
-    pool().install(|| {
-        out.par_chunks_mut(1 << depth)
-            .zip(holes.par_iter_mut())
-            .enumerate()
-            .for_each(|(i, (leaves, hole))| {
-                let levels = i * depth..(i + 1) * depth;
-                *hole = receive_tree(
-                    &level_t[levels.clone()],
-                    &level_bits[levels.clone()],
-                    &msg[levels],
-                    leaves,
-                );
-            });
-    });
-    for (bin, &hole) in noise.chunks_exact_mut(1 << depth).zip(holes.iter()) {
-        for (j, b) in bin.iter_mut().enumerate() {
-            *b = (eq_mask(j, hole) & 1) as u8;
+    /// The rows `part` (inside one tree) of `rows`, from the cached tree, built first when it
+    /// is another.
+    fn partial<F: Fn(usize, &mut [u128]) -> usize + Sync>(
+        &mut self,
+        l: usize,
+        rows: &Range<usize>,
+        part: Range<usize>,
+        out: &mut [u128],
+        noise: Option<&mut [u8]>,
+        tree: &F,
+    ) {
+        if part.is_empty() {
+            return;
+        }
+        let i = part.start / l;
+        if self.index != Some(i) {
+            self.leaves.resize(l, 0);
+            self.hole = tree(i, &mut self.leaves);
+            self.index = Some(i);
+        }
+        let at = part.start - rows.start..part.end - rows.start;
+        let within = part.start - i * l..part.end - i * l;
+        out[at.clone()].copy_from_slice(&self.leaves[within.clone()]);
+        if let Some(noise) = noise {
+            for (b, j) in noise[at].iter_mut().zip(within) {
+                *b = (eq_mask(j, self.hole) & 1) as u8;
+            }
         }
     }
-    Ok(())
+
+    fn bytes(&self) -> usize {
+        self.leaves.capacity() * 16
+    }
 }
 
-fn sender_iteration<C: Channel>(
-    ch: &mut C,
-    p: &LpnParams,
-    matrix: &LpnMatrix,
+/// One sender iteration after its flight, kept in seed form: its input reserve (the LPN base
+/// and the trees' level COTs) and the trees' roots, from which any range of its n outputs is
+/// rebuilt when it is handed out (the trees a second time: their messages needed them all at
+/// the flight). 4.5 MB instead of the 100 MB of its outputs.
+#[cfg_attr(test, derive(Clone))]
+pub struct SenderIteration {
+    p: LpnParams,
+    matrix: LpnMatrix,
     delta: u128,
-    base: &[u128],
-    prg: &mut Prg,
-    out: &mut [u128],
-) -> Result<()> {
-    let (lpn_base, levels) = base.split_at(p.k);
-    mpcot_send(ch, p, delta, levels, prg, out)?;
-    matrix.encode(out, lpn_base);
-    Ok(())
+    base: HugeTable,
+    roots: Zeroizing<Vec<u128>>,
+    /// Outputs before `next` are handed out (or are the engine's next reserve).
+    next: usize,
+    /// Outputs from `next` on built ahead of their calls ([`Self::build_ahead`]), from entry
+    /// `ahead_at` of `ahead`.
+    ahead: Zeroizing<Vec<u128>>,
+    ahead_at: usize,
+    last: LastTree,
 }
 
-fn receiver_iteration<C: Channel>(
-    ch: &mut C,
-    p: &LpnParams,
-    matrix: &LpnMatrix,
-    base: &[u128],
-    base_bits: &[u8],
-    out: &mut [u128],
-    bits: &mut [u8],
-) -> Result<()> {
-    let (lpn_base, levels) = base.split_at(p.k);
-    let (lpn_bits, level_bits) = base_bits.split_at(p.k);
-    mpcot_receive(ch, p, levels, level_bits, out, bits)?;
-    matrix.encode_with_bits(out, bits, lpn_base, lpn_bits);
-    Ok(())
+impl Drop for SenderIteration {
+    fn drop(&mut self) {
+        self.delta.zeroize();
+    }
+}
+
+impl SenderIteration {
+    /// MPCOT's flight: draws the roots, builds every tree and sends the level messages.
+    fn start<C: Channel>(
+        ch: &mut C,
+        p: LpnParams,
+        matrix: LpnMatrix,
+        delta: u128,
+        base: HugeTable,
+        prg: &mut Prg,
+    ) -> Result<Self> {
+        let depth = p.depth();
+        let roots: Zeroizing<Vec<u128>> =
+            Zeroizing::new((0..p.t).map(|_| u128::from_le_bytes(prg.block())).collect());
+        let mut msg = vec![0u128; p.t * depth];
+        let levels = &base.as_slice()[p.k..];
+        pool().install(|| {
+            msg.par_chunks_mut(depth).enumerate().for_each_init(
+                || Zeroizing::new(vec![0u128; 1 << depth]),
+                |leaves, (i, tree_msg)| {
+                    let level_cots = &levels[i * depth..(i + 1) * depth];
+                    send_tree(roots[i], delta, level_cots, leaves, tree_msg);
+                },
+            );
+        });
+        let bytes: Vec<u8> = msg.iter().flat_map(|b| b.to_le_bytes()).collect();
+        ch.send_msg(&bytes)?;
+        ch.flush()?;
+        Ok(SenderIteration {
+            p,
+            matrix,
+            delta,
+            base,
+            roots,
+            next: 0,
+            ahead: Zeroizing::new(Vec::new()),
+            ahead_at: 0,
+            last: LastTree::default(),
+        })
+    }
+
+    /// Writes the next `out.len()` outputs to `out`: those built ahead first.
+    pub(crate) fn take_into(&mut self, out: &mut [u128]) {
+        let at = self.ahead_at;
+        let a = out.len().min(self.ahead.len() - at);
+        out[..a].copy_from_slice(&self.ahead[at..at + a]);
+        self.ahead_at += a;
+        if self.ahead_at == self.ahead.len() {
+            // All taken: wiped and freed.
+            (self.ahead, self.ahead_at) = (Zeroizing::new(Vec::new()), 0);
+        }
+        self.next += a;
+        let rows = self.next..self.next + out.len() - a;
+        self.build(rows.clone(), &mut out[a..]);
+        self.next = rows.end;
+    }
+
+    /// Builds the next `m` outputs (those not yet built) ahead of their calls, so that taking
+    /// them later only copies.
+    pub(crate) fn build_ahead(&mut self, m: usize) {
+        let have = self.ahead.len() - self.ahead_at;
+        if m > have {
+            let mut ahead = Zeroizing::new(vec![0u128; m]);
+            ahead[..have].copy_from_slice(&self.ahead[self.ahead_at..]);
+            let from = self.next + have;
+            self.build(from..self.next + m, &mut ahead[have..]);
+            (self.ahead, self.ahead_at) = (ahead, 0);
+        }
+    }
+
+    /// Writes outputs `rows` to `out`.
+    fn build(&mut self, rows: Range<usize>, out: &mut [u128]) {
+        assert!(rows.end <= self.p.n, "silent iteration overrun");
+        let (p, delta) = (self.p, self.delta);
+        let (lpn_base, levels) = self.base.as_slice().split_at(p.k);
+        let (roots, depth) = (&self.roots, p.depth());
+        let tree = |i: usize, leaves: &mut [u128]| {
+            let mut msg = [0u128; spcot::MAX_DEPTH];
+            send_tree(
+                roots[i],
+                delta,
+                &levels[i * depth..(i + 1) * depth],
+                leaves,
+                &mut msg[..depth],
+            );
+            0
+        };
+        self.last.leaves(depth, rows.clone(), out, None, &tree);
+        self.matrix.encode(rows.start, out, lpn_base);
+    }
+
+    /// Outputs not yet handed out.
+    pub(crate) fn left(&self) -> usize {
+        self.p.n - self.next
+    }
+
+    /// Bytes this iteration keeps (the base resident in whole huge pages).
+    pub(crate) fn bytes(&self) -> usize {
+        self.base.bytes() + self.roots.len() * 16 + self.last.bytes() + self.ahead.capacity() * 16
+    }
+}
+
+/// One receiver iteration after its flight, kept in seed form: its input reserve with its
+/// choice bits and the sender's level messages (see [`SenderIteration`]).
+#[cfg_attr(test, derive(Clone))]
+pub struct ReceiverIteration {
+    p: LpnParams,
+    matrix: LpnMatrix,
+    base: HugeTable,
+    /// The LPN base's choice bits, packed 64 per word.
+    lpn_bits: Zeroizing<Vec<u64>>,
+    level_bits: Zeroizing<Vec<u8>>,
+    msg: Vec<u128>,
+    next: usize,
+    /// Outputs from `next` on, with their choice bits, built ahead of their calls (from entry
+    /// `ahead_at`).
+    ahead: (Zeroizing<Vec<u128>>, Zeroizing<Vec<u8>>),
+    ahead_at: usize,
+    last: LastTree,
+}
+
+impl ReceiverIteration {
+    /// MPCOT's flight: receives the sender's level messages.
+    fn start<C: Channel>(
+        ch: &mut C,
+        p: LpnParams,
+        matrix: LpnMatrix,
+        base: HugeTable,
+        base_bits: &[u8],
+    ) -> Result<Self> {
+        let bytes = ch.recv_msg_exact(p.t * p.depth() * 16)?;
+        let msg = bytes
+            .chunks_exact(16)
+            .map(|b| u128::from_le_bytes(b.try_into().expect("16 bytes")))
+            .collect();
+        let (lpn_bits, level_bits) = base_bits.split_at(p.k);
+        Ok(ReceiverIteration {
+            p,
+            matrix,
+            base,
+            lpn_bits: Zeroizing::new(pack_bits(lpn_bits)),
+            level_bits: Zeroizing::new(level_bits.to_vec()),
+            msg,
+            next: 0,
+            ahead: (Zeroizing::new(Vec::new()), Zeroizing::new(Vec::new())),
+            ahead_at: 0,
+            last: LastTree::default(),
+        })
+    }
+
+    /// Writes the next `out.len()` outputs to `out` and their choice bits to `bits`: those
+    /// built ahead first.
+    pub(crate) fn take_into(&mut self, out: &mut [u128], bits: &mut [u8]) {
+        assert_eq!(bits.len(), out.len(), "silent iteration shapes");
+        let (at, (t, b)) = (self.ahead_at, &self.ahead);
+        let a = out.len().min(t.len() - at);
+        out[..a].copy_from_slice(&t[at..at + a]);
+        bits[..a].copy_from_slice(&b[at..at + a]);
+        self.ahead_at += a;
+        if self.ahead_at == t.len() {
+            let none = (Zeroizing::new(Vec::new()), Zeroizing::new(Vec::new()));
+            (self.ahead, self.ahead_at) = (none, 0);
+        }
+        self.next += a;
+        let rows = self.next..self.next + out.len() - a;
+        self.build(rows.clone(), &mut out[a..], &mut bits[a..]);
+        self.next = rows.end;
+    }
+
+    /// Builds the next `m` outputs ahead of their calls (see [`SenderIteration::build_ahead`]).
+    pub(crate) fn build_ahead(&mut self, m: usize) {
+        let (at, have) = (self.ahead_at, self.ahead.0.len() - self.ahead_at);
+        if m > have {
+            let mut t = Zeroizing::new(vec![0u128; m]);
+            let mut b = Zeroizing::new(vec![0u8; m]);
+            t[..have].copy_from_slice(&self.ahead.0[at..]);
+            b[..have].copy_from_slice(&self.ahead.1[at..]);
+            let from = self.next + have;
+            self.build(from..self.next + m, &mut t[have..], &mut b[have..]);
+            (self.ahead, self.ahead_at) = ((t, b), 0);
+        }
+    }
+
+    /// Writes outputs `rows` to `out` and their choice bits to `bits`.
+    fn build(&mut self, rows: Range<usize>, out: &mut [u128], bits: &mut [u8]) {
+        assert!(rows.end <= self.p.n, "silent iteration overrun");
+        let (p, depth) = (self.p, self.p.depth());
+        let (lpn_base, level_t) = self.base.as_slice().split_at(p.k);
+        let (level_bits, msg) = (&self.level_bits, &self.msg);
+        let tree = |i: usize, leaves: &mut [u128]| {
+            let levels = i * depth..(i + 1) * depth;
+            receive_tree(
+                &level_t[levels.clone()],
+                &level_bits[levels.clone()],
+                &msg[levels],
+                leaves,
+            )
+        };
+        self.last
+            .leaves(depth, rows.clone(), out, Some(&mut *bits), &tree);
+        let lpn_bits = &self.lpn_bits[..];
+        self.matrix
+            .encode_with_bits(rows.start, out, bits, lpn_base, lpn_bits);
+    }
+
+    /// Outputs not yet handed out.
+    pub(crate) fn left(&self) -> usize {
+        self.p.n - self.next
+    }
+
+    /// Bytes this iteration keeps (the base resident in whole huge pages).
+    pub(crate) fn bytes(&self) -> usize {
+        self.base.bytes()
+            + self.lpn_bits.len() * 8
+            + self.level_bits.len()
+            + self.msg.len() * 16
+            + self.last.bytes()
+            + self.ahead.0.capacity() * 17
+    }
 }
 
 impl FerretSender {
-    /// Bootstraps from IKNP with the published parameter sets ([`params`]). Returns the sender and the bootstrap's
-    /// COTs beyond the first reserve, as `(q, start)`: the usable COTs are `q[start..]`.
-    pub fn setup<C: Channel>(
-        ch: &mut C,
-        iknp: &mut IknpSender,
-    ) -> Result<(Self, Vec<u128>, usize)> {
+    /// Bootstraps from IKNP with the published parameter sets ([`params`]). Returns the sender
+    /// and the bootstrap iteration, whose outputs beyond the first reserve are usable.
+    pub fn setup<C: Channel>(ch: &mut C, iknp: &mut IknpSender) -> Result<(Self, SenderIteration)> {
         Self::setup_with(ch, iknp, params::BOOTSTRAP, params::MAIN)
     }
 
@@ -207,21 +455,19 @@ impl FerretSender {
         iknp: &mut IknpSender,
         boot: LpnParams,
         main: LpnParams,
-    ) -> Result<(Self, Vec<u128>, usize)> {
+    ) -> Result<(Self, SenderIteration)> {
         check_params(&boot, &main);
         let mut prg = Prg::from_os_entropy();
         let seed = u128::from_le_bytes(prg.block());
         ch.send_msg(&seed.to_le_bytes())?;
-        let base = Zeroizing::new(iknp.extend(ch, boot.base_cots())?);
+        let mut base = HugeTable::new(boot.base_cots());
+        base.as_mut_slice()
+            .copy_from_slice(&Zeroizing::new(iknp.extend(ch, boot.base_cots())?));
         let delta = iknp.delta();
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
-        // Zeroizing, so a send that fails leaves none of the sender's COTs behind.
-        let mut out = Zeroizing::new(vec![0u128; boot.n]);
-        sender_iteration(ch, &boot, &boot_matrix, delta, &base, &mut prg, &mut out)?;
+        let mut it = SenderIteration::start(ch, boot, boot_matrix, delta, base, &mut prg)?;
         let mut reserve = HugeTable::new(main.base_cots());
-        reserve
-            .as_mut_slice()
-            .copy_from_slice(&out[..main.base_cots()]);
+        it.take_into(reserve.as_mut_slice());
         let sender = FerretSender {
             delta,
             main,
@@ -229,7 +475,7 @@ impl FerretSender {
             reserve,
             prg,
         };
-        Ok((sender, std::mem::take(&mut *out), main.base_cots()))
+        Ok((sender, it))
     }
 
     /// Δ, the correlation every COT of this sender carries.
@@ -237,28 +483,24 @@ impl FerretSender {
         self.delta
     }
 
-    /// One main iteration into `out` (its allocation is reused): returns `start`, the usable
-    /// COTs being `out[start..]`.
-    pub fn extend<C: Channel>(&mut self, ch: &mut C, out: &mut Vec<u128>) -> Result<usize> {
-        scratch_wiping(out, self.iteration_len(), 0);
-        self.extend_into(ch, out)
+    /// One main iteration's flight; its first outputs become the next reserve at once, the
+    /// rest ([`Self::batch_size`]) are in the returned iteration, built as they are taken.
+    pub fn iterate<C: Channel>(&mut self, ch: &mut C) -> Result<SenderIteration> {
+        let next = HugeTable::new(self.reserve.len());
+        let base = std::mem::replace(&mut self.reserve, next);
+        let matrix = self.matrix.clone();
+        let mut it =
+            SenderIteration::start(ch, self.main, matrix, self.delta, base, &mut self.prg)?;
+        it.take_into(self.reserve.as_mut_slice());
+        Ok(it)
     }
 
-    /// One main iteration into `out`, of exactly [`Self::iteration_len`] blocks: returns
-    /// `start`, the usable COTs being `out[start..]` (the prefix is the next reserve).
-    pub fn extend_into<C: Channel>(&mut self, ch: &mut C, out: &mut [u128]) -> Result<usize> {
-        sender_iteration(
-            ch,
-            &self.main,
-            &self.matrix,
-            self.delta,
-            self.reserve.as_slice(),
-            &mut self.prg,
-            out,
-        )?;
-        let r = self.reserve.len();
-        self.reserve.as_mut_slice().copy_from_slice(&out[..r]);
-        Ok(r)
+    /// One main iteration's usable COTs into `out` (its allocation is reused).
+    pub fn extend<C: Channel>(&mut self, ch: &mut C, out: &mut Vec<u128>) -> Result<()> {
+        let mut it = self.iterate(ch)?;
+        scratch_wiping(out, it.left(), 0);
+        it.take_into(out);
+        Ok(())
     }
 
     /// COTs each main iteration hands out.
@@ -266,106 +508,81 @@ impl FerretSender {
         self.main.n - self.main.base_cots()
     }
 
-    /// Blocks each main iteration writes (reserve prefix included).
-    pub fn iteration_len(&self) -> usize {
-        self.main.n
+    /// Bytes the engine keeps between iterations (its reserve).
+    pub(crate) fn bytes(&self) -> usize {
+        self.reserve.bytes()
     }
 
-    /// Length of the reserve prefix of each iteration's output.
-    pub fn reserve_len(&self) -> usize {
-        self.reserve.len()
+    /// The most bytes one main iteration keeps ([`SenderIteration::bytes`]).
+    pub(crate) fn iteration_bytes(&self) -> usize {
+        let p = self.main;
+        huge_bytes(p.base_cots()) + p.t * 16 + (16 << p.depth())
     }
 }
 
 impl FerretReceiver {
-    /// Bootstraps from IKNP; returns the receiver and `(t, bits, start)` of the bootstrap's
-    /// COTs beyond the first reserve.
-    #[allow(clippy::type_complexity)]
+    /// Bootstraps from IKNP; returns the receiver and the bootstrap iteration, whose outputs
+    /// beyond the first reserve are usable.
     pub fn setup<C: Channel>(
         ch: &mut C,
         iknp: &mut IknpReceiver,
-    ) -> Result<(Self, Vec<u128>, Vec<u8>, usize)> {
+    ) -> Result<(Self, ReceiverIteration)> {
         Self::setup_with(ch, iknp, params::BOOTSTRAP, params::MAIN)
     }
 
-    #[allow(clippy::type_complexity)]
     pub(crate) fn setup_with<C: Channel>(
         ch: &mut C,
         iknp: &mut IknpReceiver,
         boot: LpnParams,
         main: LpnParams,
-    ) -> Result<(Self, Vec<u128>, Vec<u8>, usize)> {
+    ) -> Result<(Self, ReceiverIteration)> {
         check_params(&boot, &main);
         let seed_bytes: [u8; 16] = ch.recv_msg_exact(16)?.try_into().expect("exactly 16 bytes");
         let seed = u128::from_le_bytes(seed_bytes);
         let mut prg = Prg::from_os_entropy();
         let base_bits: Zeroizing<Vec<u8>> =
             Zeroizing::new((0..boot.base_cots()).map(|_| prg.bit() as u8).collect());
-        let base = Zeroizing::new(iknp.extend(ch, &base_bits)?);
+        let mut base = HugeTable::new(boot.base_cots());
+        base.as_mut_slice()
+            .copy_from_slice(&Zeroizing::new(iknp.extend(ch, &base_bits)?));
         let boot_matrix = LpnMatrix::new(seed, 0, boot.k);
-        // Zeroizing, so a peer's error leaves none of the receiver's COTs behind.
-        let mut out = Zeroizing::new(vec![0u128; boot.n]);
-        let mut bits = Zeroizing::new(vec![0u8; boot.n]);
-        receiver_iteration(
-            ch,
-            &boot,
-            &boot_matrix,
-            &base,
-            &base_bits,
-            &mut out,
-            &mut bits,
-        )?;
+        let mut it = ReceiverIteration::start(ch, boot, boot_matrix, base, &base_bits)?;
         let r = main.base_cots();
         let mut reserve = HugeTable::new(r);
-        reserve.as_mut_slice().copy_from_slice(&out[..r]);
+        let mut reserve_bits = Zeroizing::new(vec![0u8; r]);
+        it.take_into(reserve.as_mut_slice(), &mut reserve_bits);
         let receiver = FerretReceiver {
             main,
             matrix: LpnMatrix::new(seed, 1, main.k),
             reserve,
-            reserve_bits: bits[..r].to_vec(),
+            reserve_bits,
         };
-        Ok((
-            receiver,
-            std::mem::take(&mut *out),
-            std::mem::take(&mut *bits),
-            r,
-        ))
+        Ok((receiver, it))
     }
 
-    /// One main iteration into `out` and `bits` (allocations reused): returns `start`, the
-    /// usable COTs being `out[start..]` with choices `bits[start..]`.
+    /// One main iteration's flight (see [`FerretSender::iterate`]).
+    pub fn iterate<C: Channel>(&mut self, ch: &mut C) -> Result<ReceiverIteration> {
+        let next = HugeTable::new(self.reserve.len());
+        let base = std::mem::replace(&mut self.reserve, next);
+        let matrix = self.matrix.clone();
+        let mut it = ReceiverIteration::start(ch, self.main, matrix, base, &self.reserve_bits)?;
+        it.take_into(self.reserve.as_mut_slice(), &mut self.reserve_bits);
+        Ok(it)
+    }
+
+    /// One main iteration's usable COTs into `out` with their choices in `bits` (allocations
+    /// reused).
     pub fn extend<C: Channel>(
         &mut self,
         ch: &mut C,
         out: &mut Vec<u128>,
         bits: &mut Vec<u8>,
-    ) -> Result<usize> {
-        scratch_wiping(out, self.iteration_len(), 0);
-        scratch_wiping(bits, self.iteration_len(), 0);
-        self.extend_into(ch, out, bits)
-    }
-
-    /// One main iteration into `out` and `bits`, of exactly [`Self::iteration_len`] entries
-    /// each: returns `start`, the usable COTs being `out[start..]` with choices `bits[start..]`.
-    pub fn extend_into<C: Channel>(
-        &mut self,
-        ch: &mut C,
-        out: &mut [u128],
-        bits: &mut [u8],
-    ) -> Result<usize> {
-        receiver_iteration(
-            ch,
-            &self.main,
-            &self.matrix,
-            self.reserve.as_slice(),
-            &self.reserve_bits,
-            out,
-            bits,
-        )?;
-        let r = self.reserve.len();
-        self.reserve.as_mut_slice().copy_from_slice(&out[..r]);
-        self.reserve_bits.copy_from_slice(&bits[..r]);
-        Ok(r)
+    ) -> Result<()> {
+        let mut it = self.iterate(ch)?;
+        scratch_wiping(out, it.left(), 0);
+        scratch_wiping(bits, it.left(), 0);
+        it.take_into(out, bits);
+        Ok(())
     }
 
     /// COTs each main iteration hands out.
@@ -373,33 +590,22 @@ impl FerretReceiver {
         self.main.n - self.main.base_cots()
     }
 
-    /// Entries each main iteration writes (reserve prefix included).
-    pub fn iteration_len(&self) -> usize {
-        self.main.n
+    /// Bytes the engine keeps between iterations (its reserve and choice bits).
+    pub(crate) fn bytes(&self) -> usize {
+        self.reserve.bytes() + self.reserve_bits.len()
     }
 
-    /// Length of the reserve prefix of each iteration's output.
-    pub fn reserve_len(&self) -> usize {
-        self.reserve.len()
+    /// The most bytes one main iteration keeps ([`ReceiverIteration::bytes`]).
+    pub(crate) fn iteration_bytes(&self) -> usize {
+        let (p, levels) = (self.main, self.main.t * self.main.depth());
+        huge_bytes(p.base_cots()) + p.k.div_ceil(64) * 8 + levels * 17 + (16 << p.depth())
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use veil_net::run_two_party;
-
-    /// Small, insecure sets that exercise every code path (several main iterations) quickly.
-    const TEST_BOOT: LpnParams = LpnParams {
-        n: 4096,
-        k: 512,
-        t: 16,
-    };
-    const TEST_MAIN: LpnParams = LpnParams {
-        n: 50 << 9,
-        k: 2_000,
-        t: 50,
-    };
 
     fn check_correlation(delta: u128, q: &[u128], t: &[u128], bits: &[u8]) {
         assert_eq!(q.len(), t.len());
@@ -415,47 +621,158 @@ mod tests {
         );
     }
 
-    fn run(boot: LpnParams, main: LpnParams, iterations: usize) {
+    /// The oracle of [`SenderIteration::take_into`]: all n outputs at once, as the iteration
+    /// computed them before the seed form (every tree into its bin, then every LPN row).
+    pub(crate) fn eager_send(it: &SenderIteration) -> Vec<u128> {
+        let (p, d) = (it.p, it.p.depth());
+        let (lpn_base, levels) = it.base.as_slice().split_at(p.k);
+        let mut out = vec![0u128; p.n];
+        let mut msg = vec![0u128; d];
+        for (i, leaves) in out.chunks_mut(1 << d).enumerate() {
+            let level_cots = &levels[i * d..(i + 1) * d];
+            send_tree(it.roots[i], it.delta, level_cots, leaves, &mut msg);
+        }
+        it.matrix.encode(0, &mut out, lpn_base);
+        out
+    }
+
+    /// The oracle of [`ReceiverIteration::take_into`] (see [`eager_send`]).
+    pub(crate) fn eager_receive(it: &ReceiverIteration) -> (Vec<u128>, Vec<u8>) {
+        let (p, d) = (it.p, it.p.depth());
+        let (lpn_base, level_t) = it.base.as_slice().split_at(p.k);
+        let mut out = vec![0u128; p.n];
+        let mut bits = vec![0u8; p.n];
+        for (i, (leaves, noise)) in out
+            .chunks_mut(1 << d)
+            .zip(bits.chunks_mut(1 << d))
+            .enumerate()
+        {
+            let l = i * d..(i + 1) * d;
+            let hole = receive_tree(
+                &level_t[l.clone()],
+                &it.level_bits[l.clone()],
+                &it.msg[l],
+                leaves,
+            );
+            noise[hole] = 1;
+        }
+        it.matrix
+            .encode_with_bits(0, &mut out, &mut bits, lpn_base, &it.lpn_bits);
+        (out, bits)
+    }
+
+    /// Set-up and one main iteration of each party with `boot`/`main`: the engines after it,
+    /// the bootstrap iterations and the main ones, as they came out of `iterate`.
+    #[allow(clippy::type_complexity)]
+    fn one_iteration(
+        boot: LpnParams,
+        main: LpnParams,
+    ) -> (
+        (FerretReceiver, ReceiverIteration, ReceiverIteration),
+        (FerretSender, SenderIteration, SenderIteration),
+    ) {
+        run_two_party(
+            move |c| {
+                let mut iknp = IknpReceiver::setup(c)?;
+                let (mut r, boot) = FerretReceiver::setup_with(c, &mut iknp, boot, main)?;
+                let it = r.iterate(c)?;
+                Ok((r, boot, it))
+            },
+            move |c| {
+                let mut iknp = IknpSender::setup(c)?;
+                let (mut s, boot) = FerretSender::setup_with(c, &mut iknp, boot, main)?;
+                let it = s.iterate(c)?;
+                Ok((s, boot, it))
+            },
+        )
+        .unwrap()
+    }
+
+    /// Handing an iteration out in calls of any size (0, 1, within a tree, across tree and
+    /// LPN-job boundaries, whole trees in parallel) gives exactly the outputs computed at
+    /// once, and the engine's next reserve is their prefix.
+    #[test]
+    fn an_iteration_handed_out_in_pieces_equals_it_computed_at_once() {
+        let ((r, rboot, rit), (s, sboot, sit)) = one_iteration(TEST_BOOT, TEST_MAIN);
+        let reserve = TEST_MAIN.base_cots();
+        let (q, (t, bits)) = (eager_send(&sit), eager_receive(&rit));
+        check_correlation(s.delta(), &q, &t, &bits);
+        assert_eq!(s.reserve.as_slice(), &q[..reserve]);
+        assert_eq!(r.reserve.as_slice(), &t[..reserve]);
+        assert_eq!(&r.reserve_bits[..], &bits[..reserve]);
+        let (bq, (bt, bb)) = (eager_send(&sboot), eager_receive(&rboot));
+        check_correlation(s.delta(), &bq, &bt, &bb);
+        // The bootstrap handed the first main reserve out of its prefix.
+        assert_eq!(sboot.next, reserve);
+        let sizes = [
+            0, 1, 0, 1, 61, 511, 512, 513, 1_024, 5_000, 9_000, 1, 2, 3_000, 0,
+        ];
+        for (mut sit, mut rit, q, t, bits) in [(sit, rit, q, t, bits), (sboot, rboot, bq, bt, bb)] {
+            let mut at = sit.next;
+            assert_eq!(rit.next, at);
+            for &m in sizes.iter().cycle() {
+                let m = m.min(sit.left());
+                let mut got_q = vec![0u128; m];
+                let (mut got_t, mut got_bits) = (vec![0u128; m], vec![0u8; m]);
+                sit.take_into(&mut got_q);
+                rit.take_into(&mut got_t, &mut got_bits);
+                assert_eq!(got_q, q[at..at + m], "sender rows {at}+{m}");
+                assert_eq!(got_t, t[at..at + m], "receiver rows {at}+{m}");
+                assert_eq!(got_bits, bits[at..at + m], "choice bits {at}+{m}");
+                at += m;
+                if sit.left() == 0 {
+                    break;
+                }
+            }
+            assert_eq!((at, rit.left()), (q.len(), 0));
+        }
+    }
+
+    #[test]
+    fn bootstrap_loop_keeps_the_correlation_over_iterations() {
         type Recv = Vec<(Vec<u128>, Vec<u8>)>;
         let (recv, (delta, sent)): (Recv, (u128, Vec<Vec<u128>>)) = run_two_party(
             move |c| {
                 let mut iknp = IknpReceiver::setup(c)?;
-                let (mut r, t, bits, start) = FerretReceiver::setup_with(c, &mut iknp, boot, main)?;
-                let mut all = vec![(t[start..].to_vec(), bits[start..].to_vec())];
+                let (mut r, _) = FerretReceiver::setup_with(c, &mut iknp, TEST_BOOT, TEST_MAIN)?;
+                let mut all = Vec::new();
                 let (mut t, mut bits) = (Vec::new(), Vec::new());
-                for _ in 0..iterations {
-                    let start = r.extend(c, &mut t, &mut bits)?;
-                    all.push((t[start..].to_vec(), bits[start..].to_vec()));
+                for _ in 0..4 {
+                    r.extend(c, &mut t, &mut bits)?;
+                    all.push((t.clone(), bits.clone()));
                 }
                 Ok(all)
             },
             move |c| {
                 let mut iknp = IknpSender::setup(c)?;
-                let (mut s, q, start) = FerretSender::setup_with(c, &mut iknp, boot, main)?;
-                let mut all = vec![q[start..].to_vec()];
+                let (mut s, _) = FerretSender::setup_with(c, &mut iknp, TEST_BOOT, TEST_MAIN)?;
+                let mut all = Vec::new();
                 let mut q = Vec::new();
-                for _ in 0..iterations {
-                    let start = s.extend(c, &mut q)?;
-                    all.push(q[start..].to_vec());
+                for _ in 0..4 {
+                    s.extend(c, &mut q)?;
+                    all.push(q.clone());
                 }
                 Ok((s.delta(), all))
             },
         )
         .unwrap();
-        assert_eq!(recv.len(), iterations + 1);
         for ((t, bits), q) in recv.iter().zip(&sent) {
+            assert_eq!(q.len(), TEST_MAIN.n - TEST_MAIN.base_cots());
             check_correlation(delta, q, t, bits);
         }
         assert_ne!(sent[0][..100], sent[1][..100], "iterations repeat");
     }
 
-    #[test]
-    fn bootstrap_loop_keeps_the_correlation_over_iterations() {
-        run(TEST_BOOT, TEST_MAIN, 4);
-    }
-
+    /// The published sets: one main iteration, computed at once, keeps the correlation.
     #[test]
     fn published_parameters_one_main_iteration() {
-        run(params::BOOTSTRAP, params::MAIN, 1);
+        let ((r, rboot, rit), (s, sboot, sit)) = one_iteration(params::BOOTSTRAP, params::MAIN);
+        for (q, (t, bits)) in [
+            (eager_send(&sboot), eager_receive(&rboot)),
+            (eager_send(&sit), eager_receive(&rit)),
+        ] {
+            check_correlation(s.delta(), &q, &t, &bits);
+        }
+        assert_eq!(r.reserve.len(), params::MAIN.base_cots());
     }
 }

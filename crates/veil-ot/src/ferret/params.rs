@@ -46,6 +46,22 @@ pub(crate) const BOOTSTRAP: LpnParams = LpnParams {
     t: 850,
 };
 
+/// Small, insecure sets that exercise every code path (several main iterations) quickly.
+#[cfg(test)]
+pub(crate) const TEST_BOOT: LpnParams = LpnParams {
+    n: 4096,
+    k: 512,
+    t: 16,
+};
+
+/// See [`TEST_BOOT`]: 50 trees of 512 leaves, 23,150 COTs handed out per iteration.
+#[cfg(test)]
+pub(crate) const TEST_MAIN: LpnParams = LpnParams {
+    n: 50 << 9,
+    k: 2_000,
+    t: 50,
+};
+
 impl LpnParams {
     #[cfg(test)]
     /// Output range `[start, start + len)` of bin `i`: bins differ in size by at most one.

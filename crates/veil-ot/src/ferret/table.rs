@@ -6,11 +6,12 @@
 //!   touch). On the 2-core VM one LPN thread took ~47 instead of ~65 ns per row (noisy, loaded
 //!   machine). Before, the window could miss the last partial huge page and the hint was then
 //!   skipped altogether; the buffer now always holds whole huge pages.
-//! * [`PoolBuf`]: the one buffer of a session's COT pool (170 MB per main iteration), reused
-//!   by every refill. Grown buffers get the same hint, which turns ~40,000 page faults per
-//!   buffer into ~80 (page faults were 10 % of the CPU of a ReLU on 2^20 elements), and are
-//!   allocated zeroed, so the kernel's fresh zero pages are not cleared a second time and
-//!   pages that are never written are never touched, not even when the buffer is wiped.
+//! * [`PoolBuf`]: a buffer of a session's COT pool, reused by every call: the window a silent
+//!   pool writes a call's COTs to, or an IKNP pool's COTs. Grown buffers get the same hint,
+//!   which turns ~40,000 page faults per 170 MB buffer into ~80 (page faults were 10 % of the
+//!   CPU of a ReLU on 2^20 elements), and are allocated zeroed, so the kernel's fresh zero
+//!   pages are not cleared a second time and pages that are never written are never touched,
+//!   not even when the buffer is wiped.
 //! * [`scratch_wiping`]: the same for the caller-owned buffers of the engines' `Vec` API.
 //!
 //! Both are only hints: elsewhere, or if the kernel declines, the memory behaves as plain pages.
@@ -56,6 +57,25 @@ impl HugeTable {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// Bytes the table keeps resident: its window, in whole huge pages.
+    pub(crate) fn bytes(&self) -> usize {
+        huge_bytes(self.len)
+    }
+}
+
+#[cfg(test)]
+impl Clone for HugeTable {
+    fn clone(&self) -> Self {
+        let mut t = HugeTable::new(self.len);
+        t.as_mut_slice().copy_from_slice(self.as_slice());
+        t
+    }
+}
+
+/// Bytes a [`HugeTable`] of `len` blocks keeps resident.
+pub(crate) fn huge_bytes(len: usize) -> usize {
+    (len * 16).next_multiple_of(HUGE)
 }
 
 /// Asks for huge pages on the whole 2 MiB pages inside `[addr, addr + bytes)`, which must be
@@ -91,6 +111,11 @@ impl<T: DefaultIsZeroes> PoolBuf<T> {
 
     pub(crate) fn as_slice(&self) -> &[T] {
         &self.buf
+    }
+
+    /// The entries written so far, to overwrite.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        &mut self.buf[..self.written]
     }
 
     /// Bytes of the entries ever written: what the buffer keeps resident (pages never written
@@ -134,15 +159,6 @@ impl<T: DefaultIsZeroes> PoolBuf<T> {
         &mut self.buf[..len]
     }
 
-    /// Moves the entries `src` to start at `dest`, inside what has been written.
-    pub(crate) fn copy_within(&mut self, src: std::ops::Range<usize>, dest: usize) {
-        assert!(
-            src.end <= self.written && dest + src.len() <= self.written,
-            "pool buffer layout"
-        );
-        self.buf.copy_within(src, dest);
-    }
-
     fn wipe(&mut self) {
         self.buf[..self.written].zeroize();
     }
@@ -172,9 +188,10 @@ pub(crate) fn scratch_wiping<T: Copy + Zeroize + Default>(
     v.resize(len, T::default());
 }
 
+/// Only the window ever holds COTs: wiping the rest would fault in pages never used.
 impl Drop for HugeTable {
     fn drop(&mut self) {
-        self.buf.zeroize();
+        self.as_mut_slice().zeroize();
     }
 }
 

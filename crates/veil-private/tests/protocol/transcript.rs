@@ -156,43 +156,58 @@ fn find_bytes(stream: &[u8], targets: &Targets, ring: Ring) -> Option<String> {
     None
 }
 
-/// Reads `width` bits at bit position `pos` (LSB first).
-fn bits_at(stream: &[u8], pos: usize, width: u32) -> u64 {
-    let byte = pos / 8;
+/// The 128 bits of `stream` from byte `byte` on (LSB first), zero past its end.
+fn word_at(stream: &[u8], byte: usize) -> u128 {
     let mut word = [0u8; 16];
     let n = (stream.len() - byte).min(16);
     word[..n].copy_from_slice(&stream[byte..byte + n]);
-    let v = u128::from_le_bytes(word) >> (pos % 8);
-    (v as u64) & ((1u64 << width) - 1)
+    u128::from_le_bytes(word)
 }
 
-/// First match of any target run as consecutive residues mod `q`, bit-packed at q's width,
-/// at any bit position.
-fn find_residues(stream: &[u8], targets: &Targets, ring: Ring, q: u64) -> Option<String> {
-    let width = 64 - q.leading_zeros();
-    let residue = |v: &Value| ring.to_signed(v.ring).rem_euclid(q as i64) as u64;
-    let mut first: HashMap<u64, Vec<usize>> = HashMap::new();
-    for (i, (run, _)) in targets.runs.iter().enumerate() {
-        first.entry(residue(&run[0])).or_default().push(i);
-    }
-    let filter = Prefilter::new(first.keys().copied());
-    let total_bits = stream.len() * 8;
-    let span = RUN * width as usize;
-    for pos in 0..total_bits.saturating_sub(span - 1) {
-        let v = bits_at(stream, pos, width);
-        if !filter.may_contain(v) {
-            continue;
+/// Reads `width` bits at bit position `pos` (LSB first).
+fn bits_at(stream: &[u8], pos: usize, width: u32) -> u64 {
+    (word_at(stream, pos / 8) >> (pos % 8)) as u64 & ((1u64 << width) - 1)
+}
+
+/// First match of any target run as consecutive residues mod any of `moduli`, bit-packed at
+/// that modulus's width, at any bit position. Moduli of one width share a pass over the stream
+/// (one 16-byte load per byte, eight shifts), which is what keeps the scan of megabytes of
+/// transcript at every bit offset affordable in a debug build.
+fn find_residues(stream: &[u8], targets: &Targets, ring: Ring, moduli: &[u64]) -> Option<String> {
+    let residue = |v: &Value, q: u64| ring.to_signed(v.ring).rem_euclid(q as i64) as u64;
+    let mut widths: Vec<u32> = moduli.iter().map(|q| 64 - q.leading_zeros()).collect();
+    widths.sort_unstable();
+    widths.dedup();
+    for width in widths {
+        // First residue → (run, modulus) for every modulus of this width.
+        let mut first: HashMap<u64, Vec<(usize, u64)>> = HashMap::new();
+        for &q in moduli.iter().filter(|q| 64 - q.leading_zeros() == width) {
+            for (i, (run, _)) in targets.runs.iter().enumerate() {
+                first.entry(residue(&run[0], q)).or_default().push((i, q));
+            }
         }
-        if let Some(cands) = first.get(&v) {
-            for &i in cands {
-                let run = &targets.runs[i].0;
-                if (1..RUN)
-                    .all(|k| bits_at(stream, pos + k * width as usize, width) == residue(&run[k]))
-                {
-                    return Some(format!(
-                        "{} as residues mod a {width}-bit modulus at bit {pos}",
-                        targets.runs[i].1
-                    ));
+        let filter = Prefilter::new(first.keys().copied());
+        let mask = (1u64 << width) - 1;
+        let span = RUN * width as usize;
+        let positions = (stream.len() * 8).saturating_sub(span - 1);
+        for byte in 0..positions.div_ceil(8) {
+            let word = word_at(stream, byte);
+            for shift in 0..8.min(positions - byte * 8) {
+                let v = (word >> shift) as u64 & mask;
+                if !filter.may_contain(v) {
+                    continue;
+                }
+                let pos = byte * 8 + shift;
+                for &(i, q) in first.get(&v).into_iter().flatten() {
+                    let run = &targets.runs[i].0;
+                    if (1..RUN).all(|k| {
+                        bits_at(stream, pos + k * width as usize, width) == residue(&run[k], q)
+                    }) {
+                        return Some(format!(
+                            "{} as residues mod a {width}-bit modulus at bit {pos}",
+                            targets.runs[i].1
+                        ));
+                    }
                 }
             }
         }
@@ -214,11 +229,8 @@ fn he_moduli(ring: Ring) -> Vec<u64> {
 }
 
 fn find(stream: &[u8], targets: &Targets, ring: Ring) -> Option<String> {
-    find_bytes(stream, targets, ring).or_else(|| {
-        he_moduli(ring)
-            .into_iter()
-            .find_map(|q| find_residues(stream, targets, ring, q))
-    })
+    find_bytes(stream, targets, ring)
+        .or_else(|| find_residues(stream, targets, ring, &he_moduli(ring)))
 }
 
 fn config(embedding: EmbeddingMode) -> ModelConfig {
@@ -388,22 +400,30 @@ fn the_scanner_finds_planted_leaks_in_every_encoding() {
     }
     assert_eq!(find_bytes(&noise(5000), &targets, ring), None);
 
-    // Residues bit-packed at a modulus width, at a bit offset that is not byte-aligned.
-    let q = he_moduli(ring)[0];
-    let width = 64 - q.leading_zeros();
-    let mut bits: Vec<bool> = (0..13).map(|i| i % 3 == 0).collect();
-    for &v in &row {
-        let r = ring.to_signed(v).rem_euclid(q as i64) as u64;
-        bits.extend((0..width).map(|b| r >> b & 1 == 1));
+    // Residues bit-packed at a modulus's width, at a bit offset that is not byte-aligned: the
+    // narrowest and the widest modulus, each found by the scan over all of them, and the noise
+    // around them alone never matches.
+    let moduli = he_moduli(ring);
+    for q in [moduli[0], moduli[moduli.len() - 1]] {
+        let width = 64 - q.leading_zeros();
+        let mut bits: Vec<bool> = (0..13).map(|i| i % 3 == 0).collect();
+        for &v in &row {
+            let r = ring.to_signed(v).rem_euclid(q as i64) as u64;
+            bits.extend((0..width).map(|b| r >> b & 1 == 1));
+        }
+        bits.extend((0..40).map(|i| i % 5 == 0));
+        let stream: Vec<u8> = bits
+            .chunks(8)
+            .map(|c| {
+                c.iter()
+                    .enumerate()
+                    .fold(0u8, |a, (i, &b)| a | (b as u8) << i)
+            })
+            .collect();
+        assert!(
+            find_residues(&stream, &targets, ring, &moduli).is_some(),
+            "a leak packed at {width} bits"
+        );
     }
-    bits.extend((0..40).map(|i| i % 5 == 0));
-    let stream: Vec<u8> = bits
-        .chunks(8)
-        .map(|c| {
-            c.iter()
-                .enumerate()
-                .fold(0u8, |a, (i, &b)| a | (b as u8) << i)
-        })
-        .collect();
-    assert!(find_residues(&stream, &targets, ring, q).is_some());
+    assert_eq!(find_residues(&noise(5000), &targets, ring, &moduli), None);
 }
