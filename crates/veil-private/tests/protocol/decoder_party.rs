@@ -125,11 +125,31 @@ fn client_generate(
     fixed: &FixedDecoder,
     p: &mut DecoderParty<'_, MemChannel>,
 ) -> Result<Vec<Step>> {
+    client_generate_with(fixed, p, false)
+}
+
+/// [`client_generate`], with every other decode step preprocessed between tokens when
+/// `preprocess` (steps 1, 3, 5, …: made right after the previous step's logits came back; the
+/// others run single-phase, as a step without material does).
+fn client_generate_with(
+    fixed: &FixedDecoder,
+    p: &mut DecoderParty<'_, MemChannel>,
+    preprocess: bool,
+) -> Result<Vec<Step>> {
     let mut out = Vec::new();
     let mut next = PROMPT.to_vec();
-    for _ in 0..=STEPS {
+    for i in 0..=STEPS {
+        let material = if preprocess && i % 2 == 1 {
+            Some(p.preprocess(1, POOL_COTS)?)
+        } else {
+            None
+        };
         let (before, classes) = (p.meter().total(), p.meter().by_class());
-        let logits = p.client_step(&next)?.into_data();
+        let logits = match material {
+            Some(m) => p.client_step_with(&next, m)?,
+            None => p.client_step(&next)?,
+        }
+        .into_data();
         let id = argmax(fixed, &logits);
         let after = p.meter().by_class();
         let classes = after
@@ -456,45 +476,6 @@ fn a_context_beyond_the_limit_is_refused_cleanly() {
 /// COTs the preprocessing tests fill the pools with before each preprocessed step.
 const POOL_COTS: usize = 20_000;
 
-/// The client's greedy generation with every other decode step preprocessed between tokens
-/// (steps 1, 3, 5, …: made right after the previous step's logits came back; the others run
-/// single-phase, as a step without material does).
-fn client_generate_preprocessed(
-    fixed: &FixedDecoder,
-    p: &mut DecoderParty<'_, MemChannel>,
-) -> Result<Vec<Step>> {
-    let mut out = Vec::new();
-    let mut next = PROMPT.to_vec();
-    for i in 0..=STEPS {
-        let material = if i % 2 == 1 {
-            Some(p.preprocess(1, POOL_COTS)?)
-        } else {
-            None
-        };
-        let (before, classes) = (p.meter().total(), p.meter().by_class());
-        let logits = match material {
-            Some(m) => p.client_step_with(&next, m)?,
-            None => p.client_step(&next)?,
-        }
-        .into_data();
-        let id = argmax(fixed, &logits);
-        let after = p.meter().by_class();
-        let classes = after
-            .iter()
-            .map(|(c, s)| (*c, minus(s, &classes.get(c).cloned().unwrap_or_default())))
-            .filter(|(_, s)| s.bytes_sent + s.bytes_received > 0)
-            .collect();
-        out.push(Step {
-            logits,
-            id,
-            cost: minus(&p.meter().total(), &before),
-            classes,
-        });
-        next = vec![id];
-    }
-    Ok(out)
-}
-
 fn server_generate_preprocessed(p: &mut DecoderParty<'_, MemChannel>) -> Result<Vec<Step>> {
     p.server_step(PROMPT.len())?;
     for i in 1..=STEPS {
@@ -524,7 +505,7 @@ fn preprocessed_steps_equal_the_simulator_bit_for_bit() {
             (&fixed, fixed.tables()),
             ProductTruncation::Faithful,
             limit,
-            &|p| client_generate_preprocessed(&fixed, p),
+            &|p| client_generate_with(&fixed, p, true),
             &|p| server_generate_preprocessed(p),
         );
         let want = simulated(&fixed, &steps);
