@@ -43,6 +43,27 @@ pub enum Step<I = LayerId> {
     Products(Vec<(usize, usize, usize)>),
 }
 
+/// A shape planner's batch of shared × shared products: records its (n, k, m) per product and
+/// returns zeros of the products' shapes (the encoder's and the decoder's planners alike).
+pub(crate) fn record_products<I>(
+    ring: Ring,
+    steps: &mut Vec<Step<I>>,
+    a: &[RingTensor],
+    b: &[RingTensor],
+) -> Result<Vec<RingTensor>> {
+    let dims: Vec<_> = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x.shape()[0], x.shape()[1], y.shape()[1]))
+        .collect();
+    let out = dims
+        .iter()
+        .map(|&(n, _, m)| RingTensor::zeros(ring, &[n, m]))
+        .collect();
+    steps.push(Step::Products(dims));
+    out
+}
+
 /// The linear steps of one inference of `seq` tokens, in the engine's order.
 pub fn plan(cfg: &ModelConfig, ring: Ring, seq: usize) -> Result<Vec<Step>> {
     let mut p = Planner::new(cfg, ring);
@@ -80,17 +101,7 @@ impl Engine for Planner<'_> {
     }
 
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
-        let dims: Vec<_> = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x.shape()[0], x.shape()[1], y.shape()[1]))
-            .collect();
-        let out = dims
-            .iter()
-            .map(|&(n, _, m)| RingTensor::zeros(self.ring, &[n, m]))
-            .collect();
-        self.steps.push(Step::Products(dims));
-        out
+        record_products(self.ring, &mut self.steps, a, b)
     }
 
     fn adjust_scores(&mut self, _scores: &mut RingTensor) -> Result<()> {

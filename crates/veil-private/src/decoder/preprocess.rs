@@ -49,7 +49,7 @@ use veil_model::engine::decoder::{
 use veil_model::AttentionNorm;
 
 use super::model::{dims, fused_group, group_widths};
-use crate::preprocess::{steps_material_bytes, Material, Step};
+use crate::preprocess::{record_products, steps_material_bytes, Material, Step};
 
 /// The linear steps of one decoder step of `tokens` tokens after `start` cached positions, in
 /// the engine's order: each fused group's lead with its rows, each batch of products with its
@@ -161,17 +161,7 @@ impl DecoderEngine for StepPlanner<'_> {
     }
 
     fn products(&mut self, a: &[RingTensor], b: &[RingTensor]) -> Result<Vec<RingTensor>> {
-        let dims: Vec<_> = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x.dims().0, x.dims().1, y.dims().1))
-            .collect();
-        let out = dims
-            .iter()
-            .map(|&(n, _, m)| RingTensor::zeros(self.ring, &[n, m]))
-            .collect();
-        self.steps.push(Step::Products(dims));
-        out
+        record_products(self.ring, &mut self.steps, a, b)
     }
 
     fn causal_weights(&mut self, _: AttentionNorm, s: &RingTensor, _: usize) -> Result<RingTensor> {
