@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::{Args, ValueEnum};
 use veil_core::{ensure, Result};
+use veil_model::decoder::DecoderActivation;
 use veil_train::decoder::questions::load_scored;
 use veil_train::decoder::{
     read_questions, score_questions, substitute_decoder, DecoderOutcome, DecoderSubstituteOptions,
@@ -21,6 +22,14 @@ pub(crate) enum ScopeArg {
     Block,
     /// That block and every block above it.
     Above,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum SiluSubstituteArg {
+    /// x·min(max(x + 3, 0), 6)/6: SiLU's shape, a ReLU call on x ± 3 and two products.
+    HardSwish,
+    /// max(x, 0): cheapest (no products), furthest from SiLU.
+    Relu,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -90,6 +99,9 @@ pub(crate) struct SubstituteDecoderArgs {
     /// Operators to replace, in stage order: silu, softmax, rms1, rms2.
     #[arg(long, value_delimiter = ',', default_value = "silu,softmax")]
     operators: Vec<Operator>,
+    /// What SiLU becomes.
+    #[arg(long, value_enum, default_value_t = SiluSubstituteArg::HardSwish)]
+    silu_substitute: SiluSubstituteArg,
     /// Order in which each stage visits the blocks: down (n−1 … 0, the paper's) or up.
     #[arg(long, value_enum, default_value_t = BlockOrderArg::Down)]
     block_order: BlockOrderArg,
@@ -161,6 +173,10 @@ pub(crate) fn substitute_decoder_cmd(a: SubstituteDecoderArgs, quiet: bool) -> R
         }),
     );
     o.operators = a.operators.clone();
+    o.silu_substitute = match a.silu_substitute {
+        SiluSubstituteArg::HardSwish => DecoderActivation::HardSwish,
+        SiluSubstituteArg::Relu => DecoderActivation::Relu,
+    };
     o.block_order = match a.block_order {
         BlockOrderArg::Down => BlockOrder::Down,
         BlockOrderArg::Up => BlockOrder::Up,

@@ -40,7 +40,7 @@ use crate::{ensure, FixedPoint, Result, Ring};
 
 /// SiLU and RMSNorm, the decoders' additions (their error bounds are re-exported here).
 pub mod decoder;
-pub use decoder::{RMS_NORM_ERROR, SILU_MAX_ERROR};
+pub use decoder::{HARD_SWISH_EXTRA_BITS, HARD_SWISH_MAX_ERROR, RMS_NORM_ERROR, SILU_MAX_ERROR};
 
 /// exp(x) for x below −EXP_CLAMP is computed as exp(−EXP_CLAMP) ≈ 1.1e-7, which encodes as 0.
 pub const EXP_CLAMP: i64 = 16;

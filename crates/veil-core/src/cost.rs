@@ -40,6 +40,8 @@ pub enum CostClass {
     RmsNorm,
     /// The SiLU of a decoder's gated MLP.
     Silu,
+    /// Hard-swish, SiLU's substitute in a decoder's gated MLP, with its product by `up`.
+    HardSwish,
     /// The centring substitute for LayerNorm.
     Centring,
     /// Centring's affine step.
@@ -71,12 +73,12 @@ pub enum CostClass {
 impl CostClass {
     /// Every class, in declaration order.
     #[rustfmt::skip]
-    pub const ALL: [CostClass; 26] = {
+    pub const ALL: [CostClass; 27] = {
         use CostClass::*;
         [
             Setup, HeSetup, Embedding, MatMul, Truncation, Extension, Softmax, ReluNormalise, Gelu,
-            Relu, LayerNorm, RmsNorm, Silu, Centring, CentreAffine, Head, Max, Exp, Recip, Rsqrt,
-            Tanh, Compare, DRelu, Mul, OtRefill, Unlabelled,
+            Relu, LayerNorm, RmsNorm, Silu, HardSwish, Centring, CentreAffine, Head, Max, Exp,
+            Recip, Rsqrt, Tanh, Compare, DRelu, Mul, OtRefill, Unlabelled,
         ]
     };
 
@@ -96,6 +98,7 @@ impl CostClass {
             CostClass::LayerNorm => "LayerNorm",
             CostClass::RmsNorm => "RMSNorm",
             CostClass::Silu => "SiLU",
+            CostClass::HardSwish => "Hard-swish",
             CostClass::Centring => "Centring",
             CostClass::CentreAffine => "Centre-affine",
             CostClass::Head => "Head",

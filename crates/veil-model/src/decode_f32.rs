@@ -271,6 +271,11 @@ pub(crate) fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// x·min(max(x + 3, 0), 6)/6: SiLU's substitute ([`DecoderActivation::HardSwish`]).
+pub(crate) fn hard_swish(x: f32) -> f32 {
+    x * (x + 3.0).clamp(0.0, 6.0) / 6.0
+}
+
 /// GELU, tanh form (GPT-2's "gelu_new").
 pub(crate) fn gelu_tanh(x: f32) -> f32 {
     let k = (2.0f32 / std::f32::consts::PI).sqrt();
@@ -496,6 +501,7 @@ impl DecoderEngine for F32Decoder<'_, '_> {
                 .map(|(&g, &u)| match act {
                     DecoderActivation::Original => silu(g) * u,
                     DecoderActivation::Relu => g.max(0.0) * u,
+                    DecoderActivation::HardSwish => hard_swish(g) * u,
                 })
                 .collect(),
         )

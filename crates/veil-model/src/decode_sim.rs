@@ -611,6 +611,25 @@ impl<'a> DecoderSim<'a> {
             .trunc(ring.from_signed(acc), self.model.fp().frac_bits())
     }
 
+    /// hard-swish(g)·u as [`Approx::hard_swish_gated`](veil_core::Approx::hard_swish_gated),
+    /// with its ReLUs' inputs g ± 3 checked against their domain, ⌊g·u⌋_f tracked as a product
+    /// and the factor's product counted as wrapped when it leaves the ring's signed range.
+    fn hard_swish_gated(&mut self, g: u64, u: u64) -> u64 {
+        let ax = self.model.approx;
+        let ring = self.ring();
+        let three = 3u64 << self.model.fp().frac_bits();
+        let inputs = [ring.add(g, three), ring.sub(g, three)];
+        self.tracker.report.out_of_domain += self.outside_relu_domain(&inputs);
+        let gu = self.product(g, u);
+        let fac = ax.hard_swish_factor(g);
+        let acc =
+            ring.to_signed(fac).unsigned_abs() as u128 * ring.to_signed(gu).unsigned_abs() as u128;
+        if acc >= 1u128 << (ring.bits() - 1) {
+            self.tracker.report.wrapped += 1;
+        }
+        ax.hard_swish_apply(fac, gu)
+    }
+
     /// How many of `xs` lie outside the ReLU domain |x| < 2^RELU_DOMAIN_BITS the private
     /// comparisons are promised (outside it the protocol's ReLU is unspecified).
     fn outside_relu_domain(&self, xs: &[u64]) -> usize {
@@ -808,15 +827,13 @@ impl DecoderEngine for DecoderSim<'_> {
             .data()
             .iter()
             .zip(up.data())
-            .map(|(&g, &u)| {
-                let a = match act {
-                    DecoderActivation::Original => ax.silu(g),
-                    DecoderActivation::Relu => {
-                        self.tracker.report.out_of_domain += self.outside_relu_domain(&[g]);
-                        ax.relu(g)
-                    }
-                };
-                self.product(a, u)
+            .map(|(&g, &u)| match act {
+                DecoderActivation::Original => self.product(ax.silu(g), u),
+                DecoderActivation::Relu => {
+                    self.tracker.report.out_of_domain += self.outside_relu_domain(&[g]);
+                    self.product(ax.relu(g), u)
+                }
+                DecoderActivation::HardSwish => self.hard_swish_gated(g, u),
             })
             .collect();
         RingTensor::from_vec(gate.ring(), gate.shape(), out)

@@ -1,5 +1,5 @@
 //! The non-linearities decoder LLMs add to the encoder's: SiLU (the gated MLP of the Llama
-//! family) and RMSNorm. GELU-tanh (GPT-2) is [`Approx::gelu`] itself, the causal softmax is
+//! family), its substitute hard-swish, and RMSNorm. GELU-tanh (GPT-2) is [`Approx::gelu`] itself, the causal softmax is
 //! [`Approx::softmax_row`] with the prefix of visible keys as its mask (masked entries are
 //! excluded from the max and the sum and output exactly 0), and the decoders' LayerNorm is
 //! [`Approx::layer_norm_row_at`] on a wider domain. Every step is one a two-party protocol does on
@@ -39,6 +39,17 @@ pub const SILU_SPLIT: SplitSpec = SplitSpec {
     coef_frac: 26,
 };
 
+/// Extra fractional bits e of hard-swish's gate factor ([`Approx::hard_swish_factor`]): the
+/// factor 1/6 is K = round(2^(f+e)/6), 7.6e-6 relative off at e = 5, so the saturated side
+/// (x ≥ 3, factor 1) gives x·u exactly for |x·u| < 16; the final product fac·⌊x·u⌋_f stays in the
+/// 48-bit ring for |x·u| < 2^(47 − 2f − e − 1) = 2^15.
+pub const HARD_SWISH_EXTRA_BITS: u32 = 5;
+
+/// Max |approx::hard_swish_gated(x, 1) − reference::hard_swish(x)| over |x| ≤ 64, every raw input,
+/// at (48, 13): K's excess 7.6e-6·|x| plus the output's floor (1 ulp); measured 4.88e-4 at x = 64.
+/// Between −3 and 3, where the factor is not saturated, the error stays within 2 ulps.
+pub const HARD_SWISH_MAX_ERROR: f64 = 5e-4;
+
 /// Max error of RMSNorm's normalised value x/√(mean(x²) + ε) vs f64 on a row in the domain,
 /// as a + b·|value| (the output then adds ≤ 1.5 ulp + |γ|·this): the output quantisation at W
 /// bits (|x|·2^-W) plus the rsqrt's relative error. Checked by the test on rows of 64 to 2,048
@@ -60,6 +71,36 @@ impl Approx {
     /// The public constants of [`Approx::silu`].
     pub fn silu_plan(&self) -> super::SplitPlan {
         self.split_plan(&SILU_SPLIT)
+    }
+
+    /// Hard-swish's gate factor min(max(x + 3, 0), 6)/6 ∈ [0, 1] at f + [`HARD_SWISH_EXTRA_BITS`]
+    /// fractional bits: c = ReLU(x + 3) − ReLU(x − 3) (exact, c ∈ [0, 6]), then ⌊c·K / 2^f⌋ with
+    /// K = [`Approx::hard_swish_sixth`]. Under MPC: one ReLU call on x ± 3 and one truncation.
+    /// Domain: |x| < 2^[`super::RELU_DOMAIN_BITS`] − 3 (the ReLUs' promised bound).
+    pub fn hard_swish_factor(&self, x: u64) -> u64 {
+        let ring = self.fp.ring;
+        let three = 3u64 << self.fp.frac_bits();
+        let c = ring.sub(self.relu(ring.add(x, three)), self.relu(ring.sub(x, three)));
+        self.mul_trunc_by(c, self.hard_swish_sixth(), self.fp.frac_bits())
+    }
+
+    /// K = round(2^(f+e)/6), the public constant of [`Approx::hard_swish_factor`].
+    pub fn hard_swish_sixth(&self) -> u64 {
+        let e = self.fp.frac_bits() + HARD_SWISH_EXTRA_BITS;
+        ((1u64 << e) + 3) / 6
+    }
+
+    /// fac·v for a factor of [`Approx::hard_swish_factor`] and a value v at f bits:
+    /// ⌊fac·v / 2^(f+e)⌋.
+    pub fn hard_swish_apply(&self, fac: u64, v: u64) -> u64 {
+        self.mul_trunc_by(fac, v, self.fp.frac_bits() + HARD_SWISH_EXTRA_BITS)
+    }
+
+    /// The gated MLP's hard-swish(x)·u as the protocol computes it: the factor of x applied to
+    /// ⌊x·u⌋_f, so x·u is a product that runs beside the factor's ReLUs rather than after them.
+    /// Max error vs f64 (u = 1): [`HARD_SWISH_MAX_ERROR`].
+    pub fn hard_swish_gated(&self, x: u64, u: u64) -> u64 {
+        self.hard_swish_apply(self.hard_swish_factor(x), self.mul_trunc(x, u))
     }
 
     /// RMSNorm of one row: ⌊⌊x_i·r⌋_W·γ_i⌋_f with r ≈ 1/√(Σx²/n + ε), for |x| < 2^dev_bits.
@@ -88,6 +129,11 @@ pub mod reference {
     /// x·σ(x).
     pub fn silu(x: f64) -> f64 {
         x / (1.0 + (-x).exp())
+    }
+
+    /// x·min(max(x + 3, 0), 6)/6.
+    pub fn hard_swish(x: f64) -> f64 {
+        x * (x + 3.0).clamp(0.0, 6.0) / 6.0
     }
 
     /// x_i·γ_i / √(Σx²/n + ε).
@@ -177,6 +223,59 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Hard-swish within its bound over |x| ≤ 64 at every raw input of the decoder format, x
+    /// itself from x = 3 on while |x| < 16 (the factor is 1 to 7.6e-6), 0 at and below −3, and
+    /// the gated form ⌊fac·⌊x·u⌋⌋ against f64 on random (x, u).
+    #[test]
+    fn hard_swish_sweep_and_gated_products() {
+        let a = Approx::new(FixedPoint::new(48, 13).unwrap()).unwrap();
+        let (fp, r) = (a.fp, a.fp.ring);
+        let one = fp.encode(1.0);
+        let mut worst = (0.0f64, 0.0);
+        for x in -(64i64 << 13)..=(64 << 13) {
+            let v = r.from_signed(x);
+            let y = a.hard_swish_gated(v, one);
+            let err = (fp.decode(y) - reference::hard_swish(fp.decode(v))).abs();
+            if err > worst.0 {
+                worst = (err, fp.decode(v));
+            }
+            if x <= -(3 << 13) {
+                assert_eq!(y, 0, "hard_swish({x}) = 0");
+            } else if x < 3 << 13 {
+                assert!(
+                    err <= 2.0 / 8192.0,
+                    "hard_swish({x}) error {err} in (−3, 3)"
+                );
+            }
+            if (3 << 13..16 << 13).contains(&x) {
+                assert_eq!(y, v, "hard_swish({x}) = x");
+            }
+        }
+        assert!(
+            worst.0 <= HARD_SWISH_MAX_ERROR,
+            "hard-swish error {} at {}",
+            worst.0,
+            worst.1
+        );
+        let mut prg = Prg::from_os_entropy();
+        for _ in 0..20_000 {
+            let (x, u) = (
+                random_row(&mut prg, 1, 8.0)[0],
+                random_row(&mut prg, 1, 30.0)[0],
+            );
+            let (xv, uv) = (fp.encode(x), fp.encode(u));
+            let (xq, uq) = (fp.decode(xv), fp.decode(uv));
+            let got = fp.decode(a.hard_swish_gated(xv, uv));
+            let want = reference::hard_swish(xq) * uq;
+            // ⌊x·u⌋'s ulp times the factor, the factor's error times |x·u|, the output's ulp.
+            let bound = 2.0 / 8192.0 + (xq * uq).abs() * 1.2e-5;
+            assert!(
+                (got - want).abs() <= bound,
+                "hard_swish({xq})·{uq}: {got} vs {want}"
+            );
         }
     }
 

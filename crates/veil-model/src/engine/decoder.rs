@@ -21,7 +21,8 @@
 //! final norm is always the original), [`AttentionNorm::ReluNormalise`] makes the causal
 //! attention weights ReLU(x_i) / (Σ_j ReLU(x_j) + ε) over the visible keys (ε =
 //! `veil_core::defaults::RELU_NORMALISE_EPS`, masked keys exactly 0), and
-//! [`DecoderActivation::Relu`] makes the gated MLP relu(gate) ⊙ up.
+//! [`DecoderActivation::Relu`] makes the gated MLP relu(gate) ⊙ up and
+//! [`DecoderActivation::HardSwish`] gate·min(max(gate + 3, 0), 6)/6 ⊙ up.
 
 use veil_core::{ensure, FixedPoint, Result, RingTensor};
 
@@ -185,7 +186,8 @@ pub trait DecoderEngine {
     ) -> Result<Self::Value>;
 
     /// act(gate) ⊙ up, element-wise: silu for [`DecoderActivation::Original`], max(·, 0) for
-    /// [`DecoderActivation::Relu`].
+    /// [`DecoderActivation::Relu`], x·min(max(x + 3, 0), 6)/6 for
+    /// [`DecoderActivation::HardSwish`].
     fn gated(
         &mut self,
         act: DecoderActivation,

@@ -135,6 +135,13 @@ fn each_substitute_changes_the_logits_in_both_engines() {
             },
         ),
         (
+            "hard-swish",
+            DecoderBlockVariant {
+                activation: DecoderActivation::HardSwish,
+                ..ORIGINAL
+            },
+        ),
+        (
             "attention",
             DecoderBlockVariant {
                 attention: AttentionNorm::ReluNormalise,

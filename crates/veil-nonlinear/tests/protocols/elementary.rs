@@ -1,4 +1,4 @@
-//! exp, recip, rsqrt, tanh, SiLU on shares open to exactly the integers of `veil_core::approx` (which
+//! exp, recip, rsqrt, tanh, SiLU, hard-swish on shares open to exactly the integers of `veil_core::approx` (which
 //! the approx tests check against f64 over the whole domain); also spot-checked against f64 here.
 
 use veil_core::{approx::Approx, Prg, Ring};
@@ -286,4 +286,56 @@ fn silu_in_the_one_bit_mode_stays_close_to_silu() {
         assert!(err <= bound, "silu({xv}) = {want}, got error {err}");
     }
     println!("worst 1-bit SiLU error {worst:.2e}");
+}
+
+/// Hard-swish gate inputs at the decoder format: ±3 and 0 (±1 ulp), random values across the
+/// domain's useful range, and the ReLU domain's edge; `up` values of both signs.
+fn hard_swish_inputs(a: &Approx, n: usize) -> (Vec<u64>, Vec<u64>) {
+    let ring = a.fp.ring;
+    let one = 1i64 << a.fp.frac_bits();
+    let edge = (1i64 << (a.relu_bound_bits() - 1)) - 4 * one;
+    let mut edges = vec![edge, -edge, 40 * one, -40 * one];
+    for t in [-3 * one, 0, 3 * one] {
+        edges.extend([t - 1, t, t + 1]);
+    }
+    let x = sample(ring, -12 * one, 12 * one, n, &edges);
+    let mut u = sample(ring, -30 * one, 30 * one, x.len(), &[]);
+    u.truncate(x.len());
+    // Keep x·u inside the promised |x·u| < 2^15 at the domain's edge.
+    u[0] = ring.from_signed(one / 2);
+    u[1] = ring.from_signed(-one / 2);
+    (x, u)
+}
+
+/// hard-swish(x)·u on shares opens to exactly `approx::hard_swish_gated` (faithful truncations),
+/// and within 3 ulps + |x·u|·2^-18 of it in the 1-bit-error mode (each truncation may land a
+/// unit low: the factor's, worth |x·u|·2^-18, x·u's and the output's).
+#[test]
+fn hard_swish_gated_matches_approx() {
+    let a = Approx::new(veil_core::FixedPoint::new(48, 13).unwrap()).unwrap();
+    let ring = a.fp.ring;
+    let (vals, ups) = hard_swish_inputs(&a, 200);
+    let (x, u) = (share_values(ring, &vals), share_values(ring, &ups));
+    for faithful in [true, false] {
+        let got = open(run_mem(|ot, ch, role| {
+            let mut cx = Ctx::new(ot, ch, role, a);
+            if !faithful {
+                cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
+            }
+            let k = cx.ax.relu_bound_bits();
+            let y = cx.hard_swish_gated(pick(role, &x).data(), pick(role, &u).data(), Some(k))?;
+            veil_core::RingTensor::from_vec(ring, &[y.len()], y)
+        }));
+        for (i, (&v, &w)) in vals.iter().zip(&ups).enumerate() {
+            let want = a.hard_swish_gated(v, w);
+            let (xv, uv) = (a.fp.decode(v), a.fp.decode(w));
+            if faithful {
+                assert_eq!(got[i], want, "hard_swish({xv})·{uv}");
+            } else {
+                let diff = ring.to_signed(ring.sub(got[i], want)).unsigned_abs() as f64;
+                let bound = 3.0 + (xv * uv).abs() * a.fp.scale() / f64::from(1u32 << 18);
+                assert!(diff <= bound, "hard_swish({xv})·{uv}: {diff} ulps off");
+            }
+        }
+    }
 }

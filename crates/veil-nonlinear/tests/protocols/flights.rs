@@ -162,11 +162,23 @@ fn layer_operators_take_their_documented_flights() {
             let y = cx.silu(x.data())?;
             RingTensor::from_vec(x.ring(), x.shape(), y)
         }),
+        layer_flights(8, 64, |cx, x, _| {
+            let k = cx.ax.relu_bound_bits();
+            let y = cx.hard_swish_gated(x.data(), x.data(), Some(k))?;
+            RingTensor::from_vec(x.ring(), x.shape(), y)
+        }),
+        layer_flights(8, 64, |cx, x, _| {
+            cx.trunc_mode = TruncMode::Faithful;
+            let k = cx.ax.relu_bound_bits();
+            let y = cx.hard_swish_gated(x.data(), x.data(), Some(k))?;
+            RingTensor::from_vec(x.ring(), x.shape(), y)
+        }),
     ];
     println!(
-        "relu_normalise softmax layer_norm centre_affine gelu relu rms_norm silu silu-faithful: {got:?}"
+        "relu_normalise softmax layer_norm centre_affine gelu relu rms_norm silu silu-faithful \
+         hard-swish·u hard-swish·u-faithful: {got:?}"
     );
-    assert_eq!(got, [44, 88, 46, 8, 64, 11, 42, 46, 66]);
+    assert_eq!(got, [44, 88, 46, 8, 64, 11, 42, 46, 66, 18, 32]);
 }
 
 /// Where a decode step's flights go (n = 1, the 1-bit-error mode, ℓ = 48): the flights, bytes

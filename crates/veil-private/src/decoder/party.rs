@@ -608,7 +608,8 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
 
     /// SiLU (or, substituted, ReLU with the comparisons promised |x| < 2^RELU_DOMAIN_BITS) of
     /// the gate, then its secret product with `up` and one truncation (the simulator's
-    /// ⌊act(g)·u / 2^f⌋).
+    /// ⌊act(g)·u / 2^f⌋); hard-swish is one protocol with its product by `up`
+    /// (`Ctx::hard_swish_gated`, the simulator's `approx::hard_swish_gated`).
     fn gated(
         &mut self,
         act: DecoderActivation,
@@ -632,6 +633,11 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
             DecoderActivation::Relu => {
                 let k = cx.ax.relu_bound_bits();
                 cx.relu(gate.data(), Some(k))?
+            }
+            DecoderActivation::HardSwish => {
+                let k = cx.ax.relu_bound_bits();
+                let y = cx.hard_swish_gated(gate.data(), up.data(), Some(k))?;
+                return RingTensor::from_vec(gate.ring(), gate.shape(), y);
             }
         };
         let _g = cx.ch.meter().enter(CostClass::Mul);

@@ -335,6 +335,7 @@ impl TrainableDecoder {
         let act = match self.variants[i].activation {
             DecoderActivation::Original => gate.silu()?,
             DecoderActivation::Relu => gate.relu()?,
+            DecoderActivation::HardSwish => (&gate * ((&gate + 3.0)?.clamp(0f32, 6f32)? / 6.0)?)?,
         };
         let up = self.linear(x, &p("up_proj"))?;
         self.linear(&(act * up)?, &p("down_proj"))

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use veil_model::decoder::random::{write_tiny_llama, TinyShape};
-use veil_model::decoder::DecoderBlockVariant;
+use veil_model::decoder::{DecoderActivation, DecoderBlockVariant};
 use veil_model::engine::decoder::LogitRows;
 use veil_model::F32Model;
 
@@ -89,6 +89,13 @@ fn substituted_variants_match_decode_f32() {
     mixed[0] = friendly;
     mixed[layers - 1] = scaled;
     mixes.push(mixed);
+    // Hard-swish in every block (its slope near −3 and 3 is where candle's clamp and the
+    // engine's could differ).
+    let hard_swish = DecoderBlockVariant {
+        activation: DecoderActivation::HardSwish,
+        ..DecoderBlockVariant::ORIGINAL
+    };
+    mixes.push(vec![hard_swish; layers]);
     for variants in mixes {
         let mut w = m.weights.clone();
         w.config.variants = variants.clone();
@@ -109,7 +116,12 @@ fn every_substitution_changes_the_output() {
     let (mut model, _) = load_trainable(&tiny(tmp.path(), 4, &TinyShape::default())).unwrap();
     let original = logits(&model, &IDS);
     for op in Operator::DECODER {
-        let v = substituted_decoder(DecoderBlockVariant::ORIGINAL, op).unwrap();
+        let v = substituted_decoder(
+            DecoderBlockVariant::ORIGINAL,
+            op,
+            DecoderActivation::HardSwish,
+        )
+        .unwrap();
         model.set_variant(1, v).unwrap();
         let changed = logits(&model, &IDS);
         assert!(
@@ -119,7 +131,12 @@ fn every_substitution_changes_the_output() {
         );
         model.set_variant(1, DecoderBlockVariant::ORIGINAL).unwrap();
     }
-    assert!(substituted_decoder(DecoderBlockVariant::ORIGINAL, Operator::Gelu).is_err());
+    assert!(substituted_decoder(
+        DecoderBlockVariant::ORIGINAL,
+        Operator::Gelu,
+        DecoderActivation::Relu
+    )
+    .is_err());
 }
 
 fn text_file(dir: &Path, name: &str, lines: &[&str]) -> PathBuf {
@@ -149,7 +166,12 @@ fn distillation_reduces_the_loss_and_only_trains_the_block() {
     let sentences: Vec<String> = TRAIN.iter().map(|s| s.to_string()).collect();
     let train = sequences(&tokenizer, &sentences, 24, 1, 0).unwrap();
     let pad = pad_id(&teacher);
-    let relu = substituted_decoder(DecoderBlockVariant::ORIGINAL, Operator::Softmax).unwrap();
+    let relu = substituted_decoder(
+        DecoderBlockVariant::ORIGINAL,
+        Operator::Softmax,
+        DecoderActivation::Relu,
+    )
+    .unwrap();
     student.set_variant(1, relu).unwrap();
     let kl_now = |student: &TrainableDecoder| {
         let b = batch_at(&train, train.len(), 0, pad);
@@ -236,7 +258,12 @@ fn stages_and_hf_folders_round_trip() {
     let tmp = tempfile::tempdir().unwrap();
     let spec = tiny(&tmp.path().join("m"), 6, &TinyShape::default());
     let (mut model, tokenizer) = load_trainable(&spec).unwrap();
-    let v = substituted_decoder(DecoderBlockVariant::ORIGINAL, Operator::Silu).unwrap();
+    let v = substituted_decoder(
+        DecoderBlockVariant::ORIGINAL,
+        Operator::Silu,
+        DecoderActivation::Relu,
+    )
+    .unwrap();
     model.set_variant(1, v).unwrap();
     // Change block 1's parameters.
     let changed: Vec<_> = model
@@ -368,7 +395,12 @@ fn answered_chat_text_is_kept_resumed_and_scored_on_the_answers() {
     student
         .set_variant(
             1,
-            substituted_decoder(DecoderBlockVariant::ORIGINAL, Operator::Softmax).unwrap(),
+            substituted_decoder(
+                DecoderBlockVariant::ORIGINAL,
+                Operator::Softmax,
+                DecoderActivation::Relu,
+            )
+            .unwrap(),
         )
         .unwrap();
     assert!(h.evaluate(&student).unwrap().accuracy < 1.0);
