@@ -32,6 +32,15 @@ pub(crate) enum SiluSubstituteArg {
     Relu,
 }
 
+impl SiluSubstituteArg {
+    pub(crate) fn activation(self) -> DecoderActivation {
+        match self {
+            SiluSubstituteArg::HardSwish => DecoderActivation::HardSwish,
+            SiluSubstituteArg::Relu => DecoderActivation::Relu,
+        }
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 pub(crate) enum TextArg {
     /// Chat prompts answered by the original.
@@ -173,10 +182,7 @@ pub(crate) fn substitute_decoder_cmd(a: SubstituteDecoderArgs, quiet: bool) -> R
         }),
     );
     o.operators = a.operators.clone();
-    o.silu_substitute = match a.silu_substitute {
-        SiluSubstituteArg::HardSwish => DecoderActivation::HardSwish,
-        SiluSubstituteArg::Relu => DecoderActivation::Relu,
-    };
+    o.silu_substitute = a.silu_substitute.activation();
     o.block_order = match a.block_order {
         BlockOrderArg::Down => BlockOrder::Down,
         BlockOrderArg::Up => BlockOrder::Up,

@@ -355,11 +355,11 @@ enum BenchCmd {
         /// pools) and report its online cost with the offline cost beside it.
         #[arg(long)]
         preprocess: bool,
-        /// Every block substituted: ReLU activation and ReLU-normalise attention (norms kept),
-        /// the private cost of a fully substituted model beside the original's (Llama-family
-        /// shapes only: refused for gpt2).
-        #[arg(long)]
-        friendly: bool,
+        /// Every block substituted: hard-swish (`--friendly`, or `--friendly relu`: ReLU) for
+        /// SiLU and ReLU-normalise attention (norms kept), the private cost of a fully
+        /// substituted model beside the original's (Llama-family shapes only: refused for gpt2).
+        #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "hard-swish")]
+        friendly: Option<decoder_train_cmd::SiluSubstituteArg>,
         #[arg(long)]
         json: bool,
     },
@@ -498,7 +498,7 @@ fn bench(what: BenchCmd) -> Result<()> {
                 new_tokens,
                 net,
                 truncation,
-                friendly,
+                friendly: friendly.map(decoder_train_cmd::SiluSubstituteArg::activation),
                 preprocess,
             })?;
             if json {

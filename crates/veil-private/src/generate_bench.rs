@@ -4,8 +4,8 @@
 //! link shaped like a given network; a prefill of random prompt tokens, then one greedy step per
 //! new token. Reports the set-up (HE keys, base OTs) and every step apart: wall time, bytes each
 //! way and flights, per operator class. With [`GenerateBench::friendly`] every block of a Llama
-//! shape runs the substitutes (ReLU activation, ReLU-normalise attention; the norms kept), so a
-//! fully substituted model's cost can be measured beside the original's. With
+//! shape runs the substitutes (hard-swish or ReLU for SiLU, ReLU-normalise attention; the norms
+//! kept), so a fully substituted model's cost can be measured beside the original's. With
 //! [`GenerateBench::preprocess`] each decode step is preprocessed after the previous step's
 //! logits came back (`crate::decoder`'s preprocessing, the OT pools filled by
 //! `pool_fill`): each step's report is then its online cost, and its `offline` field the
@@ -17,7 +17,9 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use veil_core::{bail, Prg, Result};
 use veil_linear::{ClientSession, ServerSession};
-use veil_model::decoder::{argmax, DecoderBlockVariant, DecoderFamily, DecoderShape};
+use veil_model::decoder::{
+    argmax, DecoderActivation, DecoderBlockVariant, DecoderFamily, DecoderShape,
+};
 use veil_model::{DecoderFormat, FixedDecoder, ProductTruncation};
 use veil_net::{run_two_party_on, run_two_party_tcp, shaped_pair, Channel, Meter};
 use veil_net::{NetworkModel, RealClock, Role};
@@ -39,9 +41,9 @@ pub struct GenerateBench {
     pub net: Option<NetworkModel>,
     /// How every product's truncation rounds (the shipped default: one-bit error).
     pub truncation: ProductTruncation,
-    /// Every block substituted with [`DecoderBlockVariant::FRIENDLY`] (Llama-family shapes only;
-    /// refused for GPT-2).
-    pub friendly: bool,
+    /// Every block substituted: this activation for SiLU and ReLU-normalise attention (Llama-family
+    /// shapes only; refused for GPT-2). `None`: the original operators.
+    pub friendly: Option<DecoderActivation>,
     /// Each decode step preprocessed between tokens, its offline cost reported beside it.
     pub preprocess: bool,
 }
@@ -65,7 +67,7 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     if b.prompt_tokens == 0 {
         bail!(InvalidArgument, "a prompt of at least one token is needed");
     }
-    if b.friendly && b.shape.config().family != DecoderFamily::Llama {
+    if b.friendly.is_some() && b.shape.config().family != DecoderFamily::Llama {
         bail!(
             Unsupported,
             "the friendly substitutes run in Llama-family decoders only, not the {} shape",
@@ -73,8 +75,12 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
         );
     }
     let mut weights = b.shape.random_weights(7)?;
-    if b.friendly {
-        weights.config.variants = vec![DecoderBlockVariant::FRIENDLY; weights.config.layers];
+    if let Some(activation) = b.friendly {
+        let friendly = DecoderBlockVariant {
+            activation,
+            ..DecoderBlockVariant::FRIENDLY
+        };
+        weights.config.variants = vec![friendly; weights.config.layers];
         weights.config.validate(b.shape.name())?;
     }
     let cfg = weights.config.clone();
@@ -124,7 +130,10 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     v["layers"] = json!(cfg.layers);
     v["network"] = json!(b.net.map(|n| n.to_string()));
     v["truncation"] = json!(format!("{:?}", b.truncation));
-    v["operators"] = json!(if b.friendly { "friendly" } else { "original" });
+    v["operators"] = json!(match b.friendly {
+        Some(activation) => format!("friendly ({activation:?}, ReluNormalise)"),
+        None => "original".into(),
+    });
     v["preprocess"] = json!(b.preprocess);
     v["weight_preparation_s"] = json!(prepare_s);
     Ok(v)
@@ -230,7 +239,7 @@ mod tests {
             new_tokens: 0,
             net: None,
             truncation: ProductTruncation::OneBitError,
-            friendly: true,
+            friendly: Some(DecoderActivation::HardSwish),
             preprocess: false,
         })
         .unwrap_err()
