@@ -113,7 +113,8 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1:7878")]
         listen: String,
         /// Memory for NTT-domain weights, in MiB: layers whose transformed weights fit are
-        /// served without per-request weight transforms (short-prompt cuts first). The
+        /// served without per-request weight transforms (short-prompt cuts first; a decoder:
+        /// the decode step's cut of as many layers as fit, 32 bytes per weight). The
         /// coefficient-form weights are kept regardless; nothing grows with prompt lengths.
         #[arg(long, default_value_t = veil_private::DEFAULT_NTT_BUDGET_BYTES >> 20)]
         ntt_budget_mib: usize,
@@ -360,6 +361,10 @@ enum BenchCmd {
         /// substituted model beside the original's (Llama-family shapes only: refused for gpt2).
         #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "hard-swish")]
         friendly: Option<decoder_train_cmd::SiluSubstituteArg>,
+        /// Memory for the server's NTT-domain weights, in MiB (as `veil serve --ntt-budget-mib`):
+        /// the decode step's cut of as many layers as fit.
+        #[arg(long, default_value_t = veil_private::DEFAULT_NTT_BUDGET_BYTES >> 20)]
+        ntt_budget_mib: usize,
         #[arg(long)]
         json: bool,
     },
@@ -481,6 +486,7 @@ fn bench(what: BenchCmd) -> Result<()> {
             faithful,
             preprocess,
             friendly,
+            ntt_budget_mib,
             json,
         } => {
             let shape = match shape {
@@ -500,6 +506,7 @@ fn bench(what: BenchCmd) -> Result<()> {
                 truncation,
                 friendly: friendly.map(decoder_train_cmd::SiluSubstituteArg::activation),
                 preprocess,
+                ntt_budget: ntt_budget_mib << 20,
             })?;
             if json {
                 println!("{report}");

@@ -116,6 +116,14 @@ impl PreparedFc {
             .collect()
     }
 
+    /// The cut a request of `rows` rows uses ([`WeightBlocking::for_rows`]): a decoder's steps
+    /// use the single-row one.
+    pub fn cut_for_rows(&self, rows: usize) -> Result<WeightBlocking> {
+        let (k, m) = (self.layer.in_features, self.layer.out_features);
+        let p = self.matrix.params();
+        WeightBlocking::for_rows(p, rows, self.layer.max_seq, k, m, WEIGHT_BOUND)
+    }
+
     /// Keeps the NTT-domain weights of `cut` (no weight transforms for requests using it).
     pub fn cache_ntt(&mut self, cut: WeightBlocking) -> Result<()> {
         self.matrix.cache_ntt(cut)

@@ -154,7 +154,8 @@ impl ServerBuilder {
         self
     }
 
-    /// Bytes of NTT-domain weights the prepared model may keep ([`ServerModel::with_ntt_budget`]).
+    /// Bytes of NTT-domain weights the prepared model may keep ([`ServerModel::with_ntt_budget`];
+    /// a decoder [`Self::build_named_decoder`] loads: [`ServerDecoder::with_ntt_budget`]).
     pub fn ntt_budget(mut self, bytes: usize) -> Self {
         self.ntt_budget = bytes;
         self
@@ -255,6 +256,7 @@ impl ServerBuilder {
         let this = self.checked()?;
         tracing::info!(
             prepared_mib = model.prepared_bytes() >> 20,
+            ntt_mib = model.ntt_cached_bytes()? >> 20,
             tables = %model.tables_digest(),
             "prepared decoder"
         );
@@ -269,7 +271,8 @@ impl ServerBuilder {
     pub fn build_named_decoder(self, spec: &str) -> Result<Server> {
         let m = veil_model::decoder::load(spec)?;
         let fixed = veil_model::FixedDecoder::encode(&m.weights, Default::default())?;
-        self.build_decoder(Arc::new(ServerDecoder::new(fixed)?))
+        let model = ServerDecoder::with_ntt_budget(fixed, self.ntt_budget)?;
+        self.build_decoder(Arc::new(model))
     }
 
     fn build_checked(

@@ -46,6 +46,8 @@ pub struct GenerateBench {
     pub friendly: Option<DecoderActivation>,
     /// Each decode step preprocessed between tokens, its offline cost reported beside it.
     pub preprocess: bool,
+    /// Bytes of the server's NTT-domain weights ([`ServerDecoder::with_ntt_budget`]).
+    pub ntt_budget: usize,
 }
 
 /// The client's meter since its last reset (per class), with the phase's wall time; resets it
@@ -96,7 +98,7 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     let fixed = FixedDecoder::encode(&weights, DecoderFormat::default())?;
     drop(weights);
     let t = Instant::now();
-    let server = ServerDecoder::new(fixed.clone())?;
+    let server = ServerDecoder::with_ntt_budget(fixed.clone(), b.ntt_budget)?;
     let prepare_s = t.elapsed().as_secs_f64();
     let mut prg = Prg::from_os_entropy();
     let prompt: Vec<u32> = (0..b.prompt_tokens)
@@ -136,6 +138,7 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     });
     v["preprocess"] = json!(b.preprocess);
     v["weight_preparation_s"] = json!(prepare_s);
+    v["ntt_cached_bytes"] = json!(server.ntt_cached_bytes()?);
     Ok(v)
 }
 
@@ -241,6 +244,7 @@ mod tests {
             truncation: ProductTruncation::OneBitError,
             friendly: Some(DecoderActivation::HardSwish),
             preprocess: false,
+            ntt_budget: 0,
         })
         .unwrap_err()
         .to_string();

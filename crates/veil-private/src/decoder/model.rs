@@ -118,10 +118,20 @@ pub struct ServerDecoder {
 }
 
 impl ServerDecoder {
-    /// Prepares every private linear layer of `fixed`. Refuses a model whose norms do not
-    /// match its family (RMSNorm without β for Llama, LayerNorm with β for GPT-2): the client
-    /// follows the public family alone, so a mismatch would desynchronise the parties.
+    /// [`ServerDecoder::with_ntt_budget`] at the default budget (`DEFAULT_NTT_BUDGET_BYTES`).
     pub fn new(fixed: FixedDecoder) -> Result<Self> {
+        Self::with_ntt_budget(fixed, crate::prepared::DEFAULT_NTT_BUDGET_BYTES)
+    }
+
+    /// Prepares every private linear layer of `fixed` and keeps the NTT form of the decode
+    /// step's single-row cut for as many fused groups as fit `ntt_budget` bytes, in the model's
+    /// order (dense cuts, 32 bytes per weight at ℓ = 48: SmolLM2-135M's whole model takes
+    /// 3.4 GB). Unlike an encoder's passes, every group kept saves its weight transforms at
+    /// every step, so a budget below the whole model is worth its part. Refuses a model whose
+    /// norms do not match its family (RMSNorm without β for Llama, LayerNorm with β for GPT-2):
+    /// the client follows the public family alone, so a mismatch would desynchronise the
+    /// parties.
+    pub fn with_ntt_budget(fixed: FixedDecoder, ntt_budget: usize) -> Result<Self> {
         let cfg = &fixed.config;
         let layer_norm = cfg.family == DecoderFamily::Gpt2;
         let norms = (0..cfg.layers)
@@ -139,6 +149,7 @@ impl ServerDecoder {
         }
         let mut layers = HashMap::new();
         let ring = fixed.format.fp.ring;
+        let mut left = ntt_budget;
         for id in private_layers(cfg) {
             let group = fused_group(id, cfg);
             if group[0] != id {
@@ -166,7 +177,14 @@ impl ServerDecoder {
             };
             let mut shape = decoder_fc_shape(&group, cfg, ring, 1)?;
             shape.max_seq = cfg.max_positions;
-            layers.insert(id, PreparedFc::new(shape, &w, b.as_ref())?);
+            let mut fc = PreparedFc::new(shape, &w, b.as_ref())?;
+            let step = fc.cut_for_rows(1)?;
+            let bytes = fc.matrix().ntt_bytes(step)?;
+            if bytes <= left {
+                fc.cache_ntt(step)?;
+                left -= bytes;
+            }
+            layers.insert(id, fc);
         }
         let tables_digest = fixed.tables().digest();
         Ok(ServerDecoder {
@@ -189,6 +207,11 @@ impl ServerDecoder {
     /// The model's configuration.
     pub fn config(&self) -> &DecoderConfig {
         &self.fixed.config
+    }
+
+    /// Bytes of NTT-domain weights kept ([`ServerDecoder::with_ntt_budget`]).
+    pub fn ntt_cached_bytes(&self) -> Result<usize> {
+        self.layers.values().map(PreparedFc::ntt_cached_bytes).sum()
     }
 
     /// Bytes the prepared weights hold.

@@ -97,8 +97,8 @@ fn minus(a: &LabelStats, b: &LabelStats) -> LabelStats {
 type Script<'s, T> = &'s (dyn Fn(&mut DecoderParty<'_, MemChannel>) -> Result<T> + Sync);
 
 /// Runs both parties over the in-memory duplex with HE and OT sessions at the format's ring:
-/// the server holds `fixed`, the client `tables`; the client runs `client`, the server
-/// `server`; returns (client's, server's).
+/// the server holds `fixed` (no NTT cache), the client `tables`; the client runs `client`, the
+/// server `server`; returns (client's, server's).
 fn two_party<T: Send>(
     (fixed, tables): (&FixedDecoder, &DecoderTables),
     mode: ProductTruncation,
@@ -107,6 +107,19 @@ fn two_party<T: Send>(
     server: Script<'_, T>,
 ) -> (T, T) {
     let model = ServerDecoder::new(fixed.clone()).unwrap();
+    two_party_with(&model, tables, mode, limit, client, server)
+}
+
+/// [`two_party`] with the server's prepared `model`.
+fn two_party_with<T: Send>(
+    model: &ServerDecoder,
+    tables: &DecoderTables,
+    mode: ProductTruncation,
+    limit: usize,
+    client: Script<'_, T>,
+    server: Script<'_, T>,
+) -> (T, T) {
+    let fixed = model.fixed();
     let ring = fixed.fp().ring;
     run_mem(|ot: &mut OtSession, ch, role| {
         let mut generation = Generation::new(&fixed.config, mode, limit)?;
@@ -118,7 +131,7 @@ fn two_party<T: Send>(
             }
             Role::Server => {
                 let lin = ServerSession::setup(ch, ring)?;
-                let side = DecoderSide::Server(&lin, &model);
+                let side = DecoderSide::Server(&lin, model);
                 server(&mut DecoderParty::new(ch, ot, side, &mut generation)?)
             }
         }
@@ -236,15 +249,23 @@ fn report(name: &str, fixed: &FixedDecoder, steps: &[Step]) {
 }
 
 /// A faithful private generation of `w` (prefill and [`STEPS`] cached steps): every step's
-/// logits must equal the simulator's integers and the tokens its greedy ones. Returns the
-/// encoded model, the steps and the simulator's logits.
+/// logits must equal the simulator's integers and the tokens its greedy ones. The server keeps
+/// every layer's decode-step cut in NTT form (`ServerDecoder::with_ntt_budget`: the decode steps
+/// run on the cached transforms, the prefill on transforms made per request; the other tests'
+/// servers keep none). Returns the encoded model, the steps and the simulator's logits.
 fn faithful_run(name: &str, w: &DecoderWeights) -> (FixedDecoder, Vec<Step>, Vec<Vec<u64>>) {
     let fixed = FixedDecoder::encode(w, format()).unwrap();
     // The client's tables from the public matrices alone, not from the server's model.
     let tables = DecoderTables::of_weights(w, format()).unwrap();
     let limit = PROMPT.len() + STEPS + 1;
-    let (steps, _) = two_party(
-        (&fixed, &tables),
+    let model = ServerDecoder::with_ntt_budget(fixed.clone(), usize::MAX).unwrap();
+    assert!(
+        model.ntt_cached_bytes().unwrap() > 0,
+        "{name}: nothing cached"
+    );
+    let (steps, _) = two_party_with(
+        &model,
+        &tables,
         ProductTruncation::Faithful,
         limit,
         &|p| client_generate(&fixed, p),
@@ -609,4 +630,24 @@ fn material_for_another_step_is_refused_on_both_sides() {
     sim.step(&[7], LogitRows::Last).unwrap();
     let want = sim.step(&[9], LogitRows::Last).unwrap().into_data();
     assert!(last == want, "the generation after the refusals differs");
+}
+
+/// The server's NTT cache holds the decode step's cut of as many fused groups as fit its
+/// budget: nothing at 0, every group at an unlimited budget, a part (never more than the
+/// budget) in between.
+#[test]
+fn the_decoder_ntt_cache_keeps_what_fits_its_budget() {
+    let fixed = FixedDecoder::encode(&tiny(false, 2), format()).unwrap();
+    let cached = |budget| {
+        ServerDecoder::with_ntt_budget(fixed.clone(), budget)
+            .unwrap()
+            .ntt_cached_bytes()
+            .unwrap()
+    };
+    assert_eq!(cached(0), 0);
+    let all = cached(usize::MAX);
+    assert!(all > 0);
+    let part = cached(all - 1);
+    assert!(part > 0 && part < all, "{part} of {all}");
+    assert!(cached(all / 2) <= all / 2);
 }
