@@ -356,7 +356,11 @@ fn preprocessed_generation_over_a_session_equals_the_simulator() {
         assert!(g.step(&[id]).unwrap().into_data() == want, "step {id}");
         // The server gives the material's memory back when its side of the step ends, which
         // may be just after the client has its logits.
-        assert_eq!(settled_in_use(&served.pool, reserved), reserved, "material not given back");
+        assert_eq!(
+            settled_in_use(&served.pool, reserved),
+            reserved,
+            "material not given back"
+        );
         // The context has room for one more step after 42, none after 17.
         assert_eq!(g.preprocess_next().unwrap(), id == 42);
     }
