@@ -288,10 +288,16 @@ impl Decoder {
     }
 
     /// One private generation after `prompt` on a thread of its own (a new session with the
-    /// server), its text pieces sent to the returned stream as they are made. Refused before
-    /// anything is sent when the session's context cannot hold it (the prompt, then every
-    /// generated token but the last, is run).
-    fn spawn(self: Arc<Self>, prompt: Vec<u32>, opts: GenerateOptions) -> PyResult<TextStream> {
+    /// server), its text pieces sent to the returned stream as they are made; with
+    /// `preprocess`, each next step preprocessed between tokens. Refused before anything is
+    /// sent when the session's context cannot hold it (the prompt, then every generated token
+    /// but the last, is run).
+    fn spawn(
+        self: Arc<Self>,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+        preprocess: bool,
+    ) -> PyResult<TextStream> {
         let (n, max_new) = (prompt.len(), opts.max_new_tokens);
         if n + max_new - 1 > self.context {
             return Err(PyValueError::new_err(format!(
@@ -305,12 +311,13 @@ impl Decoder {
         std::thread::spawn(move || {
             let run = || -> veil_core::Result<()> {
                 let ch = self.transport.connect(&self.server)?;
-                let client = GenerationClient::connect(
+                let mut client = GenerationClient::connect(
                     ch,
                     &self.tables,
                     self.context,
                     Some(self.step_timeout),
                 )?;
+                client.set_preprocessing(preprocess);
                 let mut g = client.into_generation(self.context)?;
                 generate_text(&mut g, &self.model.tokenizer, &prompt, &opts, |piece| {
                     tx.send(Ok(piece.to_string()))
@@ -488,7 +495,11 @@ impl Client {
     /// of its own with the server, which learns the prompt's length and the number of steps
     /// (`fixed_length=True`: always `max_new_tokens` steps) and nothing else. Sampling:
     /// `temperature` 0 is greedy; `top_k` 0 keeps every token; `seed` makes it repeatable.
-    #[pyo3(signature = (prompt, *, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false))]
+    /// `preprocess=True`: each next step's prompt-independent part (its FC masks, attention
+    /// triples and OT pool fill) is made right after a token comes back, while the caller
+    /// handles it, so the step moves fewer bytes online; the total work is not lower and the
+    /// text is the same.
+    #[pyo3(signature = (prompt, *, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false, preprocess=false))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -500,6 +511,7 @@ impl Client {
         top_p: f32,
         seed: u64,
         fixed_length: bool,
+        preprocess: bool,
     ) -> PyResult<TextStream> {
         let d = self.decoder()?;
         let opts = Self::options(
@@ -517,14 +529,14 @@ impl Client {
         if ids.is_empty() {
             return Err(PyValueError::new_err("an empty prompt"));
         }
-        d.spawn(ids, opts)
+        d.spawn(ids, opts, preprocess)
     }
 
     /// The assistant's answer to a conversation, generated privately: `messages` is a list of
     /// `{"role": ..., "content": ...}` dicts (system, user, assistant) rendered with the
     /// model's chat template. Each call is a session of its own (the whole conversation is run
     /// again). Returns the answer's text; options as `generate`'s.
-    #[pyo3(signature = (messages, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false))]
+    #[pyo3(signature = (messages, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false, preprocess=false))]
     #[allow(clippy::too_many_arguments)]
     fn chat(
         &self,
@@ -536,6 +548,7 @@ impl Client {
         top_p: f32,
         seed: u64,
         fixed_length: bool,
+        preprocess: bool,
     ) -> PyResult<String> {
         let d = self.decoder()?;
         let opts = Self::options(
@@ -567,7 +580,7 @@ impl Client {
         let ids = py
             .detach(|| d.model.chat_prompt(&messages))
             .map_err(py_err)?;
-        let stream = d.spawn(ids, opts)?;
+        let stream = d.spawn(ids, opts, preprocess)?;
         let mut answer = String::new();
         while let Some(piece) = stream.__next__(py)? {
             answer.push_str(&piece);

@@ -3,7 +3,8 @@ background threads (over TLS, its fingerprint pinned) and ``veil.Client.generate
 ``Client.chat`` against it. The text equals the fixed-point simulator's (``veil generate
 --simulate``, the oracle) whenever no step's top-two logits are within twice the default
 1-bit-error mode's reach (checked first: the random model and the simulator are deterministic);
-``fixed_length`` changes nothing in the answer; misuse raises ``ValueError``.
+``fixed_length`` and ``preprocess`` (each next step preprocessed between tokens) change nothing in
+the answer; misuse raises ``ValueError``.
 The ``veil`` command is ``veil_cli.veil_binary()``'s."""
 
 import json
@@ -46,6 +47,7 @@ def test_generate_streams_the_simulators_text(decoder, client):
     assert all(isinstance(p, str) and p for p in pieces)
     assert "".join(pieces) == want
     assert "".join(client.generate("good film", max_new_tokens=6, fixed_length=True)) == want
+    assert "".join(client.generate("good film", max_new_tokens=6, preprocess=True)) == want
     assert client.config["max_context"] == 128
     assert client.config["family"] == "llama"
 
@@ -53,6 +55,8 @@ def test_generate_streams_the_simulators_text(decoder, client):
 def test_chat_answers_as_the_simulator(decoder, client):
     want = simulated(decoder, "good film", chat=True, n=5)
     got = client.chat([{"role": "user", "content": "good film"}], max_new_tokens=5)
+    assert got == want
+    got = client.chat([{"role": "user", "content": "good film"}], max_new_tokens=5, preprocess=True)
     assert got == want
 
 

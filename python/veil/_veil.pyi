@@ -87,10 +87,14 @@ class Client:
         top_p: float = 1.0,
         seed: int = 0,
         fixed_length: bool = False,
+        preprocess: bool = False,
     ) -> "TextStream":
         """A decoder's text after ``prompt``, generated privately, as an iterator of text
         pieces. The server learns the prompt's length and the number of steps
-        (``fixed_length``: always ``max_new_tokens``)."""
+        (``fixed_length``: always ``max_new_tokens``). ``preprocess``: each next step's FC
+        masks, attention triples and OT pool fill are made right after a token comes back,
+        while the caller handles it, so the step moves fewer bytes online; the total work is
+        not lower and the text is the same."""
     def chat(
         self,
         messages: Sequence[Dict[str, str]],
@@ -101,9 +105,10 @@ class Client:
         top_p: float = 1.0,
         seed: int = 0,
         fixed_length: bool = False,
+        preprocess: bool = False,
     ) -> str:
         """The assistant's answer to ``messages`` (``{"role", "content"}`` dicts) in the
-        model's chat template, generated privately."""
+        model's chat template, generated privately; options as ``generate``'s."""
     def classify(self, texts: Sequence[str]) -> List[_Result]:
         """(label, probabilities) of each text, classified privately. Every text is checked
         before the first is sent."""

@@ -36,6 +36,13 @@ pub(crate) struct EngineArgs {
     /// The answer is the same; a conversation's next turn then runs from its start again.
     #[arg(long, requires = "connect")]
     pub(crate) fixed_length: bool,
+    /// With --connect: preprocess each next decode step between tokens. Its FC masks,
+    /// attention triples and OT pool fill are made right after a token comes back, while it is
+    /// printed or streamed, so the step itself moves fewer bytes online; the total work is not
+    /// lower. The tokens are the same. The server may refuse it (its memory); that step then
+    /// runs without.
+    #[arg(long, requires = "connect")]
+    pub(crate) preprocess: bool,
     #[command(flatten)]
     pub(crate) net: crate::ClientNetArgs,
 }
@@ -54,6 +61,7 @@ pub(crate) struct Remote {
     tables: DecoderTables,
     context: usize,
     fixed_length: bool,
+    preprocess: bool,
     step_timeout: Duration,
 }
 
@@ -63,10 +71,14 @@ impl<'w> Engine<'w> {
     /// compute.
     pub(crate) fn new(args: EngineArgs, model: &'w DecoderModel) -> Result<Self> {
         // clap's `requires` lets these through beside --simulate or --f32 (which conflict with
-        // --connect), where they would be silently ignored.
-        if args.connect.is_none() && (args.fixed_length || args.context.is_some()) {
+        // --connect), where they would be silently ignored: --preprocess would change nothing
+        // there (a model run in the clear has no offline part).
+        if args.connect.is_none()
+            && (args.fixed_length || args.preprocess || args.context.is_some())
+        {
             return Err(Error::InvalidArgument(
-                "--fixed-length and --context are about a private session: they need --connect"
+                "--fixed-length, --preprocess and --context are about a private session: they \
+                 need --connect"
                     .into(),
             ));
         }
@@ -87,6 +99,7 @@ impl<'w> Engine<'w> {
                 tables: DecoderTables::of_weights(&model.weights, DecoderFormat::default())?,
                 context,
                 fixed_length: args.fixed_length,
+                preprocess: args.preprocess,
             })));
         }
         match (args.simulate, args.f32) {
@@ -119,15 +132,17 @@ impl<'w> Engine<'w> {
     }
 
     /// A session with an empty KV cache: for the private engine, a new connection, its key
-    /// set-up and a generation of `--context` positions on the server.
+    /// set-up and a generation of `--context` positions on the server (each step followed by
+    /// the next one's preprocessing with `--preprocess`).
     pub(crate) fn session(&self) -> Result<Box<dyn NextLogits + Send + '_>> {
         Ok(match self {
             Engine::F32(m) => Box::new(m.session()),
             Engine::Simulate(m) => Box::new(m.session()),
             Engine::Private(r) => {
                 let ch = r.transport.connect(&r.addr)?;
-                let client =
+                let mut client =
                     GenerationClient::connect(ch, &r.tables, r.context, Some(r.step_timeout))?;
+                client.set_preprocessing(r.preprocess);
                 Box::new(client.into_generation(r.context)?)
             }
         })

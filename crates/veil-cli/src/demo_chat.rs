@@ -1,7 +1,9 @@
 //! `veil demo --model <decoder>`: the decoder served on a thread of this process (what `veil
 //! serve` runs) and one private chat turn with it over TCP loopback (TLS 1.3 with `--tls`, the
 //! server's in-memory identity pinned): a question (a built-in one by default), the answer
-//! printed as its tokens come, then what the set-up, the prefill and the decode steps cost.
+//! printed as its tokens come, then what the set-up, the prefill and the decode steps cost
+//! (with `--preprocess 1` each next step is preprocessed while a token is printed, and the
+//! decode steps' bytes and time include their preprocessing).
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -24,7 +26,12 @@ const QUESTION: &str = "What is the capital of Germany?";
 /// The answer's most tokens (the built-in question's answer is one short sentence).
 const MAX_NEW_TOKENS: usize = 24;
 
-pub(crate) fn run(model: &str, question: Option<String>, tls: bool) -> Result<()> {
+pub(crate) fn run(
+    model: &str,
+    question: Option<String>,
+    tls: bool,
+    preprocess: bool,
+) -> Result<()> {
     let question = question.unwrap_or_else(|| QUESTION.into());
     let m = decoder::load(model)?;
     let ids = match m.tokenizer.has_chat_template() {
@@ -56,9 +63,13 @@ pub(crate) fn run(model: &str, question: Option<String>, tls: bool) -> Result<()
     };
     eprintln!(
         "veil demo: {model}, {} blocks, privately over {over}; {} prompt tokens (the chat \
-         template around the question), at most {MAX_NEW_TOKENS} new ones.",
+         template around the question), at most {MAX_NEW_TOKENS} new ones{}.",
         m.weights.config.layers,
-        ids.len()
+        ids.len(),
+        match preprocess {
+            true => ", each next step preprocessed while a token is printed",
+            false => "",
+        }
     );
     println!("question: {question}");
     let start = Instant::now();
@@ -73,6 +84,7 @@ pub(crate) fn run(model: &str, question: Option<String>, tls: bool) -> Result<()
         client.channel().meter().total(),
     );
     client.channel().meter().reset();
+    client.set_preprocessing(preprocess);
     let opts = GenerateOptions {
         max_new_tokens: MAX_NEW_TOKENS,
         sampling: SamplingParams::GREEDY,

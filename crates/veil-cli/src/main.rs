@@ -93,9 +93,12 @@ enum Cmd {
         tls: bool,
         /// Preprocess the next sentence (the prompt-independent part of its inference) while
         /// the current one is printed, keeping this many ahead; the first runs at once.
-        /// 0: no preprocessing.
-        #[arg(long, default_value_t = 1)]
-        preprocess: usize,
+        /// 0: no preprocessing. Default: 1. With a decoder: 1 preprocesses each next decode step
+        /// while a token is printed (as `veil generate --preprocess`); default 0: the demo does
+        /// nothing between its tokens, so preprocessing would only move time between the phases
+        /// of its per-token figure (the total work is not lower).
+        #[arg(long, value_name = "K")]
+        preprocess: Option<usize>,
         /// Memory for the in-process server's NTT-domain weights, in MiB (as `veil serve
         /// --ntt-budget-mib`).
         #[arg(long, default_value_t = veil_private::DEFAULT_NTT_BUDGET_BYTES >> 20)]
@@ -639,7 +642,7 @@ fn run(cli: Cli) -> Result<()> {
                     net,
                     tls,
                     json,
-                    preprocess,
+                    preprocess.unwrap_or(1),
                     ntt_budget_mib << 20,
                 );
             }
@@ -652,7 +655,16 @@ fn run(cli: Cli) -> Result<()> {
                      --truncate, --net and --json are for classifiers)"
                 );
             }
-            demo_chat::run(&model, sentences.into_iter().next(), tls)
+            // A decoder's step is preprocessed one ahead at most (the server holds one).
+            let preprocess = match preprocess.unwrap_or(0) {
+                0 => false,
+                1 => true,
+                k => bail!(
+                    InvalidArgument,
+                    "--preprocess {k}: a decoder preprocesses its next step only (0 or 1)"
+                ),
+            };
+            demo_chat::run(&model, sentences.into_iter().next(), tls, preprocess)
         }
         Cmd::Serve {
             model,

@@ -988,18 +988,21 @@ fn generate_prints_the_simulators_greedy_tokens() {
         err.contains("say where the model runs: --connect ADDR"),
         "{err}"
     );
-    // Hiding where the answer ends is for a server's eyes: it needs one.
-    let refused = veil(&[
-        "generate",
-        "--model",
-        dir_s,
-        "--simulate",
-        "--fixed-length",
-        "good film",
-    ]);
-    assert!(!refused.status.success());
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(err.contains("--connect"), "{err}");
+    // Hiding where the answer ends is for a server's eyes, and preprocessing needs an online
+    // phase to shorten: both need a server.
+    for flag in ["--fixed-length", "--preprocess"] {
+        let refused = veil(&[
+            "generate",
+            "--model",
+            dir_s,
+            "--simulate",
+            flag,
+            "good film",
+        ]);
+        assert!(!refused.status.success(), "{flag}");
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(err.contains("--connect"), "{flag}: {err}");
+    }
 }
 
 /// `veil serve` checks its flags and its listening address before it prepares (or fetches) any

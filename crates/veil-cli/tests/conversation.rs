@@ -6,8 +6,10 @@
 //! run on the whole prompt, and every bad request gets its OpenAI error object and status while
 //! the proxy keeps answering.
 //! `veil serve` of the same decoder folder and `veil generate --connect`: private generation's
-//! tokens are the simulator's, client after client, and `veil proxy --connect` answers with them;
-//! `veil demo` of the decoder answers one question privately as the simulator does.
+//! tokens are the simulator's, client after client; with `--preprocess` (each next step
+//! preprocessed between tokens) `veil generate`, a two-turn `veil chat` on its kept cache and
+//! `veil proxy --connect` give the simulator's tokens too; `veil demo` of the decoder
+//! (`--preprocess 1`) answers one question privately as the simulator does.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -145,6 +147,37 @@ fn simulated(dir: &Path, messages: &[ChatMessage], max: usize, sampling: Samplin
     let tokens: Vec<u32> = tokens.iter().map(|t| t.id).collect();
     model.tokenizer.decode(&tokens).unwrap()
 }
+
+/// The simulator's greedy tokens after `ids` on the model in `dir`, when none of its steps has
+/// a near-tie (top two logits within twice the default truncations' reach): then a private
+/// generation must give exactly these.
+fn sure(dir: &Path, ids: &[u32], max: usize) -> Option<Vec<u32>> {
+    let model = decoder::load(dir.to_str().unwrap()).unwrap();
+    let fixed = FixedDecoder::encode(&model.weights, DecoderFormat::default()).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: max,
+        sampling: SamplingParams::GREEDY,
+        stop: model.weights.config.eos_token_ids.clone(),
+        fixed_length: false,
+    };
+    let (tokens, _) = generate(&mut fixed.session(), ids, &opts, |_| Ok(())).unwrap();
+    let near_tie = tokens
+        .iter()
+        .any(|t| f64::from(t.margin) <= 2.0 * ONE_BIT_ERROR_BOUND);
+    (!near_tie).then(|| tokens.iter().map(|t| t.id).collect())
+}
+
+/// Questions to search for answers without a near-tie (the model and the simulator are
+/// deterministic, so the search finds the same ones every run).
+const QUESTIONS: [&str; 7] = [
+    "good film",
+    "a bad film",
+    "great",
+    "the film",
+    "awful",
+    "good",
+    "bad",
+];
 
 /// A tiny random Llama with room for the chat template's default system line (its tokens are
 /// mostly single bytes).
@@ -465,7 +498,8 @@ const ONE_BIT_ERROR_BOUND: f64 = 0.02;
 /// `veil serve` of a decoder folder, and `veil generate --connect` to it: the private tokens are
 /// the simulator's up to the first step whose top-2 margin is within twice the server's default
 /// 1-bit-error bound (where the truncations may pick either), and the server serves the next
-/// client as well (with `--fixed-length`, whose step count `veil_model`'s tests check).
+/// client as well (with `--fixed-length`, whose step count `veil_model`'s tests check); then
+/// [`preprocessing_changes_no_token`] on the same server, `veil proxy --connect` among them.
 #[test]
 fn private_generation_through_veil_serve_equals_the_simulator() {
     let tmp = tempfile::tempdir().unwrap();
@@ -527,31 +561,140 @@ fn private_generation_through_veil_serve_equals_the_simulator() {
             "the {client} client's {ids:?} against the simulator's {expected:?} (margins {margins:?})"
         );
     }
+    preprocessing_changes_no_token(tmp.path(), &addr);
+}
 
-    // `veil proxy --connect` answers from a private generation.
-    let proxy = start(tmp.path(), &private);
-    let messages = [ChatMessage::new("user", "good film")];
+/// `--preprocess` on the server at `addr` of the model in `dir`, on questions whose answers
+/// have no near-tie (so a private answer must be the simulator's exactly, with or without
+/// preprocessing): `veil generate`'s tokens, a two-turn `veil chat` whose second turn runs on
+/// the first's cache (the first turn's last step preprocessed a step that the second turn's
+/// prompt replaces), and `veil proxy`'s completion are the simulator's. A short system line
+/// keeps the prompts short; each part is timed.
+fn preprocessing_changes_no_token(dir: &Path, addr: &str) {
+    // New tokens per answer: the prompt, then two steps, each preprocessed after the last.
+    const NEW: usize = 3;
+    let model = decoder::load(dir.to_str().unwrap()).unwrap();
+    let system = ChatMessage::new("system", "Be brief.");
+    let answer = |messages: &[ChatMessage]| {
+        let ids = model.chat_prompt(messages).unwrap();
+        let tokens = sure(dir, &ids, NEW)?;
+        let text = model.tokenizer.decode(&tokens).unwrap();
+        Some((ids, tokens, text))
+    };
+    // Two questions whose answers have no near-tie, the second asked after the first's turn,
+    // whose prompt extends what the first turn left in the cache (its prompt and every
+    // answer token but the last).
+    let (first, second, answers) = QUESTIONS
+        .iter()
+        .find_map(|a| {
+            let turn = vec![system.clone(), ChatMessage::new("user", a)];
+            let (ids, tokens, one) = answer(&turn)?;
+            QUESTIONS.iter().find_map(|b| {
+                let mut both = turn.clone();
+                both.push(ChatMessage::new("assistant", &one));
+                both.push(ChatMessage::new("user", b));
+                let (next, _, two) = answer(&both)?;
+                let held = [&ids[..], &tokens[..NEW - 1]].concat();
+                next.starts_with(&held)
+                    .then(|| (*a, *b, [one.clone(), two]))
+            })
+        })
+        .expect("no two questions without a near-tie whose turns share the cache");
+    let pre = ["--connect", addr, "--insecure-plaintext", "--preprocess"];
+
+    let started = std::time::Instant::now();
+    // A plain prompt (no chat template: a few tokens) without a near-tie.
+    let (plain, want) = QUESTIONS
+        .iter()
+        .find_map(|q| Some((*q, sure(dir, &model.tokenizer.encode(q).unwrap(), NEW)?)))
+        .expect("no plain prompt without a near-tie");
+    let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(["generate", "--model", dir.to_str().unwrap()])
+        .args(pre)
+        .args(["--json", "--max-new-tokens", &NEW.to_string(), plain])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        report["token_ids"],
+        json!(want),
+        "veil generate --preprocess"
+    );
+    eprintln!(
+        "generate --preprocess: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let started = std::time::Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(["chat", "--model", dir.to_str().unwrap()])
+        .args(pre)
+        .args([
+            "--system",
+            "Be brief.",
+            "--max-new-tokens",
+            &NEW.to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = format!("{first}\n{second}\n");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let got: Vec<&str> = std::str::from_utf8(&out.stdout)
+        .unwrap()
+        .split('\n')
+        .collect();
+    assert_eq!(got[..2], answers, "veil chat --preprocess");
+    // The second turn ran on the first's cache: not "0 of" its prompt's tokens from it.
+    let reports: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("from the cache"))
+        .collect();
+    assert_eq!(reports.len(), 2, "{err}");
+    assert!(!reports[1].contains("; 0 of "), "{err}");
+    eprintln!(
+        "chat --preprocess, two turns: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let started = std::time::Instant::now();
+    let proxy = start(dir, &pre);
     let request = json!({
         "model": "tiny-llama",
-        "messages": [{"role": "user", "content": "good film"}],
-        "max_tokens": 4,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": first},
+        ],
+        "max_tokens": NEW,
         "temperature": 0,
     });
     let (status, body) = post(&proxy.addr, &request);
     assert_eq!(status, 200, "{body}");
     let answer = json_of(&body)["choices"][0]["message"]["content"].clone();
-    assert!(answer.is_string(), "{body}");
-    // Equal whenever no step is within the truncations' reach (as above).
-    if margins.iter().all(|&m| m > 2.0 * ONE_BIT_ERROR_BOUND) {
-        let expected = simulated(tmp.path(), &messages, 4, SamplingParams::GREEDY);
-        assert_eq!(answer, expected);
-    }
+    assert_eq!(answer, answers[0], "veil proxy --preprocess");
+    eprintln!(
+        "proxy --preprocess: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// `veil demo` of a decoder folder: one private chat turn with a server thread over TLS on
 /// loopback; the answer is the simulator's up to its first near-tie (where the 1-bit-error
-/// truncations may pick either token; at least four tokens on this model and question) and
-/// the cost lines follow it.
+/// truncations may pick either token; at least four tokens on this model and question) with
+/// each next step preprocessed between tokens (`--preprocess 1`), and the cost lines follow
+/// it; `--preprocess 2` is refused for a decoder.
 #[test]
 fn demo_of_a_decoder_answers_privately_as_the_simulator() {
     let tmp = tempfile::tempdir().unwrap();
@@ -580,22 +723,21 @@ fn demo_of_a_decoder_answers_privately_as_the_simulator() {
         let ids: Vec<u32> = tokens[..sure].iter().map(|t| t.id).collect();
         (sure >= 4).then(|| model.tokenizer.decode(&ids).unwrap())
     };
-    let questions = [
-        "good film",
-        "a bad film",
-        "great",
-        "the film",
-        "awful",
-        "good",
-        "bad",
-    ];
-    let (question, want) = questions
+    let (question, want) = QUESTIONS
         .iter()
         .find_map(|q| sure_answer(q).map(|a| (*q, a)))
         .expect("no question without an early near-tie");
 
     let out = Command::new(env!("CARGO_BIN_EXE_veil"))
-        .args(["demo", "--model", dir, "--tls", question])
+        .args([
+            "demo",
+            "--model",
+            dir,
+            "--tls",
+            "--preprocess",
+            "1",
+            question,
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -610,4 +752,14 @@ fn demo_of_a_decoder_answers_privately_as_the_simulator() {
     );
     assert!(stdout.contains("\nset-up: "), "{stdout}");
     assert!(stdout.contains("\ngeneration: "), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("each next step preprocessed"), "{stderr}");
+    // A decoder holds one preprocessed step: more ahead is refused before the model loads.
+    let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(["demo", "--model", dir, "--preprocess", "2", question])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("next step only (0 or 1)"), "{stderr}");
 }
