@@ -1,8 +1,10 @@
 //! `veil eval`: accuracy of the f32 model, the fixed-point simulator and, for `--private N`
 //! examples, the real two-party protocol, with how often they agree and how far the private
-//! logits are from the simulator's. A long private evaluation (every SST-2 dev sentence takes
-//! tens of minutes on two cores) keeps a journal (`--journal FILE`): each private result is
-//! appended and flushed as it finishes, and a re-run of the same command resumes after the last.
+//! logits are from the simulator's. The f32 and fixed-point passes run the examples in parallel
+//! on the worker pool (`VEIL_THREADS`); the private ones run one after another, each using the
+//! pool for its own batches. A long private evaluation (all 872 SST-2 dev sentences take one to
+//! three hours on two cores) keeps a journal (`--journal FILE`): each private result is appended
+//! and flushed as it finishes, and a re-run of the same command resumes after the last.
 
 use std::path::PathBuf;
 use std::time::Instant;
