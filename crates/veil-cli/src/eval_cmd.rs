@@ -1,8 +1,10 @@
 //! `veil eval`: accuracy of the f32 model, the fixed-point simulator and, for `--private N`
 //! examples, the real two-party protocol, with how often they agree and how far the private
-//! logits are from the simulator's. A long private evaluation (every SST-2 dev sentence takes
-//! tens of minutes on two cores) keeps a journal (`--journal FILE`): each private result is
-//! appended and flushed as it finishes, and a re-run of the same command resumes after the last.
+//! logits are from the simulator's. The f32 and fixed-point passes run the examples in parallel
+//! on the worker pool (`VEIL_THREADS`); the private ones run one after another, each using the
+//! pool for its own batches. A long private evaluation (all 872 SST-2 dev sentences take one to
+//! three hours on two cores) keeps a journal (`--journal FILE`): each private result is appended
+//! and flushed as it finishes, and a re-run of the same command resumes after the last.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -18,7 +20,7 @@ use veil_private::eval::{
 };
 use veil_private::{ClientModel, InProcess, PromptOptions};
 use veil_train::workflow::labelled_examples_for;
-use veil_train::{max_abs_difference, FixedVsF32};
+use veil_train::{max_abs_difference, EncodedExample, FixedVsF32};
 
 use crate::train_cmd::FormatArgs;
 
@@ -45,6 +47,42 @@ pub(crate) struct EvalArgs {
     journal: Option<PathBuf>,
     #[arg(long)]
     json: bool,
+}
+
+/// One example's f32 and fixed-point logits and the simulator's warning count: all that the
+/// report keeps of its two plain passes.
+#[derive(Debug, PartialEq)]
+struct Plain {
+    f32: Vec<f64>,
+    fixed: Vec<f64>,
+    warnings: usize,
+}
+
+/// The f32 and fixed-point passes of one example.
+fn plain_pass(compare: &FixedVsF32, ex: &EncodedExample) -> Result<Plain> {
+    let side = compare.run(&ex.ids, &ex.type_ids)?;
+    Ok(Plain {
+        f32: side.f32_output()?,
+        fixed: side
+            .fixed_logits()
+            .ok_or_else(|| Error::InvalidArgument("the model has no classifier".into()))?,
+        warnings: side.sim.warnings.len(),
+    })
+}
+
+/// [`plain_pass`] of every example on the process's worker pool (`VEIL_THREADS`), results in
+/// example order, so the report is the same whatever the thread count. A job keeps only its
+/// example's logits and drops its tensors, so memory grows with the worker count, not with the
+/// number of examples.
+fn plain_passes(compare: &FixedVsF32, examples: &[EncodedExample]) -> Result<Vec<Plain>> {
+    let pb = veil_model::progress::bar(examples.len() as u64, "f32 and fixed point");
+    let plain = parallel_map(examples.len(), |i, _| {
+        let p = plain_pass(compare, &examples[i])?;
+        pb.inc(1);
+        Ok(p)
+    })?;
+    pb.finish_and_clear();
+    Ok(plain)
 }
 
 /// `veil eval`.
@@ -103,21 +141,14 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
     let mut disagreements = Vec::new();
     let mut sim_warnings = 0usize;
     let ulp = 1.0 / fp.scale();
-    // The f32 and fixed-point passes of every example, on every core.
-    let pb = veil_model::progress::bar(examples.len() as u64, "f32 and fixed point");
-    let plain = parallel_map(examples.len(), |i, _| {
-        let ex = &examples[i];
-        let side = compare.run(&ex.ids, &ex.type_ids)?;
-        let f = side.f32_output()?;
-        let s = side
-            .fixed_logits()
-            .ok_or_else(|| Error::InvalidArgument("the model has no classifier".into()))?;
-        pb.inc(1);
-        Ok((f, s, side.sim.warnings.len()))
-    })?;
-    pb.finish_and_clear();
+    let plain = plain_passes(&compare, &examples)?;
     let pb = veil_model::progress::bar(private_n as u64, "private");
-    for (i, (ex, (f, s, warnings))) in examples.iter().zip(plain).enumerate() {
+    for (i, (ex, p)) in examples.iter().zip(plain).enumerate() {
+        let Plain {
+            f32: f,
+            fixed: s,
+            warnings,
+        } = p;
         sim_warnings += warnings;
         f32_tally.add(argmax(&f), ex.label);
         sim_tally.add(argmax(&s), ex.label);
@@ -254,4 +285,48 @@ pub(crate) fn eval(a: EvalArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use veil_model::{random, Architecture, ModelConfig};
+
+    /// The pool's passes equal the examples run one after another on this thread, bit for bit
+    /// and in example order. The examples' lengths differ (3 to 16 tokens), so their jobs end
+    /// out of order on two or more workers.
+    #[test]
+    fn pool_passes_equal_a_sequential_run_in_example_order() {
+        let cfg = ModelConfig::builder(Architecture::Bert)
+            .vocab(random::TINY_WORDS.len())
+            .layers(2)
+            .labels(2)
+            .build()
+            .unwrap();
+        let model = random::random_transformer_with_std(&cfg, [11; 16], 0.2).unwrap();
+        let compare = FixedVsF32::new(&model, FixedPoint::default_format()).unwrap();
+        let examples: Vec<EncodedExample> = (0..24u32)
+            .map(|i| {
+                let len = 3 + (i * 5 % 14) as usize;
+                let mut ids: Vec<u32> = (0..len as u32).map(|j| 5 + (i + j * 3) % 6).collect();
+                (ids[0], ids[len - 1]) = (2, 3);
+                EncodedExample {
+                    type_ids: vec![0; len],
+                    ids,
+                    label: i % 2,
+                }
+            })
+            .collect();
+        let pooled = plain_passes(&compare, &examples).unwrap();
+        let sequential: Vec<Plain> = examples
+            .iter()
+            .map(|ex| plain_pass(&compare, ex).unwrap())
+            .collect();
+        assert_eq!(pooled, sequential);
+        // Distinct examples give distinct logits: a reordering would show.
+        let mut logits: Vec<String> = pooled.iter().map(|p| format!("{:?}", p.f32)).collect();
+        logits.sort();
+        logits.dedup();
+        assert!(logits.len() > 12, "{logits:?}");
+    }
 }
