@@ -91,10 +91,10 @@ class Client:
     ) -> "TextStream":
         """A decoder's text after ``prompt``, generated privately, as an iterator of text
         pieces. The server learns the prompt's length and the number of steps
-        (``fixed_length``: always ``max_new_tokens``). ``preprocess``: each next step's FC
-        masks, attention triples and OT pool fill are made right after a token comes back,
-        while the caller handles it, so the step moves fewer bytes online; the total work is
-        not lower and the text is the same."""
+        (``fixed_length``: always ``max_new_tokens``). ``preprocess``: each decode step runs
+        as an offline phase (FC masks, attention triples, OT pool fill) and then its online part,
+        after the previous piece was returned, so the online part moves fewer bytes; the two run
+        back to back (a token takes as long as without) and the text is the same."""
     def chat(
         self,
         messages: Sequence[Dict[str, str]],

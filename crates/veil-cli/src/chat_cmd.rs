@@ -79,7 +79,7 @@ pub(crate) fn chat_cmd(a: ChatArgs) -> Result<()> {
             continue;
         }
         messages.push(ChatMessage::new("user", line));
-        let ids = model.chat_prompt(&messages)?;
+        let ids = session.chat_prompt(&model, &messages)?;
         let mut answer = String::new();
         let (tokens, finish, reused) = session.generate(&model, &ids, &opts, |piece| {
             answer.push_str(piece);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use veil_core::{Error, Result};
-use veil_model::decoder::DecoderModel;
+use veil_model::decoder::{ChatMessage, DecoderModel};
 use veil_model::{generate_text, GenerateOptions, GeneratedToken, NextLogits};
 use veil_model::{DecoderFormat, DecoderTables, F32Model, FixedDecoder};
 use veil_private::{default_generation_context, ClientTransport, GenerationClient};
@@ -36,11 +36,11 @@ pub(crate) struct EngineArgs {
     /// The answer is the same; a conversation's next turn then runs from its start again.
     #[arg(long, requires = "connect")]
     pub(crate) fixed_length: bool,
-    /// With --connect: preprocess each next decode step between tokens. Its FC masks,
-    /// attention triples and OT pool fill are made right after a token comes back, while it is
-    /// printed or streamed, so the step itself moves fewer bytes online; the total work is not
-    /// lower. The tokens are the same. The server may refuse it (its memory); that step then
-    /// runs without.
+    /// With --connect: run each decode step as an offline phase (its FC masks, attention
+    /// triples and OT pool fill) and then its online part, once the previous token has been
+    /// printed, so the online part moves fewer bytes. The two run back to back: a token takes as
+    /// long as without (overlapping them with the printing is not built). The tokens are the
+    /// same. The server may refuse it (its memory); that step then runs without.
     #[arg(long, requires = "connect")]
     pub(crate) preprocess: bool,
     #[command(flatten)]
@@ -216,6 +216,19 @@ impl<'e> CachedSession<'e> {
         }
     }
 
+    /// The ids of the conversation `messages` in the model's chat template: the ids the cache
+    /// holds followed by those of the rest of the text when the rendered text continues the
+    /// cache's own (so an answer whose text would encode to other ids than the ones generated
+    /// keeps its cache, and the model reads its answer as it wrote it); otherwise the rendered
+    /// text's ids (the next generation then starts a fresh cache).
+    pub(crate) fn chat_prompt(
+        &self,
+        model: &DecoderModel,
+        messages: &[ChatMessage],
+    ) -> Result<Vec<u32>> {
+        chat_prompt_after(model, &self.held, messages)
+    }
+
     /// Empties the cache.
     pub(crate) fn reset(&mut self) {
         self.session = None;
@@ -281,5 +294,75 @@ impl<'e> CachedSession<'e> {
     /// What the engine noticed (the simulator's domain warnings).
     pub(crate) fn warnings(&self) -> Vec<String> {
         self.session.as_ref().map_or(Vec::new(), |s| s.warnings())
+    }
+}
+
+/// [`CachedSession::chat_prompt`] for a cache holding `held`.
+fn chat_prompt_after(
+    model: &DecoderModel,
+    held: &[u32],
+    messages: &[ChatMessage],
+) -> Result<Vec<u32>> {
+    let text = model.tokenizer.render_chat(messages, true)?;
+    if !held.is_empty() {
+        let held_text = model.tokenizer.decode(held)?;
+        if let Some(rest) = text
+            .strip_prefix(held_text.as_str())
+            .filter(|r| !r.is_empty())
+        {
+            let mut ids = held.to_vec();
+            ids.extend(model.tokenizer.encode(rest)?);
+            return Ok(ids);
+        }
+    }
+    model.tokenizer.encode(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use veil_model::decoder::random::{write_tiny_llama, TinyShape};
+
+    /// A conversation's next prompt keeps the ids the cache holds even when its answer's text
+    /// encodes to other ids (here the answer written one byte per token, as a model may
+    /// generate it), then adds the ids of the rest; a cache whose text the conversation does not
+    /// continue gives the rendered text's own ids.
+    #[test]
+    fn the_next_prompt_keeps_the_generated_ids() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shape = TinyShape {
+            max_positions: 256,
+            ..TinyShape::default()
+        };
+        write_tiny_llama(tmp.path(), 7, &shape).unwrap();
+        let model = veil_model::decoder::load(tmp.path().to_str().unwrap()).unwrap();
+        let tok = &model.tokenizer;
+        let first = vec![ChatMessage::new("user", "good")];
+        let answer = "a fine film";
+        let mut held = model.chat_prompt(&first).unwrap();
+        let canonical = tok.encode(answer).unwrap();
+        let bytewise: Vec<u32> = answer
+            .chars()
+            .map(|c| tok.encode(&c.to_string()).unwrap())
+            .collect::<Vec<_>>()
+            .concat();
+        assert_ne!(
+            bytewise, canonical,
+            "the answer's ids must differ from its encoding"
+        );
+        assert_eq!(tok.decode(&bytewise).unwrap(), answer);
+        held.extend(&bytewise);
+        let mut next = first.clone();
+        next.push(ChatMessage::new("assistant", answer));
+        next.push(ChatMessage::new("user", "bad"));
+        let ids = chat_prompt_after(&model, &held, &next).unwrap();
+        assert!(ids.len() > held.len() && ids.starts_with(&held));
+        let text = tok.render_chat(&next, true).unwrap();
+        assert_eq!(tok.decode(&ids).unwrap(), text);
+        let fresh = model.chat_prompt(&next).unwrap();
+        assert_ne!(ids, fresh);
+        assert_eq!(chat_prompt_after(&model, &[], &next).unwrap(), fresh);
+        let other = tok.encode("something else").unwrap();
+        assert_eq!(chat_prompt_after(&model, &other, &next).unwrap(), fresh);
     }
 }

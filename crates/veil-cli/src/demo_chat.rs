@@ -2,8 +2,8 @@
 //! serve` runs) and one private chat turn with it over TCP loopback (TLS 1.3 with `--tls`, the
 //! server's in-memory identity pinned): a question (a built-in one by default), the answer
 //! printed as its tokens come, then what the set-up, the prefill and the decode steps cost
-//! (with `--preprocess 1` each next step is preprocessed while a token is printed, and the
-//! decode steps' bytes and time include their preprocessing).
+//! (with `--preprocess 1` each decode step is preprocessed just before it runs, and the decode
+//! steps' bytes and time include their preprocessing).
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -67,7 +67,7 @@ pub(crate) fn run(
         m.weights.config.layers,
         ids.len(),
         match preprocess {
-            true => ", each next step preprocessed while a token is printed",
+            true => ", each decode step preprocessed just before it runs",
             false => "",
         }
     );

@@ -93,10 +93,9 @@ enum Cmd {
         tls: bool,
         /// Preprocess the next sentence (the prompt-independent part of its inference) while
         /// the current one is printed, keeping this many ahead; the first runs at once.
-        /// 0: no preprocessing. Default: 1. With a decoder: 1 preprocesses each next decode step
-        /// while a token is printed (as `veil generate --preprocess`); default 0: the demo does
-        /// nothing between its tokens, so preprocessing would only move time between the phases
-        /// of its per-token figure (the total work is not lower).
+        /// 0: no preprocessing. Default: 1. With a decoder: 1 preprocesses each decode step just
+        /// before it runs (as `veil generate --preprocess`); default 0: preprocessing only moves
+        /// time between the phases of its per-token figure (the total work is not lower).
         #[arg(long, value_name = "K")]
         preprocess: Option<usize>,
         /// Memory for the in-process server's NTT-domain weights, in MiB (as `veil serve

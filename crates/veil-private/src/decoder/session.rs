@@ -527,12 +527,13 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         })
     }
 
-    /// Has every step of this session's generations run through `NextLogits` (what
-    /// [`Self::generate`] and the CLI use) followed, between tokens, by the preprocessing of the
-    /// next one (`crate::decoder`'s preprocessing; off by default): its
-    /// FC masks, attention triples and OT pools are made while the caller handles the token,
-    /// so the next step runs its online parts only. A refusal (the server's memory) leaves the
-    /// next step single-phase.
+    /// Has every one-token step of this session's generations run through `NextLogits` (what
+    /// [`Self::generate`] and the CLI use) preceded by its preprocessing (`crate::decoder`'s;
+    /// off by default): its FC masks, attention triples and OT pools made as an offline phase,
+    /// then the step's online part. The two run back to back on the one connection, after the
+    /// caller has the previous token: the step's online part moves fewer bytes, its total does
+    /// not fall (overlapping the offline phase with the caller's handling of a token is not
+    /// built). A refusal (the server's memory) leaves the step single-phase.
     pub fn set_preprocessing(&mut self, on: bool) {
         self.preprocess = on;
     }
@@ -654,7 +655,10 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
     }
 
     /// [`Self::step`] decoded to f32 as the simulator's `step_f64` (then `as f32`) does, so
-    /// equal integers give equal tokens; then the next step's preprocessing, when on.
+    /// equal integers give equal tokens. With preprocessing on, a one-token step is first
+    /// preprocessed (when no material for it is held): once the caller asks for it, so the
+    /// token before it was already returned and no step after a generation's last token is
+    /// preprocessed for nothing.
     fn step_f32(
         &mut self,
         generation: &mut Generation,
@@ -662,8 +666,13 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         ids: &[u32],
     ) -> Result<Vec<f32>> {
         let fp = self.tables.format().fp;
+        let held = material
+            .as_ref()
+            .is_some_and(|m| (m.start(), m.tokens()) == (generation.positions(), ids.len()));
+        if ids.len() == 1 && !held {
+            self.preprocess_next(generation, material)?;
+        }
         let logits = self.step(generation, material, ids)?;
-        self.preprocess_next(generation, material)?;
         Ok(logits.decode(fp).iter().map(|&v| v as f32).collect())
     }
 
