@@ -289,7 +289,7 @@ impl Decoder {
 
     /// One private generation after `prompt` on a thread of its own (a new session with the
     /// server), its text pieces sent to the returned stream as they are made; with
-    /// `preprocess`, each next step preprocessed between tokens. Refused before anything is
+    /// `preprocess`, each decode step preprocessed just before it runs. Refused before anything is
     /// sent when the session's context cannot hold it (the prompt, then every generated token
     /// but the last, is run).
     fn spawn(
@@ -495,10 +495,10 @@ impl Client {
     /// of its own with the server, which learns the prompt's length and the number of steps
     /// (`fixed_length=True`: always `max_new_tokens` steps) and nothing else. Sampling:
     /// `temperature` 0 is greedy; `top_k` 0 keeps every token; `seed` makes it repeatable.
-    /// `preprocess=True`: each next step's prompt-independent part (its FC masks, attention
-    /// triples and OT pool fill) is made right after a token comes back, while the caller
-    /// handles it, so the step moves fewer bytes online; the total work is not lower and the
-    /// text is the same.
+    /// `preprocess=True`: each decode step's prompt-independent part (its FC masks, attention
+    /// triples and OT pool fill) is made as an offline phase just before the step, so the step
+    /// moves fewer bytes online; the two run back to back (a piece takes as long as without)
+    /// and the text is the same.
     #[pyo3(signature = (prompt, *, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false, preprocess=false))]
     #[allow(clippy::too_many_arguments)]
     fn generate(

@@ -3,7 +3,7 @@ background threads (over TLS, its fingerprint pinned) and ``veil.Client.generate
 ``Client.chat`` against it. The text equals the fixed-point simulator's (``veil generate
 --simulate``, the oracle) whenever no step's top-two logits are within twice the default
 1-bit-error mode's reach (checked first: the random model and the simulator are deterministic);
-``fixed_length`` and ``preprocess`` (each next step preprocessed between tokens) change nothing in
+``fixed_length`` and ``preprocess`` (each decode step preprocessed just before it) change nothing in
 the answer; misuse raises ``ValueError``.
 The ``veil`` command is ``veil_cli.veil_binary()``'s."""
 

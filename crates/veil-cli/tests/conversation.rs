@@ -6,8 +6,8 @@
 //! run on the whole prompt, and every bad request gets its OpenAI error object and status while
 //! the proxy keeps answering.
 //! `veil serve` of the same decoder folder and `veil generate --connect`: private generation's
-//! tokens are the simulator's, client after client; with `--preprocess` (each next step
-//! preprocessed between tokens) `veil generate`, a two-turn `veil chat` on its kept cache and
+//! tokens are the simulator's, client after client; with `--preprocess` (each decode step
+//! preprocessed just before it) `veil generate`, a two-turn `veil chat` on its kept cache and
 //! `veil proxy --connect` give the simulator's tokens too; `veil demo` of the decoder
 //! (`--preprocess 1`) answers one question privately as the simulator does.
 
@@ -693,7 +693,7 @@ fn preprocessing_changes_no_token(dir: &Path, addr: &str) {
 /// `veil demo` of a decoder folder: one private chat turn with a server thread over TLS on
 /// loopback; the answer is the simulator's up to its first near-tie (where the 1-bit-error
 /// truncations may pick either token; at least four tokens on this model and question) with
-/// each next step preprocessed between tokens (`--preprocess 1`), and the cost lines follow
+/// each decode step preprocessed just before it runs (`--preprocess 1`), and the cost lines follow
 /// it; `--preprocess 2` is refused for a decoder.
 #[test]
 fn demo_of_a_decoder_answers_privately_as_the_simulator() {
@@ -753,7 +753,7 @@ fn demo_of_a_decoder_answers_privately_as_the_simulator() {
     assert!(stdout.contains("\nset-up: "), "{stdout}");
     assert!(stdout.contains("\ngeneration: "), "{stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("each next step preprocessed"), "{stderr}");
+    assert!(stderr.contains("each decode step preprocessed"), "{stderr}");
     // A decoder holds one preprocessed step: more ahead is refused before the model loads.
     let out = Command::new(env!("CARGO_BIN_EXE_veil"))
         .args(["demo", "--model", dir, "--preprocess", "2", question])
