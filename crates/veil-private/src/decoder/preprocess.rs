@@ -226,11 +226,16 @@ impl StepMaterial {
         self.tokens
     }
 
+    /// Whether it was made for the step of `tokens` tokens after `start` positions.
+    pub fn is_for(&self, start: usize, tokens: usize) -> bool {
+        (self.start, self.tokens) == (start, tokens)
+    }
+
     /// Refuses, before anything is sent, material made for another step or held by the other
     /// party.
     pub(super) fn check_for(&self, start: usize, tokens: usize, client: bool) -> Result<()> {
         ensure!(
-            self.start == start && self.tokens == tokens,
+            self.is_for(start, tokens),
             InvalidArgument,
             "material made for a step of {} tokens after {} positions, used for a step of \
              {tokens} after {start}",

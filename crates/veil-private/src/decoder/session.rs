@@ -331,7 +331,7 @@ fn generation_session<C: Channel>(
                     (true, Some(h)) => {
                         let start = c.generation.positions();
                         ensure!(
-                            (h.material.start(), h.material.tokens()) == (start, tokens),
+                            h.material.is_for(start, tokens),
                             Malformed,
                             "a preprocessed step of {tokens} tokens after {start} positions, on \
                              material made for {} tokens after {}",
@@ -603,9 +603,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         // Refused before the request: the server would end the session on it.
         generation.check_room(ids.len())?;
         let start = generation.positions();
-        let material = material
-            .take()
-            .filter(|m| (m.start(), m.tokens()) == (start, ids.len()));
+        let material = material.take().filter(|m| m.is_for(start, ids.len()));
         set_deadline(&mut self.ch, self.step_timeout)?;
         let tokens = ids.len() as u32;
         match material {
@@ -668,7 +666,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         let fp = self.tables.format().fp;
         let held = material
             .as_ref()
-            .is_some_and(|m| (m.start(), m.tokens()) == (generation.positions(), ids.len()));
+            .is_some_and(|m| m.is_for(generation.positions(), ids.len()));
         if ids.len() == 1 && !held {
             self.preprocess_next(generation, material)?;
         }
