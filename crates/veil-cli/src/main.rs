@@ -307,6 +307,9 @@ enum BenchCmd {
         /// 1/16 of the element counts, for a quick look.
         #[arg(long)]
         quick: bool,
+        /// Only the operators whose name contains this text (e.g. "ReLU (2^20)").
+        #[arg(long)]
+        only: Option<String>,
     },
     /// A whole private inference of a seeded random model of a paper shape.
     Model {
@@ -459,13 +462,13 @@ fn bench(what: BenchCmd) -> Result<()> {
     match what {
         BenchCmd::Linear { json } => print_records(&veil_bench::linear::run()?, json),
         BenchCmd::Ot { json } => print_records(&veil_bench::ot::run()?, json),
-        BenchCmd::Nonlinear { json, quick } => {
+        BenchCmd::Nonlinear { json, quick, only } => {
             let scale = if quick {
                 veil_bench::nonlinear::Scale::Quick
             } else {
                 veil_bench::nonlinear::Scale::Full
             };
-            veil_bench::nonlinear::run_streaming(scale, None, &mut |v| {
+            veil_bench::nonlinear::run_streaming(scale, only.as_deref(), &mut |v| {
                 print_records(std::slice::from_ref(v), json)
             })?
         }

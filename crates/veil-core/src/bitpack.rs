@@ -73,6 +73,17 @@ impl BitWriter {
         }
     }
 
+    /// Appends everything `other` holds, bit for bit, wherever this writer stands: a message
+    /// written in parts (the lanes of a parallel step) is the one message written in order.
+    pub fn append(&mut self, other: BitWriter) {
+        for word in other.out.chunks_exact(8) {
+            self.push_bits(u64::from_le_bytes(word.try_into().expect("8 bytes")), 64);
+        }
+        if other.fill > 0 {
+            self.push_bits(other.acc as u64, other.fill);
+        }
+    }
+
     /// The message: whole bytes, the last one padded with zero bits.
     pub fn finish(mut self) -> Vec<u8> {
         let tail = self.fill.div_ceil(8) as usize;
@@ -271,6 +282,25 @@ mod tests {
                 prop_assert_eq!(r.next_bits(b), v & mask(b));
             }
             prop_assert!(is_malformed(BitReader::with_total_bits(&bytes, total + 8, "t")));
+        }
+
+        /// A message written in parts and appended is the message written in one go, wherever
+        /// the cuts fall (byte-aligned or not).
+        #[test]
+        fn appended_parts_are_the_whole(values in proptest::collection::vec((any::<u64>(), 1u32..=64), 0..300), cuts in proptest::collection::vec(0usize..300, 0..6)) {
+            let mut whole = BitWriter::new(0, 1);
+            values.iter().for_each(|&(v, b)| whole.push_bits(v, b));
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(values.len())).collect();
+            cuts.sort_unstable();
+            let mut joined = BitWriter::new(0, 1);
+            let mut from = 0;
+            for to in cuts.into_iter().chain([values.len()]) {
+                let mut part = BitWriter::new(0, 1);
+                values[from..to].iter().for_each(|&(v, b)| part.push_bits(v, b));
+                joined.append(part);
+                from = to;
+            }
+            prop_assert_eq!(joined.finish(), whole.finish());
         }
 
         #[test]

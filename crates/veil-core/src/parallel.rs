@@ -1,6 +1,7 @@
 //! The process's one worker pool: every parallel step of Veil runs on it, the HE batches
-//! ([`parallel_map`]: encryptions, products, responses) and veil-ot's silent-OT expansion (its
-//! trees and LPN step, through [`pool`]).
+//! ([`parallel_map`]: encryptions, products, responses), veil-ot's silent-OT expansion (its
+//! trees and LPN step, through [`pool`]) and the per-element work of the OT flavours that the
+//! non-linear protocols call ([`lanes`]: COT hashing, 1-of-N rows and keys).
 //!
 //! **Why one pool.** A server runs one thread per client session, and every session's batches
 //! want all the cores. Workers spawned per call made N concurrent sessions run N times as many
@@ -21,6 +22,7 @@
 //! however many sessions share the pool. Keep network I/O on the session threads, outside the
 //! pool.
 
+use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
@@ -73,6 +75,29 @@ pub fn parallel_map<T: Send>(
         .map_err(|_| Error::Other("a parallel worker panicked".into()))?
 }
 
+/// `f` on the consecutive lanes `0..lane`, `lane..2·lane`, … of `0..len` (the last one
+/// shorter), results in lane order: on the pool when there are several lanes and the pool has
+/// more than one worker, else one after another on the calling thread (with one worker, the two
+/// parties' session threads already keep two cores busy). The per-element work of a protocol
+/// step (the OT flavours' hashing, a 1-of-N sender's rows) runs in lanes while its messages stay
+/// one flight: a lane must depend on its range alone, so the results are those of one lane
+/// however the lanes fall. A panic in `f` reaches the caller, as it would on its own thread.
+pub fn lanes<T: Send>(len: usize, lane: usize, f: impl Fn(Range<usize>) -> T + Sync) -> Vec<T> {
+    assert!(lane > 0, "lanes of length 0");
+    let range = |i: usize| i * lane..((i + 1) * lane).min(len);
+    let count = len.div_ceil(lane);
+    if count <= 1 || pool().current_num_threads() == 1 {
+        return (0..count).map(|i| f(range(i))).collect();
+    }
+    pool().install(|| {
+        (0..count)
+            .into_par_iter()
+            .with_max_len(1)
+            .map(|i| f(range(i)))
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +138,18 @@ mod tests {
             );
         }
         assert_eq!(pool().current_num_threads(), threads());
+    }
+
+    #[test]
+    fn lanes_cover_the_range_in_order_whatever_their_length() {
+        for len in [0usize, 1, 2, 7, 64, 1000, 1001] {
+            for lane in [1usize, 3, 64, 1000, 5000] {
+                let parts = lanes(len, lane, |r| r.clone().collect::<Vec<_>>());
+                assert_eq!(parts.len(), len.div_ceil(lane));
+                assert!(parts.iter().all(|p| !p.is_empty() && p.len() <= lane));
+                assert_eq!(parts.concat(), (0..len).collect::<Vec<_>>());
+            }
+        }
     }
 
     #[test]

@@ -42,6 +42,20 @@ pub struct BuiltIn {
     overlay: &'static [u8],
 }
 
+impl BuiltIn {
+    /// Its overlay, or an error in a binary built without the built-in models.
+    fn overlay(&self) -> Result<&'static [u8]> {
+        if self.overlay.is_empty() {
+            return Err(Error::Unsupported(format!(
+                "this binary was built without its built-in models \
+                 (VEIL_WITHOUT_BUILT_IN_MODELS): {} is not in it; give a model folder instead",
+                self.name
+            )));
+        }
+        Ok(self.overlay)
+    }
+}
+
 impl PartialEq for BuiltIn {
     fn eq(&self, other: &Self) -> bool {
         self.name == other.name
@@ -109,6 +123,20 @@ impl Task {
     }
 }
 
+/// A built-in model's overlay, embedded unless the build leaves them out (`build.rs`).
+#[cfg(not(veil_without_built_in_models))]
+macro_rules! built_in_overlay {
+    ($name:literal) => {
+        include_bytes!(concat!("../../../models/", $name, "/overlay.safetensors"))
+    };
+}
+#[cfg(veil_without_built_in_models)]
+macro_rules! built_in_overlay {
+    ($name:literal) => {
+        &[]
+    };
+}
+
 /// The built-in models; the first is `default`.
 pub static BUILT_IN: [BuiltIn; 3] = [
     BuiltIn {
@@ -117,7 +145,7 @@ pub static BUILT_IN: [BuiltIn; 3] = [
              privacy-friendly (sentiment; 7 of 8 GELU/Softmax/LayerNorm replaced)",
         task: Task::Sentiment,
         config: include_str!("../../../models/sst2-minilm-l2/config.json"),
-        overlay: include_bytes!("../../../models/sst2-minilm-l2/overlay.safetensors"),
+        overlay: built_in_overlay!("sst2-minilm-l2"),
     },
     BuiltIn {
         name: "sst2-minilm-l6",
@@ -125,7 +153,7 @@ pub static BUILT_IN: [BuiltIn; 3] = [
              privacy-friendly (sentiment; 22 of 24 GELU/Softmax/LayerNorm replaced)",
         task: Task::Sentiment,
         config: include_str!("../../../models/sst2-minilm-l6/config.json"),
-        overlay: include_bytes!("../../../models/sst2-minilm-l6/overlay.safetensors"),
+        overlay: built_in_overlay!("sst2-minilm-l6"),
     },
     BuiltIn {
         name: "mrpc-minilm-l6",
@@ -133,7 +161,7 @@ pub static BUILT_IN: [BuiltIn; 3] = [
              privacy-friendly (paraphrase; 20 of 24 GELU/Softmax/LayerNorm replaced)",
         task: Task::Paraphrase,
         config: include_str!("../../../models/mrpc-minilm-l6/config.json"),
-        overlay: include_bytes!("../../../models/mrpc-minilm-l6/overlay.safetensors"),
+        overlay: built_in_overlay!("mrpc-minilm-l6"),
     },
 ];
 
@@ -275,7 +303,7 @@ impl ModelSource {
     /// Loads the whole model (fetching the public part of `default` or an overlay on first use).
     pub fn load(&self) -> Result<Model> {
         match self {
-            ModelSource::BuiltIn(b) => load_overlay(&minilm_l6()?, b.config, b.overlay),
+            ModelSource::BuiltIn(b) => load_overlay(&minilm_l6()?, b.config, b.overlay()?),
             ModelSource::Folder(dir) => folder::load(dir),
             ModelSource::Overlay(dir) => {
                 let read = |name: &str| {
@@ -320,7 +348,7 @@ impl ModelSource {
     pub fn full_folder(&self) -> Result<PathBuf> {
         let tag = match self {
             ModelSource::Folder(dir) => return Ok(dir.clone()),
-            ModelSource::BuiltIn(b) => content_tag(&[b.config.as_bytes(), b.overlay]),
+            ModelSource::BuiltIn(b) => content_tag(&[b.config.as_bytes(), b.overlay()?]),
             ModelSource::Overlay(dir) => {
                 let read = |name: &str| std::fs::read(dir.join(name)).map_err(Error::Io);
                 content_tag(&[&read("config.json")?, &read(OVERLAY_FILE)?])

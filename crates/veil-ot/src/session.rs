@@ -139,6 +139,28 @@ pub(crate) struct ReceiverBatch<'a> {
     pub index: u64,
 }
 
+impl<'a> SenderBatch<'a> {
+    /// The COTs `at` of this run (their tweaks unchanged): a group's, or a lane's.
+    pub(crate) fn part(&self, at: Range<usize>) -> SenderBatch<'a> {
+        SenderBatch {
+            delta: self.delta,
+            index: self.index + at.start as u64,
+            q: &self.q[at],
+        }
+    }
+}
+
+impl<'a> ReceiverBatch<'a> {
+    /// The COTs `at` of this run (their tweaks unchanged).
+    pub(crate) fn part(&self, at: Range<usize>) -> ReceiverBatch<'a> {
+        ReceiverBatch {
+            t: &self.t[at.clone()],
+            bits: &self.bits[at.clone()],
+            index: self.index + at.start as u64,
+        }
+    }
+}
+
 fn refill_size(available: usize, need: usize) -> usize {
     (need - available).max(IKNP_MIN_REFILL)
 }
