@@ -389,17 +389,45 @@ fn lane_keys(batch: &ReceiverBatch<'_>, g: OneOfN, choices: &[u8]) -> Vec<u64> {
 
 /// Receives one group's masked rows and turns its keys `out` into the chosen messages.
 fn unmask_rows<C: Channel>(ch: &mut C, g: OneOfN, choices: &[u8], out: &mut [u64]) -> Result<()> {
-    let n_msgs = 1usize << g.log_n;
     // Row x = 0 is zero and not sent: K_0 alone is the output for c = 0.
-    let sent = g.count * (n_msgs - 1);
+    let sent = g.count * ((1usize << g.log_n) - 1);
     let msg = ch.recv_msg_exact(packed_len(sent, g.bits))?;
-    let mut y = BitReader::new(&msg, sent, g.bits, "1-of-N OT ciphertexts")?;
-    for (o, &c) in out.iter_mut().zip(choices) {
-        *o ^= (1..n_msgs).fold(0u64, |acc, x| {
-            acc | (y.next_value() & eq_mask(x, c as usize))
-        });
+    let chosen = chosen_rows(&msg, g, choices, OT_LANE)?;
+    for (o, m) in out.iter_mut().zip(chosen) {
+        *o ^= m;
     }
     Ok(())
+}
+
+/// The masked row each choice selects from the sender's message, read in lanes of `lane` OTs
+/// (a multiple of 8: every lane's rows start on a byte). The message's length and padding are
+/// checked once, before the lanes.
+fn chosen_rows(msg: &[u8], g: OneOfN, choices: &[u8], lane: usize) -> Result<Vec<u64>> {
+    assert!(
+        lane.is_multiple_of(8),
+        "1-of-N lanes of {lane} OTs do not start on bytes"
+    );
+    let n_msgs = 1usize << g.log_n;
+    let what = "1-of-N OT ciphertexts";
+    BitReader::new(msg, g.count * (n_msgs - 1), g.bits, what)?;
+    let ot_bits = (n_msgs - 1) * g.bits as usize;
+    let parts = lanes(g.count, lane, |at| -> Result<Vec<u64>> {
+        let bytes = &msg[at.start * ot_bits / 8..(at.end * ot_bits).div_ceil(8)];
+        let mut y = BitReader::new(bytes, at.len() * (n_msgs - 1), g.bits, what)?;
+        Ok(choices[at]
+            .iter()
+            .map(|&c| {
+                (1..n_msgs).fold(0u64, |acc, x| {
+                    acc | (y.next_value() & eq_mask(x, c as usize))
+                })
+            })
+            .collect())
+    });
+    let mut chosen = Vec::with_capacity(g.count);
+    for part in parts {
+        chosen.extend(part?);
+    }
+    Ok(chosen)
 }
 
 /// Chunk `want` of a pad stream of `chunks` chunks, read without a `want`-dependent address.
@@ -464,6 +492,18 @@ pub(crate) mod tests {
                 for lane in [1usize, 2, 3, 8, 36] {
                     assert_eq!(mask_rows(&batch, &d, g, lane, row).unwrap(), whole);
                     assert_eq!(receiver_keys(&recv, g, &choices, lane), keys);
+                }
+                let chosen = chosen_rows(&whole.0, g, &choices, usize::MAX & !7).unwrap();
+                assert_eq!(chosen.len(), count);
+                for lane in [8usize, 16, 32] {
+                    assert_eq!(chosen_rows(&whole.0, g, &choices, lane).unwrap(), chosen);
+                }
+                // A message one byte short or long is refused before any lane reads it.
+                let mut longer = whole.0.clone();
+                longer.push(0);
+                assert!(chosen_rows(&longer, g, &choices, 8).is_err());
+                if let Some((_, shorter)) = whole.0.split_last() {
+                    assert!(chosen_rows(shorter, g, &choices, 8).is_err());
                 }
             }
         }
