@@ -10,7 +10,7 @@
 //! Two flights per call (plus refills). Security: semi-honest, 128-bit computational;
 //! `x_i` is pseudo-random to the receiver because `pad_{i,0}` is when `c_i = 1`.
 
-use veil_core::parallel::lanes;
+use veil_core::parallel::{joined, lanes};
 use veil_core::Result;
 use veil_net::Channel;
 
@@ -183,25 +183,25 @@ fn sender_lanes(
         });
         (x, u)
     });
-    let mut x = Vec::with_capacity(deltas.len());
-    let mut u = BitWriter::new(0, 1);
-    for (xs, us) in parts {
-        x.extend(xs);
-        u.append(us);
-    }
-    (x, u.finish())
+    let (xs, mut us): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+    let mut u = if us.is_empty() {
+        BitWriter::new(0, 1)
+    } else {
+        us.remove(0)
+    };
+    us.into_iter().for_each(|part| u.append(part));
+    (joined(xs), u.finish())
 }
 
 /// The receiver's pads of its choices, computed in lanes of `lane` COTs.
 fn receiver_lanes(batch: &ReceiverBatch<'_>, lane: usize) -> Vec<u64> {
-    lanes(batch.t.len(), lane, |at| {
+    joined(lanes(batch.t.len(), lane, |at| {
         let mut pads = Vec::with_capacity(at.len());
         for_receiver_pads(&batch.part(at), |_, p| {
             pads.extend(p.iter().map(|&p| p as u64))
         });
         pads
-    })
-    .concat()
+    }))
 }
 
 /// Payload bits of `count` COTs cycling through `widths` (each checked to be 1..=64).

@@ -27,7 +27,9 @@
 //! bits, so this construction sends less whenever COTs are silent.
 //! Security: semi-honest, 128-bit computational.
 
-use veil_core::parallel::lanes;
+use std::ops::Range;
+
+use veil_core::parallel::{joined, lanes};
 use veil_core::{ensure, Result};
 use veil_net::Channel;
 use zeroize::Zeroizing;
@@ -124,6 +126,16 @@ impl OneOfN {
 
     fn cots(&self) -> usize {
         self.count * self.log_n as usize
+    }
+
+    /// The OTs `at` of this group as a group of their own, and the range of their COTs.
+    fn lane(&self, at: &Range<usize>) -> (OneOfN, Range<usize>) {
+        let l = self.log_n as usize;
+        let g = OneOfN {
+            count: at.len(),
+            ..*self
+        };
+        (g, at.start * l..at.end * l)
     }
 }
 
@@ -230,25 +242,23 @@ fn mask_rows(
     lane: usize,
     next_row: impl Fn(usize, &mut [u64]) -> Result<()> + Sync,
 ) -> Result<(Vec<u8>, Vec<u64>)> {
-    let l = g.log_n as usize;
     let parts = lanes(g.count, lane, |at| {
-        let lane = OneOfN {
-            count: at.len(),
-            ..g
-        };
-        let cots = at.start * l..at.end * l;
+        let (lane, cots) = g.lane(&at);
         mask_lane(&batch.part(cots.clone()), &d[cots], lane, |i, row| {
             next_row(at.start + i, row)
         })
     });
-    let mut out = BitWriter::new(0, 1);
-    let mut shares = Vec::with_capacity(g.count);
+    let (mut out, mut shares) = (None::<BitWriter>, Vec::with_capacity(parts.len()));
     for part in parts {
         let (rows, sh) = part?;
-        out.append(rows);
-        shares.extend(sh);
+        match out.as_mut() {
+            Some(o) => o.append(rows),
+            None => out = Some(rows),
+        }
+        shares.push(sh);
     }
-    Ok((out.finish(), shares))
+    let out = out.map_or_else(Vec::new, BitWriter::finish);
+    Ok((out, joined(shares)))
 }
 
 /// [`mask_rows`] of the OTs of one lane (`batch` and `d` its COTs, `g.count` its OTs).
@@ -343,15 +353,10 @@ fn mask_lane(
 
 /// The receiver's keys K_(c_i) of one group, from its COTs (no traffic), in lanes of `lane` OTs.
 fn receiver_keys(batch: &ReceiverBatch<'_>, g: OneOfN, choices: &[u8], lane: usize) -> Vec<u64> {
-    let l = g.log_n as usize;
-    lanes(g.count, lane, |at| {
-        let lane = OneOfN {
-            count: at.len(),
-            ..g
-        };
-        lane_keys(&batch.part(at.start * l..at.end * l), lane, &choices[at])
-    })
-    .concat()
+    joined(lanes(g.count, lane, |at| {
+        let (lane, cots) = g.lane(&at);
+        lane_keys(&batch.part(cots), lane, &choices[at])
+    }))
 }
 
 /// [`receiver_keys`] of the OTs of one lane.
@@ -423,11 +428,7 @@ fn chosen_rows(msg: &[u8], g: OneOfN, choices: &[u8], lane: usize) -> Result<Vec
             })
             .collect())
     });
-    let mut chosen = Vec::with_capacity(g.count);
-    for part in parts {
-        chosen.extend(part?);
-    }
-    Ok(chosen)
+    Ok(joined(parts.into_iter().collect::<Result<_>>()?))
 }
 
 /// Chunk `want` of a pad stream of `chunks` chunks, read without a `want`-dependent address.
