@@ -298,7 +298,10 @@ impl Decoder {
         opts: GenerateOptions,
         preprocess: bool,
     ) -> PyResult<TextStream> {
-        let (n, max_new) = (prompt.len(), opts.max_new_tokens);
+        let n = veil_model::padded_prompt(&prompt, opts.pad_to)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?
+            .len();
+        let max_new = opts.max_new_tokens;
         if n + max_new - 1 > self.context {
             return Err(PyValueError::new_err(format!(
                 "{n} prompt tokens and up to {max_new} new ones exceed the session's context of \
@@ -373,25 +376,19 @@ impl Client {
     fn options(
         d: &Decoder,
         max_new_tokens: usize,
-        temperature: f32,
-        top_k: usize,
-        top_p: f32,
-        seed: u64,
+        sampling: SamplingParams,
         fixed_length: bool,
+        pad_to: Option<usize>,
     ) -> PyResult<GenerateOptions> {
         if max_new_tokens == 0 {
             return Err(PyValueError::new_err("max_new_tokens must be at least 1"));
         }
         Ok(GenerateOptions {
             max_new_tokens,
-            sampling: SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                seed,
-            },
+            sampling,
             stop: d.model.weights.config.eos_token_ids.clone(),
             fixed_length,
+            pad_to,
         })
     }
 
@@ -493,13 +490,15 @@ impl Client {
     /// A decoder model's text after `prompt` (plain text, tokenised as is), generated
     /// privately: an iterator of text pieces as the tokens are chosen. Each call is a session
     /// of its own with the server, which learns the prompt's length and the number of steps
-    /// (`fixed_length=True`: always `max_new_tokens` steps) and nothing else. Sampling:
+    /// (`fixed_length=True`: always `max_new_tokens` steps; `pad_to=N`: it sees N instead of
+    /// the prompt's length, the prompt padded with tokens no real position attends to) and
+    /// nothing else. Sampling:
     /// `temperature` 0 is greedy; `top_k` 0 keeps every token; `seed` makes it repeatable.
     /// `preprocess=True`: each decode step's prompt-independent part (its FC masks, attention
     /// triples and OT pool fill) is made as an offline phase just before the step, so the step
     /// moves fewer bytes online; the two run back to back (a piece takes as long as without)
     /// and the text is the same.
-    #[pyo3(signature = (prompt, *, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false, preprocess=false))]
+    #[pyo3(signature = (prompt, *, max_new_tokens=64, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false, preprocess=false, pad_to=None))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -512,17 +511,16 @@ impl Client {
         seed: u64,
         fixed_length: bool,
         preprocess: bool,
+        pad_to: Option<usize>,
     ) -> PyResult<TextStream> {
         let d = self.decoder()?;
-        let opts = Self::options(
-            &d,
-            max_new_tokens,
+        let sampling = SamplingParams {
             temperature,
             top_k,
             top_p,
             seed,
-            fixed_length,
-        )?;
+        };
+        let opts = Self::options(&d, max_new_tokens, sampling, fixed_length, pad_to)?;
         let ids = py
             .detach(|| d.model.tokenizer.encode(prompt))
             .map_err(py_err)?;
@@ -536,7 +534,7 @@ impl Client {
     /// `{"role": ..., "content": ...}` dicts (system, user, assistant) rendered with the
     /// model's chat template. Each call is a session of its own (the whole conversation is run
     /// again). Returns the answer's text; options as `generate`'s.
-    #[pyo3(signature = (messages, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false, preprocess=false))]
+    #[pyo3(signature = (messages, *, max_new_tokens=256, temperature=0.0, top_k=0, top_p=1.0, seed=0, fixed_length=false, preprocess=false, pad_to=None))]
     #[allow(clippy::too_many_arguments)]
     fn chat(
         &self,
@@ -549,17 +547,16 @@ impl Client {
         seed: u64,
         fixed_length: bool,
         preprocess: bool,
+        pad_to: Option<usize>,
     ) -> PyResult<String> {
         let d = self.decoder()?;
-        let opts = Self::options(
-            &d,
-            max_new_tokens,
+        let sampling = SamplingParams {
             temperature,
             top_k,
             top_p,
             seed,
-            fixed_length,
-        )?;
+        };
+        let opts = Self::options(&d, max_new_tokens, sampling, fixed_length, pad_to)?;
         let messages = messages
             .iter()
             .map(|m| match (m.get("role"), m.get("content")) {

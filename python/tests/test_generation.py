@@ -3,8 +3,8 @@ background threads (over TLS, its fingerprint pinned) and ``veil.Client.generate
 ``Client.chat`` against it. The text equals the fixed-point simulator's (``veil generate
 --simulate``, the oracle) whenever no step's top-two logits are within twice the default
 1-bit-error mode's reach (checked first: the random model and the simulator are deterministic);
-``fixed_length`` and ``preprocess`` (each decode step preprocessed just before it) change nothing in
-the answer; misuse raises ``ValueError``.
+``fixed_length``, ``preprocess`` (each decode step preprocessed just before it) and ``pad_to`` change
+nothing in the answer; misuse raises ``ValueError``.
 The ``veil`` command is ``veil_cli.veil_binary()``'s."""
 
 import json
@@ -48,6 +48,9 @@ def test_generate_streams_the_simulators_text(decoder, client):
     assert "".join(pieces) == want
     assert "".join(client.generate("good film", max_new_tokens=6, fixed_length=True)) == want
     assert "".join(client.generate("good film", max_new_tokens=6, preprocess=True)) == want
+    # Padded to 40 positions (the server sees 40): the rotary tables' rounding at the shifted
+    # positions moves a logit far less than the margins checked above.
+    assert "".join(client.generate("good film", max_new_tokens=6, pad_to=40)) == want
     assert client.config["max_context"] == 128
     assert client.config["family"] == "llama"
 
@@ -75,5 +78,7 @@ def test_misuse_raises_value_error(decoder, client):
     # refused before anything is sent.
     with pytest.raises(ValueError, match="context of 128"):
         client.generate("good film", max_new_tokens=128)
+    with pytest.raises(ValueError, match="more than"):
+        client.generate("good film", pad_to=2)
     with pytest.raises(ValueError, match="max_context"):
         veil.Client(decoder, server="127.0.0.1:1", max_context=10**6)

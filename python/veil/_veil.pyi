@@ -88,10 +88,13 @@ class Client:
         seed: int = 0,
         fixed_length: bool = False,
         preprocess: bool = False,
+        pad_to: Optional[int] = None,
     ) -> "TextStream":
         """A decoder's text after ``prompt``, generated privately, as an iterator of text
         pieces. The server learns the prompt's length and the number of steps
-        (``fixed_length``: always ``max_new_tokens``). ``preprocess``: each decode step runs
+        (``fixed_length``: always ``max_new_tokens``; ``pad_to=N``: N instead of the prompt's
+        length, the prompt padded with tokens no real position attends to, a longer prompt
+        refused). ``preprocess``: each decode step runs
         as an offline phase (FC masks, attention triples, OT pool fill) and then its online part,
         after the previous piece was returned, so the online part moves fewer bytes; the two run
         back to back (a token takes as long as without) and the text is the same."""
@@ -106,6 +109,7 @@ class Client:
         seed: int = 0,
         fixed_length: bool = False,
         preprocess: bool = False,
+        pad_to: Optional[int] = None,
     ) -> str:
         """The assistant's answer to ``messages`` (``{"role", "content"}`` dicts) in the
         model's chat template, generated privately; options as ``generate``'s."""

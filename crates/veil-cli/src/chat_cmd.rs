@@ -51,6 +51,7 @@ pub(crate) fn chat_cmd(a: ChatArgs) -> Result<()> {
         },
         stop: model.weights.config.eos_token_ids.clone(),
         fixed_length: engine.fixed_length(),
+        pad_to: engine.pad_to(),
     };
     let opening: Vec<ChatMessage> = a
         .system

@@ -43,6 +43,13 @@ pub(crate) struct EngineArgs {
     /// same. The server may refuse it (its memory); that step then runs without.
     #[arg(long, requires = "connect")]
     pub(crate) preprocess: bool,
+    /// With --connect: pad a shorter prompt to N positions with tokens that no real position
+    /// attends to, so that the server sees N, not the prompt's length (a longer prompt is
+    /// refused). The answer is the same (for Llama-family models up to the rounding of the
+    /// rotary tables at the shifted positions). In a conversation only the first turn is
+    /// padded: the server sees each later turn's length.
+    #[arg(long, requires = "connect", value_name = "N")]
+    pub(crate) pad_to: Option<usize>,
     #[command(flatten)]
     pub(crate) net: crate::ClientNetArgs,
 }
@@ -62,6 +69,7 @@ pub(crate) struct Remote {
     context: usize,
     fixed_length: bool,
     preprocess: bool,
+    pad_to: Option<usize>,
     step_timeout: Duration,
 }
 
@@ -74,11 +82,14 @@ impl<'w> Engine<'w> {
         // --connect), where they would be silently ignored: --preprocess would change nothing
         // there (a model run in the clear has no offline part).
         if args.connect.is_none()
-            && (args.fixed_length || args.preprocess || args.context.is_some())
+            && (args.fixed_length
+                || args.preprocess
+                || args.context.is_some()
+                || args.pad_to.is_some())
         {
             return Err(Error::InvalidArgument(
-                "--fixed-length, --preprocess and --context are about a private session: they \
-                 need --connect"
+                "--fixed-length, --preprocess, --pad-to and --context are about a private \
+                 session: they need --connect"
                     .into(),
             ));
         }
@@ -92,6 +103,15 @@ impl<'w> Engine<'w> {
                     "--context {context}: this model holds 1 to {max} positions"
                 )));
             }
+            if let Some(n) = args.pad_to {
+                if !(1..context).contains(&n) {
+                    return Err(Error::InvalidArgument(format!(
+                        "--pad-to {n}: a session of --context {context} positions takes 1 to {} \
+                         (at least one for the answer)",
+                        context - 1
+                    )));
+                }
+            }
             return Ok(Engine::Private(Box::new(Remote {
                 addr,
                 transport: args.net.transport()?,
@@ -100,6 +120,7 @@ impl<'w> Engine<'w> {
                 context,
                 fixed_length: args.fixed_length,
                 preprocess: args.preprocess,
+                pad_to: args.pad_to,
             })));
         }
         match (args.simulate, args.f32) {
@@ -120,6 +141,14 @@ impl<'w> Engine<'w> {
     /// Whether generations must run every step they may (`--fixed-length`, private only).
     pub(crate) fn fixed_length(&self) -> bool {
         matches!(self, Engine::Private(r) if r.fixed_length)
+    }
+
+    /// The length a generation's first prompt is padded to (`--pad-to`, private only).
+    pub(crate) fn pad_to(&self) -> Option<usize> {
+        match self {
+            Engine::Private(r) => r.pad_to,
+            _ => None,
+        }
     }
 
     /// `private`, `simulate` or `f32`, as reports name the mode.
@@ -205,6 +234,8 @@ pub(crate) struct CachedSession<'e> {
     session: Option<Box<dyn NextLogits + Send + 'e>>,
     /// The token ids the cache holds, in order.
     held: Vec<u32>,
+    /// Padding positions the cache holds before them (`--pad-to`).
+    padding: usize,
 }
 
 impl<'e> CachedSession<'e> {
@@ -213,6 +244,7 @@ impl<'e> CachedSession<'e> {
             engine,
             session: None,
             held: Vec::new(),
+            padding: 0,
         }
     }
 
@@ -233,6 +265,7 @@ impl<'e> CachedSession<'e> {
     pub(crate) fn reset(&mut self) {
         self.session = None;
         self.held.clear();
+        self.padding = 0;
     }
 
     /// One generation after the whole conversation `prompt`; returns the tokens, why it ended,
@@ -251,19 +284,38 @@ impl<'e> CachedSession<'e> {
                 "at least one new token must be asked for".into(),
             ));
         }
+        let reuse = prompt.len() > self.held.len() && prompt.starts_with(&self.held);
+        // The padding the cache holds before the prompt: what it holds already, or what a
+        // fresh cache's first prompt gets.
+        let padding = if reuse && !self.held.is_empty() {
+            self.padding
+        } else {
+            opts.pad_to.unwrap_or(0).saturating_sub(prompt.len())
+        };
         let context = model.weights.config.max_positions;
-        if prompt.len() + opts.max_new_tokens > context {
+        if padding + prompt.len() + opts.max_new_tokens > context {
             return Err(Error::InvalidArgument(format!(
-                "{} prompt tokens and up to {} new ones exceed the model's context of {context} \
-                 tokens",
-                prompt.len(),
+                "{} prompt positions and up to {} new ones exceed the model's context of \
+                 {context} tokens",
+                padding + prompt.len(),
                 opts.max_new_tokens
             )));
         }
-        if !(prompt.len() > self.held.len() && prompt.starts_with(&self.held)) {
+        if !reuse {
             self.reset();
         }
         let reused = self.held.len();
+        // Padding goes before a session's first prompt only (the cache holds it after that).
+        let padded;
+        let opts = if reused > 0 && opts.pad_to.is_some() {
+            padded = GenerateOptions {
+                pad_to: None,
+                ..opts.clone()
+            };
+            &padded
+        } else {
+            opts
+        };
         let session = match &mut self.session {
             Some(s) => s,
             None => self.session.insert(self.engine.session()?),
@@ -277,6 +329,7 @@ impl<'e> CachedSession<'e> {
                 };
                 self.held = prompt.to_vec();
                 self.held.extend(tokens[..fed].iter().map(|t| t.id));
+                self.padding = padding;
                 if opts.fixed_length && finish == Finish::Stop {
                     // The cache holds the padding steps after the stop token too.
                     self.reset();

@@ -90,6 +90,7 @@ pub(crate) fn run(
         sampling: SamplingParams::GREEDY,
         stop: m.weights.config.eos_token_ids.clone(),
         fixed_length: false,
+        pad_to: None,
     };
     print!("answer: ");
     let mut g = client.start(context)?;

@@ -82,6 +82,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
         },
         stop: model.weights.config.eos_token_ids.clone(),
         fixed_length: engine.fixed_length(),
+        pad_to: engine.pad_to(),
     };
     let mut session = engine.session()?;
     let (tokens, stopped, times) = stream_timed(session.as_mut(), &model, &ids, &opts, a.json)?;

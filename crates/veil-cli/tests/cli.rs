@@ -1004,6 +1004,7 @@ fn generate_prints_the_simulators_greedy_tokens() {
         sampling: SamplingParams::GREEDY,
         stop: model.weights.config.eos_token_ids.clone(),
         fixed_length: false,
+        pad_to: None,
     };
     let (expected, _) = generate(&mut fixed.session(), &ids, &opts, |_| Ok(())).unwrap();
     let expected: Vec<u32> = expected.iter().map(|t| t.id).collect();

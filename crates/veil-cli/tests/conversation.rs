@@ -142,6 +142,7 @@ fn simulated(dir: &Path, messages: &[ChatMessage], max: usize, sampling: Samplin
         sampling,
         stop: model.weights.config.eos_token_ids.clone(),
         fixed_length: false,
+        pad_to: None,
     };
     let (tokens, _) = generate(&mut fixed.session(), &ids, &opts, |_| Ok(())).unwrap();
     let tokens: Vec<u32> = tokens.iter().map(|t| t.id).collect();
@@ -159,6 +160,7 @@ fn sure(dir: &Path, ids: &[u32], max: usize) -> Option<Vec<u32>> {
         sampling: SamplingParams::GREEDY,
         stop: model.weights.config.eos_token_ids.clone(),
         fixed_length: false,
+        pad_to: None,
     };
     let (tokens, _) = generate(&mut fixed.session(), ids, &opts, |_| Ok(())).unwrap();
     let near_tie = tokens
@@ -498,7 +500,8 @@ const ONE_BIT_ERROR_BOUND: f64 = 0.02;
 /// `veil serve` of a decoder folder, and `veil generate --connect` to it: the private tokens are
 /// the simulator's up to the first step whose top-2 margin is within twice the server's default
 /// 1-bit-error bound (where the truncations may pick either), and the server serves the next
-/// client as well (with `--fixed-length`, whose step count `veil_model`'s tests check); then
+/// clients as well (with `--fixed-length`, whose step count `veil_model`'s tests check, and
+/// with `--pad-to`); then
 /// [`preprocessing_changes_no_token`] on the same server, `veil proxy --connect` among them.
 #[test]
 fn private_generation_through_veil_serve_equals_the_simulator() {
@@ -550,7 +553,21 @@ fn private_generation_through_veil_serve_equals_the_simulator() {
     assert_eq!(expected.len(), 4);
     let private = ["--connect", &addr, "--insecure-plaintext"];
     let fixed = ["--connect", &addr, "--insecure-plaintext", "--fixed-length"];
-    for (client, engine) in [("first", &private[..]), ("second", &fixed[..])] {
+    // The prompt (98 tokens) padded to 128 positions (the server sees 128): the rotary
+    // tables' rounding at the shifted positions moves a logit by far less than the
+    // truncations' bound.
+    let padded = [
+        "--connect",
+        &addr,
+        "--insecure-plaintext",
+        "--pad-to",
+        "128",
+    ];
+    for (client, engine) in [
+        ("first", &private[..]),
+        ("second", &fixed[..]),
+        ("padded", &padded[..]),
+    ] {
         let (ids, _) = tokens(engine);
         // The one-bit-error truncations may move a logit by up to ONE_BIT_ERROR_BOUND
         // (decoder_party.rs): a token may differ only where the simulator's top two are
@@ -566,8 +583,8 @@ fn private_generation_through_veil_serve_equals_the_simulator() {
 
 /// `--preprocess` on the server at `addr` of the model in `dir`, on questions whose answers
 /// have no near-tie (so a private answer must be the simulator's exactly, with or without
-/// preprocessing): `veil generate`'s tokens, a two-turn `veil chat` whose second turn runs on
-/// the first's cache (the first turn's last step preprocessed a step that the second turn's
+/// preprocessing): `veil generate`'s tokens, a two-turn `veil chat` (its first prompt padded)
+/// whose second turn runs on the first's cache (the first turn's last step preprocessed a step that the second turn's
 /// prompt replaces), and `veil proxy`'s completion are the simulator's. A short system line
 /// keeps the prompts short; each part is timed.
 fn preprocessing_changes_no_token(dir: &Path, addr: &str) {
@@ -627,10 +644,15 @@ fn preprocessing_changes_no_token(dir: &Path, addr: &str) {
         started.elapsed().as_secs_f64()
     );
 
+    // The chat's first prompt padded 16 positions beyond its length (`--pad-to`): the second
+    // turn then runs on a cache that holds the padding too.
+    let first_turn = [system.clone(), ChatMessage::new("user", first)];
+    let pad_to = (model.chat_prompt(&first_turn).unwrap().len() + 16).to_string();
     let started = std::time::Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_veil"))
         .args(["chat", "--model", dir.to_str().unwrap()])
         .args(pre)
+        .args(["--pad-to", &pad_to])
         .args([
             "--system",
             "Be brief.",
@@ -656,7 +678,7 @@ fn preprocessing_changes_no_token(dir: &Path, addr: &str) {
         .unwrap()
         .split('\n')
         .collect();
-    assert_eq!(got[..2], answers, "veil chat --preprocess");
+    assert_eq!(got[..2], answers, "veil chat --preprocess --pad-to");
     // The second turn ran on the first's cache: not "0 of" its prompt's tokens from it.
     let reports: Vec<&str> = err
         .lines()
@@ -708,6 +730,7 @@ fn demo_of_a_decoder_answers_privately_as_the_simulator() {
         sampling: SamplingParams::GREEDY,
         stop: model.weights.config.eos_token_ids.clone(),
         fixed_length: false,
+        pad_to: None,
     };
     // The simulator's answer up to its first near-tie, for the first question whose answer
     // has at least four tokens before one (the model and the simulator are deterministic).

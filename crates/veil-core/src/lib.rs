@@ -44,4 +44,10 @@ pub mod defaults {
     pub const FRAC_BITS: u32 = 13;
     /// ε added to the denominator of the ReLU-normalise softmax substitute.
     pub const RELU_NORMALISE_EPS: f64 = 1e-3;
+    /// How far below every real attention score the client pushes the scores of padding keys
+    /// (padding that hides a prompt's length from the server, which cannot tell the padding
+    /// apart): far enough that Softmax's exp clamps them to exactly 0 and ReLU-normalise's
+    /// ReLU zeroes them (real scores stay far inside ±4096), small enough to stay clear of the
+    /// ring's range (2^25 at f = 13 in a 41-bit ring) and of ReLU's comparison bound.
+    pub const PADDING_KEY_OFFSET: f64 = 4096.0;
 }

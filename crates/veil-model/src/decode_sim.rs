@@ -39,8 +39,8 @@ use crate::decoder::{
     Matrix, Mlp, Norm,
 };
 use crate::engine::decoder::{
-    self as composition, causal_visible, rotary_accumulators, DecoderEngine, DecoderLayer,
-    DecoderNorm, KvCache, LogitRows, Rows,
+    self as composition, causal_visible, hide_padding_keys, rotary_accumulators, DecoderEngine,
+    DecoderLayer, DecoderNorm, KvCache, LogitRows, Rows,
 };
 use crate::sim::{
     matmul_signed, max_abs, relu_domain, relu_normalise_domain, secret_products, BlockReport,
@@ -289,8 +289,10 @@ impl DecoderTables {
     }
 
     /// The embedding of `ids` at positions start.. (token row plus the position row for
-    /// GPT-2), [ids, hidden] at f bits.
-    pub fn embed(&self, ids: &[u32], start: usize) -> Result<RingTensor> {
+    /// GPT-2), [ids, hidden] at f bits. The first `padding` positions of the generation are
+    /// padding ([`crate::engine::decoder::hide_padding_keys`]): GPT-2's learned positions count
+    /// from the first real token (a padding position takes position 0).
+    pub fn embed(&self, ids: &[u32], start: usize, padding: usize) -> Result<RingTensor> {
         let (h, ring) = (self.config.hidden, self.approx.fp.ring);
         if let Some(p) = &self.position {
             ensure!(
@@ -311,10 +313,10 @@ impl DecoderTables {
                 self.config.vocab_size
             );
             let tok = &self.token.weight[id * h..(id + 1) * h];
-            let pos = self
-                .position
-                .as_ref()
-                .map(|p| &p.weight[(start + r) * h..(start + r + 1) * h]);
+            let pos = self.position.as_ref().map(|p| {
+                let at = (start + r).saturating_sub(padding);
+                &p.weight[at * h..(at + 1) * h]
+            });
             for c in 0..h {
                 let v = tok[c] as i64 + pos.map_or(0, |p| p[c] as i64);
                 out.push(ring.from_signed(v));
@@ -518,6 +520,8 @@ pub struct DecoderSim<'a> {
     tracker: Tracker,
     /// One per block, then the final norm and LM head; merged over steps.
     reports: Vec<BlockReport>,
+    /// Leading positions of this generation that are padding ([`Self::hide_padding`]).
+    padding: usize,
 }
 
 impl<'a> DecoderSim<'a> {
@@ -530,7 +534,23 @@ impl<'a> DecoderSim<'a> {
             cache: KvCache::new(&model.config),
             tracker: Tracker::new(fp, 0),
             reports: (0..=n).map(|b| Tracker::new(fp, b).report).collect(),
+            padding: 0,
         }
+    }
+
+    /// Makes the first `padding` positions of this generation padding that no real position
+    /// attends to, as a private generation's client does to hide the prompt's length
+    /// ([`hide_padding_keys`]): before anything has run; the caller runs them (any tokens)
+    /// before the prompt.
+    pub fn hide_padding(&mut self, padding: usize) -> Result<()> {
+        ensure!(
+            self.cache.positions() == 0,
+            InvalidArgument,
+            "padding goes before the first prompt: {} positions have run",
+            self.cache.positions()
+        );
+        self.padding = padding;
+        Ok(())
     }
 
     /// Runs the next tokens against the cache; logits [1 or ids, vocab] at f bits.
@@ -553,9 +573,10 @@ impl<'a> DecoderSim<'a> {
             .collect())
     }
 
-    /// Forgets the cache (the statistics stay).
+    /// Forgets the cache and the padding (the statistics stay).
     pub fn reset(&mut self) {
         self.cache.clear();
+        self.padding = 0;
     }
 
     /// Per block (entry `layers`: the final norm and LM head), merged over every step.
@@ -712,7 +733,7 @@ impl DecoderEngine for DecoderSim<'_> {
     }
 
     fn embed(&mut self, ids: &[u32], start: usize) -> Result<RingTensor> {
-        self.model.tables.embed(ids, start)
+        self.model.tables.embed(ids, start, self.padding)
     }
 
     fn linear(&mut self, id: DecoderLayer, x: &RingTensor) -> Result<RingTensor> {
@@ -798,6 +819,14 @@ impl DecoderEngine for DecoderSim<'_> {
             "scores over {total} keys for a step starting at {start}"
         );
         let new = total - start;
+        let mut scores = scores.clone();
+        hide_padding_keys(
+            self.model.fp(),
+            self.padding,
+            scores.data_mut(),
+            total,
+            start,
+        )?;
         let mut probs = Vec::with_capacity(scores.len());
         for (r, row) in scores.data().chunks(total).enumerate() {
             let visible = causal_visible(start, new, r, total);

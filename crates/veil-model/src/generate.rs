@@ -19,6 +19,17 @@ pub trait NextLogits {
     fn warnings(&self) -> Vec<String> {
         Vec::new()
     }
+
+    /// Makes the next `padding` positions padding that hides the prompt's length
+    /// (`crate::engine::decoder::hide_padding_keys`), before anything has run. Engines that
+    /// cannot refuse.
+    fn hide_padding(&mut self, _padding: usize) -> Result<()> {
+        Err(veil_core::Error::Unsupported(
+            "padding that hides the prompt's length: this engine runs in the clear, where \
+             there is nothing to hide (use a private session or the simulator)"
+                .into(),
+        ))
+    }
 }
 
 impl NextLogits for F32Decoder<'_, '_> {
@@ -40,6 +51,10 @@ impl NextLogits for DecoderSim<'_> {
     fn warnings(&self) -> Vec<String> {
         DecoderSim::warnings(self)
     }
+
+    fn hide_padding(&mut self, padding: usize) -> Result<()> {
+        DecoderSim::hide_padding(self, padding)
+    }
 }
 
 /// What generation does.
@@ -55,7 +70,16 @@ pub struct GenerateOptions {
     /// stop token and their logits dropped), so that a private session's server, which sees
     /// every step, cannot tell where the answer ended. The output is the same either way.
     pub fixed_length: bool,
+    /// Pad a shorter prompt to this many positions ([`PADDING_ID`] before it, hidden by
+    /// [`NextLogits::hide_padding`]), so that a private session's server sees this length, not
+    /// the prompt's; a longer prompt is refused. The output is the same (the padding is never
+    /// attended to; Llama's rotary rounding aside).
+    pub pad_to: Option<usize>,
 }
+
+/// The token the padding of [`GenerateOptions::pad_to`] holds: any would do, no real position
+/// attends to it.
+pub const PADDING_ID: u32 = 0;
 
 /// One generated token and how sure the model was.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -79,7 +103,11 @@ pub fn generate(
     if opts.max_new_tokens == 0 {
         return Ok((out, false));
     }
-    let mut logits = session.next_logits(prompt)?;
+    let padded = padded_prompt(prompt, opts.pad_to)?;
+    if padded.len() > prompt.len() {
+        session.hide_padding(padded.len() - prompt.len())?;
+    }
+    let mut logits = session.next_logits(&padded)?;
     loop {
         let id = sampler.sample(&logits)?;
         if opts.stop.contains(&id) {
@@ -102,6 +130,22 @@ pub fn generate(
         }
         logits = session.next_logits(&[id])?;
     }
+}
+
+/// `prompt` after the padding that brings it to `pad_to` positions ([`GenerateOptions::pad_to`]).
+pub fn padded_prompt(prompt: &[u32], pad_to: Option<usize>) -> Result<Vec<u32>> {
+    let Some(n) = pad_to else {
+        return Ok(prompt.to_vec());
+    };
+    veil_core::ensure!(
+        prompt.len() <= n,
+        InvalidArgument,
+        "the prompt has {} tokens, more than the {n} it is padded to",
+        prompt.len()
+    );
+    let mut out = vec![PADDING_ID; n - prompt.len()];
+    out.extend_from_slice(prompt);
+    Ok(out)
 }
 
 /// [`generate`] with each complete piece of text passed to `on_text` as soon as its tokens are

@@ -114,7 +114,9 @@ pub use config::{Architecture, ConfigBuilder, ModelConfig, VeilSettings};
 pub use decode_f32::F32Model;
 pub use decode_sim::{DecoderFormat, DecoderSim, DecoderTables, FixedDecoder};
 pub use folder::Model;
-pub use generate::{generate, generate_text, GenerateOptions, GeneratedToken, NextLogits};
+pub use generate::{
+    generate, generate_text, padded_prompt, GenerateOptions, GeneratedToken, NextLogits, PADDING_ID,
+};
 pub use manifest::{BundleDigest, MANIFEST_FILE, TABLES_FILE};
 pub use nn::{position_id_rows, Batch, Block, Embeddings, ForwardOutput, Head, Norm, Transformer};
 pub use sim::{BlockReport, FixedBlock, FixedHead, FixedLinear, FixedModel, FixedNorm, SimOutput};

@@ -19,6 +19,7 @@
 //! "Softmax"/"ReLU-normalise", "LayerNorm"/"Centring", "Head".
 
 use veil_core::approx::{Approx, MEAN_EXTRA_BITS};
+use veil_core::defaults::PADDING_KEY_OFFSET;
 use veil_core::{bail, ensure, CostClass, Result, RingTensor};
 use veil_linear::fc::fc_online_server;
 use veil_linear::premask::online_client;
@@ -33,12 +34,6 @@ use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
 use crate::prepared::{fc_shape, ServerModel};
 use crate::preprocess::{ClientMaterial, ServerMaterial};
-
-/// How far below every real attention score the client pushes the scores of padding keys:
-/// far enough that Softmax's exp clamps them to exactly 0 and ReLU-normalise's ReLU zeroes
-/// them (real scores stay far inside ±4096), small enough to stay clear of the ring's range
-/// (2^25 at f = 13 in a 41-bit ring).
-pub(crate) const PADDING_KEY_OFFSET: f64 = 4096.0;
 
 /// What only one side has.
 pub enum Side<'a> {

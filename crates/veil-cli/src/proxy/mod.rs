@@ -61,6 +61,8 @@ struct Proxy<'e> {
     default_max_tokens: usize,
     /// The engine's `--fixed-length`: every answer runs all its `max_tokens` steps.
     fixed_length: bool,
+    /// The engine's `--pad-to`: a session's first prompt is padded to this length.
+    pad_to: Option<usize>,
     completions: AtomicU64,
     waiting: AtomicUsize,
 }
@@ -82,6 +84,7 @@ pub(crate) fn proxy_cmd(a: ProxyArgs) -> Result<()> {
         session: Mutex::new(CachedSession::new(&engine)),
         default_max_tokens: a.default_max_tokens,
         fixed_length: engine.fixed_length(),
+        pad_to: engine.pad_to(),
         completions: AtomicU64::new(0),
         waiting: AtomicUsize::new(0),
     };
@@ -252,6 +255,7 @@ impl Proxy<'_> {
             sampling,
             stop: self.model.weights.config.eos_token_ids.clone(),
             fixed_length: self.fixed_length,
+            pad_to: self.pad_to,
         };
         Ok((ids, opts))
     }

@@ -9,7 +9,7 @@ use veil_model::decoder::random::{write_tiny_gguf, write_tiny_gpt2, write_tiny_l
 use veil_model::decoder::{self, DecoderWeights};
 use veil_model::engine::decoder::LogitRows;
 use veil_model::F32Model;
-use veil_model::{generate, GenerateOptions, NextLogits};
+use veil_model::{generate, padded_prompt, GenerateOptions, NextLogits, PADDING_ID};
 use veil_model::{DecoderFormat, FixedDecoder};
 
 /// Token ids of a fixed sequence in the tiny vocabulary (269 tokens).
@@ -131,6 +131,7 @@ fn greedy_generation_agrees_and_stops() {
         sampling: decoder::sample::SamplingParams::GREEDY,
         stop: vec![],
         fixed_length: false,
+        pad_to: None,
     };
     let (a, stopped) = generate(&mut model.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
     assert_eq!((a.len(), stopped), (12, false));
@@ -171,6 +172,7 @@ fn fixed_length_runs_every_step_and_keeps_the_answer() {
         sampling: decoder::sample::SamplingParams::GREEDY,
         stop: vec![],
         fixed_length: false,
+        pad_to: None,
     };
     let (all, _) = generate(&mut model.session(), &IDS[..3], &opts, |_| Ok(())).unwrap();
     for stop_at in [0, 3, 9] {
@@ -199,6 +201,113 @@ fn fixed_length_runs_every_step_and_keeps_the_answer() {
     };
     let (out, stopped) = generate(&mut s, &IDS[..3], &opts, |_| Ok(())).unwrap();
     assert_eq!((out.len(), stopped, s.runs), (10, false, 10));
+}
+
+/// Largest |a − b| of two logit rows, in ulps of the format.
+fn max_ulps(fixed: &FixedDecoder, a: &[u64], b: &[u64]) -> i64 {
+    let ring = fixed.fp().ring;
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (ring.to_signed(x) - ring.to_signed(y)).abs())
+        .max()
+        .unwrap()
+}
+
+/// Padding that hides the prompt's length (`pad_to`, what a private session's client runs):
+/// the simulator runs 5 padding positions before a 4-token prompt and then 6 decode steps.
+/// GPT-2's logits equal the unpadded run's bit for bit at every step (its learned positions
+/// count from the first real token, and the padding's weights are exactly 0); a Llama's stay
+/// within a few ulps (its rotary tables at the shifted positions round differently) with the
+/// same tokens. Through `generate`, the session is fed the padded prompt (GPT-2's answer is the
+/// unpadded one; a Llama's is its padded pass run by hand). Padding after a step, a prompt longer than `pad_to` and an engine that
+/// runs in the clear are refused.
+#[test]
+fn padding_hides_the_prompt_length_and_keeps_the_answer() {
+    const PAD: usize = 5;
+    let prompt = &IDS[..4];
+    for (gpt2, shape) in shapes() {
+        let w = tiny(gpt2, 5, &shape);
+        let fixed = FixedDecoder::encode(&w, DecoderFormat::default()).unwrap();
+        let mut plain = fixed.session();
+        let mut padded = fixed.session();
+        padded.hide_padding(PAD).unwrap();
+        let mut input = vec![PADDING_ID; PAD];
+        input.extend_from_slice(prompt);
+        let mut a = plain.step(prompt, LogitRows::Last).unwrap().into_data();
+        let mut b = padded.step(&input, LogitRows::Last).unwrap().into_data();
+        let mut worst = 0;
+        for step in 0..=6 {
+            let ulps = max_ulps(&fixed, &a, &b);
+            worst = worst.max(ulps);
+            if gpt2 {
+                assert_eq!(ulps, 0, "gpt2 step {step}: padded logits differ");
+            }
+            let argmax = |v: &[u64]| {
+                let ring = fixed.fp().ring;
+                (0..v.len()).max_by_key(|&i| ring.to_signed(v[i])).unwrap()
+            };
+            assert_eq!(argmax(&a), argmax(&b), "gpt2 {gpt2}, step {step}: token");
+            if step == 6 {
+                break;
+            }
+            let next = [IDS[4 + step]];
+            a = plain.step(&next, LogitRows::Last).unwrap().into_data();
+            b = padded.step(&next, LogitRows::Last).unwrap().into_data();
+        }
+        println!("gpt2 {gpt2}: padded against unpadded logits, at most {worst} ulps");
+        assert!(worst <= 64, "gpt2 {gpt2}: padded logits {worst} ulps off");
+        assert!(plain.warnings().is_empty() && padded.warnings().is_empty());
+        assert!(padded.hide_padding(1).is_err(), "padding after a step");
+        padded.reset();
+        padded.hide_padding(2).unwrap();
+
+        // Through generate: the session is fed the padded prompt, the answer is unchanged.
+        let mut opts = GenerateOptions {
+            max_new_tokens: 6,
+            sampling: decoder::sample::SamplingParams::GREEDY,
+            stop: vec![],
+            fixed_length: false,
+            pad_to: None,
+        };
+        let (want, _) = generate(&mut fixed.session(), prompt, &opts, |_| Ok(())).unwrap();
+        opts.pad_to = Some(prompt.len() + PAD);
+        let mut s = Counting {
+            inner: fixed.session(),
+            runs: 0,
+            fed: 0,
+        };
+        let (got, _) = generate(&mut s.inner, prompt, &opts, |_| Ok(())).unwrap();
+        if gpt2 {
+            assert_eq!(got, want, "gpt2: padded answer");
+        } else {
+            // A tiny random Llama's near-ties may go either way within the rotary rounding:
+            // the answer is the padded pass's, run by hand.
+            let mut by_hand = fixed.session();
+            by_hand.hide_padding(PAD).unwrap();
+            let unpadded = GenerateOptions {
+                pad_to: None,
+                ..opts.clone()
+            };
+            let (manual, _) = generate(&mut by_hand, &input, &unpadded, |_| Ok(())).unwrap();
+            assert_eq!(got, manual, "llama: padded answer");
+        }
+        // The engine itself is fed the padded prompt: the counting wrapper cannot hide
+        // padding, so it refuses rather than run the prompt unpadded.
+        assert!(generate(&mut s, prompt, &opts, |_| Ok(())).is_err());
+        assert_eq!(s.runs, 0);
+        opts.pad_to = Some(prompt.len() - 1);
+        let err = generate(&mut fixed.session(), prompt, &opts, |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
+        let f32_model = F32Model::new(&w).unwrap();
+        opts.pad_to = Some(prompt.len() + 1);
+        assert!(generate(&mut f32_model.session(), prompt, &opts, |_| Ok(())).is_err());
+    }
+    assert_eq!(
+        padded_prompt(&[7, 8], Some(4)).unwrap(),
+        [PADDING_ID, PADDING_ID, 7, 8]
+    );
+    assert_eq!(padded_prompt(&[7, 8], Some(2)).unwrap(), [7, 8]);
+    assert_eq!(padded_prompt(&[7, 8], None).unwrap(), [7, 8]);
 }
 
 /// candle-transformers' `quantized_llama` (an independent Llama) on the GGUF Veil reads: the same

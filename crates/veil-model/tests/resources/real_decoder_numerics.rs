@@ -165,6 +165,7 @@ fn smollm2_simulator_chat_answers_equal_f32(m: &DecoderModel) {
         sampling: SamplingParams::GREEDY,
         stop: m.weights.config.eos_token_ids.clone(),
         fixed_length: false,
+        pad_to: None,
     };
     let mut same = 0;
     for (i, q) in QUESTIONS.iter().enumerate() {

@@ -64,7 +64,15 @@
 //! veil-nonlinear composed sequentially on uniformly masked shares (128-bit computational,
 //! 40-bit statistical security). The server learns the number of tokens of each step (the
 //! prompt's length, then one per generated token: the number of steps) and the context limit;
-//! never a token id, a hidden value or a logit. The client learns, per step, the final-normed
+//! never a token id, a hidden value or a logit. **Padding** hides the prompt's length
+//! ([`Generation::hide_padding`]): the client runs made-up tokens before its prompt and pushes
+//! its own share of every real position's scores against them down
+//! (`veil_model::engine::decoder::hide_padding_keys`), a local step the server cannot tell
+//! from any other share, so the server sees the padded length and nothing of where the prompt
+//! starts; the real positions attend as without the padding (exactly for GPT-2, whose learned
+//! positions the client counts from the first real token; Llama's relative rotary positions up
+//! to their tables' rounding at the shifted positions), and the simulator computes the same
+//! padded pass. The client learns, per step, the final-normed
 //! hidden row h of the last position and the logits computed from it. With a public output
 //! table T of full column rank (vocab ≫ hidden), knowing h is equivalent to knowing the logits
 //! ⌊h·Tᵀ / 2^f⌋ — h is determined by them up to the fixed-point rounding — so revealing h tells

@@ -11,8 +11,8 @@ use veil_linear::{fc_client, fc_server_for, shared_matmul_client, shared_matmul_
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::decoder::{DecoderActivation, DecoderConfig, DecoderFamily, DecoderNormKind};
 use veil_model::engine::decoder::{
-    causal_visible, forward, rotary_accumulators, DecoderEngine, DecoderLayer, DecoderNorm,
-    KvCache, LogitRows, Rows,
+    causal_visible, forward, hide_padding_keys, rotary_accumulators, DecoderEngine, DecoderLayer,
+    DecoderNorm, KvCache, LogitRows, Rows,
 };
 use veil_model::{AttentionNorm, DecoderFormat, DecoderTables, ProductTruncation};
 use veil_net::{Channel, Meter, Role};
@@ -44,6 +44,9 @@ pub struct Generation {
     /// Set while a step runs: a step that failed part-way leaves some blocks' caches longer
     /// than others, so later steps are refused until [`Generation::reset`].
     broken: bool,
+    /// The client's leading padding positions ([`Generation::hide_padding`]); always 0 on the
+    /// server, which is never told.
+    padding: usize,
 }
 
 impl Generation {
@@ -71,7 +74,30 @@ impl Generation {
             context_limit,
             cache: KvCache::with_capacity(cfg, context_limit),
             broken: false,
+            padding: 0,
         })
+    }
+
+    /// Client: makes the first `padding` positions of this generation padding that hides the
+    /// prompt's length from the server (`veil_model::engine::decoder::hide_padding_keys`: no
+    /// real position attends to them, GPT-2's positions count from the first real token). Only
+    /// the client knows it: the server runs the padded length as any prompt. Before the first
+    /// step; the client then runs the padding (any tokens) before its prompt.
+    pub fn hide_padding(&mut self, padding: usize) -> Result<()> {
+        ensure!(
+            self.positions() == 0,
+            InvalidArgument,
+            "padding goes before the first prompt: {} positions have run",
+            self.positions()
+        );
+        ensure!(
+            padding < self.context_limit,
+            InvalidArgument,
+            "{padding} positions of padding leave no room in a context of {}",
+            self.context_limit
+        );
+        self.padding = padding;
+        Ok(())
     }
 
     /// Bytes one party's KV cache takes at `positions` positions of a model shaped `cfg`:
@@ -95,6 +121,7 @@ impl Generation {
     pub fn reset(&mut self) {
         self.cache.clear();
         self.broken = false;
+        self.padding = 0;
     }
 
     /// Refuses a step of `tokens` new positions before anything is sent when it cannot run:
@@ -202,6 +229,18 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
     /// products run their online parts only.
     pub fn client_step_with(&mut self, ids: &[u32], material: StepMaterial) -> Result<RingTensor> {
         self.client_step_inner(ids, Some(material))
+    }
+
+    /// Client: the generation's first `padding` positions hide the prompt's length
+    /// ([`Generation::hide_padding`]); before the first step, which then runs the padding
+    /// (any tokens) before the prompt.
+    pub fn hide_padding(&mut self, padding: usize) -> Result<()> {
+        ensure!(
+            matches!(self.side, DecoderSide::Client(..)),
+            InvalidArgument,
+            "only the client knows the padding"
+        );
+        self.generation.hide_padding(padding)
     }
 
     fn client_step_inner(&mut self, ids: &[u32], pre: Option<StepMaterial>) -> Result<RingTensor> {
@@ -394,7 +433,7 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     /// does; server: zero (its ids are placeholders, only their number is real).
     fn embed(&mut self, ids: &[u32], start: usize) -> Result<RingTensor> {
         match self.side {
-            DecoderSide::Client(_, tables) => tables.embed(ids, start),
+            DecoderSide::Client(_, tables) => tables.embed(ids, start, self.generation.padding),
             DecoderSide::Server(..) => {
                 RingTensor::zeros(self.ax.fp.ring, &[ids.len(), self.cfg().hidden])
             }
@@ -592,6 +631,18 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         let mask: Vec<bool> = (0..rows)
             .flat_map(|r| causal_visible(start, new, r, total))
             .collect();
+        // The client alone pushes its share of the padding keys' scores down; the server,
+        // which is never told the padding, runs the same protocol on its share as it is.
+        let padding = self.generation.padding;
+        let hidden;
+        let scores = if padding > 0 {
+            let mut s = scores.clone();
+            hide_padding_keys(self.ax.fp, padding, s.data_mut(), total, start)?;
+            hidden = s;
+            &hidden
+        } else {
+            scores
+        };
         let mut cx = self.cx();
         match kind {
             AttentionNorm::Softmax => {

@@ -16,8 +16,10 @@
 //! as `PreprocessedStep { tokens }` on the material both sides hold; a plain `Step` drops it.
 //!
 //! **What the server learns.** The session's cap, each generation's context limit, each
-//! step's token count (the prompt's length, then 1 per generated token: the number of steps).
-//! Never a token, a hidden value or a logit ([`crate::decoder`]'s security model).
+//! step's token count (the prompt's length, or the length it is padded to with
+//! `GenerateOptions::pad_to`; then 1 per generated token: the number of steps). Never a token,
+//! a hidden value, a logit, or which positions are padding ([`crate::decoder`]'s security
+//! model).
 //!
 //! **What the server spends.** A generation's KV cache ([`Generation::cache_bytes`]) plus a
 //! step's working set at its limit ([`step_bytes`]) is taken from the server's session memory
@@ -38,7 +40,8 @@ use std::time::{Duration, Instant};
 use veil_core::{bail, ensure, Result};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::decoder::DecoderConfig;
-use veil_model::{generate, DecoderTables, GenerateOptions, GeneratedToken, NextLogits};
+use veil_model::NextLogits;
+use veil_model::{generate, padded_prompt, DecoderTables, GenerateOptions, GeneratedToken};
 use veil_model::{BundleDigest, ProductTruncation};
 use veil_net::{Channel, Role};
 use veil_nonlinear::OtSession;
@@ -684,8 +687,11 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         on_token: impl FnMut(&GeneratedToken) -> Result<()>,
     ) -> Result<(Vec<GeneratedToken>, bool)> {
         ensure!(!prompt.is_empty(), InvalidArgument, "an empty prompt");
-        // The last token is picked, never run: prompt + max_new − 1 positions at most.
-        let limit = prompt.len() + opts.max_new_tokens.saturating_sub(1);
+        // Refused before anything is sent: a prompt longer than it is padded to.
+        let run = padded_prompt(prompt, opts.pad_to)?.len();
+        // The last token is picked, never run: the (padded) prompt + max_new − 1 positions at
+        // most.
+        let limit = run + opts.max_new_tokens.saturating_sub(1);
         let mut g = self.start(limit)?;
         let out = generate(&mut g, prompt, opts, on_token)?;
         g.end()?;
@@ -750,6 +756,12 @@ impl<C: Channel> NextLogits for PrivateGeneration<'_, '_, C> {
         self.client
             .step_f32(&mut self.generation, &mut self.material, ids)
     }
+
+    /// The padding stays on this side ([`Generation::hide_padding`]): the server sees the
+    /// padded length.
+    fn hide_padding(&mut self, padding: usize) -> Result<()> {
+        self.generation.hide_padding(padding)
+    }
 }
 
 /// A private generation that owns its session ([`GenerationClient::into_generation`]):
@@ -766,5 +778,11 @@ impl<C: Channel> NextLogits for OwnedGeneration<'_, C> {
     fn next_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>> {
         self.client
             .step_f32(&mut self.generation, &mut self.material, ids)
+    }
+
+    /// The padding stays on this side ([`Generation::hide_padding`]): the server sees the
+    /// padded length.
+    fn hide_padding(&mut self, padding: usize) -> Result<()> {
+        self.generation.hide_padding(padding)
     }
 }

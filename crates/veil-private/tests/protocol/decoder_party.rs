@@ -321,6 +321,105 @@ fn faithful_gpt2_generation_equals_the_simulator_bit_for_bit() {
     faithful_generation_equals_the_simulator(true, 4);
 }
 
+/// A client step's logits, its token, and its traffic (bytes sent, received, flights).
+type Ran = (Vec<u64>, u32, (u64, u64, u64));
+
+/// Padding that hides the prompt's length: the client runs 4 padding positions before the
+/// prompt and pushes its own share of their scores down; the server runs the padded length as
+/// any prompt (it is never told the padding). Faithful truncations: every step's logits equal
+/// the padded simulator's integers bit for bit (GPT-2, and a substituted Llama whose blocks run
+/// Softmax and ReLU-normalise), and GPT-2's equal the unpadded simulator's too; each step's
+/// bytes and flights equal those of the same tokens run unpadded.
+#[test]
+fn padded_generation_equals_the_padded_simulator_bit_for_bit() {
+    const PAD: usize = 4;
+    const PADDED_STEPS: usize = 3;
+    for (name, w) in [
+        ("gpt2", tiny(true, 6)),
+        ("substituted llama", substituted(13)),
+    ] {
+        let fixed = FixedDecoder::encode(&w, format()).unwrap();
+        let tables = DecoderTables::of_weights(&w, format()).unwrap();
+        let mut input = vec![veil_model::PADDING_ID; PAD];
+        input.extend_from_slice(&PROMPT);
+        // The client's logits, tokens and traffic per step; `padding` hidden or not.
+        let run = |p: &mut DecoderParty<'_, MemChannel>, padding: usize| -> Result<Vec<Ran>> {
+            p.hide_padding(padding)?;
+            let mut out = Vec::new();
+            let mut next = input.clone();
+            for _ in 0..=PADDED_STEPS {
+                let before = p.meter().total();
+                let logits = p.client_step(&next)?.into_data();
+                let id = argmax(&fixed, &logits);
+                let c = minus(&p.meter().total(), &before);
+                let traffic = (c.bytes_sent, c.bytes_received, c.rounds());
+                out.push((logits, id, traffic));
+                next = vec![id];
+            }
+            Ok(out)
+        };
+        let client = |p: &mut DecoderParty<'_, MemChannel>| run(p, PAD);
+        let server = |p: &mut DecoderParty<'_, MemChannel>| -> Result<Vec<Ran>> {
+            assert!(
+                p.hide_padding(1).is_err(),
+                "the server has no padding to hide"
+            );
+            p.server_step(PAD + PROMPT.len())?;
+            for _ in 0..PADDED_STEPS {
+                p.server_step(1)?;
+            }
+            Ok(Vec::new())
+        };
+        let limit = PAD + PROMPT.len() + PADDED_STEPS;
+        let (steps, _) = two_party(
+            (&fixed, &tables),
+            ProductTruncation::Faithful,
+            limit,
+            &client,
+            &server,
+        );
+        // The same length unpadded (the padding tokens attended to): the same bytes each way
+        // and the same flights at every step, so the traffic does not tell them apart.
+        let (unpadded, _) = two_party(
+            (&fixed, &tables),
+            ProductTruncation::Faithful,
+            limit,
+            &|p| run(p, 0),
+            &server,
+        );
+        for (i, (a, b)) in steps.iter().zip(&unpadded).enumerate() {
+            assert_eq!(
+                a.2, b.2,
+                "{name}: step {i}'s traffic differs with the padding hidden"
+            );
+        }
+        let mut padded = fixed.session();
+        padded.hide_padding(PAD).unwrap();
+        let mut plain = fixed.session();
+        let (mut next, mut plain_next) = (input.clone(), PROMPT.to_vec());
+        for (i, (logits, id, _)) in steps.iter().enumerate() {
+            let want = padded.step(&next, LogitRows::Last).unwrap().into_data();
+            assert!(
+                logits == &want,
+                "{name}: padded step {i} differs from the simulator"
+            );
+            let unpadded = plain
+                .step(&plain_next, LogitRows::Last)
+                .unwrap()
+                .into_data();
+            if name == "gpt2" {
+                assert!(
+                    logits == &unpadded,
+                    "gpt2: padded step {i} differs from unpadded"
+                );
+            }
+            next = vec![*id];
+            plain_next = vec![*id];
+        }
+        assert!(padded.warnings().is_empty(), "{:?}", padded.warnings());
+    }
+}
+
 /// A tiny Llama with substitutes ([`substituted`]): the client's logits equal the simulator's
 /// integers at every step (prefill and 16 decode steps with the KV cache), the substituted
 /// operators ran and were metered under their classes, and the logits are not the original

@@ -79,6 +79,7 @@ fn greedy() -> GenerateOptions {
         sampling: SamplingParams::GREEDY,
         stop: Vec::new(),
         fixed_length: false,
+        pad_to: None,
     }
 }
 
@@ -113,6 +114,48 @@ fn private_generation_equals_the_simulator_twice_in_one_session() {
         assert_eq!(ids, simulated(fixed, prompt), "prompt {prompt:?}");
     }
     logits_equal_the_simulator(&mut client, fixed);
+    client.close().unwrap();
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0, "memory not given back");
+}
+
+/// `pad_to` over a session: the server reserves (and runs) the padded length, the tokens
+/// equal the simulator's padded generation; a prompt longer than `pad_to` is refused before
+/// anything is sent and the session goes on.
+#[test]
+fn a_padded_prompt_hides_its_length_over_a_session() {
+    const PAD_TO: usize = 9;
+    let w = tiny(3);
+    let served = Served::new(&w);
+    let (ch, server) = served.session();
+    let tables = tables(&w);
+    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let cfg = served.model.config().clone();
+    let opts = GenerateOptions {
+        pad_to: Some(PAD_TO),
+        ..greedy()
+    };
+    let limit = PAD_TO + NEW_TOKENS - 1;
+    let reserved = (Generation::cache_bytes(&cfg, limit) + step_bytes(&cfg, limit)) as u64;
+    let pool = served.pool.clone();
+    let (toks, _) = client
+        .generate(&PROMPT, &opts, |_| {
+            assert_eq!(
+                pool.in_use(),
+                reserved,
+                "the server reserved the padded length"
+            );
+            Ok(())
+        })
+        .unwrap();
+    let fixed = served.model.fixed();
+    let (want, _) = generate(&mut fixed.session(), &PROMPT, &opts, |_| Ok(())).unwrap();
+    assert_eq!(toks, want);
+    let long = [3u32; PAD_TO + 1];
+    let e = client.generate(&long, &opts, |_| Ok(())).unwrap_err();
+    assert!(e.to_string().contains("more than"), "{e}");
+    let (again, _) = client.generate(&PROMPT, &opts, |_| Ok(())).unwrap();
+    assert_eq!(again, want);
     client.close().unwrap();
     server.join().unwrap().unwrap();
     assert_eq!(served.pool.in_use(), 0, "memory not given back");
