@@ -5,7 +5,7 @@ use veil_core::{ensure, Prg, Result, Seed};
 use zeroize::Zeroize;
 
 use crate::keys::{expand_uniform_ntt, SecretKey};
-use crate::math::{add_mod, reduce_once, sample_cbd, signed_mod};
+use crate::math::{add_mod, reduce_once, sample_cbd, signed_mod, small_signed_mod};
 use crate::params::Params;
 use crate::poly::RnsPoly;
 
@@ -179,9 +179,18 @@ impl NttPlaintext {
         check_bound(coeffs, self.max_abs)?;
         let n = p.degree();
         for (limb, &q) in self.data.limbs_mut(n).zip(p.moduli()) {
-            limb.fill(0);
-            for (o, &c) in limb.iter_mut().zip(coeffs) {
-                *o = signed_mod(c, q);
+            let (used, rest) = limb.split_at_mut(coeffs.len());
+            rest.fill(0);
+            if self.max_abs < q {
+                // Every |c| < q (checked above): one masked addition each, which vectorises
+                // (the general reduction is the weight transforms' largest cost outside the NTT).
+                for (o, &c) in used.iter_mut().zip(coeffs) {
+                    *o = small_signed_mod(c, q);
+                }
+            } else {
+                for (o, &c) in used.iter_mut().zip(coeffs) {
+                    *o = signed_mod(c, q);
+                }
             }
         }
         self.data.ntt(p);
@@ -233,6 +242,38 @@ impl Accumulator {
             c.intt(p);
             *c = c.monomial_mul(p, e);
             c.ntt(p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ParamSet;
+    use veil_core::{Prg, Ring};
+
+    /// A re-used plaintext buffer equals a fresh one, whether the bound is below every modulus
+    /// (the masked-addition path) or above them (the general reduction), for a shorter
+    /// polynomial written over a longer one too.
+    #[test]
+    fn set_equals_new_below_and_above_the_moduli() {
+        let p = Params::new(ParamSet::N8192Q4L48, Ring::new(48).unwrap()).unwrap();
+        let mut prg = Prg::from_os_entropy();
+        for bound in [1u64 << 16, (1 << 61) + 3] {
+            let mut draw = |n: usize| -> Vec<i64> {
+                (0..n)
+                    .map(|_| (prg.u64() % (2 * bound + 1)) as i64 - bound as i64)
+                    .collect()
+            };
+            let (long, short) = (draw(p.degree()), draw(100));
+            let mut reused = NttPlaintext::new(&p, &long, bound).unwrap();
+            reused.set(&p, &short).unwrap();
+            let fresh = NttPlaintext::new(&p, &short, bound).unwrap();
+            assert_eq!(reused.data, fresh.data, "bound {bound}");
+            assert_eq!(reused.slots, 100);
+            let mut over = short.clone();
+            over[7] = bound as i64 + 1;
+            assert!(reused.set(&p, &over).is_err());
         }
     }
 }
