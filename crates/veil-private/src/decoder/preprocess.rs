@@ -90,13 +90,18 @@ pub fn step_material_bytes(
 /// The COTs to put in the pools when preprocessing a step of `tokens` tokens, from the last
 /// step's draw `last` (its tokens, the larger direction's COTs): that draw and an eighth more
 /// when it had as many tokens (the next step's context is one position longer, which widens its
-/// Softmax rows), none after a step of another length such as the prefill (the first decode
-/// step then refills online as without preprocessing). An estimate, not a bound: what it misses
-/// refills online, reported as "OT refill". Both parties compute it from their own pools' count
-/// (the draws are in lock-step), and a session's server announces it.
+/// Softmax rows); after a step of another length such as the prefill, its draw per token times
+/// `tokens` and an eighth more (most of a step's draw is per row: the norms, the activation,
+/// the gated product, the truncations). An estimate, not a bound: what it misses refills
+/// online, reported as "OT refill". Both parties compute it from their own pools' count (the
+/// draws are in lock-step), and a session's server announces it.
 pub(crate) fn pool_fill(last: Option<(usize, u64)>, tokens: usize) -> usize {
     let cots = match last {
-        Some((t, drawn)) if t == tokens => drawn + drawn / 8,
+        Some((t, drawn)) if t == tokens => drawn.saturating_add(drawn / 8),
+        Some((t, drawn)) if t > 0 => {
+            let scaled = drawn.div_ceil(t as u64).saturating_mul(tokens as u64);
+            scaled.saturating_add(scaled / 8)
+        }
         _ => 0,
     };
     usize::try_from(cots)
@@ -248,5 +253,25 @@ impl StepMaterial {
             "the other party's preprocessed material"
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pool_fill;
+
+    /// The last draw and an eighth more after a step as long; after the prefill, its draw per
+    /// token (rounded up) times the step's tokens and an eighth more; nothing before any step;
+    /// never above what one precompute may ask for.
+    #[test]
+    fn the_fill_follows_the_last_draw_per_token() {
+        assert_eq!(pool_fill(None, 1), 0);
+        assert_eq!(pool_fill(Some((1, 800)), 1), 900);
+        assert_eq!(pool_fill(Some((8, 8_001)), 1), 1_001 + 125);
+        assert_eq!(pool_fill(Some((8, 8_000)), 2), 2_000 + 250);
+        assert_eq!(pool_fill(Some((0, 8_000)), 1), 0);
+        let max = veil_nonlinear::OtSession::MAX_PRECOMPUTE;
+        assert_eq!(pool_fill(Some((1, u64::MAX)), 1), max);
+        assert_eq!(pool_fill(Some((2, u64::MAX)), 3), max);
     }
 }

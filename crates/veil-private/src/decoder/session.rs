@@ -25,8 +25,10 @@
 //! step's working set at its limit ([`step_bytes`]) is taken from the server's session memory
 //! before anything is allocated and given back when the generation ends, however it ends
 //! (`GenerateEnd`, a new start, an error, a disconnect). A preprocessed step's material (the
-//! server's masks and triples, `step_material_bytes`) is taken from the same memory when it is
-//! asked for, refused when it does not fit, and given back when the step has run or the
+//! server's masks and triples, `step_material_bytes`) and the COTs its pools are filled with
+//! (`OtSession::pool_bytes_for`; no fill when only the material fits) are taken from the same
+//! memory when it is asked for, refused when the material does not fit, and given back when the
+//! step has run or the
 //! material is dropped (a plain step, a new preprocessing, the generation's end however it
 //! ends); one step's material at most is held. A preprocessed step without material, or on
 //! material made for another step, ends the session with an error naming it. A limit of 0, above the session's cap
@@ -269,7 +271,7 @@ fn generation_session<C: Channel>(
                 c.material = None;
                 let tokens = tokens as usize;
                 let (taken, pool_cots) =
-                    match admit_material(cfg, format.fp.ring, c, tokens, memory) {
+                    match admit_material(cfg, format.fp.ring, c, tokens, &ot, memory) {
                         Ok(a) => a,
                         Err(why) => {
                             tracing::info!(tokens, why, "step preprocessing refused");
@@ -420,13 +422,16 @@ fn step_allowance(opts: &GenerationOptions, layers: usize, tokens: usize) -> Opt
         .map(|d| Duration::from_secs(60) + d.mul_f64((layers * tokens) as f64))
 }
 
-/// The memory for the material of `c`'s next step of `tokens` tokens, taken from `memory`,
-/// and the COTs to put in the pools ([`pool_fill`]); or why not (the session goes on).
+/// The memory for the material of `c`'s next step of `tokens` tokens and for the COTs to put
+/// in the pools ([`pool_fill`], [`OtSession::pool_bytes_for`]), taken from `memory`, and that
+/// fill; or why not (the session goes on). When the memory holds the material but not the
+/// pools' fill, the fill is 0 and the step refills online as without preprocessing.
 fn admit_material<'a>(
     cfg: &DecoderConfig,
     ring: veil_core::Ring,
     c: &Current<'_>,
     tokens: usize,
+    ot: &OtSession,
     memory: &'a dyn SessionMemory,
 ) -> std::result::Result<(Taken<'a>, usize), String> {
     c.generation.check_room(tokens).map_err(|e| e.to_string())?;
@@ -440,7 +445,19 @@ fn admit_material<'a>(
              tokens ({bytes} bytes) now"
         ));
     }
-    Ok((Taken { memory, bytes }, pool_fill(c.last_draw, tokens)))
+    let fill = pool_fill(c.last_draw, tokens);
+    let pools = ot.pool_bytes_for(fill) as u64;
+    if memory.take(pools) {
+        Ok((
+            Taken {
+                memory,
+                bytes: bytes + pools,
+            },
+            fill,
+        ))
+    } else {
+        Ok((Taken { memory, bytes }, 0))
+    }
 }
 
 fn set_deadline<C: Channel>(ch: &mut C, d: Option<Duration>) -> Result<()> {
