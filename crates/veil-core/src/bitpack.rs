@@ -75,13 +75,25 @@ impl BitWriter {
 
     /// Appends everything `other` holds, bit for bit, wherever this writer stands: a message
     /// written in parts (the lanes of a parallel step) is the one message written in order.
-    pub fn append(&mut self, other: BitWriter) {
+    fn append(&mut self, other: BitWriter) {
         for word in other.out.chunks_exact(8) {
             self.push_bits(u64::from_le_bytes(word.try_into().expect("8 bytes")), 64);
         }
         if other.fill > 0 {
             self.push_bits(other.acc as u64, other.fill);
         }
+    }
+
+    /// The message of `parts` written one after the other (lanes' messages, in order), grown
+    /// from the first part's buffer: one part (most calls) is finished as it is. No parts: an
+    /// empty message.
+    pub fn joined(parts: impl IntoIterator<Item = BitWriter>) -> Vec<u8> {
+        let mut parts = parts.into_iter();
+        let Some(mut all) = parts.next() else {
+            return Vec::new();
+        };
+        parts.for_each(|p| all.append(p));
+        all.finish()
     }
 
     /// The message: whole bytes, the last one padded with zero bits.
@@ -284,7 +296,7 @@ mod tests {
             prop_assert!(is_malformed(BitReader::with_total_bits(&bytes, total + 8, "t")));
         }
 
-        /// A message written in parts and appended is the message written in one go, wherever
+        /// A message written in parts and joined is the message written in one go, wherever
         /// the cuts fall (byte-aligned or not).
         #[test]
         fn appended_parts_are_the_whole(values in proptest::collection::vec((any::<u64>(), 1u32..=64), 0..300), cuts in proptest::collection::vec(0usize..300, 0..6)) {
@@ -292,15 +304,15 @@ mod tests {
             values.iter().for_each(|&(v, b)| whole.push_bits(v, b));
             let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(values.len())).collect();
             cuts.sort_unstable();
-            let mut joined = BitWriter::new(0, 1);
+            let mut parts = Vec::new();
             let mut from = 0;
             for to in cuts.into_iter().chain([values.len()]) {
                 let mut part = BitWriter::new(0, 1);
                 values[from..to].iter().for_each(|&(v, b)| part.push_bits(v, b));
-                joined.append(part);
+                parts.push(part);
                 from = to;
             }
-            prop_assert_eq!(joined.finish(), whole.finish());
+            prop_assert_eq!(BitWriter::joined(parts), whole.finish());
         }
 
         #[test]
@@ -318,6 +330,7 @@ mod tests {
         // 1, 2, 3 at 3 bits: 001 010 011 from the least significant bit up.
         assert_eq!(pack(&[1, 2, 3], 3), vec![0b1101_0001, 0b0000_0000]);
         assert_eq!(pack(&[u64::MAX], 64), vec![0xff; 8]);
+        assert!(BitWriter::joined([]).is_empty());
         assert_eq!(pack_bools([true, false, true].into_iter()), vec![0b101]);
     }
 

@@ -819,15 +819,8 @@ impl DecoderEngine for DecoderSim<'_> {
             "scores over {total} keys for a step starting at {start}"
         );
         let new = total - start;
-        let hidden;
-        let scores = if self.padding > 0 {
-            let mut s = scores.clone();
-            hide_padding_keys(self.model.fp(), self.padding, s.data_mut(), total, start)?;
-            hidden = s;
-            &hidden
-        } else {
-            scores
-        };
+        let hidden = hide_padding_keys(self.model.fp(), self.padding, scores, start)?;
+        let scores = hidden.as_ref().unwrap_or(scores);
         let mut probs = Vec::with_capacity(scores.len());
         for (r, row) in scores.data().chunks(total).enumerate() {
             let visible = causal_visible(start, new, r, total);

@@ -12,10 +12,35 @@
 //!
 //! All tensors are [rows, columns] in Z_{2^ℓ} at f fractional bits.
 
-use veil_core::{ensure, CostClass, Result, RingTensor};
+use veil_core::defaults::PADDING_KEY_OFFSET;
+use veil_core::{ensure, CostClass, FixedPoint, Result, RingTensor};
 
 /// The decoder step, composed once over a [`decoder::DecoderEngine`].
 pub mod decoder;
+
+/// Pushes the attention scores [rows, `cols`] that `hidden(row, column)` names down by
+/// [`PADDING_KEY_OFFSET`]: padding that hides a prompt's length from the server, which cannot
+/// tell it apart. Softmax's exp then clamps those keys' weights to exactly 0 and
+/// ReLU-normalise's ReLU zeroes them. Additive, so a client applies it to its share alone (a
+/// local step the server cannot see) and the simulator to the values. The encoder's trailing
+/// padding and the decoder's leading padding
+/// ([`decoder::hide_padding_keys`]) differ only in `hidden`.
+pub fn push_down_keys(
+    fp: FixedPoint,
+    scores: &mut [u64],
+    cols: usize,
+    hidden: impl Fn(usize, usize) -> bool,
+) {
+    let ring = fp.ring;
+    let down = ring.neg(fp.encode(PADDING_KEY_OFFSET));
+    for (r, row) in scores.chunks_mut(cols).enumerate() {
+        for (c, v) in row.iter_mut().enumerate() {
+            if hidden(r, c) {
+                *v = ring.add(*v, down);
+            }
+        }
+    }
+}
 
 use crate::config::ModelConfig;
 use crate::variants::{Activation, AttentionNorm, HeadKind, LayerNormKind};

@@ -183,14 +183,8 @@ fn sender_lanes(
         });
         (x, u)
     });
-    let (xs, mut us): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
-    let mut u = if us.is_empty() {
-        BitWriter::new(0, 1)
-    } else {
-        us.remove(0)
-    };
-    us.into_iter().for_each(|part| u.append(part));
-    (joined(xs), u.finish())
+    let (xs, us): (Vec<_>, Vec<_>) = parts.into_iter().unzip();
+    (joined(xs), BitWriter::joined(us))
 }
 
 /// The receiver's pads of its choices, computed in lanes of `lane` COTs.

@@ -248,17 +248,12 @@ fn mask_rows(
             next_row(at.start + i, row)
         })
     });
-    let (mut out, mut shares) = (None::<BitWriter>, Vec::with_capacity(parts.len()));
-    for part in parts {
-        let (rows, sh) = part?;
-        match out.as_mut() {
-            Some(o) => o.append(rows),
-            None => out = Some(rows),
-        }
-        shares.push(sh);
-    }
-    let out = out.map_or_else(Vec::new, BitWriter::finish);
-    Ok((out, joined(shares)))
+    let (rows, shares): (Vec<_>, Vec<_>) = parts
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    Ok((BitWriter::joined(rows), joined(shares)))
 }
 
 /// [`mask_rows`] of the OTs of one lane (`batch` and `d` its COTs, `g.count` its OTs).

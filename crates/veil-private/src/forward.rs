@@ -19,14 +19,13 @@
 //! "Softmax"/"ReLU-normalise", "LayerNorm"/"Centring", "Head".
 
 use veil_core::approx::{Approx, MEAN_EXTRA_BITS};
-use veil_core::defaults::PADDING_KEY_OFFSET;
 use veil_core::{bail, ensure, CostClass, Result, RingTensor};
 use veil_linear::fc::fc_online_server;
 use veil_linear::premask::online_client;
 use veil_linear::triples::{beaver_matmul, Triple};
 use veil_linear::{fc_client, fc_server, shared_matmul_client, shared_matmul_server};
 use veil_linear::{ClientSession, ServerSession};
-use veil_model::engine::{self, Engine, LayerId, NormId};
+use veil_model::engine::{self, push_down_keys, Engine, LayerId, NormId};
 use veil_model::ProductTruncation;
 use veil_model::{Activation, AttentionNorm, LayerNormKind, ModelConfig};
 use veil_net::{Channel, LabelGuard, Role};
@@ -126,10 +125,10 @@ impl<'a, C: Channel> Party<'a, C> {
         RingTensor::from_vec(x.ring(), x.shape(), y)
     }
 
-    /// Client only: subtracts [`PADDING_KEY_OFFSET`] from its share of every score against a
-    /// padding key, a local step the server cannot see. Real queries then attend exactly as
-    /// without padding (their probabilities over the padding are 0), so the real tokens' values
-    /// equal the unpadded run's.
+    /// Client only: pushes its share of every score against a padding key down
+    /// ([`push_down_keys`]), a local step the server cannot see. Real queries then attend
+    /// exactly as without padding (their probabilities over the padding are 0), so the real
+    /// tokens' values equal the unpadded run's.
     fn mask_padding_keys(&self, scores: &mut RingTensor) {
         let Side::Client(_, real) = self.side else {
             return;
@@ -138,13 +137,7 @@ impl<'a, C: Channel> Party<'a, C> {
         if real >= cols {
             return;
         }
-        let ring = scores.ring();
-        let offset = ring.neg(self.ax.fp.encode(PADDING_KEY_OFFSET));
-        for row in scores.data_mut().chunks_mut(cols) {
-            for v in &mut row[real..] {
-                *v = ring.add(*v, offset);
-            }
-        }
+        push_down_keys(self.ax.fp, scores.data_mut(), cols, |_, c| c >= real);
     }
 
     /// Server only: adds MPNet's relative-position bias ([heads][seq·seq], a public function of

@@ -24,7 +24,6 @@
 //! [`DecoderActivation::Relu`] makes the gated MLP relu(gate) ⊙ up and
 //! [`DecoderActivation::HardSwish`] gate·min(max(gate + 3, 0), 6)/6 ⊙ up.
 
-use veil_core::defaults::PADDING_KEY_OFFSET;
 use veil_core::{ensure, FixedPoint, Result, RingTensor};
 
 use crate::decoder::{DecoderActivation, DecoderConfig, DecoderFamily, DecoderNormKind};
@@ -448,13 +447,12 @@ pub fn causal_visible(start: usize, new: usize, row: usize, total: usize) -> Vec
 }
 
 /// Hides a generation's leading padding (`--pad-to`: the client's first `padding` positions are
-/// made-up tokens that hide the prompt's length from the server, which cannot tell them apart):
-/// every visible score of a row against a padding key other than its own position is pushed
-/// [`PADDING_KEY_OFFSET`] down. Softmax's exp then clamps those keys' weights to exactly 0 and
-/// ReLU-normalise's ReLU zeroes them, so a real position attends as without the padding and a
-/// padding position attends to itself alone (its row stays well-formed whatever it holds).
-/// Additive, so the client applies it to its share alone and the simulator to the values:
-/// `scores` [heads·new, total] with the rows of [`DecoderEngine::causal_weights`].
+/// made-up tokens that hide the prompt's length from the server): the scores `scores` [heads·new,
+/// total] (the rows of [`DecoderEngine::causal_weights`]) with every visible score of a row
+/// against a padding key other than its own position pushed down ([`super::push_down_keys`]),
+/// so a real position attends as without the padding and a padding position attends to itself
+/// alone (its row stays well-formed whatever it holds); `None` without padding (nothing to
+/// copy).
 ///
 /// GPT-2's learned positions count from the first real token ([`crate::DecoderTables::embed`]);
 /// Llama's rotary positions are relative, so the real positions' products are those of the
@@ -462,26 +460,23 @@ pub fn causal_visible(start: usize, new: usize, row: usize, total: usize) -> Vec
 pub fn hide_padding_keys(
     fp: FixedPoint,
     padding: usize,
-    scores: &mut [u64],
-    total: usize,
+    scores: &RingTensor,
     start: usize,
-) -> Result<()> {
+) -> Result<Option<RingTensor>> {
+    if padding == 0 {
+        return Ok(None);
+    }
+    let (rows, total) = scores.dims();
     ensure!(
-        total > start && scores.len().is_multiple_of(total),
+        total > start,
         InvalidArgument,
-        "scores of {} values over {total} keys for a step starting at {start}",
-        scores.len()
+        "scores of {rows} rows over {total} keys for a step starting at {start}"
     );
     let new = total - start;
-    let ring = fp.ring;
-    let down = ring.neg(fp.encode(PADDING_KEY_OFFSET));
-    for (r, row) in scores.chunks_mut(total).enumerate() {
-        let pos = start + r % new;
-        for (c, v) in row.iter_mut().enumerate().take(padding.min(pos + 1)) {
-            if c != pos {
-                *v = ring.add(*v, down);
-            }
-        }
-    }
-    Ok(())
+    let mut hidden = scores.clone();
+    // Row r is query position start + r mod new; it sees keys up to its position.
+    super::push_down_keys(fp, hidden.data_mut(), total, |r, c| {
+        c < padding && c < start + r % new
+    });
+    Ok(Some(hidden))
 }

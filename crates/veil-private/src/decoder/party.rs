@@ -634,16 +634,9 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         // The client alone pushes its share of the padding keys' scores down; the server,
         // which is never told the padding, runs the same protocol on its share as it is.
         // The copy is a share of the scores: wiped when dropped, on error paths too.
-        let padding = self.generation.padding;
-        let hidden;
-        let scores = if padding > 0 {
-            let mut s = zeroize::Zeroizing::new(scores.clone());
-            hide_padding_keys(self.ax.fp, padding, s.data_mut(), total, start)?;
-            hidden = s;
-            &*hidden
-        } else {
-            scores
-        };
+        let hidden = hide_padding_keys(self.ax.fp, self.generation.padding, scores, start)?
+            .map(zeroize::Zeroizing::new);
+        let scores = hidden.as_deref().unwrap_or(scores);
         let mut cx = self.cx();
         match kind {
             AttentionNorm::Softmax => {

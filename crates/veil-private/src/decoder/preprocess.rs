@@ -88,16 +88,14 @@ pub fn step_material_bytes(
 }
 
 /// The COTs to put in the pools when preprocessing a step of `tokens` tokens, from the last
-/// step's draw `last` (its tokens, the larger direction's COTs): that draw and an eighth more
-/// when it had as many tokens (the next step's context is one position longer, which widens its
-/// Softmax rows); after a step of another length such as the prefill, its draw per token times
-/// `tokens` and an eighth more (most of a step's draw is per row: the norms, the activation,
-/// the gated product, the truncations). An estimate, not a bound: what it misses refills
-/// online, reported as "OT refill". Both parties compute it from their own pools' count (the
-/// draws are in lock-step), and a session's server announces it.
+/// step's draw `last` (its tokens, the larger direction's COTs): its draw per token (rounded up)
+/// times `tokens`, and an eighth more — most of a step's draw is per row (the norms, the
+/// activation, the gated product, the truncations), and the next step's context is longer,
+/// which widens its Softmax rows. An estimate, not a bound: what it misses refills online,
+/// reported as "OT refill". Both parties compute it from their own pools' count (the draws are
+/// in lock-step), and a session's server announces it.
 pub(crate) fn pool_fill(last: Option<(usize, u64)>, tokens: usize) -> usize {
     let cots = match last {
-        Some((t, drawn)) if t == tokens => drawn.saturating_add(drawn / 8),
         Some((t, drawn)) if t > 0 => {
             let scaled = drawn.div_ceil(t as u64).saturating_mul(tokens as u64);
             scaled.saturating_add(scaled / 8)
