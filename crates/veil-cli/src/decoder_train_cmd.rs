@@ -114,6 +114,11 @@ pub(crate) struct SubstituteDecoderArgs {
     /// Order in which each stage visits the blocks: down (n−1 … 0, the paper's) or up.
     #[arg(long, value_enum, default_value_t = BlockOrderArg::Down)]
     block_order: BlockOrderArg,
+    /// Blocks a step replaces together, fine-tuned once for the group (1: one block a step;
+    /// the model's block count or more: a stage in one step): one value for every stage, or
+    /// one per operator of --operators (`30,5`).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    blocks_per_step: Vec<usize>,
     /// Keep a step when its held-out top-1 agreement with the original is at least this.
     #[arg(long, default_value_t = 0.9)]
     threshold: f64,
@@ -187,6 +192,7 @@ pub(crate) fn substitute_decoder_cmd(a: SubstituteDecoderArgs, quiet: bool) -> R
         BlockOrderArg::Down => BlockOrder::Down,
         BlockOrderArg::Up => BlockOrder::Up,
     };
+    o.blocks_per_step = a.blocks_per_step.clone();
     o.threshold = a.threshold;
     o.retries = a.retries;
     o.retry_factor = a.retry_factor;

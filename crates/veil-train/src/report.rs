@@ -200,7 +200,7 @@ pub(crate) fn markdown(doc: &ReportDocument) -> String {
             "| {} | {} | {} | {} | {:.4} | {} | {} | {} | {:.1} | {} | {} |",
             i + 1,
             s.operator.label(),
-            s.block,
+            s.blocks_label(),
             bound_label(s.bound),
             s.train_loss,
             pct(s.accuracy),

@@ -5,7 +5,10 @@
 //! learning rate), and for block i = n−1 down to 0 (or, with [`BlockOrder::Up`], 0 up to
 //! n−1): replace the operator in block i of the accepted model, fine-tune with blocks 0 … i−1
 //! frozen, evaluate on dev, and keep the change only if accuracy > α − Δα, where α is the
-//! original model's accuracy.
+//! original model's accuracy. With [`Stage::blocks_per_step`] = k > 1 a step of that stage
+//! replaces k neighbouring blocks at once (in the same order, the last group smaller when k
+//! does not divide n) and fine-tunes once for them, frozen below the lowest: n/k fine-tunings
+//! a stage instead of n, for models whose per-step training is too slow to visit every block.
 //! A rejected change is rolled back to the accepted model's parameters and variants; with
 //! [`SubstitutionConfig::retries`] it is first tried again from the accepted model with F×,
 //! F²×, … the updates.
@@ -29,6 +32,7 @@
 //! The loop is written against [`SubstitutionTarget`] so it can be tested with scripted
 //! accuracies and run on the real model through an adapter.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -125,6 +129,10 @@ pub struct Stage {
     /// some operators recover with gentler or bolder steps than others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning_rate: Option<f64>,
+    /// Blocks a step of this stage replaces together (1: the paper's one block a step); an
+    /// operator the model tolerates everywhere untrained can go in a few steps.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub blocks_per_step: usize,
 }
 
 /// The paper's schedule: GELU (B = ∞), Softmax (32), LN1 (24), LN2 (16).
@@ -137,6 +145,7 @@ pub fn paper_stages() -> Vec<Stage> {
             operator,
             bound,
             learning_rate: None,
+            blocks_per_step: 1,
         })
         .collect()
 }
@@ -172,6 +181,14 @@ pub struct SubstitutionConfig {
     /// (the decoder workflow's top-1 agreement with the original), instead of > α − Δα.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_accuracy: Option<f64>,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 /// Far more retries than any budget allows (each one multiplies the updates).
@@ -224,6 +241,12 @@ impl SubstitutionConfig {
             self.retry_factor
         );
         for stage in &self.stages {
+            ensure!(
+                stage.blocks_per_step > 0,
+                InvalidArgument,
+                "a {} step replaces at least one block",
+                stage.operator.label()
+            );
             if let Some(b) = stage.bound {
                 ensure!(
                     b.is_finite() && b > 0.0,
@@ -243,15 +266,30 @@ impl SubstitutionConfig {
         Ok(())
     }
 
-    /// Every step in order: (stage, block).
-    fn schedule(&self, blocks: usize) -> Vec<(Stage, usize)> {
+    /// The groups of blocks `stage` visits, in order; each a range of neighbours.
+    fn groups(&self, stage: &Stage, blocks: usize) -> Vec<Range<usize>> {
         let order: Vec<usize> = match self.block_order {
             BlockOrder::Down => (0..blocks).rev().collect(),
             BlockOrder::Up => (0..blocks).collect(),
         };
+        order
+            .chunks(stage.blocks_per_step.max(1))
+            .map(|g| {
+                let (lo, hi) = (g.iter().min(), g.iter().max());
+                lo.copied().unwrap_or(0)..hi.map_or(0, |h| h + 1)
+            })
+            .collect()
+    }
+
+    /// Every step in order: (stage, its blocks).
+    fn schedule(&self, blocks: usize) -> Vec<(Stage, Range<usize>)> {
         self.stages
             .iter()
-            .flat_map(|&stage| order.iter().map(move |&block| (stage, block)))
+            .flat_map(|&stage| {
+                self.groups(&stage, blocks)
+                    .into_iter()
+                    .map(move |g| (stage, g))
+            })
             .collect()
     }
 }
@@ -261,8 +299,8 @@ impl SubstitutionConfig {
 pub struct FinetuneRequest<'a> {
     /// The operator replaced.
     pub operator: Operator,
-    /// Blocks `0 .. block` stay frozen.
-    pub block: usize,
+    /// The blocks it was replaced in; blocks `0 .. blocks.start` stay frozen.
+    pub blocks: Range<usize>,
     /// Hidden-state bound B (`None` = ∞).
     pub bound: Option<f64>,
     /// Multiple of the configured number of updates: 1 for a step's first attempt, F^r for
@@ -310,13 +348,17 @@ pub trait SubstitutionTarget {
     fn evaluate(&mut self) -> Result<Evaluation>;
 }
 
-/// One substitution step: an operator in a block, kept or rolled back.
+/// One substitution step: an operator in a block (or a group of neighbours), kept or rolled
+/// back.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
     /// The operator replaced.
     pub operator: Operator,
-    /// The block.
+    /// The block, or the lowest of the step's group.
     pub block: usize,
+    /// How many blocks from `block` up the step replaced.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub span: usize,
     /// The stage's hidden-state bound B (`None`: ∞).
     pub bound: Option<f64>,
     /// Mean training loss of the fine-tuning.
@@ -344,6 +386,21 @@ pub struct StepRecord {
     /// fields above are the last attempt's.
     #[serde(default)]
     pub attempts: Vec<AttemptRecord>,
+}
+
+impl StepRecord {
+    /// The blocks the step replaced.
+    pub fn blocks(&self) -> Range<usize> {
+        self.block..self.block + self.span
+    }
+
+    /// `7`, or `25–29` for a group.
+    pub fn blocks_label(&self) -> String {
+        match self.span {
+            1 => self.block.to_string(),
+            _ => format!("{}–{}", self.block, self.block + self.span - 1),
+        }
+    }
 }
 
 /// One fine-tuning and evaluation of a step.
@@ -489,7 +546,11 @@ impl<'a> Store<'a> {
     }
 
     /// Saved progress, checked against this run's fingerprint and schedule.
-    fn load(&self, schedule: &[(Stage, usize)], retries: u32) -> Result<Option<SavedProgress>> {
+    fn load(
+        &self,
+        schedule: &[(Stage, Range<usize>)],
+        retries: u32,
+    ) -> Result<Option<SavedProgress>> {
         let path = self.path();
         if !path.exists() {
             return Ok(None);
@@ -533,7 +594,8 @@ impl<'a> Store<'a> {
                     .steps
                     .iter()
                     .zip(schedule)
-                    .all(|(s, (stage, block))| s.operator == stage.operator && s.block == *block),
+                    .all(|(s, (stage, blocks))| s.operator == stage.operator
+                        && s.blocks() == *blocks),
             Malformed,
             "{}: its steps do not follow the schedule",
             path.display()
@@ -604,14 +666,16 @@ fn stage_records(
     steps: &[StepRecord],
 ) -> Vec<StageRecord> {
     let (mut accuracy, mut f1) = (original.accuracy, original.f1);
+    let mut rest = steps;
     config
         .stages
         .iter()
-        .zip(steps.chunks(blocks))
-        .map(|(stage, chunk)| {
+        .map(|stage| {
+            let (chunk, later) = rest.split_at(config.groups(stage, blocks).len().min(rest.len()));
+            rest = later;
             let mut replaced_blocks = Vec::new();
             for s in chunk.iter().filter(|s| s.accepted) {
-                replaced_blocks.push(s.block);
+                replaced_blocks.extend(s.blocks());
                 (accuracy, f1) = (s.accuracy, s.f1);
             }
             StageRecord {
@@ -707,7 +771,8 @@ pub fn run_substitution<T: SubstitutionTarget>(
         .min_accuracy
         .unwrap_or(progress.original.accuracy - config.max_accuracy_drop);
     let stop_after = resume.and_then(|r| r.stop_after);
-    for (k, &(stage, block)) in schedule.iter().enumerate().skip(progress.steps.len()) {
+    for (k, (stage, blocks)) in schedule.iter().enumerate().skip(progress.steps.len()) {
+        let stage = *stage;
         if stop_after.is_some_and(|s| k >= s) {
             return Ok(RunOutcome::Stopped {
                 steps_done: k,
@@ -721,11 +786,13 @@ pub fn run_substitution<T: SubstitutionTarget>(
         loop {
             let attempt = progress.pending.len() as u32;
             let attempt_started = Instant::now();
-            target.substitute(stage.operator, block)?;
+            for block in blocks.clone() {
+                target.substitute(stage.operator, block)?;
+            }
             let checkpoint = store.as_ref().map(|s| s.checkpoint_dir(k, attempt));
             let tuned = target.finetune(&FinetuneRequest {
                 operator: stage.operator,
-                block,
+                blocks: blocks.clone(),
                 bound: stage.bound,
                 budget: config.retry_factor.powi(attempt as i32),
                 learning_rate: stage.learning_rate,
@@ -762,7 +829,8 @@ pub fn run_substitution<T: SubstitutionTarget>(
             if done {
                 progress.steps.push(StepRecord {
                     operator: stage.operator,
-                    block,
+                    block: blocks.start,
+                    span: blocks.len(),
                     bound: stage.bound,
                     train_loss: tuned.mean_loss,
                     accuracy: eval.accuracy,
@@ -878,7 +946,7 @@ pub(crate) mod tests {
             Ok(())
         }
         fn finetune(&mut self, r: &FinetuneRequest<'_>) -> Result<Finetuned> {
-            self.finetuned.push((r.operator, r.block, r.bound));
+            self.finetuned.push((r.operator, r.blocks.start, r.bound));
             self.budgets.push(r.budget);
             self.learning_rates.push(r.learning_rate);
             let mut resumed_from = None;
@@ -1273,6 +1341,116 @@ pub(crate) mod tests {
             err.to_string().contains("GELU stage learning rate"),
             "{err}"
         );
+    }
+
+    /// The paper's first two stages, `k` blocks a step each.
+    fn grouped(gelu: usize, softmax: usize) -> SubstitutionConfig {
+        let mut stages = paper_stages()[..2].to_vec();
+        stages[0].blocks_per_step = gelu;
+        stages[1].blocks_per_step = softmax;
+        SubstitutionConfig {
+            stages,
+            ..SubstitutionConfig::default()
+        }
+    }
+
+    #[test]
+    fn groups_of_blocks_are_replaced_and_tuned_together() {
+        use Operator::*;
+        let config = grouped(2, 2);
+        // Original, then GELU on {3, 4}, {1, 2}, {0}; Softmax on the same groups.
+        let script = [0.90, 0.95, 0.5, 0.93, 0.94, 0.92, 0.1];
+        let mut target = ScriptedTarget::new(5, &script);
+        let report = run_substitution(&mut target, &config, None, |_| {})
+            .unwrap()
+            .finished()
+            .unwrap();
+        let steps: Vec<(Operator, usize, usize, String)> = report
+            .steps
+            .iter()
+            .map(|s| (s.operator, s.block, s.span, s.blocks_label()))
+            .collect();
+        let want: Vec<(Operator, usize, usize, String)> = [
+            (Gelu, 3, 2, "3–4"),
+            (Gelu, 1, 2, "1–2"),
+            (Gelu, 0, 1, "0"),
+            (Softmax, 3, 2, "3–4"),
+            (Softmax, 1, 2, "1–2"),
+            (Softmax, 0, 1, "0"),
+        ]
+        .into_iter()
+        .map(|(o, b, n, l)| (o, b, n, l.to_string()))
+        .collect();
+        assert_eq!(steps, want);
+        // One fine-tuning a group, frozen below its lowest block.
+        let tuned: Vec<(Operator, usize)> =
+            target.finetuned.iter().map(|&(o, b, _)| (o, b)).collect();
+        assert_eq!(
+            tuned,
+            [
+                (Gelu, 3),
+                (Gelu, 1),
+                (Gelu, 0),
+                (Softmax, 3),
+                (Softmax, 1),
+                (Softmax, 0)
+            ]
+        );
+        // The rejected group {1, 2} was rolled back as a whole.
+        assert_eq!(
+            target.replaced,
+            [
+                (Gelu, 3),
+                (Gelu, 4),
+                (Gelu, 0),
+                (Softmax, 3),
+                (Softmax, 4),
+                (Softmax, 1),
+                (Softmax, 2)
+            ]
+        );
+        assert_eq!(report.stages[0].replaced_blocks, [3, 4, 0]);
+        assert_eq!(report.stages[1].replaced_blocks, [3, 4, 1, 2]);
+        assert_eq!((report.replaced(Gelu), report.replaced(Softmax)), (3, 4));
+        assert_eq!(report.final_evaluation.accuracy, 0.92);
+        // Each stage its own size; more than the blocks: the whole model in one step.
+        let mixed = grouped(9, 2);
+        let schedule: Vec<(Operator, Range<usize>)> = mixed
+            .schedule(5)
+            .into_iter()
+            .map(|(s, g)| (s.operator, g))
+            .collect();
+        assert_eq!(
+            schedule,
+            [
+                (Gelu, 0..5),
+                (Softmax, 3..5),
+                (Softmax, 1..3),
+                (Softmax, 0..1)
+            ]
+        );
+        let mut target = ScriptedTarget::new(5, &[0.90, 0.93, 0.95, 0.5, 0.91]);
+        let report = run_substitution(&mut target, &mixed, None, |_| {})
+            .unwrap()
+            .finished()
+            .unwrap();
+        assert_eq!(report.stages[0].replaced_blocks, [0, 1, 2, 3, 4]);
+        assert_eq!(report.stages[1].replaced_blocks, [3, 4, 0]);
+        assert_eq!(report.stages[1].accuracy, 0.91);
+        let up = SubstitutionConfig {
+            block_order: BlockOrder::Up,
+            ..config.clone()
+        };
+        assert_eq!(up.groups(&up.stages[0], 5), [0..2, 2..4, 4..5]);
+        let mut target = ScriptedTarget::new(5, &script);
+        let err = run_substitution(&mut target, &grouped(1, 0), None, |_| {}).unwrap_err();
+        assert!(err.to_string().contains("Softmax step"), "{err}");
+        // Interrupted anywhere, a grouped run resumes to the same outcome (two blocks: one
+        // group a stage).
+        assert_resumes_after_every_kill(&config, &[0.90, 0.95, 0.1]);
+        // One block a step keeps the old layout of progress and reports (nothing written).
+        let text = serde_json::to_string(&SubstitutionConfig::default()).unwrap();
+        assert!(!text.contains("blocks_per_step"), "{text}");
     }
 
     #[test]

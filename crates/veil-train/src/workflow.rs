@@ -575,7 +575,7 @@ impl SubstitutionTarget for TransformerTarget<'_> {
         };
         let freeze = Freeze {
             embeddings: self.freeze_embeddings,
-            blocks_below: request.block,
+            blocks_below: request.blocks.start,
         };
         let trainable = self.model.trainable(freeze);
         let control = RunControl {
@@ -740,7 +740,7 @@ pub fn substitute(opts: &SubstituteOptions) -> Result<SubstituteOutcome> {
             eprintln!(
                 "{} block {}: dev accuracy {:.2} % → {}{}",
                 step.operator.label(),
-                step.block,
+                step.blocks_label(),
                 100.0 * step.accuracy,
                 if step.accepted {
                     "accepted"

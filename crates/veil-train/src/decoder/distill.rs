@@ -9,8 +9,8 @@
 //! than cached: a cache of full next-token distributions (49,152 floats per position for
 //! SmolLM2) would take ~200 kB per token.
 //!
-//! **Trainable parameters.** [`Scope::Block`] (the default) trains only the block whose
-//! operator was replaced; [`Scope::Above`] trains it and every block above. Blocks below are
+//! **Trainable parameters.** [`Scope::Block`] (the default) trains only the blocks whose
+//! operator was replaced; [`Scope::Above`] trains them and every block above. Blocks below are
 //! always frozen, so their forward runs without an autograd graph (and, while they are still
 //! the original's, the student reuses the teacher's hidden state there). Either way the loss is
 //! at the output, so backward runs through every block above the replaced one; `Above` adds
@@ -51,7 +51,7 @@ type CResult<T> = candle_core::Result<T>;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
-    /// Only the block whose operator was replaced.
+    /// Only the blocks whose operator the step replaced.
     #[default]
     Block,
     /// That block and every block above it.
@@ -225,8 +225,8 @@ pub(crate) fn distill_forward(
 
 /// One fine-tuning run of a step.
 pub struct FinetuneJob<'a> {
-    /// The replaced block; blocks below stay frozen.
-    pub block: usize,
+    /// The blocks whose operator was replaced; blocks below stay frozen.
+    pub blocks: Range<usize>,
     /// Multiple of `settings.updates`.
     pub budget: f64,
     /// Peak learning rate, when the stage has its own.
@@ -281,10 +281,15 @@ pub fn finetune(
     settings.validate()?;
     ensure!(!train.is_empty(), InvalidArgument, "no training sequences");
     let n = student.num_blocks();
-    ensure!(job.block < n, InvalidArgument, "block {} of {n}", job.block);
+    ensure!(
+        !job.blocks.is_empty() && job.blocks.end <= n,
+        InvalidArgument,
+        "blocks {:?} of {n}",
+        job.blocks
+    );
     let blocks = match settings.scope {
-        Scope::Block => job.block..job.block + 1,
-        Scope::Above => job.block..n,
+        Scope::Block => job.blocks.clone(),
+        Scope::Above => job.blocks.start..n,
     };
     let total = ((settings.updates as f64) * job.budget).round().max(1.0) as u64;
     let peak = job.learning_rate.unwrap_or(settings.learning_rate);
@@ -317,7 +322,7 @@ fn run_updates(
     let mut opt = AdamW::new(params.to_vec(), AdamWConfig::default())?;
     let config = serde_json::json!({
         "settings": settings,
-        "block": job.block,
+        "replaced": [job.blocks.start, job.blocks.end],
         "blocks": [blocks.start, blocks.end],
         "schedule": schedule,
         "bound": job.bound,

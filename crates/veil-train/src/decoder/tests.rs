@@ -200,7 +200,7 @@ fn distillation_reduces_the_loss_and_only_trains_the_block() {
         ..DistillSettings::default()
     };
     let job = FinetuneJob {
-        block: 1,
+        blocks: 1..2,
         budget: 1.0,
         learning_rate: None,
         bound: None,
@@ -241,7 +241,7 @@ fn distillation_reduces_the_loss_and_only_trains_the_block() {
         ..settings
     };
     let job = FinetuneJob {
-        block: 0,
+        blocks: 0..1,
         checkpoint_dir: Some(&ck),
         below_unchanged: false,
         ..job
@@ -505,4 +505,29 @@ fn workflow_runs_resumes_and_scores_questions() {
     .unwrap();
     assert_eq!(self_score.exact_match, 1.0);
     assert_eq!(self_score.first_token_agreement, 1.0);
+    // A stage in one step: both blocks replaced, then fine-tuned once (answers reused).
+    let grouped_out = tmp.path().join("grouped");
+    std::fs::create_dir_all(&grouped_out).unwrap();
+    for f in ["answers-train.json", "answers-held-out.json"] {
+        std::fs::copy(out.join(f), grouped_out.join(f)).unwrap();
+    }
+    let grouped = DecoderSubstituteOptions {
+        out: grouped_out.clone(),
+        blocks_per_step: vec![2],
+        ..opts.clone()
+    };
+    let DecoderOutcome::Finished(report) = substitute_decoder(&grouped).unwrap() else {
+        panic!("should have finished")
+    };
+    let steps: Vec<(Operator, std::ops::Range<usize>)> = report
+        .steps
+        .iter()
+        .map(|s| (s.operator, s.blocks()))
+        .collect();
+    assert_eq!(steps, [(Operator::Silu, 0..2), (Operator::Softmax, 0..2)]);
+    assert_eq!(report.replaced(Operator::Softmax), 2);
+    let (student, _, _) = super::load_scored(&grouped_out.display().to_string()).unwrap();
+    assert!(student.variants().iter().all(|v| !v.is_original()));
+    let md = std::fs::read_to_string(grouped_out.join("steps.md")).unwrap();
+    assert!(md.contains("| 0–1 |"), "{md}");
 }

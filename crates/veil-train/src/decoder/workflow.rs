@@ -7,6 +7,9 @@
 //! hardest; opt-in). Within a stage the blocks go top-down by default, as the paper's: a step's
 //! blocks below are still as trained before, and the step's fine-tuning runs only the blocks at
 //! and above the replaced one.
+//! With `blocks_per_step` = k (per stage) a step replaces k neighbouring blocks and fine-tunes
+//! once for them (k ≥ the block count: a whole stage in one step, then one distillation): a
+//! SmolLM2 step costs 12–20 minutes here, so 60 one-block steps outlast any session.
 //!
 //! **Acceptance.** A step is kept when the held-out top-1 agreement with the original is at
 //! least the threshold (`SubstitutionConfig::min_accuracy`), else rolled back (after the
@@ -127,6 +130,9 @@ pub struct DecoderSubstituteOptions {
     pub silu_substitute: DecoderActivation,
     /// Block order within a stage.
     pub block_order: BlockOrder,
+    /// Blocks a step replaces and fine-tunes together: one value for every stage, or one per
+    /// operator of `operators`.
+    pub blocks_per_step: Vec<usize>,
     /// Accept a step when its top-1 agreement is ≥ this.
     pub threshold: f64,
     /// Retries of a rejected step.
@@ -165,6 +171,7 @@ impl DecoderSubstituteOptions {
             operators: vec![Operator::Silu, Operator::Softmax],
             silu_substitute: DecoderActivation::HardSwish,
             block_order: BlockOrder::Down,
+            blocks_per_step: vec![1],
             threshold: 0.9,
             retries: 0,
             retry_factor: 2.0,
@@ -180,8 +187,15 @@ impl DecoderSubstituteOptions {
             InvalidArgument,
             "no operators to replace"
         );
+        ensure!(
+            self.blocks_per_step.len() == 1 || self.blocks_per_step.len() == self.operators.len(),
+            InvalidArgument,
+            "blocks per step: one value, or one per operator ({} given for {} operators)",
+            self.blocks_per_step.len(),
+            self.operators.len()
+        );
         let mut stages: Vec<Stage> = Vec::new();
-        for &op in &self.operators {
+        for (i, &op) in self.operators.iter().enumerate() {
             substituted_decoder(DecoderBlockVariant::ORIGINAL, op, self.silu_substitute)?;
             ensure!(
                 !stages.iter().any(|s| s.operator == op),
@@ -193,6 +207,7 @@ impl DecoderSubstituteOptions {
                 operator: op,
                 bound: None,
                 learning_rate: None,
+                blocks_per_step: self.blocks_per_step[i.min(self.blocks_per_step.len() - 1)],
             });
         }
         ensure!(
@@ -283,14 +298,14 @@ impl SubstitutionTarget for DecoderTarget<'_> {
             .unwrap_or(Operator::DECODER.len()) as u64;
         let n = self.student.num_blocks() as u64;
         let job = FinetuneJob {
-            block: request.block,
+            blocks: request.blocks.clone(),
             budget: request.budget,
             learning_rate: request.learning_rate,
             bound: request.bound,
             checkpoint_dir: request.checkpoint_dir,
             // Each step starts at its own place in the data.
-            data_offset: (op_index * n + request.block as u64) * 1_000_003,
-            below_unchanged: (0..request.block)
+            data_offset: (op_index * n + request.blocks.start as u64) * 1_000_003,
+            below_unchanged: (0..request.blocks.start)
                 .all(|b| !self.changed.contains(&b) && self.student.variants()[b].is_original()),
             progress: self.progress,
         };
@@ -303,10 +318,10 @@ impl SubstitutionTarget for DecoderTarget<'_> {
             self.pad,
         )?;
         let end = match self.settings.scope {
-            super::distill::Scope::Block => request.block + 1,
+            super::distill::Scope::Block => request.blocks.end,
             super::distill::Scope::Above => self.student.num_blocks(),
         };
-        self.changed.extend(request.block..end);
+        self.changed.extend(request.blocks.start..end);
         Ok(Finetuned {
             mean_loss: r.mean_loss,
             updates: r.updates,
@@ -347,7 +362,7 @@ fn steps_markdown(r: &StepsReport) -> String {
             "| {} | {} | {} | {:.4} | {} | {:.4} | {} | {:.0}{} |\n",
             k,
             st.operator.label(),
-            st.block,
+            st.blocks_label(),
             st.accuracy,
             st.perplexity.map_or("–".into(), |p| format!("{p:.3}")),
             st.train_loss,
@@ -554,7 +569,7 @@ pub fn substitute_decoder(opts: &DecoderSubstituteOptions) -> Result<DecoderOutc
             eprintln!(
                 "{} block {}: agreement {:.4}, perplexity {} → {}{} ({:.0} s)",
                 step.operator.label(),
-                step.block,
+                step.blocks_label(),
                 step.accuracy,
                 step.perplexity.map_or("–".into(), |p| format!("{p:.3}")),
                 if step.accepted {
