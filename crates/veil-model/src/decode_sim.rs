@@ -338,6 +338,28 @@ impl DecoderTables {
         )
     }
 
+    /// The token embedding [vocab, hidden] at f bits as ring elements: what a server that
+    /// keeps its tables private prepares for the embedding's HE product.
+    pub fn token_matrix(&self) -> Result<RingTensor> {
+        self.ring_matrix(&self.token)
+    }
+
+    /// The output table [vocab, hidden] at f bits (the token embedding when tied), as
+    /// [`DecoderTables::token_matrix`], for the LM head's HE product.
+    pub fn output_matrix(&self) -> Result<RingTensor> {
+        self.ring_matrix(self.output())
+    }
+
+    fn ring_matrix(&self, t: &FixedLinear) -> Result<RingTensor> {
+        let ring = self.approx.fp.ring;
+        let data = t
+            .weight
+            .iter()
+            .map(|&v| ring.from_signed(v.into()))
+            .collect();
+        RingTensor::from_vec(ring, &[t.rows, t.cols], data)
+    }
+
     fn output(&self) -> &FixedLinear {
         self.output.as_ref().unwrap_or(&self.token)
     }

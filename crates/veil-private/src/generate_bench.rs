@@ -25,7 +25,9 @@ use veil_net::{run_two_party_on, run_two_party_tcp, shaped_pair, Channel, Meter}
 use veil_net::{NetworkModel, RealClock, Role};
 use veil_nonlinear::OtSession;
 
-use crate::decoder::{pool_fill, DecoderParty, DecoderSide, Generation, ServerDecoder};
+use crate::decoder::{
+    pool_fill, ClientTables, DecoderParty, DecoderSide, Generation, ServerDecoder,
+};
 use crate::report::PhaseCost;
 
 /// What to run.
@@ -158,7 +160,7 @@ fn run_client<C: Channel>(
     let mut ot = OtSession::setup(ch, Role::Client)?;
     let setup = phase(ch.meter(), t.elapsed().as_secs_f64());
     let mut generation = Generation::new(&fixed.config, truncation, prompt.len() + new_tokens)?;
-    let side = DecoderSide::Client(&lin, fixed.tables());
+    let side = DecoderSide::Client(&lin, ClientTables::Open(fixed.tables()));
     let mut party = DecoderParty::new(ch, &mut ot, side, &mut generation)?;
     let mut steps = Vec::with_capacity(new_tokens + 1);
     let mut next = prompt.to_vec();

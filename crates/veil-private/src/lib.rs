@@ -82,8 +82,8 @@ pub use connection::{ClientConnection, ClientOptions, Tokens};
 pub use deadlines::{Deadlines, IDLE_TIMEOUT};
 pub use decoder::{
     default_generation_context, plan_step, serve_generation, step_bytes, step_material_bytes,
-    DecoderParty, DecoderSide, Generation, GenerationClient, GenerationOptions, OwnedGeneration,
-    PrivateGeneration, ServerDecoder, SessionMemoryPool, StepMaterial,
+    ClientTables, DecoderParty, DecoderSide, Generation, GenerationClient, GenerationOptions,
+    OwnedGeneration, PrivateGeneration, ServerDecoder, SessionMemoryPool, StepMaterial,
 };
 pub use embedding::{
     cache_bytes, preparation_bytes, PreparationInUse, ServerEmbedding, PREPARED_LENGTHS_KEPT,

@@ -78,7 +78,24 @@
 //! ⌊h·Tᵀ / 2^f⌋ — h is determined by them up to the fixed-point rounding — so revealing h tells
 //! the client nothing beyond the answer it is entitled to. The server's weights (every linear
 //! layer, every norm's γ and β) stay the server's; the tables are public by the deployment's
-//! choice (an open model's are; a private-tables mode would need the HE lookup and an HE head).
+//! choice (an open model's are).
+//!
+//! **Private tables** (`ServerDecoder::keep_tables_private`, [`ClientTables::Private`]; Llama
+//! family). For a model whose token embedding and output table are secret too, the client
+//! holds only the configuration and the format. Embedding: the client's one-hot rows [n, vocab]
+//! (its share; the server's is zero) times the server's token table in one HE product of the
+//! FC protocol: shares of the rows, exactly (one entry of each row is 1, so nothing to
+//! truncate). Head: the final-normed last row times the output table in one HE product, whose
+//! accumulator shares the server then sends to the client, which adds them and truncates as
+//! the simulator does (`Approx::trunc`), so the head adds no error of its own in either mode
+//! (faithful: the logits are the simulator's bit for bit). The server learns nothing more than with public tables (the products' inputs
+//! are encrypted or masked); the client learns the logits' accumulators (2f fractional bits
+//! instead of f: the same answer), nothing of the tables beyond what the logits it is entitled
+//! to tell. Cost: two more FC products a step, of vocab × hidden weights each (measured on the
+//! tests' 269-token vocabulary: 299 kB and 239 kB a decode step, 3 flights). Preprocessing such
+//! a step is refused (`Error::Unsupported`: the table products are not planned); GPT-2 refuses
+//! the mode (its learned position table, counted from the first real token under padding, would
+//! be a third secret table).
 //!
 //! **Error.** With `ProductTruncation::Faithful` every step's logits equal the simulator's
 //! integers bit for bit. In the default `OneBitError` mode each truncation after a product
@@ -118,7 +135,7 @@ mod preprocess;
 mod session;
 
 pub use model::ServerDecoder;
-pub use party::{DecoderParty, DecoderSide, Generation};
+pub use party::{ClientTables, DecoderParty, DecoderSide, Generation};
 pub(crate) use preprocess::pool_fill;
 pub use preprocess::{plan_step, step_material_bytes, StepMaterial};
 pub(crate) use session::serve_generation_admitted;

@@ -89,6 +89,44 @@ pub(crate) fn decoder_fc_shape(
     })
 }
 
+/// A table product of a model whose tables are the server's ([`ServerDecoder::keep_tables_private`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TableProduct {
+    /// The client's one-hot rows [rows, vocab] times the token embedding: its rows, exactly.
+    Embed,
+    /// The final-normed rows [rows, hidden] times the output table: the logits' accumulators.
+    Head,
+}
+
+/// The public shape of a table product for `rows` rows (priced for its own rows, as
+/// [`decoder_fc_shape`]).
+pub(crate) fn table_shape(
+    product: TableProduct,
+    cfg: &DecoderConfig,
+    ring: Ring,
+    rows: usize,
+) -> FcLayer {
+    let (in_features, out_features) = match product {
+        TableProduct::Embed => (cfg.vocab_size, cfg.hidden),
+        TableProduct::Head => (cfg.hidden, cfg.vocab_size),
+    };
+    FcLayer {
+        seq: rows,
+        max_seq: rows,
+        in_features,
+        out_features,
+        set: weight_set(ring),
+    }
+}
+
+/// Private tables' products, prepared once.
+struct PrivateTables {
+    /// The token embedding transposed, [hidden, vocab]: a one-hot row in, its embedding out.
+    embed: PreparedFc,
+    /// The output table [vocab, hidden].
+    head: PreparedFc,
+}
+
 /// Every private linear layer of a decoder, block by block (the LM head's table is public).
 fn private_layers(cfg: &DecoderConfig) -> Vec<DecoderLayer> {
     let mut ids = Vec::new();
@@ -115,6 +153,8 @@ pub struct ServerDecoder {
     /// The public tables' digest, announced to every session (hashing a real vocabulary's
     /// table takes a while, so once).
     tables_digest: BundleDigest,
+    /// The table products when the tables are kept private.
+    private_tables: Option<PrivateTables>,
 }
 
 impl ServerDecoder {
@@ -191,6 +231,53 @@ impl ServerDecoder {
             fixed,
             layers,
             tables_digest,
+            private_tables: None,
+        })
+    }
+
+    /// Keeps the token embedding and the output table the server's: each generation then
+    /// embeds the client's tokens by an HE product on its one-hot rows and computes the
+    /// logits by an HE product whose result only the client opens (the `decoder` module's
+    /// private-tables mode), and the client needs no tables. Llama family only: GPT-2's
+    /// learned positions would be a third table, counted from the first real token, which
+    /// only the client knows under padding. The two products hold the table twice (≈ 16 bytes
+    /// per entry).
+    pub fn keep_tables_private(mut self) -> Result<Self> {
+        let cfg = &self.fixed.config;
+        ensure!(
+            cfg.family == DecoderFamily::Llama,
+            Unsupported,
+            "private tables are built for the Llama family only: a {:?} decoder's learned \
+             position table would have to be private too",
+            cfg.family
+        );
+        let (ring, max_rows) = (self.fixed.format.fp.ring, cfg.max_positions);
+        let tables = self.fixed.tables();
+        let mut embed_shape = table_shape(TableProduct::Embed, cfg, ring, 1);
+        embed_shape.max_seq = max_rows;
+        let embed = PreparedFc::new(embed_shape, &tables.token_matrix()?.transpose()?, None)?;
+        let head = PreparedFc::new(
+            table_shape(TableProduct::Head, cfg, ring, 1),
+            &tables.output_matrix()?,
+            None,
+        )?;
+        self.private_tables = Some(PrivateTables { embed, head });
+        Ok(self)
+    }
+
+    /// Whether the tables are the server's ([`ServerDecoder::keep_tables_private`]).
+    pub fn tables_private(&self) -> bool {
+        self.private_tables.is_some()
+    }
+
+    /// The prepared table product, or an error when the tables are public.
+    pub(crate) fn table(&self, product: TableProduct) -> Result<&PreparedFc> {
+        let t = self.private_tables.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("the decoder's tables are public: no table products".into())
+        })?;
+        Ok(match product {
+            TableProduct::Embed => &t.embed,
+            TableProduct::Head => &t.head,
         })
     }
 
@@ -214,9 +301,17 @@ impl ServerDecoder {
         self.layers.values().map(PreparedFc::ntt_cached_bytes).sum()
     }
 
-    /// Bytes the prepared weights hold.
+    /// Bytes the prepared weights hold (the private tables' products included).
     pub fn prepared_bytes(&self) -> usize {
-        self.layers.values().map(PreparedFc::prepared_bytes).sum()
+        let tables = self
+            .private_tables
+            .as_ref()
+            .map_or(0, |t| t.embed.prepared_bytes() + t.head.prepared_bytes());
+        self.layers
+            .values()
+            .map(PreparedFc::prepared_bytes)
+            .sum::<usize>()
+            + tables
     }
 
     /// The prepared product whose group ([`fused_group`]) `id` leads, or an error naming a

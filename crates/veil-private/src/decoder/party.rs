@@ -18,16 +18,45 @@ use veil_model::{AttentionNorm, DecoderFormat, DecoderTables, ProductTruncation}
 use veil_net::{Channel, Meter, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
-use super::model::{decoder_fc_shape, fused_group, group_widths, ServerDecoder};
+use super::model::{
+    decoder_fc_shape, fused_group, group_widths, table_shape, ServerDecoder, TableProduct,
+};
 use super::preprocess::{plan_step, Held, StepMaterial};
 use crate::preprocess::{Material, Step};
 use crate::protocol::OutputShare;
 use zeroize::Zeroize;
 
+/// What the client holds of the decoder's tables.
+#[derive(Clone, Copy)]
+pub enum ClientTables<'a> {
+    /// An open model's public tables: the client embeds its own tokens and applies the
+    /// output table to the final row in the clear.
+    Open(&'a DecoderTables),
+    /// The tables are the server's (`ServerDecoder::keep_tables_private`): the client knows
+    /// the configuration and the format only; embedding and head are HE products.
+    Private(&'a DecoderConfig, DecoderFormat),
+}
+
+impl<'a> ClientTables<'a> {
+    fn config(&self) -> &'a DecoderConfig {
+        match *self {
+            ClientTables::Open(t) => t.config(),
+            ClientTables::Private(cfg, _) => cfg,
+        }
+    }
+
+    fn format(&self) -> DecoderFormat {
+        match self {
+            ClientTables::Open(t) => t.format(),
+            ClientTables::Private(_, format) => *format,
+        }
+    }
+}
+
 /// What only one side has.
 pub enum DecoderSide<'a> {
-    /// The client's HE keys and the decoder's public tables (its tokens never leave it).
-    Client(&'a ClientSession, &'a DecoderTables),
+    /// The client's HE keys and what it holds of the tables (its tokens never leave it).
+    Client(&'a ClientSession, ClientTables<'a>),
     /// The server's copy of the client's HE keys and its prepared decoder.
     Server(&'a ServerSession, &'a ServerDecoder),
 }
@@ -186,9 +215,16 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         generation: &'a mut Generation,
     ) -> Result<Self> {
         let (cfg, format, ax) = match &side {
-            DecoderSide::Client(_, t) => (t.config(), t.format(), t.approx()),
+            DecoderSide::Client(_, t) => (t.config(), t.format(), Approx::new(t.format().fp)?),
             DecoderSide::Server(_, m) => (m.config(), m.fixed().format, m.fixed().approx),
         };
+        if let DecoderSide::Client(_, ClientTables::Private(cfg, _)) = &side {
+            ensure!(
+                cfg.family == DecoderFamily::Llama,
+                Unsupported,
+                "private tables are built for the Llama family only"
+            );
+        }
         ensure!(
             *cfg == generation.cfg,
             InvalidArgument,
@@ -282,6 +318,12 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
     /// batch — and the OT pools filled to at least `pool_cots` COTs each way. Both parties
     /// pass the same `tokens` and `pool_cots` (the server decides them in a session).
     pub fn preprocess(&mut self, tokens: usize, pool_cots: usize) -> Result<StepMaterial> {
+        ensure!(
+            !self.tables_private(),
+            Unsupported,
+            "preprocessing a step of a model with private tables: its table products are not \
+             planned yet; run its steps single-phase"
+        );
         self.generation.check_room(tokens)?;
         let start = self.generation.positions();
         let cfg = self.cfg();
@@ -366,6 +408,86 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         Ok(logits)
     }
 
+    /// Whether the tables are the server's (both parties know: the server prepared them so,
+    /// the client was told at admission).
+    fn tables_private(&self) -> bool {
+        match self.side {
+            DecoderSide::Client(_, t) => matches!(t, ClientTables::Private(..)),
+            DecoderSide::Server(_, m) => m.tables_private(),
+        }
+    }
+
+    /// A table product of private tables: the client's rows `x` (its share; the server's is
+    /// zero for the embedding's one-hot rows) times the server's table, as shares.
+    fn table_product(&mut self, product: TableProduct, x: &RingTensor) -> Result<RingTensor> {
+        let shape = table_shape(product, self.cfg(), x.ring(), x.dims().0);
+        match self.side {
+            DecoderSide::Client(s, _) => fc_client(self.ch, s, &shape, x),
+            DecoderSide::Server(s, m) => fc_server_for(self.ch, s, m.table(product)?, &shape, x),
+        }
+    }
+
+    /// Private tables: the embedding of the client's ids as shares, the one-hot rows times the
+    /// token table in one HE product (exact: one entry of each row is 1).
+    fn private_embed(&mut self, ids: &[u32]) -> Result<RingTensor> {
+        let _g = self.ch.meter().enter(CostClass::Embedding);
+        let (vocab, ring) = (self.cfg().vocab_size, self.ax.fp.ring);
+        let mut one_hot = RingTensor::zeros(ring, &[ids.len(), vocab])?;
+        if let DecoderSide::Client(..) = self.side {
+            for (r, &id) in ids.iter().enumerate() {
+                let id = id as usize;
+                ensure!(
+                    id < vocab,
+                    InvalidArgument,
+                    "token id {id} outside the vocabulary of {vocab}"
+                );
+                one_hot.data_mut()[r * vocab + id] = 1;
+            }
+        }
+        let rows = self.table_product(TableProduct::Embed, &one_hot);
+        // The client's rows name its tokens.
+        one_hot.zeroize();
+        rows
+    }
+
+    /// Private tables: the logits of the final-normed rows, one HE product against the output
+    /// table whose accumulators the server's share then opens to the client alone, which
+    /// truncates them as the simulator does (so its logits are the simulator's exactly).
+    fn private_head(&mut self, h: &RingTensor) -> Result<RingTensor> {
+        let _g = self.ch.meter().enter(CostClass::Head);
+        let mut acc = self.table_product(TableProduct::Head, h)?;
+        let ring = acc.ring();
+        let shape = acc.shape().to_vec();
+        match self.side {
+            DecoderSide::Server(..) => {
+                let sent = OutputShare(acc.data().to_vec()).send(self.ch, ring);
+                acc.zeroize();
+                sent?;
+                self.ch.flush()?;
+                RingTensor::zeros(ring, &shape)
+            }
+            DecoderSide::Client(..) => {
+                let theirs = OutputShare::recv(self.ch, ring, acc.len());
+                let theirs = match theirs {
+                    Ok(t) => t,
+                    Err(e) => {
+                        acc.zeroize();
+                        return Err(e);
+                    }
+                };
+                let f = self.ax.fp.frac_bits();
+                let logits = acc
+                    .data()
+                    .iter()
+                    .zip(&theirs.0)
+                    .map(|(&a, &b)| self.ax.trunc(ring.add(a, b), f))
+                    .collect();
+                acc.zeroize();
+                RingTensor::from_vec(ring, &shape, logits)
+            }
+        }
+    }
+
     /// Drops (and zeroizes) the fused products not asked for.
     fn clear_pending(&mut self) {
         self.pending.clear();
@@ -405,6 +527,9 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
     /// to the client, which applies the table in the clear (the simulator's own head). The
     /// server's share of the logits is zero.
     fn head(&mut self, h: &RingTensor) -> Result<RingTensor> {
+        if self.tables_private() {
+            return self.private_head(h);
+        }
         let _g = self.ch.meter().enter(CostClass::Head);
         let ring = h.ring();
         match self.side {
@@ -413,10 +538,13 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
                 self.ch.flush()?;
                 RingTensor::zeros(ring, &[h.dims().0, self.cfg().vocab_size])
             }
-            DecoderSide::Client(_, tables) => {
+            DecoderSide::Client(_, ClientTables::Open(tables)) => {
                 let theirs = OutputShare::recv(self.ch, ring, h.len())?;
                 let h = h.add(&RingTensor::from_vec(ring, h.shape(), theirs.0)?)?;
                 tables.logits(&h)
+            }
+            DecoderSide::Client(_, ClientTables::Private(..)) => {
+                bail!(InvalidArgument, "private tables take the table product")
             }
         }
     }
@@ -432,8 +560,16 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     /// Client: the embedding of its ids, computed from the public tables as the simulator
     /// does; server: zero (its ids are placeholders, only their number is real).
     fn embed(&mut self, ids: &[u32], start: usize) -> Result<RingTensor> {
+        if self.tables_private() {
+            return self.private_embed(ids);
+        }
         match self.side {
-            DecoderSide::Client(_, tables) => tables.embed(ids, start, self.generation.padding),
+            DecoderSide::Client(_, ClientTables::Open(tables)) => {
+                tables.embed(ids, start, self.generation.padding)
+            }
+            DecoderSide::Client(_, ClientTables::Private(..)) => {
+                bail!(InvalidArgument, "private tables take the table product")
+            }
             DecoderSide::Server(..) => {
                 RingTensor::zeros(self.ax.fp.ring, &[ids.len(), self.cfg().hidden])
             }

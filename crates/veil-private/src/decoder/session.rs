@@ -50,7 +50,7 @@ use veil_nonlinear::OtSession;
 
 use super::preprocess::pool_fill;
 use super::{plan_step, step_material_bytes, StepMaterial};
-use super::{DecoderParty, DecoderSide, Generation, ServerDecoder};
+use super::{ClientTables, DecoderParty, DecoderSide, Generation, ServerDecoder};
 use crate::deadlines::in_step;
 use crate::handler::told;
 use crate::protocol::{
@@ -631,7 +631,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
             None => GenerationRequest::Step { tokens },
         }
         .send(&mut self.ch)?;
-        let side = DecoderSide::Client(&self.lin, self.tables);
+        let side = DecoderSide::Client(&self.lin, ClientTables::Open(self.tables));
         let logits = {
             let mut party = DecoderParty::new(&mut self.ch, &mut self.ot, side, generation)?;
             match material {
@@ -665,7 +665,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
                 return Ok(false);
             }
         };
-        let side = DecoderSide::Client(&self.lin, self.tables);
+        let side = DecoderSide::Client(&self.lin, ClientTables::Open(self.tables));
         let made = DecoderParty::new(&mut self.ch, &mut self.ot, side, generation)?
             .preprocess(1, pool_cots)?;
         *material = Some(made);

@@ -20,7 +20,9 @@ use veil_model::engine::decoder::LogitRows;
 use veil_model::{DecoderFormat, DecoderTables, FixedDecoder, ProductTruncation};
 use veil_net::{LabelStats, MemChannel, Role};
 use veil_nonlinear::OtSession;
-use veil_private::{DecoderParty, DecoderSide, Generation, ServerDecoder, StepMaterial};
+use veil_private::{
+    ClientTables, DecoderParty, DecoderSide, Generation, ServerDecoder, StepMaterial,
+};
 use veil_test_harness::two_party::run_mem;
 
 /// A prompt of 5 tokens of the tiny vocabulary (269 tokens).
@@ -107,13 +109,20 @@ fn two_party<T: Send>(
     server: Script<'_, T>,
 ) -> (T, T) {
     let model = ServerDecoder::new(fixed.clone()).unwrap();
-    two_party_with(&model, tables, mode, limit, client, server)
+    two_party_with(
+        &model,
+        ClientTables::Open(tables),
+        mode,
+        limit,
+        client,
+        server,
+    )
 }
 
 /// [`two_party`] with the server's prepared `model`.
 fn two_party_with<T: Send>(
     model: &ServerDecoder,
-    tables: &DecoderTables,
+    tables: ClientTables<'_>,
     mode: ProductTruncation,
     limit: usize,
     client: Script<'_, T>,
@@ -265,7 +274,7 @@ fn faithful_run(name: &str, w: &DecoderWeights) -> (FixedDecoder, Vec<Step>, Vec
     );
     let (steps, _) = two_party_with(
         &model,
-        &tables,
+        ClientTables::Open(&tables),
         ProductTruncation::Faithful,
         limit,
         &|p| client_generate(&fixed, p),
@@ -424,6 +433,68 @@ fn padded_generation_equals_the_padded_simulator_bit_for_bit() {
 /// integers at every step (prefill and 16 decode steps with the KV cache), the substituted
 /// operators ran and were metered under their classes, and the logits are not the original
 /// model's (the substitutes were computed, not skipped).
+/// Private tables (`ServerDecoder::keep_tables_private`): the client holds only the
+/// configuration; its tokens are embedded by an HE product on its one-hot rows and the logits
+/// come from an HE product against the server's output table, opened to the client alone. The
+/// logits are the simulator's bit for bit at every step (faithful), each step pays for both
+/// products (Embedding and Head classes), preprocessing is refused on both sides before
+/// anything is sent, and a GPT-2 model (whose position table would be a third table) refuses
+/// the mode.
+#[test]
+fn private_tables_generation_equals_the_simulator_bit_for_bit() {
+    let w = tiny(false, 23);
+    let fixed = FixedDecoder::encode(&w, format()).unwrap();
+    let model = ServerDecoder::new(fixed.clone())
+        .unwrap()
+        .keep_tables_private()
+        .unwrap();
+    assert!(model.tables_private());
+    let open = ServerDecoder::new(fixed.clone()).unwrap();
+    assert!(!open.tables_private());
+    assert!(model.prepared_bytes() > open.prepared_bytes());
+    let cfg = fixed.config.clone();
+    let limit = PROMPT.len() + STEPS + 1;
+    let (steps, _) = two_party_with(
+        &model,
+        ClientTables::Private(&cfg, format()),
+        ProductTruncation::Faithful,
+        limit,
+        &|p| client_generate(&fixed, p),
+        &|p| server_generate(p),
+    );
+    report("private tables", &fixed, &steps);
+    let want = simulated(&fixed, &steps);
+    for (i, (s, w)) in steps.iter().zip(&want).enumerate() {
+        assert!(
+            &s.logits == w,
+            "step {i}'s logits differ from the simulator's"
+        );
+        for class in [CostClass::Embedding, CostClass::Head] {
+            let c = s.classes.get(&class).cloned().unwrap_or_default();
+            assert!(
+                c.bytes_sent > 0 && c.bytes_received > 0,
+                "step {i}: no {class} traffic"
+            );
+        }
+    }
+    let ids: Vec<u32> = steps.iter().map(|s| s.id).collect();
+    assert_eq!(ids, simulated_greedy(&fixed), "tokens");
+    let (client, server) = two_party_with(
+        &model,
+        ClientTables::Private(&cfg, format()),
+        ProductTruncation::Faithful,
+        limit,
+        &|p| Ok(p.preprocess(1, 0).map(drop)),
+        &|p| Ok(p.preprocess(1, 0).map(drop)),
+    );
+    for e in [client.unwrap_err(), server.unwrap_err()] {
+        assert!(matches!(e, Error::Unsupported(_)), "{e}");
+    }
+    let gpt2 = FixedDecoder::encode(&tiny(true, 23), format()).unwrap();
+    let refused = ServerDecoder::new(gpt2).unwrap().keep_tables_private();
+    assert!(matches!(refused, Err(Error::Unsupported(_))));
+}
+
 #[test]
 fn faithful_substituted_llama_generation_equals_the_simulator_bit_for_bit() {
     let w = substituted(12);
