@@ -47,11 +47,13 @@ pub fn shared_set(ring: Ring) -> ParamSet {
 
 /// The client's keys of a session: one secret key per parameter set.
 pub struct ClientSession {
+    ring: Ring,
     keys: Vec<(ParamSet, SecretKey)>,
 }
 
 /// The server's view of a session's keys: the client's public and Galois keys per set.
 pub struct ServerSession {
+    ring: Ring,
     keys: Vec<(ParamSet, PublicKey, GaloisKeys)>,
 }
 
@@ -78,7 +80,12 @@ impl ClientSession {
             keys.push((set, sk));
         }
         ch.flush()?;
-        Ok(ClientSession { keys })
+        Ok(ClientSession { ring, keys })
+    }
+
+    /// The ring every key's plaintexts live in.
+    pub fn ring(&self) -> Ring {
+        self.ring
     }
 
     /// The most response coefficients any of this session's keys has decrypted: the key
@@ -124,7 +131,12 @@ impl ServerSession {
             keys.push((set, pk, gk));
         }
         ensure!(!keys.is_empty(), InvalidArgument, "no parameter sets");
-        Ok(ServerSession { keys })
+        Ok(ServerSession { ring, keys })
+    }
+
+    /// The ring every key's plaintexts live in.
+    pub fn ring(&self) -> Ring {
+        self.ring
     }
 
     /// The client's public key of `set`; an error when the session has none.

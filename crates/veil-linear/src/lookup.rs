@@ -16,7 +16,7 @@
 //!   product per part gives shares of the selected rows; a second product, in the same flight,
 //!   routes them to the query positions: the client's 0/1 routing matrix (queries × all slots)
 //!   times the server's shares of the slot results (uniform ℓ-bit values, hence
-//!   [`crate::cross::SHARED_SET`]). Work ≈ slots·3V·w/N + q·(parts·slots)·w/N products,
+//!   [`veil_he::session::shared_set`]). Work ≈ slots·3V·w/N + q·(parts·slots)·w/N products,
 //!   independent of q for the first term; small tables (vocabulary ≤ 2·queries, e.g. token
 //!   types) go through a one-hot product in the same flight.
 //!
@@ -40,17 +40,14 @@
 //! exchange (the server cannot tell) and then returns `Error::Other`.
 
 use veil_core::{ensure, Error, Result, Ring, RingTensor};
-use veil_he::{ParamSet, Params};
+use veil_he::Params;
 use veil_net::Channel;
 
-use crate::cross::SHARED_SET;
 use crate::fc::WEIGHT_BOUND;
 use crate::layout::Layout;
 use crate::matmul::{client_receive, client_send, server_respond, PreparedMatrix, ServerJob};
-use veil_he::session::{ClientSession, ServerSession};
+use veil_he::session::{shared_set, weight_set, ClientSession, ServerSession};
 
-/// Parameter set of the table products (fixed-point table entries under [`WEIGHT_BOUND`]).
-pub const TABLE_SET: ParamSet = ParamSet::N8192;
 /// Candidate parts per id in the batched method.
 pub const CANDIDATES: usize = 3;
 
@@ -210,10 +207,13 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(shape: &LookupShape, method: LookupMethod, override_plan: Option<BatchPlan>) -> Self {
-        let n = Params::new(TABLE_SET, Ring::new(41).expect("41-bit ring"))
-            .expect("table set")
-            .degree();
+    /// The plan of `shape` for tables products of degree `n`.
+    fn new(
+        shape: &LookupShape,
+        method: LookupMethod,
+        override_plan: Option<BatchPlan>,
+        n: usize,
+    ) -> Self {
         let mut onehot = Vec::new();
         let mut hashed = Vec::new();
         for (j, &v) in shape.vocabs.iter().enumerate() {
@@ -241,7 +241,7 @@ impl Plan {
     /// Layouts of the first flight (parts in order, then the one-hot product) and of the
     /// routing product, if any.
     fn layouts(&self, shape: &LookupShape, ring: Ring) -> Result<(Vec<Layout>, Option<Layout>)> {
-        let p = Params::new(TABLE_SET, ring)?;
+        let p = Params::new(weight_set(ring), ring)?;
         let mut lays = Vec::new();
         for h in &self.hashed {
             for m in &h.members {
@@ -268,7 +268,7 @@ impl Plan {
         let routing = if self.hashed.is_empty() {
             None
         } else {
-            let q = Params::new(SHARED_SET, ring)?;
+            let q = Params::new(shared_set(ring), ring)?;
             Some(Layout::search(
                 &q,
                 shape.queries,
@@ -340,8 +340,8 @@ impl PreparedLookup {
             queries,
         };
         shape.check()?;
-        let plan = Plan::new(&shape, method, plan_override);
-        let p = Params::new(TABLE_SET, ring)?;
+        let p = Params::new(weight_set(ring), ring)?;
+        let plan = Plan::new(&shape, method, plan_override, p.degree());
         let mut matrices = Vec::new();
         for h in &plan.hashed {
             for m in h.members.iter().filter(|m| !m.is_empty()) {
@@ -449,9 +449,9 @@ pub fn lookup_client_with_plan<C: Channel + ?Sized>(
         shape.queries,
         shape.vocabs
     );
-    let sk = session.key(TABLE_SET)?;
-    let ring = sk.params().ring();
-    let plan = Plan::new(shape, method, plan_override);
+    let ring = session.ring();
+    let sk = session.key(weight_set(ring))?;
+    let plan = Plan::new(shape, method, plan_override, sk.params().degree());
     let (lays, routing_lay) = plan.layouts(shape, ring)?;
     let (q, w) = (shape.queries, shape.width);
 
@@ -503,7 +503,7 @@ pub fn lookup_client_with_plan<C: Channel + ?Sized>(
     }
     let refs: Vec<&RingTensor> = lhs.iter().collect();
     client_send(ch, sk, &lays, &refs)?;
-    let shared_sk = session.key(SHARED_SET)?;
+    let shared_sk = session.key(shared_set(ring))?;
     if let Some(lay) = routing_lay {
         client_send(ch, shared_sk, &[lay], &[&routing])?;
     }
@@ -609,8 +609,8 @@ pub fn lookup_server<C: Channel + ?Sized>(
     session: &ServerSession,
     prepared: &PreparedLookup,
 ) -> Result<RingTensor> {
-    let (pk, gk) = session.keys_for(TABLE_SET)?;
-    let ring = pk.params().ring();
+    let ring = session.ring();
+    let (pk, gk) = session.keys_for(weight_set(ring))?;
     let (q, w) = (prepared.shape.queries, prepared.shape.width);
     let jobs: Vec<ServerJob<'_>> = prepared
         .matrices
@@ -627,7 +627,7 @@ pub fn lookup_server<C: Channel + ?Sized>(
     let mut out = RingTensor::zeros(ring, &[q, w])?;
     let parts_out = take_onehot_output(plan, &outs, &mut out)?;
     if !plan.hashed.is_empty() {
-        let (spk, sgk) = session.keys_for(SHARED_SET)?;
+        let (spk, sgk) = session.keys_for(shared_set(ring))?;
         let slots = stack_slot_results(plan, parts_out, ring, w)?;
         let bound = 1u64 << (ring.bits() - 1);
         let m = PreparedMatrix::new(spk.params(), &slots, bound)?;

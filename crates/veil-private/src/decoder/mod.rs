@@ -82,17 +82,18 @@
 //!
 //! **Private tables** (`ServerDecoder::keep_tables_private`, [`ClientTables::Private`]; Llama
 //! family). For a model whose token embedding and output table are secret too, the client
-//! holds only the configuration and the format. Embedding: the client's one-hot rows [n, vocab]
-//! (its share; the server's is zero) times the server's token table in one HE product of the
-//! FC protocol: shares of the rows, exactly (one entry of each row is 1, so nothing to
-//! truncate). Head: the final-normed last row times the output table in one HE product, whose
+//! holds only the configuration and the format. Embedding: Veil's private lookup
+//! (`veil_linear::lookup`, its one-hot method: the client's encrypted one-hot rows [n, vocab]
+//! times the server's token table in one Π_MatMul, a decode step's prepared once and a
+//! prompt's per prompt): shares of the rows, exact mod 2^ℓ. Head: the final-normed last row times the output table in one HE product, whose
 //! accumulator shares the server then sends to the client, which adds them and truncates as
 //! the simulator does (`Approx::trunc`), so the head adds no error of its own in either mode
 //! (faithful: the logits are the simulator's bit for bit). The server learns nothing more than with public tables (the products' inputs
 //! are encrypted or masked); the client learns the logits' accumulators (2f fractional bits
 //! instead of f: the same answer), nothing of the tables beyond what the logits it is entitled
-//! to tell. Cost: two more FC products a step, of vocab × hidden weights each (measured on the
-//! tests' 269-token vocabulary: 299 kB and 239 kB a decode step, 3 flights). Preprocessing such
+//! to tell. Cost: two more HE products a step, of vocab × hidden weights each (measured on the
+//! tests' 269-token vocabulary: 299 kB and 239 kB a decode step, 3 flights; the batched
+//! lookup would upload more at a step's one query). Preprocessing such
 //! a step is refused (`Error::Unsupported`: the table products are not planned); GPT-2 refuses
 //! the mode (its learned position table, counted from the first real token under padding, would
 //! be a third secret table).

@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 
 use veil_core::{bail, ensure, Error, Result, Ring, RingTensor};
-use veil_linear::{FcLayer, PreparedFc};
+use veil_linear::lookup::LookupShape;
+use veil_linear::{FcLayer, LookupMethod, PreparedFc, PreparedLookup};
 use veil_model::decoder::{DecoderConfig, DecoderFamily};
 use veil_model::engine::decoder::{DecoderLayer, DecoderNorm};
 use veil_model::{BundleDigest, FixedDecoder};
@@ -89,41 +90,39 @@ pub(crate) fn decoder_fc_shape(
     })
 }
 
-/// A table product of a model whose tables are the server's ([`ServerDecoder::keep_tables_private`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TableProduct {
-    /// The client's one-hot rows [rows, vocab] times the token embedding: its rows, exactly.
-    Embed,
-    /// The final-normed rows [rows, hidden] times the output table: the logits' accumulators.
-    Head,
+/// How private tables' embedding looks its rows up: one-hot, whose upload (queries × vocab
+/// entries) is below the batched method's (≥ 3 × vocab entries) at a decode step's one query;
+/// public, so both parties use it.
+pub(crate) const EMBED_LOOKUP: LookupMethod = LookupMethod::OneHot;
+
+/// The public shape of private tables' embedding lookup for `rows` tokens.
+pub(crate) fn embed_shape(cfg: &DecoderConfig, rows: usize) -> LookupShape {
+    LookupShape {
+        vocabs: vec![cfg.vocab_size],
+        width: cfg.hidden,
+        queries: rows,
+    }
 }
 
-/// The public shape of a table product for `rows` rows (priced for its own rows, as
-/// [`decoder_fc_shape`]).
-pub(crate) fn table_shape(
-    product: TableProduct,
-    cfg: &DecoderConfig,
-    ring: Ring,
-    rows: usize,
-) -> FcLayer {
-    let (in_features, out_features) = match product {
-        TableProduct::Embed => (cfg.vocab_size, cfg.hidden),
-        TableProduct::Head => (cfg.hidden, cfg.vocab_size),
-    };
+/// The public shape of private tables' LM head for `rows` final rows (priced for its own
+/// rows, as [`decoder_fc_shape`]).
+pub(crate) fn head_shape(cfg: &DecoderConfig, ring: Ring, rows: usize) -> FcLayer {
     FcLayer {
         seq: rows,
         max_seq: rows,
-        in_features,
-        out_features,
+        in_features: cfg.hidden,
+        out_features: cfg.vocab_size,
         set: weight_set(ring),
     }
 }
 
-/// Private tables' products, prepared once.
+/// Private tables, prepared for their HE products.
 struct PrivateTables {
-    /// The token embedding transposed, [hidden, vocab]: a one-hot row in, its embedding out.
-    embed: PreparedFc,
-    /// The output table [vocab, hidden].
+    /// The token embedding [vocab, hidden], for prompts' lookups (prepared per prompt).
+    token: RingTensor,
+    /// Its lookup prepared for a decode step's one token.
+    step_lookup: PreparedLookup,
+    /// The output table [vocab, hidden] as the head's product.
     head: PreparedFc,
 }
 
@@ -236,12 +235,13 @@ impl ServerDecoder {
     }
 
     /// Keeps the token embedding and the output table the server's: each generation then
-    /// embeds the client's tokens by an HE product on its one-hot rows and computes the
+    /// embeds the client's tokens by Veil's private lookup (`veil_linear::lookup`, one-hot)
+    /// and computes the
     /// logits by an HE product whose result only the client opens (the `decoder` module's
     /// private-tables mode), and the client needs no tables. Llama family only: GPT-2's
     /// learned positions would be a third table, counted from the first real token, which
-    /// only the client knows under padding. The two products hold the table twice (≈ 16 bytes
-    /// per entry).
+    /// only the client knows under padding. Holds the tables again as ring values and
+    /// prepared products (a prompt's lookup is prepared per prompt).
     pub fn keep_tables_private(mut self) -> Result<Self> {
         let cfg = &self.fixed.config;
         ensure!(
@@ -251,17 +251,16 @@ impl ServerDecoder {
              position table would have to be private too",
             cfg.family
         );
-        let (ring, max_rows) = (self.fixed.format.fp.ring, cfg.max_positions);
+        let ring = self.fixed.format.fp.ring;
         let tables = self.fixed.tables();
-        let mut embed_shape = table_shape(TableProduct::Embed, cfg, ring, 1);
-        embed_shape.max_seq = max_rows;
-        let embed = PreparedFc::new(embed_shape, &tables.token_matrix()?.transpose()?, None)?;
-        let head = PreparedFc::new(
-            table_shape(TableProduct::Head, cfg, ring, 1),
-            &tables.output_matrix()?,
-            None,
-        )?;
-        self.private_tables = Some(PrivateTables { embed, head });
+        let token = tables.token_matrix()?;
+        let step_lookup = PreparedLookup::new(&[&token], 1, EMBED_LOOKUP, 0)?;
+        let head = PreparedFc::new(head_shape(cfg, ring, 1), &tables.output_matrix()?, None)?;
+        self.private_tables = Some(PrivateTables {
+            token,
+            step_lookup,
+            head,
+        });
         Ok(self)
     }
 
@@ -270,15 +269,25 @@ impl ServerDecoder {
         self.private_tables.is_some()
     }
 
-    /// The prepared table product, or an error when the tables are public.
-    pub(crate) fn table(&self, product: TableProduct) -> Result<&PreparedFc> {
-        let t = self.private_tables.as_ref().ok_or_else(|| {
+    fn private(&self) -> Result<&PrivateTables> {
+        self.private_tables.as_ref().ok_or_else(|| {
             Error::InvalidArgument("the decoder's tables are public: no table products".into())
-        })?;
-        Ok(match product {
-            TableProduct::Embed => &t.embed,
-            TableProduct::Head => &t.head,
         })
+    }
+
+    /// The embedding lookup of private tables for a decode step's one token, prepared once.
+    pub(crate) fn step_lookup(&self) -> Result<&PreparedLookup> {
+        Ok(&self.private()?.step_lookup)
+    }
+
+    /// The embedding lookup of private tables for a prompt of `rows` tokens, prepared now.
+    pub(crate) fn prompt_lookup(&self, rows: usize) -> Result<PreparedLookup> {
+        PreparedLookup::new(&[&self.private()?.token], rows, EMBED_LOOKUP, 0)
+    }
+
+    /// The LM head's product of private tables.
+    pub(crate) fn head(&self) -> Result<&PreparedFc> {
+        Ok(&self.private()?.head)
     }
 
     /// The fixed-point model (weights, configuration, format).
@@ -303,10 +312,9 @@ impl ServerDecoder {
 
     /// Bytes the prepared weights hold (the private tables' products included).
     pub fn prepared_bytes(&self) -> usize {
-        let tables = self
-            .private_tables
-            .as_ref()
-            .map_or(0, |t| t.embed.prepared_bytes() + t.head.prepared_bytes());
+        let tables = self.private_tables.as_ref().map_or(0, |t| {
+            t.token.len() * std::mem::size_of::<u64>() + t.head.prepared_bytes()
+        });
         self.layers
             .values()
             .map(PreparedFc::prepared_bytes)

@@ -5,6 +5,7 @@
 use veil_core::approx::Approx;
 use veil_core::{bail, ensure, CostClass, Error, Result, RingTensor};
 use veil_linear::fc::{fc_online_server, fc_premask_client, fc_premask_server_for};
+use veil_linear::lookup::{lookup_client, lookup_server};
 use veil_linear::premask::online_client;
 use veil_linear::triples::{beaver_matmul, triples_client, triples_server, Triple};
 use veil_linear::{fc_client, fc_server_for, shared_matmul_client, shared_matmul_server};
@@ -19,7 +20,8 @@ use veil_net::{Channel, Meter, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
 use super::model::{
-    decoder_fc_shape, fused_group, group_widths, table_shape, ServerDecoder, TableProduct,
+    decoder_fc_shape, embed_shape, fused_group, group_widths, head_shape, ServerDecoder,
+    EMBED_LOOKUP,
 };
 use super::preprocess::{plan_step, Held, StepMaterial};
 use crate::preprocess::{Material, Step};
@@ -417,37 +419,25 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         }
     }
 
-    /// A table product of private tables: the client's rows `x` (its share; the server's is
-    /// zero for the embedding's one-hot rows) times the server's table, as shares.
-    fn table_product(&mut self, product: TableProduct, x: &RingTensor) -> Result<RingTensor> {
-        let shape = table_shape(product, self.cfg(), x.ring(), x.dims().0);
-        match self.side {
-            DecoderSide::Client(s, _) => fc_client(self.ch, s, &shape, x),
-            DecoderSide::Server(s, m) => fc_server_for(self.ch, s, m.table(product)?, &shape, x),
-        }
-    }
-
-    /// Private tables: the embedding of the client's ids as shares, the one-hot rows times the
-    /// token table in one HE product (exact: one entry of each row is 1).
+    /// Private tables: the embedding of the client's ids as shares, by Veil's private lookup
+    /// of the server's token table (exact mod 2^ℓ).
     fn private_embed(&mut self, ids: &[u32]) -> Result<RingTensor> {
         let _g = self.ch.meter().enter(CostClass::Embedding);
-        let (vocab, ring) = (self.cfg().vocab_size, self.ax.fp.ring);
-        let mut one_hot = RingTensor::zeros(ring, &[ids.len(), vocab])?;
-        if let DecoderSide::Client(..) = self.side {
-            for (r, &id) in ids.iter().enumerate() {
-                let id = id as usize;
-                ensure!(
-                    id < vocab,
-                    InvalidArgument,
-                    "token id {id} outside the vocabulary of {vocab}"
-                );
-                one_hot.data_mut()[r * vocab + id] = 1;
+        let shape = embed_shape(self.cfg(), ids.len());
+        match self.side {
+            DecoderSide::Client(s, _) => lookup_client(self.ch, s, &shape, EMBED_LOOKUP, &[ids]),
+            DecoderSide::Server(s, m) => {
+                let made;
+                let prepared = match ids.len() {
+                    1 => m.step_lookup()?,
+                    rows => {
+                        made = m.prompt_lookup(rows)?;
+                        &made
+                    }
+                };
+                lookup_server(self.ch, s, prepared)
             }
         }
-        let rows = self.table_product(TableProduct::Embed, &one_hot);
-        // The client's rows name its tokens.
-        one_hot.zeroize();
-        rows
     }
 
     /// Private tables: the logits of the final-normed rows, one HE product against the output
@@ -455,7 +445,11 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
     /// truncates them as the simulator does (so its logits are the simulator's exactly).
     fn private_head(&mut self, h: &RingTensor) -> Result<RingTensor> {
         let _g = self.ch.meter().enter(CostClass::Head);
-        let mut acc = self.table_product(TableProduct::Head, h)?;
+        let shape = head_shape(self.cfg(), h.ring(), h.dims().0);
+        let mut acc = match self.side {
+            DecoderSide::Client(s, _) => fc_client(self.ch, s, &shape, h)?,
+            DecoderSide::Server(s, m) => fc_server_for(self.ch, s, m.head()?, &shape, h)?,
+        };
         let ring = acc.ring();
         let shape = acc.shape().to_vec();
         match self.side {
