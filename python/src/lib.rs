@@ -316,7 +316,7 @@ impl Decoder {
                 let ch = self.transport.connect(&self.server)?;
                 let mut client = GenerationClient::connect(
                     ch,
-                    &self.tables,
+                    veil_private::ClientTables::Open(&self.tables),
                     self.context,
                     Some(self.step_timeout),
                 )?;

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use clap::Args;
 use veil_core::{Error, Result};
-use veil_model::decoder::{ChatMessage, DecoderModel};
+use veil_model::decoder::{ChatMessage, DecoderConfig, DecoderModel};
 use veil_model::{generate_text, GenerateOptions, GeneratedToken, NextLogits};
 use veil_model::{DecoderFormat, DecoderTables, F32Model, FixedDecoder};
-use veil_private::{default_generation_context, ClientTransport, GenerationClient};
+use veil_private::{default_generation_context, ClientTables, ClientTransport, GenerationClient};
 
 /// How the logits are computed.
 #[derive(Args)]
@@ -43,6 +43,11 @@ pub(crate) struct EngineArgs {
     /// same. The server may refuse it (its memory); that step then runs without.
     #[arg(long, requires = "connect")]
     pub(crate) preprocess: bool,
+    /// With --connect: the server keeps the model's token embedding and output table private
+    /// (`veil serve --private-tables`): this machine uses only the model's configuration and
+    /// tokenizer, and each step pays for a private lookup and an HE head.
+    #[arg(long, requires = "connect", conflicts_with = "preprocess")]
+    pub(crate) private_tables: bool,
     /// With --connect: pad a shorter prompt to N positions with tokens that no real position
     /// attends to, so that the server sees N, not the prompt's length (a longer prompt is
     /// refused). The answer is the same (for Llama-family models up to the rounding of the
@@ -65,7 +70,9 @@ pub(crate) enum Engine<'w> {
 pub(crate) struct Remote {
     addr: String,
     transport: ClientTransport,
-    tables: DecoderTables,
+    /// The open model's tables; None when the server keeps them private.
+    tables: Option<DecoderTables>,
+    config: DecoderConfig,
     context: usize,
     fixed_length: bool,
     preprocess: bool,
@@ -116,7 +123,14 @@ impl<'w> Engine<'w> {
                 addr,
                 transport: args.net.transport()?,
                 step_timeout: crate::secs(args.net.timeout, "--timeout")?,
-                tables: DecoderTables::of_weights(&model.weights, DecoderFormat::default())?,
+                tables: match args.private_tables {
+                    true => None,
+                    false => Some(DecoderTables::of_weights(
+                        &model.weights,
+                        DecoderFormat::default(),
+                    )?),
+                },
+                config: model.weights.config.clone(),
                 context,
                 fixed_length: args.fixed_length,
                 preprocess: args.preprocess,
@@ -169,8 +183,12 @@ impl<'w> Engine<'w> {
             Engine::Simulate(m) => Box::new(m.session()),
             Engine::Private(r) => {
                 let ch = r.transport.connect(&r.addr)?;
+                let tables = match &r.tables {
+                    Some(t) => ClientTables::Open(t),
+                    None => ClientTables::Private(&r.config, DecoderFormat::default()),
+                };
                 let mut client =
-                    GenerationClient::connect(ch, &r.tables, r.context, Some(r.step_timeout))?;
+                    GenerationClient::connect(ch, tables, r.context, Some(r.step_timeout))?;
                 client.set_preprocessing(r.preprocess);
                 Box::new(client.into_generation(r.context)?)
             }

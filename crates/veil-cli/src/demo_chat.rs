@@ -15,7 +15,7 @@ use veil_model::decoder::{self, ChatMessage};
 use veil_model::{DecoderFormat, DecoderTables, FixedDecoder, GenerateOptions};
 use veil_net::{LabelStats, Role};
 use veil_private::{
-    ClientTransport, GenerationClient, ServerBuilder, ServerDecoder, ServerIdentity,
+    ClientTables, ClientTransport, GenerationClient, ServerBuilder, ServerDecoder, ServerIdentity,
 };
 
 /// Asked when the command line gives no question. SmolLM2's answer to it has no near-tie (its
@@ -75,7 +75,7 @@ pub(crate) fn run(
     let start = Instant::now();
     let mut client = GenerationClient::connect(
         transport.connect(&server.local_addr().to_string())?,
-        &tables,
+        ClientTables::Open(&tables),
         context,
         None,
     )?;

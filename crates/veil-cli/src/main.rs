@@ -120,6 +120,11 @@ enum Cmd {
         /// coefficient-form weights are kept regardless; nothing grows with prompt lengths.
         #[arg(long, default_value_t = veil_private::DEFAULT_NTT_BUDGET_BYTES >> 20)]
         ntt_budget_mib: usize,
+        /// A decoder: keep its token embedding and output table private too (embedding by a
+        /// private lookup and the head as an HE product each step); clients connect with
+        /// `--private-tables`. Llama family only; steps are not preprocessed.
+        #[arg(long)]
+        private_tables: bool,
         #[command(flatten)]
         net: ServeNetArgs,
     },
@@ -571,7 +576,13 @@ impl ClientNetArgs {
 }
 
 /// `veil serve`: the model, the server's settings from the flags, signals.
-fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) -> Result<()> {
+/// `(ntt_budget_mib, private_tables)`: how the weights are prepared.
+fn serve(
+    model: &str,
+    listen: &str,
+    (ntt_budget_mib, private_tables): (usize, bool),
+    net: ServeNetArgs,
+) -> Result<()> {
     use std::sync::atomic::AtomicBool;
     use veil_private::{ServerBuilder, ServerIdentity};
     // A decoder LLM is served as private generation sessions, an encoder as inferences.
@@ -605,6 +616,7 @@ fn serve(model: &str, listen: &str, ntt_budget_mib: usize, net: ServeNetArgs) ->
         .shutdown_grace(secs(net.shutdown_grace, "--shutdown-grace")?)
         .shutdown_flag(flag)
         .ntt_budget(ntt_budget_mib << 20)
+        .private_tables(private_tables)
         .checked()?;
     let listener = TcpListener::bind(listen)
         .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
@@ -672,8 +684,9 @@ fn run(cli: Cli) -> Result<()> {
             model,
             listen,
             ntt_budget_mib,
+            private_tables,
             net,
-        } => serve(&model, &listen, ntt_budget_mib, net),
+        } => serve(&model, &listen, (ntt_budget_mib, private_tables), net),
         Cmd::Classify {
             connect,
             model,

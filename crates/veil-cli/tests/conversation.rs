@@ -497,6 +497,59 @@ fn chat_keeps_the_cache_across_turns_and_answers_as_a_fresh_run() {
 /// How far the default truncations may move a logit (`decoder_party.rs`'s bound).
 const ONE_BIT_ERROR_BOUND: f64 = 0.02;
 
+/// `veil serve --insecure-plaintext` of the model in `dir` (and `extra` flags) on a free loopback
+/// port, once it listens; killed when dropped.
+fn serve_tiny(dir: &str, extra: &[&str]) -> (Killed, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let server = Killed(
+        Command::new(env!("CARGO_BIN_EXE_veil"))
+            .args(["serve", "--model", dir, "--listen", &addr])
+            .args(extra)
+            .arg("--insecure-plaintext")
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while TcpStream::connect(&addr).is_err() {
+        assert!(std::time::Instant::now() < deadline, "never listened");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    (server, addr)
+}
+
+/// `veil generate --chat --json --max-new-tokens 4 "good film"` of the model in `dir` on
+/// `engine`.
+fn generate_json(dir: &str, engine: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(["generate", "--model", dir])
+        .args(engine)
+        .args(["--chat", "--json", "--max-new-tokens", "4", "good film"])
+        .output()
+        .unwrap()
+}
+
+/// The token ids and top-2 margins of [`generate_json`]'s report.
+fn ids_and_margins(out: &std::process::Output) -> (Vec<u32>, Vec<f64>) {
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let list = |k: &str| report[k].as_array().unwrap().clone();
+    (
+        list("token_ids")
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect(),
+        list("margins")
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect(),
+    )
+}
+
 /// `veil serve` of a decoder folder, and `veil generate --connect` to it: the private tokens are
 /// the simulator's up to the first step whose top-2 margin is within twice the server's default
 /// 1-bit-error bound (where the truncations may pick either), and the server serves the next
@@ -508,46 +561,12 @@ fn private_generation_through_veil_serve_equals_the_simulator() {
     let tmp = tempfile::tempdir().unwrap();
     tiny_llama(tmp.path());
     let dir = tmp.path().to_str().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let _server = Killed(
-        Command::new(env!("CARGO_BIN_EXE_veil"))
-            .args(["serve", "--model", dir, "--listen", &addr])
-            .arg("--insecure-plaintext")
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    while TcpStream::connect(&addr).is_err() {
-        assert!(std::time::Instant::now() < deadline, "never listened");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let tokens = |engine: &[&str]| -> (Vec<u32>, Vec<f64>) {
-        let out = Command::new(env!("CARGO_BIN_EXE_veil"))
-            .args(["generate", "--model", dir])
-            .args(engine)
-            .args(["--chat", "--json", "--max-new-tokens", "4", "good film"])
-            .output()
-            .unwrap();
+    let (_server, addr) = serve_tiny(dir, &[]);
+    let tokens = |engine: &[&str]| {
+        let out = generate_json(dir, engine);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{engine:?}: {err}");
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let list = |k: &str| report[k].as_array().unwrap().clone();
-        (
-            list("token_ids")
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect(),
-            list("margins")
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect(),
-        )
+        ids_and_margins(&out)
     };
     let (expected, margins) = tokens(&["--simulate"]);
     assert_eq!(expected.len(), 4);
@@ -579,6 +598,55 @@ fn private_generation_through_veil_serve_equals_the_simulator() {
         );
     }
     preprocessing_changes_no_token(tmp.path(), &addr);
+}
+
+/// `veil serve --private-tables`: `veil generate --connect --private-tables` gets the
+/// simulator's tokens (within the 1-bit-error bound's margin, as above) from a server that
+/// keeps the token embedding and the output table; a client that brings the open tables is
+/// refused, naming the flag; `--private-tables` with `--preprocess` is refused by the parser.
+#[test]
+fn private_tables_through_veil_serve_equal_the_simulator() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_llama(tmp.path());
+    let dir = tmp.path().to_str().unwrap();
+    let (_server, addr) = serve_tiny(dir, &["--private-tables"]);
+    let run = |engine: &[&str]| generate_json(dir, engine);
+    let (expected, margins) = ids_and_margins(&run(&["--simulate"]));
+    let out = run(&[
+        "--connect",
+        &addr,
+        "--insecure-plaintext",
+        "--private-tables",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ids, _) = ids_and_margins(&out);
+    let parted = (0..4).find(|&i| ids[i] != expected[i]).unwrap_or(4);
+    assert!(
+        parted == 4 || margins[parted] <= 2.0 * ONE_BIT_ERROR_BOUND,
+        "{ids:?} against the simulator's {expected:?} (margins {margins:?})"
+    );
+    let out = run(&["--connect", &addr, "--insecure-plaintext"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--private-tables"),
+        "{err}"
+    );
+    let out = run(&[
+        "--connect",
+        &addr,
+        "--insecure-plaintext",
+        "--private-tables",
+        "--preprocess",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cannot be used with"),
+        "{err}"
+    );
 }
 
 /// `--preprocess` on the server at `addr` of the model in `dir`, on questions whose answers

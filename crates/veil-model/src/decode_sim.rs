@@ -273,6 +273,16 @@ impl DecoderTables {
         crate::BundleDigest(h.finalize().into())
     }
 
+    /// SHA-256 of the configuration and the format alone: what a server whose tables are
+    /// private announces, and a client without tables checks, instead of [`Self::digest`].
+    pub fn shape_digest(config: &DecoderConfig, format: DecoderFormat) -> crate::BundleDigest {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"veil decoder shape v1\0");
+        h.update(format!("{config:?}\0{format:?}\0").as_bytes());
+        crate::BundleDigest(h.finalize().into())
+    }
+
     /// The decoder's shape and family.
     pub fn config(&self) -> &DecoderConfig {
         &self.config

@@ -53,6 +53,7 @@ pub struct ServerBuilder {
     shutdown: Option<Arc<AtomicBool>>,
     method: Option<LookupMethod>,
     bundle: Option<BundleDigest>,
+    private_tables: bool,
 }
 
 impl ServerBuilder {
@@ -76,7 +77,17 @@ impl ServerBuilder {
             shutdown: None,
             method: None,
             bundle: None,
+            private_tables: false,
         }
+    }
+
+    /// A decoder [`Self::build_named_decoder`] loads keeps its token embedding and output
+    /// table private ([`ServerDecoder::keep_tables_private`]): clients connect with its
+    /// configuration only. An encoder's embedding mode is its model's, so [`Self::build`] and
+    /// [`Self::build_prepared`] refuse it.
+    pub fn private_tables(mut self, on: bool) -> Self {
+        self.private_tables = on;
+        self
     }
 
     /// Require client certificates: a file of allowed fingerprints (TLS identities only).
@@ -241,6 +252,12 @@ impl ServerBuilder {
 
     /// The server for a model already prepared.
     pub fn build_prepared(self, model: Arc<ServerModel>) -> Result<Server> {
+        ensure!(
+            !self.private_tables,
+            InvalidArgument,
+            "private tables are a decoder's setting: an encoder's embedding mode is its model's \
+             (config.json's \"veil\" object)"
+        );
         let this = self.checked()?;
         this.build_checked(
             |t| ServeOptions::for_model(&model, t),
@@ -257,7 +274,7 @@ impl ServerBuilder {
         tracing::info!(
             prepared_mib = model.prepared_bytes() >> 20,
             ntt_mib = model.ntt_cached_bytes()? >> 20,
-            tables = %model.tables_digest(),
+            tables = ?model.announced_tables(),
             "prepared decoder"
         );
         this.build_checked(
@@ -271,7 +288,10 @@ impl ServerBuilder {
     pub fn build_named_decoder(self, spec: &str) -> Result<Server> {
         let m = veil_model::decoder::load(spec)?;
         let fixed = veil_model::FixedDecoder::encode(&m.weights, Default::default())?;
-        let model = ServerDecoder::with_ntt_budget(fixed, self.ntt_budget)?;
+        let mut model = ServerDecoder::with_ntt_budget(fixed, self.ntt_budget)?;
+        if self.private_tables {
+            model = model.keep_tables_private()?;
+        }
         self.build_decoder(Arc::new(model))
     }
 

@@ -14,7 +14,7 @@
 //! | [`Request`] | client → server | tag (u8) ‖ fields: 0 goodbye; 1 inference ‖ length (u32) ‖ preprocessed (u8: 0 or 1); 2 preprocessing ‖ length (u32) |
 //! | [`PreprocessReply`] | server → client | 0 ‖ the silent-OT pool size to precompute (u64), or 1 ‖ why it refuses (UTF-8) |
 //! | [`OutputShare`] | server → client | the server's share of the output, ring elements at ⌈ℓ/8⌉ bytes |
-//! | [`DecoderAdmission`] | server → client | a decoder server's answer to the hello: 2 ‖ ring bits (u8) ‖ fraction bits (u8) ‖ norm domain bits (u8) ‖ truncation (u8: 0 faithful, 1 one-bit error) ‖ the public tables' digest (32 bytes), or 1 ‖ why it refuses (UTF-8) |
+//! | [`DecoderAdmission`] | server → client | a decoder server's answer to the hello: 2 ‖ ring bits (u8) ‖ fraction bits (u8) ‖ norm domain bits (u8) ‖ truncation (u8: 0 faithful, 1 one-bit error) ‖ tables (u8: 0 public, 1 private) ‖ the public tables' digest, or the shape's for private tables (32 bytes), or 1 ‖ why it refuses (UTF-8) |
 //! | [`GenerationRequest`] | client → server | tag (u8) ‖ fields: 0 goodbye; 16 generation start ‖ context limit (u32); 17 step ‖ tokens (u32); 18 generation end; 19 preprocess the next step ‖ tokens (u32), answered by [`PreprocessReply`]; 20 preprocessed step ‖ tokens (u32) |
 //! | [`GenerateReply`] | server → client | 0 (accepted), or 1 ‖ why it refuses (UTF-8) |
 //!
@@ -395,9 +395,20 @@ pub struct DecoderAnnounced {
     /// How every truncation after a product runs (both parties must agree: it decides the
     /// protocol each truncation speaks).
     pub truncation: ProductTruncation,
-    /// `veil_model::DecoderTables::digest` of the server's public tables, which covers the
-    /// decoder's configuration and the format too.
-    pub tables: BundleDigest,
+    /// What the server says of its tables.
+    pub tables: AnnouncedTables,
+}
+
+/// A decoder server's tables at admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnnouncedTables {
+    /// Public: `veil_model::DecoderTables::digest` of them, which covers the decoder's
+    /// configuration and the format too; the client embeds and applies the head itself.
+    Public(BundleDigest),
+    /// The server's secret (`ServerDecoder::keep_tables_private`):
+    /// `veil_model::DecoderTables::shape_digest` of the configuration and format, all a client
+    /// without tables can check.
+    Private(BundleDigest),
 }
 
 /// A decoder server's answer to a hello.
@@ -425,8 +436,11 @@ impl Message for DecoderAdmission {
                     .u8(fp.ring.bits() as u8)
                     .u8(fp.frac_bits() as u8)
                     .u8(a.format.norm_dev_bits as u8)
-                    .u8(truncation)
-                    .bytes(&a.tables.0)
+                    .u8(truncation);
+                match a.tables {
+                    AnnouncedTables::Public(d) => w.u8(0).bytes(&d.0),
+                    AnnouncedTables::Private(d) => w.u8(1).bytes(&d.0),
+                }
             }
             DecoderAdmission::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
         };
@@ -447,15 +461,24 @@ impl Message for DecoderAdmission {
                     1 => ProductTruncation::OneBitError,
                     t => bail!(Malformed, "truncation mode {t}"),
                 };
+                let private = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    t => bail!(Malformed, "tables kind {t}"),
+                };
                 let mut d = [0u8; 32];
                 d.copy_from_slice(r.take(32)?);
+                let d = BundleDigest(d);
                 Ok(DecoderAdmission::Admitted(DecoderAnnounced {
                     format: DecoderFormat {
                         fp,
                         norm_dev_bits: norm.into(),
                     },
                     truncation,
-                    tables: BundleDigest(d),
+                    tables: match private {
+                        false => AnnouncedTables::Public(d),
+                        true => AnnouncedTables::Private(d),
+                    },
                 }))
             }
             STATUS_REFUSED => Ok(DecoderAdmission::Refused(text(
@@ -626,9 +649,14 @@ mod tests {
         let a = DecoderAdmission::Admitted(DecoderAnnounced {
             format: DecoderFormat::default(),
             truncation: ProductTruncation::Faithful,
-            tables: BundleDigest([7; 32]),
+            tables: AnnouncedTables::Public(BundleDigest([7; 32])),
         });
         round_trip(a.clone());
+        round_trip(DecoderAdmission::Admitted(DecoderAnnounced {
+            format: DecoderFormat::default(),
+            truncation: ProductTruncation::OneBitError,
+            tables: AnnouncedTables::Private(BundleDigest([9; 32])),
+        }));
         round_trip_text(DecoderAdmission::Refused("full".into()));
         // An encoder request on a decoder session and the reverse are named, not garbled.
         let infer = Request::Infer {
@@ -655,6 +683,10 @@ mod tests {
         let mut bad = a.encode();
         bad[4] = 9;
         assert!(DecoderAdmission::decode(&bad).is_err());
+        let mut bad = a.encode();
+        bad[5] = 2;
+        let e = DecoderAdmission::decode(&bad).unwrap_err();
+        assert!(e.to_string().contains("tables kind"), "{e}");
         assert!(GenerationRequest::decode(&[99]).is_err());
     }
 

@@ -9,7 +9,9 @@ use veil_linear::lookup::LookupShape;
 use veil_linear::{FcLayer, LookupMethod, PreparedFc, PreparedLookup};
 use veil_model::decoder::{DecoderConfig, DecoderFamily};
 use veil_model::engine::decoder::{DecoderLayer, DecoderNorm};
-use veil_model::{BundleDigest, FixedDecoder};
+use veil_model::{BundleDigest, DecoderTables, FixedDecoder};
+
+use crate::protocol::AnnouncedTables;
 
 use veil_linear::weight_set;
 
@@ -295,9 +297,28 @@ impl ServerDecoder {
         &self.fixed
     }
 
-    /// `veil_model::DecoderTables::digest` of the public tables, announced at admission.
+    /// `veil_model::DecoderTables::digest` of the public tables.
     pub fn tables_digest(&self) -> BundleDigest {
         self.tables_digest
+    }
+
+    /// What admission announces of the tables: their digest, or the shape's when private.
+    pub fn announced_tables(&self) -> AnnouncedTables {
+        match self.private_tables {
+            None => AnnouncedTables::Public(self.tables_digest),
+            Some(_) => AnnouncedTables::Private(DecoderTables::shape_digest(
+                &self.fixed.config,
+                self.fixed.format,
+            )),
+        }
+    }
+
+    /// Bytes a prompt's embedding lookup prepares beyond the kept weights (a copy of the
+    /// token table; 0 with public tables): reserved with each generation's memory.
+    pub fn prompt_lookup_bytes(&self) -> usize {
+        self.private_tables
+            .as_ref()
+            .map_or(0, |t| t.token.len() * std::mem::size_of::<u64>())
     }
 
     /// The model's configuration.

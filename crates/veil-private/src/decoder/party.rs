@@ -40,14 +40,16 @@ pub enum ClientTables<'a> {
 }
 
 impl<'a> ClientTables<'a> {
-    fn config(&self) -> &'a DecoderConfig {
+    /// The decoder's shape and family.
+    pub fn config(&self) -> &'a DecoderConfig {
         match *self {
             ClientTables::Open(t) => t.config(),
             ClientTables::Private(cfg, _) => cfg,
         }
     }
 
-    fn format(&self) -> DecoderFormat {
+    /// The fixed-point format.
+    pub fn format(&self) -> DecoderFormat {
         match self {
             ClientTables::Open(t) => t.format(),
             ClientTables::Private(_, format) => *format,

@@ -4,8 +4,10 @@
 //!
 //! **Flow.** The client's hello names the longest context it will ask for (the session's cap).
 //! The server answers with [`DecoderAdmission`]: the format, the truncation mode and the digest
-//! of its public tables (`veil_model::DecoderTables::digest`, covering the configuration); the
-//! client refuses a mismatch with its own tables before any key material moves. Then the BFV
+//! of its public tables (`veil_model::DecoderTables::digest`, covering the configuration), or,
+//! when it keeps them private, the digest of the configuration and format alone
+//! (`DecoderTables::shape_digest`); the client refuses a mismatch with what it holds (or the
+//! other kind of tables) before any key material moves. Then the BFV
 //! keys (at the format's ring: `N8192Q4L48` at ℓ = 48) and the OT session are set up, and the
 //! client sends [`GenerationRequest`]s: `GenerateStart { context_limit }` (answered by
 //! [`GenerateReply`]), then `Step { tokens }` per step, whose flights
@@ -14,6 +16,8 @@
 //! [`PreprocessReply`]: accepted with the COTs to put in the pools, then the offline flights of
 //! `crate::decoder`'s preprocessing; or refused, and the session goes on), then run that step
 //! as `PreprocessedStep { tokens }` on the material both sides hold; a plain `Step` drops it.
+//! A server with private tables refuses every preprocessing (the session goes on; a client
+//! with private tables does not ask).
 //!
 //! **What the server learns.** The session's cap, each generation's context limit, each
 //! step's token count (the prompt's length, or the length it is padded to with
@@ -22,7 +26,8 @@
 //! model).
 //!
 //! **What the server spends.** A generation's KV cache ([`Generation::cache_bytes`]) plus a
-//! step's working set at its limit ([`step_bytes`]) is taken from the server's session memory
+//! step's working set at its limit ([`step_bytes`]) plus, with private tables, a prompt
+//! lookup's copy of the token table (`ServerDecoder::prompt_lookup_bytes`) is taken from the server's session memory
 //! before anything is allocated and given back when the generation ends, however it ends
 //! (`GenerateEnd`, a new start, an error, a disconnect). A preprocessed step's material (the
 //! server's masks and triples, `step_material_bytes`) and the COTs its pools are filled with
@@ -54,8 +59,8 @@ use super::{ClientTables, DecoderParty, DecoderSide, Generation, ServerDecoder};
 use crate::deadlines::in_step;
 use crate::handler::told;
 use crate::protocol::{
-    DecoderAdmission, DecoderAnnounced, GenerateReply, GenerationRequest, Hello, Message,
-    PreprocessReply,
+    AnnouncedTables, DecoderAdmission, DecoderAnnounced, GenerateReply, GenerationRequest, Hello,
+    Message, PreprocessReply,
 };
 use crate::reserve::SessionMemory;
 
@@ -235,7 +240,7 @@ fn generation_session<C: Channel>(
     DecoderAdmission::Admitted(DecoderAnnounced {
         format,
         truncation: opts.truncation,
-        tables: model.tables_digest(),
+        tables: model.announced_tables(),
     })
     .send(&mut ch)?;
     // From here on a close can tell the client why (the answer above left unframed).
@@ -269,6 +274,12 @@ fn generation_session<C: Channel>(
                 };
                 // Any material held goes (its memory given back) before the new is reserved.
                 c.material = None;
+                if model.tables_private() {
+                    let why = "the model's tables are private: its steps run single-phase";
+                    PreprocessReply::Refused(why.into()).send(&mut ch)?;
+                    ch.flush()?;
+                    continue;
+                }
                 let tokens = tokens as usize;
                 let (taken, pool_cots) =
                     match admit_material(cfg, format.fp.ring, c, tokens, &ot, memory) {
@@ -303,7 +314,8 @@ fn generation_session<C: Channel>(
                 // The old cache goes before the new one is reserved.
                 current = None;
                 let limit = context_limit as usize;
-                match start(cfg, opts.truncation, limit, cap, memory) {
+                let tables = model.prompt_lookup_bytes();
+                match start(cfg, opts.truncation, (limit, tables), cap, memory) {
                     Ok(c) => {
                         current = Some(c);
                         GenerateReply::Accepted.send(&mut ch)?;
@@ -385,10 +397,11 @@ fn generation_session<C: Channel>(
 }
 
 /// A new generation of `limit` positions, or why not (the session goes on).
+/// `(limit, tables)`: the context limit and the bytes private tables' lookups take beyond it.
 fn start<'a>(
     cfg: &DecoderConfig,
     truncation: ProductTruncation,
-    limit: usize,
+    (limit, tables): (usize, usize),
     cap: usize,
     memory: &'a dyn SessionMemory,
 ) -> std::result::Result<Current<'a>, String> {
@@ -398,7 +411,7 @@ fn start<'a>(
              announced)"
         ));
     }
-    let bytes = (Generation::cache_bytes(cfg, limit) + step_bytes(cfg, limit)) as u64;
+    let bytes = (Generation::cache_bytes(cfg, limit) + step_bytes(cfg, limit) + tables) as u64;
     if !memory.take(bytes) {
         return Err(format!(
             "the server's memory for sessions cannot hold a context of {limit} positions \
@@ -471,13 +484,14 @@ pub fn default_generation_context(cfg: &DecoderConfig) -> usize {
     512.min(cfg.max_positions)
 }
 
-/// The client's end of a decoder session: its keys, its OT session and the model's public
-/// tables (never the server's weights). Generations run one at a time ([`Self::start`]).
+/// The client's end of a decoder session: its keys, its OT session and what it holds of the
+/// model's tables (never the server's weights). Generations run one at a time
+/// ([`Self::start`]).
 pub struct GenerationClient<'t, C: Channel> {
     ch: C,
     lin: ClientSession,
     ot: OtSession,
-    tables: &'t DecoderTables,
+    tables: ClientTables<'t>,
     truncation: ProductTruncation,
     cap: usize,
     /// Each exchange's allowance: the set-up, each start, each step; None: no deadline.
@@ -488,14 +502,16 @@ pub struct GenerationClient<'t, C: Channel> {
 
 impl<'t, C: Channel> GenerationClient<'t, C> {
     /// Opens a session for contexts of up to `max_context` positions with a server of the
-    /// model whose public tables are `tables` (`veil_model::DecoderTables::encode` from the
-    /// open model's matrices). Refuses, before any key material moves, a server that serves
-    /// an encoder or announces another format or other tables (both digests named). The
-    /// hello and set-up, then each start and each step, must finish within `step_timeout`
-    /// (replacing whatever deadline the channel had, such as its handshake's).
+    /// model whose tables are `tables`: an open model's ([`ClientTables::Open`],
+    /// `veil_model::DecoderTables::encode` from its matrices) or, for a server that keeps them
+    /// private, its configuration and format ([`ClientTables::Private`]). Refuses, before any
+    /// key material moves, a server that serves an encoder, announces another format, other
+    /// tables (both digests named) or the other kind of tables. The hello and set-up, then
+    /// each start and each step, must finish within `step_timeout` (replacing whatever
+    /// deadline the channel had, such as its handshake's).
     pub fn connect(
         mut ch: C,
-        tables: &'t DecoderTables,
+        tables: ClientTables<'t>,
         max_context: usize,
         step_timeout: Option<Duration>,
     ) -> Result<Self> {
@@ -525,14 +541,35 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
             announced.format,
             tables.format()
         );
-        let ours: BundleDigest = tables.digest();
-        ensure!(
-            announced.tables == ours,
-            Unsupported,
-            "the server's public tables (digest {}) are not this client's ({ours}): another \
-             model or another version of it",
-            announced.tables
-        );
+        match (announced.tables, tables) {
+            (AnnouncedTables::Public(theirs), ClientTables::Open(t)) => {
+                let ours: BundleDigest = t.digest();
+                ensure!(
+                    theirs == ours,
+                    Unsupported,
+                    "the server's public tables (digest {theirs}) are not this client's \
+                     ({ours}): another model or another version of it"
+                );
+            }
+            (AnnouncedTables::Private(theirs), ClientTables::Private(cfg, format)) => {
+                let ours = DecoderTables::shape_digest(cfg, format);
+                ensure!(
+                    theirs == ours,
+                    Unsupported,
+                    "the server's model (shape digest {theirs}) is not this client's ({ours}): \
+                     another configuration"
+                );
+            }
+            (AnnouncedTables::Private(_), ClientTables::Open(_)) => bail!(
+                Unsupported,
+                "the server keeps its model's tables private: connect with private tables \
+                 (`--private-tables`)"
+            ),
+            (AnnouncedTables::Public(_), ClientTables::Private(..)) => bail!(
+                Unsupported,
+                "the server's tables are public: connect with the open model's tables"
+            ),
+        }
         let lin = ClientSession::setup(&mut ch, tables.format().fp.ring)?;
         let ot = OtSession::setup(&mut ch, Role::Client)?;
         Ok(GenerationClient {
@@ -631,7 +668,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
             None => GenerationRequest::Step { tokens },
         }
         .send(&mut self.ch)?;
-        let side = DecoderSide::Client(&self.lin, ClientTables::Open(self.tables));
+        let side = DecoderSide::Client(&self.lin, self.tables);
         let logits = {
             let mut party = DecoderParty::new(&mut self.ch, &mut self.ot, side, generation)?;
             match material {
@@ -652,7 +689,8 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
     ) -> Result<bool> {
         // Any old material goes first, as the server's does.
         *material = None;
-        if !self.preprocess || generation.check_room(1).is_err() {
+        let private = matches!(self.tables, ClientTables::Private(..));
+        if !self.preprocess || private || generation.check_room(1).is_err() {
             return Ok(false);
         }
         set_deadline(&mut self.ch, self.step_timeout)?;
@@ -665,7 +703,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
                 return Ok(false);
             }
         };
-        let side = DecoderSide::Client(&self.lin, ClientTables::Open(self.tables));
+        let side = DecoderSide::Client(&self.lin, self.tables);
         let made = DecoderParty::new(&mut self.ch, &mut self.ot, side, generation)?
             .preprocess(1, pool_cots)?;
         *material = Some(made);

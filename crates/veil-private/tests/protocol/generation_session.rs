@@ -21,8 +21,8 @@ use veil_model::{generate, DecoderFormat, DecoderTables, FixedDecoder, GenerateO
 use veil_net::{mem_pair, MemChannel};
 use veil_private::protocol::{DecoderAdmission, GenerateReply, GenerationRequest, Message};
 use veil_private::{
-    plan_step, serve_generation, step_bytes, step_material_bytes, Generation, GenerationClient,
-    GenerationOptions, ServerDecoder, SessionMemoryPool,
+    plan_step, serve_generation, step_bytes, step_material_bytes, ClientTables, Generation,
+    GenerationClient, GenerationOptions, ServerDecoder, SessionMemoryPool,
 };
 
 const PROMPT: [u32; 5] = [1, 40, 77, 120, 5];
@@ -94,7 +94,7 @@ fn private_generation_equals_the_simulator_twice_in_one_session() {
     let served = Served::new(&w);
     let tables = tables(&w);
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     assert_eq!(client.truncation(), ProductTruncation::Faithful);
     let cfg = served.model.config().clone();
     let fixed = served.model.fixed();
@@ -119,6 +119,78 @@ fn private_generation_equals_the_simulator_twice_in_one_session() {
     assert_eq!(served.pool.in_use(), 0, "memory not given back");
 }
 
+/// Private tables over a session (`ServerDecoder::keep_tables_private`): the server announces
+/// its shape's digest, a client holding only the configuration gets the simulator's tokens
+/// (preprocessing asked for, the steps run single-phase: no material is requested), the server
+/// reserves a prompt lookup's copy of the token table with the cache; a client with the open
+/// tables, or with another configuration, is refused before any key moves, as is a client
+/// without tables against a server whose tables are public.
+#[test]
+fn private_tables_generate_over_a_session() {
+    let w = tiny(5);
+    let fixed = FixedDecoder::encode(&w, DecoderFormat::default()).unwrap();
+    let private = ServerDecoder::new(fixed.clone())
+        .unwrap()
+        .keep_tables_private()
+        .unwrap();
+    let table_bytes = private.prompt_lookup_bytes();
+    assert_eq!(table_bytes, w.config.vocab_size * w.config.hidden * 8);
+    let served = Served {
+        model: Arc::new(private),
+        pool: Arc::new(SessionMemoryPool::new(1 << 30)),
+    };
+    let cfg = w.config.clone();
+    let format = DecoderFormat::default();
+    let (ch, server) = served.session();
+    let mut client =
+        GenerationClient::connect(ch, ClientTables::Private(&cfg, format), CAP, None).unwrap();
+    client.set_preprocessing(true);
+    let limit = PROMPT.len() + NEW_TOKENS - 1;
+    let reserved =
+        (Generation::cache_bytes(&cfg, limit) + step_bytes(&cfg, limit) + table_bytes) as u64;
+    let pool = served.pool.clone();
+    let (toks, _) = client
+        .generate(&PROMPT, &greedy(), |_| {
+            assert_eq!(
+                pool.in_use(),
+                reserved,
+                "no material held beside the generation"
+            );
+            Ok(())
+        })
+        .unwrap();
+    let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
+    assert_eq!(ids, simulated(&fixed, &PROMPT));
+    client.close().unwrap();
+    server.join().unwrap().unwrap();
+    assert_eq!(served.pool.in_use(), 0, "memory not given back");
+
+    let open = tables(&w);
+    let e = refused(&served, ClientTables::Open(&open));
+    assert!(
+        e.contains("private") && e.contains("--private-tables"),
+        "{e}"
+    );
+    let mut other = cfg.clone();
+    other.norm_eps *= 2.0;
+    let e = refused(&served, ClientTables::Private(&other, format));
+    assert!(e.contains("shape digest"), "{e}");
+    let e = refused(&Served::new(&w), ClientTables::Private(&cfg, format));
+    assert!(e.contains("tables are public"), "{e}");
+}
+
+/// Why a client holding `tables` is refused by a session of `served` (before any key moves;
+/// the server's end joined).
+fn refused(served: &Served, tables: ClientTables<'_>) -> String {
+    let (ch, server) = served.session();
+    let e = GenerationClient::connect(ch, tables, CAP, None)
+        .err()
+        .unwrap()
+        .to_string();
+    let _ = server.join().unwrap();
+    e
+}
+
 /// `pad_to` over a session: the server reserves (and runs) the padded length, the tokens
 /// equal the simulator's padded generation; a prompt longer than `pad_to` is refused before
 /// anything is sent and the session goes on.
@@ -129,7 +201,7 @@ fn a_padded_prompt_hides_its_length_over_a_session() {
     let served = Served::new(&w);
     let (ch, server) = served.session();
     let tables = tables(&w);
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     let cfg = served.model.config().clone();
     let opts = GenerateOptions {
         pad_to: Some(PAD_TO),
@@ -174,7 +246,7 @@ fn substituted_decoder_generation_over_a_session_equals_the_simulator() {
     w.config.variants = vec![DecoderBlockVariant::FRIENDLY, DecoderBlockVariant::SCALED];
     let served = Served::new(&w);
     let (ch, server) = served.session();
-    let e = GenerationClient::connect(ch, &tables(&original), CAP, None)
+    let e = GenerationClient::connect(ch, ClientTables::Open(&tables(&original)), CAP, None)
         .err()
         .unwrap()
         .to_string();
@@ -183,7 +255,8 @@ fn substituted_decoder_generation_over_a_session_equals_the_simulator() {
 
     let substituted = tables(&w);
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &substituted, CAP, None).unwrap();
+    let mut client =
+        GenerationClient::connect(ch, ClientTables::Open(&substituted), CAP, None).unwrap();
     let fixed = served.model.fixed();
     let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
     let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
@@ -247,7 +320,7 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
     // A limit above the session's cap, then 0: refused, the session goes on; then a step
     // without a generation ends it, naming why.
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     let e = client.start(CAP + 1).err().unwrap();
     assert!(e.to_string().contains("this session takes 1..=20"), "{e}");
     send_raw(
@@ -268,7 +341,7 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
 
     // A step beyond the limit: the server ends the session and gives the memory back.
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     let mut g = client.start(6).unwrap();
     let local = g.step(&[1; 7]).err().unwrap();
     assert!(matches!(local, Error::Refused(_)), "{local}");
@@ -294,7 +367,7 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
 
     // A step of no tokens ends the session, naming it.
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     let g = client.start(3).unwrap();
     drop(g);
     send_raw(&mut client, GenerationRequest::Step { tokens: 0 });
@@ -309,21 +382,16 @@ fn bad_requests_are_refused_and_the_next_session_is_served() {
     assert_eq!(served.pool.in_use(), 0);
 
     // A client with another model's tables refuses before any key moves, naming the digests.
-    let (ch, server) = served.session();
     let other = tables_of_another_model();
-    let e = GenerationClient::connect(ch, &other, CAP, None)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = refused(&served, ClientTables::Open(&other));
     assert!(
         e.contains("digest") && e.contains("not this client's"),
         "{e}"
     );
-    let _ = server.join().unwrap();
 
     // The model and the pool still serve: the next session's tokens equal the simulator's.
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
     let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
     assert_eq!(ids, simulated(served.model.fixed(), &PROMPT));
@@ -349,7 +417,7 @@ fn the_default_mode_is_announced_and_gives_the_simulators_tokens() {
     let served = Served::new(&w);
     let tables = tables(&w);
     let (ch, server) = served.session_in(ProductTruncation::default());
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     assert_eq!(client.truncation(), ProductTruncation::OneBitError);
     let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
     let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
@@ -375,7 +443,7 @@ fn preprocessed_generation_over_a_session_equals_the_simulator() {
     let served = Served::new(&w);
     let tables = tables(&w);
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     client.set_preprocessing(true);
     let fixed = served.model.fixed();
     let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
@@ -433,7 +501,7 @@ fn preprocessing_sessions_refuse_cleanly_and_give_memory_back() {
     let fixed = served.model.fixed();
 
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     client.set_preprocessing(true);
     let mut g = client.start(CAP).unwrap();
     g.step(&PROMPT).unwrap();
@@ -445,7 +513,7 @@ fn preprocessing_sessions_refuse_cleanly_and_give_memory_back() {
 
     // The next session is served, preprocessed.
     let (ch, server) = served.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     client.set_preprocessing(true);
     let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
     let ids: Vec<u32> = toks.iter().map(|t| t.id).collect();
@@ -471,7 +539,7 @@ fn preprocessing_sessions_refuse_cleanly_and_give_memory_back() {
         pool: Arc::new(SessionMemoryPool::new(reserved)),
     };
     let (ch, server) = tight.session();
-    let mut client = GenerationClient::connect(ch, &tables, CAP, None).unwrap();
+    let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     client.set_preprocessing(true);
     let mut sim = fixed.session();
     let mut g = client.start(limit).unwrap();
