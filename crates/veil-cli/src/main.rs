@@ -371,6 +371,11 @@ enum BenchCmd {
         /// substituted model beside the original's (Llama-family shapes only: refused for gpt2).
         #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "hard-swish")]
         friendly: Option<decoder_train_cmd::SiluSubstituteArg>,
+        /// The token embedding and output table private too (`veil serve --private-tables`):
+        /// each step adds a private lookup (Embedding) and an HE head (Head). Llama-family
+        /// shapes, without --preprocess.
+        #[arg(long, conflicts_with = "preprocess")]
+        private_tables: bool,
         /// Memory for the server's NTT-domain weights, in MiB (as `veil serve --ntt-budget-mib`):
         /// the decode step's cut of as many layers as fit.
         #[arg(long, default_value_t = veil_private::DEFAULT_NTT_BUDGET_BYTES >> 20)]
@@ -423,10 +428,14 @@ fn print_generate_bench(r: &serde_json::Value) {
         );
     };
     println!(
-        "private generation, {} shape ({} blocks, {} operators), {} prompt tokens, {} new, {}",
+        "private generation, {} shape ({} blocks, {} operators{}), {} prompt tokens, {} new, {}",
         r["shape"].as_str().unwrap_or(""),
         r["layers"],
         r["operators"].as_str().unwrap_or(""),
+        match r["private_tables"].as_bool() {
+            Some(true) => ", private tables",
+            _ => "",
+        },
         r["prompt_tokens"],
         r["new_tokens"],
         r["network"].as_str().unwrap_or("loopback")
@@ -496,6 +505,7 @@ fn bench(what: BenchCmd) -> Result<()> {
             faithful,
             preprocess,
             friendly,
+            private_tables,
             ntt_budget_mib,
             json,
         } => {
@@ -516,6 +526,7 @@ fn bench(what: BenchCmd) -> Result<()> {
                 truncation,
                 friendly: friendly.map(decoder_train_cmd::SiluSubstituteArg::activation),
                 preprocess,
+                private_tables,
                 ntt_budget: ntt_budget_mib << 20,
             })?;
             if json {

@@ -48,6 +48,9 @@ pub struct GenerateBench {
     pub friendly: Option<DecoderActivation>,
     /// Each decode step preprocessed between tokens, its offline cost reported beside it.
     pub preprocess: bool,
+    /// The tables private too ([`ServerDecoder::keep_tables_private`]): each step embeds by
+    /// the private lookup and computes the head as an HE product (not with `preprocess`).
+    pub private_tables: bool,
     /// Bytes of the server's NTT-domain weights ([`ServerDecoder::with_ntt_budget`]).
     pub ntt_budget: usize,
 }
@@ -78,6 +81,12 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
             b.shape.name()
         );
     }
+    if b.private_tables && b.preprocess {
+        bail!(
+            Unsupported,
+            "steps of a model with private tables are not preprocessed"
+        );
+    }
     let mut weights = b.shape.random_weights(7)?;
     if let Some(activation) = b.friendly {
         let friendly = DecoderBlockVariant {
@@ -100,8 +109,15 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     let fixed = FixedDecoder::encode(&weights, DecoderFormat::default())?;
     drop(weights);
     let t = Instant::now();
-    let server = ServerDecoder::with_ntt_budget(fixed.clone(), b.ntt_budget)?;
+    let mut server = ServerDecoder::with_ntt_budget(fixed.clone(), b.ntt_budget)?;
+    if b.private_tables {
+        server = server.keep_tables_private()?;
+    }
     let prepare_s = t.elapsed().as_secs_f64();
+    let tables = match b.private_tables {
+        true => ClientTables::Private(&fixed.config, fixed.format),
+        false => ClientTables::Open(fixed.tables()),
+    };
     let mut prg = Prg::from_os_entropy();
     let prompt: Vec<u32> = (0..b.prompt_tokens)
         .map(|_| prg.below(cfg.vocab_size as u64) as u32)
@@ -112,7 +128,7 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
     let report = match b.net {
         None => {
             run_two_party_tcp(
-                |c| run_client(c, &fixed, &prompt, t, n, pre),
+                |c| run_client(c, (&fixed, tables), &prompt, t, n, pre),
                 |s| run_server(s, &server, t, p, limit, n, pre),
             )?
             .0
@@ -121,7 +137,7 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
             let pair = shaped_pair(net, Arc::new(RealClock::new()))?;
             run_two_party_on(
                 pair,
-                |c| run_client(c, &fixed, &prompt, t, n, pre),
+                |c| run_client(c, (&fixed, tables), &prompt, t, n, pre),
                 |s| run_server(s, &server, t, p, limit, n, pre),
             )?
             .0
@@ -139,6 +155,7 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
         None => "original".into(),
     });
     v["preprocess"] = json!(b.preprocess);
+    v["private_tables"] = json!(b.private_tables);
     v["weight_preparation_s"] = json!(prepare_s);
     v["ntt_cached_bytes"] = json!(server.ntt_cached_bytes()?);
     Ok(v)
@@ -149,7 +166,7 @@ pub fn bench_generate(b: GenerateBench) -> Result<Value> {
 /// step's preprocessing as its `offline` field.
 fn run_client<C: Channel>(
     ch: &mut C,
-    fixed: &FixedDecoder,
+    (fixed, tables): (&FixedDecoder, ClientTables<'_>),
     prompt: &[u32],
     truncation: ProductTruncation,
     new_tokens: usize,
@@ -160,7 +177,7 @@ fn run_client<C: Channel>(
     let mut ot = OtSession::setup(ch, Role::Client)?;
     let setup = phase(ch.meter(), t.elapsed().as_secs_f64());
     let mut generation = Generation::new(&fixed.config, truncation, prompt.len() + new_tokens)?;
-    let side = DecoderSide::Client(&lin, ClientTables::Open(fixed.tables()));
+    let side = DecoderSide::Client(&lin, tables);
     let mut party = DecoderParty::new(ch, &mut ot, side, &mut generation)?;
     let mut steps = Vec::with_capacity(new_tokens + 1);
     let mut next = prompt.to_vec();
@@ -246,6 +263,7 @@ mod tests {
             truncation: ProductTruncation::OneBitError,
             friendly: Some(DecoderActivation::HardSwish),
             preprocess: false,
+            private_tables: false,
             ntt_budget: 0,
         })
         .unwrap_err()
