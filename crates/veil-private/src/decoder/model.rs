@@ -333,9 +333,12 @@ impl ServerDecoder {
 
     /// Bytes the prepared weights hold (the private tables' products included).
     pub fn prepared_bytes(&self) -> usize {
-        let tables = self.private_tables.as_ref().map_or(0, |t| {
-            t.token.len() * std::mem::size_of::<u64>() + t.head.prepared_bytes()
-        });
+        // The kept token table is the size of a prompt lookup's copy of it.
+        let tables = self.prompt_lookup_bytes()
+            + self
+                .private_tables
+                .as_ref()
+                .map_or(0, |t| t.head.prepared_bytes());
         self.layers
             .values()
             .map(PreparedFc::prepared_bytes)

@@ -26,7 +26,7 @@ use super::model::{
 use super::preprocess::{plan_step, Held, StepMaterial};
 use crate::preprocess::{Material, Step};
 use crate::protocol::OutputShare;
-use zeroize::Zeroize;
+use zeroize::{Zeroize, Zeroizing};
 
 /// What the client holds of the decoder's tables.
 #[derive(Clone, Copy)]
@@ -442,48 +442,6 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         }
     }
 
-    /// Private tables: the logits of the final-normed rows, one HE product against the output
-    /// table whose accumulators the server's share then opens to the client alone, which
-    /// truncates them as the simulator does (so its logits are the simulator's exactly).
-    fn private_head(&mut self, h: &RingTensor) -> Result<RingTensor> {
-        let _g = self.ch.meter().enter(CostClass::Head);
-        let shape = head_shape(self.cfg(), h.ring(), h.dims().0);
-        let mut acc = match self.side {
-            DecoderSide::Client(s, _) => fc_client(self.ch, s, &shape, h)?,
-            DecoderSide::Server(s, m) => fc_server_for(self.ch, s, m.head()?, &shape, h)?,
-        };
-        let ring = acc.ring();
-        let shape = acc.shape().to_vec();
-        match self.side {
-            DecoderSide::Server(..) => {
-                let sent = OutputShare(acc.data().to_vec()).send(self.ch, ring);
-                acc.zeroize();
-                sent?;
-                self.ch.flush()?;
-                RingTensor::zeros(ring, &shape)
-            }
-            DecoderSide::Client(..) => {
-                let theirs = OutputShare::recv(self.ch, ring, acc.len());
-                let theirs = match theirs {
-                    Ok(t) => t,
-                    Err(e) => {
-                        acc.zeroize();
-                        return Err(e);
-                    }
-                };
-                let f = self.ax.fp.frac_bits();
-                let logits = acc
-                    .data()
-                    .iter()
-                    .zip(&theirs.0)
-                    .map(|(&a, &b)| self.ax.trunc(ring.add(a, b), f))
-                    .collect();
-                acc.zeroize();
-                RingTensor::from_vec(ring, &shape, logits)
-            }
-        }
-    }
-
     /// Drops (and zeroizes) the fused products not asked for.
     fn clear_pending(&mut self) {
         self.pending.clear();
@@ -519,28 +477,44 @@ impl<'a, C: Channel> DecoderParty<'a, C> {
         RingTensor::from_vec(x.ring(), x.shape(), y)
     }
 
-    /// The LM head with a public output table: the server sends its share of the normed rows
-    /// to the client, which applies the table in the clear (the simulator's own head). The
-    /// server's share of the logits is zero.
+    /// The LM head; its result only the client learns. Public output table: the server sends
+    /// its share of the normed rows, the client applies the table in the clear (the
+    /// simulator's own head). Private tables: one HE product against the server's table, whose
+    /// accumulator shares the server sends instead, and the client truncates them as the
+    /// simulator does. The server's share of the logits is zero either way.
     fn head(&mut self, h: &RingTensor) -> Result<RingTensor> {
-        if self.tables_private() {
-            return self.private_head(h);
-        }
         let _g = self.ch.meter().enter(CostClass::Head);
         let ring = h.ring();
+        let private = self.tables_private();
+        let mut share = match (private, &self.side) {
+            (false, _) => Zeroizing::new(h.clone()),
+            (true, DecoderSide::Client(s, _)) => {
+                let shape = head_shape(self.cfg(), ring, h.dims().0);
+                Zeroizing::new(fc_client(self.ch, s, &shape, h)?)
+            }
+            (true, DecoderSide::Server(s, m)) => {
+                let shape = head_shape(self.cfg(), ring, h.dims().0);
+                Zeroizing::new(fc_server_for(self.ch, s, m.head()?, &shape, h)?)
+            }
+        };
         match self.side {
             DecoderSide::Server(..) => {
-                OutputShare(h.data().to_vec()).send(self.ch, ring)?;
+                OutputShare(share.data().to_vec()).send(self.ch, ring)?;
                 self.ch.flush()?;
                 RingTensor::zeros(ring, &[h.dims().0, self.cfg().vocab_size])
             }
-            DecoderSide::Client(_, ClientTables::Open(tables)) => {
-                let theirs = OutputShare::recv(self.ch, ring, h.len())?;
-                let h = h.add(&RingTensor::from_vec(ring, h.shape(), theirs.0)?)?;
-                tables.logits(&h)
-            }
-            DecoderSide::Client(_, ClientTables::Private(..)) => {
-                bail!(InvalidArgument, "private tables take the table product")
+            DecoderSide::Client(_, tables) => {
+                let theirs = OutputShare::recv(self.ch, ring, share.len())?;
+                let theirs = RingTensor::from_vec(ring, share.shape(), theirs.0)?;
+                share.add_in_place(&theirs)?;
+                match tables {
+                    ClientTables::Open(t) => t.logits(&share),
+                    ClientTables::Private(..) => {
+                        let f = self.ax.fp.frac_bits();
+                        let logits = share.data().iter().map(|&v| self.ax.trunc(v, f)).collect();
+                        RingTensor::from_vec(ring, share.shape(), logits)
+                    }
+                }
             }
         }
     }
@@ -554,7 +528,8 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
     }
 
     /// Client: the embedding of its ids, computed from the public tables as the simulator
-    /// does; server: zero (its ids are placeholders, only their number is real).
+    /// does; server: zero (its ids are placeholders, only their number is real). Private
+    /// tables: both parties' shares from the private lookup.
     fn embed(&mut self, ids: &[u32], start: usize) -> Result<RingTensor> {
         if self.tables_private() {
             return self.private_embed(ids);
@@ -563,12 +538,7 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
             DecoderSide::Client(_, ClientTables::Open(tables)) => {
                 tables.embed(ids, start, self.generation.padding)
             }
-            DecoderSide::Client(_, ClientTables::Private(..)) => {
-                bail!(InvalidArgument, "private tables take the table product")
-            }
-            DecoderSide::Server(..) => {
-                RingTensor::zeros(self.ax.fp.ring, &[ids.len(), self.cfg().hidden])
-            }
+            _ => RingTensor::zeros(self.ax.fp.ring, &[ids.len(), self.cfg().hidden]),
         }
     }
 
