@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use veil_core::{Error, FixedPoint};
 use veil_model::decoder::sample::SamplingParams;
-use veil_model::decoder::{ChatMessage, DecoderModel};
+use veil_model::decoder::{ChatMessage, DecoderBundle};
 use veil_model::random;
 use veil_model::source::ModelSource;
 use veil_model::{generate_text, DecoderFormat, DecoderTables, GenerateOptions};
@@ -131,7 +131,8 @@ struct Server {
 #[pymethods]
 impl Server {
     #[new]
-    #[pyo3(signature = (model=PathBuf::from("default"), listen="127.0.0.1:0", *, state_dir=None, insecure_plaintext=false, max_sessions=None, ntt_budget_mib=DEFAULT_NTT_BUDGET_BYTES >> 20))]
+    #[pyo3(signature = (model=PathBuf::from("default"), listen="127.0.0.1:0", *, state_dir=None, insecure_plaintext=false, max_sessions=None, ntt_budget_mib=DEFAULT_NTT_BUDGET_BYTES >> 20, private_tables=false))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         model: PathBuf,
@@ -140,6 +141,7 @@ impl Server {
         insecure_plaintext: bool,
         max_sessions: Option<usize>,
         ntt_budget_mib: usize,
+        private_tables: bool,
     ) -> PyResult<Self> {
         let model = spec(&model)?.to_string();
         let listen = listen.to_string();
@@ -150,7 +152,8 @@ impl Server {
             };
             let builder = ServerBuilder::new(identity)
                 .max_sessions(max_sessions)
-                .ntt_budget(ntt_budget_mib << 20);
+                .ntt_budget(ntt_budget_mib << 20)
+                .private_tables(private_tables);
             // A decoder LLM is served for private generation, an encoder for inferences.
             let server = match veil_model::decoder::names_decoder(&model) {
                 true => builder.build_named_decoder(&model)?,
@@ -231,11 +234,12 @@ struct Client {
     config: serde_json::Value,
 }
 
-/// What a decoder's client keeps between generations: the open model (tokenizer, chat
-/// template, public tables) and how to reach the server.
+/// What a decoder's client keeps between generations: the model's public part (configuration,
+/// tokenizer, chat template, and the open model's tables) and how to reach the server.
 struct Decoder {
-    model: DecoderModel,
-    tables: DecoderTables,
+    model: DecoderBundle,
+    /// None when the server keeps the tables private (`private_tables`).
+    tables: Option<DecoderTables>,
     transport: ClientTransport,
     server: String,
     /// Positions a generation's session reserves on the server (`max_context`).
@@ -247,20 +251,23 @@ struct Decoder {
 impl Decoder {
     fn open(
         spec: &str,
-        transport: ClientTransport,
-        server: String,
+        (transport, server): (ClientTransport, String),
         context: Option<usize>,
         step_timeout: Duration,
+        private_tables: bool,
     ) -> veil_core::Result<Self> {
-        let model = veil_model::decoder::load(spec)?;
-        let max = model.weights.config.max_positions;
-        let context = context.unwrap_or(default_generation_context(&model.weights.config));
+        let model = DecoderBundle::open(spec, !private_tables)?;
+        let max = model.config.max_positions;
+        let context = context.unwrap_or(default_generation_context(&model.config));
         if !(1..=max).contains(&context) {
             return Err(Error::InvalidArgument(format!(
                 "max_context {context}: this model holds 1 to {max} positions"
             )));
         }
-        let tables = DecoderTables::of_weights(&model.weights, DecoderFormat::default())?;
+        let tables = match private_tables {
+            true => None,
+            false => Some(model.decoder_tables(DecoderFormat::default())?),
+        };
         Ok(Decoder {
             model,
             tables,
@@ -273,7 +280,7 @@ impl Decoder {
 
     /// The public shape, as `Client.config` shows it.
     fn config(&self) -> serde_json::Value {
-        let c = &self.model.weights.config;
+        let c = &self.model.config;
         serde_json::json!({
             "family": format!("{:?}", c.family).to_lowercase(),
             "vocab_size": c.vocab_size,
@@ -284,6 +291,7 @@ impl Decoder {
             "intermediate": c.intermediate,
             "max_positions": c.max_positions,
             "max_context": self.context,
+            "private_tables": self.tables.is_none(),
         })
     }
 
@@ -314,12 +322,15 @@ impl Decoder {
         std::thread::spawn(move || {
             let run = || -> veil_core::Result<()> {
                 let ch = self.transport.connect(&self.server)?;
-                let mut client = GenerationClient::connect(
-                    ch,
-                    veil_private::ClientTables::Open(&self.tables),
-                    self.context,
-                    Some(self.step_timeout),
-                )?;
+                let tables = match &self.tables {
+                    Some(t) => veil_private::ClientTables::Open(t),
+                    None => veil_private::ClientTables::Private(
+                        &self.model.config,
+                        DecoderFormat::default(),
+                    ),
+                };
+                let mut client =
+                    GenerationClient::connect(ch, tables, self.context, Some(self.step_timeout))?;
                 client.set_preprocessing(preprocess);
                 let mut g = client.into_generation(self.context)?;
                 generate_text(&mut g, &self.model.tokenizer, &prompt, &opts, |piece| {
@@ -386,7 +397,7 @@ impl Client {
         Ok(GenerateOptions {
             max_new_tokens,
             sampling,
-            stop: d.model.weights.config.eos_token_ids.clone(),
+            stop: d.model.config.eos_token_ids.clone(),
             fixed_length,
             pad_to,
         })
@@ -418,7 +429,7 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (bundle=PathBuf::from("default"), server="127.0.0.1:7878", *, fingerprint=None, known_servers=None, identity=None, insecure_plaintext=false, pad_to=None, truncate=false, max_tokens=None, timeout=600.0, connect_timeout=10.0, max_context=None))]
+    #[pyo3(signature = (bundle=PathBuf::from("default"), server="127.0.0.1:7878", *, fingerprint=None, known_servers=None, identity=None, insecure_plaintext=false, pad_to=None, truncate=false, max_tokens=None, timeout=600.0, connect_timeout=10.0, max_context=None, private_tables=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -434,6 +445,7 @@ impl Client {
         timeout: f64,
         connect_timeout: f64,
         max_context: Option<usize>,
+        private_tables: bool,
     ) -> PyResult<Self> {
         let bundle = spec(&bundle)?.to_string();
         let server = server.to_string();
@@ -451,7 +463,15 @@ impl Client {
         if veil_model::decoder::names_decoder(&bundle) {
             let step = seconds(timeout, "timeout")?;
             let decoder = py
-                .detach(move || Decoder::open(&bundle, transport, server, max_context, step))
+                .detach(move || {
+                    Decoder::open(
+                        &bundle,
+                        (transport, server),
+                        max_context,
+                        step,
+                        private_tables,
+                    )
+                })
                 .map_err(py_err)?;
             return Ok(Client {
                 inner: Mutex::new(None),
@@ -460,6 +480,12 @@ impl Client {
                 is_decoder: true,
                 costs: Mutex::new(vec![]),
             });
+        }
+        if private_tables {
+            return Err(PyValueError::new_err(
+                "private_tables is for a decoder's client: an encoder's tables follow its \
+                 embedding mode",
+            ));
         }
         let limits = ClientOptions {
             max_tokens: pad_to.or(max_tokens),
@@ -705,12 +731,30 @@ fn default_model(py: Python<'_>) -> PyResult<String> {
 }
 
 /// Writes the client bundle of `model` (config, tokenizer, public embedding tables; no weight
-/// of the server's) into `out_dir`, for `Client(out_dir, ...)` on the client's machine.
+/// of the server's) into `out_dir`, for `Client(out_dir, ...)` on the client's machine. For a
+/// decoder: its configuration, tokenizer with the chat template and the open model's token and
+/// output tables; `private_tables=True` leaves the tables out, for a server that keeps them.
 #[pyfunction]
-#[pyo3(signature = (model, out_dir))]
-fn export_client(py: Python<'_>, model: PathBuf, out_dir: PathBuf) -> PyResult<()> {
+#[pyo3(signature = (model, out_dir, *, private_tables=false))]
+fn export_client(
+    py: Python<'_>,
+    model: PathBuf,
+    out_dir: PathBuf,
+    private_tables: bool,
+) -> PyResult<()> {
     let model = spec(&model)?.to_string();
     py.detach(move || {
+        if veil_model::decoder::names_decoder(&model) {
+            let m = veil_model::decoder::load(&model)?;
+            return DecoderBundle::of_model(m, !private_tables).save(&out_dir);
+        }
+        if private_tables {
+            return Err(Error::InvalidArgument(
+                "private_tables is for a decoder's bundle: an encoder's tables follow its \
+                 embedding mode"
+                    .into(),
+            ));
+        }
         let m = veil_model::source::load(&model)?;
         veil_model::save_bundle(&m, &out_dir)
     })

@@ -82,3 +82,23 @@ def test_misuse_raises_value_error(decoder, client):
         client.generate("good film", pad_to=2)
     with pytest.raises(ValueError, match="max_context"):
         veil.Client(decoder, server="127.0.0.1:1", max_context=10**6)
+
+
+def test_private_tables_from_a_bundle_without_weights(decoder, tmp_path):
+    """A server that keeps its tables private, and a client that holds only the configuration
+    and the tokenizer (``export_client(..., private_tables=True)``): the simulator's text."""
+    bundle = tmp_path / "client"
+    veil.export_client(decoder, bundle, private_tables=True)
+    assert not (bundle / "model.safetensors").exists()
+    assert not (bundle / "public.safetensors").exists()
+    want = simulated(decoder, "good film", chat=True, n=4)
+    with veil.Server(decoder, listen="127.0.0.1:0", insecure_plaintext=True,
+                     private_tables=True) as server:
+        with veil.Client(bundle, server=server.address, insecure_plaintext=True,
+                         max_context=128, private_tables=True) as c:
+            assert c.config["private_tables"]
+            got = c.chat([{"role": "user", "content": "good film"}], max_new_tokens=4)
+            assert got == want
+        # The bundle has no tables to bring to an open-tables client.
+        with pytest.raises(ValueError, match="private_tables|--private-tables"):
+            veil.Client(bundle, server=server.address, insecure_plaintext=True)

@@ -32,7 +32,11 @@ class Server:
         insecure_plaintext: bool = False,
         max_sessions: Optional[int] = None,
         ntt_budget_mib: int = 0,
-    ) -> None: ...
+        private_tables: bool = False,
+    ) -> None:
+        """``private_tables``: a decoder's token embedding and output table stay the server's
+        too (a private lookup and an HE head each step; Llama family only); its clients pass
+        ``private_tables=True``."""
     @property
     def address(self) -> str:
         """"HOST:PORT" the server listens on."""
@@ -73,10 +77,14 @@ class Client:
         timeout: float = 600.0,
         connect_timeout: float = 10.0,
         max_context: Optional[int] = None,
+        private_tables: bool = False,
     ) -> None:
         """A decoder model as ``bundle`` makes a generation client (``generate``, ``chat``;
         ``max_context``: positions each generation's session reserves, default 512 or the
-        model's context); each generation is then a session of its own."""
+        model's context); each generation is then a session of its own. ``bundle`` may then be
+        the decoder's client bundle (``export_client``), which holds no weight;
+        ``private_tables=True`` for a server that keeps its tables private (the bundle needs
+        none)."""
     def generate(
         self,
         prompt: str,
@@ -158,8 +166,10 @@ def default_model() -> str:
     """Path of the built-in SST-2 model as a complete Hugging Face folder (fetched and
     assembled into the cache on first use)."""
 
-def export_client(model: _Model, out_dir: _Model) -> None:
-    """Writes the client bundle of ``model`` (config, tokenizer, public tables) to ``out_dir``."""
+def export_client(model: _Model, out_dir: _Model, *, private_tables: bool = False) -> None:
+    """Writes the client bundle of ``model`` (config, tokenizer, public tables) to ``out_dir``.
+    For a decoder, ``private_tables=True`` leaves its tables out (for a server that keeps
+    them)."""
 
 def export(model: _Model, out_dir: _Model) -> None:
     """Writes ``model`` as a complete Hugging Face folder to ``out_dir``."""

@@ -10,7 +10,7 @@ use veil_model::decoder::sample::SamplingParams;
 use veil_model::decoder::ChatMessage;
 use veil_model::GenerateOptions;
 
-use crate::decoding::{load_chat_model, CachedSession, Engine, EngineArgs, Finish};
+use crate::decoding::{CachedSession, CommandModel, Engine, EngineArgs, Finish};
 
 #[derive(Args)]
 pub(crate) struct ChatArgs {
@@ -38,7 +38,7 @@ pub(crate) struct ChatArgs {
 /// Reads turns from standard input until end of input or an empty line; `/reset` forgets the
 /// conversation.
 pub(crate) fn chat_cmd(a: ChatArgs) -> Result<()> {
-    let model = load_chat_model(&a.model)?;
+    let model = CommandModel::load(&a.model, &a.engine, true)?;
     let engine = Engine::new(a.engine, &model)?;
     let mut session = CachedSession::new(&engine);
     let opts = GenerateOptions {
@@ -49,7 +49,7 @@ pub(crate) fn chat_cmd(a: ChatArgs) -> Result<()> {
             top_p: a.top_p,
             seed: a.seed,
         },
-        stop: model.weights.config.eos_token_ids.clone(),
+        stop: model.config().eos_token_ids.clone(),
         fixed_length: engine.fixed_length(),
         pad_to: engine.pad_to(),
     };
@@ -80,7 +80,7 @@ pub(crate) fn chat_cmd(a: ChatArgs) -> Result<()> {
             continue;
         }
         messages.push(ChatMessage::new("user", line));
-        let ids = session.chat_prompt(&model, &messages)?;
+        let ids = session.chat_prompt(model.tokenizer(), &messages)?;
         let mut answer = String::new();
         let (tokens, finish, reused) = session.generate(&model, &ids, &opts, |piece| {
             answer.push_str(piece);

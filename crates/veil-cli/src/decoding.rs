@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::Args;
 use veil_core::{Error, Result};
-use veil_model::decoder::{ChatMessage, DecoderConfig, DecoderModel};
+use veil_model::decoder::{
+    ChatMessage, DecoderBundle, DecoderConfig, DecoderTokenizer, DecoderWeights,
+};
 use veil_model::{generate_text, GenerateOptions, GeneratedToken, NextLogits};
 use veil_model::{DecoderFormat, DecoderTables, F32Model, FixedDecoder};
 use veil_private::{default_generation_context, ClientTables, ClientTransport, GenerationClient};
@@ -22,8 +24,10 @@ pub(crate) struct EngineArgs {
     #[arg(long, conflicts_with = "connect")]
     pub(crate) f32: bool,
     /// Generate privately with the `veil serve` at this address, which holds the weights: this
-    /// machine keeps the prompt and the tokens, and needs only the open model's public tables
-    /// and tokenizer (`--model`), which the server's digest check compares with its own.
+    /// machine keeps the prompt and the tokens, and needs only the model's configuration,
+    /// tokenizer and (unless --private-tables) public tables: `--model` may be the client bundle
+    /// `veil export-client` writes, or any form of the model (only those parts are used). The
+    /// server's digest check compares the tables with its own.
     #[arg(long)]
     pub(crate) connect: Option<String>,
     /// With --connect: the positions one private session holds (prompt, answers and, in a
@@ -59,6 +63,60 @@ pub(crate) struct EngineArgs {
     pub(crate) net: crate::ClientNetArgs,
 }
 
+/// The decoder a command runs: its public part always, its weights only when it runs on this
+/// machine.
+pub(crate) struct CommandModel {
+    /// The configuration, the tokenizer and, for a private generation of an open model, the
+    /// public tables.
+    pub(crate) public: DecoderBundle,
+    /// `--simulate`, `--f32`: the weights. A private generation's client holds none.
+    weights: Option<DecoderWeights>,
+}
+
+impl CommandModel {
+    /// What the engine `args` asks for needs of `spec`: with --connect the public part alone (a
+    /// client bundle, or the public part of any form of the model, its tables dropped with
+    /// --private-tables), otherwise the whole model. `chat`: the model must have a chat template
+    /// (`veil chat`, `veil proxy`).
+    pub(crate) fn load(spec: &str, args: &EngineArgs, chat: bool) -> Result<Self> {
+        let (public, weights) = match args.connect {
+            Some(_) => (DecoderBundle::open(spec, !args.private_tables)?, None),
+            None => {
+                let m = veil_model::decoder::load(spec)?;
+                let public = DecoderBundle {
+                    config: m.weights.config.clone(),
+                    tokenizer: m.tokenizer,
+                    tables: None,
+                };
+                (public, Some(m.weights))
+            }
+        };
+        if chat && !public.tokenizer.has_chat_template() {
+            return Err(Error::Unsupported(format!(
+                "{spec} has no chat template: use `veil generate` with a plain prompt"
+            )));
+        }
+        Ok(CommandModel { public, weights })
+    }
+
+    /// The shape and operators.
+    pub(crate) fn config(&self) -> &DecoderConfig {
+        &self.public.config
+    }
+
+    /// The tokenizer and chat template.
+    pub(crate) fn tokenizer(&self) -> &DecoderTokenizer {
+        &self.public.tokenizer
+    }
+
+    /// The weights, which a model loaded for a private generation does not hold.
+    fn weights(&self) -> Result<&DecoderWeights> {
+        self.weights.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("a model loaded for --connect holds no weights".into())
+        })
+    }
+}
+
 /// A decoder prepared for one engine; [`Engine::session`] starts an empty KV cache.
 pub(crate) enum Engine<'w> {
     F32(F32Model<'w>),
@@ -84,7 +142,7 @@ impl<'w> Engine<'w> {
     /// The engine `args` asks for: private (`--connect`), or on this machine in the clear
     /// (`--simulate`, `--f32`). Asking for none is refused: the command would not know where to
     /// compute.
-    pub(crate) fn new(args: EngineArgs, model: &'w DecoderModel) -> Result<Self> {
+    pub(crate) fn new(args: EngineArgs, model: &'w CommandModel) -> Result<Self> {
         // clap's `requires` lets these through beside --simulate or --f32 (which conflict with
         // --connect), where they would be silently ignored: --preprocess would change nothing
         // there (a model run in the clear has no offline part).
@@ -101,10 +159,10 @@ impl<'w> Engine<'w> {
             ));
         }
         if let Some(addr) = args.connect {
-            let max = model.weights.config.max_positions;
+            let max = model.config().max_positions;
             let context = args
                 .context
-                .unwrap_or(default_generation_context(&model.weights.config));
+                .unwrap_or(default_generation_context(model.config()));
             if !(1..=max).contains(&context) {
                 return Err(Error::InvalidArgument(format!(
                     "--context {context}: this model holds 1 to {max} positions"
@@ -125,12 +183,9 @@ impl<'w> Engine<'w> {
                 step_timeout: crate::secs(args.net.timeout, "--timeout")?,
                 tables: match args.private_tables {
                     true => None,
-                    false => Some(DecoderTables::of_weights(
-                        &model.weights,
-                        DecoderFormat::default(),
-                    )?),
+                    false => Some(model.public.decoder_tables(DecoderFormat::default())?),
                 },
-                config: model.weights.config.clone(),
+                config: model.config().clone(),
                 context,
                 fixed_length: args.fixed_length,
                 preprocess: args.preprocess,
@@ -139,10 +194,10 @@ impl<'w> Engine<'w> {
         }
         match (args.simulate, args.f32) {
             (true, _) => Ok(Engine::Simulate(Box::new(FixedDecoder::encode(
-                &model.weights,
+                model.weights()?,
                 DecoderFormat::default(),
             )?))),
-            (_, true) => Ok(Engine::F32(F32Model::new(&model.weights)?)),
+            (_, true) => Ok(Engine::F32(F32Model::new(model.weights()?)?)),
             _ => Err(Error::InvalidArgument(
                 "say where the model runs: --connect ADDR (private generation with a `veil \
                  serve` of this model), or --simulate (fixed-point simulator) or --f32 to run \
@@ -196,17 +251,6 @@ impl<'w> Engine<'w> {
     }
 }
 
-/// The decoder `spec` names, which must have a chat template (`veil chat`, `veil proxy`).
-pub(crate) fn load_chat_model(spec: &str) -> Result<DecoderModel> {
-    let model = veil_model::decoder::load(spec)?;
-    if !model.tokenizer.has_chat_template() {
-        return Err(Error::Unsupported(format!(
-            "{spec} has no chat template: use `veil generate` with a plain prompt"
-        )));
-    }
-    Ok(model)
-}
-
 /// Why a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Finish {
@@ -230,12 +274,12 @@ impl Finish {
 /// as soon as its tokens are chosen; returns the tokens and why it ended.
 pub(crate) fn stream_text(
     session: &mut (impl NextLogits + ?Sized),
-    model: &DecoderModel,
+    tokenizer: &DecoderTokenizer,
     prompt: &[u32],
     opts: &GenerateOptions,
     on_text: impl FnMut(&str) -> Result<()>,
 ) -> Result<(Vec<GeneratedToken>, Finish)> {
-    let (tokens, stopped) = generate_text(session, &model.tokenizer, prompt, opts, on_text)?;
+    let (tokens, stopped) = generate_text(session, tokenizer, prompt, opts, on_text)?;
     let finish = if stopped {
         Finish::Stop
     } else {
@@ -273,10 +317,10 @@ impl<'e> CachedSession<'e> {
     /// text's ids (the next generation then starts a fresh cache).
     pub(crate) fn chat_prompt(
         &self,
-        model: &DecoderModel,
+        tokenizer: &DecoderTokenizer,
         messages: &[ChatMessage],
     ) -> Result<Vec<u32>> {
-        chat_prompt_after(model, &self.held, messages)
+        chat_prompt_after(tokenizer, &self.held, messages)
     }
 
     /// Empties the cache.
@@ -292,7 +336,7 @@ impl<'e> CachedSession<'e> {
     /// model's context is refused before anything runs.
     pub(crate) fn generate(
         &mut self,
-        model: &DecoderModel,
+        model: &CommandModel,
         prompt: &[u32],
         opts: &GenerateOptions,
         on_text: impl FnMut(&str) -> Result<()>,
@@ -310,7 +354,7 @@ impl<'e> CachedSession<'e> {
         } else {
             opts.pad_to.unwrap_or(0).saturating_sub(prompt.len())
         };
-        let context = model.weights.config.max_positions;
+        let context = model.config().max_positions;
         if padding + prompt.len() + opts.max_new_tokens > context {
             return Err(Error::InvalidArgument(format!(
                 "{} prompt positions and up to {} new ones exceed the model's context of \
@@ -338,7 +382,13 @@ impl<'e> CachedSession<'e> {
             Some(s) => s,
             None => self.session.insert(self.engine.session()?),
         };
-        match stream_text(session.as_mut(), model, &prompt[reused..], opts, on_text) {
+        match stream_text(
+            session.as_mut(),
+            model.tokenizer(),
+            &prompt[reused..],
+            opts,
+            on_text,
+        ) {
             Ok((tokens, finish)) => {
                 // The last token is fed to the model only when another step follows it.
                 let fed = match finish {
@@ -370,23 +420,23 @@ impl<'e> CachedSession<'e> {
 
 /// [`CachedSession::chat_prompt`] for a cache holding `held`.
 fn chat_prompt_after(
-    model: &DecoderModel,
+    tokenizer: &DecoderTokenizer,
     held: &[u32],
     messages: &[ChatMessage],
 ) -> Result<Vec<u32>> {
-    let text = model.tokenizer.render_chat(messages, true)?;
+    let text = tokenizer.render_chat(messages, true)?;
     if !held.is_empty() {
-        let held_text = model.tokenizer.decode(held)?;
+        let held_text = tokenizer.decode(held)?;
         if let Some(rest) = text
             .strip_prefix(held_text.as_str())
             .filter(|r| !r.is_empty())
         {
             let mut ids = held.to_vec();
-            ids.extend(model.tokenizer.encode(rest)?);
+            ids.extend(tokenizer.encode(rest)?);
             return Ok(ids);
         }
     }
-    model.tokenizer.encode(&text)
+    tokenizer.encode(&text)
 }
 
 #[cfg(test)]
@@ -426,14 +476,14 @@ mod tests {
         let mut next = first.clone();
         next.push(ChatMessage::new("assistant", answer));
         next.push(ChatMessage::new("user", "bad"));
-        let ids = chat_prompt_after(&model, &held, &next).unwrap();
+        let ids = chat_prompt_after(tok, &held, &next).unwrap();
         assert!(ids.len() > held.len() && ids.starts_with(&held));
         let text = tok.render_chat(&next, true).unwrap();
         assert_eq!(tok.decode(&ids).unwrap(), text);
         let fresh = model.chat_prompt(&next).unwrap();
         assert_ne!(ids, fresh);
-        assert_eq!(chat_prompt_after(&model, &[], &next).unwrap(), fresh);
+        assert_eq!(chat_prompt_after(tok, &[], &next).unwrap(), fresh);
         let other = tok.encode("something else").unwrap();
-        assert_eq!(chat_prompt_after(&model, &other, &next).unwrap(), fresh);
+        assert_eq!(chat_prompt_after(tok, &other, &next).unwrap(), fresh);
     }
 }

@@ -95,7 +95,7 @@ pub(crate) fn run(
     print!("answer: ");
     let mut g = client.start(context)?;
     let (tokens, _, (prefill, decode)) =
-        crate::generate_cmd::stream_timed(&mut g, &m, &ids, &opts, false)?;
+        crate::generate_cmd::stream_timed(&mut g, &m.tokenizer, &ids, &opts, false)?;
     g.end()?;
     println!();
     let total = prefill + decode;

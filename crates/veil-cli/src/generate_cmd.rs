@@ -9,15 +9,15 @@ use clap::Args;
 use serde::Serialize;
 use veil_core::{Error, Result};
 use veil_model::decoder::sample::SamplingParams;
-use veil_model::decoder::{self, ChatMessage, DecoderModel};
+use veil_model::decoder::{ChatMessage, DecoderTokenizer};
 use veil_model::{GenerateOptions, GeneratedToken, NextLogits};
 
-use crate::decoding::{stream_text, Engine, EngineArgs, Finish};
+use crate::decoding::{stream_text, CommandModel, Engine, EngineArgs, Finish};
 
 #[derive(Args)]
 pub(crate) struct GenerateArgs {
     /// A decoder: `smollm2-135m-instruct`, a `.gguf` file, a Hugging Face folder or a model id in
-    /// the local Hugging Face cache.
+    /// the local Hugging Face cache; with --connect also a client bundle (`veil export-client`).
     #[arg(long)]
     model: String,
     #[command(flatten)]
@@ -60,18 +60,18 @@ struct Report<'a> {
 }
 
 /// The prompt's token ids: one user turn in the chat template, or the plain text.
-fn ids_of(m: &DecoderModel, prompt: &str, chat: bool) -> Result<Vec<u32>> {
+fn ids_of(tokenizer: &DecoderTokenizer, prompt: &str, chat: bool) -> Result<Vec<u32>> {
     if chat {
-        return m.chat_prompt(&[ChatMessage::new("user", prompt)]);
+        return tokenizer.chat_ids(&[ChatMessage::new("user", prompt)]);
     }
-    m.tokenizer.encode(prompt)
+    tokenizer.encode(prompt)
 }
 
 pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
-    let model = decoder::load(&a.model)?;
+    let model = CommandModel::load(&a.model, &a.engine, false)?;
     let engine = Engine::new(a.engine, &model)?;
     let mode = engine.mode();
-    let ids = ids_of(&model, &a.prompt, a.chat)?;
+    let ids = ids_of(model.tokenizer(), &a.prompt, a.chat)?;
     let opts = GenerateOptions {
         max_new_tokens: a.max_new_tokens,
         sampling: SamplingParams {
@@ -80,12 +80,13 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
             top_p: a.top_p,
             seed: a.seed,
         },
-        stop: model.weights.config.eos_token_ids.clone(),
+        stop: model.config().eos_token_ids.clone(),
         fixed_length: engine.fixed_length(),
         pad_to: engine.pad_to(),
     };
     let mut session = engine.session()?;
-    let (tokens, stopped, times) = stream_timed(session.as_mut(), &model, &ids, &opts, a.json)?;
+    let (tokens, stopped, times) =
+        stream_timed(session.as_mut(), model.tokenizer(), &ids, &opts, a.json)?;
     let warnings = session.warnings();
     for w in &warnings {
         eprintln!("veil generate: simulator warning: {w}");
@@ -96,7 +97,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
             model: &a.model,
             mode,
             prompt_tokens: ids.len(),
-            text: model.tokenizer.decode(&token_ids)?,
+            text: model.tokenizer().decode(&token_ids)?,
             token_ids,
             margins: tokens.iter().map(|t| t.margin).collect(),
             stopped,
@@ -132,7 +133,7 @@ pub(crate) fn generate_cmd(a: GenerateArgs) -> Result<()> {
 /// (`veil demo` of a decoder streams its answer with it too.)
 pub(crate) fn stream_timed(
     session: &mut dyn NextLogits,
-    model: &DecoderModel,
+    tokenizer: &DecoderTokenizer,
     ids: &[u32],
     opts: &GenerateOptions,
     quiet: bool,
@@ -140,7 +141,7 @@ pub(crate) fn stream_timed(
     let start = Instant::now();
     let mut first: Option<f64> = None;
     let mut out = std::io::stdout();
-    let (tokens, finish) = stream_text(session, model, ids, opts, |piece| {
+    let (tokens, finish) = stream_text(session, tokenizer, ids, opts, |piece| {
         first.get_or_insert_with(|| start.elapsed().as_secs_f64());
         if !quiet {
             write!(out, "{piece}")

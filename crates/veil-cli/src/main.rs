@@ -130,12 +130,18 @@ enum Cmd {
     },
     /// Writes the client bundle of a model: config, tokenizer and (public-embedding mode) the
     /// public embedding tables, no weight of the server's. What `veil classify --model` needs
-    /// on the client's machine.
+    /// on the client's machine; for a decoder, what `veil generate|chat|proxy --connect
+    /// --model` needs (config, tokenizer with its chat template, and the open model's token
+    /// and output tables).
     ExportClient {
         #[arg(long, default_value = "default", long_help = MODEL_HELP)]
         model: String,
         #[arg(long)]
         out: PathBuf,
+        /// A decoder served with `veil serve --private-tables`: the bundle holds no table at
+        /// all, only the configuration and the tokenizer.
+        #[arg(long)]
+        private_tables: bool,
     },
     /// Writes a model as a complete Hugging Face folder (config.json with Veil's "veil" object,
     /// model.safetensors, tokenizer): the built-in model or an overlay assembled with its public
@@ -718,7 +724,41 @@ fn run(cli: Cli) -> Result<()> {
             json,
             &net,
         ),
-        Cmd::ExportClient { model, out } => {
+        Cmd::ExportClient {
+            model,
+            out,
+            private_tables,
+        } if veil_model::decoder::names_decoder(&model) => {
+            let m = veil_model::decoder::load(&model)?;
+            let bundle = veil_model::decoder::DecoderBundle::of_model(m, !private_tables);
+            bundle.save(&out)?;
+            eprintln!(
+                "veil export-client: wrote {} (config, tokenizer{}, and {} with their SHA-256): \
+                 what `veil generate|chat|proxy --connect ADDR --model {}{}` needs",
+                out.display(),
+                match private_tables {
+                    true => "; no table: the server keeps them private",
+                    false => ", the public token and output tables",
+                },
+                veil_model::MANIFEST_FILE,
+                out.display(),
+                if private_tables {
+                    " --private-tables"
+                } else {
+                    ""
+                }
+            );
+            Ok(())
+        }
+        Cmd::ExportClient {
+            private_tables: true,
+            ..
+        } => Err(Error::InvalidArgument(
+            "--private-tables is for a decoder's bundle; an encoder's tables follow its \
+             embedding mode"
+                .into(),
+        )),
+        Cmd::ExportClient { model, out, .. } => {
             let m = veil_model::source::load(&model)?;
             veil_model::save_bundle(&m, &out)?;
             eprintln!(

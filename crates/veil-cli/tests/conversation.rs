@@ -600,34 +600,95 @@ fn private_generation_through_veil_serve_equals_the_simulator() {
     preprocessing_changes_no_token(tmp.path(), &addr);
 }
 
-/// `veil serve --private-tables`: `veil generate --connect --private-tables` gets the
-/// simulator's tokens (within the 1-bit-error bound's margin, as above) from a server that
-/// keeps the token embedding and the output table; a client that brings the open tables is
-/// refused, naming the flag; `--private-tables` with `--preprocess` is refused by the parser.
-#[test]
-fn private_tables_through_veil_serve_equal_the_simulator() {
-    let tmp = tempfile::tempdir().unwrap();
-    tiny_llama(tmp.path());
-    let dir = tmp.path().to_str().unwrap();
-    let (_server, addr) = serve_tiny(dir, &["--private-tables"]);
-    let run = |engine: &[&str]| generate_json(dir, engine);
-    let (expected, margins) = ids_and_margins(&run(&["--simulate"]));
-    let out = run(&[
-        "--connect",
-        &addr,
-        "--insecure-plaintext",
-        "--private-tables",
-    ]);
+/// `veil export-client --model DIR --out BUNDLE [extra]` of a decoder; the bundle must hold no
+/// weight file.
+fn export_client(dir: &str, bundle: &Path, extra: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(["export-client", "--model", dir, "--out"])
+        .arg(bundle)
+        .args(extra)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (ids, _) = ids_and_margins(&out);
+    assert!(!bundle.join("model.safetensors").exists());
+}
+
+/// The tokens of `out` part from `expected` only where the simulator's top two are within the
+/// one-bit-error truncations' reach (`margins`: the simulator's).
+fn within_the_truncation_bound(out: &std::process::Output, expected: &[u32], margins: &[f64]) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ids, _) = ids_and_margins(out);
     let parted = (0..4).find(|&i| ids[i] != expected[i]).unwrap_or(4);
     assert!(
         parted == 4 || margins[parted] <= 2.0 * ONE_BIT_ERROR_BOUND,
         "{ids:?} against the simulator's {expected:?} (margins {margins:?})"
+    );
+}
+
+/// `veil export-client` of a decoder: with the client bundle alone (configuration, tokenizer
+/// with its chat template, the public tables; no weight file), `veil generate --connect` gets
+/// the simulator's tokens from a `veil serve` of the model folder, within the truncations'
+/// bound; the bundle cannot run the model on this machine (`--simulate` is refused, saying why).
+#[test]
+fn a_client_bundle_generates_without_the_models_weights() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_llama(tmp.path());
+    let dir = tmp.path().to_str().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let bundle = out_dir.path().join("client");
+    export_client(dir, &bundle, &[]);
+    let bundle = bundle.to_str().unwrap();
+    let (_server, addr) = serve_tiny(dir, &[]);
+    let (expected, margins) = ids_and_margins(&generate_json(dir, &["--simulate"]));
+    let out = generate_json(bundle, &["--connect", &addr, "--insecure-plaintext"]);
+    within_the_truncation_bound(&out, &expected, &margins);
+    let out = generate_json(bundle, &["--simulate"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("holds no weights"),
+        "{err}"
+    );
+}
+
+/// `veil serve --private-tables`: `veil generate --connect --private-tables` with a client
+/// bundle exported `--private-tables` (configuration and tokenizer only: no table, no weight)
+/// gets the simulator's tokens (within the 1-bit-error bound's margin, as above) from a server
+/// that keeps the token embedding and the output table; a client that brings the open tables
+/// is refused, naming the flag, as is that bundle without the flag; `--private-tables` with
+/// `--preprocess` is refused by the parser.
+#[test]
+fn private_tables_through_veil_serve_equal_the_simulator() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_llama(tmp.path());
+    let dir = tmp.path().to_str().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let bundle = out_dir.path().join("client");
+    export_client(dir, &bundle, &["--private-tables"]);
+    assert!(!bundle.join("public.safetensors").exists());
+    let bundle = bundle.to_str().unwrap();
+    let (_server, addr) = serve_tiny(dir, &["--private-tables"]);
+    let run = |engine: &[&str]| generate_json(dir, engine);
+    let (expected, margins) = ids_and_margins(&run(&["--simulate"]));
+    let private = [
+        "--connect",
+        &addr,
+        "--insecure-plaintext",
+        "--private-tables",
+    ];
+    within_the_truncation_bound(&generate_json(bundle, &private), &expected, &margins);
+    let out = generate_json(bundle, &private[..3]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--private-tables"),
+        "{err}"
     );
     let out = run(&["--connect", &addr, "--insecure-plaintext"]);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
-use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
+use veil_core::{bail, Error, FixedPoint, Result, RingTensor};
 
 use crate::candle_error;
 use crate::config::ModelConfig;
@@ -22,7 +22,7 @@ use crate::sim::public_embedding;
 use crate::tokenize::TextTokenizer;
 use crate::variants::EmbeddingMode;
 
-use crate::manifest::{BundleDigest, MANIFEST_FILE, TABLES_FILE};
+use crate::manifest::{BundleDigest, TABLES_FILE};
 
 /// A loaded client bundle.
 pub struct ClientBundle {
@@ -37,26 +37,15 @@ pub struct ClientBundle {
 }
 
 /// Writes the client bundle of `model` into `dir` (created if missing), with the manifest of
-/// its files' SHA-256 ([`MANIFEST_FILE`]).
+/// its files' SHA-256 ([`crate::manifest::MANIFEST_FILE`]).
 pub fn save_bundle(model: &Model, dir: &Path) -> Result<()> {
-    let files = manifest::bundle_files(model)?;
-    std::fs::create_dir_all(dir)?;
-    for (name, bytes) in &files {
-        std::fs::write(dir.join(name), bytes)?;
-    }
-    std::fs::write(dir.join(MANIFEST_FILE), manifest::manifest(&files))?;
-    Ok(())
+    manifest::write_bundle(dir, &manifest::bundle_files(model)?)
 }
 
 impl ClientBundle {
     /// Reads a bundle written by [`save_bundle`].
     pub fn load(dir: &Path) -> Result<Self> {
-        ensure!(
-            !has_weights(dir),
-            InvalidArgument,
-            "{} holds model weights: it is a model folder, not a client bundle",
-            dir.display()
-        );
+        manifest::refuse_model_folder(dir)?;
         let config = load_config(dir)?;
         let tokenizer = load_tokenizer(dir, &config)?;
         let path = dir.join(TABLES_FILE);

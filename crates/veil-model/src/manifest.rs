@@ -20,8 +20,8 @@ use crate::variants::EmbeddingMode;
 pub const MANIFEST_FILE: &str = "bundle.sha256";
 /// File of the public tables inside a bundle.
 pub const TABLES_FILE: &str = "public.safetensors";
-const CONFIG_FILE: &str = "config.json";
-const TOKENIZER_FILE: &str = "tokenizer.json";
+pub(crate) const CONFIG_FILE: &str = "config.json";
+pub(crate) const TOKENIZER_FILE: &str = "tokenizer.json";
 
 /// The SHA-256 of a bundle's manifest: names everything the client uses.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,6 +73,28 @@ pub(crate) fn bundle_files(model: &Model) -> Result<Vec<(&'static str, Vec<u8>)>
     Ok(files)
 }
 
+/// Writes `files` into `dir` (created if missing) and their manifest beside them.
+pub(crate) fn write_bundle(dir: &Path, files: &[(&'static str, Vec<u8>)]) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (name, bytes) in files {
+        std::fs::write(dir.join(name), bytes)?;
+    }
+    std::fs::write(dir.join(MANIFEST_FILE), manifest(files))?;
+    Ok(())
+}
+
+/// Refuses to read `dir` as a client bundle when it holds model weights.
+pub(crate) fn refuse_model_folder(dir: &Path) -> Result<()> {
+    if crate::folder::has_weights(dir) {
+        bail!(
+            InvalidArgument,
+            "{} holds model weights: it is a model folder, not a client bundle",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// The manifest of `files`: one `sha256sum` line each.
 pub(crate) fn manifest(files: &[(&'static str, Vec<u8>)]) -> String {
     files
@@ -91,6 +113,21 @@ pub fn model_digest(model: &Model) -> Result<BundleDigest> {
 /// Re-hashes the bundle in `dir` against its manifest: every file a client of this embedding
 /// mode uses must be listed, present and unchanged. Returns the bundle's digest.
 pub fn verify(dir: &Path, mode: EmbeddingMode) -> Result<BundleDigest> {
+    let mut expected = vec![CONFIG_FILE, TOKENIZER_FILE];
+    if mode == EmbeddingMode::Public {
+        expected.push(TABLES_FILE);
+    }
+    Ok(verify_listed(dir, &expected, &[])?.0)
+}
+
+/// Re-hashes the files `dir`'s manifest lists: each of `required` must be listed, nothing
+/// outside `required` and `optional` may be, and every listed file must be present and
+/// unchanged. Returns the manifest's digest and which of `optional` it lists.
+pub(crate) fn verify_listed<'a>(
+    dir: &Path,
+    required: &[&'a str],
+    optional: &[&'a str],
+) -> Result<(BundleDigest, Vec<&'a str>)> {
     let path = dir.join(MANIFEST_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -114,21 +151,24 @@ pub fn verify(dir: &Path, mode: EmbeddingMode) -> Result<BundleDigest> {
         };
         listed.insert(name.to_string(), digest.to_string());
     }
-    let mut expected = vec![CONFIG_FILE, TOKENIZER_FILE];
-    if mode == EmbeddingMode::Public {
-        expected.push(TABLES_FILE);
-    }
-    if let Some(extra) = listed.keys().find(|k| !expected.contains(&k.as_str())) {
+    let known = |k: &str| required.contains(&k) || optional.contains(&k);
+    if let Some(extra) = listed.keys().find(|k| !known(k)) {
         bail!(
             Malformed,
             "{} lists {extra:?}, which is not a file of this bundle",
             path.display()
         );
     }
-    for name in &expected {
-        let Some(recorded) = listed.get(*name) else {
-            bail!(Malformed, "{} does not list {name}", path.display())
-        };
+    if let Some(name) = required.iter().find(|n| !listed.contains_key(**n)) {
+        bail!(Malformed, "{} does not list {name}", path.display())
+    }
+    let present: Vec<&str> = optional
+        .iter()
+        .copied()
+        .filter(|n| listed.contains_key(*n))
+        .collect();
+    for name in required.iter().chain(&present) {
+        let recorded = &listed[*name];
         let file = dir.join(name);
         let bytes = match std::fs::read(&file) {
             Ok(b) => b,
@@ -149,5 +189,5 @@ pub fn verify(dir: &Path, mode: EmbeddingMode) -> Result<BundleDigest> {
             );
         }
     }
-    Ok(BundleDigest(sha256(text.as_bytes())))
+    Ok((BundleDigest(sha256(text.as_bytes())), present))
 }

@@ -22,10 +22,10 @@ use clap::Args;
 use serde_json::{json, Value};
 use tiny_http::{Header, Method, Request, Response, Server};
 use veil_core::{Error, Result};
-use veil_model::decoder::{self, DecoderModel};
+use veil_model::decoder;
 use veil_model::GenerateOptions;
 
-use crate::decoding::{load_chat_model, CachedSession, Engine, EngineArgs};
+use crate::decoding::{CachedSession, CommandModel, Engine, EngineArgs};
 use api::{ApiError, ChatRequest, Completion, Usage};
 
 /// The largest request body read (a long conversation is well under it).
@@ -55,7 +55,7 @@ pub(crate) struct ProxyArgs {
 
 /// What every request handler shares.
 struct Proxy<'e> {
-    model: &'e DecoderModel,
+    model: &'e CommandModel,
     name: String,
     session: Mutex<CachedSession<'e>>,
     default_max_tokens: usize,
@@ -72,7 +72,7 @@ pub(crate) fn proxy_cmd(a: ProxyArgs) -> Result<()> {
     let server = Server::http(a.listen).map_err(|e| {
         Error::InvalidArgument(format!("veil proxy cannot listen on {}: {e}", a.listen))
     })?;
-    let model = load_chat_model(&a.model)?;
+    let model = CommandModel::load(&a.model, &a.engine, true)?;
     let engine = Engine::new(a.engine, &model)?;
     let name = a
         .served_name
@@ -230,10 +230,11 @@ impl Proxy<'_> {
     ) -> std::result::Result<(Vec<u32>, GenerateOptions), ApiError> {
         let ids = self
             .model
-            .chat_prompt(&chat.messages)
+            .tokenizer()
+            .chat_ids(&chat.messages)
             .map_err(|e| ApiError::invalid(Some("messages"), None, e.to_string()))?;
         let max_new = chat.max_tokens.unwrap_or(self.default_max_tokens);
-        let context = self.model.weights.config.max_positions;
+        let context = self.model.config().max_positions;
         if ids.len().saturating_add(max_new) > context {
             return Err(ApiError::invalid(
                 Some("messages"),
@@ -253,7 +254,7 @@ impl Proxy<'_> {
         let opts = GenerateOptions {
             max_new_tokens: max_new,
             sampling,
-            stop: self.model.weights.config.eos_token_ids.clone(),
+            stop: self.model.config().eos_token_ids.clone(),
             fixed_length: self.fixed_length,
             pad_to: self.pad_to,
         };

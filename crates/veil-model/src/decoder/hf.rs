@@ -115,6 +115,12 @@ fn read_tensors(dir: &Path) -> Result<(HashMap<String, Tensor>, String)> {
         let sharded = dir.join("model.safetensors.index.json").is_file();
         return Err(if sharded {
             Error::Unsupported(format!("{name}: sharded checkpoints are not supported"))
+        } else if dir.join(crate::MANIFEST_FILE).is_file() {
+            Error::InvalidArgument(format!(
+                "{}: a client bundle holds no weights; it serves only a private generation \
+                 with a server that has them (--connect)",
+                dir.display()
+            ))
         } else {
             Error::NotFound(format!("{name} (a decoder folder needs its weights)"))
         });

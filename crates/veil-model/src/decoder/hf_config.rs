@@ -272,6 +272,84 @@ pub fn with_variants(config_text: &str, variants: &[DecoderBlockVariant]) -> Res
         .map_err(|e| Error::Other(format!("config.json: {e}")))
 }
 
+/// `config` as a Hugging Face `config.json` that [`parse`] reads back to the same
+/// [`DecoderConfig`]: every field written explicitly (so no family default decides it), Veil's
+/// block variants in its `"veil"` object. How a decoder's client bundle carries the shape of a
+/// model that came from a GGUF file as well as from a folder.
+pub(crate) fn to_json(config: &DecoderConfig) -> Result<String> {
+    let c = config;
+    let mut map = Map::new();
+    let mut put = |k: &str, v: Value| {
+        map.insert(k.to_string(), v);
+    };
+    match c.family {
+        DecoderFamily::Llama => {
+            put("model_type", "llama".into());
+            put("hidden_act", "silu".into());
+            put("hidden_size", c.hidden.into());
+            put("num_attention_heads", c.heads.into());
+            put("num_key_value_heads", c.kv_heads.into());
+            put("head_dim", c.head_dim.into());
+            put("num_hidden_layers", c.layers.into());
+            put("intermediate_size", c.intermediate.into());
+            put("max_position_embeddings", c.max_positions.into());
+            put("rms_norm_eps", c.norm_eps.into());
+            put("rope_theta", c.rope_theta.into());
+            put("attention_bias", c.attention_bias.into());
+            put("mlp_bias", c.mlp_bias.into());
+            if let Some(s) = &c.rope_scaling {
+                put("rope_scaling", rope_scaling_json(s));
+            }
+        }
+        DecoderFamily::Gpt2 => {
+            put("model_type", "gpt2".into());
+            put("activation_function", "gelu_new".into());
+            put("n_embd", c.hidden.into());
+            put("n_head", c.heads.into());
+            put("n_layer", c.layers.into());
+            put("n_inner", c.intermediate.into());
+            put("n_positions", c.max_positions.into());
+            put("layer_norm_epsilon", c.norm_eps.into());
+        }
+    }
+    put("vocab_size", c.vocab_size.into());
+    put("tie_word_embeddings", c.tie_word_embeddings.into());
+    if let Some(id) = c.bos_token_id {
+        put("bos_token_id", id.into());
+    }
+    put("eos_token_id", c.eos_token_ids.clone().into());
+    if !c.variants.is_empty() {
+        let settings = VeilDecoderSettings {
+            blocks: c.variants.clone(),
+        };
+        let v = serde_json::to_value(settings)
+            .map_err(|e| Error::Other(format!("config.json: {e}")))?;
+        put("veil", v);
+    }
+    serde_json::to_string_pretty(&Value::Object(map))
+        .map_err(|e| Error::Other(format!("config.json: {e}")))
+}
+
+fn rope_scaling_json(s: &RopeScaling) -> Value {
+    match s {
+        RopeScaling::Linear { factor } => {
+            serde_json::json!({"rope_type": "linear", "factor": factor})
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => serde_json::json!({
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+        }),
+    }
+}
+
 fn rope_scaling(f: &mut Fields) -> Result<Option<RopeScaling>> {
     let Some(v) = f.take("rope_scaling") else {
         return Ok(None);

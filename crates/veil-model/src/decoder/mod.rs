@@ -12,6 +12,8 @@
 //! * [`sample`]: greedy, temperature, top-k, top-p with a seeded generator.
 
 mod bpe;
+/// What a generation's client holds: configuration, tokenizer, open tables.
+mod bundle;
 /// Chat messages and the model's Jinja template.
 pub mod chat;
 /// The decoder's shape and family.
@@ -31,6 +33,7 @@ pub mod tokenizer;
 /// The f32 weights in Hugging Face layout.
 pub mod weights;
 
+pub use bundle::{DecoderBundle, PublicTables};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{
     DecoderActivation, DecoderBlockVariant, DecoderConfig, DecoderFamily, DecoderNormKind,
@@ -61,8 +64,7 @@ impl DecoderModel {
     /// The token ids of a conversation: the chat template rendered with the assistant's opening
     /// (after the BOS token when the model declares one and the template does not).
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        let text = self.tokenizer.render_chat(messages, true)?;
-        self.tokenizer.encode(&text)
+        self.tokenizer.chat_ids(messages)
     }
 }
 

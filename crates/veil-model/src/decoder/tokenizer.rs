@@ -110,6 +110,12 @@ impl DecoderTokenizer {
         }
     }
 
+    /// The token ids of a conversation: the chat template rendered with the assistant's opening
+    /// (after the BOS token when the model declares one and the template does not).
+    pub fn chat_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.encode(&self.render_chat(messages, true)?)
+    }
+
     /// Whether the model ships a chat template.
     pub fn has_chat_template(&self) -> bool {
         self.chat.is_some()
