@@ -131,7 +131,7 @@ struct Server {
 #[pymethods]
 impl Server {
     #[new]
-    #[pyo3(signature = (model=PathBuf::from("default"), listen="127.0.0.1:0", *, state_dir=None, insecure_plaintext=false, max_sessions=None, ntt_budget_mib=DEFAULT_NTT_BUDGET_BYTES >> 20, private_tables=false))]
+    #[pyo3(signature = (model=PathBuf::from("default"), listen="127.0.0.1:0", *, state_dir=None, insecure_plaintext=false, max_sessions=None, ntt_budget_mib=DEFAULT_NTT_BUDGET_BYTES >> 20, private_tables=false, truncation=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -142,8 +142,19 @@ impl Server {
         max_sessions: Option<usize>,
         ntt_budget_mib: usize,
         private_tables: bool,
+        truncation: Option<&str>,
     ) -> PyResult<Self> {
         let model = spec(&model)?.to_string();
+        let truncation = match truncation {
+            None => None,
+            Some("faithful") => Some(veil_model::ProductTruncation::Faithful),
+            Some("one-bit-error") => Some(veil_model::ProductTruncation::OneBitError),
+            Some(other) => {
+                return Err(PyValueError::new_err(format!(
+                    "truncation {other:?}: \"faithful\" or \"one-bit-error\""
+                )))
+            }
+        };
         let listen = listen.to_string();
         py.detach(move || -> veil_core::Result<Self> {
             let identity = match insecure_plaintext {
@@ -154,6 +165,10 @@ impl Server {
                 .max_sessions(max_sessions)
                 .ntt_budget(ntt_budget_mib << 20)
                 .private_tables(private_tables);
+            let builder = match truncation {
+                Some(t) => builder.decoder_truncation(t),
+                None => builder,
+            };
             // A decoder LLM is served for private generation, an encoder for inferences.
             let server = match veil_model::decoder::names_decoder(&model) {
                 true => builder.build_named_decoder(&model)?,

@@ -102,3 +102,16 @@ def test_private_tables_from_a_bundle_without_weights(decoder, tmp_path):
         # The bundle has no tables to bring to an open-tables client.
         with pytest.raises(ValueError, match="private_tables|--private-tables"):
             veil.Client(bundle, server=server.address, insecure_plaintext=True)
+
+
+def test_faithful_server_gives_the_simulators_text(decoder):
+    """``truncation="faithful"``: the simulator's text (its logits, bit for bit); a bad mode
+    is refused."""
+    want = simulated(decoder, "good film", chat=False, n=4)
+    with veil.Server(decoder, listen="127.0.0.1:0", insecure_plaintext=True,
+                     truncation="faithful") as server:
+        with veil.Client(decoder, server=server.address, insecure_plaintext=True,
+                         max_context=64) as c:
+            assert "".join(c.generate("good film", max_new_tokens=4)) == want
+    with pytest.raises(ValueError, match="faithful"):
+        veil.Server(decoder, listen="127.0.0.1:0", insecure_plaintext=True, truncation="exact")

@@ -33,10 +33,13 @@ class Server:
         max_sessions: Optional[int] = None,
         ntt_budget_mib: int = 0,
         private_tables: bool = False,
+        truncation: Optional[str] = None,
     ) -> None:
         """``private_tables``: a decoder's token embedding and output table stay the server's
         too (a private lookup and an HE head each step; Llama family only); its clients pass
-        ``private_tables=True``."""
+        ``private_tables=True``. ``truncation``: a decoder's truncations after products,
+        ``"faithful"`` (the default: every step's logits the simulator's, bit for bit) or
+        ``"one-bit-error"`` (each may land one unit low; about half the flights)."""
     @property
     def address(self) -> str:
         """"HOST:PORT" the server listens on."""

@@ -18,10 +18,9 @@ use veil_private::{
     ClientTables, ClientTransport, GenerationClient, ServerBuilder, ServerDecoder, ServerIdentity,
 };
 
-/// Asked when the command line gives no question. SmolLM2's answer to it has no near-tie (its
-/// smallest top-two logit margin in the simulator is 0.59): the default one-bit-error mode picked
-/// the runner-up where the margin was 0.037 ("What is the capital of France?": "L'Étoile, …"
-/// privately, "The capital of France is Paris." in the simulator and in f32).
+/// Asked when the command line gives no question. The in-process server runs the decoders'
+/// default faithful truncations, so the answer is the simulator's ("The capital of Germany is
+/// Berlin.", no near-tie: its smallest top-two logit margin is 0.59).
 const QUESTION: &str = "What is the capital of Germany?";
 /// The answer's most tokens (the built-in question's answer is one short sentence).
 const MAX_NEW_TOKENS: usize = 24;

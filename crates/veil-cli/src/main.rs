@@ -125,6 +125,14 @@ enum Cmd {
         /// `--private-tables`. Llama family only; steps are not preprocessed.
         #[arg(long)]
         private_tables: bool,
+        /// A decoder: the truncations after products every session runs, announced to the
+        /// client. `faithful` (the default): every private step's logits are the fixed-point
+        /// simulator's bit for bit, so a greedy answer is `veil generate --simulate`'s even where
+        /// the top two tokens nearly tie; `one-bit-error` (Cheetah's): each truncation may land
+        /// one unit low, for about half a step's flights. (An encoder's mode is its model's
+        /// config.json.)
+        #[arg(long, value_enum)]
+        truncation: Option<TruncationArg>,
         #[command(flatten)]
         net: ServeNetArgs,
     },
@@ -421,6 +429,24 @@ enum DecoderShapeArg {
     Gpt2,
 }
 
+/// A decoder server's truncations after products (`veil serve --truncation`).
+#[derive(Clone, Copy, ValueEnum)]
+enum TruncationArg {
+    /// Every step's logits the simulator's, bit for bit.
+    Faithful,
+    /// Cheetah's: each truncation may land one unit low.
+    OneBitError,
+}
+
+impl From<TruncationArg> for ProductTruncation {
+    fn from(t: TruncationArg) -> Self {
+        match t {
+            TruncationArg::Faithful => ProductTruncation::Faithful,
+            TruncationArg::OneBitError => ProductTruncation::OneBitError,
+        }
+    }
+}
+
 /// `veil bench generate` without `--json`: one line for the set-up, the prefill and each step,
 /// then the decode steps' median.
 fn print_generate_bench(r: &serde_json::Value) {
@@ -593,11 +619,11 @@ impl ClientNetArgs {
 }
 
 /// `veil serve`: the model, the server's settings from the flags, signals.
-/// `(ntt_budget_mib, private_tables)`: how the weights are prepared.
+/// `(ntt_budget_mib, private_tables, truncation)`: how the weights are prepared and run.
 fn serve(
     model: &str,
     listen: &str,
-    (ntt_budget_mib, private_tables): (usize, bool),
+    (ntt_budget_mib, private_tables, truncation): (usize, bool, Option<TruncationArg>),
     net: ServeNetArgs,
 ) -> Result<()> {
     use std::sync::atomic::AtomicBool;
@@ -633,8 +659,12 @@ fn serve(
         .shutdown_grace(secs(net.shutdown_grace, "--shutdown-grace")?)
         .shutdown_flag(flag)
         .ntt_budget(ntt_budget_mib << 20)
-        .private_tables(private_tables)
-        .checked()?;
+        .private_tables(private_tables);
+    let builder = match truncation {
+        Some(t) => builder.decoder_truncation(t.into()),
+        None => builder,
+    }
+    .checked()?;
     let listener = TcpListener::bind(listen)
         .map_err(|e| Error::InvalidArgument(format!("cannot listen on {listen}: {e}")))?;
     let server = match source {
@@ -702,8 +732,14 @@ fn run(cli: Cli) -> Result<()> {
             listen,
             ntt_budget_mib,
             private_tables,
+            truncation,
             net,
-        } => serve(&model, &listen, (ntt_budget_mib, private_tables), net),
+        } => serve(
+            &model,
+            &listen,
+            (ntt_budget_mib, private_tables, truncation),
+            net,
+        ),
         Cmd::Classify {
             connect,
             model,

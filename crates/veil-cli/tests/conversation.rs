@@ -633,6 +633,45 @@ fn within_the_truncation_bound(out: &std::process::Output, expected: &[u32], mar
     );
 }
 
+/// A decoder's `veil serve` runs faithful truncations unless told otherwise: a private
+/// generation's tokens and top-two margins are the simulator's exactly (its logits are, bit for
+/// bit), with no allowance for near-ties. `--truncation one-bit-error` runs the cheaper mode,
+/// within its bound; an encoder refuses the flag (its mode is its config's).
+#[test]
+fn decoder_servers_answer_as_the_simulator_exactly_by_default() {
+    let tmp = tempfile::tempdir().unwrap();
+    tiny_llama(tmp.path());
+    let dir = tmp.path().to_str().unwrap();
+    let simulated = generate_json(dir, &["--simulate"]);
+    let (expected, margins) = ids_and_margins(&simulated);
+    for flags in [&[][..], &["--truncation", "faithful"]] {
+        let (_server, addr) = serve_tiny(dir, flags);
+        let private = generate_json(dir, &["--connect", &addr, "--insecure-plaintext"]);
+        assert!(
+            private.status.success(),
+            "{}",
+            String::from_utf8_lossy(&private.stderr)
+        );
+        assert_eq!(
+            ids_and_margins(&private),
+            (expected.clone(), margins.clone())
+        );
+    }
+    let (_server, addr) = serve_tiny(dir, &["--truncation", "one-bit-error"]);
+    let private = generate_json(dir, &["--connect", &addr, "--insecure-plaintext"]);
+    within_the_truncation_bound(&private, &expected, &margins);
+    let out = Command::new(env!("CARGO_BIN_EXE_veil"))
+        .args(["serve", "--model", "default", "--truncation", "faithful"])
+        .args(["--listen", "127.0.0.1:0", "--insecure-plaintext"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("config.json"),
+        "{err}"
+    );
+}
+
 /// `veil export-client` of a decoder: with the client bundle alone (configuration, tokenizer
 /// with its chat template, the public tables; no weight file), `veil generate --connect` gets
 /// the simulator's tokens from a `veil serve` of the model folder, within the truncations'

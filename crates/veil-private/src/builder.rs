@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use veil_core::{ensure, Result};
 use veil_linear::LookupMethod;
-use veil_model::BundleDigest;
+use veil_model::{BundleDigest, ProductTruncation};
 use veil_net::{Fingerprint, Identity, ServerTls};
 
 use crate::decoder::ServerDecoder;
@@ -54,6 +54,7 @@ pub struct ServerBuilder {
     method: Option<LookupMethod>,
     bundle: Option<BundleDigest>,
     private_tables: bool,
+    truncation: Option<ProductTruncation>,
 }
 
 impl ServerBuilder {
@@ -78,7 +79,17 @@ impl ServerBuilder {
             method: None,
             bundle: None,
             private_tables: false,
+            truncation: None,
         }
+    }
+
+    /// The truncations a decoder [`Self::build_named_decoder`] loads runs every session with
+    /// ([`ServerDecoder::with_truncation`]; default: [`crate::DEFAULT_DECODER_TRUNCATION`]). An
+    /// encoder's mode is its
+    /// model's (config.json), so [`Self::build`] and [`Self::build_prepared`] refuse it.
+    pub fn decoder_truncation(mut self, truncation: ProductTruncation) -> Self {
+        self.truncation = Some(truncation);
+        self
     }
 
     /// A decoder [`Self::build_named_decoder`] loads keeps its token embedding and output
@@ -258,6 +269,12 @@ impl ServerBuilder {
             "private tables are a decoder's setting: an encoder's embedding mode is its model's \
              (config.json's \"veil\" object)"
         );
+        ensure!(
+            self.truncation.is_none(),
+            InvalidArgument,
+            "the truncation mode is a decoder server's setting: an encoder's is its model's \
+             (config.json's \"product_truncation\")"
+        );
         let this = self.checked()?;
         this.build_checked(
             |t| ServeOptions::for_model(&model, t),
@@ -291,6 +308,9 @@ impl ServerBuilder {
         let mut model = ServerDecoder::with_ntt_budget(fixed, self.ntt_budget)?;
         if self.private_tables {
             model = model.keep_tables_private()?;
+        }
+        if let Some(t) = self.truncation {
+            model = model.with_truncation(t);
         }
         self.build_decoder(Arc::new(model))
     }

@@ -84,6 +84,7 @@ pub use decoder::{
     default_generation_context, plan_step, serve_generation, step_bytes, step_material_bytes,
     ClientTables, DecoderParty, DecoderSide, Generation, GenerationClient, GenerationOptions,
     OwnedGeneration, PrivateGeneration, ServerDecoder, SessionMemoryPool, StepMaterial,
+    DEFAULT_DECODER_TRUNCATION,
 };
 pub use embedding::{
     cache_bytes, preparation_bytes, PreparationInUse, ServerEmbedding, PREPARED_LENGTHS_KEPT,

@@ -24,7 +24,7 @@ use veil_core::{ensure, Error, Result};
 use veil_linear::LookupMethod;
 use veil_model::decoder::DecoderConfig;
 use veil_model::BundleDigest;
-use veil_model::{EmbeddingMode, ModelConfig, ProductTruncation};
+use veil_model::{EmbeddingMode, ModelConfig};
 use veil_net::{Channel, Fingerprint, ServerTls, TcpChannel};
 
 use crate::admission::{announced_tokens, PerAddress, Queue, Waiting};
@@ -614,7 +614,7 @@ fn run_session(
         Served::Decoder(model) => {
             let d = &shared.opts.deadlines;
             let opts = GenerationOptions {
-                truncation: ProductTruncation::default(),
+                truncation: model.truncation(),
                 setup: Some(d.setup),
                 idle: Some(d.idle),
                 per_block_token: Some(d.infer_per_token / model.config().layers.max(1) as u32),

@@ -98,8 +98,9 @@
 //! the mode (its learned position table, counted from the first real token under padding, would
 //! be a third secret table).
 //!
-//! **Error.** With `ProductTruncation::Faithful` every step's logits equal the simulator's
-//! integers bit for bit. In the default `OneBitError` mode each truncation after a product
+//! **Error.** With `ProductTruncation::Faithful` (a decoder server's default,
+//! `DEFAULT_DECODER_TRUNCATION`) every step's logits equal the simulator's integers bit for bit.
+//! In the `OneBitError` mode (`veil serve --truncation one-bit-error`) each truncation after a product
 //! (linear, rotary, the attention products, the gated product) may read one ulp (2^−f) low,
 //! and Softmax, ReLU-normalise, the norms (the Scale norm's product by γ: ⌊x·γ / 2^f⌋ off by
 //! −3 to 2 ulps) and SiLU run their internal truncations in their 1-bit-error modes (their bounds
@@ -135,7 +136,7 @@ mod party;
 mod preprocess;
 mod session;
 
-pub use model::ServerDecoder;
+pub use model::{ServerDecoder, DEFAULT_DECODER_TRUNCATION};
 pub use party::{ClientTables, DecoderParty, DecoderSide, Generation};
 pub(crate) use preprocess::pool_fill;
 pub use preprocess::{plan_step, step_material_bytes, StepMaterial};

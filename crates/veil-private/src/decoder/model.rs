@@ -9,7 +9,7 @@ use veil_linear::lookup::LookupShape;
 use veil_linear::{FcLayer, LookupMethod, PreparedFc, PreparedLookup};
 use veil_model::decoder::{DecoderConfig, DecoderFamily};
 use veil_model::engine::decoder::{DecoderLayer, DecoderNorm};
-use veil_model::{BundleDigest, DecoderTables, FixedDecoder};
+use veil_model::{BundleDigest, DecoderTables, FixedDecoder, ProductTruncation};
 
 use crate::protocol::AnnouncedTables;
 
@@ -146,6 +146,15 @@ fn private_layers(cfg: &DecoderConfig) -> Vec<DecoderLayer> {
     ids
 }
 
+/// The truncations a decoder server runs unless told otherwise: faithful, so every private
+/// step's logits are the simulator's bit for bit and a greedy answer is `--simulate`'s. A
+/// generation follows its near-ties: SmolLM2's first token after "What is the capital of
+/// France?" has its top two 0.046 apart in the simulator, and the one-bit-error truncations'
+/// drift (a few hundredths of a logit over 30 blocks) turned "The capital of France is Paris."
+/// into "L'Étoile, …" (docs/BENCHMARKS.md, session 31). Faithful costs about twice a step's
+/// flights and a quarter to a half more time.
+pub const DEFAULT_DECODER_TRUNCATION: ProductTruncation = ProductTruncation::Faithful;
+
 /// The server's decoder: [`FixedDecoder`] (what the simulator runs) with its linear layers
 /// prepared for the two-party products. Plain data, read by every generation at once.
 pub struct ServerDecoder {
@@ -156,6 +165,8 @@ pub struct ServerDecoder {
     tables_digest: BundleDigest,
     /// The table products when the tables are kept private.
     private_tables: Option<PrivateTables>,
+    /// The truncations every session runs (announced; the client follows them).
+    truncation: ProductTruncation,
 }
 
 impl ServerDecoder {
@@ -233,7 +244,21 @@ impl ServerDecoder {
             layers,
             tables_digest,
             private_tables: None,
+            truncation: DEFAULT_DECODER_TRUNCATION,
         })
+    }
+
+    /// Runs every session with `truncation` (default [`DEFAULT_DECODER_TRUNCATION`]):
+    /// `OneBitError` halves a step's flights, and may change a token where the simulator's top
+    /// two logits nearly tie.
+    pub fn with_truncation(mut self, truncation: ProductTruncation) -> Self {
+        self.truncation = truncation;
+        self
+    }
+
+    /// The truncations this decoder's sessions run.
+    pub fn truncation(&self) -> ProductTruncation {
+        self.truncation
     }
 
     /// Keeps the token embedding and the output table the server's: each generation then

@@ -125,11 +125,12 @@ pub struct GenerationOptions {
 }
 
 impl Default for GenerationOptions {
-    /// The default 1-bit-error truncations, two minutes for the hello and set-up (as an
-    /// encoder session's), five minutes' idle, 2 s per block and token.
+    /// The decoder's default truncations ([`crate::DEFAULT_DECODER_TRUNCATION`]), two minutes
+    /// for the hello and set-up (as an encoder session's), five minutes' idle, 2 s per block and
+    /// token.
     fn default() -> Self {
         GenerationOptions {
-            truncation: ProductTruncation::default(),
+            truncation: super::model::DEFAULT_DECODER_TRUNCATION,
             setup: Some(Duration::from_secs(120)),
             idle: Some(crate::IDLE_TIMEOUT),
             per_block_token: Some(Duration::from_secs(2)),

@@ -1,8 +1,8 @@
 //! Private generation over a session (`serve_generation` / `GenerationClient`) on a tiny random
 //! Llama decoder at the shipped format (ℓ = 48, f = 13), each session's server on its own
 //! thread over an in-memory channel, all sharing one model and one memory pool: greedy tokens
-//! and logits equal the simulator's (faithful truncations), twice in one session, and the tokens
-//! in the default 1-bit-error mode on this model; a context above the session's cap, a zero
+//! and logits equal the simulator's (faithful truncations, the decoders' default), twice in one
+//! session, and the tokens in the 1-bit-error mode on this model; a context above the session's cap, a zero
 //! limit, a stranger's
 //! hello, a step without a generation, of no tokens or beyond the limit, and a server with other
 //! tables are refused with errors naming them, and the next session is served; the memory a
@@ -408,7 +408,8 @@ fn tables_of_another_model() -> DecoderTables {
     tables(&tiny(6))
 }
 
-/// The default 1-bit-error truncations, announced by the server and followed by the client:
+/// The 1-bit-error truncations (`veil serve --truncation one-bit-error`; decoders default to
+/// faithful ones), announced by the server and followed by the client:
 /// the greedy tokens are the simulator's on this tiny model (its top-2 margins are far wider
 /// than the mode's bound, `decoder_party.rs`'s `ONE_BIT_ERROR_BOUND`).
 #[test]
@@ -416,7 +417,7 @@ fn the_default_mode_is_announced_and_gives_the_simulators_tokens() {
     let w = tiny(7);
     let served = Served::new(&w);
     let tables = tables(&w);
-    let (ch, server) = served.session_in(ProductTruncation::default());
+    let (ch, server) = served.session_in(ProductTruncation::OneBitError);
     let mut client = GenerationClient::connect(ch, ClientTables::Open(&tables), CAP, None).unwrap();
     assert_eq!(client.truncation(), ProductTruncation::OneBitError);
     let (toks, _) = client.generate(&PROMPT, &greedy(), |_| Ok(())).unwrap();
