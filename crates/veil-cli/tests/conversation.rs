@@ -617,6 +617,17 @@ fn export_client(dir: &str, bundle: &Path, extra: &[&str]) {
     assert!(!bundle.join("model.safetensors").exists());
 }
 
+/// `out` succeeded and its tokens and margins are the simulator's (`expected`, `margins`)
+/// exactly: a decoder server's default faithful truncations make its logits the simulator's.
+fn exactly_the_simulators(out: &std::process::Output, expected: &[u32], margins: &[f64]) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(ids_and_margins(out), (expected.to_vec(), margins.to_vec()));
+}
+
 /// The tokens of `out` part from `expected` only where the simulator's top two are within the
 /// one-bit-error truncations' reach (`margins`: the simulator's).
 fn within_the_truncation_bound(out: &std::process::Output, expected: &[u32], margins: &[f64]) {
@@ -647,15 +658,7 @@ fn decoder_servers_answer_as_the_simulator_exactly_by_default() {
     for flags in [&[][..], &["--truncation", "faithful"]] {
         let (_server, addr) = serve_tiny(dir, flags);
         let private = generate_json(dir, &["--connect", &addr, "--insecure-plaintext"]);
-        assert!(
-            private.status.success(),
-            "{}",
-            String::from_utf8_lossy(&private.stderr)
-        );
-        assert_eq!(
-            ids_and_margins(&private),
-            (expected.clone(), margins.clone())
-        );
+        exactly_the_simulators(&private, &expected, &margins);
     }
     let (_server, addr) = serve_tiny(dir, &["--truncation", "one-bit-error"]);
     let private = generate_json(dir, &["--connect", &addr, "--insecure-plaintext"]);
@@ -674,8 +677,8 @@ fn decoder_servers_answer_as_the_simulator_exactly_by_default() {
 
 /// `veil export-client` of a decoder: with the client bundle alone (configuration, tokenizer
 /// with its chat template, the public tables; no weight file), `veil generate --connect` gets
-/// the simulator's tokens from a `veil serve` of the model folder, within the truncations'
-/// bound; the bundle cannot run the model on this machine (`--simulate` is refused, saying why).
+/// the simulator's tokens and margins exactly from a `veil serve` of the model folder; the
+/// bundle cannot run the model on this machine (`--simulate` is refused, saying why).
 #[test]
 fn a_client_bundle_generates_without_the_models_weights() {
     let tmp = tempfile::tempdir().unwrap();
@@ -688,7 +691,7 @@ fn a_client_bundle_generates_without_the_models_weights() {
     let (_server, addr) = serve_tiny(dir, &[]);
     let (expected, margins) = ids_and_margins(&generate_json(dir, &["--simulate"]));
     let out = generate_json(bundle, &["--connect", &addr, "--insecure-plaintext"]);
-    within_the_truncation_bound(&out, &expected, &margins);
+    exactly_the_simulators(&out, &expected, &margins);
     let out = generate_json(bundle, &["--simulate"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -699,8 +702,8 @@ fn a_client_bundle_generates_without_the_models_weights() {
 
 /// `veil serve --private-tables`: `veil generate --connect --private-tables` with a client
 /// bundle exported `--private-tables` (configuration and tokenizer only: no table, no weight)
-/// gets the simulator's tokens (within the 1-bit-error bound's margin, as above) from a server
-/// that keeps the token embedding and the output table; a client that brings the open tables
+/// gets the simulator's tokens and margins exactly from a server that keeps the token embedding
+/// and the output table; a client that brings the open tables
 /// is refused, naming the flag, as is that bundle without the flag; `--private-tables` with
 /// `--preprocess` is refused by the parser.
 #[test]
@@ -722,7 +725,7 @@ fn private_tables_through_veil_serve_equal_the_simulator() {
         "--insecure-plaintext",
         "--private-tables",
     ];
-    within_the_truncation_bound(&generate_json(bundle, &private), &expected, &margins);
+    exactly_the_simulators(&generate_json(bundle, &private), &expected, &margins);
     let out = generate_json(bundle, &private[..3]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
