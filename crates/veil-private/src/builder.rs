@@ -18,6 +18,7 @@ use veil_net::{Fingerprint, Identity, ServerTls};
 use crate::decoder::ServerDecoder;
 use crate::limits::{open_file_limit, MachineCaps, MAX_DEFAULT_SESSIONS};
 use crate::prepared::{ServerModel, DEFAULT_NTT_BUDGET_BYTES};
+use crate::protocol::AnnouncedTables;
 use crate::server::{available_memory, ServeOptions, Server, Transport, DEFAULT_HANDSHAKES};
 
 /// How the server identifies itself to clients.
@@ -85,8 +86,8 @@ impl ServerBuilder {
 
     /// The truncations a decoder [`Self::build_named_decoder`] loads runs every session with
     /// ([`ServerDecoder::with_truncation`]; default: [`crate::DEFAULT_DECODER_TRUNCATION`]). An
-    /// encoder's mode is its
-    /// model's (config.json), so [`Self::build`] and [`Self::build_prepared`] refuse it.
+    /// encoder's mode is its model's (config.json), so [`Self::build`] and
+    /// [`Self::build_prepared`] refuse it.
     pub fn decoder_truncation(mut self, truncation: ProductTruncation) -> Self {
         self.truncation = Some(truncation);
         self
@@ -287,6 +288,22 @@ impl ServerBuilder {
     /// the NTT budget do not apply; clients check the decoder's public tables' digest, which
     /// its admission announces, instead of a bundle's).
     pub fn build_decoder(self, model: Arc<ServerDecoder>) -> Result<Server> {
+        // A decoder's settings are its prepared model's; one the builder holds that the model
+        // contradicts would otherwise be ignored without a word.
+        ensure!(
+            self.truncation.is_none_or(|t| t == model.truncation()),
+            InvalidArgument,
+            "truncation {:?} asked of a decoder prepared for {:?}: set it with \
+             ServerDecoder::with_truncation",
+            self.truncation,
+            model.truncation()
+        );
+        ensure!(
+            !self.private_tables || matches!(model.announced_tables(), AnnouncedTables::Private(_)),
+            InvalidArgument,
+            "private tables asked of a decoder prepared with open ones: prepare it with \
+             ServerDecoder::keep_tables_private"
+        );
         let this = self.checked()?;
         tracing::info!(
             prepared_mib = model.prepared_bytes() >> 20,

@@ -22,7 +22,8 @@ use veil_net::{mem_pair, MemChannel};
 use veil_private::protocol::{DecoderAdmission, GenerateReply, GenerationRequest, Message};
 use veil_private::{
     plan_step, serve_generation, step_bytes, step_material_bytes, ClientTables, Generation,
-    GenerationClient, GenerationOptions, ServerDecoder, SessionMemoryPool,
+    GenerationClient, GenerationOptions, ServerBuilder, ServerDecoder, ServerIdentity,
+    SessionMemoryPool,
 };
 
 const PROMPT: [u32; 5] = [1, 40, 77, 120, 5];
@@ -562,4 +563,26 @@ fn settled_in_use(pool: &SessionMemoryPool, want: u64) -> u64 {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     pool.in_use()
+}
+
+/// A builder setting that the prepared decoder contradicts (its truncation, private tables) is
+/// refused by `build_decoder`, not ignored; the matching setting builds.
+#[test]
+fn decoder_settings_the_prepared_model_contradicts_are_refused() {
+    let w = tiny(7);
+    let fixed = FixedDecoder::encode(&w, DecoderFormat::default()).unwrap();
+    let model = Arc::new(ServerDecoder::new(fixed).unwrap());
+    let build = |b: ServerBuilder| b.build_decoder(model.clone()).map(|_| ());
+    let plain = || ServerBuilder::new(ServerIdentity::Plaintext);
+    let other = match model.truncation() {
+        ProductTruncation::Faithful => ProductTruncation::OneBitError,
+        ProductTruncation::OneBitError => ProductTruncation::Faithful,
+    };
+    let e = build(plain().decoder_truncation(other))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("with_truncation"), "{e}");
+    let e = build(plain().private_tables(true)).unwrap_err().to_string();
+    assert!(e.contains("keep_tables_private"), "{e}");
+    build(plain().decoder_truncation(model.truncation())).unwrap();
 }
