@@ -337,13 +337,8 @@ impl Decoder {
         std::thread::spawn(move || {
             let run = || -> veil_core::Result<()> {
                 let ch = self.transport.connect(&self.server)?;
-                let tables = match &self.tables {
-                    Some(t) => veil_private::ClientTables::Open(t),
-                    None => veil_private::ClientTables::Private(
-                        &self.model.config,
-                        DecoderFormat::default(),
-                    ),
-                };
+                let tables =
+                    veil_private::ClientTables::held(self.tables.as_ref(), &self.model.config);
                 let mut client =
                     GenerationClient::connect(ch, tables, self.context, Some(self.step_timeout))?;
                 client.set_preprocessing(preprocess);

@@ -238,10 +238,7 @@ impl<'w> Engine<'w> {
             Engine::Simulate(m) => Box::new(m.session()),
             Engine::Private(r) => {
                 let ch = r.transport.connect(&r.addr)?;
-                let tables = match &r.tables {
-                    Some(t) => ClientTables::Open(t),
-                    None => ClientTables::Private(&r.config, DecoderFormat::default()),
-                };
+                let tables = ClientTables::held(r.tables.as_ref(), &r.config);
                 let mut client =
                     GenerationClient::connect(ch, tables, r.context, Some(r.step_timeout))?;
                 client.set_preprocessing(r.preprocess);

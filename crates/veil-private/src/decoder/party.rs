@@ -40,6 +40,15 @@ pub enum ClientTables<'a> {
 }
 
 impl<'a> ClientTables<'a> {
+    /// `Open` when the client holds the tables, else `Private` with the configuration and the
+    /// shipped format: what a client that loaded a decoder's public part connects with.
+    pub fn held(tables: Option<&'a DecoderTables>, config: &'a DecoderConfig) -> Self {
+        match tables {
+            Some(t) => ClientTables::Open(t),
+            None => ClientTables::Private(config, DecoderFormat::default()),
+        }
+    }
+
     /// The decoder's shape and family.
     pub fn config(&self) -> &'a DecoderConfig {
         match *self {
