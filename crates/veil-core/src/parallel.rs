@@ -1,7 +1,8 @@
 //! The process's one worker pool: every parallel step of Veil runs on it, the HE batches
-//! ([`parallel_map`]: encryptions, products, responses), veil-ot's silent-OT expansion (its
-//! trees and LPN step, through [`pool`]) and the per-element work of the OT flavours that the
-//! non-linear protocols call ([`lanes`]: COT hashing, 1-of-N rows and keys).
+//! ([`parallel_map`]: encryptions, products, responses; [`join`]: packing trees), veil-ot's
+//! silent-OT expansion (its trees and LPN step, through [`pool`]) and the per-element work of
+//! the OT flavours that the non-linear protocols call ([`lanes`]: COT hashing, 1-of-N rows and
+//! keys).
 //!
 //! **Why one pool.** A server runs one thread per client session, and every session's batches
 //! want all the cores. Workers spawned per call made N concurrent sessions run N times as many
@@ -96,6 +97,19 @@ pub fn lanes<T: Send>(len: usize, lane: usize, f: impl Fn(Range<usize>) -> T + S
             .map(|i| f(range(i)))
             .collect()
     })
+}
+
+/// `a` and `b`, the second on another worker of the pool when one is free (rayon's join), else
+/// one after the other on the calling thread: the two halves of a recursive HE step, such as a
+/// packing tree's subtrees. A panic in either reaches the caller.
+pub fn join<A: Send, B: Send>(
+    a: impl FnOnce() -> A + Send,
+    b: impl FnOnce() -> B + Send,
+) -> (A, B) {
+    if pool().current_num_threads() == 1 {
+        return (a(), b());
+    }
+    pool().install(|| rayon::join(a, b))
 }
 
 /// The lanes' parts as one vector, in order, grown from the first part's buffer: a call of one

@@ -23,6 +23,7 @@
 //! most Σ_{d<D} 2^d·2^d·E = (4^D − 1)/3·E, public and worst-case, carried in the accumulator
 //! so the response's flooding and decryption checks include it.
 
+use veil_core::parallel::join;
 use veil_core::{ensure, Result};
 
 use crate::cipher::Accumulator;
@@ -123,28 +124,24 @@ impl GaloisKeys {
         let (mut l1, mut l2sq, mut extra) = (0f64, 0f64, 0f64);
         let mut members: Vec<Option<Ct>> = Vec::with_capacity(shape.leaves);
         for acc in accs {
-            let Accumulator {
-                mut c0,
-                mut c1,
-                l1: a1,
-                l2sq: a2,
-                extra: e,
-            } = acc;
-            (l1, l2sq, extra) = (l1.max(a1), l2sq.max(a2), extra.max(e));
+            (l1, l2sq, extra) = (l1.max(acc.l1), l2sq.max(acc.l2sq), extra.max(acc.extra));
+            members.push(Some((acc.c0, acc.c1)));
+        }
+        members.resize_with(shape.leaves, || None);
+        // A member enters the tree in coefficient form, its useful class moved to 0 mod stride.
+        let enter = |(mut c0, mut c1): Ct| {
             for c in [&mut c0, &mut c1] {
                 c.intt_scaled(p, &linv);
                 if shape.offset > 0 {
                     *c = c.monomial_mul(p, 2 * n - shape.offset);
                 }
             }
-            members.push(Some((c0, c1)));
-        }
-        members.resize_with(shape.leaves, || None);
+            (c0, c1)
+        };
         let (mut c0, mut c1) = self
-            .merge(members, shape.stride / shape.leaves)
+            .merge(members, shape.stride / shape.leaves, &enter)
             .expect("at least one member");
-        c0.ntt(p);
-        c1.ntt(p);
+        join(|| c0.ntt(p), || c1.ntt(p));
         Ok(Accumulator {
             c0,
             c1,
@@ -154,9 +151,16 @@ impl GaloisKeys {
         })
     }
 
-    fn merge(&self, cts: Vec<Option<Ct>>, u: usize) -> Option<Ct> {
+    /// The recursion of the module docs; the two subtrees are merged in parallel (every node
+    /// is a key switch, milliseconds), and each leaf enters through `enter`.
+    fn merge(
+        &self,
+        cts: Vec<Option<Ct>>,
+        u: usize,
+        enter: &(impl Fn(Ct) -> Ct + Sync),
+    ) -> Option<Ct> {
         if cts.len() == 1 {
-            return cts.into_iter().next().flatten();
+            return cts.into_iter().next().flatten().map(enter);
         }
         let (mut even, mut odd) = (Vec::new(), Vec::new());
         for (i, c) in cts.into_iter().enumerate() {
@@ -166,8 +170,10 @@ impl GaloisKeys {
                 odd.push(c)
             }
         }
-        let a = self.merge(even, 2 * u);
-        let b = self.merge(odd, 2 * u);
+        let (a, b) = join(
+            || self.merge(even, 2 * u, enter),
+            || self.merge(odd, 2 * u, enter),
+        );
         if a.is_none() && b.is_none() {
             return None;
         }

@@ -25,7 +25,9 @@
 
 use veil_core::parallel::parallel_map;
 use veil_core::{ensure, Result, RingTensor};
-use veil_he::{round_trip, Accumulator, GaloisKeys, NttPlaintext, Params, PublicKey, SecretKey};
+use veil_he::{
+    round_trip, Accumulator, EvalCiphertext, GaloisKeys, NttPlaintext, Params, PublicKey, SecretKey,
+};
 use veil_net::Channel;
 
 use crate::layout::{check_dims, Layout, WeightBlocking};
@@ -229,6 +231,43 @@ pub fn client_receive<C: Channel + ?Sized>(
     Ok(out)
 }
 
+/// The accumulators of `members` ((row block, column block) pairs of `job`'s layout), each the
+/// sum over the inner blocks of its input ciphertext times its weight block. Inner blocks run
+/// outermost so that one pass over the inputs feeds every accumulator, and a weight block is
+/// transformed once for the consecutive members of its column.
+fn products(
+    job: &ServerJob<'_>,
+    members: &[(usize, usize)],
+    evals: &[EvalCiphertext],
+) -> Result<Vec<Accumulator>> {
+    let lay = job.layout;
+    let p = &job.matrix.params;
+    let kb = lay.k_blocks();
+    let mut accs: Vec<Accumulator> = members.iter().map(|_| Accumulator::new(p)).collect();
+    let cached = job.matrix.ntt_for(lay.weight_blocking());
+    let mut w = NttPlaintext::new(p, &[], job.matrix.max_abs)?;
+    for bk in 0..kb {
+        let mut current = usize::MAX;
+        for (&(bi, bm), acc) in members.iter().zip(accs.iter_mut()) {
+            if lay.is_structural_zero(bk, bm) {
+                continue;
+            }
+            let w = match cached {
+                Some(blocks) => &blocks[bm * kb + bk],
+                None => {
+                    if current != bm {
+                        w.set(p, &lay.rhs_coeffs(&job.matrix.b, bk, bm))?;
+                        current = bm;
+                    }
+                    &w
+                }
+            };
+            acc.mul_acc(p, &evals[bi * kb + bk], w);
+        }
+    }
+    Ok(accs)
+}
+
 /// Server: receives the ciphertexts of a batch, computes and returns the hardened products,
 /// and outputs its shares R (one n×m matrix per job).
 ///
@@ -310,6 +349,9 @@ pub fn server_respond<C: Channel + ?Sized>(
             out_tasks.push((j, start..(start + per_task).min(lay.packed_count())));
         }
     }
+    // Few tasks (a decoder step's matrix × vector: one packed group a product) would leave
+    // workers idle, so each task then computes its column blocks in parallel too.
+    let nested = out_tasks.len() < veil_core::parallel::pool().current_num_threads();
     let results = parallel_map(out_tasks.len(), |t, prg| {
         let (j, ref groups) = out_tasks[t];
         let job = &jobs[j];
@@ -318,29 +360,15 @@ pub fn server_respond<C: Channel + ?Sized>(
         let shape = lay.pack_shape();
         let all = lay.responses();
         let members = &all[groups.start * pack..(groups.end * pack).min(all.len())];
-        let kb = lay.k_blocks();
-        let mut accs: Vec<Accumulator> = members.iter().map(|_| Accumulator::new(p)).collect();
-        let cached = job.matrix.ntt_for(lay.weight_blocking());
-        let mut w = NttPlaintext::new(p, &[], job.matrix.max_abs)?;
-        for bk in 0..kb {
-            let mut current = usize::MAX;
-            for (&(bi, bm), acc) in members.iter().zip(accs.iter_mut()) {
-                if lay.is_structural_zero(bk, bm) {
-                    continue;
-                }
-                let w = match cached {
-                    Some(blocks) => &blocks[bm * kb + bk],
-                    None => {
-                        if current != bm {
-                            w.set(p, &lay.rhs_coeffs(&job.matrix.b, bk, bm))?;
-                            current = bm;
-                        }
-                        &w
-                    }
-                };
-                acc.mul_acc(p, &evals[in_offset[j] + bi * kb + bk], w);
-            }
-        }
+        let evals = &evals[in_offset[j]..in_offset[j] + lay.input_count()];
+        let accs = if nested {
+            // Members are column-block major: one run per column block.
+            let runs: Vec<&[(usize, usize)]> = members.chunk_by(|a, b| a.1 == b.1).collect();
+            let parts = parallel_map(runs.len(), |r, _| products(job, runs[r], evals))?;
+            parts.into_iter().flatten().collect()
+        } else {
+            products(job, members, evals)?
+        };
         let mut accs = accs.into_iter();
         let mut done = Vec::new();
         for g in groups.clone() {
