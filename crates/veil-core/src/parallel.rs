@@ -165,6 +165,31 @@ mod tests {
         assert_eq!(pool().current_num_threads(), threads());
     }
 
+    /// A recursive split (a packing tree's shape) inside a pool job gives the serial result, and
+    /// a panic in a half becomes the enclosing map's error.
+    #[test]
+    fn joins_recurse_inside_jobs_and_panics_reach_the_caller() {
+        fn sum(range: std::ops::Range<u64>) -> u64 {
+            if range.end - range.start <= 4 {
+                return range.sum();
+            }
+            let mid = range.start + (range.end - range.start) / 2;
+            let (a, b) = join(|| sum(range.start..mid), || sum(mid..range.end));
+            a + b
+        }
+        assert_eq!(sum(0..1000), 499_500);
+        let sums = parallel_map(8, |i, _| Ok(sum(0..100 * i as u64))).unwrap();
+        assert_eq!(
+            sums,
+            (0..8u64).map(|i| (0..100 * i).sum()).collect::<Vec<_>>()
+        );
+        let panicked = parallel_map(2, |i, _| {
+            let (a, b) = join(|| i, || if i == 1 { panic!("half") } else { i });
+            Ok(a + b)
+        });
+        assert!(panicked.is_err());
+    }
+
     #[test]
     fn lanes_cover_the_range_in_order_whatever_their_length() {
         for len in [0usize, 1, 2, 7, 64, 1000, 1001] {
