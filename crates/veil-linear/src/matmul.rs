@@ -23,7 +23,7 @@
 //! the client a share off by one, a correctness event, not a leak.
 //! **Flights:** 2 per batch (client → server, server → client), whatever the number of products.
 
-use veil_core::parallel::parallel_map;
+use veil_core::parallel::{lanes, parallel_map};
 use veil_core::{ensure, Result, RingTensor};
 use veil_he::{
     round_trip, Accumulator, EvalCiphertext, GaloisKeys, NttPlaintext, Params, PublicKey, SecretKey,
@@ -362,9 +362,11 @@ pub fn server_respond<C: Channel + ?Sized>(
         let members = &all[groups.start * pack..(groups.end * pack).min(all.len())];
         let evals = &evals[in_offset[j]..in_offset[j] + lay.input_count()];
         let accs = if nested {
-            // Members are column-block major: one run per column block.
+            // Members are column-block major: one run per column block, a lane each (no random
+            // stream needed, unlike `parallel_map`; serial on a one-worker pool).
             let runs: Vec<&[(usize, usize)]> = members.chunk_by(|a, b| a.1 == b.1).collect();
-            let parts = parallel_map(runs.len(), |r, _| products(job, runs[r], evals))?;
+            let parts = lanes(runs.len(), 1, |r| products(job, runs[r.start], evals));
+            let parts = parts.into_iter().collect::<Result<Vec<_>>>()?;
             parts.into_iter().flatten().collect()
         } else {
             products(job, members, evals)?
