@@ -2,7 +2,7 @@
 //! ([`parallel_map`]: encryptions, products, responses; [`join`]: packing trees), veil-ot's
 //! silent-OT expansion (its trees and LPN step, through [`pool`]) and the per-element work of
 //! the OT flavours that the non-linear protocols call ([`lanes`]: COT hashing, 1-of-N rows and
-//! keys).
+//! keys; also the column blocks of an HE batch with few tasks).
 //!
 //! **Why one pool.** A server runs one thread per client session, and every session's batches
 //! want all the cores. Workers spawned per call made N concurrent sessions run N times as many
