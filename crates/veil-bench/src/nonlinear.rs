@@ -315,7 +315,7 @@ pub fn run_streaming(
         &relu_20,
         &relus,
     )?;
-    let gelu = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.gelu(x);
+    let gelu = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.gelu(x, None);
     let gelus = |x: &[f64]| x.iter().map(|&v| reference::gelu(v)).collect::<Vec<_>>();
     measure(&mut out, "GELU", &h, &h_slice, &gelu, &gelus)?;
     measure(

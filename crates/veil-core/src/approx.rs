@@ -608,7 +608,13 @@ impl Approx {
     /// Domain: every x (ReLU is exact; the tail's φ is below the error bound).
     /// Max error vs f64 (measured over |x| ≤ 60 and at large |x|): [`GELU_MAX_ERROR`].
     pub fn gelu(&self, x: u64) -> u64 {
-        self.odd_split(&self.gelu_plan(), x)
+        self.odd_split(&self.gelu_plan(), x, None)
+    }
+
+    /// [`Approx::gelu`] with its two sign comparisons promised |x| < 2^k
+    /// ([`Approx::odd_split`]'s `bound`): equal to it on that domain.
+    pub fn gelu_within(&self, x: u64, bound: Option<u32>) -> u64 {
+        self.odd_split(&self.gelu_plan(), x, bound)
     }
 
     /// The odd split ReLU(x) − φ̃(|x|) of `plan` (GELU's and SiLU's steps, exactly the
@@ -619,13 +625,22 @@ impl Approx {
     /// V = P_0 + Σ_j c_j·(P_j − P_(j−1)) − c·P_last (a telescoping selection: only the segment's
     /// own polynomial survives, 0 beyond A); φ̃ = round(V, coef_frac), sign-extended to the full
     /// ring; y = r − φ̃.
-    pub fn odd_split(&self, p: &SplitPlan, x: u64) -> u64 {
+    ///
+    /// `bound`: the promise |x| < 2^k (k ≥ the tail's bits + 1, below ℓ − 1), which lets the
+    /// protocol run the sign and the clamp as k-bit comparisons: both are then
+    /// [`drelu_bounded`] at k, the protocol's bits for any x, equal to the unbounded ones on the
+    /// promised domain.
+    pub fn odd_split(&self, p: &SplitPlan, x: u64, bound: Option<u32>) -> u64 {
         let ring = self.fp.ring;
         let k = p.ring;
         let f = self.fp.frac_bits();
-        let r = self.relu(x);
+        let sign = |v: u64| match bound {
+            Some(b) => drelu_bounded(ring, v, b),
+            None => !ring.msb(v),
+        };
+        let r = if sign(x) { x } else { 0 };
         let a = ring.sub(ring.add(r, r), x);
-        let clamp = !ring.msb(ring.sub(a, p.tail));
+        let clamp = sign(ring.sub(a, p.tail));
         let ac = if clamp { p.tail } else { k.reduce(a) };
         let a2 = trunc_in(k, k.mul(ac, ac), f);
         let a3 = trunc_in(k, k.mul(ac, a2), f);

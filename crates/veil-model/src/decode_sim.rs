@@ -5,7 +5,10 @@
 //! simulator's memory), biases at 2f; the attention scale 1/√d_head folded into the query
 //! weights and bias; every linear layer y = ⌊(W·x + b) / 2^f⌋ with an exact accumulator; rotary
 //! positions multiply by public cos/sin at f bits and truncate once; Q·Kᵀ, P·V and the gate's
-//! silu(g)·u are secret products truncated by f; RMSNorm ([`veil_core::approx::Approx::rms_norm_row`])
+//! silu(g)·u are secret products truncated by f (SiLU and GELU with their sign comparisons on
+//! the model's proved activation bound, [`FixedDecoder::activation_bits`], the two-party
+//! pass's bits for any input; an input beyond it, possible only after a norm's input left its
+//! domain, is counted as a domain violation); RMSNorm ([`veil_core::approx::Approx::rms_norm_row`])
 //! and GPT-2's LayerNorm run on the wide domain |x| < 2^[`DecoderFormat::norm_dev_bits`].
 //!
 //! Substituted operators ([`crate::decoder::DecoderBlockVariant`], Llama family): the Scale norm
@@ -30,6 +33,8 @@
 //! the largest norm input against the domain, and the count of domain violations (norm rows,
 //! and in substituted blocks ReLU inputs and ReLU-normalise row sums), merged over every
 //! step of a generation ([`DecoderSim::reports`], [`DecoderSim::warnings`]).
+
+mod activation_bound;
 
 use veil_core::approx::{Approx, LayerNormPlan};
 use veil_core::{bail, ensure, Error, FixedPoint, Result, RingTensor};
@@ -422,6 +427,8 @@ pub struct FixedDecoder {
     tables: DecoderTables,
     blocks: Vec<FixedBlock>,
     final_norm: FixedNorm,
+    /// |SiLU's or GELU's input| < 2^k for every prompt (`activation_bound`), or None.
+    activation_bits: Option<u32>,
 }
 
 impl FixedDecoder {
@@ -464,6 +471,7 @@ impl FixedDecoder {
             })
             .collect::<Result<Vec<_>>>()?;
         let tables = DecoderTables::of_weights(w, format)?;
+        let activation_bits = activation_bound::provable_activation_bits(&approx, c, &blocks);
         Ok(FixedDecoder {
             approx,
             format,
@@ -471,7 +479,25 @@ impl FixedDecoder {
             tables,
             blocks,
             final_norm: norm(&w.final_norm),
+            activation_bits,
         })
+    }
+
+    /// k with |input| < 2^k for every SiLU (Llama) or GELU (GPT-2) this model computes in the
+    /// norms' domain, proved from its weights (`activation_bound`); None when there is none
+    /// narrower than the ring. Both parties' activations compare on k bits
+    /// (`Approx::silu_within`), so a server announces it to its clients.
+    pub fn activation_bits(&self) -> Option<u32> {
+        self.activation_bits
+    }
+
+    /// Widens the activation bound to at least `bits` (still a true bound: a wider one always
+    /// is), so that a benchmark on random weights pays a pretrained model's comparisons.
+    pub fn widen_activation_bound(&mut self, bits: u32) {
+        self.activation_bits = self
+            .activation_bits
+            .map(|k| k.max(bits))
+            .filter(|&k| k < self.format.fp.ring.bits() - 1);
     }
 
     /// The embedding and output tables (public for an open model).
@@ -739,6 +765,16 @@ impl<'a> DecoderSim<'a> {
         RingTensor::from_vec(ring, x.shape(), out)
     }
 
+    /// 1 when v is outside the model's proved activation bound (never, unless the norm's
+    /// input left its domain first), else 0.
+    fn outside_activation_bound(&self, v: u64) -> usize {
+        let ring = self.model.fp().ring;
+        self.model
+            .activation_bits
+            .is_some_and(|k| ring.to_signed(v).unsigned_abs() >= 1 << k)
+            .into()
+    }
+
     fn map(&self, x: &RingTensor, f: impl Fn(u64) -> u64) -> Result<RingTensor> {
         RingTensor::from_vec(
             x.ring(),
@@ -877,13 +913,16 @@ impl DecoderEngine for DecoderSim<'_> {
             gate.shape(),
             up.shape()
         );
-        let ax = self.model.approx;
+        let (ax, bound) = (self.model.approx, self.model.activation_bits);
         let out = gate
             .data()
             .iter()
             .zip(up.data())
             .map(|(&g, &u)| match act {
-                DecoderActivation::Original => self.product(ax.silu(g), u),
+                DecoderActivation::Original => {
+                    self.tracker.report.out_of_domain += self.outside_activation_bound(g);
+                    self.product(ax.silu_within(g, bound), u)
+                }
                 DecoderActivation::Relu => {
                     self.tracker.report.out_of_domain += self.outside_relu_domain(&[g]);
                     self.product(ax.relu(g), u)
@@ -895,8 +934,14 @@ impl DecoderEngine for DecoderSim<'_> {
     }
 
     fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
-        let ax = self.model.approx;
-        self.map(x, |v| ax.gelu(v))
+        let (ax, bound) = (self.model.approx, self.model.activation_bits);
+        let outside: usize = x
+            .data()
+            .iter()
+            .map(|&v| self.outside_activation_bound(v))
+            .sum();
+        self.tracker.report.out_of_domain += outside;
+        self.map(x, |v| ax.gelu_within(v, bound))
     }
 
     fn block_done(&mut self, block: usize, output: &RingTensor) -> Result<()> {

@@ -404,10 +404,14 @@ impl<'a, C: Channel> Ctx<'a, C> {
     }
 
     /// The sign bits [x ≥ 0], ReLU(x) and |x| = 2·ReLU(x) − x: the odd-symmetric split GELU and
-    /// SiLU start from (|x| wraps only at x = −2^(ℓ−1)).
-    pub(crate) fn relu_and_abs(&mut self, x: &[u64]) -> Result<(Vec<bool>, Vec<u64>, Vec<u64>)> {
+    /// SiLU start from (|x| wraps only at x = −2^(ℓ−1)), the sign with [`Ctx::drelu`]'s `bound`.
+    pub(crate) fn relu_and_abs(
+        &mut self,
+        x: &[u64],
+        bound: Option<u32>,
+    ) -> Result<(Vec<bool>, Vec<u64>, Vec<u64>)> {
         let ring = self.ring();
-        let pos = self.drelu(x, None)?;
+        let pos = self.drelu(x, bound)?;
         let r = self.mux(&pos, x)?;
         let a = r
             .iter()

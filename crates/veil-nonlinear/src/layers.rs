@@ -76,13 +76,13 @@ fn check_ring<C: Channel>(cx: &Ctx<C>, x: &RingTensor) -> Result<()> {
 impl<C: Channel> Ctx<'_, C> {
     /// GELU, tanh form, as ReLU(x) − φ(|x|) with φ piecewise cubic (approx::gelu: the clamp to
     /// [0, A], the narrow-ring powers, the segment comparisons and the telescoping selection are the
-    /// same steps, [`Ctx::odd_split`]). Label "GELU". Flights at the default format: 64 (faithful
-    /// truncations).
-    pub fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
+    /// same steps, [`Ctx::odd_split`], whose `bound` it takes). Label "GELU". Flights at the
+    /// default format: 64 (faithful truncations) unbounded.
+    pub fn gelu(&mut self, x: &RingTensor, bound: Option<u32>) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter(CostClass::Gelu);
         let plan = self.ax.gelu_plan();
-        let y = self.odd_split(&plan, x.data())?;
+        let y = self.odd_split(&plan, x.data(), bound)?;
         RingTensor::from_vec(self.ring(), x.shape(), y)
     }
 
@@ -95,16 +95,34 @@ impl<C: Channel> Ctx<'_, C> {
     /// Shares open to exactly `approx::odd_split` with faithful truncations, for every x.
     /// Flights: 64 faithful for GELU's plan, 66 for SiLU's (its wider narrow ring), 46 in the
     /// 1-bit-error mode (the three narrow-ring truncations take 2 flights instead of 8).
-    pub fn odd_split(&mut self, plan: &SplitPlan, xs: &[u64]) -> Result<Vec<u64>> {
+    ///
+    /// `bound`: the promise |x| < 2^k runs the sign and the clamp as k-bit comparisons (fewer
+    /// correlations and flights; `approx::odd_split` with the same bound is what they compute
+    /// for any x). The clamp's input a − A is then below 2^k too, so k must exceed A's bits.
+    pub fn odd_split(
+        &mut self,
+        plan: &SplitPlan,
+        xs: &[u64],
+        bound: Option<u32>,
+    ) -> Result<Vec<u64>> {
         let ring = self.ring();
         let k = plan.ring;
         let f = self.ax.fp.frac_bits();
         let n = xs.len();
-        let (_, r, a) = self.relu_and_abs(xs)?;
+        if let Some(b) = bound {
+            ensure!(
+                b < ring.bits() && plan.tail < 1u64 << b,
+                InvalidArgument,
+                "a bound of 2^{b} on the input of a split whose tail is {} in a {}-bit ring",
+                plan.tail,
+                ring.bits()
+            );
+        }
+        let (_, r, a) = self.relu_and_abs(xs, bound)?;
         // c = [a ≥ A]; a_c = a − c·(a − A), from here on in the narrow ring.
         let mut over = a.clone();
         self.add_public(&mut over, ring.neg(plan.tail));
-        let clamp = self.drelu(&over, None)?;
+        let clamp = self.drelu(&over, bound)?;
         let over_k: Vec<u64> = over.iter().map(|&v| k.reduce(v)).collect();
         let cut = self.mux_in(k, &clamp, &over_k)?;
         let ac: Vec<u64> = a.iter().zip(&cut).map(|(&v, &c)| k.sub(v, c)).collect();

@@ -228,7 +228,7 @@ impl<C: Channel> Engine for Party<'_, C> {
         match kind {
             Activation::Gelu => {
                 let _g = cx.ch.meter().enter(CostClass::Gelu);
-                cx.gelu(x)
+                cx.gelu(x, None)
             }
             Activation::Relu => {
                 let _g = cx.ch.meter().enter(CostClass::Relu);

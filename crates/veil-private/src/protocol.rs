@@ -14,7 +14,7 @@
 //! | [`Request`] | client → server | tag (u8) ‖ fields: 0 goodbye; 1 inference ‖ length (u32) ‖ preprocessed (u8: 0 or 1); 2 preprocessing ‖ length (u32) |
 //! | [`PreprocessReply`] | server → client | 0 ‖ the silent-OT pool size to precompute (u64), or 1 ‖ why it refuses (UTF-8) |
 //! | [`OutputShare`] | server → client | the server's share of the output, ring elements at ⌈ℓ/8⌉ bytes |
-//! | [`DecoderAdmission`] | server → client | a decoder server's answer to the hello: 2 ‖ ring bits (u8) ‖ fraction bits (u8) ‖ norm domain bits (u8) ‖ truncation (u8: 0 faithful, 1 one-bit error) ‖ tables (u8: 0 public, 1 private) ‖ the public tables' digest, or the shape's for private tables (32 bytes), or 1 ‖ why it refuses (UTF-8) |
+//! | [`DecoderAdmission`] | server → client | a decoder server's answer to the hello: 2 ‖ ring bits (u8) ‖ fraction bits (u8) ‖ norm domain bits (u8) ‖ truncation (u8: 0 faithful, 1 one-bit error) ‖ activation bound bits (u8: 0 none, else below ring bits − 1) ‖ tables (u8: 0 public, 1 private) ‖ the public tables' digest, or the shape's for private tables (32 bytes), or 1 ‖ why it refuses (UTF-8) |
 //! | [`GenerationRequest`] | client → server | tag (u8) ‖ fields: 0 goodbye; 16 generation start ‖ context limit (u32); 17 step ‖ tokens (u32); 18 generation end; 19 preprocess the next step ‖ tokens (u32), answered by [`PreprocessReply`]; 20 preprocessed step ‖ tokens (u32) |
 //! | [`GenerateReply`] | server → client | 0 (accepted), or 1 ‖ why it refuses (UTF-8) |
 //!
@@ -48,8 +48,9 @@ use veil_nonlinear::OtSession;
 /// digest to the admission and refuses a hello of 0 tokens; 5 carries everything after the
 /// admission in records (`veil_net::records`), so that the server can end a session with its
 /// reason at any point; 6 gave the decoder's ℓ = 48 set Galois keys of 9 levels (its single-row
-/// products pack responses at strides up to 512, with layouts of their own).
-pub const VERSION: u32 = 6;
+/// products pack responses at strides up to 512, with layouts of their own); 7 announces the
+/// decoder's activation bound at admission (its SiLU/GELU comparisons run on that many bits).
+pub const VERSION: u32 = 7;
 
 /// The fixed-point format of every session (the project defaults; training uses the same).
 pub fn session_format() -> FixedPoint {
@@ -395,6 +396,10 @@ pub struct DecoderAnnounced {
     /// How every truncation after a product runs (both parties must agree: it decides the
     /// protocol each truncation speaks).
     pub truncation: ProductTruncation,
+    /// k with every SiLU/GELU input below 2^k, proved from the server's weights
+    /// (`veil_model::FixedDecoder::activation_bits`): both parties' activations compare on k
+    /// bits. None: on the whole ring.
+    pub activation_bits: Option<u32>,
     /// What the server says of its tables.
     pub tables: AnnouncedTables,
 }
@@ -436,7 +441,8 @@ impl Message for DecoderAdmission {
                     .u8(fp.ring.bits() as u8)
                     .u8(fp.frac_bits() as u8)
                     .u8(a.format.norm_dev_bits as u8)
-                    .u8(truncation);
+                    .u8(truncation)
+                    .u8(a.activation_bits.map_or(0, |k| k as u8));
                 match a.tables {
                     AnnouncedTables::Public(d) => w.u8(0).bytes(&d.0),
                     AnnouncedTables::Private(d) => w.u8(1).bytes(&d.0),
@@ -461,6 +467,15 @@ impl Message for DecoderAdmission {
                     1 => ProductTruncation::OneBitError,
                     t => bail!(Malformed, "truncation mode {t}"),
                 };
+                // 0: none; else a comparison width the ring has room for.
+                let activation_bits = match r.u8()? {
+                    0 => None,
+                    k if k < ring - 1 => Some(u32::from(k)),
+                    k => bail!(
+                        Malformed,
+                        "an activation bound of 2^{k} in a {ring}-bit ring"
+                    ),
+                };
                 let private = match r.u8()? {
                     0 => false,
                     1 => true,
@@ -475,6 +490,7 @@ impl Message for DecoderAdmission {
                         norm_dev_bits: norm.into(),
                     },
                     truncation,
+                    activation_bits,
                     tables: match private {
                         false => AnnouncedTables::Public(d),
                         true => AnnouncedTables::Private(d),
@@ -649,12 +665,14 @@ mod tests {
         let a = DecoderAdmission::Admitted(DecoderAnnounced {
             format: DecoderFormat::default(),
             truncation: ProductTruncation::Faithful,
+            activation_bits: Some(21),
             tables: AnnouncedTables::Public(BundleDigest([7; 32])),
         });
         round_trip(a.clone());
         round_trip(DecoderAdmission::Admitted(DecoderAnnounced {
             format: DecoderFormat::default(),
             truncation: ProductTruncation::OneBitError,
+            activation_bits: None,
             tables: AnnouncedTables::Private(BundleDigest([9; 32])),
         }));
         round_trip_text(DecoderAdmission::Refused("full".into()));
@@ -684,7 +702,11 @@ mod tests {
         bad[4] = 9;
         assert!(DecoderAdmission::decode(&bad).is_err());
         let mut bad = a.encode();
-        bad[5] = 2;
+        bad[5] = 47;
+        let e = DecoderAdmission::decode(&bad).unwrap_err();
+        assert!(e.to_string().contains("activation bound"), "{e}");
+        let mut bad = a.encode();
+        bad[6] = 2;
         let e = DecoderAdmission::decode(&bad).unwrap_err();
         assert!(e.to_string().contains("tables kind"), "{e}");
         assert!(GenerationRequest::decode(&[99]).is_err());
@@ -696,10 +718,10 @@ mod tests {
         round_trip(Hello {
             max_tokens: u32::MAX,
         });
-        // The bytes of protocol version 6, pinned.
+        // The bytes of protocol version 7, pinned.
         assert_eq!(
             Hello { max_tokens: 7 }.encode(),
-            [b'V', b'E', b'I', b'L', 6, 0, 0, 0, 7, 0, 0, 0]
+            [b'V', b'E', b'I', b'L', 7, 0, 0, 0, 7, 0, 0, 0]
         );
         let e = Hello::decode(b"GET / HTTP/1.1").unwrap_err().to_string();
         assert!(e.contains("not a Veil client"), "{e}");
@@ -772,7 +794,7 @@ mod tests {
             });
         }
         round_trip(Request::Preprocess { tokens: 1 });
-        // The bytes of protocol version 6, pinned.
+        // The bytes of protocol version 7, pinned.
         assert_eq!(
             Request::Infer {
                 tokens: 5,

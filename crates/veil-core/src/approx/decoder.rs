@@ -65,7 +65,14 @@ impl Approx {
     /// an exp and a quotient.
     /// Domain: every x. Max error vs f64: [`SILU_MAX_ERROR`].
     pub fn silu(&self, x: u64) -> u64 {
-        self.odd_split(&self.silu_plan(), x)
+        self.odd_split(&self.silu_plan(), x, None)
+    }
+
+    /// [`Approx::silu`] with its two sign comparisons promised |x| < 2^k
+    /// ([`Approx::odd_split`]'s `bound`; a decoder's provable bound on its gate,
+    /// `veil_model::FixedDecoder::activation_bits`): equal to it on that domain.
+    pub fn silu_within(&self, x: u64, bound: Option<u32>) -> u64 {
+        self.odd_split(&self.silu_plan(), x, bound)
     }
 
     /// The public constants of [`Approx::silu`].
@@ -188,6 +195,37 @@ mod tests {
                 assert_eq!(a.silu(v), a.relu(v), "silu({x}) is ReLU beyond the tail");
             }
             assert_eq!(a.silu(0), 0);
+        }
+    }
+
+    /// The bounded split (a decoder's provable gate bound) is the unbounded one on its domain
+    /// |x| < 2^k, at the domain's edges and for random values of every magnitude below it; and
+    /// just outside it, it is what the protocol's k-bit comparisons make of x, not SiLU.
+    #[test]
+    fn bounded_silu_equals_silu_on_its_domain() {
+        let mut prg = Prg::from_os_entropy();
+        for a in formats() {
+            let r = a.fp.ring;
+            let tail_bits = 64 - a.silu_plan().tail.leading_zeros();
+            for k in [tail_bits + 1, 21, r.bits() - 2, r.bits() - 1] {
+                let edge = (1i64 << k) - 1;
+                let mut xs = vec![0, 1, -1, edge, -edge, edge - 1, -edge + 1];
+                for _ in 0..5_000 {
+                    let bits = 1 + prg.u64() % u64::from(k);
+                    xs.push(r.to_signed(r.reduce(prg.u64() >> (64 - bits))));
+                    xs.push(-xs[xs.len() - 1]);
+                }
+                for &x in &xs {
+                    let v = r.from_signed(x);
+                    assert_eq!(a.silu_within(v, Some(k)), a.silu(v), "silu({x}) at k = {k}");
+                    assert_eq!(a.gelu_within(v, Some(k)), a.gelu(v), "gelu({x}) at k = {k}");
+                }
+                if k < r.bits() - 1 {
+                    // 2^k + 5 looks negative to a k-bit comparison: ReLU gives 0, not x.
+                    let out = r.from_signed((1i64 << k) + 5);
+                    assert_ne!(a.silu_within(out, Some(k)), a.silu(out), "outside, k = {k}");
+                }
+            }
         }
     }
 

@@ -26,6 +26,17 @@ impl DecoderShape {
         }
     }
 
+    /// The activation bound (`FixedDecoder::activation_bits`) of the pretrained model of this
+    /// shape that Veil ships, which a benchmark on random weights widens its own to: SmolLM2's
+    /// 21 bits (|gate| < 256; checked against the real weights by a resources test). GPT-2's
+    /// weights are not shipped: None, its random weights' own bound.
+    pub fn pretrained_activation_bits(self) -> Option<u32> {
+        match self {
+            DecoderShape::SmolLm2 => Some(21),
+            DecoderShape::Gpt2 => None,
+        }
+    }
+
     /// The shape `name` names.
     pub fn from_name(name: &str) -> Option<Self> {
         [DecoderShape::SmolLm2, DecoderShape::Gpt2]

@@ -358,3 +358,73 @@ fn f32_decoder_matches_candle_quantized_llama() {
         );
     }
 }
+
+/// The activation bound a server announces holds at its worst input and is not vacuous: with
+/// the MLP norm's γ scaled up (so the bound is far above the split's tail, as in a pretrained
+/// model), a hidden row aligned with the row of the first MLP layer whose bound is largest
+/// drives that activation input to within 2 bits of 2^k and never past it; random prompts stay
+/// inside it (no domain warning).
+#[test]
+fn activation_bound_holds_at_its_worst_input_and_is_tight() {
+    use veil_model::decoder::DecoderNormKind;
+    use veil_model::decoder::Mlp;
+    use veil_model::engine::decoder::{DecoderEngine, DecoderLayer, DecoderNorm};
+    for (gpt2, shape) in shapes() {
+        let mut w = tiny(gpt2, 5, &shape);
+        for b in &mut w.blocks {
+            b.mlp_norm.weight.iter_mut().for_each(|g| *g *= 40.0);
+        }
+        let fixed = FixedDecoder::encode(&w, DecoderFormat::default()).unwrap();
+        let k = fixed.activation_bits().expect("a bound below the ring");
+        let fp = fixed.fp();
+        let (ring, f) = (fp.ring, fp.frac_bits());
+        let d = w.config.hidden;
+        let mut worst = 0u64;
+        for (i, b) in w.blocks.iter().enumerate() {
+            let first = match &b.mlp {
+                Mlp::Gated { gate, .. } => &gate.weight,
+                Mlp::Plain { up, .. } => &up.weight,
+            };
+            let gamma = &b.mlp_norm.weight;
+            for j in 0..first.rows {
+                // x ∝ W_j ⊙ γ (centred for LayerNorm), at a few units: the norm's output then
+                // points along W_j ⊙ γ, where |g_j| = √d·‖W_j ⊙ γ‖₂ is largest.
+                let mut x: Vec<f64> = (0..d)
+                    .map(|c| f64::from(first.data[j * d + c] * gamma[c]))
+                    .collect();
+                if gpt2 {
+                    let mean = x.iter().sum::<f64>() / d as f64;
+                    x.iter_mut().for_each(|v| *v -= mean);
+                }
+                let scale = 4.0 / x.iter().fold(0f64, |m, v| m.max(v.abs()));
+                let row = x.iter().map(|v| fp.encode(v * scale)).collect::<Vec<_>>();
+                let row = veil_core::RingTensor::from_vec(ring, &[1, d], row).unwrap();
+                let mut s = fixed.session();
+                let h = s
+                    .norm(DecoderNorm::Mlp(i), DecoderNormKind::Original, &row)
+                    .unwrap();
+                let layer = if gpt2 {
+                    DecoderLayer::Up(i)
+                } else {
+                    DecoderLayer::Gate(i)
+                };
+                let g = s.linear(layer, &h).unwrap();
+                worst = worst.max(ring.to_signed(g.data()[j]).unsigned_abs());
+            }
+        }
+        println!("gpt2 {gpt2}: k = {k}, worst 2^{:.2}", (worst as f64).log2());
+        assert!(
+            worst < 1 << k,
+            "gpt2 {gpt2}: |g| = 2^{:.2} ≥ 2^{k}",
+            (worst as f64).log2()
+        );
+        assert!(
+            worst >= 1 << (k - 2),
+            "gpt2 {gpt2}: the worst input reaches only 2^{:.2} of 2^{k} (f = {f})",
+            (worst as f64).log2()
+        );
+        let mut s = fixed.session();
+        s.step(&IDS, LogitRows::All).unwrap();
+        assert!(s.warnings().is_empty(), "{:?}", s.warnings());
+    }
+}

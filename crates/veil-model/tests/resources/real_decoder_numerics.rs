@@ -119,6 +119,12 @@ fn smollm2_simulator_top1_agrees_with_f32_on_sst2((dir, m): (PathBuf, &DecoderMo
     .unwrap();
     let f32_model = F32Model::new(&m.weights).unwrap();
     let fixed = FixedDecoder::encode(&m.weights, DecoderFormat::default()).unwrap();
+    // The bound its SiLUs compare on (|gate| < 256), which `veil bench generate --shape
+    // smollm2` pays on random weights: the shape's constant must stay this model's.
+    assert_eq!(
+        fixed.activation_bits(),
+        veil_model::decoder::DecoderShape::SmolLm2.pretrained_activation_bits()
+    );
     let vocab = m.weights.config.vocab_size;
     let (mut agree, mut total) = (0usize, 0usize);
     let mut sim = fixed.session();

@@ -241,7 +241,7 @@ fn silu_matches_approx_exactly() {
         let x = share_values(ring, &vals);
         let got = open(run_mem(|ot, ch, role| {
             let mut cx = Ctx::new(ot, ch, role, a);
-            let y = cx.silu(pick(role, &x).data())?;
+            let y = cx.silu(pick(role, &x).data(), None)?;
             veil_core::RingTensor::from_vec(ring, &[y.len()], y)
         }));
         for (i, &v) in vals.iter().enumerate() {
@@ -254,6 +254,45 @@ fn silu_matches_approx_exactly() {
             );
         }
     }
+}
+
+/// SiLU with a bound on its input (a decoder's provable gate bound) opens to exactly
+/// `approx::silu_within` at that bound for every input, inside the promise (where it is SiLU) and
+/// outside it (where both are the k-bit comparisons' reading of x); GELU's split likewise.
+#[test]
+fn bounded_silu_and_gelu_match_approx_exactly_inside_and_outside_the_bound() {
+    let a = Approx::new(veil_core::FixedPoint::new(48, 13).unwrap()).unwrap();
+    let ring = a.fp.ring;
+    let k = 21;
+    let mut vals = silu_inputs(&a, 40);
+    for x in [(1i64 << k) - 1, (1 << k) + 5, 1 << (k + 3), 3 << 40] {
+        vals.extend([ring.from_signed(x), ring.from_signed(-x)]);
+    }
+    let x = share_values(ring, &vals);
+    let (silu, gelu) = {
+        let got = run_mem(|ot, ch, role| {
+            let mut cx = Ctx::new(ot, ch, role, a);
+            let s = cx.silu(pick(role, &x).data(), Some(k))?;
+            let g = cx.gelu(pick(role, &x), Some(k))?;
+            let n = s.len();
+            veil_core::RingTensor::from_vec(ring, &[2 * n], [s, g.data().to_vec()].concat())
+        });
+        let both = open(got);
+        let n = vals.len();
+        (both[..n].to_vec(), both[n..].to_vec())
+    };
+    let mut outside_differs = false;
+    for (i, &v) in vals.iter().enumerate() {
+        let x = ring.to_signed(v);
+        assert_eq!(silu[i], a.silu_within(v, Some(k)), "silu({x}) at k = {k}");
+        assert_eq!(gelu[i], a.gelu_within(v, Some(k)), "gelu({x}) at k = {k}");
+        if x.unsigned_abs() < 1 << k {
+            assert_eq!(silu[i], a.silu(v), "silu({x}) inside the bound");
+        } else {
+            outside_differs |= silu[i] != a.silu(v);
+        }
+    }
+    assert!(outside_differs, "the bound changed nothing outside it");
 }
 
 /// SiLU in the 1-bit-error mode stays within the approximation's bound plus 4 ulps of f64's
@@ -272,7 +311,7 @@ fn silu_in_the_one_bit_mode_stays_close_to_silu() {
     let got = open(run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
         cx.trunc_mode = veil_nonlinear::TruncMode::OneBitError;
-        let y = cx.silu(pick(role, &x).data())?;
+        let y = cx.silu(pick(role, &x).data(), None)?;
         veil_core::RingTensor::from_vec(ring, &[y.len()], y)
     }));
     let ulp = 1.0 / a.fp.scale();

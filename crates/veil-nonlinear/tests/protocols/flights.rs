@@ -143,7 +143,7 @@ fn layer_operators_take_their_documented_flights() {
         layer_flights(8, 64, |cx, x, p| cx.centre_affine(x, p)),
         layer_flights(8, 64, |cx, x, _| {
             cx.trunc_mode = TruncMode::Faithful; // GELU stays exact in the models
-            cx.gelu(x)
+            cx.gelu(x, None)
         }),
         layer_flights(8, 64, |cx, x, _| {
             let k = cx.ax.relu_bound_bits();
@@ -154,12 +154,21 @@ fn layer_operators_take_their_documented_flights() {
             cx.rms_norm(x, p.map(|p| p.gamma), 1e-5, dev)
         }),
         layer_flights(8, 64, |cx, x, _| {
-            let y = cx.silu(x.data())?;
+            let y = cx.silu(x.data(), None)?;
             RingTensor::from_vec(x.ring(), x.shape(), y)
         }),
         layer_flights(8, 64, |cx, x, _| {
             cx.trunc_mode = TruncMode::Faithful;
-            let y = cx.silu(x.data())?;
+            let y = cx.silu(x.data(), None)?;
+            RingTensor::from_vec(x.ring(), x.shape(), y)
+        }),
+        layer_flights(8, 64, |cx, x, _| {
+            let y = cx.silu(x.data(), Some(21))?;
+            RingTensor::from_vec(x.ring(), x.shape(), y)
+        }),
+        layer_flights(8, 64, |cx, x, _| {
+            cx.trunc_mode = TruncMode::Faithful;
+            let y = cx.silu(x.data(), Some(21))?;
             RingTensor::from_vec(x.ring(), x.shape(), y)
         }),
         layer_flights(8, 64, |cx, x, _| {
@@ -176,9 +185,9 @@ fn layer_operators_take_their_documented_flights() {
     ];
     println!(
         "relu_normalise softmax layer_norm centre_affine gelu relu rms_norm silu silu-faithful \
-         hard-swish·u hard-swish·u-faithful: {got:?}"
+         silu<2^21 silu<2^21-faithful hard-swish·u hard-swish·u-faithful: {got:?}"
     );
-    assert_eq!(got, [44, 88, 46, 8, 64, 11, 42, 46, 66, 18, 32]);
+    assert_eq!(got, [44, 88, 46, 8, 64, 11, 42, 46, 66, 42, 62, 18, 32]);
 }
 
 /// Where a decode step's flights go (n = 1, the 1-bit-error mode, ℓ = 48): the flights, bytes
@@ -218,7 +227,7 @@ fn decode_step_flights_by_label() {
                     cx.softmax_masked(x, &mask)?;
                 }
                 _ => {
-                    cx.silu(x.data())?;
+                    cx.silu(x.data(), None)?;
                 }
             }
             cx.ch.flush()?;

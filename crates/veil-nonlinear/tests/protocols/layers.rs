@@ -46,7 +46,7 @@ fn gelu_and_relu_on_bert_intermediate_rows() {
     let sh = split(&x);
     let out = run_mem(|ot, ch, role| {
         let mut cx = Ctx::new(ot, ch, role, a);
-        let g = cx.gelu(pick(role, &sh))?;
+        let g = cx.gelu(pick(role, &sh), None)?;
         let r = cx.relu_tensor(pick(role, &sh), Some(20))?;
         Ok((g, r))
     });

@@ -109,8 +109,19 @@
 //! the residual stream on unnormalised, so the blocks after it may amplify them (the tests'
 //! substituted mix: 0.04 to 0.12 against 0.01 for the original model).
 //!
+//! **Activation bound.** The server proves from its weights that every SiLU (GELU) input is
+//! below 2^k (`veil_model::FixedDecoder::activation_bits`: the MLP's norm bounds its output
+//! row's length, the first MLP layer's rows then bound each input; SmolLM2-135M: k = 21) and
+//! announces k at admission (`DecoderAnnounced::activation_bits`, the one thing of its weights
+//! the client learns beyond the outputs). Both parties then run the activation's sign and
+//! clamp comparisons on k bits instead of ℓ − 1 (`Ctx::silu`'s `bound`): fewer correlations
+//! and 2·(⌈log2 ⌈(ℓ−1)/4⌉⌉ − ⌈log2 ⌈k/4⌉⌉) fewer flights each, and the simulator computes the
+//! same bits (`Approx::silu_within`), so the faithful mode stays bit for bit. The client cannot
+//! check k; a server announcing too small a k only corrupts its own answers.
+//!
 //! **Flights** (measured on the tests' tiny models, 2 blocks of width 32, at the shipped
-//! (48, 13); they depend on the format and the context length, not on the width). A decode step
+//! (48, 13), before the activation bound, which takes 4 or more from each SiLU and GELU; they
+//! depend on the format and the context length, not on the width). A decode step
 //! (n = 1) in the 1-bit-error mode takes 778 flights on the two Llama blocks: per block RMSNorm
 //! 2 × 74, Softmax 108, SiLU 76, the gated product 4, the six HE products (q|k|v, o, gate|up,
 //! down, Q·Kᵀ, P·V) 6, truncations 10, plus the final norm, one flight for the head and an OT

@@ -81,6 +81,8 @@ pub enum DecoderSide<'a> {
 pub struct Generation {
     cfg: DecoderConfig,
     mode: TruncMode,
+    /// SiLU's or GELU's inputs promised below 2^k (the server's proved bound, announced).
+    activation_bits: Option<u32>,
     context_limit: usize,
     cache: KvCache,
     /// Set while a step runs: a step that failed part-way leaves some blocks' caches longer
@@ -94,10 +96,12 @@ pub struct Generation {
 impl Generation {
     /// An empty KV cache for a model shaped `cfg` that may hold up to `context_limit` positions
     /// (the prompt and every generated token; at most the model's `max_positions`).
-    /// `truncation` must be the other party's: it decides the protocol each truncation runs.
+    /// `(truncation, activation_bits)` must be the other party's: they decide the protocol each
+    /// truncation and each activation's comparisons run (a server's are its truncation mode and
+    /// its model's `FixedDecoder::activation_bits`, announced to the client at admission).
     pub fn new(
         cfg: &DecoderConfig,
-        truncation: ProductTruncation,
+        (truncation, activation_bits): (ProductTruncation, Option<u32>),
         context_limit: usize,
     ) -> Result<Self> {
         ensure!(
@@ -113,6 +117,7 @@ impl Generation {
         Ok(Generation {
             cfg: cfg.clone(),
             mode,
+            activation_bits,
             context_limit,
             cache: KvCache::with_capacity(cfg, context_limit),
             broken: false,
@@ -780,11 +785,12 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
             up.shape()
         );
         let f = self.ax.fp.frac_bits();
+        let bound = self.generation.activation_bits;
         let mut cx = self.cx();
         let s = match act {
             DecoderActivation::Original => {
                 let _g = cx.ch.meter().enter(CostClass::Silu);
-                cx.silu(gate.data())?
+                cx.silu(gate.data(), bound)?
             }
             DecoderActivation::Relu => {
                 let k = cx.ax.relu_bound_bits();
@@ -801,12 +807,14 @@ impl<C: Channel> DecoderEngine for DecoderParty<'_, C> {
         RingTensor::from_vec(gate.ring(), gate.shape(), y)
     }
 
-    /// GELU (tanh form) with faithful truncations whatever the mode, as the encoder's.
+    /// GELU (tanh form) with faithful truncations whatever the mode, as the encoder's; its
+    /// comparisons on the generation's activation bound.
     fn gelu(&mut self, x: &RingTensor) -> Result<RingTensor> {
         let role = self.role();
+        let bound = self.generation.activation_bits;
         let mut cx = Ctx::new(self.ot, self.ch, role, self.ax);
         let _g = cx.ch.meter().enter(CostClass::Gelu);
-        cx.gelu(x)
+        cx.gelu(x, bound)
     }
 }
 

@@ -241,6 +241,7 @@ fn generation_session<C: Channel>(
     DecoderAdmission::Admitted(DecoderAnnounced {
         format,
         truncation: opts.truncation,
+        activation_bits: model.fixed().activation_bits(),
         tables: model.announced_tables(),
     })
     .send(&mut ch)?;
@@ -316,7 +317,8 @@ fn generation_session<C: Channel>(
                 current = None;
                 let limit = context_limit as usize;
                 let tables = model.prompt_lookup_bytes();
-                match start(cfg, opts.truncation, (limit, tables), cap, memory) {
+                let arithmetic = (opts.truncation, model.fixed().activation_bits());
+                match start(cfg, arithmetic, (limit, tables), cap, memory) {
                     Ok(c) => {
                         current = Some(c);
                         GenerateReply::Accepted.send(&mut ch)?;
@@ -401,7 +403,7 @@ fn generation_session<C: Channel>(
 /// `(limit, tables)`: the context limit and the bytes private tables' lookups take beyond it.
 fn start<'a>(
     cfg: &DecoderConfig,
-    truncation: ProductTruncation,
+    (truncation, activation_bits): (ProductTruncation, Option<u32>),
     (limit, tables): (usize, usize),
     cap: usize,
     memory: &'a dyn SessionMemory,
@@ -420,7 +422,8 @@ fn start<'a>(
         ));
     }
     let taken = Taken { memory, bytes };
-    let generation = Generation::new(cfg, truncation, limit).map_err(|e| e.to_string())?;
+    let generation =
+        Generation::new(cfg, (truncation, activation_bits), limit).map_err(|e| e.to_string())?;
     Ok(Current {
         generation,
         material: None,
@@ -494,6 +497,8 @@ pub struct GenerationClient<'t, C: Channel> {
     ot: OtSession,
     tables: ClientTables<'t>,
     truncation: ProductTruncation,
+    /// The server's announced activation bound (its weights'; the client cannot check it).
+    activation_bits: Option<u32>,
     cap: usize,
     /// Each exchange's allowance: the set-up, each start, each step; None: no deadline.
     step_timeout: Option<Duration>,
@@ -579,6 +584,7 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
             ot,
             tables,
             truncation: announced.truncation,
+            activation_bits: announced.activation_bits,
             cap: max_context,
             step_timeout,
             preprocess: false,
@@ -635,7 +641,8 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
             self.cap
         );
         // Made before the request so that a local refusal sends nothing.
-        let generation = Generation::new(cfg, self.truncation, context_limit)?;
+        let arithmetic = (self.truncation, self.activation_bits);
+        let generation = Generation::new(cfg, arithmetic, context_limit)?;
         set_deadline(&mut self.ch, self.step_timeout)?;
         GenerationRequest::GenerateStart {
             context_limit: context_limit as u32,

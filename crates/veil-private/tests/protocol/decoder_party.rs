@@ -131,7 +131,8 @@ fn two_party_with<T: Send>(
     let fixed = model.fixed();
     let ring = fixed.fp().ring;
     run_mem(|ot: &mut OtSession, ch, role| {
-        let mut generation = Generation::new(&fixed.config, mode, limit)?;
+        let mut generation =
+            Generation::new(&fixed.config, (mode, fixed.activation_bits()), limit)?;
         match role {
             Role::Client => {
                 let lin = ClientSession::setup(ch, ring)?;
@@ -663,7 +664,7 @@ fn a_context_beyond_the_limit_is_refused_cleanly() {
     );
     // A limit beyond the model's positions is refused when the generation is made.
     let max = fixed.config.max_positions;
-    let e = Generation::new(&fixed.config, ProductTruncation::Faithful, max + 1)
+    let e = Generation::new(&fixed.config, (ProductTruncation::Faithful, None), max + 1)
         .err()
         .unwrap()
         .to_string();
