@@ -3,7 +3,9 @@
 //! implement `veil_model::NextLogits`, so `veil_model::generate` drives them unchanged).
 //!
 //! **Flow.** The client's hello names the longest context it will ask for (the session's cap).
-//! The server answers with [`DecoderAdmission`]: the format, the truncation mode and the digest
+//! The server answers with [`DecoderAdmission`]: the format, the truncation mode, its model's
+//! activation bound (`veil_model::FixedDecoder::activation_bits`, which the client's comparisons
+//! follow) and the digest
 //! of its public tables (`veil_model::DecoderTables::digest`, covering the configuration), or,
 //! when it keeps them private, the digest of the configuration and format alone
 //! (`DecoderTables::shape_digest`); the client refuses a mismatch with what it holds (or the
