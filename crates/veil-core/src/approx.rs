@@ -634,10 +634,9 @@ impl Approx {
         let ring = self.fp.ring;
         let k = p.ring;
         let f = self.fp.frac_bits();
-        let sign = |v: u64| match bound {
-            Some(b) => drelu_bounded(ring, v, b),
-            None => !ring.msb(v),
-        };
+        // Unbounded is k = ℓ − 1, where drelu_bounded reads the sign bit itself.
+        let k_sign = bound.unwrap_or(ring.bits() - 1);
+        let sign = |v: u64| drelu_bounded(ring, v, k_sign);
         let r = if sign(x) { x } else { 0 };
         let a = ring.sub(ring.add(r, r), x);
         let clamp = sign(ring.sub(a, p.tail));

@@ -54,8 +54,7 @@ pub(super) fn provable_activation_bits(
         any = true;
         largest = largest.max(row_bound(ax, config.hidden, &block.mlp_norm, first, (a, b)));
     }
-    let f = ax.fp.frac_bits();
-    let raw = largest * f64::from(1u32 << f);
+    let raw = largest * ax.fp.scale();
     let tail_bits = 64 - plan.tail.leading_zeros();
     let k = (raw.log2().floor() as u32 + 1).max(tail_bits);
     (any && raw.is_finite() && k < ax.fp.ring.bits() - 1).then_some(k)
@@ -70,14 +69,12 @@ fn row_bound(
     (a, b): (f64, f64),
 ) -> f64 {
     let fp = ax.fp;
-    let (ring, f) = (fp.ring, fp.frac_bits());
-    let u = 1.0 / f64::from(1u32 << f);
-    let real = |v: u64| ring.to_signed(v) as f64 * u;
-    let gamma: Vec<f64> = norm.gamma.iter().map(|&g| real(g)).collect();
+    let u = 1.0 / fp.scale();
+    let gamma: Vec<f64> = norm.gamma.iter().map(|&g| fp.decode(g)).collect();
     let beta: Option<Vec<f64>> = norm
         .beta
         .as_ref()
-        .map(|bs| bs.iter().map(|&v| real(v)).collect());
+        .map(|bs| bs.iter().map(|&v| fp.decode(v)).collect());
     let sqrt_d = (d as f64).sqrt();
     (0..lin.rows)
         .map(|j| {
@@ -93,9 +90,11 @@ fn row_bound(
                     wb += wi * beta[i];
                 }
             }
-            let bias = lin.bias.as_ref().map_or(0.0, |bs| {
-                ring.to_signed(bs[j]).unsigned_abs() as f64 * u * u
-            });
+            // Biases are at 2f bits.
+            let bias = lin
+                .bias
+                .as_ref()
+                .map_or(0.0, |bs| fp.decode(bs[j]).abs() * u);
             (1.0 + b) * sqrt_d * s2.sqrt() + a * s1 + 4.0 * u * w1 + wb.abs() + bias + 4.0 * u
         })
         .fold(0.0, f64::max)
