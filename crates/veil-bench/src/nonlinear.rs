@@ -326,6 +326,16 @@ pub fn run_streaming(
         &cheap(&gelu),
         &gelus,
     )?;
+    // The bound a Base-class model proves from its weights (all-mpnet-base-v2: 21 bits).
+    let gelu_21 = |cx: &mut Ctx<TcpChannel>, x: &RingTensor| cx.gelu(x, Some(21));
+    measure(
+        &mut out,
+        "GELU (|x| < 2^21)",
+        &h,
+        &h_slice,
+        &gelu_21,
+        &gelus,
+    )?;
 
     let cols = 128;
     let att = random(&[12 * 128 / div, cols], 8.0)?;

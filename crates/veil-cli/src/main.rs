@@ -595,11 +595,16 @@ fn bench(what: BenchCmd) -> Result<()> {
                     )?
                 );
             } else {
-                let (report, prep) = veil_private::bench::run_model(
+                let run = veil_private::bench::run_model(
                     preset, variant, seq, net, tls, preprocess, ntt_budget,
                 )?;
-                println!("{} ({}), {seq} tokens; weight preparation {prep:.2} s (once per model and length)", preset.name(), variant.name());
-                print!("{}", report.to_table());
+                println!(
+                    "{} ({}), {seq} tokens; weight preparation {:.2} s (once per model and length)",
+                    preset.name(),
+                    variant.name(),
+                    run.prepare_s
+                );
+                print!("{}", run.report.to_table());
             }
         }
     }

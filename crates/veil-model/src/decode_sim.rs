@@ -494,10 +494,8 @@ impl FixedDecoder {
     /// Widens the activation bound to at least `bits` (still a true bound: a wider one always
     /// is), so that a benchmark on random weights pays a pretrained model's comparisons.
     pub fn widen_activation_bound(&mut self, bits: u32) {
-        self.activation_bits = self
-            .activation_bits
-            .map(|k| k.max(bits))
-            .filter(|&k| k < self.format.fp.ring.bits() - 1);
+        self.activation_bits =
+            crate::normed_bound::widened(self.activation_bits, bits, self.format.fp.ring);
     }
 
     /// The embedding and output tables (public for an open model).

@@ -99,6 +99,7 @@ mod generate;
 /// Client bundles' manifests and digests: what a client checks against the server's model.
 pub mod manifest;
 mod nn;
+mod normed_bound;
 /// Progress bars and spinners for the slow steps.
 pub mod progress;
 /// Seeded random models and tiny classifier folders, for tests and benchmarks.

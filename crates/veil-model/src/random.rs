@@ -42,6 +42,17 @@ impl Preset {
         }
     }
 
+    /// The GELU bound (`FixedModel::activation_bits`) of a pretrained model of this class, so
+    /// that a benchmark on random weights (whose bound is narrower: 16–18 bits) pays a real
+    /// model's comparisons: all-mpnet-base-v2 (Base shape) proves 21 bits, all-MiniLM-L6-v2
+    /// (the only real small BERT reachable here) 20, at the default format.
+    pub fn pretrained_activation_bits(self) -> u32 {
+        match self {
+            Preset::BertTiny | Preset::BertMedium => 20,
+            Preset::RobertaBase => 21,
+        }
+    }
+
     /// The shape as a config with the original operators and a 2-label pooler classifier.
     pub fn config(self) -> ModelConfig {
         let (arch, vocab, layers, hidden, heads, ffn, positions) = match self {

@@ -11,7 +11,10 @@
 //!   encoded at f bits and added to the scores;
 //! * secret × secret products (Q·Kᵀ, P·V) are exact mod 2^ℓ, then truncated by f;
 //! * every non-linearity is the one of [`veil_core::approx`] (GELU, Softmax with mask,
-//!   ReLU-normalise, LayerNorm, centring + affine, tanh, mean).
+//!   ReLU-normalise, LayerNorm, centring + affine, tanh, mean); GELU's sign comparisons on the
+//!   model's proved bound ([`FixedModel::activation_bits`]), the two-party pass's bits for any
+//!   input, an input beyond it (possible only after a LayerNorm's input left its domain)
+//!   counted as a domain violation.
 //!
 //! Embeddings: in [`EmbeddingMode::Public`] the f32 embedding output (after its LayerNorm) is
 //! encoded; in `Private` the encoded table rows are summed in the ring (a one-hot selection is
@@ -27,6 +30,7 @@ use crate::candle_error;
 use crate::config::ModelConfig;
 use crate::engine::{self, Engine, LayerId, NormId};
 use crate::nn::{Batch, Block, Embeddings, Head, Norm, Transformer};
+use crate::normed_bound;
 use crate::variants::{Activation, AttentionNorm, EmbeddingMode, HeadKind, LayerNormKind};
 use candle_core::{Device, Module, Tensor};
 use candle_nn::Linear;
@@ -188,6 +192,8 @@ pub struct FixedModel {
     pub embedding_norm: FixedNorm,
     /// The head after the last block.
     pub head: FixedHead,
+    /// k with every GELU input below 2^k, proved from the weights ([`FixedModel::activation_bits`]).
+    activation_bits: Option<u32>,
 }
 
 /// Per-block overflow and domain statistics (real units).
@@ -343,6 +349,8 @@ impl FixedModel {
             ),
             None => None,
         };
+        let activation_bits =
+            normed_bound::encoder_activation_bits(&approx, &model.config, &blocks);
         Ok(FixedModel {
             approx,
             float: model.clone(),
@@ -351,7 +359,21 @@ impl FixedModel {
             relative_attention_bias,
             embedding_norm: FixedNorm::encode(fp, &model.embeddings.norm)?,
             head: FixedHead::encode(fp, &model.head)?,
+            activation_bits,
         })
+    }
+
+    /// k with |input| < 2^k for every GELU this model computes on rows in its LayerNorms'
+    /// domain, proved from its weights (`crate::normed_bound`); None when it runs no GELU or
+    /// none narrower than the ring. Both parties' GELUs compare on k bits
+    /// (`Approx::gelu_within`), so a server announces it to its clients.
+    pub fn activation_bits(&self) -> Option<u32> {
+        self.activation_bits
+    }
+
+    /// Widens the GELU bound to at least `bits`, for benchmarks on random weights.
+    pub fn widen_activation_bound(&mut self, bits: u32) {
+        self.activation_bits = normed_bound::widened(self.activation_bits, bits, self.fp().ring);
     }
 
     /// The fixed-point format the weights are encoded at.
@@ -504,7 +526,12 @@ impl FixedModel {
     }
 
     /// y = ⌊(x·W + b) / 2^f⌋ for x [rows, in].
-    fn linear(&self, x: &RingTensor, l: &FixedLinear, t: &mut Tracker) -> Result<RingTensor> {
+    pub(crate) fn linear(
+        &self,
+        x: &RingTensor,
+        l: &FixedLinear,
+        t: &mut Tracker,
+    ) -> Result<RingTensor> {
         let (rows, inner) = (x.shape()[0], x.shape()[1]);
         ensure!(
             inner == l.in_dim(),
@@ -553,7 +580,7 @@ impl FixedModel {
         matmul_signed(&self.approx, &sa, &sb, dims, bias, t)
     }
 
-    fn norm(&self, x: &RingTensor, n: &FixedNorm, t: &mut Tracker) -> RingTensor {
+    pub(crate) fn norm(&self, x: &RingTensor, n: &FixedNorm, t: &mut Tracker) -> RingTensor {
         let fp = self.fp();
         let h = x.shape()[1];
         let mut out = Vec::with_capacity(x.len());
@@ -658,10 +685,15 @@ impl Engine for Simulation<'_> {
                     m.approx.relu(v)
                 }
                 Activation::Gelu => {
-                    if fp.decode(v).abs() > gelu_domain(fp) {
+                    // Beyond the proved bound (only after a LayerNorm input left its domain)
+                    // the bounded comparisons no longer compute GELU.
+                    let beyond = m
+                        .activation_bits
+                        .is_some_and(|k| fp.ring.to_signed(v).unsigned_abs() >= 1 << k);
+                    if beyond || fp.decode(v).abs() > gelu_domain(fp) {
                         t.out_of_domain += 1;
                     }
-                    m.approx.gelu(v)
+                    m.approx.gelu_within(v, m.activation_bits)
                 }
             })
             .collect();

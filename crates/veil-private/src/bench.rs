@@ -58,11 +58,21 @@ pub fn config(preset: Preset, variant: Variant) -> ModelConfig {
     cfg
 }
 
+/// What [`run_model`] measured.
+pub struct ModelRun {
+    /// The client's cost report.
+    pub report: CostReport,
+    /// The server's one-off weight preparation, seconds.
+    pub prepare_s: f64,
+    /// The GELU bound both parties compared on (None: the whole ring, or no GELU).
+    pub activation_bits: Option<u32>,
+}
+
 /// Runs one private inference of `seq` tokens, over TCP loopback (TLS 1.3 on it if `tls`) or
 /// (`net`) a link shaped like that network, after preprocessing it when `preprocess` (the
 /// report then has the offline phase apart), with `ntt_budget` bytes for the server's NTT-domain
-/// weights ([`ServerModel::with_ntt_budget`]); returns the report plus the server's one-off
-/// weight-preparation time.
+/// weights ([`ServerModel::with_ntt_budget`]). The model's GELU bound is widened to a
+/// pretrained model's of its class (`Preset::pretrained_activation_bits`).
 pub fn run_model(
     preset: Preset,
     variant: Variant,
@@ -71,24 +81,30 @@ pub fn run_model(
     tls: bool,
     preprocess: bool,
     ntt_budget: usize,
-) -> Result<(CostReport, f64)> {
+) -> Result<ModelRun> {
     let link = Link::new(net, tls)?;
     let cfg = config(preset, variant);
     let fp = FixedPoint::default_format();
-    let fixed = FixedModel::encode(&random_transformer(&cfg, [7; 16])?, fp)?;
+    let mut fixed = FixedModel::encode(&random_transformer(&cfg, [7; 16])?, fp)?;
+    fixed.widen_activation_bound(preset.pretrained_activation_bits());
     let mut prg = Prg::from_os_entropy();
     let ids: Vec<u32> = (0..seq)
         .map(|_| prg.below(cfg.vocab_size as u64) as u32)
         .collect();
     let types = vec![0u32; seq];
     let (x, _) = fixed.embed(&ids, &types)?;
+    let activation_bits = fixed.activation_bits();
     let t = Instant::now();
     let server = ServerModel::with_ntt_budget(fixed, ntt_budget)?;
     let prepare_s = t.elapsed().as_secs_f64();
     let parties = Loopback::start(Arc::new(server), link)?;
     let report = parties.connector()().and_then(|ch| infer_once(ch, &x, preprocess));
     parties.stop()?;
-    Ok((report?, prepare_s))
+    Ok(ModelRun {
+        report: report?,
+        prepare_s,
+        activation_bits,
+    })
 }
 
 /// The client's side of [`run_model`]: a session with one inference of `x`, preprocessed first
@@ -113,15 +129,16 @@ pub fn run_model_json(
     preprocess: bool,
     ntt_budget: usize,
 ) -> Result<Value> {
-    let (report, prepare_s) = run_model(preset, variant, seq, net, tls, preprocess, ntt_budget)?;
-    let mut v = report.to_json();
+    let run = run_model(preset, variant, seq, net, tls, preprocess, ntt_budget)?;
+    let mut v = run.report.to_json();
     v["model"] = json!(preset.name());
     v["variant"] = json!(variant.name());
     v["seq"] = json!(seq);
     v["tls"] = json!(tls);
     v["preprocessed"] = json!(preprocess);
     v["ntt_budget_mib"] = json!(ntt_budget >> 20);
-    v["weight_preparation_s"] = json!(prepare_s);
+    v["weight_preparation_s"] = json!(run.prepare_s);
+    v["activation_bits"] = json!(run.activation_bits);
     Ok(v)
 }
 

@@ -63,6 +63,8 @@ pub struct ClientConnection<C: Channel> {
     lin: ClientSession,
     ot: OtSession,
     ax: Approx,
+    /// The server's announced GELU bound ([`Announced::activation_bits`]).
+    activation_bits: Option<u32>,
     setup: PhaseCost,
     /// The lookup method the server announced (private-embedding mode only).
     lookup: Option<LookupMethod>,
@@ -116,6 +118,7 @@ impl<C: Channel> ClientConnection<C> {
         ch.meter().reset();
         let cfg;
         let lookup;
+        let activation_bits;
         let ax = Approx::new(session_format())?;
         let deadline = |ch: &mut C| match opts.step_timeout {
             Some(t) => ch.set_deadline(Some(Instant::now() + t)),
@@ -151,6 +154,7 @@ impl<C: Channel> ClientConnection<C> {
             // As the server after its answer: a close can now tell this client why.
             ch.start_records()?;
             cfg = announced.config.clone();
+            activation_bits = announced.activation_bits;
             lookup = match cfg.veil.embedding {
                 EmbeddingMode::Private => Some(
                     EmbeddingLookup::recv(&mut ch)
@@ -183,6 +187,7 @@ impl<C: Channel> ClientConnection<C> {
             lin,
             ot,
             ax,
+            activation_bits,
             setup,
             lookup,
             opts,
@@ -410,6 +415,7 @@ impl<C: Channel> ClientConnection<C> {
             ot: &mut self.ot,
             ax: self.ax,
             cfg: &self.cfg,
+            activation_bits: self.activation_bits,
             side: Side::Client(&self.lin, real_len),
             pre: pre.as_mut().map(|(m, _)| Pre::Client(m)),
         }

@@ -8,7 +8,8 @@
 //! Softmax, ReLU-normalise, LayerNorm, centring and the pooler's tanh run their truncations in
 //! the 1-bit-error mode of `veil_nonlinear` (products fused with their truncation, at most 2 ulp
 //! low each; the operators' own bounds in that mode are on `veil_nonlinear::Ctx`'s layer methods
-//! and elementary functions); GELU stays bit-exact.
+//! and elementary functions); GELU stays bit-exact. GELU compares on the model's proved bound
+//! ([`Party::activation_bits`]), as the simulator does.
 //! The deviation is these one-sided errors carried through the later layers (bounded in
 //! `tests/`; far below the fixed-point error itself).
 //!
@@ -72,6 +73,10 @@ pub struct Party<'a, C: Channel> {
     pub ax: Approx,
     /// The model's public configuration.
     pub cfg: &'a ModelConfig,
+    /// k with every GELU input below 2^k, the server's proved bound
+    /// (`veil_model::FixedModel::activation_bits`, announced at admission): both parties'
+    /// GELUs compare on k bits. None: on the whole ring.
+    pub activation_bits: Option<u32>,
     /// What only this party has.
     pub side: Side<'a>,
     /// This inference's preprocessed material, if any.
@@ -224,11 +229,12 @@ impl<C: Channel> Engine for Party<'_, C> {
     }
 
     fn activation(&mut self, kind: Activation, x: &RingTensor) -> Result<RingTensor> {
+        let bound = self.activation_bits;
         let mut cx = self.cx();
         match kind {
             Activation::Gelu => {
                 let _g = cx.ch.meter().enter(CostClass::Gelu);
-                cx.gelu(x, None)
+                cx.gelu(x, bound)
             }
             Activation::Relu => {
                 let _g = cx.ch.meter().enter(CostClass::Relu);

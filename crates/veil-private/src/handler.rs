@@ -203,6 +203,7 @@ impl<'a, C: Channel> Handler<'a, C> {
         Admission::Admitted(Announced {
             config: cfg.announced(),
             bundle: limits.bundle,
+            activation_bits: model.fixed.activation_bits(),
         })
         .send(&mut ch)?;
         // From here on a close can tell the client why (the answer above left unframed).
@@ -369,6 +370,7 @@ impl<'a, C: Channel> Handler<'a, C> {
                 ot,
                 ax,
                 cfg,
+                activation_bits: model.fixed.activation_bits(),
                 side: Side::Server(&self.lin, model),
                 pre: pre.as_mut().map(|(m, _)| Pre::Server(m)),
             }

@@ -68,30 +68,32 @@ impl CotCounts {
 pub(crate) fn cots_per_inference(model: &ServerModel, ax: Approx, seq: usize) -> Result<Draw> {
     let cfg = model.config();
     let ring = ax.fp.ring;
+    let bound = model.fixed.activation_bits();
     // Both parties walk the composition in lock-step; only their set-up and side differ.
     let (_, server) = run_two_party(
         |ch| {
             let lin = ClientSession::setup(ch, ring)?;
             let ot = OtSession::setup_with(ch, Role::Client, Backend::Iknp)?;
-            walk(ch, ot, ax, cfg, Side::Client(&lin, seq), seq)
+            walk(ch, ot, ax, cfg, Side::Client(&lin, seq), (seq, bound))
         },
         |ch| {
             let lin = ServerSession::setup(ch, ring)?;
             let ot = OtSession::setup_with(ch, Role::Server, Backend::Iknp)?;
-            walk(ch, ot, ax, cfg, Side::Server(&lin, model), seq)
+            walk(ch, ot, ax, cfg, Side::Server(&lin, model), (seq, bound))
         },
     )?;
     Ok(server)
 }
 
-/// One party's walk through the composition for `seq` tokens, sampling each call.
+/// One party's walk through the composition for `seq` tokens with the model's activation
+/// bound, sampling each call.
 fn walk<C: Channel>(
     ch: &mut C,
     mut ot: OtSession,
     ax: Approx,
     cfg: &ModelConfig,
     side: Side<'_>,
-    seq: usize,
+    (seq, activation_bits): (usize, Option<u32>),
 ) -> Result<Draw> {
     let ring = ax.fp.ring;
     let party = Party {
@@ -99,6 +101,7 @@ fn walk<C: Channel>(
         ot: &mut ot,
         ax,
         cfg,
+        activation_bits,
         side,
         pre: None,
     };

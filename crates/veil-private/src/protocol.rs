@@ -9,7 +9,7 @@
 //! | message | direction | bytes |
 //! |---|---|---|
 //! | [`Hello`] | client → server | "VEIL" ‖ [`VERSION`] (u32) ‖ longest prompt, tokens (u32; 1 to the model's limit, anything else is refused) |
-//! | [`Admission`] | server → client | 0 ‖ bundle flag (u8: 0 none, 1 a digest follows) ‖ the client bundle's SHA-256 digest (32 bytes, if flagged) ‖ the model's public `config.json`, or 1 ‖ why it refuses (UTF-8) |
+//! | [`Admission`] | server → client | 0 ‖ bundle flag (u8: 0 none, 1 a digest follows) ‖ the client bundle's SHA-256 digest (32 bytes, if flagged) ‖ activation bound bits (u8: 0 none, else below the session ring's bits − 1) ‖ the model's public `config.json`, or 1 ‖ why it refuses (UTF-8) |
 //! | [`EmbeddingLookup`] | server → client | the lookup method's tag (u8; private-embedding mode only) |
 //! | [`Request`] | client → server | tag (u8) ‖ fields: 0 goodbye; 1 inference ‖ length (u32) ‖ preprocessed (u8: 0 or 1); 2 preprocessing ‖ length (u32) |
 //! | [`PreprocessReply`] | server → client | 0 ‖ the silent-OT pool size to precompute (u64), or 1 ‖ why it refuses (UTF-8) |
@@ -49,8 +49,9 @@ use veil_nonlinear::OtSession;
 /// admission in records (`veil_net::records`), so that the server can end a session with its
 /// reason at any point; 6 gave the decoder's ℓ = 48 set Galois keys of 9 levels (its single-row
 /// products pack responses at strides up to 512, with layouts of their own); 7 announces the
-/// decoder's activation bound at admission (its SiLU/GELU comparisons run on that many bits).
-pub const VERSION: u32 = 7;
+/// decoder's activation bound at admission (its SiLU/GELU comparisons run on that many bits);
+/// 8 announces an encoder's GELU bound the same way.
+pub const VERSION: u32 = 8;
 
 /// The fixed-point format of every session (the project defaults; training uses the same).
 pub fn session_format() -> FixedPoint {
@@ -176,6 +177,10 @@ pub struct Announced {
     /// The digest of the client bundle the server would export (`veil_model::manifest`);
     /// `None` from a server that has none (a model without a tokenizer, an in-process server).
     pub bundle: Option<BundleDigest>,
+    /// k with every GELU input below 2^k, proved from the server's weights
+    /// (`veil_model::FixedModel::activation_bits`): both parties' GELUs compare on k bits.
+    /// None: on the whole ring.
+    pub activation_bits: Option<u32>,
 }
 
 /// The server's answer to a hello.
@@ -199,7 +204,8 @@ impl Message for Admission {
                     Some(d) => w.u8(1).bytes(&d.0),
                     None => w.u8(0),
                 };
-                w.bytes(a.config.to_json().as_bytes())
+                w.u8(a.activation_bits.map_or(0, |k| k as u8))
+                    .bytes(a.config.to_json().as_bytes())
             }
             Admission::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
         };
@@ -218,8 +224,22 @@ impl Message for Admission {
                     }
                     f => bail!(Malformed, "bundle flag {f} in the server's answer"),
                 };
+                // 0: none; else a comparison width the session's ring has room for.
+                let ring = session_format().ring.bits();
+                let activation_bits = match r.u8()? {
+                    0 => None,
+                    k if u32::from(k) < ring - 1 => Some(u32::from(k)),
+                    k => bail!(
+                        Malformed,
+                        "an activation bound of 2^{k} in a {ring}-bit ring"
+                    ),
+                };
                 let config = ModelConfig::from_json(&text(r, what)?)?;
-                Ok(Admission::Admitted(Announced { config, bundle }))
+                Ok(Admission::Admitted(Announced {
+                    config,
+                    bundle,
+                    activation_bits,
+                }))
             }
             STATUS_REFUSED => Ok(Admission::Refused(text(r, what)?)),
             STATUS_DECODER => bail!(
@@ -691,6 +711,7 @@ mod tests {
         let enc = Admission::Admitted(Announced {
             config: Preset::BertTiny.config().announced(),
             bundle: None,
+            activation_bits: None,
         });
         let e = DecoderAdmission::decode(&enc.encode()).unwrap_err();
         assert!(e.to_string().contains("encoder model"), "{e}");
@@ -718,10 +739,10 @@ mod tests {
         round_trip(Hello {
             max_tokens: u32::MAX,
         });
-        // The bytes of protocol version 7, pinned.
+        // The bytes of protocol version 8, pinned.
         assert_eq!(
             Hello { max_tokens: 7 }.encode(),
-            [b'V', b'E', b'I', b'L', 7, 0, 0, 0, 7, 0, 0, 0]
+            [b'V', b'E', b'I', b'L', 8, 0, 0, 0, 7, 0, 0, 0]
         );
         let e = Hello::decode(b"GET / HTTP/1.1").unwrap_err().to_string();
         assert!(e.contains("not a Veil client"), "{e}");
@@ -736,29 +757,40 @@ mod tests {
     fn admission_round_trips_and_refuses_bad_status_and_text() {
         let config = Preset::BertTiny.config().announced();
         let digest = BundleDigest([0xab; 32]);
-        for bundle in [None, Some(digest)] {
+        for (bundle, activation_bits) in [(None, None), (Some(digest), Some(20))] {
             let a = Admission::Admitted(Announced {
                 config: config.clone(),
                 bundle,
+                activation_bits,
             });
             assert_eq!(Admission::decode(&a.encode()).unwrap(), a);
             strict(&a);
         }
-        // The digest's bytes follow the status and the flag, pinned.
+        // The digest's bytes follow the status and the flag, then the bound, pinned.
         let with = Admission::Admitted(Announced {
             config: config.clone(),
             bundle: Some(digest),
+            activation_bits: Some(20),
         })
         .encode();
-        assert_eq!(&with[..34], [[0u8, 1].as_slice(), &[0xab; 32]].concat());
-        assert_eq!(&with[34..], config.to_json().as_bytes());
+        assert_eq!(
+            &with[..35],
+            [[0u8, 1].as_slice(), &[0xab; 32], &[20]].concat()
+        );
+        assert_eq!(&with[35..], config.to_json().as_bytes());
         let mut flag = with.clone();
         flag[1] = 2;
         let e = Admission::decode(&flag).unwrap_err().to_string();
         assert!(e.contains("bundle flag 2"), "{e}");
+        // A bound the session's 41-bit ring has no room for is refused.
+        let mut wide = with.clone();
+        wide[34] = 40;
+        let e = Admission::decode(&wide).unwrap_err().to_string();
+        assert!(e.contains("activation bound of 2^40"), "{e}");
         let admitted = Admission::Admitted(Announced {
             config,
             bundle: None,
+            activation_bits: None,
         });
         round_trip_text(Admission::Refused("busy".into()));
         round_trip_text(Admission::Refused(String::new()));

@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use std::time::Instant;
 use veil_core::FixedPoint;
 use veil_model::data::{self, DatasetFormat, Example, LabelSet};
+use veil_model::random::Preset;
 use veil_model::FixedModel;
 use veil_model::{fetch, folder, Batch, Model};
 use veil_test_harness::{available, needs, Missing, Trial};
@@ -226,6 +227,13 @@ fn simulate_minilm(model: &Model, fp: FixedPoint) -> (f64, f64, Vec<String>) {
 fn fixed_point_simulator_tracks_f32_on_minilm(model: &Model) {
     // With head-room (l = 64, f = 13) the integer pass follows f32 closely: this checks the
     // simulator's arithmetic on a real model.
+    // The GELU bound its weights prove at the protocol's format is the one `veil bench model`
+    // pays for the small shapes.
+    let fixed = FixedModel::encode(&model.transformer, FixedPoint::default_format()).unwrap();
+    assert_eq!(
+        fixed.activation_bits(),
+        Some(Preset::BertTiny.pretrained_activation_bits())
+    );
     let (cos, diff, warnings) = simulate_minilm(model, FixedPoint::new(64, 13).unwrap());
     assert!(
         cos > 0.999 && diff < 0.02,
@@ -453,6 +461,11 @@ fn mpnet_base(dir: PathBuf) {
     // The simulator runs it in the protocol's format (ℓ = 41, f = 13) inside every operator's
     // domain: block 9's LayerNorm sees |x − mean| ≈ 1,250, which the domain 2^11 holds.
     let fixed = FixedModel::encode(&model.transformer, FixedPoint::default_format()).unwrap();
+    // The GELU bound its weights prove is the one `veil bench model --shape base` pays for.
+    assert_eq!(
+        fixed.activation_bits(),
+        Some(Preset::RobertaBase.pretrained_activation_bits())
+    );
     let enc = model
         .tokenizer
         .as_ref()

@@ -169,6 +169,7 @@ fn a_digest_mismatch_sends_nothing_after_the_hello() {
         Admission::Admitted(Announced {
             config,
             bundle: Some(BundleDigest([9; 32])),
+            activation_bits: None,
         })
         .send(&mut ch)
         .unwrap();

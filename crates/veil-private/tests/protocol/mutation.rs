@@ -160,11 +160,13 @@ fn valid_messages() -> Vec<Vec<u8>> {
         Admission::Admitted(Announced {
             config: cfg.clone(),
             bundle: None,
+            activation_bits: None,
         })
         .encode(),
         Admission::Admitted(Announced {
             config: cfg,
             bundle: Some(veil_model::BundleDigest([7; 32])),
+            activation_bits: Some(20),
         })
         .encode(),
         Admission::Refused("busy".into()).encode(),

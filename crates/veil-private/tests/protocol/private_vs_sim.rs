@@ -69,6 +69,10 @@ fn run(cfg: &ModelConfig, ids: &[u32], seed: u8) -> (Vec<f64>, Vec<f64>, veil_pr
 #[test]
 fn original_operators_match_the_simulator_exactly() {
     let cfg = tiny(BlockVariant::exact(Activation::Gelu), HeadKind::Pooler, 2);
+    // The server announces its GELU bound and both parties compare on it (a client that did
+    // not would speak other flights).
+    let k = models(&cfg, 1).0.activation_bits();
+    assert!(k.is_some_and(|k| k < 20), "{k:?}");
     let (got, want, report) = run(&cfg, &[1, 7, 3, 9, 2], 1);
     assert_eq!(got, want);
     for op in [

@@ -102,6 +102,7 @@ fn another_configuration_is_refused_before_set_up() {
         Admission::Admitted(Announced {
             config: theirs,
             bundle: None,
+            activation_bits: None,
         })
         .send(&mut ch)
         .unwrap();

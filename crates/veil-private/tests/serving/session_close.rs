@@ -181,9 +181,13 @@ fn a_close_reason_is_shown_escaped() {
         let mut ch = TcpChannel::from_stream(stream).unwrap();
         Hello::recv(&mut ch).unwrap();
         let bundle = None;
-        Admission::Admitted(Announced { config, bundle })
-            .send(&mut ch)
-            .unwrap();
+        Admission::Admitted(Announced {
+            config,
+            bundle,
+            activation_bits: None,
+        })
+        .send(&mut ch)
+        .unwrap();
         ch.start_records().unwrap();
         ch.close_with("\x1b[2Jgone\r\n\x07").unwrap();
     });
