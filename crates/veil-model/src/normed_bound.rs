@@ -5,10 +5,11 @@
 //!
 //! g_j = Σ_i W_ji·y_i (+ b_j) with y_i = γ_i·z_i (+ β_i), where the exact normalised row ẑ
 //! (RMSNorm: x/√(mean x² + ε); LayerNorm: (x − μ)/√(var + ε)) has ‖ẑ‖₂ ≤ √d whatever x is. The
-//! fixed-point z differs from ẑ by at most a + b·|ẑ_i| per value (the norm's documented error
-//! bound), y and g each add a few ulps of rounding. By Cauchy–Schwarz,
+//! fixed-point y differs from γ_i·ẑ_i (+ β_i) by at most |γ_i|·(a + b·|ẑ_i|) + c per value (the
+//! norm's documented error bound in either truncation mode), and g adds a few ulps of rounding.
+//! By Cauchy–Schwarz,
 //!
-//!   |g_j| ≤ (1 + b)·√d·‖W_j ⊙ γ‖₂ + a·‖W_j ⊙ γ‖₁ + 4u·‖W_j‖₁ + |W_j·β| + |b_j| + 4u,
+//!   |g_j| ≤ (1 + b)·√d·‖W_j ⊙ γ‖₂ + a·‖W_j ⊙ γ‖₁ + (c + 4u)·‖W_j‖₁ + |W_j·β| + |b_j| + 4u,
 //!
 //! u = 2^-f, for every input row in the norm's domain: the bound holds for any prompt, not only
 //! for the text it was measured on, and needs no trained promise. k is the smallest width with
@@ -26,15 +27,50 @@ use crate::sim::{FixedBlock, FixedLinear};
 use crate::variants::{Activation, LayerNormKind};
 use crate::ModelConfig;
 
-/// A normalisation's public error bound on its normalised value, as a + b·|value|.
-pub(crate) type NormError = (f64, f64);
+/// A normalisation's public error bound on y_i = γ_i·ẑ_i (+ β_i): |γ_i|·(a + b·|ẑ_i|) + c.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NormError {
+    pub a: f64,
+    pub b: f64,
+    pub c: f64,
+}
 
-/// LayerNorm's bound on rows in its domain (var + ε ≥ max(ε, the variance floor)), any row
-/// length: `layer_norm_error_bound` plus the 3.3e-3 more it allows rows longer than 1,948
-/// values, and RMSNorm's relative term, which LayerNorm's output quantisation shares.
-pub(crate) fn layer_norm_error(eps: f64) -> NormError {
-    let floor = eps.max((-f64::from(LAYER_NORM_VAR_FLOOR_BITS)).exp2());
-    (layer_norm_error_bound(floor) + 3.3e-3, RMS_NORM_ERROR.1)
+impl NormError {
+    /// The part of every norm's output error that no multiple of γ covers: the one-bit-error
+    /// mode's (2e-3 + 3 ulp)·(1 + |γ|) (`veil_nonlinear::layers`), more than the faithful
+    /// mode's 1 to 1.5 ulp.
+    fn absolute(fp: FixedPoint) -> f64 {
+        2e-3 + 3.0 / fp.scale()
+    }
+
+    /// RMSNorm on rows in its domain (`RMS_NORM_ERROR`).
+    pub(crate) fn rms_norm(fp: FixedPoint) -> Self {
+        let (a, b) = RMS_NORM_ERROR;
+        NormError {
+            a,
+            b,
+            c: Self::absolute(fp),
+        }
+    }
+
+    /// LayerNorm on rows with var + ε ≥ `var_floor`: `layer_norm_error_bound` and RMSNorm's
+    /// relative term, which LayerNorm's output quantisation shares.
+    pub(crate) fn layer_norm(fp: FixedPoint, var_floor: f64) -> Self {
+        NormError {
+            a: layer_norm_error_bound(var_floor),
+            b: RMS_NORM_ERROR.1,
+            c: Self::absolute(fp),
+        }
+    }
+
+    /// An encoder's LayerNorm on rows in its domain (var + ε ≥ max(ε, the variance floor)), any
+    /// row length: the 3.3e-3 more `layer_norm_error_bound` allows rows longer than 1,948 values.
+    fn encoder_layer_norm(fp: FixedPoint, eps: f64) -> Self {
+        let floor = eps.max((-f64::from(LAYER_NORM_VAR_FLOOR_BITS)).exp2());
+        let mut e = Self::layer_norm(fp, floor);
+        e.a += 3.3e-3;
+        e
+    }
 }
 
 /// The normalisation in front of a linear layer: γ and β at f bits, and its error bound.
@@ -59,7 +95,7 @@ pub(crate) fn largest_output(
     let beta: Option<Vec<f64>> = norm
         .beta
         .map(|bs| bs.iter().map(|&v| fp.decode(v)).collect());
-    let (a, b) = norm.error;
+    let NormError { a, b, c } = norm.error;
     let sqrt_d = (d as f64).sqrt();
     (0..rows)
         .map(|j| {
@@ -76,7 +112,7 @@ pub(crate) fn largest_output(
             }
             // Biases are at 2f bits.
             let bias = bias(j).map_or(0.0, |v| fp.decode(v).abs() * u);
-            (1.0 + b) * sqrt_d * s2.sqrt() + a * s1 + 4.0 * u * w1 + wb.abs() + bias + 4.0 * u
+            (1.0 + b) * sqrt_d * s2.sqrt() + a * s1 + (c + 4.0 * u) * w1 + wb.abs() + bias + 4.0 * u
         })
         .fold(0.0, f64::max)
 }
@@ -121,7 +157,7 @@ pub(crate) fn encoder_activation_bits(
         let norm = NormedInput {
             gamma: &block.ln1.gamma,
             beta: Some(&block.ln1.beta),
-            error: layer_norm_error(block.ln1.eps),
+            error: NormError::encoder_layer_norm(fp, block.ln1.eps),
         };
         let lin: &FixedLinear = &block.intermediate;
         let (rows, cols) = (lin.out_dim(), lin.in_dim());

@@ -3,7 +3,7 @@
 //! `crate::normed_bound` bounds it from the server's weights (SmolLM2-135M: k = 21 instead of
 //! 47 at f = 13). The server announces k at admission, as it announces the format.
 
-use veil_core::approx::{layer_norm_error_bound, Approx, SplitPlan, RMS_NORM_ERROR};
+use veil_core::approx::{Approx, SplitPlan};
 
 use super::{FixedBlock, FixedLinear, FixedNorm};
 use crate::decoder::{DecoderActivation, DecoderConfig, DecoderFamily, DecoderNormKind};
@@ -17,13 +17,11 @@ pub(super) fn provable_activation_bits(
     config: &DecoderConfig,
     blocks: &[FixedBlock],
 ) -> Option<u32> {
-    let (plan, (a, b)): (SplitPlan, (f64, f64)) = match config.family {
-        DecoderFamily::Llama => (ax.silu_plan(), RMS_NORM_ERROR),
+    let fp = ax.fp;
+    let (plan, error): (SplitPlan, NormError) = match config.family {
+        DecoderFamily::Llama => (ax.silu_plan(), NormError::rms_norm(fp)),
         // The same normalisation with the centring's error on top (var + ε ≥ ε).
-        DecoderFamily::Gpt2 => (
-            ax.gelu_plan(),
-            (layer_norm_error_bound(config.norm_eps), RMS_NORM_ERROR.1),
-        ),
+        DecoderFamily::Gpt2 => (ax.gelu_plan(), NormError::layer_norm(fp, config.norm_eps)),
     };
     let mut largest = 0f64;
     let mut any = false;
@@ -38,7 +36,7 @@ pub(super) fn provable_activation_bits(
             return None;
         }
         any = true;
-        largest = largest.max(row_bound(ax, &block.mlp_norm, first, (a, b)));
+        largest = largest.max(row_bound(ax, &block.mlp_norm, first, error));
     }
     any.then(|| comparison_bits(ax, &plan, largest)).flatten()
 }
