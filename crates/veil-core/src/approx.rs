@@ -612,7 +612,8 @@ impl Approx {
     }
 
     /// [`Approx::gelu`] with its two sign comparisons promised |x| < 2^k
-    /// ([`Approx::odd_split`]'s `bound`): equal to it on that domain.
+    /// ([`Approx::odd_split`]'s `bound`): equal to it on that domain, the protocol's value
+    /// there (unspecified outside it).
     pub fn gelu_within(&self, x: u64, bound: Option<u32>) -> u64 {
         self.odd_split(&self.gelu_plan(), x, bound)
     }
@@ -628,8 +629,11 @@ impl Approx {
     ///
     /// `bound`: the promise |x| < 2^k (k ≥ the tail's bits + 1, below ℓ − 1), which lets the
     /// protocol run the sign and the clamp as k-bit comparisons: both are then
-    /// [`drelu_bounded`] at k, the protocol's bits for any x, equal to the unbounded ones on the
-    /// promised domain.
+    /// [`drelu_bounded`] at k, equal to the unbounded ones on the promised domain, where this
+    /// is the protocol's value. Outside it the protocol's output is unspecified (a misread sign
+    /// can leave a_c outside the narrow products' promise, and the result then depends on the
+    /// shares): this function gives one reading, and its callers count such inputs as domain
+    /// violations.
     pub fn odd_split(&self, p: &SplitPlan, x: u64, bound: Option<u32>) -> u64 {
         let ring = self.fp.ring;
         let k = p.ring;

@@ -7,8 +7,8 @@
 //! positions multiply by public cos/sin at f bits and truncate once; Q·Kᵀ, P·V and the gate's
 //! silu(g)·u are secret products truncated by f (SiLU and GELU with their sign comparisons on
 //! the model's proved activation bound, [`FixedDecoder::activation_bits`], the two-party
-//! pass's bits for any input; an input beyond it, possible only after a norm's input left its
-//! domain, is counted as a domain violation); RMSNorm ([`veil_core::approx::Approx::rms_norm_row`])
+//! pass's value inside it; an input beyond it, possible only after a norm's input left its
+//! domain and where the private output is unspecified, is counted as a domain violation); RMSNorm ([`veil_core::approx::Approx::rms_norm_row`])
 //! and GPT-2's LayerNorm run on the wide domain |x| < 2^[`DecoderFormat::norm_dev_bits`].
 //!
 //! Substituted operators ([`crate::decoder::DecoderBlockVariant`], Llama family): the Scale norm

@@ -12,9 +12,9 @@
 //! * secret × secret products (Q·Kᵀ, P·V) are exact mod 2^ℓ, then truncated by f;
 //! * every non-linearity is the one of [`veil_core::approx`] (GELU, Softmax with mask,
 //!   ReLU-normalise, LayerNorm, centring + affine, tanh, mean); GELU's sign comparisons on the
-//!   model's proved bound ([`FixedModel::activation_bits`]), the two-party pass's bits for any
-//!   input, an input beyond it (possible only after a LayerNorm's input left its domain)
-//!   counted as a domain violation.
+//!   model's proved bound ([`FixedModel::activation_bits`]), the two-party pass's value inside
+//!   it; an input beyond it (possible only after a LayerNorm's input left its domain), where
+//!   the private output is unspecified, is counted as a domain violation.
 //!
 //! Embeddings: in [`EmbeddingMode::Public`] the f32 embedding output (after its LayerNorm) is
 //! encoded; in `Private` the encoded table rows are summed in the ring (a one-hot selection is

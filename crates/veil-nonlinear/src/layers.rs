@@ -77,7 +77,7 @@ impl<C: Channel> Ctx<'_, C> {
     /// GELU, tanh form, as ReLU(x) − φ(|x|) with φ piecewise cubic (approx::gelu: the clamp to
     /// [0, A], the narrow-ring powers, the segment comparisons and the telescoping selection are the
     /// same steps, [`Ctx::odd_split`], whose `bound` it takes). Label "GELU". Flights at the
-    /// default format: 64 (faithful truncations) unbounded.
+    /// default format: 64 (faithful truncations) unbounded, 60 at a Base model's 21-bit bound.
     pub fn gelu(&mut self, x: &RingTensor, bound: Option<u32>) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter(CostClass::Gelu);
@@ -97,8 +97,10 @@ impl<C: Channel> Ctx<'_, C> {
     /// 1-bit-error mode (the three narrow-ring truncations take 2 flights instead of 8).
     ///
     /// `bound`: the promise |x| < 2^k runs the sign and the clamp as k-bit comparisons (fewer
-    /// correlations and flights; `approx::odd_split` with the same bound is what they compute
-    /// for any x). The clamp's input a − A is then below 2^k too, so k must exceed A's bits.
+    /// correlations and flights; shares open to exactly `approx::odd_split` with the same bound
+    /// for every x inside the promise, and to something unspecified outside it, where a
+    /// misread sign can break the narrow products' promise). The clamp's input a − A is then
+    /// below 2^k too, so k must exceed A's bits.
     pub fn odd_split(
         &mut self,
         plan: &SplitPlan,

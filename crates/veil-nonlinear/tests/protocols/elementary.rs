@@ -257,8 +257,11 @@ fn silu_matches_approx_exactly() {
 }
 
 /// SiLU with a bound on its input (a decoder's provable gate bound) opens to exactly
-/// `approx::silu_within` at that bound for every input, inside the promise (where it is SiLU) and
-/// outside it (where both are the k-bit comparisons' reading of x); GELU's split likewise.
+/// `approx::silu_within` at that bound, and to SiLU, for every input inside the promise; GELU's
+/// split likewise. Outside it the output is unspecified (a misread sign can leave the clamped
+/// value outside the narrow products' promise, and the result then depends on the shares), as
+/// other operators' outside their domains: the simulator counts such an input as a domain
+/// violation. It must still not be SiLU there (the comparisons do run on k bits).
 #[test]
 fn bounded_silu_and_gelu_match_approx_exactly_inside_and_outside_the_bound() {
     let a = Approx::new(veil_core::FixedPoint::new(48, 13).unwrap()).unwrap();
@@ -284,10 +287,11 @@ fn bounded_silu_and_gelu_match_approx_exactly_inside_and_outside_the_bound() {
     let mut outside_differs = false;
     for (i, &v) in vals.iter().enumerate() {
         let x = ring.to_signed(v);
-        assert_eq!(silu[i], a.silu_within(v, Some(k)), "silu({x}) at k = {k}");
-        assert_eq!(gelu[i], a.gelu_within(v, Some(k)), "gelu({x}) at k = {k}");
         if x.unsigned_abs() < 1 << k {
+            assert_eq!(silu[i], a.silu_within(v, Some(k)), "silu({x}) at k = {k}");
+            assert_eq!(gelu[i], a.gelu_within(v, Some(k)), "gelu({x}) at k = {k}");
             assert_eq!(silu[i], a.silu(v), "silu({x}) inside the bound");
+            assert_eq!(gelu[i], a.gelu(v), "gelu({x}) inside the bound");
         } else {
             outside_differs |= silu[i] != a.silu(v);
         }

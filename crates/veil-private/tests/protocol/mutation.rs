@@ -223,3 +223,20 @@ proptest! {
         let _ = client_replay(apply(&f.to_client, &m, f.to_client.len()));
     }
 }
+
+/// The fuzzers' seeds (`fuzz/seeds`: a length-prefixed hello, then the session's bytes) start
+/// with a hello of this protocol version, so that they reach past the version check.
+#[test]
+fn fuzz_seeds_speak_this_version() {
+    for seed in [
+        include_bytes!("../../../../fuzz/seeds/hello/hello").as_slice(),
+        include_bytes!("../../../../fuzz/seeds/session/hello_then_bye").as_slice(),
+    ] {
+        let (len, rest) = seed.split_at(4);
+        let len = u32::from_le_bytes(len.try_into().unwrap()) as usize;
+        assert_eq!(
+            Hello::decode(&rest[..len]).unwrap(),
+            Hello { max_tokens: 16 }
+        );
+    }
+}
