@@ -766,11 +766,7 @@ impl<'a> DecoderSim<'a> {
     /// 1 when v is outside the model's proved activation bound (never, unless the norm's
     /// input left its domain first), else 0.
     fn outside_activation_bound(&self, v: u64) -> usize {
-        let ring = self.model.fp().ring;
-        self.model
-            .activation_bits
-            .is_some_and(|k| ring.to_signed(v).unsigned_abs() >= 1 << k)
-            .into()
+        crate::normed_bound::beyond(self.model.activation_bits, self.model.fp().ring, v).into()
     }
 
     fn map(&self, x: &RingTensor, f: impl Fn(u64) -> u64) -> Result<RingTensor> {

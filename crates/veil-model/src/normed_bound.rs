@@ -136,6 +136,12 @@ pub(crate) fn widened(bound: Option<u32>, bits: u32, ring: Ring) -> Option<u32> 
     bound.map(|k| k.max(bits)).filter(|&k| k < ring.bits() - 1)
 }
 
+/// Whether raw input `v` lies beyond `bound` (|v| ≥ 2^k), where the bounded split's private
+/// output is unspecified: what the simulators count as a domain violation.
+pub(crate) fn beyond(bound: Option<u32>, ring: Ring, v: u64) -> bool {
+    bound.is_some_and(|k| ring.to_signed(v).unsigned_abs() >= 1 << k)
+}
+
 /// k for an encoder's GELUs: every block that runs GELU reads the output of its post-attention
 /// LayerNorm through its FFN's first layer. None when no block runs GELU, or one that does
 /// follows the centring substitute (whose output is not normalised).

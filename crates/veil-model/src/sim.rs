@@ -687,9 +687,7 @@ impl Engine for Simulation<'_> {
                 Activation::Gelu => {
                     // Beyond the proved bound (only after a LayerNorm input left its domain)
                     // the bounded comparisons no longer compute GELU.
-                    let beyond = m
-                        .activation_bits
-                        .is_some_and(|k| fp.ring.to_signed(v).unsigned_abs() >= 1 << k);
+                    let beyond = normed_bound::beyond(m.activation_bits, fp.ring, v);
                     if beyond || fp.decode(v).abs() > gelu_domain(fp) {
                         t.out_of_domain += 1;
                     }

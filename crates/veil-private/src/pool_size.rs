@@ -74,26 +74,27 @@ pub(crate) fn cots_per_inference(model: &ServerModel, ax: Approx, seq: usize) ->
         |ch| {
             let lin = ClientSession::setup(ch, ring)?;
             let ot = OtSession::setup_with(ch, Role::Client, Backend::Iknp)?;
-            walk(ch, ot, ax, cfg, Side::Client(&lin, seq), (seq, bound))
+            walk(ch, ot, ax, cfg, Side::Client(&lin, seq), seq, bound)
         },
         |ch| {
             let lin = ServerSession::setup(ch, ring)?;
             let ot = OtSession::setup_with(ch, Role::Server, Backend::Iknp)?;
-            walk(ch, ot, ax, cfg, Side::Server(&lin, model), (seq, bound))
+            walk(ch, ot, ax, cfg, Side::Server(&lin, model), seq, bound)
         },
     )?;
     Ok(server)
 }
 
-/// One party's walk through the composition for `seq` tokens with the model's activation
-/// bound, sampling each call.
+/// One party's walk through the composition for `seq` tokens, sampling each call (GELU on
+/// the model's `activation_bits`).
 fn walk<C: Channel>(
     ch: &mut C,
     mut ot: OtSession,
     ax: Approx,
     cfg: &ModelConfig,
     side: Side<'_>,
-    (seq, activation_bits): (usize, Option<u32>),
+    seq: usize,
+    activation_bits: Option<u32>,
 ) -> Result<Draw> {
     let ring = ax.fp.ring;
     let party = Party {

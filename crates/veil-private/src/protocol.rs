@@ -126,6 +126,24 @@ fn text(r: &mut Reader<'_>, what: &str) -> Result<String> {
     }
 }
 
+/// An admission's activation bound as its byte: 0 for none.
+fn activation_bits_byte(bound: Option<u32>) -> u8 {
+    bound.map_or(0, |k| k as u8)
+}
+
+/// An admission's activation bound: 0 for none, else a comparison width a `ring_bits`-bit
+/// ring has room for (below ℓ − 1).
+fn read_activation_bits(r: &mut Reader<'_>, ring_bits: u32) -> Result<Option<u32>> {
+    match u32::from(r.u8()?) {
+        0 => Ok(None),
+        k if k < ring_bits - 1 => Ok(Some(k)),
+        k => bail!(
+            Malformed,
+            "an activation bound of 2^{k} in a {ring_bits}-bit ring"
+        ),
+    }
+}
+
 /// The client's first message: who it is and the longest prompt it will send, so the server
 /// checks its memory before the set-up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,7 +222,7 @@ impl Message for Admission {
                     Some(d) => w.u8(1).bytes(&d.0),
                     None => w.u8(0),
                 };
-                w.u8(a.activation_bits.map_or(0, |k| k as u8))
+                w.u8(activation_bits_byte(a.activation_bits))
                     .bytes(a.config.to_json().as_bytes())
             }
             Admission::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
@@ -224,16 +242,7 @@ impl Message for Admission {
                     }
                     f => bail!(Malformed, "bundle flag {f} in the server's answer"),
                 };
-                // 0: none; else a comparison width the session's ring has room for.
-                let ring = session_format().ring.bits();
-                let activation_bits = match r.u8()? {
-                    0 => None,
-                    k if u32::from(k) < ring - 1 => Some(u32::from(k)),
-                    k => bail!(
-                        Malformed,
-                        "an activation bound of 2^{k} in a {ring}-bit ring"
-                    ),
-                };
+                let activation_bits = read_activation_bits(r, session_format().ring.bits())?;
                 let config = ModelConfig::from_json(&text(r, what)?)?;
                 Ok(Admission::Admitted(Announced {
                     config,
@@ -462,7 +471,7 @@ impl Message for DecoderAdmission {
                     .u8(fp.frac_bits() as u8)
                     .u8(a.format.norm_dev_bits as u8)
                     .u8(truncation)
-                    .u8(a.activation_bits.map_or(0, |k| k as u8));
+                    .u8(activation_bits_byte(a.activation_bits));
                 match a.tables {
                     AnnouncedTables::Public(d) => w.u8(0).bytes(&d.0),
                     AnnouncedTables::Private(d) => w.u8(1).bytes(&d.0),
@@ -487,15 +496,7 @@ impl Message for DecoderAdmission {
                     1 => ProductTruncation::OneBitError,
                     t => bail!(Malformed, "truncation mode {t}"),
                 };
-                // 0: none; else a comparison width the ring has room for.
-                let activation_bits = match r.u8()? {
-                    0 => None,
-                    k if k < ring - 1 => Some(u32::from(k)),
-                    k => bail!(
-                        Malformed,
-                        "an activation bound of 2^{k} in a {ring}-bit ring"
-                    ),
-                };
+                let activation_bits = read_activation_bits(r, ring.into())?;
                 let private = match r.u8()? {
                     0 => false,
                     1 => true,
