@@ -25,6 +25,7 @@
 
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use rayon::prelude::*;
@@ -54,6 +55,32 @@ pub fn pool() -> &'static rayon::ThreadPool {
     })
 }
 
+/// HE batches running now ([`parallel_map`], [`join`]).
+static HE_BATCHES: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts an HE batch while it lives.
+struct HeBatch;
+
+impl HeBatch {
+    fn start() -> Self {
+        HE_BATCHES.fetch_add(1, Ordering::Relaxed);
+        HeBatch
+    }
+}
+
+impl Drop for HeBatch {
+    fn drop(&mut self) {
+        HE_BATCHES.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether an HE batch is running on the pool. Background work (veil-ot's building ahead)
+/// waits meanwhile: the batch keeps the cores busy anyway, and the background's memory traffic
+/// would only slow it (measured, docs/BENCHMARKS.md session 35).
+pub fn he_batch_running() -> bool {
+    HE_BATCHES.load(Ordering::Relaxed) > 0
+}
+
 /// Maps `f` over `0..count` on the pool, results in index order; `f` gets a PRG seeded from
 /// the OS, one per job of the pool (never shared between threads). Every index is its own job:
 /// the items are whole HE operations (milliseconds), so on a shared machine an idle worker can
@@ -63,6 +90,7 @@ pub fn parallel_map<T: Send>(
     count: usize,
     f: impl Fn(usize, &mut Prg) -> Result<T> + Sync,
 ) -> Result<Vec<T>> {
+    let _batch = HeBatch::start();
     let run = || {
         pool().install(|| {
             (0..count)
@@ -106,6 +134,7 @@ pub fn join<A: Send, B: Send>(
     a: impl FnOnce() -> A + Send,
     b: impl FnOnce() -> B + Send,
 ) -> (A, B) {
+    let _batch = HeBatch::start();
     if pool().current_num_threads() == 1 {
         return (a(), b());
     }

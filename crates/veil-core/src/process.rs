@@ -1,5 +1,5 @@
 //! Process-wide settings a Veil binary applies at start, and the process's CPU time (for the
-//! benchmarks). The only unsafe code of this crate: two libc calls.
+//! benchmarks). The only unsafe code of this crate: three libc calls.
 
 /// Keeps freed memory in the heap instead of returning it to the OS. The HE code allocates and
 /// frees polynomials of 64–260 KB at a high rate; with glibc's defaults each such buffer is
@@ -21,6 +21,21 @@ pub fn keep_freed_memory() {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
             libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
             libc::mallopt(libc::M_ARENA_MAX, arenas);
+        }
+    }
+}
+
+/// Puts the calling thread in the scheduler's idle class (`SCHED_IDLE` on Linux): it runs only
+/// when a core would otherwise idle, so background work (the silent-OT pools' building ahead)
+/// never slows the protocol's own threads. No effect elsewhere, or if the call is refused.
+pub fn run_this_thread_when_idle() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sched_setscheduler only reads `param`; pid 0 is the calling thread.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
         }
     }
 }

@@ -14,7 +14,10 @@
 //! one iteration per direction and the bootstrap's until drawn) plus that window, not the
 //! 225 MB of one materialised iteration per direction; preprocessing adds 13 MB per 5.9 M COTs
 //! each way. The COTs, their order, the refills and their bytes are those of the materialised
-//! pool (a test checks them against it).
+//! pool (a test checks them against it). Between calls the front iteration of each silent pool
+//! builds the next COTs on an idle-priority thread (`crate::ferret`'s background module: at
+//! most 2^17 COTs a pool, [`OtSession::background_bytes_limit`]); a call takes what is built and
+//! builds the rest itself, never waiting for the thread, so the COTs and the traffic are the same.
 //!
 //! Every consumed COT has a per-direction index that both parties know; flavours derive their
 //! hash tweaks from it, so no tweak is ever reused within a session.
@@ -27,7 +30,9 @@ use veil_net::{Channel, Role};
 use zeroize::{Zeroize, Zeroizing};
 
 use crate::ferret::table::PoolBuf;
-use crate::ferret::{FerretReceiver, FerretSender, ReceiverIteration, SenderIteration};
+use crate::ferret::{
+    window_bytes, FerretReceiver, FerretSender, ReceiverIteration, SenderIteration,
+};
 use crate::iknp::{IknpReceiver, IknpSender};
 
 /// Which extension produces the COTs.
@@ -61,6 +66,10 @@ trait Iteration {
     fn left(&self) -> usize;
     /// Builds the next `m` ahead of their calls.
     fn build_ahead(&mut self, m: usize);
+    /// Builds its next outputs on the background thread ([`crate::ferret`]'s prefetch).
+    fn build_in_background(&mut self);
+    /// Stops doing so.
+    fn pause_background(&mut self);
     /// Bytes it keeps.
     fn bytes(&self) -> usize;
 }
@@ -179,6 +188,14 @@ impl Iteration for SenderIteration {
         self.build_ahead(m)
     }
 
+    fn build_in_background(&mut self) {
+        self.build_in_background()
+    }
+
+    fn pause_background(&mut self) {
+        self.pause_background()
+    }
+
     fn bytes(&self) -> usize {
         self.bytes()
     }
@@ -191,6 +208,14 @@ impl Iteration for ReceiverIteration {
 
     fn build_ahead(&mut self, m: usize) {
         self.build_ahead(m)
+    }
+
+    fn build_in_background(&mut self) {
+        self.build_in_background()
+    }
+
+    fn pause_background(&mut self) {
+        self.pause_background()
     }
 
     fn bytes(&self) -> usize {
@@ -416,6 +441,14 @@ impl<L: Lanes> Pool<L> {
                         its.pop_front();
                     }
                 }
+                // The front iteration builds the next call's COTs in the background until it
+                // runs; a refill may have put it before others that were building.
+                for (i, it) in its.iter_mut().enumerate() {
+                    match i {
+                        0 => it.build_in_background(),
+                        _ => it.pause_background(),
+                    }
+                }
                 0
             }
         };
@@ -548,10 +581,19 @@ impl OtSession {
         self.sender.bytes_for(n) + self.receiver.bytes_for(n)
     }
 
+    /// The most bytes the two silent pools hold for the COTs their front iterations build in
+    /// the background between calls (`crate::ferret`'s prefetch, included in
+    /// [`OtSession::pool_bytes`] while held): a session's fixed memory counts it beside the
+    /// pools' resident bytes after set-up.
+    pub fn background_bytes_limit() -> usize {
+        window_bytes(Sending::ENTRY_BYTES) + window_bytes(Receiving::ENTRY_BYTES)
+    }
+
     /// Bytes the two pools keep resident. A silent pool keeps its engine's reserve, its
     /// iterations in seed form (the input reserve, roots or level messages, and the last tree
-    /// a call stopped in) and the window the largest call so far was written to (16 bytes per
-    /// COT sent, 17 per COT received); an IKNP pool its buffer's written entries.
+    /// a call stopped in), the COTs built in the background for the next call, and the window
+    /// the largest call so far was written to (16 bytes per COT sent, 17 per COT received); an
+    /// IKNP pool its buffer's written entries.
     pub fn pool_bytes(&self) -> usize {
         self.sender.bytes() + self.receiver.bytes()
     }
@@ -788,8 +830,8 @@ mod tests {
     /// What a silent session keeps resident after its set-up and after its first main refill
     /// and a call that drew all of the bootstrap's leftover and one COT more: per direction,
     /// the engine's reserve and one iteration in seed form (the bootstrap's until it is
-    /// drawn), and the window of the largest call; the estimate of a server session's fixed
-    /// memory rests on this. `pool_bytes_for` is exactly what the refill adds.
+    /// drawn), the window of the largest call, and the COTs built in the background for the
+    /// next; the estimate of a server session's fixed memory rests on this. `pool_bytes_for` is exactly what the refill adds.
     #[test]
     fn a_silent_session_keeps_iterations_in_seed_form() {
         use veil_net::run_two_party;
@@ -829,8 +871,10 @@ mod tests {
         assert_eq!(estimate, send_it + recv_it + 590_017 * 33);
         assert_eq!(filled, setup + estimate);
         // Drawing them: the main iteration's first ones, built ahead, now copied to the
-        // window of the call (590,017 COTs each way) and freed; the bootstrap's still pending.
-        assert_eq!(drawn, filled);
-        assert_eq!(drawn, 49_808_373);
+        // window of the call (590,017 COTs each way) and freed; the bootstrap's still pending,
+        // and the front iterations building their next COTs in the background (held at the
+        // most that takes).
+        assert_eq!(drawn, filled + OtSession::background_bytes_limit());
+        assert_eq!(filled, 49_808_373);
     }
 }

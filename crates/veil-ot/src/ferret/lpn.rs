@@ -114,6 +114,35 @@ impl LpnMatrix {
         });
     }
 
+    /// [`Self::encode`] on the calling thread alone (the background builder's).
+    pub(crate) fn encode_here(&self, first: usize, out: &mut [u128], base: &[u128]) {
+        assert_eq!(base.len(), self.k, "LPN base length");
+        self.apply(first, out, None, base)
+    }
+
+    /// The receiver's operands fit this matrix (a caller's bug otherwise).
+    fn check_receiver_shapes(&self, out: &[u128], out_bits: &[u8], base: &[u128], packed: &[u64]) {
+        assert!(
+            base.len() == self.k
+                && packed.len() == self.k.div_ceil(64)
+                && out.len() == out_bits.len(),
+            "LPN shapes"
+        );
+    }
+
+    /// [`Self::encode_with_bits`] on the calling thread alone.
+    pub(crate) fn encode_with_bits_here(
+        &self,
+        first: usize,
+        out: &mut [u128],
+        out_bits: &mut [u8],
+        base: &[u128],
+        packed: &[u64],
+    ) {
+        self.check_receiver_shapes(out, out_bits, base, packed);
+        self.apply(first, out, Some((out_bits, packed)), base)
+    }
+
     /// Receiver: the same on blocks and bits; `packed`: the base's choice bits
     /// ([`pack_bits`]).
     pub(crate) fn encode_with_bits(
@@ -124,12 +153,7 @@ impl LpnMatrix {
         base: &[u128],
         packed: &[u64],
     ) {
-        assert!(
-            base.len() == self.k
-                && packed.len() == self.k.div_ceil(64)
-                && out.len() == out_bits.len(),
-            "LPN shapes"
-        );
+        self.check_receiver_shapes(out, out_bits, base, packed);
         if out.len() <= JOB_ROWS {
             return self.apply(first, out, Some((out_bits, packed)), base);
         }

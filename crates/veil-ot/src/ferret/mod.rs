@@ -35,12 +35,14 @@
 //! no malicious security. Δ, reserves, roots, choice bits and cached leaves are zeroized on drop,
 //! punctured indices after each use.
 
+mod background;
 mod lpn;
 mod params;
 mod spcot;
 pub(crate) mod table;
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 use veil_core::parallel::pool;
@@ -50,6 +52,8 @@ use zeroize::{Zeroize, Zeroizing};
 
 use crate::ct::eq_mask;
 use crate::iknp::{IknpReceiver, IknpSender};
+pub(crate) use background::window_bytes;
+use background::{Chunks, Feed, Piece};
 use lpn::{pack_bits, LpnMatrix};
 use params::LpnParams;
 #[cfg(test)]
@@ -197,17 +201,72 @@ impl LastTree {
     }
 }
 
-/// One sender iteration after its flight, kept in seed form: its input reserve (the LPN base
-/// and the trees' level COTs) and the trees' roots, from which any range of its n outputs is
-/// rebuilt when it is handed out (the trees a second time: their messages needed them all at
-/// the flight). 4.5 MB instead of the 100 MB of its outputs.
-#[cfg_attr(test, derive(Clone))]
-pub struct SenderIteration {
+/// What a sender iteration's outputs derive from: its input reserve (the LPN base and the
+/// trees' level COTs) and the trees' roots. Immutable after the flight, so the background
+/// builder ([`background`]) shares it.
+struct SenderCore {
     p: LpnParams,
     matrix: LpnMatrix,
     delta: u128,
     base: HugeTable,
     roots: Zeroizing<Vec<u128>>,
+}
+
+impl Drop for SenderCore {
+    fn drop(&mut self) {
+        self.delta.zeroize();
+    }
+}
+
+impl SenderCore {
+    /// Tree `i`'s leaves (its messages, needed at the flight only, are dropped).
+    fn tree(&self, i: usize, leaves: &mut [u128]) {
+        let depth = self.p.depth();
+        let levels = &self.base.as_slice()[self.p.k..];
+        let mut msg = [0u128; spcot::MAX_DEPTH];
+        send_tree(
+            self.roots[i],
+            self.delta,
+            &levels[i * depth..(i + 1) * depth],
+            leaves,
+            &mut msg[..depth],
+        );
+    }
+}
+
+impl Chunks for SenderCore {
+    type Chunk = Zeroizing<Vec<u128>>;
+
+    fn params(&self) -> LpnParams {
+        self.p
+    }
+
+    fn build_here(&self, rows: Range<usize>) -> Self::Chunk {
+        let l = self.tree_rows();
+        let mut out = Zeroizing::new(vec![0u128; rows.len()]);
+        for (j, leaves) in out.chunks_exact_mut(l).enumerate() {
+            self.tree(rows.start / l + j, leaves);
+        }
+        self.matrix
+            .encode_here(rows.start, &mut out, &self.base.as_slice()[..self.p.k]);
+        out
+    }
+
+    fn chunk_bytes(rows: usize) -> usize {
+        rows * 16
+    }
+
+    fn chunk_len(chunk: &Self::Chunk) -> usize {
+        chunk.len()
+    }
+}
+
+/// One sender iteration after its flight, kept in seed form ([`SenderCore`]), from which any
+/// range of its n outputs is rebuilt when it is handed out (the trees a second time: their
+/// messages needed them all at the flight). 4.5 MB instead of the 100 MB of its outputs.
+#[cfg_attr(test, derive(Clone))]
+pub struct SenderIteration {
+    core: Arc<SenderCore>,
     /// Outputs before `next` are handed out (or are the engine's next reserve).
     next: usize,
     /// Outputs from `next` on built ahead of their calls ([`Self::build_ahead`]), from entry
@@ -215,12 +274,7 @@ pub struct SenderIteration {
     ahead: Zeroizing<Vec<u128>>,
     ahead_at: usize,
     last: LastTree,
-}
-
-impl Drop for SenderIteration {
-    fn drop(&mut self) {
-        self.delta.zeroize();
-    }
+    feed: Feed<SenderCore>,
 }
 
 impl SenderIteration {
@@ -251,15 +305,18 @@ impl SenderIteration {
         ch.send_msg(&bytes)?;
         ch.flush()?;
         Ok(SenderIteration {
-            p,
-            matrix,
-            delta,
-            base,
-            roots,
+            core: Arc::new(SenderCore {
+                p,
+                matrix,
+                delta,
+                base,
+                roots,
+            }),
             next: 0,
             ahead: Zeroizing::new(Vec::new()),
             ahead_at: 0,
             last: LastTree::default(),
+            feed: Feed::default(),
         })
     }
 
@@ -274,9 +331,9 @@ impl SenderIteration {
             (self.ahead, self.ahead_at) = (Zeroizing::new(Vec::new()), 0);
         }
         self.next += a;
-        let rows = self.next..self.next + out.len() - a;
-        self.build(rows.clone(), &mut out[a..]);
-        self.next = rows.end;
+        let from = self.next;
+        self.produce(from, &mut out[a..]);
+        self.next += out.len() - a;
     }
 
     /// Builds the next `m` outputs (those not yet built) ahead of their calls, so that taking
@@ -286,48 +343,63 @@ impl SenderIteration {
         if m > have {
             let mut ahead = Zeroizing::new(vec![0u128; m]);
             ahead[..have].copy_from_slice(&self.ahead[self.ahead_at..]);
-            let from = self.next + have;
-            self.build(from..self.next + m, &mut ahead[have..]);
+            self.produce(self.next + have, &mut ahead[have..]);
             (self.ahead, self.ahead_at) = (ahead, 0);
         }
     }
 
-    /// Writes outputs `rows` to `out`.
-    fn build(&mut self, rows: Range<usize>, out: &mut [u128]) {
-        assert!(rows.end <= self.p.n, "silent iteration overrun");
-        let (p, delta) = (self.p, self.delta);
-        let (lpn_base, levels) = self.base.as_slice().split_at(p.k);
-        let (roots, depth) = (&self.roots, p.depth());
-        let tree = |i: usize, leaves: &mut [u128]| {
-            let mut msg = [0u128; spcot::MAX_DEPTH];
-            send_tree(
-                roots[i],
-                delta,
-                &levels[i * depth..(i + 1) * depth],
-                leaves,
-                &mut msg[..depth],
-            );
-            0
-        };
-        self.last.leaves(depth, rows.clone(), out, None, &tree);
-        self.matrix.encode(rows.start, out, lpn_base);
+    /// Outputs `from..from + out.len()` into `out`: from the chunks built in the background
+    /// where they are ready, the rest built here.
+    fn produce(&mut self, from: usize, out: &mut [u128]) {
+        let (core, last) = (&self.core, &mut self.last);
+        assert!(from + out.len() <= core.p.n, "silent iteration overrun");
+        self.feed.fill(from..from + out.len(), |piece| match piece {
+            Piece::Built { chunk, within, at } => {
+                out[at..at + within.len()].copy_from_slice(&chunk[within]);
+            }
+            Piece::Missing { rows, at } => {
+                let out = &mut out[at..at + rows.len()];
+                let (lpn_base, _) = core.base.as_slice().split_at(core.p.k);
+                let tree = |i: usize, leaves: &mut [u128]| {
+                    core.tree(i, leaves);
+                    0
+                };
+                last.leaves(core.p.depth(), rows.clone(), out, None, &tree);
+                core.matrix.encode(rows.start, out, lpn_base);
+            }
+        });
+    }
+
+    /// Starts building the outputs after those handed out and built ahead in the background
+    /// (the pool asks it of its front iteration after every call).
+    pub(crate) fn build_in_background(&mut self) {
+        let from = self.next + self.ahead.len() - self.ahead_at;
+        self.feed.advance(&self.core, from);
+    }
+
+    /// Stops building in the background (the iteration is no longer the pool's front one).
+    pub(crate) fn pause_background(&mut self) {
+        self.feed.pause();
     }
 
     /// Outputs not yet handed out.
     pub(crate) fn left(&self) -> usize {
-        self.p.n - self.next
+        self.core.p.n - self.next
     }
 
     /// Bytes this iteration keeps (the base resident in whole huge pages).
     pub(crate) fn bytes(&self) -> usize {
-        self.base.bytes() + self.roots.len() * 16 + self.last.bytes() + self.ahead.capacity() * 16
+        self.core.base.bytes()
+            + self.core.roots.len() * 16
+            + self.last.bytes()
+            + self.ahead.capacity() * 16
+            + self.feed.bytes()
     }
 }
 
-/// One receiver iteration after its flight, kept in seed form: its input reserve with its
-/// choice bits and the sender's level messages (see [`SenderIteration`]).
-#[cfg_attr(test, derive(Clone))]
-pub struct ReceiverIteration {
+/// What a receiver iteration's outputs derive from: its input reserve with its choice bits
+/// and the sender's level messages (see [`SenderCore`]).
+struct ReceiverCore {
     p: LpnParams,
     matrix: LpnMatrix,
     base: HugeTable,
@@ -335,12 +407,76 @@ pub struct ReceiverIteration {
     lpn_bits: Zeroizing<Vec<u64>>,
     level_bits: Zeroizing<Vec<u8>>,
     msg: Vec<u128>,
+}
+
+impl ReceiverCore {
+    /// Tree `i`'s leaves; returns its punctured leaf (a secret).
+    fn tree(&self, i: usize, leaves: &mut [u128]) -> usize {
+        let depth = self.p.depth();
+        let levels = i * depth..(i + 1) * depth;
+        receive_tree(
+            &self.base.as_slice()[self.p.k..][levels.clone()],
+            &self.level_bits[levels.clone()],
+            &self.msg[levels],
+            leaves,
+        )
+    }
+}
+
+impl Chunks for ReceiverCore {
+    type Chunk = (Zeroizing<Vec<u128>>, Zeroizing<Vec<u8>>);
+
+    fn params(&self) -> LpnParams {
+        self.p
+    }
+
+    fn build_here(&self, rows: Range<usize>) -> Self::Chunk {
+        let l = self.tree_rows();
+        let mut out = Zeroizing::new(vec![0u128; rows.len()]);
+        let mut bits = Zeroizing::new(vec![0u8; rows.len()]);
+        for (j, (leaves, noise)) in out
+            .chunks_exact_mut(l)
+            .zip(bits.chunks_exact_mut(l))
+            .enumerate()
+        {
+            let mut hole = self.tree(rows.start / l + j, leaves);
+            for (k, b) in noise.iter_mut().enumerate() {
+                *b = (eq_mask(k, hole) & 1) as u8;
+            }
+            hole.zeroize();
+        }
+        let lpn_base = &self.base.as_slice()[..self.p.k];
+        self.matrix.encode_with_bits_here(
+            rows.start,
+            &mut out,
+            &mut bits,
+            lpn_base,
+            &self.lpn_bits,
+        );
+        (out, bits)
+    }
+
+    fn chunk_bytes(rows: usize) -> usize {
+        rows * 17
+    }
+
+    fn chunk_len(chunk: &Self::Chunk) -> usize {
+        chunk.0.len()
+    }
+}
+
+/// One receiver iteration after its flight, kept in seed form ([`ReceiverCore`]; see
+/// [`SenderIteration`]).
+#[cfg_attr(test, derive(Clone))]
+pub struct ReceiverIteration {
+    core: Arc<ReceiverCore>,
     next: usize,
     /// Outputs from `next` on, with their choice bits, built ahead of their calls (from entry
     /// `ahead_at`).
     ahead: (Zeroizing<Vec<u128>>, Zeroizing<Vec<u8>>),
     ahead_at: usize,
     last: LastTree,
+    feed: Feed<ReceiverCore>,
 }
 
 impl ReceiverIteration {
@@ -359,16 +495,19 @@ impl ReceiverIteration {
             .collect();
         let (lpn_bits, level_bits) = base_bits.split_at(p.k);
         Ok(ReceiverIteration {
-            p,
-            matrix,
-            base,
-            lpn_bits: Zeroizing::new(pack_bits(lpn_bits)),
-            level_bits: Zeroizing::new(level_bits.to_vec()),
-            msg,
+            core: Arc::new(ReceiverCore {
+                p,
+                matrix,
+                base,
+                lpn_bits: Zeroizing::new(pack_bits(lpn_bits)),
+                level_bits: Zeroizing::new(level_bits.to_vec()),
+                msg,
+            }),
             next: 0,
             ahead: (Zeroizing::new(Vec::new()), Zeroizing::new(Vec::new())),
             ahead_at: 0,
             last: LastTree::default(),
+            feed: Feed::default(),
         })
     }
 
@@ -386,9 +525,9 @@ impl ReceiverIteration {
             (self.ahead, self.ahead_at) = (none, 0);
         }
         self.next += a;
-        let rows = self.next..self.next + out.len() - a;
-        self.build(rows.clone(), &mut out[a..], &mut bits[a..]);
-        self.next = rows.end;
+        let from = self.next;
+        self.produce(from, &mut out[a..], &mut bits[a..]);
+        self.next += out.len() - a;
     }
 
     /// Builds the next `m` outputs ahead of their calls (see [`SenderIteration::build_ahead`]).
@@ -399,47 +538,62 @@ impl ReceiverIteration {
             let mut b = Zeroizing::new(vec![0u8; m]);
             t[..have].copy_from_slice(&self.ahead.0[at..]);
             b[..have].copy_from_slice(&self.ahead.1[at..]);
-            let from = self.next + have;
-            self.build(from..self.next + m, &mut t[have..], &mut b[have..]);
+            self.produce(self.next + have, &mut t[have..], &mut b[have..]);
             (self.ahead, self.ahead_at) = ((t, b), 0);
         }
     }
 
-    /// Writes outputs `rows` to `out` and their choice bits to `bits`.
-    fn build(&mut self, rows: Range<usize>, out: &mut [u128], bits: &mut [u8]) {
-        assert!(rows.end <= self.p.n, "silent iteration overrun");
-        let (p, depth) = (self.p, self.p.depth());
-        let (lpn_base, level_t) = self.base.as_slice().split_at(p.k);
-        let (level_bits, msg) = (&self.level_bits, &self.msg);
-        let tree = |i: usize, leaves: &mut [u128]| {
-            let levels = i * depth..(i + 1) * depth;
-            receive_tree(
-                &level_t[levels.clone()],
-                &level_bits[levels.clone()],
-                &msg[levels],
-                leaves,
-            )
-        };
-        self.last
-            .leaves(depth, rows.clone(), out, Some(&mut *bits), &tree);
-        let lpn_bits = &self.lpn_bits[..];
-        self.matrix
-            .encode_with_bits(rows.start, out, bits, lpn_base, lpn_bits);
+    /// Outputs `from..` into `out` and their choice bits into `bits` (see
+    /// [`SenderIteration::produce`]).
+    fn produce(&mut self, from: usize, out: &mut [u128], bits: &mut [u8]) {
+        let (core, last) = (&self.core, &mut self.last);
+        assert!(from + out.len() <= core.p.n, "silent iteration overrun");
+        self.feed.fill(from..from + out.len(), |piece| match piece {
+            Piece::Built { chunk, within, at } => {
+                let end = at + within.len();
+                out[at..end].copy_from_slice(&chunk.0[within.clone()]);
+                bits[at..end].copy_from_slice(&chunk.1[within]);
+            }
+            Piece::Missing { rows, at } => {
+                let (out, bits) = (
+                    &mut out[at..at + rows.len()],
+                    &mut bits[at..at + rows.len()],
+                );
+                let lpn_base = &core.base.as_slice()[..core.p.k];
+                let tree = |i: usize, leaves: &mut [u128]| core.tree(i, leaves);
+                last.leaves(core.p.depth(), rows.clone(), out, Some(&mut *bits), &tree);
+                core.matrix
+                    .encode_with_bits(rows.start, out, bits, lpn_base, &core.lpn_bits);
+            }
+        });
+    }
+
+    /// See [`SenderIteration::build_in_background`].
+    pub(crate) fn build_in_background(&mut self) {
+        let from = self.next + self.ahead.0.len() - self.ahead_at;
+        self.feed.advance(&self.core, from);
+    }
+
+    /// See [`SenderIteration::pause_background`].
+    pub(crate) fn pause_background(&mut self) {
+        self.feed.pause();
     }
 
     /// Outputs not yet handed out.
     pub(crate) fn left(&self) -> usize {
-        self.p.n - self.next
+        self.core.p.n - self.next
     }
 
     /// Bytes this iteration keeps (the base resident in whole huge pages).
     pub(crate) fn bytes(&self) -> usize {
-        self.base.bytes()
-            + self.lpn_bits.len() * 8
-            + self.level_bits.len()
-            + self.msg.len() * 16
+        let c = &self.core;
+        c.base.bytes()
+            + c.lpn_bits.len() * 8
+            + c.level_bits.len()
+            + c.msg.len() * 16
             + self.last.bytes()
             + self.ahead.0.capacity() * 17
+            + self.feed.bytes()
     }
 }
 
@@ -624,7 +778,8 @@ pub(crate) mod tests {
     /// The oracle of [`SenderIteration::take_into`]: all n outputs at once, as the iteration
     /// computed them before the seed form (every tree into its bin, then every LPN row).
     pub(crate) fn eager_send(it: &SenderIteration) -> Vec<u128> {
-        let (p, d) = (it.p, it.p.depth());
+        let (it, p) = (&*it.core, it.core.p);
+        let d = p.depth();
         let (lpn_base, levels) = it.base.as_slice().split_at(p.k);
         let mut out = vec![0u128; p.n];
         let mut msg = vec![0u128; d];
@@ -638,7 +793,8 @@ pub(crate) mod tests {
 
     /// The oracle of [`ReceiverIteration::take_into`] (see [`eager_send`]).
     pub(crate) fn eager_receive(it: &ReceiverIteration) -> (Vec<u128>, Vec<u8>) {
-        let (p, d) = (it.p, it.p.depth());
+        let (it, p) = (&*it.core, it.core.p);
+        let d = p.depth();
         let (lpn_base, level_t) = it.base.as_slice().split_at(p.k);
         let mut out = vec![0u128; p.n];
         let mut bits = vec![0u8; p.n];
@@ -688,6 +844,23 @@ pub(crate) mod tests {
         .unwrap()
     }
 
+    /// Takes the next `m` outputs from both ends and checks them against rows `at..` of the
+    /// outputs computed at once.
+    fn take_and_check(
+        (sit, rit): (&mut SenderIteration, &mut ReceiverIteration),
+        m: usize,
+        at: usize,
+        (q, t, bits): (&[u128], &[u128], &[u8]),
+    ) {
+        let mut got_q = vec![0u128; m];
+        let (mut got_t, mut got_bits) = (vec![0u128; m], vec![0u8; m]);
+        sit.take_into(&mut got_q);
+        rit.take_into(&mut got_t, &mut got_bits);
+        assert_eq!(got_q, q[at..at + m], "sender rows {at}+{m}");
+        assert_eq!(got_t, t[at..at + m], "receiver rows {at}+{m}");
+        assert_eq!(got_bits, bits[at..at + m], "choice bits {at}+{m}");
+    }
+
     /// Handing an iteration out in calls of any size (0, 1, within a tree, across tree and
     /// LPN-job boundaries, whole trees in parallel) gives exactly the outputs computed at
     /// once, and the engine's next reserve is their prefix.
@@ -712,13 +885,7 @@ pub(crate) mod tests {
             assert_eq!(rit.next, at);
             for &m in sizes.iter().cycle() {
                 let m = m.min(sit.left());
-                let mut got_q = vec![0u128; m];
-                let (mut got_t, mut got_bits) = (vec![0u128; m], vec![0u8; m]);
-                sit.take_into(&mut got_q);
-                rit.take_into(&mut got_t, &mut got_bits);
-                assert_eq!(got_q, q[at..at + m], "sender rows {at}+{m}");
-                assert_eq!(got_t, t[at..at + m], "receiver rows {at}+{m}");
-                assert_eq!(got_bits, bits[at..at + m], "choice bits {at}+{m}");
+                take_and_check((&mut sit, &mut rit), m, at, (&q, &t, &bits));
                 at += m;
                 if sit.left() == 0 {
                     break;
@@ -726,6 +893,44 @@ pub(crate) mod tests {
             }
             assert_eq!((at, rit.left()), (q.len(), 0));
         }
+    }
+
+    /// Built in the background between calls (waited for, racing the calls, or paused), an
+    /// iteration hands out exactly the outputs computed at once, and the background did build
+    /// some of them.
+    #[test]
+    fn outputs_built_in_the_background_equal_those_computed_at_once() {
+        let ((_, _, rit), (_, _, sit)) = one_iteration(TEST_BOOT, TEST_MAIN);
+        let (q, (t, bits)) = (eager_send(&sit), eager_receive(&rit));
+        let (mut sit, mut rit) = (sit, rit);
+        let sizes = [1, 511, 2_048, 3_000, 0, 700, 9_000, 2, 4_100];
+        let (mut at, mut built) = (sit.next, false);
+        for (call, &m) in sizes.iter().cycle().enumerate() {
+            let m = m.min(sit.left());
+            sit.build_in_background();
+            rit.build_in_background();
+            match call % 5 {
+                // Paused: what was built is dropped, and the call builds its outputs itself.
+                4 => {
+                    sit.pause_background();
+                    rit.pause_background();
+                    assert_eq!(sit.feed.chunks_ready() + rit.feed.chunks_ready(), 0);
+                }
+                2 => {}
+                _ => {
+                    sit.feed.wait_built();
+                    rit.feed.wait_built();
+                    built |= sit.feed.chunks_ready() > 0 && rit.feed.chunks_ready() > 0;
+                }
+            }
+            take_and_check((&mut sit, &mut rit), m, at, (&q, &t, &bits));
+            at += m;
+            if sit.left() == 0 {
+                break;
+            }
+        }
+        assert_eq!((at, rit.left()), (q.len(), 0));
+        assert!(built, "nothing was built in the background");
     }
 
     #[test]
