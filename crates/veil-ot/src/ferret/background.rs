@@ -156,8 +156,8 @@ impl<B: Chunks> Prefetch<B> {
         s.built.clear();
     }
 
-    /// Builds chunks until the window is built or the iteration is gone (on the background
-    /// thread; tests call it directly).
+    /// Builds chunks until the window is built or the iteration is gone (the background
+    /// thread's job).
     pub(crate) fn build_window(&self) {
         loop {
             // HE batches keep the cores busy: the idle moments they leave are too short to
