@@ -2,7 +2,9 @@
 //! ([`parallel_map`]: encryptions, products, responses; [`join`]: packing trees), veil-ot's
 //! silent-OT expansion (its trees and LPN step, through [`pool`]) and the per-element work of
 //! the OT flavours that the non-linear protocols call ([`lanes`]: COT hashing, 1-of-N rows and
-//! keys; also the column blocks of an HE batch with few tasks).
+//! keys; also the column blocks of an HE batch with few tasks). Beside it, one background thread
+//! in the scheduler's idle class ([`in_background`]: veil-ot's pools building their next COTs)
+//! waits out HE batches ([`he_batch_running`]).
 //!
 //! **Why one pool.** A server runs one thread per client session, and every session's batches
 //! want all the cores. Workers spawned per call made N concurrent sessions run N times as many
@@ -26,7 +28,8 @@
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rayon::prelude::*;
 
@@ -42,17 +45,55 @@ pub fn threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// The process's worker pool, started on first use with [`threads`] workers. Run parallel
-/// iterators inside `pool().install(..)`.
+/// The process's worker pool, started on first use with [`threads`] workers, and with it the
+/// background thread ([`in_background`]). Run parallel iterators inside `pool().install(..)`.
 pub fn pool() -> &'static rayon::ThreadPool {
     static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
     POOL.get_or_init(|| {
+        background_queue();
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads())
             .thread_name(|i| format!("veil-worker-{i}"))
             .build()
             .expect("cannot start the worker threads")
     })
+}
+
+/// Work the process does when a core would otherwise idle: veil-ot's pools building their
+/// next COTs.
+pub trait BackgroundJob: Send + Sync {
+    /// Does the work (on the background thread; it may return early when it has none left).
+    fn run(&self);
+}
+
+/// The background thread's queue; `None` when the thread could not be started.
+type BackgroundQueue = Option<Mutex<Sender<Arc<dyn BackgroundJob>>>>;
+
+fn background_queue() -> &'static BackgroundQueue {
+    static QUEUE: OnceLock<BackgroundQueue> = OnceLock::new();
+    QUEUE.get_or_init(|| {
+        let (tx, rx) = channel::<Arc<dyn BackgroundJob>>();
+        std::thread::Builder::new()
+            .name("veil-background".into())
+            .spawn(move || {
+                crate::process::run_this_thread_when_idle();
+                for job in rx {
+                    job.run();
+                }
+            })
+            .ok()
+            .map(|_| Mutex::new(tx))
+    })
+}
+
+/// Queues `job` on the process's one background thread, which runs its jobs one after another
+/// in the scheduler's idle class ([`crate::process::run_this_thread_when_idle`]) and starts with
+/// the pool, so a process has a fixed number of threads. Background work only ever saves time
+/// later: where the thread could not be started, the job is dropped unrun.
+pub fn in_background(job: Arc<dyn BackgroundJob>) {
+    if let Some(q) = background_queue() {
+        let _ = q.lock().unwrap_or_else(|e| e.into_inner()).send(job);
+    }
 }
 
 /// HE batches running now ([`parallel_map`], [`join`]).

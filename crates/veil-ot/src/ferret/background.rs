@@ -2,8 +2,8 @@
 //! that a call finds them built instead of running the trees and the LPN step itself.
 //!
 //! A silent pool's front iteration asks for the [`WINDOW_ROWS`] outputs after the last call's
-//! ([`Prefetch::advance`]); one process-wide thread, scheduled only when a core would otherwise
-//! idle (`SCHED_IDLE` on Linux), builds them [`CHUNK_ROWS`] at a time (whole trees, on that
+//! ([`Prefetch::advance`]); the process's background thread (`veil_core::parallel::in_background`),
+//! scheduled only when a core would otherwise idle (`SCHED_IDLE` on Linux), builds them [`CHUNK_ROWS`] at a time (whole trees, on that
 //! thread alone: never on the worker pool, whose jobs are the protocol's), and waits while an HE
 //! batch runs (`veil_core::parallel::he_batch_running`). A call takes the
 //! chunks that are ready and builds the rest itself, exactly as before; it never waits for the
@@ -17,8 +17,9 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use veil_core::parallel::{in_background, BackgroundJob};
 
 use super::params::LpnParams;
 
@@ -79,10 +80,6 @@ pub(crate) struct Prefetch<B: Chunks> {
     state: Mutex<State<B::Chunk>>,
 }
 
-trait Job: Send + Sync {
-    fn run(&self);
-}
-
 impl<B: Chunks> Prefetch<B> {
     pub(crate) fn new(core: Arc<B>) -> Arc<Self> {
         Arc::new(Prefetch {
@@ -132,7 +129,7 @@ impl<B: Chunks> Prefetch<B> {
         }
         s.queued = true;
         drop(s);
-        submit(self.clone());
+        in_background(self.clone());
     }
 
     /// The built chunk holding `row`, taken out, after dropping those wholly before it; or
@@ -191,33 +188,9 @@ impl<B: Chunks> Prefetch<B> {
     }
 }
 
-impl<B: Chunks> Job for Prefetch<B> {
+impl<B: Chunks> BackgroundJob for Prefetch<B> {
     fn run(&self) {
         self.build_window()
-    }
-}
-
-/// Queues a job for the background thread (started on first use). Without the thread (it
-/// could not be started) nothing is built ahead, and calls build everything as before.
-fn submit(job: Arc<dyn Job>) {
-    /// The background thread's job queue, `None` when the thread could not be started.
-    type Queue = Option<Mutex<Sender<Arc<dyn Job>>>>;
-    static QUEUE: OnceLock<Queue> = OnceLock::new();
-    let queue = QUEUE.get_or_init(|| {
-        let (tx, rx) = channel::<Arc<dyn Job>>();
-        std::thread::Builder::new()
-            .name("veil-ot-ahead".into())
-            .spawn(move || {
-                veil_core::process::run_this_thread_when_idle();
-                for job in rx {
-                    job.run();
-                }
-            })
-            .ok()
-            .map(|_| Mutex::new(tx))
-    });
-    if let Some(q) = queue {
-        let _ = q.lock().unwrap_or_else(|e| e.into_inner()).send(job);
     }
 }
 
