@@ -14,6 +14,7 @@ use aes::Aes128;
 use rayon::prelude::*;
 use veil_core::parallel::pool;
 
+use super::Threads;
 use crate::aes_prims::encrypt_in_place;
 
 /// Non-zeros per output row (Ferret uses d = 10).
@@ -101,10 +102,10 @@ impl LpnMatrix {
     }
 
     /// Sender: `out` gets rows `first..first + out.len()` applied (on the worker pool when
-    /// they are more than one job).
-    pub(crate) fn encode(&self, first: usize, out: &mut [u128], base: &[u128]) {
+    /// they are more than one job and `threads` allows it).
+    pub(crate) fn encode(&self, first: usize, out: &mut [u128], base: &[u128], threads: Threads) {
         assert_eq!(base.len(), self.k, "LPN base length");
-        if out.len() <= JOB_ROWS {
+        if out.len() <= JOB_ROWS || threads == Threads::Caller {
             return self.apply(first, out, None, base);
         }
         pool().install(|| {
@@ -114,47 +115,23 @@ impl LpnMatrix {
         });
     }
 
-    /// [`Self::encode`] on the calling thread alone (the background builder's).
-    pub(crate) fn encode_here(&self, first: usize, out: &mut [u128], base: &[u128]) {
-        assert_eq!(base.len(), self.k, "LPN base length");
-        self.apply(first, out, None, base)
-    }
-
-    /// The receiver's operands fit this matrix (a caller's bug otherwise).
-    fn check_receiver_shapes(&self, out: &[u128], out_bits: &[u8], base: &[u128], packed: &[u64]) {
+    /// Receiver: the same on blocks and bits; `packed`: the base's choice bits
+    /// ([`pack_bits`]).
+    pub(crate) fn encode_with_bits(
+        &self,
+        first: usize,
+        (out, out_bits): (&mut [u128], &mut [u8]),
+        base: &[u128],
+        packed: &[u64],
+        threads: Threads,
+    ) {
         assert!(
             base.len() == self.k
                 && packed.len() == self.k.div_ceil(64)
                 && out.len() == out_bits.len(),
             "LPN shapes"
         );
-    }
-
-    /// [`Self::encode_with_bits`] on the calling thread alone.
-    pub(crate) fn encode_with_bits_here(
-        &self,
-        first: usize,
-        out: &mut [u128],
-        out_bits: &mut [u8],
-        base: &[u128],
-        packed: &[u64],
-    ) {
-        self.check_receiver_shapes(out, out_bits, base, packed);
-        self.apply(first, out, Some((out_bits, packed)), base)
-    }
-
-    /// Receiver: the same on blocks and bits; `packed`: the base's choice bits
-    /// ([`pack_bits`]).
-    pub(crate) fn encode_with_bits(
-        &self,
-        first: usize,
-        out: &mut [u128],
-        out_bits: &mut [u8],
-        base: &[u128],
-        packed: &[u64],
-    ) {
-        self.check_receiver_shapes(out, out_bits, base, packed);
-        if out.len() <= JOB_ROWS {
+        if out.len() <= JOB_ROWS || threads == Threads::Caller {
             return self.apply(first, out, Some((out_bits, packed)), base);
         }
         pool().install(|| {
@@ -229,9 +206,15 @@ mod tests {
         let n = 5000;
         let mut out = vec![0u128; n];
         let mut out_bits = vec![0u8; n];
-        m.encode_with_bits(0, &mut out, &mut out_bits, &base, &pack_bits(&base_bits));
+        m.encode_with_bits(
+            0,
+            (&mut out, &mut out_bits),
+            &base,
+            &pack_bits(&base_bits),
+            Threads::Pool,
+        );
         let mut only_blocks = vec![0u128; n];
-        m.encode(0, &mut only_blocks, &base);
+        m.encode(0, &mut only_blocks, &base, Threads::Pool);
         assert_eq!(out, only_blocks);
         let mut idx = [0u32; D];
         let mut hits = vec![0u32; k];

@@ -75,6 +75,14 @@ fn check_params(boot: &LpnParams, main: &LpnParams) {
     }
 }
 
+/// Where a range of outputs is built: on the worker pool (a call), or on the calling thread
+/// alone (the background thread, whose work must never occupy the pool).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Threads {
+    Pool,
+    Caller,
+}
+
 /// COT sender side of silent OT.
 pub struct FerretSender {
     delta: u128,
@@ -119,15 +127,15 @@ impl LastTree {
     /// Writes the leaves of `rows` (of trees of `2^depth` leaves) to `out` and, with `noise`,
     /// the receiver's noise bits (1 at each tree's punctured leaf). `tree(i, leaves)` builds
     /// tree `i` into `leaves` and returns its punctured leaf (the sender's trees have none: 0).
-    /// Whole trees are built in place on the worker pool, the partial ones at either end
-    /// through this cache.
+    /// Whole trees are built in place (on the worker pool when `threads` allows it), the
+    /// partial ones at either end through this cache.
     fn leaves<F: Fn(usize, &mut [u128]) -> usize + Sync>(
         &mut self,
-        depth: usize,
-        rows: Range<usize>,
+        (depth, rows): (usize, Range<usize>),
         out: &mut [u128],
         mut noise: Option<&mut [u8]>,
         tree: &F,
+        threads: Threads,
     ) {
         let l = 1 << depth;
         let (first, last) = (rows.start.div_ceil(l) * l, rows.end / l * l);
@@ -145,8 +153,12 @@ impl LastTree {
         let build = |(i, (leaves, hole)): (usize, (&mut [u128], &mut usize))| {
             *hole = tree(trees + i, leaves);
         };
-        if whole.len() == l {
-            build((0, (&mut out[whole.clone()], &mut holes[0])));
+        if whole.len() == l || threads == Threads::Caller {
+            out[whole.clone()]
+                .chunks_mut(l)
+                .zip(holes.iter_mut())
+                .enumerate()
+                .for_each(build);
         } else {
             pool().install(|| {
                 out[whole.clone()]
@@ -234,6 +246,19 @@ impl SenderCore {
     }
 }
 
+impl SenderCore {
+    /// Outputs `rows` into `out`; `last` caches the tree a range stopped in.
+    fn build(&self, rows: Range<usize>, out: &mut [u128], last: &mut LastTree, threads: Threads) {
+        let tree = |i: usize, leaves: &mut [u128]| {
+            self.tree(i, leaves);
+            0
+        };
+        last.leaves((self.p.depth(), rows.clone()), out, None, &tree, threads);
+        let lpn_base = &self.base.as_slice()[..self.p.k];
+        self.matrix.encode(rows.start, out, lpn_base, threads);
+    }
+}
+
 impl Chunks for SenderCore {
     type Chunk = Zeroizing<Vec<u128>>;
 
@@ -242,13 +267,8 @@ impl Chunks for SenderCore {
     }
 
     fn build_here(&self, rows: Range<usize>) -> Self::Chunk {
-        let l = self.tree_rows();
         let mut out = Zeroizing::new(vec![0u128; rows.len()]);
-        for (j, leaves) in out.chunks_exact_mut(l).enumerate() {
-            self.tree(rows.start / l + j, leaves);
-        }
-        self.matrix
-            .encode_here(rows.start, &mut out, &self.base.as_slice()[..self.p.k]);
+        self.build(rows, &mut out, &mut LastTree::default(), Threads::Caller);
         out
     }
 
@@ -359,13 +379,7 @@ impl SenderIteration {
             }
             Piece::Missing { rows, at } => {
                 let out = &mut out[at..at + rows.len()];
-                let (lpn_base, _) = core.base.as_slice().split_at(core.p.k);
-                let tree = |i: usize, leaves: &mut [u128]| {
-                    core.tree(i, leaves);
-                    0
-                };
-                last.leaves(core.p.depth(), rows.clone(), out, None, &tree);
-                core.matrix.encode(rows.start, out, lpn_base);
+                core.build(rows, out, last, Threads::Pool);
             }
         });
     }
@@ -423,6 +437,25 @@ impl ReceiverCore {
     }
 }
 
+impl ReceiverCore {
+    /// Outputs `rows` into `out` and their choice bits into `bits` (see [`SenderCore::build`]).
+    fn build(
+        &self,
+        rows: Range<usize>,
+        (out, bits): (&mut [u128], &mut [u8]),
+        last: &mut LastTree,
+        threads: Threads,
+    ) {
+        let tree = |i: usize, leaves: &mut [u128]| self.tree(i, leaves);
+        let span = (self.p.depth(), rows.clone());
+        last.leaves(span, out, Some(&mut *bits), &tree, threads);
+        let lpn_base = &self.base.as_slice()[..self.p.k];
+        let outputs = (out, bits);
+        self.matrix
+            .encode_with_bits(rows.start, outputs, lpn_base, &self.lpn_bits, threads);
+    }
+}
+
 impl Chunks for ReceiverCore {
     type Chunk = (Zeroizing<Vec<u128>>, Zeroizing<Vec<u8>>);
 
@@ -431,28 +464,10 @@ impl Chunks for ReceiverCore {
     }
 
     fn build_here(&self, rows: Range<usize>) -> Self::Chunk {
-        let l = self.tree_rows();
         let mut out = Zeroizing::new(vec![0u128; rows.len()]);
         let mut bits = Zeroizing::new(vec![0u8; rows.len()]);
-        for (j, (leaves, noise)) in out
-            .chunks_exact_mut(l)
-            .zip(bits.chunks_exact_mut(l))
-            .enumerate()
-        {
-            let mut hole = self.tree(rows.start / l + j, leaves);
-            for (k, b) in noise.iter_mut().enumerate() {
-                *b = (eq_mask(k, hole) & 1) as u8;
-            }
-            hole.zeroize();
-        }
-        let lpn_base = &self.base.as_slice()[..self.p.k];
-        self.matrix.encode_with_bits_here(
-            rows.start,
-            &mut out,
-            &mut bits,
-            lpn_base,
-            &self.lpn_bits,
-        );
+        let last = &mut LastTree::default();
+        self.build(rows, (&mut out, &mut bits), last, Threads::Caller);
         (out, bits)
     }
 
@@ -555,15 +570,9 @@ impl ReceiverIteration {
                 bits[at..end].copy_from_slice(&chunk.1[within]);
             }
             Piece::Missing { rows, at } => {
-                let (out, bits) = (
-                    &mut out[at..at + rows.len()],
-                    &mut bits[at..at + rows.len()],
-                );
-                let lpn_base = &core.base.as_slice()[..core.p.k];
-                let tree = |i: usize, leaves: &mut [u128]| core.tree(i, leaves);
-                last.leaves(core.p.depth(), rows.clone(), out, Some(&mut *bits), &tree);
-                core.matrix
-                    .encode_with_bits(rows.start, out, bits, lpn_base, &core.lpn_bits);
+                let span = at..at + rows.len();
+                let outputs = (&mut out[span.clone()], &mut bits[span]);
+                core.build(rows, outputs, last, Threads::Pool);
             }
         });
     }
@@ -787,7 +796,7 @@ pub(crate) mod tests {
             let level_cots = &levels[i * d..(i + 1) * d];
             send_tree(it.roots[i], it.delta, level_cots, leaves, &mut msg);
         }
-        it.matrix.encode(0, &mut out, lpn_base);
+        it.matrix.encode(0, &mut out, lpn_base, Threads::Pool);
         out
     }
 
@@ -812,8 +821,13 @@ pub(crate) mod tests {
             );
             noise[hole] = 1;
         }
-        it.matrix
-            .encode_with_bits(0, &mut out, &mut bits, lpn_base, &it.lpn_bits);
+        it.matrix.encode_with_bits(
+            0,
+            (&mut out, &mut bits),
+            lpn_base,
+            &it.lpn_bits,
+            Threads::Pool,
+        );
         (out, bits)
     }
 
