@@ -425,14 +425,6 @@ impl<'a, C: Channel> Ctx<'a, C> {
     pub fn b2a(&mut self, b: &[bool]) -> Result<Vec<u64>> {
         bool_to_arith(self.ot, self.ch, self.role, self.ring(), b)
     }
-
-    /// Element-wise max(a, b) = b + ReLU(a − b): exact while |a − b| < 2^(ℓ−1).
-    pub fn max2(&mut self, a: &[u64], b: &[u64], bound: Option<u32>) -> Result<Vec<u64>> {
-        let r = self.ring();
-        let d: Vec<u64> = a.iter().zip(b).map(|(&x, &y)| r.sub(x, y)).collect();
-        let m = self.relu(&d, bound)?;
-        Ok(m.iter().zip(b).map(|(&x, &y)| r.add(x, y)).collect())
-    }
 }
 
 #[cfg(test)]

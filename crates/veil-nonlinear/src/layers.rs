@@ -189,8 +189,10 @@ impl<C: Channel> Ctx<'_, C> {
     /// Softmax over the last dimension with max subtraction; `valid` is the public padding mask of
     /// the columns, the same for every row (false: excluded, output 0). Algorithm 3 /
     /// approx::softmax_row. Label "Softmax". Flights at the default format (1-bit-error mode):
-    /// 88 on rows of up to 16 values (`ALL_PAIRS_MAX_LEN`; the all-pairs max, where the tree took
-    /// 108 at 8 values, 120 at 16), 132 at 32 (the tree, 12 more per doubling).
+    /// 88 on rows of up to 16 values (`ALL_PAIRS_MAX_LEN`: the row max in one round of all pairs);
+    /// on longer rows, in a batch of at most 2^12 values (`GROUPED_MAX_VALUES`: a decoder's
+    /// step), 104 up to 256 values (two rounds) and 16 more per further round, in a larger batch
+    /// 132 at 32 values (a tree of pairwise maxima, 12 more per doubling: 144 at 41).
     pub fn softmax(&mut self, x: &RingTensor, valid: &[bool]) -> Result<RingTensor> {
         let mask = every_row(x, valid)?;
         self.softmax_masked(x, &mask)
@@ -198,8 +200,7 @@ impl<C: Channel> Ctx<'_, C> {
 
     /// [`Ctx::softmax`] with a public mask per row, `mask` [rows · cols] (a decoder's causal
     /// attention: query row r sees the keys up to its position). Rows of different lengths run
-    /// in the same flights: the longest row picks the all-pairs max (up to
-    /// `ALL_PAIRS_MAX_LEN` values) or the tree, which takes as many rounds as it needs.
+    /// in the same flights: the longest row and the batch's size set the max's rounds.
     pub fn softmax_masked(&mut self, x: &RingTensor, mask: &[bool]) -> Result<RingTensor> {
         check_ring(self, x)?;
         let _g = self.ch.meter().enter(CostClass::Softmax);
@@ -574,15 +575,25 @@ fn divide_rows<C: Channel>(
     cx.mul_narrow_trunc(v, nw, &inv_b, w, f + 2)
 }
 
-/// Rows of at most this many values take the all-pairs max ([`max_rows_all_pairs`], 18 flights
-/// at ℓ = 41 and 48); longer ones the tree (14 flights per level: 56 at 16 values). The pairs'
-/// comparisons grow as n²/2 against the tree's n: at 16 values 120 per row instead of 15.
+/// Rows of at most this many values take the all-pairs max in one round ([`max_rows_all_pairs`],
+/// 18 flights at ℓ = 41 and 48). A group of s values costs s(s − 1)/2 comparisons.
 const ALL_PAIRS_MAX_LEN: usize = 16;
 
-/// The max of each row (rows of any lengths, an empty row's max is 0): all pairs at once when
-/// the longest row has at most [`ALL_PAIRS_MAX_LEN`] values, otherwise a tree of pairwise
-/// [`Ctx::max2`] in one batch per level, as many levels as the longest row needs. Both give the
-/// row's max exactly (while |x_i − x_j| < 2^(ℓ−1)).
+/// Batches of longer rows with at most this many values in all (a decoder step's attention: 9
+/// rows of the context's length) cut each row into groups of at most [`ALL_PAIRS_MAX_LEN`] whose
+/// maxima are the next round's row, ⌈log_16 n⌉ rounds in all: each round after the first adds
+/// 16 flights to Softmax's, where a tree of pairwise maxima adds 12 a level (104 flights against
+/// 144 at 41 values). Its groups are as small as the rounds allow, yet they compare about three
+/// times as many pairs as the tree at 41 values; a larger batch (a prefill's rows) takes the tree,
+/// whose fewer comparisons cost less than the flights it adds (measured in docs/BENCHMARKS.md,
+/// session 36).
+const GROUPED_MAX_VALUES: usize = 1 << 12;
+
+/// The max of each row (rows of any lengths, an empty row's max is 0): one round of all pairs
+/// when the longest row has at most [`ALL_PAIRS_MAX_LEN`] values; rounds of all pairs over
+/// groups when the batch is small ([`GROUPED_MAX_VALUES`]); otherwise a tree of pairwise
+/// [`Ctx::relu`]-based maxima in one batch per level. Every row takes the same rounds, so they
+/// share their flights; all give the row's max exactly (while |x_i − x_j| < 2^(ℓ−1)).
 fn max_rows<C: Channel>(
     cx: &mut Ctx<C>,
     mut cur: Vec<Vec<u64>>,
@@ -590,24 +601,66 @@ fn max_rows<C: Channel>(
 ) -> Result<Vec<u64>> {
     let _g = cx.ch.meter().enter(CostClass::Max);
     let longest = cur.iter().map(Vec::len).max().unwrap_or(0);
-    if (2..=ALL_PAIRS_MAX_LEN).contains(&longest) {
-        return max_rows_all_pairs(cx, &cur, bound);
+    let values: usize = cur.iter().map(Vec::len).sum();
+    if longest > ALL_PAIRS_MAX_LEN && values > GROUPED_MAX_VALUES {
+        return max_rows_tree(cx, cur, bound);
     }
+    let mut rounds = max_rounds(longest);
+    while rounds > 0 {
+        // Each row in groups of at most s values, s the smallest with s^rounds ≥ its length.
+        let mut groups = Vec::new();
+        let counts: Vec<usize> = cur
+            .iter()
+            .map(|row| {
+                let s = group_len(row.len(), rounds);
+                groups.extend(row.chunks(s).map(<[u64]>::to_vec));
+                row.len().div_ceil(s)
+            })
+            .collect();
+        let maxima = max_rows_all_pairs(cx, &groups, bound)?;
+        let mut at = 0;
+        cur = counts
+            .iter()
+            .map(|&c| {
+                at += c;
+                maxima[at - c..at].to_vec()
+            })
+            .collect();
+        rounds -= 1;
+    }
+    Ok(first_or_zero(cur))
+}
+
+/// Each row's only value, 0 for an empty row.
+fn first_or_zero(rows: Vec<Vec<u64>>) -> Vec<u64> {
+    rows.into_iter()
+        .map(|v| v.first().copied().unwrap_or(0))
+        .collect()
+}
+
+/// The tree of [`max_rows`]: max(a, b) = b + ReLU(a − b) on the rows' pairs, one batch per
+/// level, as many levels as the longest row needs (14 flights a level).
+fn max_rows_tree<C: Channel>(
+    cx: &mut Ctx<C>,
+    mut cur: Vec<Vec<u64>>,
+    bound: Option<u32>,
+) -> Result<Vec<u64>> {
+    let ring = cx.ring();
     while cur.iter().any(|v| v.len() > 1) {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for row in &cur {
             for pair in row.chunks_exact(2) {
-                a.push(pair[0]);
+                a.push(ring.sub(pair[0], pair[1]));
                 b.push(pair[1]);
             }
         }
-        let m = cx.max2(&a, &b, bound)?;
+        let m = cx.relu(&a, bound)?;
         let mut at = 0;
         cur = cur
             .iter()
             .map(|row| {
                 let half = row.len() / 2;
-                let mut next = m[at..at + half].to_vec();
+                let mut next: Vec<u64> = (at..at + half).map(|i| ring.add(m[i], b[i])).collect();
                 at += half;
                 if row.len() % 2 == 1 {
                     next.push(row[row.len() - 1]);
@@ -616,10 +669,26 @@ fn max_rows<C: Channel>(
             })
             .collect();
     }
-    Ok(cur
-        .into_iter()
-        .map(|v| v.first().copied().unwrap_or(0))
-        .collect())
+    Ok(first_or_zero(cur))
+}
+
+/// Rounds of the all-pairs max a row of `len` values needs: ⌈log_16 len⌉ (none for 0 or 1).
+fn max_rounds(len: usize) -> u32 {
+    let mut rounds = 0;
+    let mut reach = 1usize;
+    while reach < len {
+        reach = reach.saturating_mul(ALL_PAIRS_MAX_LEN);
+        rounds += 1;
+    }
+    rounds
+}
+
+/// The smallest group length s ≥ 1 with s^rounds ≥ len (rounds ≥ 1), at most
+/// [`ALL_PAIRS_MAX_LEN`] while `rounds` is at least [`max_rounds`]`(len)`.
+fn group_len(len: usize, rounds: u32) -> usize {
+    (1..=ALL_PAIRS_MAX_LEN)
+        .find(|&s| s.checked_pow(rounds).is_none_or(|v| v >= len))
+        .unwrap_or(ALL_PAIRS_MAX_LEN)
 }
 
 /// The max of each row from all its pairs in one batch: c_ij = [x_i ≥ x_j] for i < j (one DReLU
@@ -844,8 +913,8 @@ mod tests {
         }))
     }
 
-    /// The row max of masked rows of every length up to beyond [`ALL_PAIRS_MAX_LEN`] (so the
-    /// all-pairs max and the tree both run) equals the plaintext max: random values, ties,
+    /// The row max of masked rows of every length up to beyond [`ALL_PAIRS_MAX_LEN`] and of a
+    /// few longer ones (so one, two and three rounds run) equals the plaintext max: random values, ties,
     /// all-equal rows, extremes at ±(2^(ℓ−2) − 1) (differences below 2^(ℓ−1)), rows of one
     /// value and empty rows (max 0) under a per-row mask.
     #[test]
@@ -854,7 +923,7 @@ mod tests {
         let ring = a.fp.ring;
         let top = (1i64 << (ring.bits() - 2)) - 1;
         let mut prg = veil_core::Prg::from_os_entropy();
-        for cols in 1..=ALL_PAIRS_MAX_LEN + 3 {
+        for cols in (1..=ALL_PAIRS_MAX_LEN + 3).chain([41, 256, 257]) {
             let mut rows: Vec<Vec<i64>> = Vec::new();
             for kind in 0..6 {
                 rows.push(
@@ -913,6 +982,39 @@ mod tests {
                 .copied()
                 .max()
                 .unwrap();
+            assert_eq!(ring.to_signed(m[r]), want, "row {r}");
+        }
+    }
+
+    /// A batch above [`GROUPED_MAX_VALUES`] takes the tree: rows of 300 values (ties, one
+    /// maximum at either end, random) and shorter ones under the mask, exact.
+    #[test]
+    fn row_max_of_a_large_batch_is_exact() {
+        let a = ax();
+        let ring = a.fp.ring;
+        let cols = 300;
+        let mut prg = veil_core::Prg::from_os_entropy();
+        let rows: Vec<Vec<i64>> = (0..16)
+            .map(|r| {
+                (0..cols)
+                    .map(|j| match r % 4 {
+                        0 => 7,
+                        1 => i64::from(j == 0) * 50 - 20,
+                        2 => i64::from(j == cols - 1) * 50 - 20,
+                        _ => ring.to_signed(ring.reduce(prg.u64())) >> 3,
+                    })
+                    .collect()
+            })
+            .collect();
+        let lens: Vec<usize> = (0..rows.len()).map(|r| cols - 17 * (r % 3)).collect();
+        let mask: Vec<bool> = lens
+            .iter()
+            .flat_map(|&n| (0..cols).map(move |j| j < n))
+            .collect();
+        assert!(mask.iter().filter(|&&v| v).count() > GROUPED_MAX_VALUES);
+        let m = private_row_max(a, &rows, cols, &mask);
+        for (r, row) in rows.iter().enumerate() {
+            let want = row[..lens[r]].iter().copied().max().unwrap();
             assert_eq!(ring.to_signed(m[r]), want, "row {r}");
         }
     }

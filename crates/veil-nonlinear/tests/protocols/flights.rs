@@ -194,6 +194,25 @@ fn layer_operators_take_their_documented_flights() {
     assert_eq!(got, [44, 88, 46, 8, 64, 60, 11, 42, 46, 66, 42, 62, 18, 32]);
 }
 
+/// Softmax's row max in a small batch takes one round of all pairs per factor of 16 in the row's
+/// length: 16 flights more for rows of 17 to 256 values (a decoder's step at a 41-token
+/// context), 16 more again beyond (the rounds' first and last flights merge with their
+/// neighbours'); a batch of more than 2^12 values takes the tree, 12 flights a doubling. The
+/// rest of Softmax does not depend on the length.
+#[test]
+fn softmax_max_rounds_follow_the_row_length_and_the_batch() {
+    let small = [16, 17, 41, 256, 257].map(|cols| {
+        let valid = vec![true; cols];
+        layer_flights(2, cols, |cx, x, _| cx.softmax(x, &valid))
+    });
+    assert_eq!(small, [88, 104, 104, 104, 120]);
+    let large = [32, 257].map(|cols| {
+        let valid = vec![true; cols];
+        layer_flights(8192 / cols + 1, cols, |cx, x, _| cx.softmax(x, &valid))
+    });
+    assert_eq!(large, [132, 180]);
+}
+
 /// Where a decode step's flights go (n = 1, the 1-bit-error mode, ℓ = 48): the flights, bytes
 /// and COTs consumed (both directions; the OT extension that makes them costs bytes too) of
 /// RMSNorm on one 576-row, the causal Softmax of 9 heads over 10 keys and SiLU on 1,536 values,
