@@ -179,9 +179,10 @@ impl FixedHead {
 pub struct FixedModel {
     /// The format and the fixed-point algorithms every operator uses.
     pub approx: Approx,
-    /// The f32 model it was encoded from (shares its tensors): public embeddings are computed
-    /// from it, private ones read its tables.
-    pub float: Transformer,
+    /// The f32 embedding tables of the model it was encoded from (sharing their tensors):
+    /// public embeddings are computed from them, private ones read them. Nothing else of the
+    /// f32 model is kept, so its layers' weights are freed with it.
+    pub embeddings: Embeddings,
     /// The model's shape and operators.
     pub config: ModelConfig,
     /// The encoder blocks in order.
@@ -353,7 +354,7 @@ impl FixedModel {
             normed_bound::encoder_activation_bits(&approx, &model.config, &blocks);
         Ok(FixedModel {
             approx,
-            float: model.clone(),
+            embeddings: model.embeddings.clone(),
             config: model.config.clone(),
             blocks,
             relative_attention_bias,
@@ -384,19 +385,17 @@ impl FixedModel {
     /// The encoder input [seq, hidden] for one unpadded sequence, with the embedding report.
     pub fn embed(&self, ids: &[u32], type_ids: &[u32]) -> Result<(RingTensor, BlockReport)> {
         let fp = self.fp();
-        let model = &self.float;
         let h = self.config.hidden_size;
         let batch = Batch::single(ids, type_ids, &Device::Cpu).map_err(candle_error("batch"))?;
         let mut tracker = Tracker::new(fp, 0);
         let x = match self.config.veil.embedding {
             EmbeddingMode::Public => {
-                public_embedding(&self.config, &model.embeddings, ids, type_ids, fp)?
+                public_embedding(&self.config, &self.embeddings, ids, type_ids, fp)?
             }
             EmbeddingMode::Private => {
-                let e = &model.embeddings;
+                let e = &self.embeddings;
                 let mask = vec![vec![1.0f32; ids.len()]];
-                let positions = model
-                    .position_ids(&mask)
+                let positions = crate::nn::position_ids(&self.config, &mask, &Device::Cpu)
                     .map_err(candle_error("positions"))?;
                 let tables = [
                     Some((&e.word, batch.input_ids.clone())),

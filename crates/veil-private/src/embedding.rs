@@ -151,7 +151,7 @@ impl ServerEmbedding {
     /// The server's tables of `model` at its format, looked up with `method`.
     pub fn new(model: &FixedModel, method: LookupMethod) -> Result<Self> {
         let fp = model.fp();
-        let e = &model.float.embeddings;
+        let e = &model.embeddings;
         let tables = Tables {
             word: encode_table!(fp, e.word)?,
             types: match &e.token_type {

@@ -151,7 +151,7 @@ impl<'a, C: Channel> Party<'a, C> {
         let Side::Server(_, m) = self.side else {
             return;
         };
-        let Some(bias) = m.fixed.position_bias(scores.shape()[1]) else {
+        let Some(bias) = m.fixed().position_bias(scores.shape()[1]) else {
             return;
         };
         let ring = scores.ring();
@@ -246,7 +246,7 @@ impl<C: Channel> Engine for Party<'_, C> {
 
     fn norm(&mut self, id: NormId, kind: LayerNormKind, x: &RingTensor) -> Result<RingTensor> {
         let server_norm = match &self.side {
-            Side::Server(_, m) => Some(m.fixed.norm_params(id)?),
+            Side::Server(_, m) => Some(m.fixed().norm_params(id)?),
             Side::Client(..) => None,
         };
         let params = server_norm.map(|n| AffineParams {

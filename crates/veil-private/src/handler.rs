@@ -41,7 +41,7 @@ use crate::reserve::{preprocess_budget, Reserve, SessionMemory, UnsharedMemory};
 /// Serves one session on `ch` until the client says goodbye or fails.
 pub fn serve_session<C: Channel>(ch: C, model: &ServerModel) -> Result<()> {
     let emb = match model.config().veil.embedding {
-        EmbeddingMode::Private => Some(ServerEmbedding::new(&model.fixed, DEFAULT_METHOD)?),
+        EmbeddingMode::Private => Some(ServerEmbedding::new(model.fixed(), DEFAULT_METHOD)?),
         EmbeddingMode::Public => None,
     };
     serve_session_with(ch, model, emb.as_ref())
@@ -186,7 +186,7 @@ impl<'a, C: Channel> Handler<'a, C> {
         );
         let ax = Approx::new(session_format())?;
         ensure!(
-            model.fixed.fp() == ax.fp,
+            model.fixed().fp() == ax.fp,
             InvalidArgument,
             "model encoded at another fixed-point format"
         );
@@ -203,7 +203,7 @@ impl<'a, C: Channel> Handler<'a, C> {
         Admission::Admitted(Announced {
             config: cfg.announced(),
             bundle: limits.bundle,
-            activation_bits: model.fixed.activation_bits(),
+            activation_bits: model.fixed().activation_bits(),
         })
         .send(&mut ch)?;
         // From here on a close can tell the client why (the answer above left unframed).
@@ -362,7 +362,7 @@ impl<'a, C: Channel> Handler<'a, C> {
         let res = (|| {
             let (ch, ot) = (&mut self.ch, &mut self.ot);
             let x1 = match self.emb {
-                Some(e) => embed_server(ch, ot, ax, &self.lin, &model.fixed, e, seq)?,
+                Some(e) => embed_server(ch, ot, ax, &self.lin, model.fixed(), e, seq)?,
                 None => RingTensor::zeros(ax.fp.ring, &[seq, cfg.hidden_size])?,
             };
             let y1 = Party {
@@ -370,7 +370,7 @@ impl<'a, C: Channel> Handler<'a, C> {
                 ot,
                 ax,
                 cfg,
-                activation_bits: model.fixed.activation_bits(),
+                activation_bits: model.fixed().activation_bits(),
                 side: Side::Server(&self.lin, model),
                 pre: pre.as_mut().map(|(m, _)| Pre::Server(m)),
             }

@@ -55,7 +55,7 @@ impl CotCounts {
         if let Ok(Some(d)) = known {
             return Ok(d);
         }
-        let d = cots_per_inference(model, Approx::new(model.fixed.fp())?, seq)?;
+        let d = cots_per_inference(model, Approx::new(model.fixed().fp())?, seq)?;
         if let Ok(mut m) = self.known.lock() {
             m.insert(seq, d);
         }
@@ -68,7 +68,7 @@ impl CotCounts {
 pub(crate) fn cots_per_inference(model: &ServerModel, ax: Approx, seq: usize) -> Result<Draw> {
     let cfg = model.config();
     let ring = ax.fp.ring;
-    let bound = model.fixed.activation_bits();
+    let bound = model.fixed().activation_bits();
     // Both parties walk the composition in lock-step; only their set-up and side differ.
     let (_, server) = run_two_party(
         |ch| {

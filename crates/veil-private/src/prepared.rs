@@ -99,8 +99,10 @@ pub const DEFAULT_NTT_BUDGET_BYTES: usize = 0;
 /// The server's model: the fixed-point weights plus its linear layers prepared for HE once,
 /// for every sequence length. Plain data, read by every session at once.
 pub struct ServerModel {
-    /// The fixed-point model (weights, configuration, format).
-    pub fixed: FixedModel,
+    /// The fixed-point model without its linear layers' weights and biases, which
+    /// [`ServerModel::with_ntt_budget`] moves into `layers` (held once: they are the model's
+    /// largest part).
+    fixed: FixedModel,
     layers: PreparedLayers,
 }
 
@@ -112,7 +114,7 @@ impl ServerModel {
 
     /// Prepares every linear layer once and keeps the NTT form of as many as fit `ntt_budget`
     /// bytes (in layer order: block 0's first).
-    pub fn with_ntt_budget(fixed: FixedModel, ntt_budget: usize) -> Result<Self> {
+    pub fn with_ntt_budget(mut fixed: FixedModel, ntt_budget: usize) -> Result<Self> {
         // The client follows the public config alone, so the weights must match it exactly.
         let cfg = &fixed.config;
         ensure!(
@@ -128,7 +130,15 @@ impl ServerModel {
             cfg.veil.num_labels
         );
         let layers = prepare(&fixed, ntt_budget)?;
+        release_linear_weights(&mut fixed)?;
         Ok(ServerModel { fixed, layers })
+    }
+
+    /// The fixed-point model's configuration, format, norms, tables and bounds. Its linear
+    /// layers' weights are in [`ServerModel::prepared`] only, so it cannot run the simulator:
+    /// keep a [`FixedModel`] of one's own for that.
+    pub fn fixed(&self) -> &FixedModel {
+        &self.fixed
     }
 
     /// Encodes a loaded model at the session's fixed-point format and prepares it (with a
@@ -150,6 +160,37 @@ impl ServerModel {
     pub fn prepared(&self) -> &PreparedLayers {
         &self.layers
     }
+}
+
+/// Empties the linear layers `prepare` copied (the prepared layers keep their own transposed
+/// weights and biases), so the server holds each weight once.
+fn release_linear_weights(fixed: &mut FixedModel) -> Result<()> {
+    let ring = fixed.fp().ring;
+    let release = |l: &mut FixedLinear| -> Result<()> {
+        l.weight = RingTensor::zeros(ring, &[0, 0])?;
+        l.bias = RingTensor::zeros(ring, &[0])?;
+        Ok(())
+    };
+    for b in &mut fixed.blocks {
+        for l in [
+            &mut b.query,
+            &mut b.key,
+            &mut b.value,
+            &mut b.attn_out,
+            &mut b.intermediate,
+            &mut b.output,
+        ] {
+            release(l)?;
+        }
+    }
+    let head = &mut fixed.head;
+    for l in [head.pool_dense.as_mut(), head.classifier.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        release(l)?;
+    }
+    Ok(())
 }
 
 fn prepare(fixed: &FixedModel, ntt_budget: usize) -> Result<PreparedLayers> {
@@ -216,6 +257,53 @@ mod tests {
                 layers.layers.values().map(cut).sum()
             })
             .collect()
+    }
+
+    /// The server holds each linear weight once: its fixed model's linear layers are empty after
+    /// preparation, and the prepared layers hold every weight and bias (8 bytes each) of the
+    /// model's blocks and head.
+    #[test]
+    fn the_server_holds_each_weight_once() {
+        let cfg = config(Preset::BertTiny, Variant::Original);
+        let fixed = FixedModel::encode(
+            &random_transformer(&cfg, [4; 16]).unwrap(),
+            session_format(),
+        )
+        .unwrap();
+        let mut entries = 0;
+        for b in &fixed.blocks {
+            for l in [
+                &b.query,
+                &b.key,
+                &b.value,
+                &b.attn_out,
+                &b.intermediate,
+                &b.output,
+            ] {
+                entries += l.weight.len() + l.bias.len();
+            }
+        }
+        for l in [
+            fixed.head.pool_dense.as_ref(),
+            fixed.head.classifier.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            entries += l.weight.len() + l.bias.len();
+        }
+        let server = ServerModel::with_ntt_budget(fixed, 0).unwrap();
+        assert_eq!(server.prepared().prepared_bytes(), entries * 8);
+        let kept = &server.fixed().blocks[0];
+        assert_eq!(kept.query.weight.len() + kept.output.bias.len(), 0);
+        assert!(server
+            .fixed()
+            .head
+            .classifier
+            .as_ref()
+            .unwrap()
+            .weight
+            .is_empty());
     }
 
     /// What the NTT cache of BERT-Tiny's shape holds at a budget: nothing at 0, the short-prompt

@@ -639,7 +639,7 @@ impl Server {
     /// A server of `model` with `opts` (the private-embedding tables encoded here, once).
     pub fn new(model: Arc<ServerModel>, opts: ServeOptions) -> Result<Self> {
         let emb = match model.config().veil.embedding {
-            EmbeddingMode::Private => Some(ServerEmbedding::new(&model.fixed, opts.method)?),
+            EmbeddingMode::Private => Some(ServerEmbedding::new(model.fixed(), opts.method)?),
             EmbeddingMode::Public => None,
         };
         let lookups = embedding::cache_bytes(model.config());

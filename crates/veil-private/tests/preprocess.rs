@@ -278,7 +278,7 @@ fn pool_sizes_from_the_shape_are_what_inferences_draw() {
                         ot: &mut ot,
                         ax,
                         cfg,
-                        activation_bits: server.fixed.activation_bits(),
+                        activation_bits: server.fixed().activation_bits(),
                         side: Side::Client(&lin, seq),
                         pre: None,
                     }
@@ -295,7 +295,7 @@ fn pool_sizes_from_the_shape_are_what_inferences_draw() {
                         ot: &mut ot,
                         ax,
                         cfg,
-                        activation_bits: server.fixed.activation_bits(),
+                        activation_bits: server.fixed().activation_bits(),
                         side: Side::Server(&lin, &server),
                         pre: None,
                     }

@@ -75,7 +75,7 @@ fn private_embedding_matches_the_simulator_exactly() {
                     .decode(sim.fp())
             })
             .collect();
-        let emb = ServerEmbedding::new(&server.fixed, method).unwrap();
+        let emb = ServerEmbedding::new(server.fixed(), method).unwrap();
         let (got, ()) = run_two_party(
             |ch| {
                 let mut c = ClientConnection::connect(ch, 16)?;
@@ -111,7 +111,7 @@ fn padded_private_embedding_keeps_the_output() {
         .unwrap()
         .decode(sim.fp());
     let padded = [4u32, 9, 2, 0, 0, 0];
-    let emb = ServerEmbedding::new(&server.fixed, LookupMethod::Batched).unwrap();
+    let emb = ServerEmbedding::new(server.fixed(), LookupMethod::Batched).unwrap();
     let (got, ()) = run_two_party(
         |ch| {
             let mut c = ClientConnection::connect(ch, 16)?;
@@ -138,7 +138,7 @@ fn bad_private_inputs_are_errors_and_the_session_survives() {
         .logits
         .unwrap()
         .decode(sim.fp());
-    let emb = ServerEmbedding::new(&server.fixed, LookupMethod::Batched).unwrap();
+    let emb = ServerEmbedding::new(server.fixed(), LookupMethod::Batched).unwrap();
     let x = RingTensor::zeros(sim.fp().ring, &[2, 16]).unwrap();
     let (got, ()) = run_two_party(
         |ch| {

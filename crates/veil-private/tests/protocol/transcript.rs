@@ -15,8 +15,8 @@ use veil_he::{ParamSet, Params};
 use veil_linear::lookup::LookupMethod;
 use veil_model::random::random_transformer_with_std;
 use veil_model::EmbeddingMode;
-use veil_model::FixedModel;
 use veil_model::{Activation, Architecture, BlockVariant, ModelConfig};
+use veil_model::{FixedModel, Transformer};
 use veil_net::{run_two_party, Recording};
 use veil_private::ServerEmbedding;
 use veil_private::Tokens;
@@ -244,7 +244,7 @@ fn config(embedding: EmbeddingMode) -> ModelConfig {
     cfg
 }
 
-fn weight_targets(fixed: &FixedModel) -> Targets {
+fn weight_targets(fixed: &FixedModel, float: &Transformer) -> Targets {
     let mut t = Targets::new();
     let fp = fixed.fp();
     for (i, b) in fixed.blocks.iter().enumerate() {
@@ -272,7 +272,7 @@ fn weight_targets(fixed: &FixedModel) -> Targets {
         }
     }
     // The float weights the model was loaded from, in their own f32 values.
-    for (name, tensor) in &fixed.float.named {
+    for (name, tensor) in &float.named {
         if name.starts_with("embeddings.") && fixed.config.veil.embedding == EmbeddingMode::Public {
             continue; // public in this mode
         }
@@ -369,7 +369,7 @@ fn check_transcripts(mode: EmbeddingMode, method: LookupMethod) {
     }
 
     // What the client must not see.
-    let weights = weight_targets(&fixed);
+    let weights = weight_targets(&fixed, &t);
     assert!(weights.runs.len() > 1000);
     assert_eq!(find(&to_client, &weights, ring), None);
 }
@@ -380,7 +380,7 @@ fn the_scanner_finds_planted_leaks_in_every_encoding() {
     let ring = fp.ring;
     let t = random_transformer_with_std(&config(EmbeddingMode::Public), [9; 16], 0.2).unwrap();
     let fixed = FixedModel::encode(&t, fp).unwrap();
-    let targets = weight_targets(&fixed);
+    let targets = weight_targets(&fixed, &t);
     let w = &fixed.blocks[0].intermediate.weight;
     let row: Vec<u64> = w.data()[..8].to_vec();
     let noise = |n: usize| -> Vec<u8> { (0..n).map(|i| (i * 131 + 7) as u8).collect() };
