@@ -259,17 +259,18 @@ mod tests {
             .collect()
     }
 
+    /// A random model of BERT-Tiny's shape at the session's format.
+    fn tiny(seed: [u8; 16]) -> FixedModel {
+        let cfg = config(Preset::BertTiny, Variant::Original);
+        FixedModel::encode(&random_transformer(&cfg, seed).unwrap(), session_format()).unwrap()
+    }
+
     /// The server holds each linear weight once: its fixed model's linear layers are empty after
     /// preparation, and the prepared layers hold every weight and bias (8 bytes each) of the
     /// model's blocks and head.
     #[test]
     fn the_server_holds_each_weight_once() {
-        let cfg = config(Preset::BertTiny, Variant::Original);
-        let fixed = FixedModel::encode(
-            &random_transformer(&cfg, [4; 16]).unwrap(),
-            session_format(),
-        )
-        .unwrap();
+        let fixed = tiny([4; 16]);
         let mut entries = 0;
         for b in &fixed.blocks {
             for l in [
@@ -311,12 +312,7 @@ mod tests {
     /// budget. The pass sizes are pinned, so a change in what a cut costs shows here.
     #[test]
     fn the_ntt_cache_keeps_whole_passes_within_its_budget() {
-        let cfg = config(Preset::BertTiny, Variant::Original);
-        let fixed = FixedModel::encode(
-            &random_transformer(&cfg, [3; 16]).unwrap(),
-            session_format(),
-        )
-        .unwrap();
+        let fixed = tiny([3; 16]);
         let none = ServerModel::with_ntt_budget(fixed.clone(), 0).unwrap();
         assert_eq!(none.prepared().ntt_cached_bytes().unwrap(), 0);
         let passes = pass_bytes(none.prepared());
