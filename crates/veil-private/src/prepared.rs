@@ -62,6 +62,8 @@ impl PreparedLayers {
     }
 }
 
+/// The layers' weights stacked by output rows and their biases joined: one [Σ out, in] layer
+/// (one layer alone: a copy of it).
 fn fuse(parts: &[&FixedLinear]) -> Result<(RingTensor, RingTensor)> {
     let ring = parts[0].weight.ring();
     let inp = parts[0].in_dim();
@@ -129,8 +131,7 @@ impl ServerModel {
             "config num_labels = {} does not match the classifier weights present",
             cfg.veil.num_labels
         );
-        let layers = prepare(&fixed, ntt_budget)?;
-        release_linear_weights(&mut fixed)?;
+        let layers = prepare(&mut fixed, ntt_budget)?;
         Ok(ServerModel { fixed, layers })
     }
 
@@ -162,62 +163,41 @@ impl ServerModel {
     }
 }
 
-/// Empties the linear layers `prepare` copied (the prepared layers keep their own transposed
-/// weights and biases), so the server holds each weight once.
-fn release_linear_weights(fixed: &mut FixedModel) -> Result<()> {
+/// Prepares every linear layer of `fixed` and moves its weights there: each layer's weights and
+/// biases are emptied in `fixed` as soon as its prepared form (its own transposed copy) exists, so
+/// the server holds each weight once, and preparing holds at most one layer twice.
+fn prepare(fixed: &mut FixedModel, ntt_budget: usize) -> Result<PreparedLayers> {
+    let cfg = fixed.config.clone();
     let ring = fixed.fp().ring;
-    let release = |l: &mut FixedLinear| -> Result<()> {
-        l.weight = RingTensor::zeros(ring, &[0, 0])?;
-        l.bias = RingTensor::zeros(ring, &[0])?;
-        Ok(())
-    };
-    for b in &mut fixed.blocks {
-        for l in [
-            &mut b.query,
-            &mut b.key,
-            &mut b.value,
-            &mut b.attn_out,
-            &mut b.intermediate,
-            &mut b.output,
-        ] {
-            release(l)?;
-        }
-    }
-    let head = &mut fixed.head;
-    for l in [head.pool_dense.as_mut(), head.classifier.as_mut()]
-        .into_iter()
-        .flatten()
-    {
-        release(l)?;
-    }
-    Ok(())
-}
-
-fn prepare(fixed: &FixedModel, ntt_budget: usize) -> Result<PreparedLayers> {
-    let cfg = &fixed.config;
     let mut order = Vec::new();
     let mut layers = HashMap::new();
-    let mut add = |id: LayerId, w: &RingTensor, b: &RingTensor| -> Result<()> {
-        layers.insert(id, PreparedFc::new(fc_shape(id, cfg, 1), w, Some(b))?);
+    let mut add = |id: LayerId, parts: &mut [&mut FixedLinear]| -> Result<()> {
+        let (w, b) = {
+            let parts: Vec<&FixedLinear> = parts.iter().map(|p| &**p).collect();
+            fuse(&parts)?
+        };
+        layers.insert(id, PreparedFc::new(fc_shape(id, &cfg, 1), &w, Some(&b))?);
         order.push(id);
+        for p in parts {
+            p.weight = RingTensor::zeros(ring, &[0, 0])?;
+            p.bias = RingTensor::zeros(ring, &[0])?;
+        }
         Ok(())
     };
-    for (i, b) in fixed.blocks.iter().enumerate() {
-        let (w, bias) = fuse(&[&b.query, &b.key, &b.value])?;
-        add(LayerId::Qkv(i), &w, &bias)?;
-        add(LayerId::AttnOut(i), &b.attn_out.weight, &b.attn_out.bias)?;
+    for (i, b) in fixed.blocks.iter_mut().enumerate() {
         add(
-            LayerId::Intermediate(i),
-            &b.intermediate.weight,
-            &b.intermediate.bias,
+            LayerId::Qkv(i),
+            &mut [&mut b.query, &mut b.key, &mut b.value],
         )?;
-        add(LayerId::Output(i), &b.output.weight, &b.output.bias)?;
+        add(LayerId::AttnOut(i), &mut [&mut b.attn_out])?;
+        add(LayerId::Intermediate(i), &mut [&mut b.intermediate])?;
+        add(LayerId::Output(i), &mut [&mut b.output])?;
     }
-    if let Some(p) = &fixed.head.pool_dense {
-        add(LayerId::Pooler, &p.weight, &p.bias)?;
+    if let Some(p) = &mut fixed.head.pool_dense {
+        add(LayerId::Pooler, &mut [p])?;
     }
-    if let Some(c) = &fixed.head.classifier {
-        add(LayerId::Classifier, &c.weight, &c.bias)?;
+    if let Some(c) = &mut fixed.head.classifier {
+        add(LayerId::Classifier, &mut [c])?;
     }
     // A pass is every layer's short-prompt cut, or every layer's long-prompt cut. A prompt goes
     // through every layer, so a pass saves a request's weight transforms only when all of it is
