@@ -98,8 +98,9 @@ fn fuse(parts: &[&FixedLinear]) -> Result<(RingTensor, RingTensor)> {
 /// model` take the same flag).
 pub const DEFAULT_NTT_BUDGET_BYTES: usize = 0;
 
-/// The server's model: the fixed-point weights plus its linear layers prepared for HE once,
-/// for every sequence length. Plain data, read by every session at once.
+/// The server's model: the fixed-point model's norms, tables and bounds plus its linear layers
+/// prepared for HE once, for every sequence length (each weight held there only). Plain data,
+/// read by every session at once.
 pub struct ServerModel {
     /// The fixed-point model without its linear layers' weights and biases, which
     /// [`ServerModel::with_ntt_budget`] moves into `layers` (held once: they are the model's
