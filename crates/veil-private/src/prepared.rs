@@ -62,8 +62,7 @@ impl PreparedLayers {
     }
 }
 
-/// The layers' weights stacked by output rows and their biases joined: one [Σ out, in] layer
-/// (one layer alone: a copy of it).
+/// The layers' weights stacked by output rows and their biases joined: one [Σ out, in] layer.
 fn fuse(parts: &[&FixedLinear]) -> Result<(RingTensor, RingTensor)> {
     let ring = parts[0].weight.ring();
     let inp = parts[0].in_dim();
@@ -173,11 +172,15 @@ fn prepare(fixed: &mut FixedModel, ntt_budget: usize) -> Result<PreparedLayers> 
     let mut order = Vec::new();
     let mut layers = HashMap::new();
     let mut add = |id: LayerId, parts: &mut [&mut FixedLinear]| -> Result<()> {
-        let (w, b) = {
-            let parts: Vec<&FixedLinear> = parts.iter().map(|p| &**p).collect();
-            fuse(&parts)?
+        let shape = fc_shape(id, &cfg, 1);
+        let prepared = match parts {
+            [one] => PreparedFc::new(shape, &one.weight, Some(&one.bias))?,
+            _ => {
+                let (w, b) = fuse(&parts.iter().map(|p| &**p).collect::<Vec<_>>())?;
+                PreparedFc::new(shape, &w, Some(&b))?
+            }
         };
-        layers.insert(id, PreparedFc::new(fc_shape(id, &cfg, 1), &w, Some(&b))?);
+        layers.insert(id, prepared);
         order.push(id);
         for p in parts {
             p.weight = RingTensor::zeros(ring, &[0, 0])?;

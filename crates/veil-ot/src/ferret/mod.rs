@@ -244,9 +244,7 @@ impl SenderCore {
             &mut msg[..depth],
         );
     }
-}
 
-impl SenderCore {
     /// Outputs `rows` into `out`; `last` caches the tree a range stopped in.
     fn build(&self, rows: Range<usize>, out: &mut [u128], last: &mut LastTree, threads: Threads) {
         let tree = |i: usize, leaves: &mut [u128]| {
@@ -435,9 +433,7 @@ impl ReceiverCore {
             leaves,
         )
     }
-}
 
-impl ReceiverCore {
     /// Outputs `rows` into `out` and their choice bits into `bits` (see [`SenderCore::build`]).
     fn build(
         &self,
