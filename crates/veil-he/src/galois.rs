@@ -28,8 +28,8 @@ use zeroize::{Zeroize, Zeroizing};
 
 use crate::keys::SecretKey;
 use crate::math::{
-    add_mod, fill_uniform_mod, sample_cbd, sign_mask, signed_mod, small_signed_mod, sub_mod,
-    ShoupConst, CBD_ETA,
+    add_mod, fill_uniform_mod, reduce_once, sample_cbd, sign_mask, signed_mod, small_signed_mod,
+    sub_mod, Barrett, ShoupConst, CBD_ETA,
 };
 use crate::params::{Params, Special};
 use crate::poly::RnsPoly;
@@ -275,33 +275,40 @@ impl GaloisKeys {
                 plan.normalize(chunk);
             }
         }
-        // Divide by P with rounding: (x − [x]_P)/P, with the centred residue [x]_P.
-        let pm = sp.modulus;
-        // A centred residue mod P is reduced mod q_j by one masked addition when P/2 < q_j
-        // (public; the four-limb set's P is wider than its primes).
-        let p_below_2q = p.moduli().iter().all(|&q| pm / 2 < q);
+        // Divide by P with rounding: (x − [x]_P)/P, with the centred residue [x]_P. Its
+        // residue mod q_j is (x_P mod q_j) − (P mod q_j)·[x_P > P/2]: x_P < P is reduced by
+        // one masked subtraction when P < 2·q_j, by a Barrett step when P is wider (the
+        // four-limb sets). The differences go through `buf`, then tfhe-ntt's vectorised
+        // product by P^{-1} (the scalar product was the largest part of a switch).
+        let (pm, half) = (sp.modulus, sp.modulus / 2);
         let mut out1 = RnsPoly::zero(p);
         for (acc, out, add) in [(&acc0, &mut out0, true), (&acc1, &mut out1, false)] {
             let (low, top) = acc.split_at(l * n);
             for (j, &q) in p.moduli().iter().enumerate() {
-                let inv = sp.p_inv[j];
-                for ((o, &x), &xp) in out.data[j * n..(j + 1) * n]
-                    .iter_mut()
-                    .zip(&low[j * n..(j + 1) * n])
-                    .zip(top)
-                {
-                    let high = sign_mask((pm / 2).wrapping_sub(xp));
-                    let centred = xp as i64 - (pm & high) as i64;
-                    let reduced = if p_below_2q {
-                        small_signed_mod(centred, q)
+                let p_mod_q = sp.p_mod_q[j];
+                let barrett = Barrett::new(q);
+                let p_below_2q = pm < 2 * q;
+                for ((d, &x), &xp) in buf.iter_mut().zip(&low[j * n..(j + 1) * n]).zip(top) {
+                    let r = if p_below_2q {
+                        reduce_once(xp, q)
                     } else {
-                        signed_mod(centred, q)
+                        barrett.reduce(xp, q)
                     };
-                    let v = inv.mul(sub_mod(x, reduced, q), q);
-                    *o = if add { add_mod(*o, v, q) } else { v };
+                    let reduced = sub_mod(r, p_mod_q & sign_mask(half.wrapping_sub(xp)), q);
+                    *d = sub_mod(x, reduced, q);
+                }
+                p.inner().plans[j].mul_assign_normalize(&mut buf, &sp.p_inv_scaled[j]);
+                let dst = &mut out.data[j * n..(j + 1) * n];
+                if add {
+                    for (o, &v) in dst.iter_mut().zip(&buf) {
+                        *o = add_mod(*o, v, q);
+                    }
+                } else {
+                    dst.copy_from_slice(&buf);
                 }
             }
         }
+        buf.zeroize();
         digit.zeroize();
         (out0, out1)
     }

@@ -84,6 +84,29 @@ impl ShoupConst {
     }
 }
 
+/// Reduction modulo q < 2^62 of any 64-bit value with the precomputed μ = ⌊2^64/q⌋: one
+/// high multiplication and no division (the quotient estimate is at most one low).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Barrett {
+    mu: u64,
+}
+
+impl Barrett {
+    pub(crate) fn new(q: u64) -> Self {
+        assert!(q > 1 && q < 1 << 62, "Barrett modulus {q}");
+        Barrett {
+            mu: ((1u128 << 64) / q as u128) as u64,
+        }
+    }
+
+    /// x mod q, branch-free.
+    #[inline]
+    pub(crate) fn reduce(self, x: u64, q: u64) -> u64 {
+        let quot = ((x as u128 * self.mu as u128) >> 64) as u64;
+        reduce_once(x - quot * q, q)
+    }
+}
+
 /// Inverse modulo a prime `q` (Fermat).
 pub(crate) fn inv_mod(a: u64, q: u64) -> u64 {
     pow_mod(a, q - 2, q)
@@ -239,6 +262,18 @@ mod tests {
         for _ in 0..1000 {
             let (w, x) = (prg.below(q), prg.below(q));
             assert_eq!(ShoupConst::new(w, q).mul(x, q), mul_mod(x, w, q));
+        }
+    }
+
+    #[test]
+    fn barrett_matches_rem_at_the_edges() {
+        let mut prg = Prg::from_seed(&veil_core::Seed([5; 16]));
+        for &q in &[2u64, 97, ntt_primes(42, 8192, 1, &[])[0], (1 << 62) - 57] {
+            let b = Barrett::new(q);
+            let edges = [0, 1, q - 1, q, q + 1, 2 * q - 1, u64::MAX, u64::MAX - q];
+            for x in edges.into_iter().chain((0..1000).map(|_| prg.u64())) {
+                assert_eq!(b.reduce(x, q), x % q, "{x} mod {q}");
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use tfhe_ntt::prime64::Plan;
 use veil_core::{ensure, Error, Result, Ring};
 
 use crate::galois::{MAX_GALOIS_LEVELS, MIN_GALOIS_LEVELS};
-use crate::math::{inv_mod, ntt_primes, ShoupConst};
+use crate::math::{inv_mod, mul_mod, ntt_primes, ShoupConst};
 
 /// Maximal total log2 Q for 128-bit security (HomomorphicEncryption.org standard, ternary secret).
 const HE_STANDARD_MAX_LOG_Q: [(usize, u32); 6] = [
@@ -147,8 +147,9 @@ pub(crate) struct Special {
     pub plan: Plan,
     /// P mod q_i.
     pub p_mod_q: Vec<u64>,
-    /// P^{-1} mod q_i.
-    pub p_inv: Vec<ShoupConst>,
+    /// N·P^{-1} mod q_i in every slot: tfhe-ntt's `mul_assign_normalize` by it multiplies by
+    /// P^{-1} (its 1/N cancelled), vectorised.
+    pub p_inv_scaled: Vec<Vec<u64>>,
 }
 
 impl Special {
@@ -167,9 +168,9 @@ impl Special {
             modulus,
             plan: Plan::try_new(n, modulus).expect("NTT-friendly prime"),
             p_mod_q: moduli.iter().map(|&q| modulus % q).collect(),
-            p_inv: moduli
+            p_inv_scaled: moduli
                 .iter()
-                .map(|&q| ShoupConst::new(inv_mod(modulus % q, q), q))
+                .map(|&q| vec![mul_mod(n as u64 % q, inv_mod(modulus % q, q), q); n])
                 .collect(),
         })
     }
@@ -329,7 +330,7 @@ impl Params {
             .map(|&q| {
                 let t_mod_q = ((1u128 << t_bits) % q as u128) as u64;
                 let r = (q_mod_t as u128 % q as u128) as u64;
-                let d = crate::math::mul_mod(q - r % q, inv_mod(t_mod_q, q), q) % q;
+                let d = mul_mod(q - r % q, inv_mod(t_mod_q, q), q) % q;
                 ShoupConst::new(d, q)
             })
             .collect();
