@@ -349,16 +349,17 @@ impl<L: Lanes> Pool<L> {
         self.lanes.written_bytes() + engine
     }
 
-    /// The bytes that hold `n` COTs ready: a silent pool's COTs built ahead
-    /// ([`Pool::build_ahead`]) and the iterations in seed form its refill adds, an IKNP pool's
-    /// grown buffer.
-    fn bytes_for(&self, n: usize) -> usize {
+    /// The bytes that hold `ready` COTs with the first `built` of them built ahead: a silent
+    /// pool's iterations in seed form that its refill adds and the COTs built ahead
+    /// ([`Pool::build_ahead`]), an IKNP pool's grown buffer.
+    fn bytes_for(&self, ready: usize, built: usize) -> usize {
+        let ready = ready.max(built);
         match &self.engine {
-            Engine::Iknp(..) => iknp_capacity(n) * L::ENTRY_BYTES,
+            Engine::Iknp(..) => iknp_capacity(ready) * L::ENTRY_BYTES,
             Engine::Silent(e, _) => {
                 let (batch, bytes) = L::silent_sizes(e);
-                let refill = n.saturating_sub(self.available()).div_ceil(batch);
-                refill * bytes + n * L::ENTRY_BYTES
+                let refill = ready.saturating_sub(self.available()).div_ceil(batch);
+                refill * bytes + built * L::ENTRY_BYTES
             }
         }
     }
@@ -546,6 +547,40 @@ impl OtSession {
     /// The most COTs one [`OtSession::precompute`] (or one call) may ask for.
     pub const MAX_PRECOMPUTE: usize = MAX_COTS_PER_CALL;
 
+    /// The most COTs a direction may be refilled to hold by [`OtSession::refill`]: 2^29, about
+    /// 90 silent iterations (≈ 600 MB in seed form).
+    pub const MAX_READY: usize = 1 << 29;
+
+    /// Refills until the pools hold `sending` and `receiving` COTs in this party's two
+    /// directions (the peer passes them swapped), keeping them in seed form (the offline
+    /// phase's refills: about 1.1 bytes a COT instead of the 16–17 of COTs built ahead); calls
+    /// then build them from their seeds without refilling. Flights: those of the refills,
+    /// server's sending direction first.
+    pub fn refill<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        sending: usize,
+        receiving: usize,
+    ) -> Result<()> {
+        ensure!(
+            sending.max(receiving) <= Self::MAX_READY,
+            InvalidArgument,
+            "refilling to {} COTs exceeds {}",
+            sending.max(receiving),
+            Self::MAX_READY
+        );
+        match self.role {
+            Role::Server => {
+                self.sender.ensure(ch, sending)?;
+                self.receiver.ensure(ch, receiving)
+            }
+            Role::Client => {
+                self.receiver.ensure(ch, receiving)?;
+                self.sender.ensure(ch, sending)
+            }
+        }
+    }
+
     /// Pre-generates `n` COTs in each direction (offline phase): refills, and builds the next
     /// `n` out of their seed form, so later calls only copy them. Flights: those of the
     /// refills, server's sending direction first.
@@ -578,7 +613,14 @@ impl OtSession {
     /// iterations its refill adds in seed form (6.4 MB sending and 6.7 MB receiving per main
     /// iteration of 5,945,536 COTs).
     pub fn pool_bytes_for(&self, n: usize) -> usize {
-        self.sender.bytes_for(n) + self.receiver.bytes_for(n)
+        self.pool_bytes_for_ready((n, n), n)
+    }
+
+    /// The bytes both pools need beyond what a session keeps anyway to hold `ready` COTs
+    /// (sending, receiving) after an [`OtSession::refill`], the first `built` of each direction
+    /// built ahead by an [`OtSession::precompute`] (the rest stay in seed form).
+    pub fn pool_bytes_for_ready(&self, ready: (usize, usize), built: usize) -> usize {
+        self.sender.bytes_for(ready.0, built) + self.receiver.bytes_for(ready.1, built)
     }
 
     /// The most bytes the two silent pools hold for the COTs their front iterations build in

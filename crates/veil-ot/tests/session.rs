@@ -406,6 +406,74 @@ fn a_multi_iteration_pool_is_correct_to_its_end() {
     );
 }
 
+/// Pools refilled in seed form to what calls will draw, each direction to its own count, hold
+/// exactly the bytes `pool_bytes_for_ready` names, and the calls that draw them (more than one
+/// iteration one way) refill nothing and get correct correlations; refilling past the limit is
+/// an error.
+#[test]
+fn refilled_pools_draw_without_refilling() {
+    use veil_core::CostClass;
+    let (down, up) = (7_000_000, 100_000);
+    let refill_bytes = |ch: &MemChannel| {
+        ch.meter()
+            .by_class()
+            .get(&CostClass::OtRefill)
+            .map_or(0, |r| r.bytes_sent + r.bytes_received)
+    };
+    let (deltas_down, choices_down) = (random_values(down, 1), random_bools(down));
+    let (deltas_up, choices_up) = (random_values(up, 13), random_bools(up));
+    let (cd, du, dd, cu) = (
+        choices_down.clone(),
+        deltas_up.clone(),
+        deltas_down.clone(),
+        choices_up.clone(),
+    );
+    let ((y_down, x_up, client_bytes), (x_down, y_up, server_bytes)) = run_two_party(
+        move |ch| {
+            let mut s = OtSession::setup(ch, Role::Client)?;
+            assert!(s.refill(ch, OtSession::MAX_READY + 1, 0).is_err());
+            let (before, estimate) = (s.pool_bytes(), s.pool_bytes_for_ready((up, down), 0));
+            s.refill(ch, up, down)?;
+            let bytes = (s.pool_bytes() - before, estimate);
+            let refilled = refill_bytes(ch);
+            let y = s.recv_xor_cot_widths(ch, &cd, &[1])?;
+            let x = s.send_arith_cot(ch, &du, 41)?;
+            assert_eq!(refill_bytes(ch), refilled, "a call refilled");
+            Ok((y, x, bytes))
+        },
+        move |ch| {
+            let mut s = OtSession::setup(ch, Role::Server)?;
+            let (before, estimate) = (s.pool_bytes(), s.pool_bytes_for_ready((down, up), 0));
+            s.refill(ch, down, up)?;
+            let bytes = (s.pool_bytes() - before, estimate);
+            let refilled = refill_bytes(ch);
+            let x = s.send_xor_cot_widths(ch, &dd, &[1])?;
+            let y = s.recv_arith_cot(ch, &cu, 41)?;
+            assert_eq!(refill_bytes(ch), refilled, "a call refilled");
+            Ok((x, y, bytes))
+        },
+    )
+    .unwrap();
+    for (held, estimate) in [client_bytes, server_bytes] {
+        assert_eq!(held, estimate);
+    }
+    for i in 0..down {
+        assert_eq!(
+            y_down[i],
+            x_down[i] ^ (choices_down[i] as u64 & deltas_down[i]),
+            "COT {i}"
+        );
+    }
+    for i in 0..up {
+        let want = if choices_up[i] {
+            x_up[i].wrapping_add(deltas_up[i]) & mask(41)
+        } else {
+            x_up[i]
+        };
+        assert_eq!(y_up[i], want, "COT {i} up");
+    }
+}
+
 #[test]
 fn invalid_arguments_are_errors() {
     let r = with_sessions(

@@ -210,7 +210,7 @@ impl<C: Channel> ClientConnection<C> {
         let res = (|| {
             Request::Preprocess { tokens: seq as u32 }.send(&mut self.ch)?;
             let fill = match PreprocessReply::recv(&mut self.ch)? {
-                PreprocessReply::Accepted { pool_cots } => pool_cots as usize,
+                PreprocessReply::Accepted(fill) => fill,
                 PreprocessReply::Refused(why) => bail!(
                     Refused,
                     "the server refused to preprocess: {}",
@@ -218,7 +218,7 @@ impl<C: Channel> ClientConnection<C> {
                 ),
             };
             let m = preprocess_client(&mut self.ch, &self.lin, &self.cfg, self.ax.fp.ring, seq)?;
-            self.ot.precompute(&mut self.ch, fill)?;
+            fill.apply(&mut self.ot, &mut self.ch)?;
             Ok(m)
         })();
         self.ch.set_deadline(None)?;

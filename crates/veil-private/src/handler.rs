@@ -147,7 +147,7 @@ fn budget(d: Option<Duration>) -> Duration {
 }
 
 /// Per length, oldest first: the material and what it took from the reserve (COTs, bytes).
-type Held = (ServerMaterial, (u64, usize));
+type Held = (ServerMaterial, (crate::pool_size::Draw, usize));
 
 /// One admitted session past its set-up.
 struct Handler<'a, C: Channel> {
@@ -292,10 +292,9 @@ impl<'a, C: Channel> Handler<'a, C> {
         // the first time a length is asked for).
         let fill = match self.reserve.room_for(bytes) {
             Ok(()) => {
-                let cots = self.limits.cots.per_inference(self.model, seq)?;
-                let need = cots.0.max(cots.1);
+                let need = self.limits.cots.per_inference(self.model, seq)?;
                 let ot = &self.ot;
-                let pool_bytes = |f| ot.pool_bytes_for(f);
+                let pool_bytes = |ready, built| ot.pool_bytes_for_ready(ready, built);
                 (self.reserve.take(need, bytes, pool_bytes)).map(|f| (f, need))
             }
             Err(why) => Err(why),
@@ -309,16 +308,13 @@ impl<'a, C: Channel> Handler<'a, C> {
                 return Ok(());
             }
         };
-        PreprocessReply::Accepted {
-            pool_cots: fill as u64,
-        }
-        .send(&mut self.ch)?;
+        PreprocessReply::Accepted(fill).send(&mut self.ch)?;
         let allowed = self.step_allowed(seq);
         self.set_deadline(allowed)?;
         let made = (|| {
             let (ch, ring) = (&mut self.ch, self.ax.fp.ring);
             let m = preprocess_server(ch, &self.lin, self.model, ring, seq, &steps)?;
-            self.ot.precompute(ch, fill)?;
+            fill.apply(&mut self.ot, ch)?;
             Ok((m, (need, bytes)))
         })()
         .map_err(|e| in_step(e, "preprocessing", budget(allowed)))?;

@@ -12,7 +12,7 @@
 //! | [`Admission`] | server → client | 0 ‖ bundle flag (u8: 0 none, 1 a digest follows) ‖ the client bundle's SHA-256 digest (32 bytes, if flagged) ‖ activation bound bits (u8: 0 none, else below the session ring's bits − 1) ‖ the model's public `config.json`, or 1 ‖ why it refuses (UTF-8) |
 //! | [`EmbeddingLookup`] | server → client | the lookup method's tag (u8; private-embedding mode only) |
 //! | [`Request`] | client → server | tag (u8) ‖ fields: 0 goodbye; 1 inference ‖ length (u32) ‖ preprocessed (u8: 0 or 1); 2 preprocessing ‖ length (u32) |
-//! | [`PreprocessReply`] | server → client | 0 ‖ the silent-OT pool size to precompute (u64), or 1 ‖ why it refuses (UTF-8) |
+//! | [`PreprocessReply`] | server → client | 0 ‖ the COTs to build ahead (u64) ‖ the COTs the server's sending and receiving directions are refilled to hold (u64 each; [`PoolFill`]), or 1 ‖ why it refuses (UTF-8) |
 //! | [`OutputShare`] | server → client | the server's share of the output, ring elements at ⌈ℓ/8⌉ bytes |
 //! | [`DecoderAdmission`] | server → client | a decoder server's answer to the hello: 2 ‖ ring bits (u8) ‖ fraction bits (u8) ‖ norm domain bits (u8) ‖ truncation (u8: 0 faithful, 1 one-bit error) ‖ activation bound bits (u8: 0 none, else below ring bits − 1) ‖ tables (u8: 0 public, 1 private) ‖ the public tables' digest, or the shape's for private tables (32 bytes), or 1 ‖ why it refuses (UTF-8) |
 //! | [`GenerationRequest`] | client → server | tag (u8) ‖ fields: 0 goodbye; 16 generation start ‖ context limit (u32); 17 step ‖ tokens (u32); 18 generation end; 19 preprocess the next step ‖ tokens (u32), answered by [`PreprocessReply`]; 20 preprocessed step ‖ tokens (u32) |
@@ -50,8 +50,9 @@ use veil_nonlinear::OtSession;
 /// reason at any point; 6 gave the decoder's ℓ = 48 set Galois keys of 9 levels (its single-row
 /// products pack responses at strides up to 512, with layouts of their own); 7 announces the
 /// decoder's activation bound at admission (its SiLU/GELU comparisons run on that many bits);
-/// 8 announces an encoder's GELU bound the same way.
-pub const VERSION: u32 = 8;
+/// 8 announces an encoder's GELU bound the same way; 9 has a preprocessing reply name the
+/// pools' refill in seed form per direction beside the COTs built ahead ([`PoolFill`]).
+pub const VERSION: u32 = 9;
 
 /// The fixed-point format of every session (the project defaults; training uses the same).
 pub fn session_format() -> FixedPoint {
@@ -338,14 +339,46 @@ impl Message for Request {
     }
 }
 
+/// How far both parties fill their silent-OT pools when they preprocess: refilled to hold
+/// `ready` COTs in the server's (sending, receiving) directions, kept in seed form (about 1.1
+/// bytes a COT: all an inference draws, so its online phase refills nothing), of which the
+/// first `built` of each direction are built ahead (16–17 bytes a COT, so online calls only
+/// copy them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolFill {
+    /// COTs each direction holds after the refill, at most `OtSession::MAX_READY`.
+    pub ready: (u64, u64),
+    /// COTs built ahead in each direction (refilling the quieter one further when it draws
+    /// fewer), at most `OtSession::MAX_PRECOMPUTE` and at most the busier direction's `ready`.
+    pub built: u64,
+}
+
+impl PoolFill {
+    /// `n` COTs each way, all built ahead.
+    pub(crate) fn built(n: usize) -> Self {
+        PoolFill {
+            ready: (n as u64, n as u64),
+            built: n as u64,
+        }
+    }
+
+    /// Refills and builds this party's pools (the server's directions swapped for the client):
+    /// both parties call it at the same point of the offline phase.
+    pub(crate) fn apply<C: Channel>(self, ot: &mut OtSession, ch: &mut C) -> Result<()> {
+        let (send, recv) = (self.ready.0 as usize, self.ready.1 as usize);
+        match ot.role() {
+            veil_net::Role::Server => ot.refill(ch, send, recv)?,
+            veil_net::Role::Client => ot.refill(ch, recv, send)?,
+        }
+        ot.precompute(ch, self.built as usize)
+    }
+}
+
 /// The server's answer to a preprocessing request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PreprocessReply {
-    /// Both parties preprocess and fill their silent-OT pools with this many COTs.
-    Accepted {
-        /// The pool size, at most `OtSession::MAX_PRECOMPUTE`.
-        pool_cots: u64,
-    },
+    /// Both parties preprocess and fill their silent-OT pools so.
+    Accepted(PoolFill),
     /// Why not (the session's budget is spent, the server's memory is in use); the session
     /// goes on.
     Refused(String),
@@ -357,7 +390,9 @@ impl Message for PreprocessReply {
 
     fn write(&self, w: &mut Writer) {
         match self {
-            PreprocessReply::Accepted { pool_cots } => w.u8(STATUS_OK).u64(*pool_cots),
+            PreprocessReply::Accepted(f) => {
+                w.u8(STATUS_OK).u64(f.built).u64(f.ready.0).u64(f.ready.1)
+            }
             PreprocessReply::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
         };
     }
@@ -365,13 +400,18 @@ impl Message for PreprocessReply {
     fn read(r: &mut Reader<'_>) -> Result<Self> {
         match r.u8()? {
             STATUS_OK => {
-                let pool_cots = r.u64()?;
+                let (built, send, recv) = (r.u64()?, r.u64()?, r.u64()?);
                 ensure!(
-                    pool_cots <= OtSession::MAX_PRECOMPUTE as u64,
+                    built <= OtSession::MAX_PRECOMPUTE as u64
+                        && send.max(recv) <= OtSession::MAX_READY as u64
+                        && built <= send.max(recv),
                     Malformed,
-                    "a pool of {pool_cots} COTs"
+                    "pools of {send} and {recv} COTs with {built} built ahead"
                 );
-                Ok(PreprocessReply::Accepted { pool_cots })
+                Ok(PreprocessReply::Accepted(PoolFill {
+                    ready: (send, recv),
+                    built,
+                }))
             }
             STATUS_REFUSED => Ok(PreprocessReply::Refused(text(
                 r,
@@ -740,10 +780,10 @@ mod tests {
         round_trip(Hello {
             max_tokens: u32::MAX,
         });
-        // The bytes of protocol version 8, pinned.
+        // The bytes of protocol version 9, pinned.
         assert_eq!(
             Hello { max_tokens: 7 }.encode(),
-            [b'V', b'E', b'I', b'L', 8, 0, 0, 0, 7, 0, 0, 0]
+            [b'V', b'E', b'I', b'L', 9, 0, 0, 0, 7, 0, 0, 0]
         );
         let e = Hello::decode(b"GET / HTTP/1.1").unwrap_err().to_string();
         assert!(e.contains("not a Veil client"), "{e}");
@@ -853,15 +893,38 @@ mod tests {
 
     #[test]
     fn preprocess_replies_round_trip_and_bound_the_pool() {
-        round_trip(PreprocessReply::Accepted { pool_cots: 0 });
-        round_trip(PreprocessReply::Accepted {
-            pool_cots: OtSession::MAX_PRECOMPUTE as u64,
-        });
+        let (most, ready) = (
+            OtSession::MAX_PRECOMPUTE as u64,
+            OtSession::MAX_READY as u64,
+        );
+        round_trip(PreprocessReply::Accepted(PoolFill::built(0)));
+        round_trip(PreprocessReply::Accepted(PoolFill::built(most as usize)));
+        round_trip(PreprocessReply::Accepted(PoolFill {
+            ready: (ready, 5),
+            built: 5,
+        }));
         round_trip_text(PreprocessReply::Refused("over budget".into()));
-        let over = PreprocessReply::Accepted {
-            pool_cots: OtSession::MAX_PRECOMPUTE as u64 + 1,
-        };
-        assert!(PreprocessReply::decode(&over.encode()).is_err());
+        // The bytes of protocol version 9, pinned.
+        assert_eq!(
+            PreprocessReply::Accepted(PoolFill {
+                ready: (3, 2),
+                built: 1
+            })
+            .encode(),
+            [0, 1, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]
+        );
+        for (ready, built) in [
+            ((most + 1, most + 1), most + 1),
+            ((ready + 1, 1), 1),
+            ((4, 2), 5),
+        ] {
+            let over = PreprocessReply::Accepted(PoolFill { ready, built });
+            assert!(
+                PreprocessReply::decode(&over.encode()).is_err(),
+                "{ready:?} {built}"
+            );
+        }
+        assert!(PreprocessReply::decode(&[0, 1, 0]).is_err());
         assert!(PreprocessReply::decode(&[7]).is_err());
     }
 

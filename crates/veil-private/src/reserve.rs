@@ -4,12 +4,16 @@
 
 use veil_nonlinear::OtSession;
 
+use crate::pool_size::Draw;
+use crate::protocol::PoolFill;
+
 /// What a server keeps for one session's preprocessed inferences (its masks and triples, and
-/// the silent-OT pools filled for them; a BERT-Base inference of 128 tokens needs about 160 MB
-/// of material): `VEIL_PREPROCESS_BUDGET_MIB`, 512 MiB when unset. Requests beyond it are
-/// refused with a message; the session goes on.
+/// the silent-OT pools filled for them): `VEIL_PREPROCESS_BUDGET_MIB`, 1024 MiB when unset, so
+/// that a BERT-Base inference of 128 tokens (160 MB of material, 0.53 GB of its COTs in seed
+/// form) runs its online phase without refilling. Requests beyond it are refused with a
+/// message; the session goes on.
 pub fn preprocess_budget() -> usize {
-    const DEFAULT_MIB: usize = 512;
+    const DEFAULT_MIB: usize = 1024;
     let mib = match std::env::var("VEIL_PREPROCESS_BUDGET_MIB") {
         Ok(v) => v.trim().parse().unwrap_or_else(|_| {
             tracing::warn!(
@@ -47,12 +51,13 @@ impl SessionMemory for UnsharedMemory {
 
 /// What a server session holds for its preprocessed inferences: the material's bytes and the OT
 /// pools' (against its [`preprocess_budget`], and taken from the server's [`SessionMemory`]),
-/// and the COTs reserved for the preprocessed inferences not yet run (in each one's busier
-/// direction: one party's sending count is the other's receiving count;
-/// [`crate::pool_size::CotCounts`] knows them from the shape). Preprocessing fills both
-/// parties' pools to the reservation (the server names the size), as far as the budget's rest
-/// allows, so the online phase refills only when the budget is spent; its refills are reported
-/// as "OT refill". Everything taken is given back when the session ends, however it ends.
+/// and the COTs reserved for the preprocessed inferences not yet run, per direction
+/// (the server's sending and receiving: one party's sending count is the other's receiving
+/// count; [`crate::pool_size::CotCounts`] knows them from the shape). Preprocessing refills
+/// both parties' pools to the reservation in seed form and builds the first COTs ahead
+/// ([`PoolFill`], named by the server), as far as the budget's rest allows, so the online phase
+/// refills only when the budget is spent; its refills are reported as "OT refill". Everything
+/// taken is given back when the session ends, however it ends.
 pub(crate) struct Reserve<'a> {
     memory: &'a dyn SessionMemory,
     budget: usize,
@@ -60,7 +65,7 @@ pub(crate) struct Reserve<'a> {
     held: usize,
     /// Bytes of the pools as filled so far (they do not shrink during the session).
     pools: usize,
-    reserved: u64,
+    reserved: Draw,
 }
 
 impl<'a> Reserve<'a> {
@@ -70,7 +75,7 @@ impl<'a> Reserve<'a> {
             budget,
             held: 0,
             pools: 0,
-            reserved: 0,
+            reserved: (0, 0),
         }
     }
 
@@ -94,35 +99,33 @@ impl<'a> Reserve<'a> {
         Ok(())
     }
 
-    /// Takes one inference drawing `cots` with `bytes` of server material; returns the pool size
-    /// to precompute, or why it cannot. `pool_bytes(fill)`: the bytes the pools need to hold
-    /// `fill` COTs ready ([`OtSession::pool_bytes_for`]), nondecreasing in `fill`, 0 at 0.
+    /// Takes one inference drawing `cots` (the server's sending, receiving) with `bytes` of
+    /// server material; returns how far to fill the pools, or why it cannot. `pool_bytes(ready,
+    /// built)`: the bytes the pools need to hold `ready` COTs in seed form with `built` of them
+    /// built ahead ([`OtSession::pool_bytes_for_ready`]), nondecreasing in both, 0 at 0. The
+    /// refill covers the reservation first (a fifteenth of the bytes a COT built ahead takes),
+    /// then as many as the rest holds are built ahead in both directions (the quieter one
+    /// refilled further when that takes more than it draws, as `pool_bytes` counts).
     pub(crate) fn take(
         &mut self,
-        cots: u64,
+        cots: Draw,
         bytes: usize,
-        pool_bytes: impl Fn(usize) -> usize,
-    ) -> std::result::Result<usize, String> {
+        pool_bytes: impl Fn((usize, usize), usize) -> usize,
+    ) -> std::result::Result<PoolFill, String> {
         let mib = |b: usize| b >> 20;
         self.room_for(bytes)?;
-        let reserved = self.reserved + cots;
+        let reserved = (self.reserved.0 + cots.0, self.reserved.1 + cots.1);
         let room = self.budget - self.held - bytes;
-        let fits = |fill: usize| pool_bytes(fill) <= room;
-        let mut fill = reserved.min(OtSession::MAX_PRECOMPUTE as u64) as usize;
-        if !fits(fill) {
-            // The largest fill whose pools fit (pool_bytes(0) = 0 always does).
-            let (mut lo, mut hi) = (0, fill);
-            while lo < hi {
-                let mid = hi - (hi - lo) / 2;
-                if fits(mid) {
-                    lo = mid;
-                } else {
-                    hi = mid - 1;
-                }
-            }
-            fill = lo;
-        }
-        let pools = self.pools.max(pool_bytes(fill));
+        let cap = |c: u64| c.min(OtSession::MAX_READY as u64) as usize;
+        let want = (cap(reserved.0), cap(reserved.1));
+        let ready_up_to = |limit: usize| (want.0.min(limit), want.1.min(limit));
+        let limit = largest(want.0.max(want.1), |l| {
+            pool_bytes(ready_up_to(l), 0) <= room
+        });
+        let ready = ready_up_to(limit);
+        let most = ready.0.max(ready.1).min(OtSession::MAX_PRECOMPUTE);
+        let built = largest(most, |b| pool_bytes(ready, b) <= room);
+        let pools = self.pools.max(pool_bytes(ready, built));
         let more = bytes + (pools - self.pools);
         if !self.memory.take(more as u64) {
             return Err(format!(
@@ -132,15 +135,35 @@ impl<'a> Reserve<'a> {
             ));
         }
         (self.held, self.pools, self.reserved) = (self.held + bytes, pools, reserved);
-        Ok(fill)
+        Ok(PoolFill {
+            ready: (ready.0 as u64, ready.1 as u64),
+            built: built as u64,
+        })
     }
 
     /// The inference that used material taken with (`cots`, `bytes`) ran.
-    pub(crate) fn ran(&mut self, (cots, bytes): (u64, usize)) {
-        self.reserved -= cots;
+    pub(crate) fn ran(&mut self, (cots, bytes): (Draw, usize)) {
+        self.reserved = (self.reserved.0 - cots.0, self.reserved.1 - cots.1);
         self.held -= bytes;
         self.memory.give(bytes as u64);
     }
+}
+
+/// The largest x in 0..=hi with `fits(x)`, for `fits` true at 0 and monotone.
+fn largest(hi: usize, fits: impl Fn(usize) -> bool) -> usize {
+    if fits(hi) {
+        return hi;
+    }
+    let (mut lo, mut hi) = (0, hi);
+    while lo < hi {
+        let mid = hi - (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 impl Drop for Reserve<'_> {
@@ -153,26 +176,48 @@ impl Drop for Reserve<'_> {
 mod tests {
     use super::*;
 
-    /// Preprocessing charges the pools' memory as the pools will hold it, with the fill cut to
-    /// what the budget's rest can hold.
+    /// Preprocessing charges the pools' memory as the pools will hold it: each direction
+    /// refilled to its reservation in seed form first, then as many built ahead as the
+    /// budget's rest holds, both cut to what fits.
     #[test]
     fn preprocessing_charges_what_the_pools_hold() {
-        // Pools that hold 1,000 COTs in 4,000 bytes (an iteration in seed form).
-        let pool_bytes = |f: usize| f.div_ceil(1_000) * 4_000;
-        let mut r = Reserve::new(100 + 12_000, &UnsharedMemory);
-        assert_eq!(r.take(800, 100, pool_bytes), Ok(800));
-        assert_eq!(r.pools, 4_000);
-        assert_eq!(r.take(800, 0, pool_bytes), Ok(1_600));
-        assert_eq!(r.pools, 8_000);
-        assert_eq!(r.take(800, 0, pool_bytes), Ok(2_400));
-        assert_eq!(r.pools, 12_000);
-        // 3,200 would need 16,000 bytes of pool: the fill is cut to the 3,000 that fit.
-        assert_eq!(r.take(800, 0, pool_bytes), Ok(3_000));
-        assert_eq!(r.pools, 12_000);
+        // Pools that hold 1,000 COTs a direction in 4,000 bytes of seed form (building ahead
+        // in both directions refills the quieter one further), and 10 bytes a COT built ahead.
+        let pool_bytes = |(s, r): (usize, usize), b: usize| {
+            (s.max(b).div_ceil(1_000) + r.max(b).div_ceil(1_000)) * 4_000 + b * 10
+        };
+        let fill = |s: u64, r: u64, built: u64| PoolFill {
+            ready: (s, r),
+            built,
+        };
+        let mut r = Reserve::new(100 + 40_000, &UnsharedMemory);
+        assert_eq!(r.take((800, 300), 100, pool_bytes), Ok(fill(800, 300, 800)));
+        assert_eq!(r.pools, 8_000 + 8_000);
+        assert_eq!(
+            r.take((800, 300), 0, pool_bytes),
+            Ok(fill(1_600, 600, 1_600))
+        );
+        assert_eq!(r.pools, 16_000 + 16_000);
+        // 2,400 and 900 in seed form take 16,000 bytes; the 24,000 left build 2,000 ahead
+        // (the quieter direction then holds 2,000).
+        assert_eq!(
+            r.take((800, 300), 0, pool_bytes),
+            Ok(fill(2_400, 900, 2_000))
+        );
+        assert_eq!(r.pools, 40_000);
+        // Beyond the budget: the refill to 7,200 and 2,700 would need 44,000 bytes, so the
+        // busier direction is cut to the 7,000 that fit, and no room is left to build ahead.
+        assert_eq!(
+            r.take((4_800, 1_800), 0, pool_bytes),
+            Ok(fill(7_000, 2_700, 0))
+        );
+        assert_eq!(r.pools, 40_000);
         // Material beyond the budget is refused before anything else.
         assert!(r
             .room_for(1)
             .unwrap_err()
             .contains("use what is preprocessed first"));
+        r.ran(((800, 300), 100));
+        assert_eq!((r.reserved, r.held), ((6_400, 2_400), 0));
     }
 }

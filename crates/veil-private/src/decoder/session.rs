@@ -62,7 +62,7 @@ use crate::deadlines::in_step;
 use crate::handler::told;
 use crate::protocol::{
     AnnouncedTables, DecoderAdmission, DecoderAnnounced, GenerateReply, GenerationRequest, Hello,
-    Message, PreprocessReply,
+    Message, PoolFill, PreprocessReply,
 };
 use crate::reserve::SessionMemory;
 
@@ -295,10 +295,7 @@ fn generation_session<C: Channel>(
                             continue;
                         }
                     };
-                PreprocessReply::Accepted {
-                    pool_cots: pool_cots as u64,
-                }
-                .send(&mut ch)?;
+                PreprocessReply::Accepted(PoolFill::built(pool_cots)).send(&mut ch)?;
                 ch.flush()?;
                 let allowed = step_allowance(opts, cfg.layers, tokens);
                 set_deadline(&mut ch, allowed)?;
@@ -707,7 +704,15 @@ impl<'t, C: Channel> GenerationClient<'t, C> {
         GenerationRequest::PreprocessStep { tokens: 1 }.send(&mut self.ch)?;
         self.ch.flush()?;
         let pool_cots = match PreprocessReply::recv(&mut self.ch)? {
-            PreprocessReply::Accepted { pool_cots } => pool_cots as usize,
+            // A decoder step's pools are built ahead whole (the step's draw is small).
+            PreprocessReply::Accepted(fill) => {
+                ensure!(
+                    fill == PoolFill::built(fill.built as usize),
+                    Malformed,
+                    "a step's pools refilled beyond what is built ahead ({fill:?})"
+                );
+                fill.built as usize
+            }
             PreprocessReply::Refused(why) => {
                 tracing::info!(why, "the server refused to preprocess the next step");
                 return Ok(false);

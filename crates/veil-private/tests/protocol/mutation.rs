@@ -16,7 +16,7 @@ use veil_model::FixedModel;
 use veil_model::{BlockVariant, ModelConfig};
 use veil_net::{run_two_party, Recording, Replay};
 use veil_private::protocol::{
-    session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare,
+    session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare, PoolFill,
     PreprocessReply, Request,
 };
 use veil_private::{serve_session, ClientConnection, ClientOptions, ServerModel};
@@ -178,7 +178,11 @@ fn valid_messages() -> Vec<Vec<u8>> {
         }
         .encode(),
         Request::Preprocess { tokens: 3 }.encode(),
-        PreprocessReply::Accepted { pool_cots: 1000 }.encode(),
+        PreprocessReply::Accepted(PoolFill {
+            ready: (1000, 300),
+            built: 300,
+        })
+        .encode(),
         PreprocessReply::Refused("over budget".into()).encode(),
     ]
 }
