@@ -569,16 +569,11 @@ impl OtSession {
             sending.max(receiving),
             Self::MAX_READY
         );
-        match self.role {
-            Role::Server => {
-                self.sender.ensure(ch, sending)?;
-                self.receiver.ensure(ch, receiving)
-            }
-            Role::Client => {
-                self.receiver.ensure(ch, receiving)?;
-                self.sender.ensure(ch, sending)
-            }
-        }
+        self.in_step_order(
+            ch,
+            |pool, ch| pool.ensure(ch, sending),
+            |pool, ch| pool.ensure(ch, receiving),
+        )
     }
 
     /// Pre-generates `n` COTs in each direction (offline phase): refills, and builds the next
@@ -590,14 +585,30 @@ impl OtSession {
             InvalidArgument,
             "precompute({n}) exceeds {MAX_COTS_PER_CALL}"
         );
+        self.in_step_order(
+            ch,
+            |pool, ch| pool.build_ahead(ch, n),
+            |pool, ch| pool.build_ahead(ch, n),
+        )
+    }
+
+    /// Runs `send` on the sending pool and `recv` on the receiving one in the order both
+    /// parties share, the server's sending direction (the client's receiving one) first, so
+    /// their refills' flights pair up.
+    fn in_step_order<C: Channel>(
+        &mut self,
+        ch: &mut C,
+        send: impl FnOnce(&mut Pool<Sending>, &mut C) -> Result<()>,
+        recv: impl FnOnce(&mut Pool<Receiving>, &mut C) -> Result<()>,
+    ) -> Result<()> {
         match self.role {
             Role::Server => {
-                self.sender.build_ahead(ch, n)?;
-                self.receiver.build_ahead(ch, n)
+                send(&mut self.sender, ch)?;
+                recv(&mut self.receiver, ch)
             }
             Role::Client => {
-                self.receiver.build_ahead(ch, n)?;
-                self.sender.build_ahead(ch, n)
+                recv(&mut self.receiver, ch)?;
+                send(&mut self.sender, ch)
             }
         }
     }
