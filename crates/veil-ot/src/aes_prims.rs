@@ -9,13 +9,56 @@
 //!   Guo–Katz–Wang–Yu (S&P'20, §7.3), with `σ(x_hi ‖ x_lo) = (x_hi ⊕ x_lo) ‖ x_hi` a linear
 //!   orthomorphism and π' a second fixed-key AES: the node function of the Half-Tree trees.
 //!
-//! All batch functions hand whole slices to `encrypt_blocks`, which the `aes` crate pipelines
-//! 8 blocks at a time over AES-NI when the CPU has it.
+//! All batch functions hand whole slices to [`Cipher::encrypt`]: four blocks an instruction
+//! where the CPU has VAES and AVX-512 (`crate::aes_wide`), else the `aes` crate's AES-NI
+//! pipeline of eight blocks (or its software tables).
 
 use std::sync::OnceLock;
 
 use aes::cipher::{BlockEncrypt, KeyInit};
 use aes::Aes128;
+
+/// AES-128 under one key, encrypting slices of `u128` blocks in place.
+#[derive(Clone)]
+pub(crate) struct Cipher {
+    /// The `aes` crate's cipher: every block where the wide path is absent, and its tails.
+    narrow: Aes128,
+    #[cfg(target_arch = "x86_64")]
+    wide: Option<crate::aes_wide::RoundKeys>,
+}
+
+impl Cipher {
+    pub(crate) fn new(key: u128) -> Self {
+        Cipher {
+            narrow: Aes128::new(&key.to_le_bytes().into()),
+            #[cfg(target_arch = "x86_64")]
+            wide: crate::aes_wide::RoundKeys::for_this_cpu(key),
+        }
+    }
+
+    /// Encrypts `data` in place, viewing each `u128` as one AES block (its little-endian bytes).
+    pub(crate) fn encrypt(&self, data: &mut [u128]) {
+        #[cfg(target_arch = "x86_64")]
+        let data = match &self.wide {
+            Some(keys) => {
+                let done = keys.encrypt(data);
+                &mut data[done..]
+            }
+            None => data,
+        };
+        self.encrypt_narrow(data);
+    }
+
+    fn encrypt_narrow(&self, data: &mut [u128]) {
+        // SAFETY: `aes::Block` is a 16-byte array with alignment 1; a `u128` slice has the same
+        // length in bytes and stricter alignment, so the reinterpretation is valid for its
+        // lifetime.
+        let blocks = unsafe {
+            std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut aes::Block, data.len())
+        };
+        self.narrow.encrypt_blocks(blocks);
+    }
+}
 
 #[cfg(target_endian = "big")]
 compile_error!("veil-ot reinterprets u128 blocks as AES blocks and assumes little-endian");
@@ -24,31 +67,21 @@ compile_error!("veil-ot reinterprets u128 blocks as AES blocks and assumes littl
 const PI_KEY: u128 = 0x243f6a8885a308d313198a2e03707344;
 const CCR_KEY: u128 = 0xb7e151628aed2a6abf7158809cf4f3c7;
 
-fn fixed(key: u128, cell: &'static OnceLock<Aes128>) -> &'static Aes128 {
-    cell.get_or_init(|| Aes128::new(&key.to_le_bytes().into()))
+fn fixed(key: u128, cell: &'static OnceLock<Cipher>) -> &'static Cipher {
+    cell.get_or_init(|| Cipher::new(key))
 }
 
-fn pi() -> &'static Aes128 {
-    static C: OnceLock<Aes128> = OnceLock::new();
+fn pi() -> &'static Cipher {
+    static C: OnceLock<Cipher> = OnceLock::new();
     fixed(PI_KEY, &C)
 }
 
-fn ccr_pi() -> &'static Aes128 {
-    static C: OnceLock<Aes128> = OnceLock::new();
+fn ccr_pi() -> &'static Cipher {
+    static C: OnceLock<Cipher> = OnceLock::new();
     fixed(CCR_KEY, &C)
 }
 
-/// Encrypts `data` in place, viewing each `u128` as one AES block.
-#[inline]
-pub(crate) fn encrypt_in_place(cipher: &Aes128, data: &mut [u128]) {
-    // SAFETY: `aes::Block` is a 16-byte array with alignment 1; a `u128` slice has the same
-    // length in bytes and stricter alignment, so the reinterpretation is valid for its lifetime.
-    let blocks =
-        unsafe { std::slice::from_raw_parts_mut(data.as_mut_ptr() as *mut aes::Block, data.len()) };
-    cipher.encrypt_blocks(blocks);
-}
-
-/// Blocks processed per stack batch: a multiple of the 8-block AES-NI pipeline.
+/// Blocks processed per stack batch: a multiple of both AES paths' widths (32 and 8 blocks).
 const BATCH: usize = 64;
 
 /// `out[i] = H(x[i], tweak_base + i)` for the TCCR hash. `x` and `out` have equal length.
@@ -58,13 +91,13 @@ pub(crate) fn tccr_hash_seq(x: &[u128], tweak_base: u128, out: &mut [u128]) {
     for (c, (xs, os)) in x.chunks(BATCH).zip(out.chunks_mut(BATCH)).enumerate() {
         let n = xs.len();
         os.copy_from_slice(xs);
-        encrypt_in_place(pi(), os);
+        pi().encrypt(os);
         saved[..n].copy_from_slice(os);
         let base = tweak_base.wrapping_add((c * BATCH) as u128);
         for (i, o) in os.iter_mut().enumerate() {
             *o ^= base.wrapping_add(i as u128);
         }
-        encrypt_in_place(pi(), os);
+        pi().encrypt(os);
         for (o, s) in os.iter_mut().zip(&saved[..n]) {
             *o ^= s;
         }
@@ -85,12 +118,12 @@ pub(crate) fn tccr_hash_tweaked(x: &[u128], tweaks: &[u128], out: &mut [u128]) {
     {
         let n = xs.len();
         os.copy_from_slice(xs);
-        encrypt_in_place(pi(), os);
+        pi().encrypt(os);
         saved[..n].copy_from_slice(os);
         for (o, t) in os.iter_mut().zip(ts) {
             *o ^= t;
         }
-        encrypt_in_place(pi(), os);
+        pi().encrypt(os);
         for (o, s) in os.iter_mut().zip(&saved[..n]) {
             *o ^= s;
         }
@@ -120,7 +153,7 @@ pub(crate) fn ccr_hash(x: &[u128], out: &mut [u128]) {
     let mut saved = [0u128; BATCH];
     for os in out.chunks_mut(BATCH) {
         saved[..os.len()].copy_from_slice(os);
-        encrypt_in_place(ccr_pi(), os);
+        ccr_pi().encrypt(os);
         for (o, s) in os.iter_mut().zip(&saved) {
             *o ^= s;
         }
@@ -130,14 +163,14 @@ pub(crate) fn ccr_hash(x: &[u128], out: &mut [u128]) {
 /// AES-128-CTR over `u128` blocks with a secret key; the counter persists across calls so one
 /// stream can be consumed in chunks.
 pub(crate) struct AesCtr {
-    cipher: Aes128,
+    cipher: Cipher,
     counter: u128,
 }
 
 impl AesCtr {
     pub(crate) fn new(key: u128) -> Self {
         AesCtr {
-            cipher: Aes128::new(&key.to_le_bytes().into()),
+            cipher: Cipher::new(key),
             counter: 0,
         }
     }
@@ -148,7 +181,7 @@ impl AesCtr {
             *o = self.counter;
             self.counter = self.counter.wrapping_add(1);
         }
-        encrypt_in_place(&self.cipher, out);
+        self.cipher.encrypt(out);
     }
 }
 

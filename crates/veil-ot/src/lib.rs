@@ -23,6 +23,8 @@
 #![warn(unreachable_pub, missing_docs)]
 
 mod aes_prims;
+#[cfg(target_arch = "x86_64")]
+mod aes_wide;
 mod arith;
 pub mod base_ot;
 mod ct;

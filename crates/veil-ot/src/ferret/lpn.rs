@@ -9,13 +9,11 @@
 //! (`veil_core::parallel`). Every row depends only on its index, so the output is the same
 //! however the jobs fall.
 
-use aes::cipher::KeyInit;
-use aes::Aes128;
 use rayon::prelude::*;
 use veil_core::parallel::pool;
 
 use super::Threads;
-use crate::aes_prims::encrypt_in_place;
+use crate::aes_prims::Cipher;
 
 /// Non-zeros per output row (Ferret uses d = 10).
 pub(crate) const D: usize = 10;
@@ -30,7 +28,7 @@ const JOB_ROWS: usize = 16 * ROWS;
 /// The public sparse matrix of one parameter set.
 #[derive(Clone)]
 pub(crate) struct LpnMatrix {
-    cipher: Aes128,
+    cipher: Cipher,
     k: usize,
     /// Separates the counter streams of different parameter sets under one seed.
     stream: u64,
@@ -40,7 +38,7 @@ impl LpnMatrix {
     pub(crate) fn new(seed: u128, stream: u64, k: usize) -> Self {
         assert!(k > 0 && k <= u32::MAX as usize, "LPN secret length {k}");
         LpnMatrix {
-            cipher: Aes128::new(&seed.to_le_bytes().into()),
+            cipher: Cipher::new(seed),
             k,
             stream,
         }
@@ -57,7 +55,7 @@ impl LpnMatrix {
             for (i, b) in blocks.iter_mut().enumerate() {
                 *b = start + i as u128;
             }
-            encrypt_in_place(&self.cipher, blocks);
+            self.cipher.encrypt(blocks);
             let k = self.k as u64;
             for (words, row) in blocks
                 .chunks_exact(BLOCKS_PER_ROW)
