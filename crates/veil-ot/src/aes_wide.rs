@@ -79,14 +79,21 @@ trait ZeroizeVectors {
     fn zeroize_vectors(&mut self);
 }
 
-impl<T: Copy, const N: usize> ZeroizeVectors for [T; N] {
-    fn zeroize_vectors(&mut self) {
-        for v in self.iter_mut() {
-            // SAFETY: a volatile write of a plain 16-byte value, so the wipe is not elided.
-            unsafe { std::ptr::write_volatile(v, std::mem::zeroed()) };
+macro_rules! zeroize_vectors {
+    ($($t:ty),*) => {$(
+        impl<const N: usize> ZeroizeVectors for [$t; N] {
+            fn zeroize_vectors(&mut self) {
+                for v in self.iter_mut() {
+                    // SAFETY: a volatile write through a valid reference of an all-zero vector
+                    // (valid for every SIMD type), so the wipe is not elided.
+                    unsafe { std::ptr::write_volatile(v, std::mem::zeroed()) };
+                }
+            }
         }
-    }
+    )*};
 }
+
+zeroize_vectors!(__m128i, __m512i);
 
 /// Blocks per pass of the main loop: eight registers in flight hide `vaesenc`'s latency.
 const LANES: usize = 8;
