@@ -102,7 +102,7 @@ const LANES: usize = 8;
 unsafe fn encrypt_wide(rk: &[u128; 11], data: &mut [u128]) -> usize {
     // SAFETY (loads and stores below): every pointer is to four consecutive u128 of `data`, in
     // bounds by the chunking; unaligned 64-byte accesses.
-    let keys: [__m512i; 11] = std::array::from_fn(|i| unsafe {
+    let mut keys: [__m512i; 11] = std::array::from_fn(|i| unsafe {
         _mm512_broadcast_i32x4(_mm_loadu_si128(&rk[i] as *const u128 as *const __m128i))
     });
     let rounds = |mut b: __m512i| {
@@ -135,7 +135,6 @@ unsafe fn encrypt_wide(rk: &[u128; 11], data: &mut [u128]) -> usize {
         let p = quad.as_mut_ptr() as *mut __m512i;
         unsafe { _mm512_storeu_si512(p as *mut _, rounds(_mm512_loadu_si512(p as *const _))) };
     }
-    let mut keys = keys;
     keys.zeroize_vectors();
     data.len() / 4 * 4
 }
