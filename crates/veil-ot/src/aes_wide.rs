@@ -100,43 +100,43 @@ const LANES: usize = 8;
 
 #[target_feature(enable = "avx512f,vaes")]
 unsafe fn encrypt_wide(rk: &[u128; 11], data: &mut [u128]) -> usize {
-    // SAFETY (loads and stores below): every pointer is to four consecutive u128 of `data`, in
-    // bounds by the chunking; unaligned 64-byte accesses.
+    // SAFETY: unaligned 16-byte loads of the u128 round keys.
     let mut keys: [__m512i; 11] = std::array::from_fn(|i| unsafe {
         _mm512_broadcast_i32x4(_mm_loadu_si128(&rk[i] as *const u128 as *const __m128i))
     });
-    let rounds = |mut b: __m512i| {
-        b = _mm512_xor_si512(b, keys[0]);
-        for key in &keys[1..10] {
-            b = _mm512_aesenc_epi128(b, *key);
-        }
-        _mm512_aesenclast_epi128(b, keys[10])
-    };
     let mut chunks = data.chunks_exact_mut(4 * LANES);
     for chunk in &mut chunks {
-        let p = chunk.as_mut_ptr() as *mut __m512i;
-        let mut b: [__m512i; LANES] =
-            std::array::from_fn(|j| unsafe { _mm512_loadu_si512(p.add(j) as *const _) });
-        for v in &mut b {
-            *v = _mm512_xor_si512(*v, keys[0]);
-        }
-        for key in &keys[1..10] {
-            for v in &mut b {
-                *v = _mm512_aesenc_epi128(*v, *key);
-            }
-        }
-        for (j, v) in b.iter().enumerate() {
-            unsafe {
-                _mm512_storeu_si512(p.add(j) as *mut _, _mm512_aesenclast_epi128(*v, keys[10]))
-            };
-        }
+        // SAFETY: the chunk is 4·LANES blocks, the CPU has the features of this function.
+        unsafe { encrypt_registers::<LANES>(&keys, chunk.as_mut_ptr()) };
     }
     for quad in chunks.into_remainder().chunks_exact_mut(4) {
-        let p = quad.as_mut_ptr() as *mut __m512i;
-        unsafe { _mm512_storeu_si512(p as *mut _, rounds(_mm512_loadu_si512(p as *const _))) };
+        // SAFETY: as above, for four blocks.
+        unsafe { encrypt_registers::<1>(&keys, quad.as_mut_ptr()) };
     }
     keys.zeroize_vectors();
     data.len() / 4 * 4
+}
+
+/// Encrypts the 4·R blocks at `p` in place, R registers through the rounds side by side.
+///
+/// SAFETY: `p` points to 4·R writable u128 (unaligned 64-byte accesses).
+#[target_feature(enable = "avx512f,vaes")]
+#[inline]
+unsafe fn encrypt_registers<const R: usize>(keys: &[__m512i; 11], p: *mut u128) {
+    let p = p as *mut __m512i;
+    let mut b: [__m512i; R] =
+        std::array::from_fn(|j| unsafe { _mm512_loadu_si512(p.add(j) as *const _) });
+    for v in &mut b {
+        *v = _mm512_xor_si512(*v, keys[0]);
+    }
+    for key in &keys[1..10] {
+        for v in &mut b {
+            *v = _mm512_aesenc_epi128(*v, *key);
+        }
+    }
+    for (j, v) in b.iter().enumerate() {
+        unsafe { _mm512_storeu_si512(p.add(j) as *mut _, _mm512_aesenclast_epi128(*v, keys[10])) };
+    }
 }
 
 #[cfg(test)]
@@ -159,11 +159,10 @@ mod tests {
 
     #[test]
     fn wide_encryption_is_the_crates() {
-        let Some(probe) = RoundKeys::for_this_cpu(0) else {
+        if RoundKeys::for_this_cpu(0).is_none() {
             eprintln!("this CPU has no VAES / AVX-512F: the wide path cannot run here");
             return;
-        };
-        drop(probe);
+        }
         // FIPS-197 appendix C.1.
         let key = u128::from_le_bytes(std::array::from_fn(|i| i as u8));
         let plain = u128::from_le_bytes(std::array::from_fn(|i| (i as u8) * 0x11));
