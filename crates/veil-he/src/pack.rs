@@ -17,9 +17,15 @@
 //! Coefficients ≢ 0 (mod u₀) hold sums of unrelated ones and must never be sent: the caller
 //! asks the response for the packed positions only.
 //!
+//! **Partial groups.** Members fill the first leaves, so a node can lack its odd side (never
+//! its even one). Such a node is 2A, without the key switch: σ would only clear A's class
+//! ≡ u (mod 2u), where the absent odd members' coefficients would land, and every ancestor
+//! keeps those positions on absent members' places (σ_{1+N/u} maps each class mod u to
+//! itself), which are never sent either. Packing r members thus costs r − 1 key switches.
+//!
 //! # Noise
-//! Each internal node adds one key switch (≤ E = [`crate::galois::ks_noise_bound`]); each
-//! ancestor at most doubles it (x ↦ x ± σ(x)). With D = log2 L levels the added noise is at
+//! Each internal node adds at most one key switch (≤ E = [`crate::galois::ks_noise_bound`]);
+//! each ancestor at most doubles it (x ↦ x ± σ(x), or 2x). With D = log2 L levels the added noise is at
 //! most Σ_{d<D} 2^d·2^d·E = (4^D − 1)/3·E, public and worst-case, carried in the accumulator
 //! so the response's flooding and decryption checks include it.
 
@@ -76,17 +82,10 @@ impl PackShape {
         pos - self.offset + self.stride / self.leaves * member
     }
 
-    /// Key switches to pack `members` (≤ leaves) ciphertexts: one per merge node with at least
-    /// one member below it.
+    /// Key switches to pack `members` (≤ leaves) ciphertexts: one per merge node with members
+    /// on both sides (a node with an even side only doubles it), so r members cost r − 1.
     pub fn key_switches(&self, members: usize) -> usize {
-        // Members are the first leaves: ⌈r/2⌉ of them go to the even subtree, ⌊r/2⌋ to the odd.
-        fn count(members: usize, leaves: usize) -> usize {
-            if members == 0 || leaves == 1 {
-                return 0;
-            }
-            1 + count(members.div_ceil(2), leaves / 2) + count(members / 2, leaves / 2)
-        }
-        count(members.min(self.leaves), self.leaves)
+        members.min(self.leaves).saturating_sub(1)
     }
 
     /// Worst-case noise the merge adds: (4^D − 1)/3 key switches' worth, D = log2 leaves.
@@ -190,7 +189,10 @@ impl GaloisKeys {
                 s1.add_assign(p, &x1);
                 self.rotate(level, &t0, &t1)
             }
-            None => self.rotate(level, &s0, &s1),
+            // No odd member: A + σ(A) would only clear the classes where the absent members'
+            // values would go, which are never sent; doubling A keeps the scale without a
+            // key switch.
+            None => (s0.clone(), s1.clone()),
         };
         s0.add_assign(p, &r0);
         s1.add_assign(p, &r1);
@@ -285,7 +287,7 @@ mod tests {
         assert_eq!(s.position(3, 0), 0);
         assert_eq!(s.position(19, 7), 16 + 14);
         assert_eq!(s.key_switches(8), 7);
-        assert_eq!(s.key_switches(1), 3);
-        assert_eq!(s.key_switches(5), 7);
+        assert_eq!(s.key_switches(1), 0);
+        assert_eq!(s.key_switches(5), 4);
     }
 }
