@@ -21,12 +21,13 @@
 //! weights) is therefore cut independently of the request, into a form that serves every
 //! n: a request of n rows takes n_w = min(n, ⌊N/(k_w·m_w)⌋) and its own response packing
 //! ([`Layout::for_weights`]). A kept matrix has up to three cuts
-//! ([`WeightBlocking::for_rows`]): one priced for short prompts (≤ [`SHORT_ROWS`] rows: dense
+//! ([`WeightBlocking::all_for`]): one priced for short prompts ([`SHORT_ROWS`] rows: dense
 //! weight polynomials, one row block, so the work falls with n), one for long prompts (priced
 //! at [`LONG_REFERENCE_ROWS`]: sparser polynomials, fewer input ciphertexts), and one priced at
 //! a single row (a decoder's step, matrix × vector: the row's k entries spread over few input
 //! ciphertexts and each weight polynomial filled to N, since n_w = 1 leaves all of N to
-//! k_w·m_w; at SmolLM2's shapes and ℓ = 48 it halves the short cut's traffic at n = 1).
+//! k_w·m_w; at SmolLM2's shapes and ℓ = 48 it halves the short cut's traffic at n = 1). A
+//! request of n rows takes whichever of them is cheapest at n ([`WeightBlocking::for_rows`]).
 //! A one-off operand (a share in an attention product)
 //! is cut for its n alone ([`Layout::search`]). Every candidate is priced with [`crate::cost`]:
 //! server and client CPU time of every HE operation plus traffic. The search depends only on
@@ -97,8 +98,9 @@ pub struct WeightBlocking {
     pub m_w: usize,
 }
 
-/// Requests of 2..=this many rows use a kept matrix's short-prompt cut; longer ones its
-/// long-prompt cut, single rows their own ([`WeightBlocking::for_rows`]).
+/// The row count a kept matrix's short-prompt cut is priced at (prompts of 2..=this many rows
+/// are that cut's class; a request takes whichever kept cut is cheapest at its own length,
+/// [`WeightBlocking::for_rows`]).
 pub(crate) const SHORT_ROWS: usize = 16;
 
 /// The row count the long-prompt cut is priced at (capped at the matrix's row limit).
@@ -134,10 +136,14 @@ impl WeightBlocking {
     }
 
     /// The cut a kept matrix uses for a request of `rows` rows when requests have at most
-    /// `max_rows`: one cut for a single row (priced at one row: a decoder's steps), one for
-    /// short prompts (priced at [`SHORT_ROWS`]) and one for longer ones (priced at
+    /// `max_rows`: the cheapest at `rows` of its kept cuts ([`WeightBlocking::all_for`]: one
+    /// priced at a single row, for a decoder's steps; one at [`SHORT_ROWS`]; one at
     /// [`LONG_REFERENCE_ROWS`]), so a server keeps at most three cuts' NTT forms however many
-    /// lengths it serves.
+    /// lengths it serves, and a length between the reference ones takes whichever cut serves
+    /// it best (at 17–48 rows mostly the short-prompt cut, modelled at 0.5–0.8× the long one's
+    /// time for BERT-Base's and MiniLM's layers). Prices count the weight transforms (no
+    /// cache assumed: the client cannot know the server's); ties go to the earlier cut, the one
+    /// a server's NTT budget caches first. Public data only, so both parties pick the same.
     pub fn for_rows(
         p: &Params,
         rows: usize,
@@ -151,6 +157,28 @@ impl WeightBlocking {
             InvalidArgument,
             "{rows} rows outside 1..={max_rows}"
         );
+        let mut best: Option<(f64, Self)> = None;
+        for cut in Self::all_for(p, max_rows, k, m, bound)? {
+            let lay = Layout::for_weights(p, rows, k, m, cut)?;
+            if lay.check_noise(p, bound).is_err() {
+                continue;
+            }
+            let price = lay.counts().price(p).seconds();
+            if best.is_none_or(|(b, _)| price < b) {
+                best = Some((price, cut));
+            }
+        }
+        best.map(|(_, cut)| cut).ok_or_else(|| {
+            veil_core::Error::Insecure(format!(
+                "no kept cut of {k}×{m} keeps {rows} rows within the flooding budget"
+            ))
+        })
+    }
+
+    /// The row count a cut for `rows`' class is priced at: one row (a decoder's step),
+    /// [`SHORT_ROWS`] for short prompts, [`LONG_REFERENCE_ROWS`] for longer ones, each capped
+    /// at `max_rows`.
+    fn reference_rows(rows: usize, max_rows: usize) -> usize {
         let reference = if rows == 1 {
             1
         } else if rows <= SHORT_ROWS {
@@ -158,12 +186,12 @@ impl WeightBlocking {
         } else {
             LONG_REFERENCE_ROWS
         };
-        Self::search(p, reference.min(max_rows), k, m, bound)
+        reference.min(max_rows)
     }
 
-    /// The distinct cuts [`WeightBlocking::for_rows`] can return up to `max_rows`: the
-    /// short-prompt cut, the long-prompt cut, then the single-row cut (an encoder, which never
-    /// sends one row against a longer limit, keeps its budget on the first two).
+    /// The distinct cuts [`WeightBlocking::for_rows`] chooses from up to `max_rows`: the
+    /// short-prompt cut, the long-prompt cut, then the single-row cut (a server's NTT budget
+    /// goes to them in this order).
     pub fn all_for(
         p: &Params,
         max_rows: usize,
@@ -171,9 +199,11 @@ impl WeightBlocking {
         m: usize,
         bound: u64,
     ) -> Result<Vec<Self>> {
-        let mut cuts = vec![Self::for_rows(p, max_rows.min(2), max_rows, k, m, bound)?];
+        ensure!(max_rows >= 1, InvalidArgument, "a row limit of 0");
+        let cut = |rows| Self::search(p, Self::reference_rows(rows, max_rows), k, m, bound);
+        let mut cuts = vec![cut(max_rows.min(2))?];
         for rows in [max_rows, 1] {
-            let cut = Self::for_rows(p, rows, max_rows, k, m, bound)?;
+            let cut = cut(rows)?;
             if !cuts.contains(&cut) {
                 cuts.push(cut);
             }
@@ -775,16 +805,68 @@ mod tests {
         assert!(Layout::for_weights(&p, 1, 768, 768, too_wide).is_err());
     }
 
+    /// A request takes the cheapest of the kept cuts at its own length, whatever its class: at
+    /// every n up to the limit no kept cut prices lower, and between the reference lengths
+    /// (20–32 rows of BERT-Base's and MiniLM's layers) that is well below the long-prompt cut,
+    /// which these lengths took before.
+    #[test]
+    fn requests_take_the_cheapest_kept_cut() {
+        let p = Params::new(ParamSet::N8192, Ring::new(41).unwrap()).unwrap();
+        let bound = crate::fc::WEIGHT_BOUND;
+        let seconds = |n, k, m, wb| {
+            let lay = Layout::for_weights(&p, n, k, m, wb).unwrap();
+            lay.check_noise(&p, bound).unwrap();
+            lay.counts().price(&p).seconds()
+        };
+        for (k, m) in [
+            (768, 768),
+            (768, 3072),
+            (3072, 768),
+            (384, 1536),
+            (128, 512),
+        ] {
+            let cuts = WeightBlocking::all_for(&p, 128, k, m, bound).unwrap();
+            for n in [1, 2, 5, 16, 17, 20, 32, 48, 64, 100, 128] {
+                let wb = WeightBlocking::for_rows(&p, n, 128, k, m, bound).unwrap();
+                let chosen = seconds(n, k, m, wb);
+                assert!(cuts.contains(&wb), "{k}x{m} n = {n}");
+                for &c in &cuts {
+                    assert!(
+                        chosen <= seconds(n, k, m, c),
+                        "{k}x{m} n = {n}: {wb:?} vs {c:?}"
+                    );
+                }
+                if (20..=32).contains(&n) {
+                    let long = seconds(n, k, m, cuts[1]);
+                    assert!(chosen < 0.8 * long, "{k}x{m} n = {n}: {chosen} vs {long}");
+                }
+            }
+        }
+        assert!(WeightBlocking::for_rows(&p, 0, 128, 768, 768, bound).is_err());
+        assert!(WeightBlocking::for_rows(&p, 129, 128, 768, 768, bound).is_err());
+    }
+
     /// A single row is priced as one (a decoder's step): at the decoder's shapes and ℓ = 48 the
     /// single-row cut costs less at n = 1 than the short-prompt cut, in modelled time and in
-    /// traffic (by at least a third), and `all_for` lists it after the two prompt cuts.
+    /// traffic (by at least a third), `all_for` lists it after the two prompt cuts, and a
+    /// request of one row takes it.
     #[test]
     fn single_rows_get_a_matrix_vector_cut() {
         let p = Params::new(ParamSet::N8192Q4L48, Ring::new(48).unwrap()).unwrap();
         let bound = crate::fc::WEIGHT_BOUND;
         for (k, m) in [(576, 576), (576, 192), (576, 1536), (1536, 576)] {
-            let single = WeightBlocking::for_rows(&p, 1, 2048, k, m, bound).unwrap();
-            let short = WeightBlocking::for_rows(&p, 2, 2048, k, m, bound).unwrap();
+            let cuts = WeightBlocking::all_for(&p, 2048, k, m, bound).unwrap();
+            assert_eq!(cuts.len(), 3, "{k}x{m}: {cuts:?}");
+            let (short, long, single) = (cuts[0], cuts[1], cuts[2]);
+            assert_eq!(
+                short,
+                WeightBlocking::search(&p, SHORT_ROWS, k, m, bound).unwrap()
+            );
+            assert_eq!(
+                long,
+                WeightBlocking::search(&p, LONG_REFERENCE_ROWS, k, m, bound).unwrap()
+            );
+            assert_eq!(single, WeightBlocking::search(&p, 1, k, m, bound).unwrap());
             let price = |wb| {
                 let lay = Layout::for_weights(&p, 1, k, m, wb).unwrap();
                 lay.check_noise(&p, bound).unwrap();
@@ -793,12 +875,9 @@ mod tests {
             let (a, b) = (price(single), price(short));
             assert!(a.seconds() < b.seconds(), "{k}x{m}: {a:?} vs {b:?}");
             assert!(a.bits < 0.67 * b.bits, "{k}x{m}: {a:?} vs {b:?}");
-            let cuts = WeightBlocking::all_for(&p, 2048, k, m, bound).unwrap();
-            assert_eq!(cuts[0], short);
-            assert_eq!(cuts.last(), Some(&single));
             assert_eq!(
-                cuts[1],
-                WeightBlocking::for_rows(&p, 40, 2048, k, m, bound).unwrap()
+                WeightBlocking::for_rows(&p, 1, 2048, k, m, bound).unwrap(),
+                single
             );
         }
         // A layer whose only length is one row keeps one cut, as before.
