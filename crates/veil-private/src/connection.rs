@@ -29,6 +29,7 @@ use veil_nonlinear::OtSession;
 use crate::deadlines::{in_step, Deadlines};
 use crate::embedding::embed_client;
 use crate::forward::{Party, Pre, Side};
+use crate::prepared::Cuts;
 use crate::preprocess::{preprocess_client, ClientMaterial};
 use crate::protocol::{
     session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare,
@@ -65,6 +66,8 @@ pub struct ClientConnection<C: Channel> {
     ax: Approx,
     /// The server's announced GELU bound ([`Announced::activation_bits`]).
     activation_bits: Option<u32>,
+    /// The cuts the server's linear layers take ([`Announced::cuts`]).
+    cuts: Cuts,
     setup: PhaseCost,
     /// The lookup method the server announced (private-embedding mode only).
     lookup: Option<LookupMethod>,
@@ -119,6 +122,7 @@ impl<C: Channel> ClientConnection<C> {
         let cfg;
         let lookup;
         let activation_bits;
+        let cuts;
         let ax = Approx::new(session_format())?;
         let deadline = |ch: &mut C| match opts.step_timeout {
             Some(t) => ch.set_deadline(Some(Instant::now() + t)),
@@ -155,6 +159,7 @@ impl<C: Channel> ClientConnection<C> {
             ch.start_records()?;
             cfg = announced.config.clone();
             activation_bits = announced.activation_bits;
+            cuts = announced.cuts;
             lookup = match cfg.veil.embedding {
                 EmbeddingMode::Private => Some(
                     EmbeddingLookup::recv(&mut ch)
@@ -188,6 +193,7 @@ impl<C: Channel> ClientConnection<C> {
             ot,
             ax,
             activation_bits,
+            cuts,
             setup,
             lookup,
             opts,
@@ -217,7 +223,13 @@ impl<C: Channel> ClientConnection<C> {
                     escape_control(&why)
                 ),
             };
-            let m = preprocess_client(&mut self.ch, &self.lin, &self.cfg, self.ax.fp.ring, seq)?;
+            let m = preprocess_client(
+                &mut self.ch,
+                &self.lin,
+                (&self.cfg, self.cuts),
+                self.ax.fp.ring,
+                seq,
+            )?;
             fill.apply(&mut self.ot, &mut self.ch)?;
             Ok(m)
         })();
@@ -416,6 +428,7 @@ impl<C: Channel> ClientConnection<C> {
             ax: self.ax,
             cfg: &self.cfg,
             activation_bits: self.activation_bits,
+            cuts: self.cuts,
             side: Side::Client(&self.lin, real_len),
             pre: pre.as_mut().map(|(m, _)| Pre::Client(m)),
         }

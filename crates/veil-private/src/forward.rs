@@ -24,7 +24,7 @@ use veil_core::{bail, ensure, CostClass, Result, RingTensor};
 use veil_linear::fc::fc_online_server;
 use veil_linear::premask::online_client;
 use veil_linear::triples::{beaver_matmul, Triple};
-use veil_linear::{fc_client, fc_server, shared_matmul_client, shared_matmul_server};
+use veil_linear::{fc_client, fc_server_for, shared_matmul_client, shared_matmul_server};
 use veil_linear::{ClientSession, ServerSession};
 use veil_model::engine::{self, push_down_keys, Engine, LayerId, NormId};
 use veil_model::ProductTruncation;
@@ -32,7 +32,7 @@ use veil_model::{Activation, AttentionNorm, LayerNormKind, ModelConfig};
 use veil_net::{Channel, LabelGuard, Role};
 use veil_nonlinear::{AffineParams, Ctx, HeKeys, OtSession, TruncMode};
 
-use crate::prepared::{fc_shape, ServerModel};
+use crate::prepared::{fc_shape, Cuts, ServerModel};
 use crate::preprocess::{ClientMaterial, ServerMaterial};
 
 /// What only one side has.
@@ -77,6 +77,8 @@ pub struct Party<'a, C: Channel> {
     /// (`veil_model::FixedModel::activation_bits`, announced at admission): both parties'
     /// GELUs compare on k bits. None: on the whole ring.
     pub activation_bits: Option<u32>,
+    /// Which cuts the linear layers take (the server's, announced at admission).
+    pub cuts: Cuts,
     /// What only this party has.
     pub side: Side<'a>,
     /// This inference's preprocessed material, if any.
@@ -179,10 +181,16 @@ impl<C: Channel> Engine for Party<'_, C> {
                     let fc = model.prepared().get(id)?;
                     fc_online_server(self.ch, vec![(fc, m.next_fc(id)?, x)])?.remove(0)
                 }
-                (Side::Client(s, _), None) => {
-                    fc_client(self.ch, s, &fc_shape(id, self.cfg, x.shape()[0]), x)?
+                (Side::Client(s, _), None) => fc_client(
+                    self.ch,
+                    s,
+                    &fc_shape(id, self.cfg, x.shape()[0], self.cuts),
+                    x,
+                )?,
+                (Side::Server(s, m), None) => {
+                    let shape = fc_shape(id, self.cfg, x.shape()[0], self.cuts);
+                    fc_server_for(self.ch, s, m.prepared().get(id)?, &shape, x)?
                 }
-                (Side::Server(s, m), None) => fc_server(self.ch, s, m.prepared().get(id)?, x)?,
                 _ => bail!(InvalidArgument, "the other party's preprocessed material"),
             }
         };

@@ -94,7 +94,7 @@ pub use generate_bench::{bench_generate, GenerateBench};
 pub use handler::{serve_session, serve_session_with};
 pub use loopback::{Connector, InProcess, Link, Loopback};
 pub use pool_size::{CotCounts, Draw};
-pub use prepared::{PreparedLayers, ServerModel, DEFAULT_NTT_BUDGET_BYTES};
+pub use prepared::{Cuts, PreparedLayers, ServerModel, DEFAULT_NTT_BUDGET_BYTES};
 pub use preprocess::{material_bytes, plan, ClientMaterial, Material, ServerMaterial, Step};
 pub use report::{CostReport, PhaseCost};
 pub use reserve::preprocess_budget;

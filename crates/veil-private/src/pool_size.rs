@@ -27,7 +27,7 @@ use veil_net::{run_two_party, Channel, Role};
 use veil_nonlinear::{Backend, OtSession};
 
 use crate::forward::{Party, Side};
-use crate::prepared::ServerModel;
+use crate::prepared::{Cuts, ServerModel};
 use crate::preprocess::Planner;
 
 /// COTs drawn, in the server's (sending, receiving) direction (the client's are the reverse).
@@ -68,25 +68,25 @@ impl CotCounts {
 pub(crate) fn cots_per_inference(model: &ServerModel, ax: Approx, seq: usize) -> Result<Draw> {
     let cfg = model.config();
     let ring = ax.fp.ring;
-    let bound = model.fixed().activation_bits();
+    let announced = (model.fixed().activation_bits(), model.cuts()?);
     // Both parties walk the composition in lock-step; only their set-up and side differ.
     let (_, server) = run_two_party(
         |ch| {
             let lin = ClientSession::setup(ch, ring)?;
             let ot = OtSession::setup_with(ch, Role::Client, Backend::Iknp)?;
-            walk(ch, ot, ax, cfg, Side::Client(&lin, seq), seq, bound)
+            walk(ch, ot, ax, cfg, Side::Client(&lin, seq), seq, announced)
         },
         |ch| {
             let lin = ServerSession::setup(ch, ring)?;
             let ot = OtSession::setup_with(ch, Role::Server, Backend::Iknp)?;
-            walk(ch, ot, ax, cfg, Side::Server(&lin, model), seq, bound)
+            walk(ch, ot, ax, cfg, Side::Server(&lin, model), seq, announced)
         },
     )?;
     Ok(server)
 }
 
 /// One party's walk through the composition for `seq` tokens, sampling each call (GELU on
-/// the model's `activation_bits`).
+/// the model's `activation_bits`, the linear layers on its `cuts`: what the server announces).
 fn walk<C: Channel>(
     ch: &mut C,
     mut ot: OtSession,
@@ -94,7 +94,7 @@ fn walk<C: Channel>(
     cfg: &ModelConfig,
     side: Side<'_>,
     seq: usize,
-    activation_bits: Option<u32>,
+    (activation_bits, cuts): (Option<u32>, Cuts),
 ) -> Result<Draw> {
     let ring = ax.fp.ring;
     let party = Party {
@@ -103,6 +103,7 @@ fn walk<C: Channel>(
         ax,
         cfg,
         activation_bits,
+        cuts,
         side,
         pre: None,
     };

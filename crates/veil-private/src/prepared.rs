@@ -25,13 +25,31 @@ use crate::protocol::session_format;
 /// Parameter set of the weight × share products (small fixed-point weights).
 pub(crate) const WEIGHT_SET: ParamSet = ParamSet::N8192;
 
+/// Which cut of a kept matrix a request's layout takes, announced by the server at admission
+/// ([`crate::protocol::Announced::cuts`]), so both parties derive the same layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cuts {
+    /// The cheapest at the request's length of the cuts every matrix keeps at the model's row
+    /// limit (`veil_linear::WeightBlocking::all_for`): what a server caching their NTT forms
+    /// serves without weight transforms.
+    Kept,
+    /// A cut priced at the request's own length (as a decoder's requests are): a server without
+    /// an NTT cache transforms its weights for every request anyway, and at 8–64 rows this is
+    /// modelled 13–16 % below the kept cuts.
+    PerLength,
+}
+
 /// The public shape of layer `id` for `rows` input rows: what both parties derive the
 /// product's layout from.
-pub(crate) fn fc_shape(id: LayerId, cfg: &ModelConfig, rows: usize) -> FcLayer {
+pub(crate) fn fc_shape(id: LayerId, cfg: &ModelConfig, rows: usize, cuts: Cuts) -> FcLayer {
     let (in_features, out_features) = id.dims(cfg);
     FcLayer {
         seq: rows,
-        max_seq: id.max_rows(cfg),
+        // The row limit the cuts are chosen under: the request's own length prices them there.
+        max_seq: match cuts {
+            Cuts::Kept => id.max_rows(cfg),
+            Cuts::PerLength => rows,
+        },
         in_features,
         out_features,
         set: WEIGHT_SET,
@@ -161,6 +179,15 @@ impl ServerModel {
     pub fn prepared(&self) -> &PreparedLayers {
         &self.layers
     }
+
+    /// The cuts this server's requests take (announced at admission): the kept ones when it
+    /// caches their NTT forms, else each request's own.
+    pub fn cuts(&self) -> Result<Cuts> {
+        Ok(match self.layers.ntt_cached_bytes()? {
+            0 => Cuts::PerLength,
+            _ => Cuts::Kept,
+        })
+    }
 }
 
 /// Prepares every linear layer of `fixed` and moves its weights there: each layer's weights and
@@ -172,7 +199,7 @@ fn prepare(fixed: &mut FixedModel, ntt_budget: usize) -> Result<PreparedLayers> 
     let mut order = Vec::new();
     let mut layers = HashMap::new();
     let mut add = |id: LayerId, parts: &mut [&mut FixedLinear]| -> Result<()> {
-        let shape = fc_shape(id, &cfg, 1);
+        let shape = fc_shape(id, &cfg, 1, Cuts::Kept);
         let prepared = match parts {
             [one] => PreparedFc::new(shape, &one.weight, Some(&one.bias))?,
             _ => {

@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 
 use veil_core::{bail, CostClass, Result, Ring, RingTensor};
-use veil_linear::fc::{fc_premask_client, fc_premask_server};
+use veil_linear::fc::{fc_premask_client, fc_premask_server_for};
 use veil_linear::premask::{ClientMask, ServerMask};
 use veil_linear::triples::{triples_client, triples_server, Triple};
 use veil_linear::{ClientSession, ServerSession};
@@ -31,7 +31,7 @@ use veil_model::engine::{self, Engine, LayerId, NormId};
 use veil_model::{Activation, AttentionNorm, LayerNormKind, ModelConfig};
 use veil_net::Channel;
 
-use crate::prepared::{fc_shape, ServerModel};
+use crate::prepared::{fc_shape, Cuts, ServerModel};
 
 /// One linear step of the composition, in order (an encoder's layers are named by
 /// [`LayerId`], a decoder's fused groups by their lead `DecoderLayer`).
@@ -240,18 +240,20 @@ fn make_material<C: Channel, M>(
     Ok(m)
 }
 
-/// Offline, client: the material for one inference of `seq` tokens.
+/// Offline, client: the material for one inference of `seq` tokens, its linear layers on the
+/// server's announced `cuts`.
 pub(crate) fn preprocess_client<C: Channel>(
     ch: &mut C,
     lin: &ClientSession,
-    cfg: &ModelConfig,
+    (cfg, cuts): (&ModelConfig, Cuts),
     ring: Ring,
     seq: usize,
 ) -> Result<ClientMaterial> {
     make_material(ch, seq, &plan(cfg, ring, seq)?, |ch, step| {
         Ok(match step {
             Step::Fc(id, rows) => {
-                Made::Fc(fc_premask_client(ch, lin, &[fc_shape(*id, cfg, *rows)])?.remove(0))
+                let shape = fc_shape(*id, cfg, *rows, cuts);
+                Made::Fc(fc_premask_client(ch, lin, &[shape])?.remove(0))
             }
             Step::Products(dims) => Made::Products(triples_client(ch, lin, ring, dims)?),
         })
@@ -272,7 +274,8 @@ pub(crate) fn preprocess_server<C: Channel>(
         Ok(match step {
             Step::Fc(id, rows) => {
                 let fc = model.prepared().get(*id)?;
-                Made::Fc(fc_premask_server(ch, lin, &[(fc, *rows)])?.remove(0))
+                let shape = fc_shape(*id, model.config(), *rows, model.cuts()?);
+                Made::Fc(fc_premask_server_for(ch, lin, &[(fc, shape)])?.remove(0))
             }
             Step::Products(dims) => Made::Products(triples_server(ch, lin, ring, dims)?),
         })

@@ -9,7 +9,7 @@
 //! | message | direction | bytes |
 //! |---|---|---|
 //! | [`Hello`] | client → server | "VEIL" ‖ [`VERSION`] (u32) ‖ longest prompt, tokens (u32; 1 to the model's limit, anything else is refused) |
-//! | [`Admission`] | server → client | 0 ‖ bundle flag (u8: 0 none, 1 a digest follows) ‖ the client bundle's SHA-256 digest (32 bytes, if flagged) ‖ activation bound bits (u8: 0 none, else below the session ring's bits − 1) ‖ the model's public `config.json`, or 1 ‖ why it refuses (UTF-8) |
+//! | [`Admission`] | server → client | 0 ‖ bundle flag (u8: 0 none, 1 a digest follows) ‖ the client bundle's SHA-256 digest (32 bytes, if flagged) ‖ activation bound bits (u8: 0 none, else below the session ring's bits − 1) ‖ cuts (u8: 0 kept, 1 per length) ‖ the model's public `config.json`, or 1 ‖ why it refuses (UTF-8) |
 //! | [`EmbeddingLookup`] | server → client | the lookup method's tag (u8; private-embedding mode only) |
 //! | [`Request`] | client → server | tag (u8) ‖ fields: 0 goodbye; 1 inference ‖ length (u32) ‖ preprocessed (u8: 0 or 1); 2 preprocessing ‖ length (u32) |
 //! | [`PreprocessReply`] | server → client | 0 ‖ the COTs to build ahead (u64) ‖ the COTs the server's sending and receiving directions are refilled to hold (u64 each; [`PoolFill`]), or 1 ‖ why it refuses (UTF-8) |
@@ -43,6 +43,8 @@ use veil_model::{DecoderFormat, ProductTruncation};
 use veil_net::Channel;
 use veil_nonlinear::OtSession;
 
+use crate::prepared::Cuts;
+
 /// The protocol version; 2 added the hello's length and the server's status byte; 3 widened
 /// LayerNorm's domain to 2^11 and the FC weight bound to 2^17; 4 added the client bundle's
 /// digest to the admission and refuses a hello of 0 tokens; 5 carries everything after the
@@ -51,8 +53,9 @@ use veil_nonlinear::OtSession;
 /// products pack responses at strides up to 512, with layouts of their own); 7 announces the
 /// decoder's activation bound at admission (its SiLU/GELU comparisons run on that many bits);
 /// 8 announces an encoder's GELU bound the same way; 9 has a preprocessing reply name the
-/// pools' refill in seed form per direction beside the COTs built ahead ([`PoolFill`]).
-pub const VERSION: u32 = 9;
+/// pools' refill in seed form per direction beside the COTs built ahead ([`PoolFill`]); 10 has
+/// an encoder server announce which cuts its linear layers take ([`Announced::cuts`]).
+pub const VERSION: u32 = 10;
 
 /// The fixed-point format of every session (the project defaults; training uses the same).
 pub fn session_format() -> FixedPoint {
@@ -200,6 +203,9 @@ pub struct Announced {
     /// (`veil_model::FixedModel::activation_bits`): both parties' GELUs compare on k bits.
     /// None: on the whole ring.
     pub activation_bits: Option<u32>,
+    /// Which cuts of its weights the linear layers take ([`Cuts`]): the kept ones when the
+    /// server caches their NTT forms, else each request's own length's.
+    pub cuts: Cuts,
 }
 
 /// The server's answer to a hello.
@@ -224,6 +230,10 @@ impl Message for Admission {
                     None => w.u8(0),
                 };
                 w.u8(activation_bits_byte(a.activation_bits))
+                    .u8(match a.cuts {
+                        Cuts::Kept => 0,
+                        Cuts::PerLength => 1,
+                    })
                     .bytes(a.config.to_json().as_bytes())
             }
             Admission::Refused(why) => w.u8(STATUS_REFUSED).bytes(why.as_bytes()),
@@ -244,11 +254,17 @@ impl Message for Admission {
                     f => bail!(Malformed, "bundle flag {f} in the server's answer"),
                 };
                 let activation_bits = read_activation_bits(r, session_format().ring.bits())?;
+                let cuts = match r.u8()? {
+                    0 => Cuts::Kept,
+                    1 => Cuts::PerLength,
+                    c => bail!(Malformed, "cuts {c} in the server's answer"),
+                };
                 let config = ModelConfig::from_json(&text(r, what)?)?;
                 Ok(Admission::Admitted(Announced {
                     config,
                     bundle,
                     activation_bits,
+                    cuts,
                 }))
             }
             STATUS_REFUSED => Ok(Admission::Refused(text(r, what)?)),
@@ -753,6 +769,7 @@ mod tests {
             config: Preset::BertTiny.config().announced(),
             bundle: None,
             activation_bits: None,
+            cuts: Cuts::Kept,
         });
         let e = DecoderAdmission::decode(&enc.encode()).unwrap_err();
         assert!(e.to_string().contains("encoder model"), "{e}");
@@ -780,10 +797,10 @@ mod tests {
         round_trip(Hello {
             max_tokens: u32::MAX,
         });
-        // The bytes of protocol version 9, pinned.
+        // The bytes of protocol version 10, pinned.
         assert_eq!(
             Hello { max_tokens: 7 }.encode(),
-            [b'V', b'E', b'I', b'L', 9, 0, 0, 0, 7, 0, 0, 0]
+            [b'V', b'E', b'I', b'L', 10, 0, 0, 0, 7, 0, 0, 0]
         );
         let e = Hello::decode(b"GET / HTTP/1.1").unwrap_err().to_string();
         assert!(e.contains("not a Veil client"), "{e}");
@@ -798,27 +815,37 @@ mod tests {
     fn admission_round_trips_and_refuses_bad_status_and_text() {
         let config = Preset::BertTiny.config().announced();
         let digest = BundleDigest([0xab; 32]);
-        for (bundle, activation_bits) in [(None, None), (Some(digest), Some(20))] {
+        for (bundle, activation_bits, cuts) in [
+            (None, None, Cuts::Kept),
+            (Some(digest), Some(20), Cuts::PerLength),
+        ] {
             let a = Admission::Admitted(Announced {
                 config: config.clone(),
                 bundle,
                 activation_bits,
+                cuts,
             });
             assert_eq!(Admission::decode(&a.encode()).unwrap(), a);
             strict(&a);
         }
-        // The digest's bytes follow the status and the flag, then the bound, pinned.
+        // The digest's bytes follow the status and the flag, then the bound and the cuts,
+        // pinned.
         let with = Admission::Admitted(Announced {
             config: config.clone(),
             bundle: Some(digest),
             activation_bits: Some(20),
+            cuts: Cuts::PerLength,
         })
         .encode();
         assert_eq!(
-            &with[..35],
-            [[0u8, 1].as_slice(), &[0xab; 32], &[20]].concat()
+            &with[..36],
+            [[0u8, 1].as_slice(), &[0xab; 32], &[20, 1]].concat()
         );
-        assert_eq!(&with[35..], config.to_json().as_bytes());
+        assert_eq!(&with[36..], config.to_json().as_bytes());
+        let mut cuts = with.clone();
+        cuts[35] = 2;
+        let e = Admission::decode(&cuts).unwrap_err().to_string();
+        assert!(e.contains("cuts 2"), "{e}");
         let mut flag = with.clone();
         flag[1] = 2;
         let e = Admission::decode(&flag).unwrap_err().to_string();
@@ -832,6 +859,7 @@ mod tests {
             config,
             bundle: None,
             activation_bits: None,
+            cuts: Cuts::Kept,
         });
         round_trip_text(Admission::Refused("busy".into()));
         round_trip_text(Admission::Refused(String::new()));

@@ -12,7 +12,7 @@ use veil_model::{save_bundle, BundleDigest, MANIFEST_FILE, TABLES_FILE};
 use veil_net::{Channel, TcpChannel};
 use veil_private::protocol::{Admission, Announced, Hello, Message};
 use veil_private::{
-    Client, ClientModel, ClientOptions, Input, PromptOptions, RunningServer, ServerBuilder,
+    Client, ClientModel, ClientOptions, Cuts, Input, PromptOptions, RunningServer, ServerBuilder,
     ServerIdentity,
 };
 
@@ -170,6 +170,7 @@ fn a_digest_mismatch_sends_nothing_after_the_hello() {
             config,
             bundle: Some(BundleDigest([9; 32])),
             activation_bits: None,
+            cuts: Cuts::Kept,
         })
         .send(&mut ch)
         .unwrap();

@@ -19,7 +19,7 @@ use veil_private::protocol::{
     session_format, Admission, Announced, EmbeddingLookup, Hello, Message, OutputShare, PoolFill,
     PreprocessReply, Request,
 };
-use veil_private::{serve_session, ClientConnection, ClientOptions, ServerModel};
+use veil_private::{serve_session, ClientConnection, ClientOptions, Cuts, ServerModel};
 
 struct Fixture {
     server: ServerModel,
@@ -161,12 +161,14 @@ fn valid_messages() -> Vec<Vec<u8>> {
             config: cfg.clone(),
             bundle: None,
             activation_bits: None,
+            cuts: Cuts::Kept,
         })
         .encode(),
         Admission::Admitted(Announced {
             config: cfg,
             bundle: Some(veil_model::BundleDigest([7; 32])),
             activation_bits: Some(20),
+            cuts: Cuts::PerLength,
         })
         .encode(),
         Admission::Refused("busy".into()).encode(),

@@ -13,7 +13,7 @@ use veil_model::{
     Activation, Architecture, BlockVariant, HeadKind, ModelConfig, ProductTruncation,
 };
 use veil_net::{run_two_party, Channel, TcpChannel};
-use veil_private::{serve_session, ClientConnection, ServerModel};
+use veil_private::{serve_session, ClientConnection, Cuts, ServerModel};
 
 fn tiny_of(
     arch: Architecture,
@@ -380,4 +380,57 @@ fn one_prepared_model_serves_every_length_exactly() {
         assert_eq!(g, w, "{n} tokens");
     }
     assert_eq!(server.prepared().prepared_bytes(), before);
+}
+
+/// A server announces which cuts its linear layers take, and both kinds serve exactly: one
+/// without an NTT cache cuts each request for its own length (`Cuts::PerLength`), one caching
+/// every kept cut serves from those (`Cuts::Kept`); at lengths inside and between the kept cuts'
+/// reference rows both open to the simulator's integers, with different layouts at one length
+/// at least.
+#[test]
+fn both_kinds_of_cuts_match_the_simulator_exactly() {
+    let mut cfg = ModelConfig::builder(Architecture::Bert)
+        .layers(1)
+        .positions(128)
+        .build()
+        .unwrap();
+    cfg.veil.blocks = vec![BlockVariant::friendly()];
+    cfg.veil.product_truncation = ProductTruncation::Faithful;
+    let (sim_model, per_length) = models(&cfg, 23);
+    let kept = ServerModel::with_ntt_budget(sim_model.clone(), usize::MAX).unwrap();
+    assert_eq!(per_length.cuts().unwrap(), Cuts::PerLength);
+    assert_eq!(kept.cuts().unwrap(), Cuts::Kept);
+    let mut differs = false;
+    for n in [5usize, 20, 40] {
+        let ids: Vec<u32> = (0..n as u32).map(|i| (i * 11 + 5) % 50).collect();
+        let types = vec![0u32; n];
+        let want = sim_model
+            .forward(&ids, &types)
+            .unwrap()
+            .logits
+            .unwrap()
+            .decode(sim_model.fp());
+        let x = sim_model.embed(&ids, &types).unwrap().0;
+        let mut traffic = Vec::new();
+        for server in [&per_length, &kept] {
+            let ((got, bytes), ()) = run_two_party(
+                |ch| {
+                    let mut c = ClientConnection::connect(ch, cfg.max_sequence_len())?;
+                    let (got, report) = c.infer(&x, None)?;
+                    let bytes = report.online.per_op[&CostClass::MatMul].bytes_sent;
+                    c.close()?;
+                    Ok((got, bytes))
+                },
+                |ch| serve_session(ch, server),
+            )
+            .unwrap();
+            assert_eq!(got, want, "{n} tokens, {:?}", server.cuts().unwrap());
+            traffic.push(bytes);
+        }
+        differs |= traffic[0] != traffic[1];
+    }
+    assert!(
+        differs,
+        "the two kinds of cuts took the same layouts at every length"
+    );
 }

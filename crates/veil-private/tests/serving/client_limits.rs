@@ -12,7 +12,9 @@ use veil_model::FixedModel;
 use veil_model::{BlockVariant, ModelConfig};
 use veil_net::{Channel, ClientTls, Identity, ServerPin, ServerTls};
 use veil_private::protocol::{Admission, Announced, Hello, Message};
-use veil_private::{ClientConnection, ClientOptions, ServeOptions, Server, ServerModel, Transport};
+use veil_private::{
+    ClientConnection, ClientOptions, Cuts, ServeOptions, Server, ServerModel, Transport,
+};
 
 fn config(layers: usize) -> ModelConfig {
     let mut cfg = ModelConfig::builder(veil_model::Architecture::Bert)
@@ -103,6 +105,7 @@ fn another_configuration_is_refused_before_set_up() {
             config: theirs,
             bundle: None,
             activation_bits: None,
+            cuts: Cuts::Kept,
         })
         .send(&mut ch)
         .unwrap();

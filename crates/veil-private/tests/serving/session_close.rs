@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use veil_core::{Error, Result};
 use veil_net::{Channel, Meter, TcpChannel};
 use veil_private::protocol::{Admission, Announced, Hello, Message, Request};
-use veil_private::{ClientConnection, ClientOptions, RunningServer, ServerBuilder, ServerIdentity};
+use veil_private::{
+    ClientConnection, ClientOptions, Cuts, RunningServer, ServerBuilder, ServerIdentity,
+};
 
 fn serve(b: ServerBuilder) -> RunningServer {
     let (_, model) = common::friendly_model(3);
@@ -185,6 +187,7 @@ fn a_close_reason_is_shown_escaped() {
             config,
             bundle,
             activation_bits: None,
+            cuts: Cuts::Kept,
         })
         .send(&mut ch)
         .unwrap();
