@@ -36,6 +36,18 @@ fn tiny(variant: BlockVariant, head: HeadKind, labels: usize) -> ModelConfig {
     tiny_of(Architecture::Bert, variant, head, labels)
 }
 
+/// One substituted BERT block with faithful truncations and room for `positions` tokens.
+fn one_friendly_block(positions: usize) -> ModelConfig {
+    let mut cfg = ModelConfig::builder(Architecture::Bert)
+        .layers(1)
+        .positions(positions)
+        .build()
+        .unwrap();
+    cfg.veil.blocks = vec![BlockVariant::friendly()];
+    cfg.veil.product_truncation = ProductTruncation::Faithful;
+    cfg
+}
+
 fn models(cfg: &ModelConfig, seed: u8) -> (FixedModel, ServerModel) {
     let fp = FixedPoint::default_format();
     let t = random_transformer_with_std(cfg, [seed; 16], 0.2).unwrap();
@@ -341,13 +353,7 @@ fn client_gets_a_clear_error_when_the_server_hangs_up() {
 /// distinct lengths it has served (the structure's size, not the process's memory).
 #[test]
 fn one_prepared_model_serves_every_length_exactly() {
-    let mut cfg = ModelConfig::builder(Architecture::Bert)
-        .layers(1)
-        .positions(512)
-        .build()
-        .unwrap();
-    cfg.veil.blocks = vec![BlockVariant::friendly()];
-    cfg.veil.product_truncation = ProductTruncation::Faithful;
+    let cfg = one_friendly_block(512);
     let (sim_model, server) = models(&cfg, 21);
     let before = server.prepared().prepared_bytes();
     let lengths = [1usize, 7, 128, 512];
@@ -389,13 +395,7 @@ fn one_prepared_model_serves_every_length_exactly() {
 /// at least.
 #[test]
 fn both_kinds_of_cuts_match_the_simulator_exactly() {
-    let mut cfg = ModelConfig::builder(Architecture::Bert)
-        .layers(1)
-        .positions(128)
-        .build()
-        .unwrap();
-    cfg.veil.blocks = vec![BlockVariant::friendly()];
-    cfg.veil.product_truncation = ProductTruncation::Faithful;
+    let cfg = one_friendly_block(128);
     let (sim_model, per_length) = models(&cfg, 23);
     let kept = ServerModel::with_ntt_budget(sim_model.clone(), usize::MAX).unwrap();
     assert_eq!(per_length.cuts().unwrap(), Cuts::PerLength);
