@@ -179,7 +179,7 @@ impl GaloisKeys {
         let p = &self.params;
         let (mut s0, mut s1) = a.unwrap_or_else(|| (RnsPoly::zero(p), RnsPoly::zero(p)));
         let level = u.trailing_zeros() as usize;
-        let (r0, r1) = match b {
+        match b {
             Some((b0, b1)) => {
                 let (x0, x1) = (b0.monomial_mul(p, u), b1.monomial_mul(p, u));
                 let (mut t0, mut t1) = (s0.clone(), s1.clone());
@@ -187,15 +187,18 @@ impl GaloisKeys {
                 t1.sub_assign(p, &x1);
                 s0.add_assign(p, &x0);
                 s1.add_assign(p, &x1);
-                self.rotate(level, &t0, &t1)
+                let (r0, r1) = self.rotate(level, &t0, &t1);
+                s0.add_assign(p, &r0);
+                s1.add_assign(p, &r1);
             }
             // No odd member: A + σ(A) would only clear the classes where the absent members'
             // values would go, which are never sent; doubling A keeps the scale without a
             // key switch.
-            None => (s0.clone(), s1.clone()),
-        };
-        s0.add_assign(p, &r0);
-        s1.add_assign(p, &r1);
+            None => {
+                s0.double_assign(p);
+                s1.double_assign(p);
+            }
+        }
         Some((s0, s1))
     }
 }

@@ -115,6 +115,16 @@ impl RnsPoly {
         out
     }
 
+    /// 2·self in place.
+    pub(crate) fn double_assign(&mut self, p: &Params) {
+        let n = p.degree();
+        for (limb, &q) in self.data.chunks_exact_mut(n).zip(p.moduli()) {
+            for x in limb {
+                *x = crate::math::add_mod(*x, *x, q);
+            }
+        }
+    }
+
     pub(crate) fn add_assign(&mut self, p: &Params, other: &RnsPoly) {
         let n = p.degree();
         for (i, &q) in p.moduli().iter().enumerate() {

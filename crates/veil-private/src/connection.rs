@@ -226,7 +226,8 @@ impl<C: Channel> ClientConnection<C> {
             let m = preprocess_client(
                 &mut self.ch,
                 &self.lin,
-                (&self.cfg, self.cuts),
+                &self.cfg,
+                self.cuts,
                 self.ax.fp.ring,
                 seq,
             )?;

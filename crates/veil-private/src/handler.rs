@@ -204,7 +204,7 @@ impl<'a, C: Channel> Handler<'a, C> {
             config: cfg.announced(),
             bundle: limits.bundle,
             activation_bits: model.fixed().activation_bits(),
-            cuts: model.cuts()?,
+            cuts: model.cuts(),
         })
         .send(&mut ch)?;
         // From here on a close can tell the client why (the answer above left unframed).
@@ -368,7 +368,7 @@ impl<'a, C: Channel> Handler<'a, C> {
                 ax,
                 cfg,
                 activation_bits: model.fixed().activation_bits(),
-                cuts: model.cuts()?,
+                cuts: model.cuts(),
                 side: Side::Server(&self.lin, model),
                 pre: pre.as_mut().map(|(m, _)| Pre::Server(m)),
             }

@@ -68,7 +68,7 @@ impl CotCounts {
 pub(crate) fn cots_per_inference(model: &ServerModel, ax: Approx, seq: usize) -> Result<Draw> {
     let cfg = model.config();
     let ring = ax.fp.ring;
-    let announced = (model.fixed().activation_bits(), model.cuts()?);
+    let announced = (model.fixed().activation_bits(), model.cuts());
     // Both parties walk the composition in lock-step; only their set-up and side differ.
     let (_, server) = run_two_party(
         |ch| {

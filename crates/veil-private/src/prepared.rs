@@ -124,6 +124,8 @@ pub struct ServerModel {
     /// largest part).
     fixed: FixedModel,
     layers: PreparedLayers,
+    /// The cuts its requests take, fixed by what `layers` caches.
+    cuts: Cuts,
 }
 
 impl ServerModel {
@@ -150,7 +152,15 @@ impl ServerModel {
             cfg.veil.num_labels
         );
         let layers = prepare(&mut fixed, ntt_budget)?;
-        Ok(ServerModel { fixed, layers })
+        let cuts = match layers.ntt_cached_bytes()? {
+            0 => Cuts::PerLength,
+            _ => Cuts::Kept,
+        };
+        Ok(ServerModel {
+            fixed,
+            layers,
+            cuts,
+        })
     }
 
     /// The fixed-point model's configuration, format, norms, tables and bounds. Its linear
@@ -182,11 +192,8 @@ impl ServerModel {
 
     /// The cuts this server's requests take (announced at admission): the kept ones when it
     /// caches their NTT forms, else each request's own.
-    pub fn cuts(&self) -> Result<Cuts> {
-        Ok(match self.layers.ntt_cached_bytes()? {
-            0 => Cuts::PerLength,
-            _ => Cuts::Kept,
-        })
+    pub fn cuts(&self) -> Cuts {
+        self.cuts
     }
 }
 

@@ -245,7 +245,8 @@ fn make_material<C: Channel, M>(
 pub(crate) fn preprocess_client<C: Channel>(
     ch: &mut C,
     lin: &ClientSession,
-    (cfg, cuts): (&ModelConfig, Cuts),
+    cfg: &ModelConfig,
+    cuts: Cuts,
     ring: Ring,
     seq: usize,
 ) -> Result<ClientMaterial> {
@@ -274,7 +275,7 @@ pub(crate) fn preprocess_server<C: Channel>(
         Ok(match step {
             Step::Fc(id, rows) => {
                 let fc = model.prepared().get(*id)?;
-                let shape = fc_shape(*id, model.config(), *rows, model.cuts()?);
+                let shape = fc_shape(*id, model.config(), *rows, model.cuts());
                 Made::Fc(fc_premask_server_for(ch, lin, &[(fc, shape)])?.remove(0))
             }
             Step::Products(dims) => Made::Products(triples_server(ch, lin, ring, dims)?),

@@ -279,7 +279,7 @@ fn pool_sizes_from_the_shape_are_what_inferences_draw() {
                         ax,
                         cfg,
                         activation_bits: server.fixed().activation_bits(),
-                        cuts: server.cuts()?,
+                        cuts: server.cuts(),
                         side: Side::Client(&lin, seq),
                         pre: None,
                     }
@@ -297,7 +297,7 @@ fn pool_sizes_from_the_shape_are_what_inferences_draw() {
                         ax,
                         cfg,
                         activation_bits: server.fixed().activation_bits(),
-                        cuts: server.cuts()?,
+                        cuts: server.cuts(),
                         side: Side::Server(&lin, &server),
                         pre: None,
                     }

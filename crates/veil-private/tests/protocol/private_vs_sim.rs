@@ -55,26 +55,42 @@ fn models(cfg: &ModelConfig, seed: u8) -> (FixedModel, ServerModel) {
     (fixed.clone(), ServerModel::new(fixed).unwrap())
 }
 
-/// Runs one private inference over the in-memory duplex; returns (private, simulated) raw outputs.
-fn run(cfg: &ModelConfig, ids: &[u32], seed: u8) -> (Vec<f64>, Vec<f64>, veil_private::CostReport) {
-    let (sim_model, server) = models(cfg, seed);
+/// The simulator's raw output (logits, or the pooled vector of a model without a classifier)
+/// for `ids` (segment 0), and the embedding the client starts from.
+fn simulated(sim_model: &FixedModel, ids: &[u32]) -> (Vec<f64>, RingTensor) {
     let types = vec![0u32; ids.len()];
     let sim = sim_model.forward(ids, &types).unwrap();
     let expected = match &sim.logits {
         Some(l) => l.decode(sim_model.fp()),
         None => sim.pooled.decode(sim_model.fp()),
     };
-    let (x, _) = sim_model.embed(ids, &types).unwrap();
-    let ((got, report), ()) = run_two_party(
+    (expected, sim_model.embed(ids, &types).unwrap().0)
+}
+
+/// One private inference of `x` against `server` over the in-memory duplex.
+fn infer(
+    cfg: &ModelConfig,
+    server: &ServerModel,
+    x: &RingTensor,
+) -> (Vec<f64>, veil_private::CostReport) {
+    let (r, ()) = run_two_party(
         |ch| {
             let mut c = ClientConnection::connect(ch, cfg.max_sequence_len())?;
-            let r = c.infer(&x, None)?;
+            let r = c.infer(x, None)?;
             c.close()?;
             Ok(r)
         },
-        |ch| serve_session(ch, &server),
+        |ch| serve_session(ch, server),
     )
     .unwrap();
+    r
+}
+
+/// Runs one private inference over the in-memory duplex; returns (private, simulated) raw outputs.
+fn run(cfg: &ModelConfig, ids: &[u32], seed: u8) -> (Vec<f64>, Vec<f64>, veil_private::CostReport) {
+    let (sim_model, server) = models(cfg, seed);
+    let (expected, x) = simulated(&sim_model, ids);
+    let (got, report) = infer(cfg, &server, &x);
     (got, expected, report)
 }
 
@@ -299,15 +315,7 @@ fn tcp_server_serves_two_clients_and_survives_garbage() {
     huge.send(&u32::MAX.to_le_bytes()).unwrap();
     huge.flush().unwrap();
 
-    let ids = [5u32, 6, 7];
-    let types = [0u32; 3];
-    let want = sim_model
-        .forward(&ids, &types)
-        .unwrap()
-        .logits
-        .unwrap()
-        .decode(sim_model.fp());
-    let (x, _) = sim_model.embed(&ids, &types).unwrap();
+    let (want, x) = simulated(&sim_model, &[5, 6, 7]);
     let clients: Vec<_> = (0..2)
         .map(|_| {
             let x: RingTensor = x.clone();
@@ -364,10 +372,9 @@ fn one_prepared_model_serves_every_length_exactly() {
     let mut want = Vec::new();
     let mut inputs = Vec::new();
     for ids in &prompts {
-        let types = vec![0u32; ids.len()];
-        let sim = sim_model.forward(ids, &types).unwrap();
-        want.push(sim.logits.unwrap().decode(sim_model.fp()));
-        inputs.push(sim_model.embed(ids, &types).unwrap().0);
+        let (w, x) = simulated(&sim_model, ids);
+        want.push(w);
+        inputs.push(x);
     }
     let (got, ()) = run_two_party(
         |ch| {
@@ -398,34 +405,17 @@ fn both_kinds_of_cuts_match_the_simulator_exactly() {
     let cfg = one_friendly_block(128);
     let (sim_model, per_length) = models(&cfg, 23);
     let kept = ServerModel::with_ntt_budget(sim_model.clone(), usize::MAX).unwrap();
-    assert_eq!(per_length.cuts().unwrap(), Cuts::PerLength);
-    assert_eq!(kept.cuts().unwrap(), Cuts::Kept);
+    assert_eq!(per_length.cuts(), Cuts::PerLength);
+    assert_eq!(kept.cuts(), Cuts::Kept);
     let mut differs = false;
     for n in [5usize, 20, 40] {
         let ids: Vec<u32> = (0..n as u32).map(|i| (i * 11 + 5) % 50).collect();
-        let types = vec![0u32; n];
-        let want = sim_model
-            .forward(&ids, &types)
-            .unwrap()
-            .logits
-            .unwrap()
-            .decode(sim_model.fp());
-        let x = sim_model.embed(&ids, &types).unwrap().0;
+        let (want, x) = simulated(&sim_model, &ids);
         let mut traffic = Vec::new();
         for server in [&per_length, &kept] {
-            let ((got, bytes), ()) = run_two_party(
-                |ch| {
-                    let mut c = ClientConnection::connect(ch, cfg.max_sequence_len())?;
-                    let (got, report) = c.infer(&x, None)?;
-                    let bytes = report.online.per_op[&CostClass::MatMul].bytes_sent;
-                    c.close()?;
-                    Ok((got, bytes))
-                },
-                |ch| serve_session(ch, server),
-            )
-            .unwrap();
-            assert_eq!(got, want, "{n} tokens, {:?}", server.cuts().unwrap());
-            traffic.push(bytes);
+            let (got, report) = infer(&cfg, server, &x);
+            assert_eq!(got, want, "{n} tokens, {:?}", server.cuts());
+            traffic.push(report.online.per_op[&CostClass::MatMul].bytes_sent);
         }
         differs |= traffic[0] != traffic[1];
     }
