@@ -552,6 +552,78 @@ mod tests {
     use veil_core::{Prg, Ring, Seed};
     use veil_he::ParamSet;
 
+    /// acc += x·w in Z[X]/(X^N + 1), coefficients mod 2^64 (N = acc.len()).
+    fn negacyclic_mul_acc(acc: &mut [u64], x: &[u64], w: &[i64]) {
+        let big_n = acc.len();
+        for (i, &wi) in w.iter().enumerate() {
+            for (j, &xj) in x.iter().enumerate() {
+                let v = (wi as u64).wrapping_mul(xj);
+                if i + j < big_n {
+                    acc[i + j] = acc[i + j].wrapping_add(v);
+                } else {
+                    acc[i + j - big_n] = acc[i + j - big_n].wrapping_sub(v);
+                }
+            }
+        }
+    }
+
+    /// Under one cut, a shorter operand's encoding is a prefix of a longer one's: the rows
+    /// (or inner columns) of A sit at the same coefficients whatever the length, and entries
+    /// past the length — here random, as in a ciphertext kept while the operand grows — reach
+    /// none of the shorter product's output coefficients. This is what lets a server keep a
+    /// growing left operand (a decoder's cached keys and values) between products.
+    #[test]
+    fn entries_past_the_length_never_reach_an_output() {
+        let ring = Ring::new(48).unwrap();
+        let p = Params::new(ParamSet::N8192Q4L48, ring).unwrap();
+        let big_n = p.degree();
+        let mut g = Prg::from_seed(&Seed([6; 16]));
+        let cut = |k_w, m_w| WeightBlocking { k_w, m_w };
+        // (cut, rows, rows of the longer operand, inner, inner of the longer, columns)
+        for &(wb, n, n_long, k, k_long, m) in &[
+            (cut(64, 2), 41, 70, 64, 64, 6),
+            (cut(64, 1), 3, 300, 64, 64, 6),
+            (cut(64, 1), 130, 200, 64, 64, 6),
+            (cut(32, 2), 64, 64, 41, 100, 6),
+            (cut(64, 2), 64, 64, 64, 130, 6),
+            (cut(16, 4), 10, 90, 33, 70, 5),
+        ] {
+            let short = Layout::for_weights(&p, n, k, m, wb).unwrap();
+            let long = Layout::for_weights(&p, n_long, k_long, m, wb).unwrap();
+            let a_long = RingTensor::random(ring, &[n_long, k_long], &mut g).unwrap();
+            let a = RingTensor::from_vec(
+                ring,
+                &[n, k],
+                (0..n)
+                    .flat_map(|r| (0..k).map(move |c| (r, c)))
+                    .map(|(r, c)| a_long.at2(r, c))
+                    .collect(),
+            )
+            .unwrap();
+            let b = RingTensor::random(ring, &[k, m], &mut g).unwrap();
+            let want = a.matmul(&b).unwrap();
+            for bi in 0..short.row_blocks() {
+                for bk in 0..short.k_blocks() {
+                    let x = short.lhs_poly(&a, bi, bk);
+                    let x_long = long.lhs_poly(&a_long, bi, bk);
+                    for (pos, &v) in x.iter().enumerate().filter(|(_, &v)| v != 0) {
+                        assert_eq!(x_long[pos], v, "{wb:?} n {n}/{n_long} k {k}/{k_long}");
+                    }
+                }
+                for bm in 0..short.col_blocks() {
+                    let mut acc = vec![0u64; big_n];
+                    for bk in 0..short.k_blocks() {
+                        let x_long = long.lhs_poly(&a_long, bi, bk);
+                        negacyclic_mul_acc(&mut acc, &x_long, &short.rhs_coeffs(&b, bk, bm));
+                    }
+                    for (pos, r, c) in short.outputs(bi, bm) {
+                        assert_eq!(ring.reduce(acc[pos]), want.at2(r, c), "{wb:?} n {n} k {k}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Plain negacyclic product mod 2^ℓ of the packed polynomials reproduces A·B at the
     /// output coefficients, for every block — including full blocks where terms wrap around.
     #[test]
@@ -578,17 +650,7 @@ mod tests {
                     let mut acc = vec![0u64; big_n];
                     for bk in 0..lay.k_blocks() {
                         let x = lay.lhs_poly(&a_t, bi, bk);
-                        let w = lay.rhs_coeffs(&b_t, bk, bm);
-                        for (i, &wi) in w.iter().enumerate() {
-                            for (j, &xj) in x.iter().enumerate() {
-                                let v = (wi as u64).wrapping_mul(xj);
-                                if i + j < big_n {
-                                    acc[i + j] = acc[i + j].wrapping_add(v);
-                                } else {
-                                    acc[i + j - big_n] = acc[i + j - big_n].wrapping_sub(v);
-                                }
-                            }
-                        }
+                        negacyclic_mul_acc(&mut acc, &x, &lay.rhs_coeffs(&b_t, bk, bm));
                     }
                     for (pos, r, c) in lay.outputs(bi, bm) {
                         assert_eq!(ring.reduce(acc[pos]), want.at2(r, c), "{n}x{k}x{m}");
