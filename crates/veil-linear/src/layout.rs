@@ -603,18 +603,19 @@ mod tests {
             let b = RingTensor::random(ring, &[k, m], &mut g).unwrap();
             let want = a.matmul(&b).unwrap();
             for bi in 0..short.row_blocks() {
-                for bk in 0..short.k_blocks() {
+                let x_long: Vec<Vec<u64>> = (0..short.k_blocks())
+                    .map(|bk| long.lhs_poly(&a_long, bi, bk))
+                    .collect();
+                for (bk, x_long) in x_long.iter().enumerate() {
                     let x = short.lhs_poly(&a, bi, bk);
-                    let x_long = long.lhs_poly(&a_long, bi, bk);
                     for (pos, &v) in x.iter().enumerate().filter(|(_, &v)| v != 0) {
                         assert_eq!(x_long[pos], v, "{wb:?} n {n}/{n_long} k {k}/{k_long}");
                     }
                 }
                 for bm in 0..short.col_blocks() {
                     let mut acc = vec![0u64; big_n];
-                    for bk in 0..short.k_blocks() {
-                        let x_long = long.lhs_poly(&a_long, bi, bk);
-                        negacyclic_mul_acc(&mut acc, &x_long, &short.rhs_coeffs(&b, bk, bm));
+                    for (bk, x_long) in x_long.iter().enumerate() {
+                        negacyclic_mul_acc(&mut acc, x_long, &short.rhs_coeffs(&b, bk, bm));
                     }
                     for (pos, r, c) in short.outputs(bi, bm) {
                         assert_eq!(ring.reduce(acc[pos]), want.at2(r, c), "{wb:?} n {n} k {k}");
